@@ -1,0 +1,554 @@
+//! The data parquet files: which column is what, LeRobot's shapes normalised to fixed-size
+//! vectors, and the first pass that validates every row and collects the timestamps that video
+//! frames are resolved against.
+
+use std::{collections::HashMap, sync::Arc};
+
+use arrow::{
+    array::{Array, ArrayRef, AsArray, FixedSizeListArray, RecordBatch},
+    compute::cast,
+    datatypes::{DataType, Field, Float32Type, Int64Type, SchemaRef},
+};
+use futures::TryStreamExt;
+use lake_schemas::{Feature, FeatureKind, Finding, FindingKind};
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
+
+use crate::{
+    Result,
+    meta::{DatasetMeta, EpisodeMeta},
+    source::{Source, SourceFile},
+};
+
+/// The Arrow type of a LeRobot numeric dtype.
+pub fn arrow_dtype(dtype: &str) -> Option<DataType> {
+    Some(match dtype {
+        "float16" => DataType::Float16,
+        "float32" => DataType::Float32,
+        "float64" => DataType::Float64,
+        "int8" => DataType::Int8,
+        "int16" => DataType::Int16,
+        "int32" => DataType::Int32,
+        "int64" => DataType::Int64,
+        "uint8" => DataType::UInt8,
+        "uint16" => DataType::UInt16,
+        "uint32" => DataType::UInt32,
+        "uint64" => DataType::UInt64,
+        "bool" => DataType::Boolean,
+        _ => return None,
+    })
+}
+
+/// What a data parquet column is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Role {
+    /// A declared numeric feature (index columns included).
+    Numeric(Feature),
+    /// A declared image feature: encoded image bytes per row.
+    Image(Feature),
+    /// A declared string or other feature, or an undeclared column: carried through.
+    Passthrough,
+}
+
+/// The roles of a data file's columns, checked against `info.json`.
+#[derive(Debug, Clone)]
+pub struct ColumnPlan {
+    /// `(column name, role)` in the file's column order.
+    pub columns: Vec<(String, Role)>,
+    /// The file's Arrow schema.
+    pub schema: SchemaRef,
+}
+
+impl ColumnPlan {
+    /// Matches a file's schema against the declared features.
+    ///
+    /// # Errors
+    /// A finding (schema mismatch) naming the column, when a declared feature is missing or
+    /// has a type that cannot hold its declared shape.
+    pub fn new(meta: &DatasetMeta, file: &str, schema: SchemaRef) -> std::result::Result<(Self, Vec<Finding>), Finding> {
+        let mut columns = Vec::new();
+        let mut warnings = Vec::new();
+        for field in schema.fields() {
+            let name = field.name();
+            let role = match meta.features.iter().find(|f| &f.name == name) {
+                Some(f) if f.kind() == FeatureKind::Numeric => {
+                    if !numeric_type_fits(field.data_type()) {
+                        return Err(Finding::error(
+                            FindingKind::SchemaMismatch,
+                            format!("column `{name}` is {}, but info.json declares {} {:?}", field.data_type(), f.dtype, f.shape),
+                        )
+                        .with_file(file));
+                    }
+                    if let DataType::FixedSizeList(_, n) = field.data_type()
+                        && leaf_width(field.data_type()) != Some(f.numel())
+                    {
+                        return Err(Finding::error(
+                            FindingKind::ShapeMismatch,
+                            format!(
+                                "column `{name}` holds {} values per row (fixed size {n}), but info.json declares shape {:?}",
+                                leaf_width(field.data_type()).unwrap_or(0),
+                                f.shape
+                            ),
+                        )
+                        .with_file(file));
+                    }
+                    Role::Numeric(f.clone())
+                }
+                Some(f) if f.kind() == FeatureKind::Image => Role::Image(f.clone()),
+                Some(f) if f.kind() == FeatureKind::Video => {
+                    warnings.push(
+                        Finding::warning(
+                            FindingKind::UndeclaredColumn,
+                            format!("video feature `{name}` also has a parquet column; it is kept as a plain column"),
+                        )
+                        .with_file(file),
+                    );
+                    Role::Passthrough
+                }
+                Some(_) => Role::Passthrough,
+                None => {
+                    warnings.push(
+                        Finding::warning(
+                            FindingKind::UndeclaredColumn,
+                            format!("column `{name}` is not declared in info.json; kept as is"),
+                        )
+                        .with_file(file),
+                    );
+                    Role::Passthrough
+                }
+            };
+            columns.push((name.clone(), role));
+        }
+        for f in &meta.features {
+            if f.kind() != FeatureKind::Video && !columns.iter().any(|(n, _)| n == &f.name) {
+                return Err(
+                    Finding::error(FindingKind::SchemaMismatch, format!("declared feature `{}` has no column", f.name)).with_file(file)
+                );
+            }
+        }
+        for required in lake_schemas::tables::INDEX_COLUMNS {
+            if !columns.iter().any(|(n, _)| n == required) {
+                return Err(Finding::error(FindingKind::SchemaMismatch, format!("required column `{required}` is missing")).with_file(file));
+            }
+        }
+        Ok((Self { columns, schema }, warnings))
+    }
+}
+
+fn numeric_type_fits(dt: &DataType) -> bool {
+    match dt {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => numeric_type_fits(f.data_type()),
+        dt => dt.is_numeric() || matches!(dt, DataType::Boolean),
+    }
+}
+
+/// Values per row of a (nested) fixed-size list type, when every level is fixed.
+fn leaf_width(dt: &DataType) -> Option<usize> {
+    match dt {
+        DataType::FixedSizeList(f, n) => Some(*n as usize * leaf_width(f.data_type())?),
+        DataType::List(_) | DataType::LargeList(_) => None,
+        _ => Some(1),
+    }
+}
+
+/// The leaf values of a (possibly nested) list column and, per row, the range of leaves it
+/// covers (`offsets[r]..offsets[r + 1]`).
+fn flatten(col: &dyn Array) -> std::result::Result<(ArrayRef, Vec<usize>), String> {
+    let (child, offsets): (ArrayRef, Vec<usize>) = match col.data_type() {
+        DataType::List(_) => {
+            let l = col.as_list::<i32>();
+            (l.values().clone(), l.value_offsets().iter().map(|o| *o as usize).collect())
+        }
+        DataType::LargeList(_) => {
+            let l = col.as_list::<i64>();
+            (l.values().clone(), l.value_offsets().iter().map(|o| *o as usize).collect())
+        }
+        DataType::FixedSizeList(_, n) => {
+            let l = col.as_fixed_size_list();
+            let n = *n as usize;
+            (l.values().clone(), (0..=l.len()).map(|i| (l.offset() + i) * n).collect())
+        }
+        _ => return Err("not a list".into()),
+    };
+    match child.data_type() {
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _) => {
+            let (leaves, inner) = flatten(child.as_ref())?;
+            Ok((leaves, offsets.iter().map(|o| inner[*o]).collect()))
+        }
+        _ => Ok((child, offsets)),
+    }
+}
+
+/// Normalises a numeric feature column: scalars stay scalars of the declared dtype; vectors and
+/// arrays (fixed-size, variable or nested lists) become `FixedSizeList<dtype, numel>`.
+///
+/// # Errors
+/// `(row, message)` for the first row whose value is null or has the wrong number of values.
+pub fn normalize_numeric(col: &ArrayRef, feature: &Feature) -> std::result::Result<ArrayRef, (usize, String)> {
+    let dtype = arrow_dtype(&feature.dtype).ok_or((0, format!("unsupported dtype {}", feature.dtype)))?;
+    let is_list = matches!(col.data_type(), DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _));
+    if !is_list {
+        if !feature.is_scalar() {
+            return Err((0, format!("holds scalars, but info.json declares shape {:?}", feature.shape)));
+        }
+        if let Some(row) = (0..col.len()).find(|r| col.is_null(*r)) {
+            return Err((row, "null value".into()));
+        }
+        return cast(col, &dtype).map_err(|e| (0, e.to_string()));
+    }
+    if let Some(row) = (0..col.len()).find(|r| col.is_null(*r)) {
+        return Err((row, "null value".into()));
+    }
+    let numel = feature.numel();
+    let (leaves, offsets) = flatten(col.as_ref()).map_err(|e| (0, e))?;
+    for row in 0..col.len() {
+        let n = offsets[row + 1] - offsets[row];
+        if n != numel {
+            return Err((row, format!("holds {n} values, but info.json declares shape {:?} ({numel} values)", feature.shape)));
+        }
+    }
+    let start = offsets[0];
+    let leaves = leaves.slice(start, offsets[col.len()] - start);
+    if leaves.null_count() > 0 {
+        let row = (0..col.len()).find(|r| (offsets[*r]..offsets[r + 1]).any(|i| leaves.is_null(i - start))).unwrap_or(0);
+        return Err((row, "null element".into()));
+    }
+    let leaves = cast(&leaves, &dtype).map_err(|e| (0, e.to_string()))?;
+    let field = Arc::new(Field::new("item", dtype, false));
+    let size = i32::try_from(numel).map_err(|_| (0, "too many values per row".to_string()))?;
+    FixedSizeListArray::try_new(field, size, leaves, None).map(|a| Arc::new(a) as ArrayRef).map_err(|e| (0, e.to_string()))
+}
+
+/// The encoded bytes of an image column's rows (HF `Image` struct `{bytes, path}` or binary).
+///
+/// # Errors
+/// `(row, message)` for the first row without bytes.
+pub fn image_bytes(col: &ArrayRef) -> std::result::Result<Vec<&[u8]>, (usize, String)> {
+    let bytes_col: &dyn Array = match col.data_type() {
+        DataType::Struct(_) => {
+            col.as_struct().column_by_name("bytes").ok_or((0, "image struct has no `bytes` field".to_string()))?.as_ref()
+        }
+        _ => col.as_ref(),
+    };
+    let mut out = Vec::with_capacity(col.len());
+    for row in 0..col.len() {
+        let v: Option<&[u8]> = match bytes_col.data_type() {
+            DataType::Binary => (!bytes_col.is_null(row)).then(|| bytes_col.as_binary::<i32>().value(row)),
+            DataType::LargeBinary => (!bytes_col.is_null(row)).then(|| bytes_col.as_binary::<i64>().value(row)),
+            DataType::BinaryView => (!bytes_col.is_null(row)).then(|| bytes_col.as_binary_view().value(row)),
+            other => return Err((row, format!("image column has type {other}, expected binary bytes"))),
+        };
+        match v {
+            Some(b) if !b.is_empty() && !col.is_null(row) => out.push(b),
+            _ => return Err((row, "no image bytes (only a path, or null)".into())),
+        }
+    }
+    Ok(out)
+}
+
+/// Format and size of an encoded image, read from its header.
+pub fn image_header(bytes: &[u8]) -> Option<(&'static str, u32, u32)> {
+    let format = match imagesize::image_type(bytes).ok()? {
+        imagesize::ImageType::Png => "png",
+        imagesize::ImageType::Jpeg => "mjpeg",
+        imagesize::ImageType::Webp => "webp",
+        imagesize::ImageType::Bmp => "bmp",
+        imagesize::ImageType::Tiff => "tiff",
+        _ => return None,
+    };
+    let size = imagesize::blob_size(bytes).ok()?;
+    Some((format, size.width as u32, size.height as u32))
+}
+
+/// What the first pass learned about one episode's rows.
+#[derive(Debug, Clone, Default)]
+pub struct EpisodeRows {
+    /// Rows seen.
+    pub rows: usize,
+    /// The `timestamp` of each row, in order.
+    pub timestamps: Vec<f32>,
+    /// Largest |timestamp - frame_index / fps|.
+    pub max_drift: f64,
+    /// Encoded image format per image camera, from the first row.
+    pub image_formats: Vec<(String, &'static str, u32, u32)>,
+}
+
+/// What the first pass learned about one data file.
+#[derive(Debug, Default)]
+pub struct FileScan {
+    /// Rows per episode.
+    pub episodes: HashMap<i64, EpisodeRows>,
+    /// Problems found.
+    pub findings: Vec<Finding>,
+    /// The column plan (absent when the file could not be read).
+    pub plan: Option<ColumnPlan>,
+}
+
+/// First pass over one data file: reads every row, checks it against the metadata, and keeps
+/// the timestamps. Problems become findings attached to the episodes they affect; only I/O
+/// failures of the store are errors.
+///
+/// # Errors
+/// When the source cannot be read (not when the file's content is bad).
+pub async fn scan_file(
+    source: &Source,
+    meta: &DatasetMeta,
+    file: &SourceFile,
+    expected: &[&EpisodeMeta],
+    tolerance_s: f64,
+) -> Result<FileScan> {
+    let mut scan = FileScan::default();
+    let file_error = |kind: FindingKind, message: String| -> Vec<Finding> {
+        expected.iter().map(|e| Finding::error(kind, message.clone()).with_file(&file.path).with_episode(e.index)).collect()
+    };
+    let builder = match ParquetRecordBatchStreamBuilder::new(source.parquet(file)).await {
+        Ok(b) => b,
+        Err(e) => {
+            scan.findings = file_error(FindingKind::CorruptFile, format!("not a readable parquet file: {e}"));
+            return Ok(scan);
+        }
+    };
+    let (plan, warnings) = match ColumnPlan::new(meta, &file.path, builder.schema().clone()) {
+        Ok(p) => p,
+        Err(f) => {
+            scan.findings = expected.iter().map(|e| f.clone().with_episode(e.index)).collect();
+            return Ok(scan);
+        }
+    };
+    scan.findings.extend(warnings);
+    let mut stream = match builder.with_batch_size(8192).build() {
+        Ok(s) => s,
+        Err(e) => {
+            scan.findings = file_error(FindingKind::CorruptFile, format!("not a readable parquet file: {e}"));
+            return Ok(scan);
+        }
+    };
+    let by_index: HashMap<i64, &EpisodeMeta> = expected.iter().map(|e| (e.index, *e)).collect();
+    let mut bad: HashMap<i64, ()> = HashMap::new();
+    let mut foreign: HashMap<i64, ()> = HashMap::new();
+    let fps = f64::from(meta.fps);
+    loop {
+        let batch = match stream.try_next().await {
+            Ok(Some(b)) => b,
+            Ok(None) => break,
+            Err(e) => {
+                scan.findings.extend(file_error(FindingKind::CorruptFile, format!("reading rows failed: {e}")));
+                return Ok(scan);
+            }
+        };
+        check_batch(meta, &plan, &file.path, &batch, &by_index, fps, &mut scan, &mut bad, &mut foreign)?;
+    }
+    for e in expected {
+        let rows = scan.episodes.get(&e.index).map_or(0, |r| r.rows);
+        if bad.contains_key(&e.index) {
+            continue;
+        }
+        if rows as i64 != e.length {
+            scan.findings.push(
+                Finding::error(
+                    FindingKind::LengthMismatch,
+                    format!("has {rows} rows in this file, but the metadata says length {}", e.length),
+                )
+                .with_file(&file.path)
+                .with_episode(e.index),
+            );
+        } else if let Some(r) = scan.episodes.get(&e.index)
+            && r.max_drift > tolerance_s
+        {
+            scan.findings.push(
+                Finding::warning(
+                    FindingKind::TimestampDrift,
+                    format!(
+                        "timestamps drift up to {:.3} ms from frame_index / fps (tolerance {:.3} ms)",
+                        r.max_drift * 1e3,
+                        tolerance_s * 1e3
+                    ),
+                )
+                .with_file(&file.path)
+                .with_episode(e.index),
+            );
+        }
+    }
+    scan.plan = Some(plan);
+    Ok(scan)
+}
+
+#[allow(clippy::too_many_arguments)] // one call site; the pieces are the scan's own state
+fn check_batch(
+    meta: &DatasetMeta,
+    plan: &ColumnPlan,
+    path: &str,
+    batch: &RecordBatch,
+    by_index: &HashMap<i64, &EpisodeMeta>,
+    fps: f64,
+    scan: &mut FileScan,
+    bad: &mut HashMap<i64, ()>,
+    foreign: &mut HashMap<i64, ()>,
+) -> Result<()> {
+    let int_col = |name: &str| -> std::result::Result<Vec<Option<i64>>, String> {
+        let col = batch.column_by_name(name).ok_or_else(|| format!("no `{name}` column"))?;
+        Ok(cast(col, &DataType::Int64).map_err(|e| e.to_string())?.as_primitive::<Int64Type>().iter().collect())
+    };
+    let cols = (|| -> std::result::Result<_, String> {
+        let ts_col = batch.column_by_name("timestamp").ok_or("no `timestamp` column")?;
+        let ts: Vec<Option<f32>> =
+            cast(ts_col, &DataType::Float32).map_err(|e| e.to_string())?.as_primitive::<Float32Type>().iter().collect();
+        Ok((int_col("episode_index")?, int_col("frame_index")?, int_col("index")?, int_col("task_index")?, ts))
+    })();
+    let (episode, frame, index, task, ts) = match cols {
+        Ok(c) => c,
+        Err(m) => {
+            for e in by_index.values() {
+                scan.findings.push(Finding::error(FindingKind::SchemaMismatch, m.clone()).with_file(path).with_episode(e.index));
+                bad.insert(e.index, ());
+            }
+            return Ok(());
+        }
+    };
+    // Per-column shape checks; the first bad row marks its episode.
+    let mut row_errors: Vec<(usize, FindingKind, String)> = Vec::new();
+    let mut images: Vec<(&Feature, Vec<&[u8]>)> = Vec::new();
+    for ((name, role), col) in plan.columns.iter().zip(batch.columns()) {
+        match role {
+            Role::Numeric(f) => {
+                if let Err((row, m)) = normalize_numeric(col, f) {
+                    row_errors.push((row, FindingKind::ShapeMismatch, format!("column `{name}` {m}")));
+                }
+            }
+            Role::Image(f) => match image_bytes(col) {
+                Ok(b) => images.push((f, b)),
+                Err((row, m)) => row_errors.push((row, FindingKind::ShapeMismatch, format!("column `{name}`: {m}"))),
+            },
+            Role::Passthrough => {}
+        }
+    }
+    for (f, rows) in &images {
+        let declared = f.camera_hwc();
+        for (row, bytes) in rows.iter().enumerate() {
+            match image_header(bytes) {
+                None => row_errors.push((
+                    row,
+                    FindingKind::CorruptFile,
+                    format!("column `{}`: image bytes are not a PNG/JPEG/WebP/BMP/TIFF image", f.name),
+                )),
+                Some((_, w, h)) => {
+                    if let Some((dh, dw, _)) = declared
+                        && (dh as u32 != h || dw as u32 != w)
+                    {
+                        row_errors.push((
+                            row,
+                            FindingKind::ShapeMismatch,
+                            format!("column `{}`: image is {w}x{h}, info.json declares {dw}x{dh}", f.name),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    row_errors.sort_by_key(|e| e.0);
+    let mut reported_rows: HashMap<i64, ()> = HashMap::new();
+    for (row, kind, message) in row_errors {
+        let ep = episode[row].unwrap_or(-1);
+        if reported_rows.insert(ep, ()).is_none() && !bad.contains_key(&ep) {
+            let mut f = Finding::error(kind, message).with_file(path).with_episode(ep);
+            if let Some(fr) = frame[row] {
+                f = f.with_frame(fr);
+            }
+            scan.findings.push(f);
+            bad.insert(ep, ());
+        }
+    }
+
+    for row in 0..batch.num_rows() {
+        let (Some(ep), Some(fi), Some(idx), Some(ti), Some(t)) = (episode[row], frame[row], index[row], task[row], ts[row]) else {
+            let ep = episode[row].unwrap_or(-1);
+            if bad.insert(ep, ()).is_none() {
+                scan.findings.push(Finding::error(FindingKind::SchemaMismatch, "null in an index column").with_file(path).with_episode(ep));
+            }
+            continue;
+        };
+        let Some(em) = by_index.get(&ep) else {
+            if foreign.insert(ep, ()).is_none() {
+                let message = match meta.episodes.iter().find(|e| e.index == ep) {
+                    Some(e) => format!("rows found in this file, but the metadata places the episode in {}", e.data_file),
+                    None => "rows found in this file, but no episode metadata lists the episode (missing meta/episodes shard?)".to_string(),
+                };
+                scan.findings.push(Finding::error(FindingKind::BadMetadata, message).with_file(path).with_episode(ep).with_frame(fi));
+            }
+            continue;
+        };
+        if bad.contains_key(&ep) {
+            continue;
+        }
+        let rows = scan.episodes.entry(ep).or_default();
+        let position = rows.rows as i64;
+        let problem = if fi != position {
+            Some(format!("frame_index is {fi} at row {position} of the episode (expected {position})"))
+        } else if idx != em.from_index + fi {
+            Some(format!("index is {idx}, expected {} (dataset_from_index {} + frame_index)", em.from_index + fi, em.from_index))
+        } else if ti < 0 || ti as usize >= meta.tasks.len() {
+            Some(format!("task_index {ti} has no row in the task table ({} tasks)", meta.tasks.len()))
+        } else {
+            None
+        };
+        if let Some(message) = problem {
+            scan.findings.push(Finding::error(FindingKind::LengthMismatch, message).with_file(path).with_episode(ep).with_frame(fi));
+            bad.insert(ep, ());
+            continue;
+        }
+        if rows.rows == 0 {
+            rows.image_formats =
+                images.iter().filter_map(|(f, b)| image_header(b[row]).map(|(fmt, w, h)| (f.name.clone(), fmt, w, h))).collect();
+        }
+        rows.rows += 1;
+        rows.timestamps.push(t);
+        rows.max_drift = rows.max_drift.max((f64::from(t) - fi as f64 / fps).abs());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Float64Array, ListArray};
+    use arrow::datatypes::Float64Type;
+
+    use super::*;
+
+    fn feature(shape: Vec<usize>) -> Feature {
+        Feature { name: "action".into(), dtype: "float32".into(), shape, names: serde_json::Value::Null, info: None }
+    }
+
+    #[test]
+    fn variable_lists_become_fixed_size() {
+        let col: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(vec![
+            Some(vec![Some(1.0), Some(2.0)]),
+            Some(vec![Some(3.0), Some(4.0)]),
+        ]));
+        let out = normalize_numeric(&col, &feature(vec![2])).unwrap();
+        assert_eq!(out.data_type(), &DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), 2));
+        let fixed = out.as_fixed_size_list();
+        assert_eq!(fixed.value(1).as_primitive::<Float32Type>().values(), &[3.0, 4.0]);
+    }
+
+    #[test]
+    fn wrong_lengths_name_the_row() {
+        let col: ArrayRef =
+            Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(vec![Some(1.0), Some(2.0)]), Some(vec![Some(3.0)])]));
+        let (row, message) = normalize_numeric(&col, &feature(vec![2])).unwrap_err();
+        assert_eq!(row, 1);
+        assert!(message.contains("holds 1 values"), "{message}");
+        let scalars: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
+        assert!(normalize_numeric(&scalars, &feature(vec![3])).is_err());
+        assert_eq!(normalize_numeric(&scalars, &feature(vec![1])).unwrap().data_type(), &DataType::Float32);
+    }
+
+    #[test]
+    fn png_header() {
+        // 1x1 PNG
+        let png: &[u8] = &[
+            0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0, 0, 0, 13, b'I', b'H', b'D', b'R', 0, 0, 0, 3, 0, 0, 0, 2, 8, 2, 0, 0, 0, 0,
+            0, 0, 0,
+        ];
+        assert_eq!(image_header(png), Some(("png", 3, 2)));
+        assert_eq!(image_header(b"garbage"), None);
+    }
+}

@@ -1,0 +1,1098 @@
+//! The ingest pipeline: validate a LeRobot dataset, demux its videos, write a new version of
+//! the dataset into the lake, and commit it atomically.
+//!
+//! ```text
+//! metadata ─▶ inventory ─▶ fingerprint / content hash (no-op when unchanged)
+//!          ─▶ pass 1 over data parquet (validate rows, keep timestamps)   ── refuse here when strict
+//!          ─▶ begin version ─▶ demux every camera file in parallel (packets, frame resolution)
+//!          ─▶ pass 2 over data parquet (steps, image packets) ─▶ small tables ─▶ commit record
+//! ```
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Instant,
+};
+
+use arrow::{
+    array::{
+        ArrayRef, BinaryBuilder, BooleanBuilder, Float64Builder, Int32Builder, Int64Builder, ListBuilder, RecordBatch, StringBuilder,
+        StructBuilder, UInt32Builder, UInt64Builder,
+    },
+    compute::filter_record_batch,
+    datatypes::{DataType, Int64Type},
+};
+use futures::{StreamExt, TryStreamExt, stream};
+use lake_schemas::{
+    CommitRecord, FeatureKind, Finding, FindingKind, LAKE_FORMAT_VERSION, Severity, SourceRecord, TableCounts, TableSet,
+    tables::{self, EPISODES, FINDINGS, PACKETS, STATS, STEPS, STREAMS, TASKS},
+};
+use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_name};
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
+
+use crate::{
+    Error, Report, Result,
+    data::{self, EpisodeRows},
+    meta::{DatasetMeta, EpisodeMeta},
+    report::CameraSummary,
+    source::{Source, SourceFile},
+    steps::StepsLayout,
+    streams::{self, Declared, Query, StreamContext, StreamJob, StreamOutcome},
+};
+
+/// How to ingest.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Dataset name in the lake (default: the source directory's name).
+    pub name: Option<String>,
+    /// LeRobot's `tolerance_s`: how far a frame's time may be from a step's query time.
+    pub tolerance_s: f64,
+    /// Leave out bad episodes (recording why) instead of refusing the dataset.
+    pub skip_bad_episodes: bool,
+    /// Leave out cameras that have no video file at all.
+    pub drop_missing_cameras: bool,
+    /// Camera files demuxed at once.
+    pub threads: usize,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        Self {
+            name: None,
+            tolerance_s: lake_schemas::DEFAULT_TOLERANCE_S,
+            skip_bad_episodes: false,
+            drop_missing_cameras: false,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+/// Live progress of an ingest, shared with whoever displays it. Setting [`Progress::cancel`]
+/// stops the ingest, which then removes what it wrote.
+#[derive(Debug, Default)]
+pub struct Progress {
+    phase: Mutex<String>,
+    bytes_read: Mutex<Option<Arc<AtomicU64>>>,
+    /// Bytes the current work will read in total (0 when unknown).
+    pub bytes_total: AtomicU64,
+    /// Camera frames (packets) demuxed so far.
+    pub frames_done: Arc<AtomicU64>,
+    /// Steps of the episodes being ingested.
+    pub steps_total: AtomicU64,
+    /// Episodes being ingested.
+    pub episodes_total: AtomicU64,
+    /// Set to cancel.
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl Progress {
+    /// The current phase, in words.
+    pub fn phase(&self) -> String {
+        self.phase.lock().expect("progress phase").clone()
+    }
+
+    /// Bytes read from the source so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.lock().expect("progress counter").as_ref().map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    fn set_phase(&self, phase: &str) {
+        *self.phase.lock().expect("progress phase") = phase.to_string();
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.cancel.load(Ordering::Relaxed) { Err(Error::Cancelled) } else { Ok(()) }
+    }
+}
+
+/// What an ingest did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A new version was committed.
+    Committed {
+        /// Its commit record.
+        record: Box<CommitRecord>,
+        /// Validation findings and summary.
+        report: Box<Report>,
+    },
+    /// The source is the one the latest version was made from, with the same options.
+    Unchanged {
+        /// The latest version.
+        record: Box<CommitRecord>,
+        /// How that was established.
+        reason: String,
+    },
+}
+
+/// Ingests the LeRobot dataset at `location` into `lake`.
+///
+/// # Errors
+/// [`Error::Refused`] with the full report when the dataset has errors (strict mode) or no
+/// episode is left; [`Error::Cancelled`]; metadata, I/O and lake errors. In every error case
+/// the lake is as it was before.
+pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progress: &Progress) -> Result<Outcome> {
+    let started = Instant::now();
+    let source = Source::open(location)?;
+    *progress.bytes_read.lock().expect("progress counter") = Some(source.counter());
+    let name = options.name.clone().unwrap_or_else(|| default_name(location));
+    validate_name(&name)?;
+    progress.set_phase("reading metadata");
+    lake.collect_garbage().await?;
+    let meta = DatasetMeta::load(&source).await?;
+    let mut plan = Plan::new(&source, &meta, options).await?;
+    let record_options = lake_schemas::IngestOptions {
+        tolerance_s: options.tolerance_s,
+        skip_bad_episodes: options.skip_bad_episodes,
+        drop_missing_cameras: options.drop_missing_cameras,
+    };
+
+    let fingerprint = fingerprint(&plan.read_files);
+    let latest = lake.latest(&name).await?;
+    if let Some(l) = &latest
+        && l.options == record_options
+        && l.source.fingerprint == fingerprint
+    {
+        return Ok(Outcome::Unchanged {
+            record: Box::new(l.clone()),
+            reason: "same files, sizes and modification times as the latest version".into(),
+        });
+    }
+    progress.set_phase("hashing source");
+    progress.bytes_total.store(plan.read_files.iter().map(|f| f.size).sum(), Ordering::Relaxed);
+    let content_hash = content_hash(&source, &plan.read_files, options.threads, progress).await?;
+    if let Some(l) = &latest
+        && l.options == record_options
+        && l.source.content_hash == content_hash
+    {
+        return Ok(Outcome::Unchanged {
+            record: Box::new(l.clone()),
+            reason: "same content as the latest version (only modification times differ)".into(),
+        });
+    }
+
+    progress.set_phase("checking data");
+    plan.scan_data(&source, &meta, options, progress).await?;
+    plan.decide(options)?;
+
+    let pending = lake.begin(&name).await?;
+    let built = build(&pending, &source, &meta, &mut plan, options, progress).await;
+    let (counts, tables_written) = match built {
+        Ok(v) => v,
+        Err(e) => {
+            pending.abort().await?;
+            return Err(e);
+        }
+    };
+    progress.set_phase("committing");
+    plan.report.seconds = started.elapsed().as_secs_f64();
+    plan.report.bytes_read = source.bytes_read();
+    let source_record = SourceRecord {
+        url: location.to_string(),
+        codebase_version: meta.info.codebase_version.clone(),
+        content_hash,
+        fingerprint,
+        files: plan.read_files.len() as u64,
+        bytes: plan.read_files.iter().map(|f| f.size).sum(),
+    };
+    let dir = pending.dir().to_string();
+    let seconds = plan.report.seconds;
+    let record = pending
+        .commit(|version| CommitRecord {
+            format_version: LAKE_FORMAT_VERSION,
+            name: name.clone(),
+            version,
+            committed_at: chrono::Utc::now(),
+            ingest_seconds: seconds,
+            tables: TableSet { dir, tables: tables_written },
+            source: source_record,
+            options: record_options,
+            counts,
+            fps: meta.fps,
+            robot_type: meta.info.robot_type.clone(),
+            info: meta.info_value.clone(),
+        })
+        .await?;
+    Ok(Outcome::Committed { record: Box::new(record), report: Box::new(plan.report) })
+}
+
+/// What ingest decided to read and keep, filled in phase by phase.
+struct Plan {
+    report: Report,
+    /// Every source file read (for the fingerprint and content hash), sorted by path.
+    read_files: Vec<SourceFile>,
+    /// Data files in the order of their first episode, with the episodes they hold.
+    data_files: Vec<(String, Option<SourceFile>, Vec<i64>)>,
+    /// Video files by path.
+    video_files: HashMap<String, Option<SourceFile>>,
+    /// Video cameras kept, in feature order.
+    video_cameras: Vec<String>,
+    /// Image cameras, in feature order.
+    image_cameras: Vec<String>,
+    /// Rows of each episode (pass 1).
+    rows: HashMap<i64, EpisodeRows>,
+    /// Layout of the steps table.
+    layout: Option<StepsLayout>,
+    /// Episodes to ingest, in order.
+    kept: Vec<i64>,
+}
+
+impl Plan {
+    async fn new(source: &Source, meta: &DatasetMeta, options: &IngestOptions) -> Result<Self> {
+        let mut report = Report {
+            source: source.display().to_string(),
+            codebase_version: meta.info.codebase_version.clone(),
+            episodes_total: meta.episodes.len() as u64,
+            findings: meta.findings.clone(),
+            ..Report::default()
+        };
+        let mut data_files: Vec<(String, Option<SourceFile>, Vec<i64>)> = Vec::new();
+        for e in &meta.episodes {
+            match data_files.iter_mut().find(|(p, ..)| *p == e.data_file) {
+                Some(entry) => entry.2.push(e.index),
+                None => data_files.push((e.data_file.clone(), None, vec![e.index])),
+            }
+        }
+        let video_paths: BTreeSet<String> = meta.episodes.iter().flat_map(|e| e.videos.iter().map(|v| v.file.clone())).collect();
+        let heads: Vec<(String, Option<SourceFile>)> = stream::iter(data_files.iter().map(|d| d.0.clone()).chain(video_paths))
+            .map(|p| async move { source.head(&p).await.map(|h| (p, h)) })
+            .buffered(16)
+            .try_collect()
+            .await?;
+        let heads: HashMap<String, Option<SourceFile>> = heads.into_iter().collect();
+        for d in &mut data_files {
+            d.1 = heads[&d.0].clone();
+        }
+
+        let mut video_cameras = Vec::new();
+        for cam in meta.video_cameras() {
+            let any = meta.episodes.iter().filter_map(|e| e.videos.iter().find(|v| v.camera == cam.name)).any(|v| heads[&v.file].is_some());
+            if !any && options.drop_missing_cameras && !meta.episodes.is_empty() {
+                report.findings.push(
+                    Finding::new(
+                        Severity::Info,
+                        FindingKind::CameraDropped,
+                        "no video file of this camera exists; the camera is left out (--drop-missing-cameras)",
+                    )
+                    .with_camera(&cam.name),
+                );
+            } else {
+                video_cameras.push(cam.name.clone());
+            }
+        }
+        for e in &meta.episodes {
+            if heads[&e.data_file].is_none() {
+                report
+                    .findings
+                    .push(Finding::error(FindingKind::MissingFile, "data file not found").with_file(&e.data_file).with_episode(e.index));
+            }
+            for v in e.videos.iter().filter(|v| video_cameras.contains(&v.camera)) {
+                if heads[&v.file].is_none() {
+                    report.findings.push(
+                        Finding::error(FindingKind::MissingFile, "video file not found")
+                            .with_file(&v.file)
+                            .with_episode(e.index)
+                            .with_camera(&v.camera),
+                    );
+                }
+            }
+        }
+        let mut read_files: Vec<SourceFile> = meta.files.clone();
+        read_files.extend(data_files.iter().filter_map(|d| d.1.clone()));
+        let kept_videos: BTreeSet<&String> =
+            meta.episodes.iter().flat_map(|e| e.videos.iter().filter(|v| video_cameras.contains(&v.camera)).map(|v| &v.file)).collect();
+        read_files.extend(kept_videos.iter().filter_map(|p| heads[*p].clone()));
+        read_files.sort_by(|a, b| a.path.cmp(&b.path));
+        read_files.dedup_by(|a, b| a.path == b.path);
+        Ok(Self {
+            report,
+            read_files,
+            data_files,
+            video_files: heads,
+            video_cameras,
+            image_cameras: meta.image_cameras().iter().map(|f| f.name.clone()).collect(),
+            rows: HashMap::new(),
+            layout: None,
+            kept: Vec::new(),
+        })
+    }
+
+    /// Pass 1: every data file, checked row by row.
+    async fn scan_data(&mut self, source: &Source, meta: &DatasetMeta, options: &IngestOptions, progress: &Progress) -> Result<()> {
+        let by_index: HashMap<i64, &EpisodeMeta> = meta.episodes.iter().map(|e| (e.index, e)).collect();
+        let jobs: Vec<(SourceFile, Vec<&EpisodeMeta>)> =
+            self.data_files.iter().filter_map(|(_, f, eps)| f.clone().map(|f| (f, eps.iter().map(|e| by_index[e]).collect()))).collect();
+        progress.bytes_total.store(jobs.iter().map(|j| j.0.size).sum(), Ordering::Relaxed);
+        let scans: Vec<(String, data::FileScan)> = stream::iter(jobs)
+            .map(|(file, eps)| async move {
+                progress.check()?;
+                let scan = data::scan_file(source, meta, &file, &eps, options.tolerance_s).await?;
+                Ok::<_, Error>((file.path, scan))
+            })
+            .buffered(options.threads.max(1))
+            .try_collect()
+            .await?;
+        let cameras: Vec<String> = meta
+            .features
+            .iter()
+            .filter(|f| self.video_cameras.contains(&f.name) || f.kind() == FeatureKind::Image)
+            .map(|f| f.name.clone())
+            .collect();
+        for (path, scan) in scans {
+            self.report.findings.extend(scan.findings);
+            if let Some(plan) = scan.plan {
+                match &self.layout {
+                    None => self.layout = Some(StepsLayout::new(&plan, cameras.clone(), self.image_cameras.clone())?),
+                    Some(layout) if !layout.matches(&plan) => {
+                        for e in &self.data_files.iter().find(|d| d.0 == path).expect("scanned file is planned").2 {
+                            self.report.findings.push(
+                                Finding::error(FindingKind::SchemaMismatch, "columns differ from the first data file's")
+                                    .with_file(&path)
+                                    .with_episode(*e),
+                            );
+                        }
+                    }
+                    Some(_) => {}
+                }
+            }
+            self.rows.extend(scan.episodes);
+        }
+        Ok(())
+    }
+
+    /// Applies strict or skip mode to what is known so far.
+    fn decide(&mut self, options: &IngestOptions) -> Result<()> {
+        let errors: Vec<&Finding> = self.report.findings.iter().filter(|f| f.is_error()).collect();
+        if errors.is_empty() {
+            self.kept = self.episode_order().into_iter().filter(|e| self.rows.contains_key(e)).collect();
+            if self.kept.is_empty() {
+                return Err(self.refuse("the dataset has no episodes"));
+            }
+            return Ok(());
+        }
+        if !options.skip_bad_episodes || errors.iter().any(|f| f.episode.is_none()) {
+            return Err(Error::Refused(Box::new(self.report.clone())));
+        }
+        let bad: BTreeMap<i64, String> = {
+            let mut m = BTreeMap::new();
+            for f in &errors {
+                if let Some(e) = f.episode {
+                    m.entry(e).or_insert_with(|| f.to_string());
+                }
+            }
+            m
+        };
+        self.report.skipped.extend(bad);
+        self.kept =
+            self.episode_order().into_iter().filter(|e| !self.report.skipped.contains_key(e) && self.rows.contains_key(e)).collect();
+        if self.kept.is_empty() {
+            let hint = if self.video_cameras.is_empty() || options.drop_missing_cameras {
+                String::new()
+            } else {
+                "; if a camera has no videos at all, --drop-missing-cameras ingests the episodes without it".into()
+            };
+            return Err(self.refuse(&format!("every episode has errors{hint}")));
+        }
+        Ok(())
+    }
+
+    fn episode_order(&self) -> Vec<i64> {
+        self.data_files.iter().flat_map(|d| d.2.iter().copied()).collect()
+    }
+
+    fn refuse(&self, why: &str) -> Error {
+        let mut report = self.report.clone();
+        report.findings.push(Finding::error(FindingKind::BadMetadata, why));
+        Error::Refused(Box::new(report))
+    }
+
+    /// Moves episodes with new errors to the skipped set, or refuses in strict mode.
+    fn apply_new_errors(&mut self, options: &IngestOptions) -> Result<()> {
+        let mut newly = BTreeMap::new();
+        for f in self.report.findings.iter().filter(|f| f.is_error()) {
+            match f.episode {
+                Some(e) if self.kept.contains(&e) => {
+                    newly.entry(e).or_insert_with(|| f.to_string());
+                }
+                Some(_) => {}
+                None => return Err(Error::Refused(Box::new(self.report.clone()))),
+            }
+        }
+        if newly.is_empty() {
+            return Ok(());
+        }
+        if !options.skip_bad_episodes {
+            return Err(Error::Refused(Box::new(self.report.clone())));
+        }
+        self.kept.retain(|e| !newly.contains_key(e));
+        self.report.skipped.extend(newly);
+        if self.kept.is_empty() {
+            return Err(self.refuse("every episode has errors"));
+        }
+        Ok(())
+    }
+}
+
+/// Writes every table of the version; returns the counts and table names.
+async fn build(
+    pending: &PendingVersion,
+    source: &Source,
+    meta: &DatasetMeta,
+    plan: &mut Plan,
+    options: &IngestOptions,
+    progress: &Progress,
+) -> Result<(TableCounts, Vec<String>)> {
+    let by_index: HashMap<i64, &EpisodeMeta> = meta.episodes.iter().map(|e| (e.index, e)).collect();
+
+    // Camera files → packet rows.
+    progress.set_phase("demuxing video");
+    let jobs = stream_jobs(meta, plan, &by_index);
+    progress.bytes_total.store(jobs.iter().map(|j| j.file.size).sum(), Ordering::Relaxed);
+    progress.episodes_total.store(plan.kept.len() as u64, Ordering::Relaxed);
+    progress.steps_total.store(plan.kept.iter().map(|e| plan.rows[e].rows as u64).sum(), Ordering::Relaxed);
+    let ctx = StreamContext {
+        source: source.clone(),
+        packets_uri: pending.table_uri(PACKETS),
+        tolerance_s: options.tolerance_s,
+        fps: f64::from(meta.fps),
+        cancel: progress.cancel.clone(),
+        frames_done: progress.frames_done.clone(),
+    };
+    let strict_failed = Arc::new(AtomicBool::new(false));
+    let results: Vec<Result<StreamOutcome>> = stream::iter(jobs)
+        .map(|job| {
+            let (ctx, strict_failed) = (ctx.clone(), strict_failed.clone());
+            let skip = options.skip_bad_episodes;
+            async move {
+                let outcome = streams::run(ctx.clone(), job).await;
+                if !skip && outcome.as_ref().is_ok_and(|o| o.findings.iter().any(Finding::is_error)) {
+                    strict_failed.store(true, Ordering::Relaxed);
+                    ctx.cancel.store(true, Ordering::Relaxed); // stop the other files early
+                }
+                outcome
+            }
+        })
+        .buffer_unordered(options.threads.max(1))
+        .collect()
+        .await;
+    let mut outcomes = Vec::new();
+    for r in results {
+        match r {
+            Ok(o) => outcomes.push(o),
+            Err(Error::Cancelled) if strict_failed.load(Ordering::Relaxed) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    outcomes.sort_by_key(|o| o.job.stream);
+    for o in &outcomes {
+        plan.report.findings.extend(o.findings.iter().cloned());
+    }
+    if strict_failed.load(Ordering::Relaxed) {
+        progress.cancel.store(false, Ordering::Relaxed);
+        return Err(Error::Refused(Box::new(plan.report.clone())));
+    }
+    progress.check()?;
+    plan.apply_new_errors(options)?;
+
+    // Global rows: published parts in stream order.
+    let mut video_parts: Vec<UncommittedPart> = Vec::new();
+    let mut bases: HashMap<u32, u64> = HashMap::new();
+    let mut next_row = 0u64;
+    for o in &outcomes {
+        if let Some(part) = &o.part {
+            bases.insert(o.job.stream, next_row);
+            next_row += part.rows();
+            video_parts.push(part.clone());
+        }
+        if let Some(orphan) = &o.orphan {
+            pending.discard(PACKETS, orphan).await?;
+        }
+    }
+    let layout = plan.layout.clone().ok_or_else(|| Error::Internal("no steps layout".into()))?;
+    let kept: BTreeSet<i64> = plan.kept.iter().copied().collect();
+    let mut pointers: HashMap<(i64, usize), Vec<u64>> = HashMap::new();
+    for o in &outcomes {
+        let Some(base) = bases.get(&o.job.stream) else { continue };
+        let cam = layout.cameras.iter().position(|c| *c == o.job.camera).expect("stream camera is in the layout");
+        for (q, pos) in o.job.queries.iter().zip(&o.positions) {
+            if let (true, Some(pos)) = (kept.contains(&q.episode), pos) {
+                let v = pointers.entry((q.episode, cam)).or_insert_with(|| vec![u64::MAX; plan.rows[&q.episode].rows]);
+                v[q.frame as usize] = base + pos;
+            }
+        }
+    }
+
+    // Steps and image packets.
+    progress.set_phase("writing steps");
+    let kept_steps: u64 = plan.kept.iter().map(|e| plan.rows[e].rows as u64).sum();
+    let first_image_stream = outcomes.len() as u32;
+    let image_streams: Vec<(u32, u64)> =
+        (0..layout.image_cameras.len()).map(|i| (first_image_stream + i as u32, next_row + i as u64 * kept_steps)).collect();
+    let (steps_part, image_parts) = write_steps(pending, source, plan, &layout, &pointers, &image_streams, meta, progress).await?;
+    let steps = steps_part.rows();
+    if steps != kept_steps {
+        return Err(Error::Internal(format!("wrote {steps} steps, expected {kept_steps}")));
+    }
+    lake_store::commit_parts(&pending.table_uri(STEPS), layout.schema.clone(), vec![steps_part]).await?;
+    let mut all_parts = video_parts;
+    all_parts.extend(image_parts.iter().cloned());
+    let packets = lake_store::commit_parts(&pending.table_uri(PACKETS), tables::packets_schema(), all_parts).await?;
+
+    // Small tables.
+    progress.set_phase("writing metadata tables");
+    let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, kept_steps, meta)?;
+    let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
+    let tasks_batch = tasks_table(meta)?;
+    let stats_batch = stats_table(meta, &kept)?;
+    for (e, reason) in &plan.report.skipped {
+        plan.report.findings.push(
+            Finding::new(Severity::Info, FindingKind::EpisodeSkipped, format!("left out by --skip-bad-episodes: {reason}"))
+                .with_episode(*e),
+        );
+    }
+    let findings_batch = findings_table(&plan.report.findings)?;
+    for (table, batch) in
+        [(STREAMS, streams_batch), (EPISODES, episodes_batch), (TASKS, tasks_batch), (STATS, stats_batch), (FINDINGS, findings_batch)]
+    {
+        lake_store::write_table(&pending.table_uri(table), batch.schema(), vec![batch]).await?;
+    }
+
+    summarise(plan, &outcomes, &image_streams, kept_steps, packets, meta);
+    let mut findings = BTreeMap::new();
+    for f in &plan.report.findings {
+        *findings.entry(f.severity.as_str().to_string()).or_insert(0) += 1;
+    }
+    let counts = TableCounts {
+        episodes: plan.kept.len() as u64,
+        steps,
+        packets,
+        streams: (outcomes.iter().filter(|o| o.part.is_some()).count() + image_streams.len()) as u64,
+        tasks: meta.tasks.len() as u64,
+        skipped_episodes: plan.report.skipped.len() as u64,
+        findings,
+    };
+    Ok((counts, tables::ALL.iter().map(|t| t.to_string()).collect()))
+}
+
+/// One job per (camera, file) used by a kept episode, numbered in camera then first-use order.
+fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &EpisodeMeta>) -> Vec<StreamJob> {
+    let mut jobs: Vec<StreamJob> = Vec::new();
+    for cam in &plan.video_cameras {
+        let feature = meta.features.iter().find(|f| &f.name == cam).expect("camera is a feature");
+        let hwc = feature.camera_hwc();
+        let declared = Declared {
+            codec: feature.info_str("video.codec").map(str::to_string),
+            height: feature.info_f64("video.height").map(|v| v as u32).or(hwc.map(|h| h.0 as u32)),
+            width: feature.info_f64("video.width").map(|v| v as u32).or(hwc.map(|h| h.1 as u32)),
+            pix_fmt: feature.info_str("video.pix_fmt").map(str::to_string),
+        };
+        let first = jobs.len();
+        for e in &plan.kept {
+            let em = by_index[e];
+            let v = em.videos.iter().find(|v| &v.camera == cam).expect("every episode has every camera");
+            let rows = &plan.rows[e];
+            let job = match jobs[first..].iter_mut().find(|j| j.file.path == v.file) {
+                Some(j) => j,
+                None => {
+                    let file = plan.video_files[&v.file].clone().expect("kept episodes have their files");
+                    jobs.push(StreamJob {
+                        stream: jobs.len() as u32,
+                        camera: cam.clone(),
+                        file,
+                        declared: declared.clone(),
+                        queries: Vec::new(),
+                        episodes: Vec::new(),
+                    });
+                    jobs.last_mut().expect("just pushed")
+                }
+            };
+            job.episodes.push((em.index, v.from_timestamp, v.to_timestamp, em.length));
+            for (frame, ts) in rows.timestamps.iter().enumerate() {
+                // LeRobot: from_timestamp (float64) + the float32 timestamp as a Python float.
+                job.queries.push(Query {
+                    t: v.from_timestamp + f64::from(*ts),
+                    episode: em.index,
+                    frame: frame as i64,
+                    from_timestamp: v.from_timestamp,
+                });
+            }
+        }
+    }
+    for j in &mut jobs {
+        j.queries.sort_by(|a, b| a.t.total_cmp(&b.t));
+    }
+    jobs
+}
+
+#[allow(clippy::too_many_arguments)] // the pass needs the whole plan; splitting it would only move the list
+async fn write_steps(
+    pending: &PendingVersion,
+    source: &Source,
+    plan: &Plan,
+    layout: &StepsLayout,
+    pointers: &HashMap<(i64, usize), Vec<u64>>,
+    image_streams: &[(u32, u64)],
+    meta: &DatasetMeta,
+    progress: &Progress,
+) -> Result<(UncommittedPart, Vec<UncommittedPart>)> {
+    let tasks: Vec<String> = meta.tasks.iter().map(|t| t.task.clone()).collect();
+    let (steps_tx, steps_rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+    let steps_writer =
+        tokio::spawn(lake_store::write_uncommitted(pending.table_uri(STEPS), layout.schema.clone(), receiver_stream(steps_rx)));
+    let mut image_txs = Vec::new();
+    let mut image_writers = Vec::new();
+    for _ in &layout.image_cameras {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+        image_txs.push(tx);
+        image_writers.push(tokio::spawn(lake_store::write_uncommitted(
+            pending.table_uri(PACKETS),
+            tables::packets_schema(),
+            receiver_stream(rx),
+        )));
+    }
+    let kept: BTreeSet<i64> = plan.kept.iter().copied().collect();
+    let lookup = |episode: i64, frame: i64, cam: usize| pointers[&(episode, cam)][frame as usize];
+    let mut ordinal = 0u64;
+    let produced: Result<()> = async {
+        for (_, file, episodes) in &plan.data_files {
+            if !episodes.iter().any(|e| kept.contains(e)) {
+                continue;
+            }
+            let file = file.as_ref().expect("files of kept episodes exist");
+            let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(file)).await.map_err(Error::parquet(&file.path))?;
+            let mut batches = builder.with_batch_size(4096).build().map_err(Error::parquet(&file.path))?;
+            while let Some(batch) = batches.try_next().await.map_err(Error::parquet(&file.path))? {
+                progress.check()?;
+                let ep = arrow::compute::cast(batch.column_by_name("episode_index").expect("checked in pass 1"), &DataType::Int64)
+                    .map_err(Error::arrow(STEPS))?;
+                let mask: arrow::array::BooleanArray = ep
+                    .as_any()
+                    .downcast_ref::<arrow::array::PrimitiveArray<Int64Type>>()
+                    .expect("cast to int64")
+                    .iter()
+                    .map(|e| Some(e.is_some_and(|e| kept.contains(&e))))
+                    .collect();
+                let batch = filter_record_batch(&batch, &mask).map_err(Error::arrow(STEPS))?;
+                if batch.num_rows() == 0 {
+                    continue;
+                }
+                let (steps, images) = layout.convert(&batch, &tasks, &lookup, image_streams, ordinal)?;
+                ordinal += steps.num_rows() as u64;
+                if steps_tx.send(Ok(steps)).await.is_err() {
+                    break;
+                }
+                for img in images {
+                    if image_txs[img.camera].send(Ok(img.batch)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = produced {
+        let _ = steps_tx.send(Err(e)).await;
+    }
+    drop(steps_tx);
+    drop(image_txs);
+    let steps_part = steps_writer.await.map_err(|e| Error::Internal(format!("steps writer: {e}")))??;
+    let mut image_parts = Vec::new();
+    for w in image_writers {
+        image_parts.push(w.await.map_err(|e| Error::Internal(format!("image writer: {e}")))??);
+    }
+    Ok((steps_part, image_parts))
+}
+
+fn receiver_stream(
+    rx: tokio::sync::mpsc::Receiver<Result<RecordBatch>>,
+) -> impl futures::Stream<Item = Result<RecordBatch>> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+}
+
+fn streams_table(
+    plan: &Plan,
+    outcomes: &[StreamOutcome],
+    bases: &HashMap<u32, u64>,
+    image_streams: &[(u32, u64)],
+    kept_steps: u64,
+    meta: &DatasetMeta,
+) -> Result<RecordBatch> {
+    let schema = tables::streams_schema();
+    let mut b: Vec<Box<dyn arrow::array::ArrayBuilder>> =
+        schema.fields().iter().map(|f| arrow::array::make_builder(f.data_type(), 16)).collect();
+    let mut rows = Vec::new();
+    for o in outcomes.iter().filter(|o| o.part.is_some()) {
+        let f = o.facts.as_ref().expect("published streams have facts");
+        rows.push(StreamRow {
+            stream: o.job.stream,
+            camera: o.job.camera.clone(),
+            kind: "video",
+            file: Some(o.job.file.path.clone()),
+            codec: f.codec.clone(),
+            declared_codec: o.job.declared.codec.clone(),
+            profile: f.profile.clone(),
+            extradata: f.extradata.clone(),
+            width: f.width,
+            height: f.height,
+            declared: (o.job.declared.width, o.job.declared.height),
+            pix_fmt: f.pix_fmt.clone(),
+            declared_pix_fmt: o.job.declared.pix_fmt.clone(),
+            colour: [
+                f.color_range.clone(),
+                f.color_space.clone(),
+                f.color_primaries.clone(),
+                f.color_trc.clone(),
+                f.chroma_location.clone(),
+            ],
+            time_base: f.time_base,
+            avg_frame_rate: f.avg_frame_rate,
+            first_row: bases[&o.job.stream],
+            packets: o.packets,
+            keyframes: o.keyframes,
+            max_gop: o.max_gop,
+            reordered: o.reordered,
+            bytes: o.bytes,
+            duration_s: f.duration_s,
+        });
+    }
+    for ((stream, first_row), cam) in image_streams.iter().zip(&plan.image_cameras) {
+        let feature = meta.features.iter().find(|f| &f.name == cam).expect("image camera is a feature");
+        let first = plan.kept.iter().find_map(|e| plan.rows[e].image_formats.iter().find(|(c, ..)| c == cam).cloned());
+        let (codec, w, h) = first.map_or(("png", 0, 0), |(_, fmt, w, h)| (fmt, w, h));
+        let hwc = feature.camera_hwc();
+        rows.push(StreamRow {
+            stream: *stream,
+            camera: cam.clone(),
+            kind: "image",
+            file: None,
+            codec: codec.to_string(),
+            declared_codec: None,
+            profile: None,
+            extradata: None,
+            width: w,
+            height: h,
+            declared: (hwc.map(|x| x.1 as u32), hwc.map(|x| x.0 as u32)),
+            pix_fmt: None,
+            declared_pix_fmt: None,
+            colour: Default::default(),
+            time_base: (1, meta.fps as i32),
+            avg_frame_rate: Some(f64::from(meta.fps)),
+            first_row: *first_row,
+            packets: kept_steps,
+            keyframes: kept_steps,
+            max_gop: 1,
+            reordered: false,
+            bytes: 0,
+            duration_s: None,
+        });
+    }
+    for r in rows {
+        r.append(&mut b);
+    }
+    let columns: Vec<ArrayRef> = b.iter_mut().map(|c| c.finish()).collect();
+    RecordBatch::try_new(schema, columns).map_err(Error::arrow(STREAMS))
+}
+
+struct StreamRow {
+    stream: u32,
+    camera: String,
+    kind: &'static str,
+    file: Option<String>,
+    codec: String,
+    declared_codec: Option<String>,
+    profile: Option<String>,
+    extradata: Option<Vec<u8>>,
+    width: u32,
+    height: u32,
+    declared: (Option<u32>, Option<u32>),
+    pix_fmt: Option<String>,
+    declared_pix_fmt: Option<String>,
+    colour: [Option<String>; 5],
+    time_base: (i32, i32),
+    avg_frame_rate: Option<f64>,
+    first_row: u64,
+    packets: u64,
+    keyframes: u64,
+    max_gop: u64,
+    reordered: bool,
+    bytes: u64,
+    duration_s: Option<f64>,
+}
+
+impl StreamRow {
+    /// Appends to builders made from [`tables::streams_schema`], in its column order.
+    fn append(self, b: &mut [Box<dyn arrow::array::ArrayBuilder>]) {
+        fn at<T: 'static>(b: &mut [Box<dyn arrow::array::ArrayBuilder>], i: usize) -> &mut T {
+            b[i].as_any_mut().downcast_mut::<T>().expect("builder type follows the schema")
+        }
+        at::<UInt32Builder>(b, 0).append_value(self.stream);
+        at::<StringBuilder>(b, 1).append_value(&self.camera);
+        at::<StringBuilder>(b, 2).append_value(self.kind);
+        at::<StringBuilder>(b, 3).append_option(self.file);
+        at::<StringBuilder>(b, 4).append_value(&self.codec);
+        at::<StringBuilder>(b, 5).append_option(self.declared_codec);
+        at::<StringBuilder>(b, 6).append_option(self.profile);
+        at::<BinaryBuilder>(b, 7).append_option(self.extradata);
+        at::<UInt32Builder>(b, 8).append_value(self.width);
+        at::<UInt32Builder>(b, 9).append_value(self.height);
+        at::<UInt32Builder>(b, 10).append_option(self.declared.0);
+        at::<UInt32Builder>(b, 11).append_option(self.declared.1);
+        at::<StringBuilder>(b, 12).append_option(self.pix_fmt);
+        at::<StringBuilder>(b, 13).append_option(self.declared_pix_fmt);
+        for (i, c) in self.colour.into_iter().enumerate() {
+            at::<StringBuilder>(b, 14 + i).append_option(c);
+        }
+        at::<Int32Builder>(b, 19).append_value(self.time_base.0);
+        at::<Int32Builder>(b, 20).append_value(self.time_base.1);
+        at::<Float64Builder>(b, 21).append_option(self.avg_frame_rate);
+        at::<UInt64Builder>(b, 22).append_value(self.first_row);
+        at::<UInt64Builder>(b, 23).append_value(self.packets);
+        at::<UInt64Builder>(b, 24).append_value(self.keyframes);
+        at::<UInt64Builder>(b, 25).append_value(self.max_gop);
+        at::<BooleanBuilder>(b, 26).append_value(self.reordered);
+        at::<UInt64Builder>(b, 27).append_value(self.bytes);
+        at::<Float64Builder>(b, 28).append_option(self.duration_s);
+    }
+}
+
+fn episodes_table(
+    plan: &Plan,
+    by_index: &HashMap<i64, &EpisodeMeta>,
+    outcomes: &[StreamOutcome],
+    pointers: &HashMap<(i64, usize), Vec<u64>>,
+    layout: &StepsLayout,
+    image_streams: &[(u32, u64)],
+) -> Result<RecordBatch> {
+    let schema = tables::episodes_schema();
+    let mut index = Int64Builder::new();
+    let mut length = Int64Builder::new();
+    let mut tasks = ListBuilder::new(StringBuilder::new());
+    let mut from = Int64Builder::new();
+    let mut to = Int64Builder::new();
+    let mut data_file = StringBuilder::new();
+    let mut cameras = ListBuilder::new(StructBuilder::from_fields(tables::episode_camera_fields(), 4));
+    let mut ordinal = 0u64;
+    for e in &plan.kept {
+        let em = by_index[e];
+        let n = plan.rows[e].rows as u64;
+        index.append_value(em.index);
+        length.append_value(em.length);
+        for t in &em.tasks {
+            tasks.values().append_value(t);
+        }
+        tasks.append(true);
+        from.append_value(em.from_index);
+        to.append_value(em.to_index);
+        data_file.append_value(&em.data_file);
+        let entries = cameras.values();
+        for (ci, cam) in layout.cameras.iter().enumerate() {
+            let (stream, file, from_ts, to_ts, first, last) = match layout.image_cameras.iter().position(|c| c == cam) {
+                Some(ii) => {
+                    let (stream, base) = image_streams[ii];
+                    (stream, None, None, None, base + ordinal, base + ordinal + n - 1)
+                }
+                None => {
+                    let v = em.videos.iter().find(|v| &v.camera == cam).expect("episode has the camera");
+                    let stream = outcomes
+                        .iter()
+                        .find(|o| o.job.camera == *cam && o.job.file.path == v.file)
+                        .expect("stream of a kept episode")
+                        .job
+                        .stream;
+                    let rows = &pointers[&(*e, ci)];
+                    (
+                        stream,
+                        Some(v.file.clone()),
+                        Some(v.from_timestamp),
+                        v.to_timestamp,
+                        *rows.iter().min().expect("episodes have rows"),
+                        *rows.iter().max().expect("episodes have rows"),
+                    )
+                }
+            };
+            entries.field_builder::<StringBuilder>(0).expect("camera").append_value(cam);
+            entries.field_builder::<UInt32Builder>(1).expect("stream").append_value(stream);
+            entries.field_builder::<StringBuilder>(2).expect("file").append_option(file);
+            entries.field_builder::<Float64Builder>(3).expect("from").append_option(from_ts);
+            entries.field_builder::<Float64Builder>(4).expect("to").append_option(to_ts);
+            entries.field_builder::<UInt64Builder>(5).expect("frames").append_value(n);
+            entries.field_builder::<UInt64Builder>(6).expect("first_row").append_value(first);
+            entries.field_builder::<UInt64Builder>(7).expect("last_row").append_value(last);
+            entries.append(true);
+        }
+        cameras.append(true);
+        ordinal += n;
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(index.finish()),
+        Arc::new(length.finish()),
+        Arc::new(tasks.finish()),
+        Arc::new(from.finish()),
+        Arc::new(to.finish()),
+        Arc::new(data_file.finish()),
+        Arc::new(cameras.finish()),
+    ];
+    let columns = cast_to_schema(columns, &schema)?;
+    RecordBatch::try_new(schema, columns).map_err(Error::arrow(EPISODES))
+}
+
+/// Builders mark list items and struct fields nullable their own way; cast to the table schema.
+fn cast_to_schema(columns: Vec<ArrayRef>, schema: &arrow::datatypes::SchemaRef) -> Result<Vec<ArrayRef>> {
+    columns
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c)
+            } else {
+                arrow::compute::cast(&c, f.data_type()).map_err(Error::arrow("schema cast"))
+            }
+        })
+        .collect()
+}
+
+fn tasks_table(meta: &DatasetMeta) -> Result<RecordBatch> {
+    let index: Vec<i64> = meta.tasks.iter().map(|t| t.task_index).collect();
+    let task: Vec<&str> = meta.tasks.iter().map(|t| t.task.as_str()).collect();
+    RecordBatch::try_new(
+        tables::tasks_schema(),
+        vec![Arc::new(arrow::array::Int64Array::from(index)), Arc::new(arrow::array::StringArray::from(task))],
+    )
+    .map_err(Error::arrow(TASKS))
+}
+
+fn stats_table(meta: &DatasetMeta, kept: &BTreeSet<i64>) -> Result<RecordBatch> {
+    let schema = tables::stats_schema();
+    let mut episode = Int64Builder::new();
+    let mut feature = StringBuilder::new();
+    let mut stat = StringBuilder::new();
+    let mut values = ListBuilder::new(Float64Builder::new());
+    let mut shape = ListBuilder::new(Int64Builder::new());
+    let mut source = StringBuilder::new();
+    for s in meta.stats.iter().filter(|s| s.episode.is_none_or(|e| kept.contains(&e))) {
+        episode.append_option(s.episode);
+        feature.append_value(&s.feature);
+        stat.append_value(&s.stat);
+        values.values().append_slice(&s.values);
+        values.append(true);
+        shape.values().append_slice(&s.shape);
+        shape.append(true);
+        source.append_value("lerobot");
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(episode.finish()),
+        Arc::new(feature.finish()),
+        Arc::new(stat.finish()),
+        Arc::new(values.finish()),
+        Arc::new(shape.finish()),
+        Arc::new(source.finish()),
+    ];
+    let columns = cast_to_schema(columns, &schema)?;
+    RecordBatch::try_new(schema, columns).map_err(Error::arrow(STATS))
+}
+
+fn findings_table(findings: &[Finding]) -> Result<RecordBatch> {
+    let mut severity = StringBuilder::new();
+    let mut kind = StringBuilder::new();
+    let mut file = StringBuilder::new();
+    let mut episode = Int64Builder::new();
+    let mut camera = StringBuilder::new();
+    let mut frame = Int64Builder::new();
+    let mut message = StringBuilder::new();
+    for f in findings {
+        severity.append_value(f.severity.as_str());
+        kind.append_value(f.kind.as_str());
+        file.append_option(f.file.as_deref());
+        episode.append_option(f.episode);
+        camera.append_option(f.camera.as_deref());
+        frame.append_option(f.frame);
+        message.append_value(&f.message);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(severity.finish()),
+        Arc::new(kind.finish()),
+        Arc::new(file.finish()),
+        Arc::new(episode.finish()),
+        Arc::new(camera.finish()),
+        Arc::new(frame.finish()),
+        Arc::new(message.finish()),
+    ];
+    RecordBatch::try_new(tables::findings_schema(), columns).map_err(Error::arrow(FINDINGS))
+}
+
+fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_streams: &[(u32, u64)], kept_steps: u64, packets: u64, meta: &DatasetMeta) {
+    let report = &mut plan.report;
+    report.episodes = plan.kept.len() as u64;
+    report.steps = kept_steps;
+    report.packets = packets;
+    report.recorded_seconds = kept_steps as f64 / f64::from(meta.fps);
+    report.packet_bytes = outcomes.iter().filter(|o| o.part.is_some()).map(|o| o.bytes).sum();
+    report.cameras.clear();
+    let layout_cameras: Vec<String> = meta
+        .features
+        .iter()
+        .filter(|f| plan.video_cameras.contains(&f.name) || plan.image_cameras.contains(&f.name))
+        .map(|f| f.name.clone())
+        .collect();
+    for cam in layout_cameras {
+        if let Some(ii) = plan.image_cameras.iter().position(|c| *c == cam) {
+            let first = plan.kept.iter().find_map(|e| plan.rows[e].image_formats.iter().find(|(c, ..)| *c == cam).cloned());
+            let (codec, w, h) = first.map_or(("png", 0, 0), |(_, f, w, h)| (f, w, h));
+            let _ = image_streams[ii];
+            report.cameras.push(CameraSummary {
+                name: cam,
+                kind: "image".into(),
+                codec: codec.into(),
+                declared_codec: None,
+                width: w,
+                height: h,
+                streams: 1,
+                packets: kept_steps,
+                max_gop: 1,
+            });
+            continue;
+        }
+        let mine: Vec<&StreamOutcome> = outcomes.iter().filter(|o| o.job.camera == cam && o.part.is_some()).collect();
+        let Some(first) = mine.first().and_then(|o| o.facts.clone()) else { continue };
+        report.cameras.push(CameraSummary {
+            name: cam,
+            kind: "video".into(),
+            codec: first.codec,
+            declared_codec: mine[0].job.declared.codec.clone(),
+            width: first.width,
+            height: first.height,
+            streams: mine.len() as u64,
+            packets: mine.iter().map(|o| o.packets).sum(),
+            max_gop: mine.iter().map(|o| o.max_gop).max().unwrap_or(0),
+        });
+    }
+}
+
+/// `blake3:` hash of (path, size, modification time) of every file: changes when any file does.
+fn fingerprint(files: &[SourceFile]) -> String {
+    let mut h = blake3::Hasher::new();
+    for f in files {
+        h.update(format!("{}\0{}\0{}\n", f.path, f.size, f.modified.timestamp_nanos_opt().unwrap_or_default()).as_bytes());
+    }
+    format!("blake3:{}", h.finalize().to_hex())
+}
+
+/// `blake3:` hash of (path, size, content hash) of every file.
+async fn content_hash(source: &Source, files: &[SourceFile], threads: usize, progress: &Progress) -> Result<String> {
+    let hashes: Vec<(String, u64, blake3::Hash)> = stream::iter(files)
+        .map(|f| async move {
+            progress.check()?;
+            Ok::<_, Error>((f.path.clone(), f.size, source.hash(f).await?))
+        })
+        .buffered(threads.max(1))
+        .try_collect()
+        .await?;
+    let mut h = blake3::Hasher::new();
+    for (path, size, hash) in hashes {
+        h.update(format!("{path}\0{size}\0{}\n", hash.to_hex()).as_bytes());
+    }
+    Ok(format!("blake3:{}", h.finalize().to_hex()))
+}

@@ -1,0 +1,486 @@
+//! Reading a LeRobot dataset's metadata (`meta/`): info, episodes, tasks and stats, for v2.0,
+//! v2.1 and v3.0 layouts.
+
+use arrow::array::RecordBatch;
+use futures::TryStreamExt;
+use lake_schemas::{CodebaseVersion, Feature, FeatureKind, Finding, FindingKind, InfoJson, TemplateValue};
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
+use serde_json::Value;
+
+use crate::{
+    Error, Result,
+    columns::{f64s, flatten_json, flatten_numbers, i64s, string_lists, strings},
+    source::{Source, SourceFile},
+};
+
+const INFO: &str = "meta/info.json";
+const STATS: &str = "meta/stats.json";
+const TASKS_PARQUET: &str = "meta/tasks.parquet";
+const TASKS_JSONL: &str = "meta/tasks.jsonl";
+const EPISODES_DIR: &str = "meta/episodes/";
+const EPISODES_JSONL: &str = "meta/episodes.jsonl";
+const EPISODES_STATS_JSONL: &str = "meta/episodes_stats.jsonl";
+
+/// Everything `meta/` says about a dataset.
+#[derive(Debug, Clone)]
+pub struct DatasetMeta {
+    /// `meta/info.json`, parsed.
+    pub info: InfoJson,
+    /// `meta/info.json`, verbatim.
+    pub info_value: Value,
+    /// Format version.
+    pub version: CodebaseVersion,
+    /// Frames per second.
+    pub fps: u32,
+    /// Every declared feature, in declaration order.
+    pub features: Vec<Feature>,
+    /// Episodes, sorted by index.
+    pub episodes: Vec<EpisodeMeta>,
+    /// Tasks in source row order (LeRobot looks a task up by row position).
+    pub tasks: Vec<TaskRow>,
+    /// Statistics as LeRobot stored them.
+    pub stats: Vec<StatRow>,
+    /// The metadata files read.
+    pub files: Vec<SourceFile>,
+    /// What reading the metadata found.
+    pub findings: Vec<Finding>,
+}
+
+/// One episode as the metadata describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpisodeMeta {
+    /// Episode index.
+    pub index: i64,
+    /// Declared number of steps.
+    pub length: i64,
+    /// Declared tasks.
+    pub tasks: Vec<String>,
+    /// First global step index (inclusive).
+    pub from_index: i64,
+    /// Last global step index (exclusive).
+    pub to_index: i64,
+    /// Data parquet holding its steps, relative to the dataset root.
+    pub data_file: String,
+    /// For each video camera (in feature order): the file and where the episode starts in it.
+    pub videos: Vec<VideoRef>,
+}
+
+/// Where one camera's frames of an episode are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoRef {
+    /// Camera (feature key).
+    pub camera: String,
+    /// The mp4, relative to the dataset root.
+    pub file: String,
+    /// Offset of the episode's first frame in the file, seconds (0 for v2.x).
+    pub from_timestamp: f64,
+    /// End of the episode in the file, seconds, when declared.
+    pub to_timestamp: Option<f64>,
+}
+
+/// One task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRow {
+    /// Declared `task_index`.
+    pub task_index: i64,
+    /// The task string.
+    pub task: String,
+}
+
+/// One statistic of one feature, for one episode or the whole dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatRow {
+    /// The episode, or `None` for dataset-level statistics.
+    pub episode: Option<i64>,
+    /// Feature key.
+    pub feature: String,
+    /// Statistic name (`min`, `max`, `mean`, `std`, `count`, `q01`, …).
+    pub stat: String,
+    /// Values, flattened row-major.
+    pub values: Vec<f64>,
+    /// Shape of the values.
+    pub shape: Vec<i64>,
+}
+
+impl DatasetMeta {
+    /// Reads the metadata of the dataset at `source`.
+    ///
+    /// # Errors
+    /// When `meta/info.json` or the episode metadata is missing or malformed. Problems that do
+    /// not stop reading are returned as findings instead.
+    pub async fn load(source: &Source) -> Result<Self> {
+        let mut files = Vec::new();
+        let info_file = source.head(INFO).await?.ok_or_else(|| Error::Missing {
+            path: format!("{}/{INFO}", source.display().trim_end_matches('/')),
+            what: "LeRobot metadata (is this a LeRobot dataset root?)".into(),
+        })?;
+        let info_bytes = source.get(INFO).await?;
+        files.push(info_file);
+        let info_value: Value =
+            serde_json::from_slice(&info_bytes).map_err(|source| Error::Json { path: INFO.into(), line: None, source })?;
+        let info =
+            InfoJson::parse(std::str::from_utf8(&info_bytes).unwrap_or_default()).map_err(|e| Error::metadata(INFO, e.to_string()))?;
+        let version = info.version().map_err(|e| Error::metadata(INFO, e.to_string()))?;
+        let fps = info.fps_int().map_err(|e| Error::metadata(INFO, e.to_string()))?;
+        let features = info.parsed_features().map_err(|e| Error::metadata(INFO, e.to_string()))?;
+        if features.iter().any(|f| f.kind() == FeatureKind::Video) && info.video_path.is_none() {
+            return Err(Error::metadata(INFO, "declares video features but `video_path` is null"));
+        }
+
+        let mut meta = Self {
+            info,
+            info_value,
+            version,
+            fps,
+            features,
+            episodes: Vec::new(),
+            tasks: Vec::new(),
+            stats: Vec::new(),
+            files,
+            findings: Vec::new(),
+        };
+        if version.is_v2() {
+            meta.load_v2(source).await?;
+        } else {
+            meta.load_v3(source).await?;
+        }
+        meta.load_stats_json(source).await?;
+        meta.check_totals();
+        Ok(meta)
+    }
+
+    /// The video cameras, in feature order.
+    pub fn video_cameras(&self) -> Vec<&Feature> {
+        self.features.iter().filter(|f| f.kind() == FeatureKind::Video).collect()
+    }
+
+    /// The image (encoded-in-parquet) cameras, in feature order.
+    pub fn image_cameras(&self) -> Vec<&Feature> {
+        self.features.iter().filter(|f| f.kind() == FeatureKind::Image).collect()
+    }
+
+    fn chunks_size(&self) -> i64 {
+        self.info.chunks_size.filter(|c| *c > 0).unwrap_or(1000)
+    }
+
+    fn data_file(&self, episode: i64, chunk: i64, file: i64) -> Result<String> {
+        let values = [
+            ("chunk_index", TemplateValue::Int(chunk)),
+            ("file_index", TemplateValue::Int(file)),
+            ("episode_index", TemplateValue::Int(episode)),
+            ("episode_chunk", TemplateValue::Int(episode / self.chunks_size())),
+        ];
+        self.info.data_template().format(&values).map_err(|e| Error::metadata(INFO, e.to_string()))
+    }
+
+    fn video_file(&self, camera: &str, episode: i64, chunk: i64, file: i64) -> Result<String> {
+        let template = self.info.video_template().ok_or_else(|| Error::metadata(INFO, "`video_path` is null"))?;
+        let values = [
+            ("video_key", TemplateValue::Str(camera.to_string())),
+            ("chunk_index", TemplateValue::Int(chunk)),
+            ("file_index", TemplateValue::Int(file)),
+            ("episode_index", TemplateValue::Int(episode)),
+            ("episode_chunk", TemplateValue::Int(episode / self.chunks_size())),
+        ];
+        template.format(&values).map_err(|e| Error::metadata(INFO, e.to_string()))
+    }
+
+    async fn load_v3(&mut self, source: &Source) -> Result<()> {
+        let shards: Vec<SourceFile> = source.list(EPISODES_DIR).await?.into_iter().filter(|f| f.path.ends_with(".parquet")).collect();
+        if shards.is_empty() {
+            return Err(Error::Missing { path: EPISODES_DIR.into(), what: "episode metadata shards (*.parquet)".into() });
+        }
+        let cameras: Vec<String> = self.video_cameras().iter().map(|f| f.name.clone()).collect();
+        for shard in &shards {
+            let batches = read_parquet(source, shard).await?;
+            for batch in &batches {
+                self.episodes_from_v3_batch(&shard.path, batch, &cameras)?;
+                self.episode_stats_from_v3_batch(&shard.path, batch)?;
+            }
+        }
+        self.files.extend(shards);
+        self.sort_and_check_episodes(EPISODES_DIR)?;
+
+        let tasks_file =
+            source.head(TASKS_PARQUET).await?.ok_or_else(|| Error::Missing { path: TASKS_PARQUET.into(), what: "task table".into() })?;
+        let batches = read_parquet(source, &tasks_file).await?;
+        let task_col = tasks_column(source, &tasks_file).await?;
+        for batch in &batches {
+            let indices = i64s(batch, "task_index")
+                .ok_or_else(|| Error::metadata(TASKS_PARQUET, "no `task_index` column"))?
+                .map_err(|e| Error::metadata(TASKS_PARQUET, e))?;
+            let col = batch.column_by_name(&task_col).ok_or_else(|| Error::metadata(TASKS_PARQUET, format!("no `{task_col}` column")))?;
+            let names = strings(col).map_err(|e| Error::metadata(TASKS_PARQUET, format!("column `{task_col}`: {e}")))?;
+            for (i, (idx, name)) in indices.into_iter().zip(names).enumerate() {
+                match (idx, name) {
+                    (Some(task_index), Some(task)) => self.tasks.push(TaskRow { task_index, task }),
+                    _ => return Err(Error::metadata(TASKS_PARQUET, format!("row {i} has a null task or task_index"))),
+                }
+            }
+        }
+        self.files.push(tasks_file);
+        Ok(())
+    }
+
+    fn episodes_from_v3_batch(&mut self, shard: &str, batch: &RecordBatch, cameras: &[String]) -> Result<()> {
+        let bad = |m: String| Error::metadata(shard, m);
+        let need_i64 = |name: &str| -> Result<Vec<Option<i64>>> {
+            i64s(batch, name)
+                .ok_or_else(|| Error::metadata(shard, format!("no `{name}` column")))
+                .and_then(|r| r.map_err(|e| Error::metadata(shard, e)))
+        };
+        let index = need_i64("episode_index")?;
+        let length = need_i64("length")?;
+        let from = need_i64("dataset_from_index")?;
+        let to = need_i64("dataset_to_index")?;
+        let data_chunk = need_i64("data/chunk_index")?;
+        let data_file = need_i64("data/file_index")?;
+        let tasks = match batch.column_by_name("tasks") {
+            Some(col) => string_lists(col).map_err(|e| bad(format!("column `tasks`: {e}")))?,
+            None => vec![Vec::new(); batch.num_rows()],
+        };
+        let mut video_cols = Vec::new();
+        for cam in cameras {
+            let chunk = need_i64(&format!("videos/{cam}/chunk_index"))?;
+            let file = need_i64(&format!("videos/{cam}/file_index"))?;
+            let from_ts = f64s(batch, &format!("videos/{cam}/from_timestamp"))
+                .ok_or_else(|| bad(format!("no `videos/{cam}/from_timestamp` column")))?
+                .map_err(&bad)?;
+            let to_ts = f64s(batch, &format!("videos/{cam}/to_timestamp")).transpose().map_err(&bad)?;
+            video_cols.push((cam, chunk, file, from_ts, to_ts));
+        }
+        for row in 0..batch.num_rows() {
+            let get = |v: &[Option<i64>], col: &str| v[row].ok_or_else(|| bad(format!("row {row}: null `{col}`")));
+            let idx = get(&index, "episode_index")?;
+            let mut videos = Vec::with_capacity(video_cols.len());
+            for (cam, chunk, file, from_ts, to_ts) in &video_cols {
+                let (Some(chunk), Some(file), Some(from_ts)) = (chunk[row], file[row], from_ts[row]) else {
+                    return Err(bad(format!("episode {idx}: null video location for camera `{cam}`")));
+                };
+                videos.push(VideoRef {
+                    camera: (*cam).clone(),
+                    file: self.video_file(cam, idx, chunk, file)?,
+                    from_timestamp: from_ts,
+                    to_timestamp: to_ts.as_ref().and_then(|t| t[row]),
+                });
+            }
+            self.episodes.push(EpisodeMeta {
+                index: idx,
+                length: get(&length, "length")?,
+                tasks: tasks[row].clone(),
+                from_index: get(&from, "dataset_from_index")?,
+                to_index: get(&to, "dataset_to_index")?,
+                data_file: self.data_file(idx, get(&data_chunk, "data/chunk_index")?, get(&data_file, "data/file_index")?)?,
+                videos,
+            });
+        }
+        Ok(())
+    }
+
+    fn episode_stats_from_v3_batch(&mut self, shard: &str, batch: &RecordBatch) -> Result<()> {
+        let index = i64s(batch, "episode_index").expect("checked above").map_err(|e| Error::metadata(shard, e))?;
+        for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+            let Some((feature, stat)) = field.name().strip_prefix("stats/").and_then(|s| s.rsplit_once('/')) else { continue };
+            for row in 0..batch.num_rows() {
+                if col.is_null(row) {
+                    continue;
+                }
+                let (values, shape) = flatten_numbers(col.as_ref(), row)
+                    .map_err(|e| Error::metadata(shard, format!("column `{}` row {row}: {e}", field.name())))?;
+                self.stats.push(StatRow { episode: index[row], feature: feature.to_string(), stat: stat.to_string(), values, shape });
+            }
+        }
+        Ok(())
+    }
+
+    async fn load_v2(&mut self, source: &Source) -> Result<()> {
+        let (file, lines) = read_jsonl(source, EPISODES_JSONL)
+            .await?
+            .ok_or_else(|| Error::Missing { path: EPISODES_JSONL.into(), what: "episode list".into() })?;
+        self.files.push(file);
+        let mut rows = Vec::with_capacity(lines.len());
+        for (line, value) in lines {
+            let bad = |m: &str| Error::Metadata { path: format!("{EPISODES_JSONL} line {line}"), message: m.to_string() };
+            let index = value.get("episode_index").and_then(Value::as_i64).ok_or_else(|| bad("no integer `episode_index`"))?;
+            let length = value.get("length").and_then(Value::as_i64).ok_or_else(|| bad("no integer `length`"))?;
+            let tasks = value
+                .get("tasks")
+                .and_then(Value::as_array)
+                .map(|t| t.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            rows.push((index, length, tasks));
+        }
+        rows.sort_by_key(|r| r.0);
+        let cameras: Vec<String> = self.video_cameras().iter().map(|f| f.name.clone()).collect();
+        let mut next = 0i64;
+        for (index, length, tasks) in rows {
+            let chunk = index / self.chunks_size();
+            let videos = cameras
+                .iter()
+                .map(|cam| {
+                    Ok(VideoRef {
+                        camera: cam.clone(),
+                        file: self.video_file(cam, index, chunk, index)?,
+                        from_timestamp: 0.0,
+                        to_timestamp: None,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.episodes.push(EpisodeMeta {
+                index,
+                length,
+                tasks,
+                from_index: next,
+                to_index: next + length,
+                data_file: self.data_file(index, chunk, index)?,
+                videos,
+            });
+            next += length;
+        }
+        self.sort_and_check_episodes(EPISODES_JSONL)?;
+
+        let (file, lines) =
+            read_jsonl(source, TASKS_JSONL).await?.ok_or_else(|| Error::Missing { path: TASKS_JSONL.into(), what: "task list".into() })?;
+        self.files.push(file);
+        for (line, value) in lines {
+            let task_index = value.get("task_index").and_then(Value::as_i64);
+            let task = value.get("task").and_then(Value::as_str);
+            match (task_index, task) {
+                (Some(task_index), Some(task)) => self.tasks.push(TaskRow { task_index, task: task.to_string() }),
+                _ => {
+                    return Err(Error::Metadata {
+                        path: format!("{TASKS_JSONL} line {line}"),
+                        message: "needs integer `task_index` and string `task`".into(),
+                    });
+                }
+            }
+        }
+
+        if let Some((file, lines)) = read_jsonl(source, EPISODES_STATS_JSONL).await? {
+            self.files.push(file);
+            for (line, value) in lines {
+                let bad = |m: String| Error::Metadata { path: format!("{EPISODES_STATS_JSONL} line {line}"), message: m };
+                let episode = value.get("episode_index").and_then(Value::as_i64).ok_or_else(|| bad("no integer `episode_index`".into()))?;
+                let stats = value.get("stats").and_then(Value::as_object).ok_or_else(|| bad("no `stats` object".into()))?;
+                self.push_stats_object(Some(episode), stats).map_err(bad)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn load_stats_json(&mut self, source: &Source) -> Result<()> {
+        let Some(file) = source.head(STATS).await? else { return Ok(()) };
+        let bytes = source.get(STATS).await?;
+        self.files.push(file);
+        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: STATS.into(), line: None, source })?;
+        let obj = value.as_object().ok_or_else(|| Error::metadata(STATS, "is not a JSON object"))?;
+        self.push_stats_object(None, obj).map_err(|m| Error::metadata(STATS, m))
+    }
+
+    fn push_stats_object(&mut self, episode: Option<i64>, stats: &serde_json::Map<String, Value>) -> std::result::Result<(), String> {
+        for (feature, per_stat) in stats {
+            let Some(per_stat) = per_stat.as_object() else { return Err(format!("stats of `{feature}` are not an object")) };
+            for (stat, value) in per_stat {
+                let (values, shape) = flatten_json(value).map_err(|e| format!("`{feature}.{stat}`: {e}"))?;
+                self.stats.push(StatRow { episode, feature: feature.clone(), stat: stat.clone(), values, shape });
+            }
+        }
+        Ok(())
+    }
+
+    fn sort_and_check_episodes(&mut self, origin: &str) -> Result<()> {
+        self.episodes.sort_by_key(|e| e.index);
+        for pair in self.episodes.windows(2) {
+            if pair[0].index == pair[1].index {
+                return Err(Error::metadata(origin, format!("episode {} is listed twice", pair[0].index)));
+            }
+        }
+        for e in &self.episodes {
+            if e.length <= 0 || e.to_index - e.from_index != e.length {
+                self.findings.push(
+                    Finding::error(
+                        FindingKind::BadMetadata,
+                        format!("length {} disagrees with index range [{}, {})", e.length, e.from_index, e.to_index),
+                    )
+                    .with_file(origin)
+                    .with_episode(e.index),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn check_totals(&mut self) {
+        let episodes = self.episodes.len() as i64;
+        let frames: i64 = self.episodes.iter().map(|e| e.length).sum();
+        let mut check = |name: &str, declared: Option<i64>, actual: i64| {
+            if let Some(d) = declared
+                && d != actual
+            {
+                self.findings.push(
+                    Finding::warning(
+                        FindingKind::TotalsMismatch,
+                        format!("info.json says {name} = {d}, the episode metadata lists {actual}"),
+                    )
+                    .with_file(INFO),
+                );
+            }
+        };
+        check("total_episodes", self.info.total_episodes, episodes);
+        check("total_frames", self.info.total_frames, frames);
+        check("total_tasks", self.info.total_tasks, self.tasks.len() as i64);
+    }
+}
+
+/// The column of `meta/tasks.parquet` holding the task strings: `task`, or the pandas index
+/// column that pandas wrote the `task` index into.
+async fn tasks_column(source: &Source, file: &SourceFile) -> Result<String> {
+    let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(file)).await.map_err(Error::parquet(&file.path))?;
+    let schema = builder.schema().clone();
+    if schema.field_with_name("task").is_ok() {
+        return Ok("task".into());
+    }
+    if let Some(pandas) = schema.metadata().get("pandas")
+        && let Ok(v) = serde_json::from_str::<Value>(pandas)
+        && let Some(cols) = v.get("index_columns").and_then(Value::as_array)
+    {
+        for c in cols {
+            if let Some(name) = c.as_str()
+                && schema.field_with_name(name).is_ok()
+            {
+                return Ok(name.to_string());
+            }
+        }
+    }
+    let strings: Vec<_> = schema
+        .fields()
+        .iter()
+        .filter(|f| matches!(f.data_type(), arrow::datatypes::DataType::Utf8 | arrow::datatypes::DataType::LargeUtf8))
+        .collect();
+    match strings.as_slice() {
+        [only] => Ok(only.name().clone()),
+        _ => Err(Error::metadata(&file.path, "cannot tell which column holds the task strings (no `task` column or pandas index)")),
+    }
+}
+
+/// Reads every row of a parquet file.
+pub(crate) async fn read_parquet(source: &Source, file: &SourceFile) -> Result<Vec<RecordBatch>> {
+    let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(file)).await.map_err(Error::parquet(&file.path))?;
+    let stream = builder.build().map_err(Error::parquet(&file.path))?;
+    stream.try_collect().await.map_err(Error::parquet(&file.path))
+}
+
+async fn read_jsonl(source: &Source, path: &str) -> Result<Option<(SourceFile, Vec<(usize, Value)>)>> {
+    let Some(file) = source.head(path).await? else { return Ok(None) };
+    let bytes = source.get(path).await?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| Error::metadata(path, format!("not UTF-8: {e}")))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v = serde_json::from_str(line).map_err(|source| Error::Json { path: path.into(), line: Some(i + 1), source })?;
+        out.push((i + 1, v));
+    }
+    Ok(Some((file, out)))
+}

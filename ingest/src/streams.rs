@@ -1,0 +1,496 @@
+//! One camera file → packet rows: demux in a blocking worker, resolve LeRobot's timestamp
+//! rule to packet positions, and stream the rows into uncommitted Lance data files.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+};
+
+use arrow::{
+    array::{ArrayRef, BooleanBuilder, Int64Builder, LargeBinaryBuilder, RecordBatch, StringBuilder, UInt32Builder},
+    datatypes::SchemaRef,
+};
+use lake_schemas::{Finding, FindingKind, tables};
+use lake_store::UncommittedPart;
+
+use crate::{
+    Error, Result,
+    source::{Source, SourceFile},
+    video::{DemuxedPacket, StreamFacts, VideoDemuxer, same_codec},
+};
+
+/// Rows per packets batch handed to Lance.
+const BATCH_ROWS: usize = 2048;
+/// Bytes of packet data per batch handed to Lance.
+const BATCH_BYTES: usize = 8 << 20;
+/// Read-ahead of the demuxer's I/O.
+const READ_BLOCK: usize = 4 << 20;
+
+/// A step whose frame must be found in the stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Query {
+    /// Seconds into the file: `from_timestamp + timestamp`, as LeRobot computes it.
+    pub t: f64,
+    /// Episode index.
+    pub episode: i64,
+    /// Frame index inside the episode.
+    pub frame: i64,
+    /// `from_timestamp` of the episode in this file (for messages).
+    pub from_timestamp: f64,
+}
+
+/// What the metadata declares about a camera.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Declared {
+    /// `video.codec`.
+    pub codec: Option<String>,
+    /// Declared height.
+    pub height: Option<u32>,
+    /// Declared width.
+    pub width: Option<u32>,
+    /// `video.pix_fmt`.
+    pub pix_fmt: Option<String>,
+}
+
+/// One camera file to demux.
+#[derive(Debug, Clone)]
+pub struct StreamJob {
+    /// Stream id (its position in the `streams` table).
+    pub stream: u32,
+    /// Camera key.
+    pub camera: String,
+    /// The file.
+    pub file: SourceFile,
+    /// What `info.json` declares.
+    pub declared: Declared,
+    /// The steps to resolve, sorted by `t`.
+    pub queries: Vec<Query>,
+    /// `(episode, from_timestamp, to_timestamp, length)` of each episode in this file.
+    pub episodes: Vec<(i64, f64, Option<f64>, i64)>,
+}
+
+/// The result of one stream.
+#[derive(Debug)]
+pub struct StreamOutcome {
+    /// The job.
+    pub job: StreamJob,
+    /// Container facts, when the file could be opened.
+    pub facts: Option<StreamFacts>,
+    /// The packet rows written (absent when the stream failed).
+    pub part: Option<UncommittedPart>,
+    /// Rows written before the stream failed; never published.
+    pub orphan: Option<UncommittedPart>,
+    /// Packets demuxed.
+    pub packets: u64,
+    /// Keyframes among them.
+    pub keyframes: u64,
+    /// Longest distance between keyframes, in packets.
+    pub max_gop: u64,
+    /// Whether presentation order differs from decode order (B-frames).
+    pub reordered: bool,
+    /// Bytes of packet data.
+    pub bytes: u64,
+    /// For each query (same order as `job.queries`), the packet position in the stream.
+    pub positions: Vec<Option<u64>>,
+    /// Problems found.
+    pub findings: Vec<Finding>,
+}
+
+/// Shared counters a stream reports into.
+#[derive(Debug, Clone)]
+pub struct StreamContext {
+    /// Source of the files.
+    pub source: Source,
+    /// Lance URI of the packets table.
+    pub packets_uri: String,
+    /// Tolerance of the timestamp rule, seconds.
+    pub tolerance_s: f64,
+    /// Frames per second of the dataset.
+    pub fps: f64,
+    /// Set to stop early.
+    pub cancel: Arc<AtomicBool>,
+    /// Packets demuxed so far (for progress).
+    pub frames_done: Arc<AtomicU64>,
+}
+
+/// Demuxes one file and writes its packet rows.
+///
+/// # Errors
+/// Only when the lake cannot be written or the ingest was cancelled; problems with the file
+/// become findings.
+pub async fn run(ctx: StreamContext, job: StreamJob) -> Result<StreamOutcome> {
+    let schema = tables::packets_schema();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+    let runtime = tokio::runtime::Handle::current();
+    let (worker_ctx, worker_job, worker_schema) = (ctx.clone(), job, schema.clone());
+    let worker = tokio::task::spawn_blocking(move || demux(&worker_ctx, &worker_job, worker_schema, runtime, tx));
+    let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    let written = lake_store::write_uncommitted(ctx.packets_uri.clone(), schema, batches).await;
+    let mut outcome = worker.await.map_err(|e| Error::Internal(format!("demux worker: {e}")))?;
+    if ctx.cancel.load(Ordering::Relaxed) {
+        return Err(Error::Cancelled);
+    }
+    let part = written?;
+    // A file that failed part-way leaves an incomplete part: its rows are not published, and its
+    // data files are removed when the table is committed.
+    if !outcome.findings.iter().any(|f| matches!(f.kind, FindingKind::CorruptFile | FindingKind::MissingFile)) {
+        outcome.part = Some(part);
+    } else {
+        outcome.orphan = Some(part);
+    }
+    Ok(outcome)
+}
+
+struct Rows {
+    stream: UInt32Builder,
+    camera: StringBuilder,
+    episode: Int64Builder,
+    frame: Int64Builder,
+    pts: Int64Builder,
+    dts: Int64Builder,
+    duration: Int64Builder,
+    keyframe: BooleanBuilder,
+    container_keyframe: BooleanBuilder,
+    keyframe_offset: arrow::array::UInt32Builder,
+    data: LargeBinaryBuilder,
+    rows: usize,
+    bytes: usize,
+}
+
+impl Rows {
+    fn new() -> Self {
+        Self {
+            stream: UInt32Builder::with_capacity(BATCH_ROWS),
+            camera: StringBuilder::new(),
+            episode: Int64Builder::with_capacity(BATCH_ROWS),
+            frame: Int64Builder::with_capacity(BATCH_ROWS),
+            pts: Int64Builder::with_capacity(BATCH_ROWS),
+            dts: Int64Builder::with_capacity(BATCH_ROWS),
+            duration: Int64Builder::with_capacity(BATCH_ROWS),
+            keyframe: BooleanBuilder::with_capacity(BATCH_ROWS),
+            container_keyframe: BooleanBuilder::with_capacity(BATCH_ROWS),
+            keyframe_offset: arrow::array::UInt32Builder::with_capacity(BATCH_ROWS),
+            data: LargeBinaryBuilder::new(),
+            rows: 0,
+            bytes: 0,
+        }
+    }
+
+    fn push(&mut self, stream: u32, camera: &str, shows: Option<(i64, i64)>, p: &DemuxedPacket, keyframe_offset: u32) {
+        self.stream.append_value(stream);
+        self.camera.append_value(camera);
+        self.episode.append_option(shows.map(|s| s.0));
+        self.frame.append_option(shows.map(|s| s.1));
+        self.pts.append_value(p.pts);
+        self.dts.append_value(p.dts);
+        self.duration.append_value(p.duration);
+        self.keyframe.append_value(p.keyframe);
+        self.container_keyframe.append_value(p.container_keyframe);
+        self.keyframe_offset.append_value(keyframe_offset);
+        self.data.append_value(&p.data);
+        self.rows += 1;
+        self.bytes += p.data.len();
+    }
+
+    fn full(&self) -> bool {
+        self.rows >= BATCH_ROWS || self.bytes >= BATCH_BYTES
+    }
+
+    fn finish(&mut self, schema: &SchemaRef) -> Result<RecordBatch> {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.stream.finish()),
+            Arc::new(self.camera.finish()),
+            Arc::new(self.episode.finish()),
+            Arc::new(self.frame.finish()),
+            Arc::new(self.pts.finish()),
+            Arc::new(self.dts.finish()),
+            Arc::new(self.duration.finish()),
+            Arc::new(self.keyframe.finish()),
+            Arc::new(self.container_keyframe.finish()),
+            Arc::new(self.keyframe_offset.finish()),
+            Arc::new(self.data.finish()),
+        ];
+        self.rows = 0;
+        self.bytes = 0;
+        RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow(tables::PACKETS))
+    }
+}
+
+/// The blocking half: demux, resolve and batch. Never fails; problems become findings.
+fn demux(
+    ctx: &StreamContext,
+    job: &StreamJob,
+    schema: SchemaRef,
+    runtime: tokio::runtime::Handle,
+    tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) -> StreamOutcome {
+    let mut out = StreamOutcome {
+        job: job.clone(),
+        facts: None,
+        part: None,
+        orphan: None,
+        packets: 0,
+        keyframes: 0,
+        max_gop: 0,
+        reordered: false,
+        bytes: 0,
+        positions: vec![None; job.queries.len()],
+        findings: Vec::new(),
+    };
+    let episode_error = |kind: FindingKind, message: &str| -> Vec<Finding> {
+        job.episodes
+            .iter()
+            .map(|(e, ..)| Finding::error(kind, message).with_file(&job.file.path).with_episode(*e).with_camera(&job.camera))
+            .collect()
+    };
+    let reader = ctx.source.blocking_reader(&job.file, runtime, READ_BLOCK);
+    let mut demuxer = match VideoDemuxer::open(reader, &job.file.path, ctx.cancel.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            out.findings = episode_error(FindingKind::CorruptFile, &e.0);
+            return out;
+        }
+    };
+    let facts = demuxer.facts().clone();
+    check_declared(job, &facts, &mut out.findings);
+    let (tb_num, tb_den) = facts.time_base;
+    let seconds = |pts: i64| pts as f64 * (f64::from(tb_num) / f64::from(tb_den));
+
+    let mut rows = Rows::new();
+    let mut keyframes: Vec<(u64, i64)> = Vec::new(); // (position, pts) of every keyframe
+    let mut all_pts: Vec<i64> = Vec::new();
+    let mut max_pts = i64::MIN;
+    let mut flag_mismatches = 0u64;
+    let mut undecodable: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut last_key = None;
+    let tol = ctx.tolerance_s;
+    loop {
+        if ctx.cancel.load(Ordering::Relaxed) {
+            return out;
+        }
+        let packet = match demuxer.next_packet() {
+            Ok(Some(p)) => p,
+            Ok(None) => break,
+            Err(e) => {
+                out.findings.extend(episode_error(FindingKind::CorruptFile, &e.0));
+                out.facts = Some(facts);
+                return out;
+            }
+        };
+        let pos = out.packets;
+        out.packets += 1;
+        out.bytes += packet.data.len() as u64;
+        if packet.keyframe != packet.container_keyframe {
+            flag_mismatches += 1;
+        }
+        if packet.pts < max_pts {
+            out.reordered = true;
+        }
+        max_pts = max_pts.max(packet.pts);
+        if packet.keyframe {
+            if let Some(prev) = last_key {
+                out.max_gop = out.max_gop.max(pos - prev);
+            }
+            last_key = Some(pos);
+            out.keyframes += 1;
+            keyframes.push((pos, packet.pts));
+        }
+        // Decoding starts at the latest keyframe (in decode order) that is not later than this
+        // frame in presentation order; frames before every keyframe cannot be decoded alone.
+        let start = keyframes.iter().rev().find(|(_, kpts)| *kpts <= packet.pts).map(|(kpos, _)| *kpos);
+        let offset = match start {
+            Some(k) => u32::try_from(pos - k).unwrap_or(u32::MAX),
+            None => {
+                undecodable.insert(pos, packet.pts);
+                0
+            }
+        };
+        let t = seconds(packet.pts);
+        let lo = job.queries.partition_point(|q| q.t < t - tol);
+        let mut shows = None;
+        for (qi, q) in job.queries.iter().enumerate().skip(lo) {
+            if q.t > t + tol {
+                break;
+            }
+            if (q.t - t).abs() > tol {
+                continue;
+            }
+            shows.get_or_insert((q.episode, q.frame));
+            if let Some(prev) = out.positions[qi] {
+                out.findings.push(
+                    Finding::error(
+                        FindingKind::FrameUnresolved,
+                        format!("two frames (packets {prev} and {pos}) lie within the tolerance of query time {:.6} s", q.t),
+                    )
+                    .with_file(&job.file.path)
+                    .with_episode(q.episode)
+                    .with_camera(&job.camera)
+                    .with_frame(q.frame),
+                );
+            } else {
+                out.positions[qi] = Some(pos);
+            }
+        }
+        all_pts.push(packet.pts);
+        rows.push(job.stream, &job.camera, shows, &packet, offset);
+        ctx.frames_done.fetch_add(1, Ordering::Relaxed);
+        if rows.full() && tx.blocking_send(rows.finish(&schema)).is_err() {
+            return out; // the writer failed; its error is reported by `run`
+        }
+    }
+    if rows.rows > 0 {
+        let _ = tx.blocking_send(rows.finish(&schema));
+    }
+    drop(tx);
+    out.facts = Some(facts.clone());
+
+    if facts.nb_frames > 0 && facts.nb_frames != out.packets {
+        out.findings.extend(episode_error(
+            FindingKind::CorruptFile,
+            &format!("the container lists {} frames but only {} could be read (truncated?)", facts.nb_frames, out.packets),
+        ));
+        return out;
+    }
+    if flag_mismatches > 0 {
+        out.findings.push(
+            Finding::warning(
+                FindingKind::KeyframeFlags,
+                format!(
+                    "{flag_mismatches} packets where the container's keyframe flag disagrees with the bitstream; the bitstream is used"
+                ),
+            )
+            .with_file(&job.file.path)
+            .with_camera(&job.camera),
+        );
+    }
+    report_unresolved(job, &out.positions, &all_pts, seconds, tol, &mut out.findings);
+    // A step whose frame cannot be decoded from any keyframe is as bad as a missing frame.
+    for (qi, q) in job.queries.iter().enumerate() {
+        if let Some(pos) = out.positions[qi]
+            && undecodable.contains_key(&pos)
+        {
+            out.findings.push(
+                Finding::error(
+                    FindingKind::FrameUnresolved,
+                    format!("the frame (packet {pos}) precedes every keyframe of the file and cannot be decoded"),
+                )
+                .with_file(&job.file.path)
+                .with_episode(q.episode)
+                .with_camera(&job.camera)
+                .with_frame(q.frame),
+            );
+            out.positions[qi] = None;
+        }
+    }
+    let used: std::collections::HashSet<u64> = out.positions.iter().flatten().copied().collect();
+    let unused = out.packets - used.len() as u64;
+    if unused > 0 {
+        out.findings.push(
+            Finding::warning(FindingKind::FrameCountMismatch, format!("{unused} of the file's {} frames belong to no step", out.packets))
+                .with_file(&job.file.path)
+                .with_camera(&job.camera),
+        );
+    }
+    for &(episode, from, to, length) in &job.episodes {
+        if let Some(to) = to {
+            let expected = from + length as f64 / ctx.fps;
+            if (to - expected).abs() > tol.max(1e-3) {
+                out.findings.push(
+                    Finding::warning(
+                        FindingKind::BadMetadata,
+                        format!("to_timestamp is {to:.6} s, but from_timestamp + length / fps is {expected:.6} s"),
+                    )
+                    .with_file(&job.file.path)
+                    .with_episode(episode)
+                    .with_camera(&job.camera),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// One error per episode for the steps whose query time matches no frame, naming the first
+/// such frame and the nearest frame the file has.
+fn report_unresolved(
+    job: &StreamJob,
+    positions: &[Option<u64>],
+    all_pts: &[i64],
+    seconds: impl Fn(i64) -> f64,
+    tol: f64,
+    findings: &mut Vec<Finding>,
+) {
+    let mut sorted = all_pts.to_vec();
+    sorted.sort_unstable();
+    let mut per_episode: BTreeMap<i64, (Query, u64)> = BTreeMap::new();
+    for (q, p) in job.queries.iter().zip(positions) {
+        if p.is_none() {
+            let entry = per_episode.entry(q.episode).or_insert((*q, 0));
+            if q.frame < entry.0.frame {
+                entry.0 = *q;
+            }
+            entry.1 += 1;
+        }
+    }
+    for (episode, (q, count)) in per_episode {
+        let nearest = {
+            let i = sorted.partition_point(|p| seconds(*p) < q.t);
+            [i.checked_sub(1), Some(i)]
+                .into_iter()
+                .flatten()
+                .filter_map(|i| sorted.get(i))
+                .map(|p| seconds(*p))
+                .min_by(|a, b| (a - q.t).abs().total_cmp(&(b - q.t).abs()))
+        };
+        let near = match nearest {
+            Some(n) => format!("the nearest frame is at {n:.6} s ({:.3} ms away)", (n - q.t).abs() * 1e3),
+            None => "the file has no frames".into(),
+        };
+        let last = sorted
+            .last()
+            .map(|p| format!("; the file's last frame is at {:.6} s ({} frames)", seconds(*p), sorted.len()))
+            .unwrap_or_default();
+        findings.push(
+            Finding::error(
+                FindingKind::FrameUnresolved,
+                format!(
+                    "{count} steps have no video frame within {:.3} ms of their time; first: query {:.6} s (from_timestamp {:.6} + timestamp {:.6}), {near}{last}",
+                    tol * 1e3,
+                    q.t,
+                    q.from_timestamp,
+                    q.t - q.from_timestamp,
+                ),
+            )
+            .with_file(&job.file.path)
+            .with_episode(episode)
+            .with_camera(&job.camera)
+            .with_frame(q.frame),
+        );
+    }
+}
+
+fn check_declared(job: &StreamJob, facts: &StreamFacts, findings: &mut Vec<Finding>) {
+    let warn = |kind, message: String| Finding::warning(kind, message).with_file(&job.file.path).with_camera(&job.camera);
+    if let Some(codec) = &job.declared.codec
+        && !same_codec(codec, &facts.codec)
+    {
+        findings.push(warn(
+            FindingKind::CodecMismatch,
+            format!("info.json declares codec `{codec}`, the file holds `{}` (the file's codec is used)", facts.codec),
+        ));
+    }
+    if let (Some(w), Some(h)) = (job.declared.width, job.declared.height)
+        && (w != facts.width || h != facts.height)
+    {
+        findings
+            .push(warn(FindingKind::FormatMismatch, format!("info.json declares {w}x{h}, the file is {}x{}", facts.width, facts.height)));
+    }
+    if let (Some(d), Some(a)) = (&job.declared.pix_fmt, &facts.pix_fmt)
+        && d != a
+    {
+        findings.push(warn(FindingKind::FormatMismatch, format!("info.json declares pixel format `{d}`, the file has `{a}`")));
+    }
+}

@@ -1,0 +1,208 @@
+//! Names and Arrow schemas of the tables in a lake dataset version.
+//!
+//! | table | one row per | key columns |
+//! |---|---|---|
+//! | `steps` | step (parquet row) | `index`, `episode_index`, `frame_index`, `timestamp`, `task_index`, `task`, every feature, `packet_row` |
+//! | `packets` | compressed frame, per stream in decode order | `stream`, `camera`, `episode_index`, `frame_index`, `pts`, `keyframe`, `keyframe_offset`, `data` |
+//! | `streams` | camera source file | codec facts from the container and as declared |
+//! | `episodes` | episode | length, tasks, index range, per-camera stream and time range |
+//! | `tasks` | task, in `tasks.parquet` row order | `task_index`, `task` |
+//! | `stats` | (episode or dataset, feature, statistic) | values as stored by LeRobot |
+//! | `findings` | validation finding | severity, kind, file, episode, camera, frame |
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
+
+/// The steps table.
+pub const STEPS: &str = "steps";
+/// The packets table.
+pub const PACKETS: &str = "packets";
+/// The streams table.
+pub const STREAMS: &str = "streams";
+/// The episodes table.
+pub const EPISODES: &str = "episodes";
+/// The tasks table.
+pub const TASKS: &str = "tasks";
+/// The stats table.
+pub const STATS: &str = "stats";
+/// The findings table.
+pub const FINDINGS: &str = "findings";
+/// Every table of a version, in the order ingest writes them.
+pub const ALL: [&str; 7] = [PACKETS, STEPS, STREAMS, EPISODES, TASKS, STATS, FINDINGS];
+
+/// Steps column holding, per camera, the `packets` row that shows this step's frame.
+pub const PACKET_ROW: &str = "packet_row";
+/// Steps column with the task string resolved by LeRobot's rule (row `task_index` of `tasks`).
+pub const TASK: &str = "task";
+/// Field metadata key with a feature's declared shape as JSON (e.g. `[2, 3]`).
+pub const SHAPE_METADATA: &str = "lake:shape";
+/// Field metadata key with a feature's LeRobot dtype (e.g. `float32`, `video`).
+pub const DTYPE_METADATA: &str = "lake:dtype";
+
+/// Field metadata key with the LeRobot key of a column whose stored name differs from it.
+pub const NAME_METADATA: &str = "lake:name";
+
+/// The stored column name of a LeRobot key. Lance reserves `.` in top-level names for nested
+/// fields, so `observation.state` is stored as `observation/state`; the key itself is kept in
+/// the field's `lake:name` metadata, and readers present columns under that key.
+pub fn storage_name(key: &str) -> String {
+    key.replace('.', "/")
+}
+
+/// The LeRobot key of a stored field: its `lake:name` metadata, else its name.
+pub fn lerobot_name(field: &Field) -> &str {
+    field.metadata().get(NAME_METADATA).map_or(field.name().as_str(), String::as_str)
+}
+
+/// LeRobot's index columns, present in every data parquet.
+pub const INDEX_COLUMNS: [&str; 5] = ["timestamp", "frame_index", "episode_index", "index", "task_index"];
+
+fn nullable(name: &str, dt: DataType) -> Field {
+    Field::new(name, dt, true)
+}
+
+fn required(name: &str, dt: DataType) -> Field {
+    Field::new(name, dt, false)
+}
+
+fn list_of(dt: DataType) -> DataType {
+    DataType::List(Arc::new(Field::new("item", dt, true)))
+}
+
+/// Schema of `packets`. Rows are grouped by stream and in decode order inside a stream, so the
+/// packets needed to reconstruct the frame of row `r` are rows `r - keyframe_offset ..= r`
+/// (decode them, flush the decoder, and keep the frame whose pts is the row's `pts`).
+pub fn packets_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        required("stream", DataType::UInt32),
+        required("camera", DataType::Utf8),
+        nullable("episode_index", DataType::Int64),
+        nullable("frame_index", DataType::Int64),
+        required("pts", DataType::Int64),
+        required("dts", DataType::Int64),
+        required("duration", DataType::Int64),
+        required("keyframe", DataType::Boolean),
+        required("container_keyframe", DataType::Boolean),
+        required("keyframe_offset", DataType::UInt32),
+        required("data", DataType::LargeBinary),
+    ]))
+}
+
+/// Schema of `streams`: codec facts read from the container, next to what `info.json` declares.
+pub fn streams_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        required("stream", DataType::UInt32),
+        required("camera", DataType::Utf8),
+        required("kind", DataType::Utf8),
+        nullable("file", DataType::Utf8),
+        required("codec", DataType::Utf8),
+        nullable("declared_codec", DataType::Utf8),
+        nullable("profile", DataType::Utf8),
+        nullable("extradata", DataType::Binary),
+        required("width", DataType::UInt32),
+        required("height", DataType::UInt32),
+        nullable("declared_width", DataType::UInt32),
+        nullable("declared_height", DataType::UInt32),
+        nullable("pix_fmt", DataType::Utf8),
+        nullable("declared_pix_fmt", DataType::Utf8),
+        nullable("color_range", DataType::Utf8),
+        nullable("color_space", DataType::Utf8),
+        nullable("color_primaries", DataType::Utf8),
+        nullable("color_trc", DataType::Utf8),
+        nullable("chroma_location", DataType::Utf8),
+        required("time_base_num", DataType::Int32),
+        required("time_base_den", DataType::Int32),
+        nullable("avg_frame_rate", DataType::Float64),
+        required("first_row", DataType::UInt64),
+        required("packets", DataType::UInt64),
+        required("keyframes", DataType::UInt64),
+        required("max_gop", DataType::UInt64),
+        required("reordered", DataType::Boolean),
+        required("bytes", DataType::UInt64),
+        nullable("duration_s", DataType::Float64),
+    ]))
+}
+
+/// The struct type of one entry of `episodes.cameras`.
+pub fn episode_camera_fields() -> Fields {
+    Fields::from(vec![
+        required("camera", DataType::Utf8),
+        required("stream", DataType::UInt32),
+        nullable("file", DataType::Utf8),
+        nullable("from_timestamp", DataType::Float64),
+        nullable("to_timestamp", DataType::Float64),
+        required("frames", DataType::UInt64),
+        required("first_row", DataType::UInt64),
+        required("last_row", DataType::UInt64),
+    ])
+}
+
+/// Schema of `episodes`.
+pub fn episodes_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        required("episode_index", DataType::Int64),
+        required("length", DataType::Int64),
+        required("tasks", list_of(DataType::Utf8)),
+        required("dataset_from_index", DataType::Int64),
+        required("dataset_to_index", DataType::Int64),
+        nullable("data_file", DataType::Utf8),
+        required("cameras", list_of(DataType::Struct(episode_camera_fields()))),
+    ]))
+}
+
+/// Schema of `tasks`, in the row order of the source (LeRobot looks tasks up by row position).
+pub fn tasks_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![required("task_index", DataType::Int64), required("task", DataType::Utf8)]))
+}
+
+/// Schema of `stats`: one row per (episode or whole dataset, feature, statistic).
+pub fn stats_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        nullable("episode_index", DataType::Int64),
+        required("feature", DataType::Utf8),
+        required("stat", DataType::Utf8),
+        required("values", list_of(DataType::Float64)),
+        required("shape", list_of(DataType::Int64)),
+        required("source", DataType::Utf8),
+    ]))
+}
+
+/// Schema of `findings`.
+pub fn findings_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        required("severity", DataType::Utf8),
+        required("kind", DataType::Utf8),
+        nullable("file", DataType::Utf8),
+        nullable("episode_index", DataType::Int64),
+        nullable("camera", DataType::Utf8),
+        nullable("frame_index", DataType::Int64),
+        required("message", DataType::Utf8),
+    ]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dotted_keys_round_trip_through_metadata() {
+        let name = storage_name("observation.images.front");
+        assert_eq!(name, "observation/images/front");
+        let field = Field::new(&name, DataType::UInt64, false)
+            .with_metadata([(NAME_METADATA.to_string(), "observation.images.front".to_string())].into());
+        assert_eq!(lerobot_name(&field), "observation.images.front");
+        assert_eq!(lerobot_name(&Field::new("index", DataType::Int64, false)), "index");
+    }
+
+    #[test]
+    fn schemas_have_unique_columns() {
+        for schema in [packets_schema(), streams_schema(), episodes_schema(), tasks_schema(), stats_schema(), findings_schema()] {
+            let mut names: Vec<_> = schema.fields().iter().map(|f| f.name().clone()).collect();
+            let n = names.len();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), n, "{schema:?}");
+        }
+    }
+}

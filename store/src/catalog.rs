@@ -1,0 +1,463 @@
+//! The lake root and its catalog.
+//!
+//! ```text
+//! <root>/
+//!   catalog/<name>/v00000001.json   commit records; a version exists once its record does
+//!   datasets/<name>/<id>/<table>.lance
+//!   staging/<id>.json               lease of an ingest in flight (removed on commit or abort)
+//! ```
+//!
+//! A version's tables are written into a fresh `datasets/<name>/<id>/` directory nobody reads,
+//! then published by creating its commit record with create-if-absent semantics. Readers only
+//! follow commit records, so a failed or killed ingest never shows a half dataset; its leftovers
+//! are removed by [`Lake::collect_garbage`], which every ingest runs first.
+
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use lake_schemas::CommitRecord;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, local::LocalFileSystem, path::Path};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+const CATALOG: &str = "catalog";
+const DATASETS: &str = "datasets";
+const STAGING: &str = "staging";
+
+/// A lake: a root directory (object store prefix) holding many datasets and their versions.
+#[derive(Debug, Clone)]
+pub struct Lake {
+    root: PathBuf,
+    display: String,
+    store: Arc<dyn ObjectStore>,
+}
+
+/// A lease: which ingest is writing which directory, so that leftovers of a dead one can be told
+/// from the work of a live one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Lease {
+    name: String,
+    dir: String,
+    pid: u32,
+    host: String,
+    started_at: DateTime<Utc>,
+}
+
+/// What [`Lake::collect_garbage`] removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GarbageReport {
+    /// Directories of ingests that died before committing.
+    pub removed_dirs: Vec<String>,
+}
+
+impl Lake {
+    /// Opens the existing lake at `root` (a local directory path or `file://` URL).
+    ///
+    /// # Errors
+    /// When there is no lake directory there, or `root` is a URL of a scheme this build cannot
+    /// use.
+    pub fn open(root: &str) -> Result<Self> {
+        Self::open_inner(root, false)
+    }
+
+    /// Opens the lake at `root`, creating its directory when it does not exist yet.
+    ///
+    /// # Errors
+    /// As [`Lake::open`], or when the directory cannot be created.
+    pub fn create(root: &str) -> Result<Self> {
+        Self::open_inner(root, true)
+    }
+
+    fn open_inner(root: &str, create: bool) -> Result<Self> {
+        let root_err = |message: String| Error::Root { root: root.to_string(), message };
+        let path = if let Some(rest) = root.strip_prefix("file://") {
+            PathBuf::from(rest)
+        } else if root.contains("://") {
+            return Err(root_err("only local lakes (a path or file:// URL) are supported by this build".into()));
+        } else {
+            PathBuf::from(root)
+        };
+        let abs = std::path::absolute(&path).map_err(|e| root_err(e.to_string()))?;
+        if abs.exists() && !abs.is_dir() {
+            return Err(root_err("exists and is not a directory".into()));
+        }
+        if !abs.exists() {
+            if !create {
+                return Err(root_err("no lake here yet (`lake ingest` creates it)".into()));
+            }
+            std::fs::create_dir_all(&abs).map_err(|e| root_err(format!("cannot create: {e}")))?;
+        }
+        let store = LocalFileSystem::new_with_prefix(&abs).map_err(|e| root_err(e.to_string()))?.with_automatic_cleanup(true);
+        Ok(Self { root: abs, display: root.to_string(), store: Arc::new(store) })
+    }
+
+    /// The root as the user gave it, for messages.
+    pub fn display_root(&self) -> &str {
+        &self.display
+    }
+
+    /// The URI Lance should use for a path relative to the root.
+    pub fn uri(&self, relative: &str) -> String {
+        self.root.join(relative).to_string_lossy().into_owned()
+    }
+
+    /// The object store rooted at the lake root.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The latest version of every dataset, sorted by name.
+    ///
+    /// # Errors
+    /// When the catalog cannot be listed or a record cannot be parsed.
+    pub async fn datasets(&self) -> Result<Vec<CommitRecord>> {
+        let mut latest: BTreeMap<String, Path> = BTreeMap::new();
+        for path in self.list(CATALOG).await? {
+            let parts: Vec<_> = path.parts().collect();
+            if parts.len() == 3 && parts[2].as_ref().ends_with(".json") {
+                let name = parts[1].as_ref().to_string();
+                let newer = latest.get(&name).is_none_or(|p| p.as_ref() < path.as_ref());
+                if newer {
+                    latest.insert(name, path);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(latest.len());
+        for path in latest.values() {
+            out.push(self.read_record(path).await?);
+        }
+        Ok(out)
+    }
+
+    /// Every committed version of `name`, oldest first.
+    ///
+    /// # Errors
+    /// When the catalog cannot be read.
+    pub async fn versions(&self, name: &str) -> Result<Vec<CommitRecord>> {
+        validate_name(name)?;
+        let mut paths: Vec<Path> =
+            self.list(&format!("{CATALOG}/{name}")).await?.into_iter().filter(|p| p.as_ref().ends_with(".json")).collect();
+        paths.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
+        let mut out = Vec::with_capacity(paths.len());
+        for p in &paths {
+            out.push(self.read_record(p).await?);
+        }
+        Ok(out)
+    }
+
+    /// The latest version of `name`, if any.
+    ///
+    /// # Errors
+    /// When the catalog cannot be read.
+    pub async fn latest(&self, name: &str) -> Result<Option<CommitRecord>> {
+        Ok(self.versions(name).await?.pop())
+    }
+
+    /// Resolves `name` or `name@version` to a committed version.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] (listing what the lake has) when there is no such dataset or version.
+    pub async fn resolve(&self, spec: &str) -> Result<CommitRecord> {
+        let (name, version) = match spec.rsplit_once('@') {
+            Some((name, v)) => {
+                let v: u64 = v
+                    .trim_start_matches('v')
+                    .parse()
+                    .map_err(|_| Error::BadName { name: spec.to_string(), message: "expected NAME or NAME@VERSION (a number)".into() })?;
+                (name, Some(v))
+            }
+            None => (spec, None),
+        };
+        let versions = self.versions(name).await?;
+        let found = match version {
+            Some(v) => versions.into_iter().find(|r| r.version == v),
+            None => versions.into_iter().last(),
+        };
+        match found {
+            Some(r) => Ok(r),
+            None => Err(Error::NotFound {
+                name: spec.to_string(),
+                root: self.display.clone(),
+                available: self.datasets().await?.into_iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
+            }),
+        }
+    }
+
+    /// Starts writing a new version of `name`: reserves a fresh directory and records a lease.
+    ///
+    /// # Errors
+    /// When the name is not valid or the lease cannot be written.
+    pub async fn begin(&self, name: &str) -> Result<PendingVersion> {
+        validate_name(name)?;
+        let id = format!("{}-{}", Utc::now().format("%Y%m%dT%H%M%S"), &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let dir = format!("{DATASETS}/{name}/{id}");
+        let lease = Lease { name: name.to_string(), dir: dir.clone(), pid: std::process::id(), host: hostname(), started_at: Utc::now() };
+        let lease_path = Path::from(format!("{STAGING}/{id}.json"));
+        let body = serde_json::to_vec_pretty(&lease).expect("lease serialises");
+        self.store
+            .put_opts(&lease_path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() })
+            .await
+            .map_err(Error::store(lease_path.to_string()))?;
+        Ok(PendingVersion { lake: self.clone(), name: name.to_string(), dir, lease: lease_path, done: false })
+    }
+
+    /// Removes what ingests that died before committing left behind: directories named by a
+    /// lease whose process is gone (same host) or older than a day (other hosts), unless a commit
+    /// record refers to them.
+    ///
+    /// # Errors
+    /// When the lake cannot be listed or cleaned.
+    pub async fn collect_garbage(&self) -> Result<GarbageReport> {
+        let mut report = GarbageReport::default();
+        let host = hostname();
+        for lease_path in self.list(STAGING).await? {
+            let lease: Lease = match self.get_json(&lease_path).await {
+                Ok(l) => l,
+                Err(_) => continue, // half-written lease of a live writer, or foreign file
+            };
+            let dead = if lease.host == host {
+                !process_alive(lease.pid)
+            } else {
+                Utc::now().signed_duration_since(lease.started_at) > chrono::Duration::days(1)
+            };
+            if !dead {
+                continue;
+            }
+            let committed = self.versions(&lease.name).await?.iter().any(|r| r.tables.dir == lease.dir);
+            if !committed {
+                self.delete_prefix(&lease.dir).await?;
+                report.removed_dirs.push(lease.dir.clone());
+            }
+            self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
+        }
+        self.prune_empty_dirs();
+        Ok(report)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Path>> {
+        let prefix = Path::from(prefix);
+        match self.store.list(Some(&prefix)).map_ok(|m| m.location).try_collect::<Vec<_>>().await {
+            Ok(v) => Ok(v),
+            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(Error::store(prefix.to_string())(e)),
+        }
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Result<T> {
+        let bytes =
+            self.store.get(path).await.map_err(Error::store(path.to_string()))?.bytes().await.map_err(Error::store(path.to_string()))?;
+        serde_json::from_slice(&bytes).map_err(|source| Error::Record { path: path.to_string(), source })
+    }
+
+    async fn read_record(&self, path: &Path) -> Result<CommitRecord> {
+        self.get_json(path).await
+    }
+
+    async fn delete_prefix(&self, prefix: &str) -> Result<()> {
+        for path in self.list(prefix).await? {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(path.to_string())(e)),
+            }
+        }
+        self.prune_empty_dirs();
+        Ok(())
+    }
+
+    /// Removes directories left empty under `datasets/` and `staging/` (a local store keeps
+    /// directories that object deletes emptied).
+    fn prune_empty_dirs(&self) {
+        fn prune(dir: &std::path::Path) -> bool {
+            let Ok(entries) = std::fs::read_dir(dir) else { return false };
+            let mut empty = true;
+            for entry in entries.flatten() {
+                let p = entry.path();
+                if !(p.is_dir() && prune(&p) && std::fs::remove_dir(&p).is_ok()) {
+                    empty = false;
+                }
+            }
+            empty
+        }
+        for top in [DATASETS, STAGING, CATALOG] {
+            let dir = self.root.join(top);
+            if prune(&dir) {
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+    }
+}
+
+/// A version being written. Commit it with [`PendingVersion::commit`]; on failure call
+/// [`PendingVersion::abort`] so that the lake is exactly as before.
+#[derive(Debug)]
+pub struct PendingVersion {
+    lake: Lake,
+    name: String,
+    dir: String,
+    lease: Path,
+    done: bool,
+}
+
+impl PendingVersion {
+    /// The dataset name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The version's directory, relative to the lake root.
+    pub fn dir(&self) -> &str {
+        &self.dir
+    }
+
+    /// The lake.
+    pub fn lake(&self) -> &Lake {
+        &self.lake
+    }
+
+    /// The Lance URI of `table` in this version.
+    pub fn table_uri(&self, table: &str) -> String {
+        self.lake.uri(&format!("{}/{table}.lance", self.dir))
+    }
+
+    /// Removes the data files of parts written into `table` that will not be published (a
+    /// camera file that failed part-way).
+    ///
+    /// # Errors
+    /// When a file cannot be deleted.
+    pub async fn discard(&self, table: &str, part: &crate::UncommittedPart) -> Result<()> {
+        for file in part.data_files() {
+            let path = Path::from(format!("{}/{table}.lance/data/{file}", self.dir));
+            match self.lake.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(path.to_string())(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the version: picks the next version number, lets `make` fill in the record, and
+    /// creates the commit record if no other writer created that version first.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] when another ingest committed the same version meanwhile (the
+    /// version's files are then removed), or an I/O error.
+    pub async fn commit(mut self, make: impl FnOnce(u64) -> CommitRecord) -> Result<CommitRecord> {
+        let version = self.lake.latest(&self.name).await?.map_or(1, |r| r.version + 1);
+        let record = make(version);
+        let path = Path::from(format!("{CATALOG}/{}/v{version:08}.json", self.name));
+        let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
+        let put = self.lake.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await;
+        match put {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                self.abort_inner().await?;
+                return Err(Error::Conflict { name: self.name.clone(), version });
+            }
+            Err(e) => {
+                self.abort_inner().await?;
+                return Err(Error::store(path.to_string())(e));
+            }
+        }
+        self.done = true;
+        // The version is visible now; a failure to drop the lease only leaves a lease that garbage
+        // collection recognises as committed.
+        let _ = self.lake.store.delete(&self.lease).await;
+        self.lake.prune_empty_dirs();
+        Ok(record)
+    }
+
+    /// Removes everything this version wrote, leaving the lake as it was before [`Lake::begin`].
+    ///
+    /// # Errors
+    /// When files cannot be deleted.
+    pub async fn abort(mut self) -> Result<()> {
+        self.abort_inner().await
+    }
+
+    async fn abort_inner(&mut self) -> Result<()> {
+        self.done = true;
+        self.lake.delete_prefix(&self.dir).await?;
+        match self.lake.store.delete(&self.lease).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store(self.lease.to_string())(e)),
+        }
+        self.lake.prune_empty_dirs();
+        Ok(())
+    }
+}
+
+impl Drop for PendingVersion {
+    fn drop(&mut self) {
+        if !self.done {
+            // Dropped without commit or abort (a panic or a cancelled task): remove the files
+            // synchronously so nothing half-written stays behind.
+            let root = self.lake.root.clone();
+            let _ = std::fs::remove_dir_all(root.join(&self.dir));
+            let _ = std::fs::remove_file(root.join(self.lease.as_ref()));
+            self.lake.prune_empty_dirs();
+        }
+    }
+}
+
+/// Checks that `name` can be a dataset name: letters, digits, `.`, `_`, `-`, at most 128 bytes,
+/// not starting with `.` or `-`.
+///
+/// # Errors
+/// [`Error::BadName`] saying what is wrong.
+pub fn validate_name(name: &str) -> Result<()> {
+    let bad = |message: &str| Err(Error::BadName { name: name.to_string(), message: message.to_string() });
+    if name.is_empty() || name.len() > 128 {
+        return bad("must be 1 to 128 characters");
+    }
+    if name.starts_with(['.', '-']) {
+        return bad("must not start with `.` or `-`");
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+        return bad("may only hold letters, digits, `.`, `_` and `-`");
+    }
+    Ok(())
+}
+
+/// Turns a source directory name into a valid dataset name (invalid characters become `_`).
+pub fn default_name(source: &str) -> String {
+    let base = source.trim_end_matches('/').rsplit('/').next().unwrap_or("dataset");
+    let mut name: String = base.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    while name.starts_with(['.', '-']) {
+        name.remove(0);
+    }
+    if name.is_empty() { "dataset".to_string() } else { name.chars().take(128).collect() }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_name("so101_v3.0-small").is_ok());
+        for bad in ["", ".hidden", "-x", "a/b", "a b", "a@1"] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(default_name("../shared/fixtures/v30-av1-small/"), "v30-av1-small");
+        assert_eq!(default_name("/data/my set"), "my_set");
+    }
+
+    #[test]
+    fn process_liveness() {
+        assert!(process_alive(std::process::id()));
+        assert!(!process_alive(u32::MAX / 2));
+    }
+}

@@ -1,0 +1,27 @@
+//! The lake's storage layer: the catalog of datasets and versions, and the Lance tables of each
+//! version. Ingest writes through it and every reader (loader, SQL, CLI) reads through it.
+//!
+//! ```no_run
+//! # async fn demo() -> lake_store::Result<()> {
+//! let lake = lake_store::Lake::open("./lake")?;
+//! for record in lake.datasets().await? {
+//!     println!("{} v{}: {} steps", record.name, record.version, record.counts.steps);
+//! }
+//! # Ok(()) }
+//! ```
+
+mod catalog;
+mod error;
+mod tables;
+
+pub use crate::{
+    catalog::{GarbageReport, Lake, PendingVersion, default_name, validate_name},
+    error::{Error, Result},
+    tables::{UncommittedPart, commit_parts, open_table, read_table, write_table, write_uncommitted},
+};
+
+/// Pinned dependencies, re-exported so that users build against the same versions.
+pub mod deps {
+    pub use lance;
+    pub use object_store;
+}

@@ -1,0 +1,155 @@
+//! Writing and opening the Lance tables of a dataset version.
+
+use std::sync::Arc;
+
+use arrow::record_batch::{RecordBatch, RecordBatchIterator};
+use arrow_schema::SchemaRef;
+use futures::{Stream, StreamExt};
+use lake_schemas::CommitRecord;
+use lance::{
+    Dataset,
+    dataset::{
+        CommitBuilder, InsertBuilder, WriteMode, WriteParams,
+        transaction::{Operation, Transaction},
+    },
+    deps::datafusion::{
+        error::DataFusionError,
+        physical_plan::{SendableRecordBatchStream, stream::RecordBatchStreamAdapter},
+    },
+    table::format::Fragment,
+};
+
+use crate::{Error, Lake, Result};
+
+/// Rows per Lance data file; packets tables split into files of this many rows.
+const MAX_ROWS_PER_FILE: usize = 256 * 1024;
+/// Bytes per Lance data file before a new one starts (soft limit).
+const MAX_BYTES_PER_FILE: usize = 1 << 30;
+
+fn write_params(mode: WriteMode) -> WriteParams {
+    WriteParams { mode, max_rows_per_file: MAX_ROWS_PER_FILE, max_bytes_per_file: MAX_BYTES_PER_FILE, ..Default::default() }
+}
+
+/// Writes `batches` as a new Lance table at `uri` and returns its row count.
+///
+/// # Errors
+/// When Lance cannot write the table.
+pub async fn write_table(uri: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<u64> {
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
+    Dataset::write(reader, uri, Some(write_params(WriteMode::Create))).await.map_err(Error::lance(uri))?;
+    Ok(rows as u64)
+}
+
+/// Data files written into a table but not yet part of any version: one piece of a table that
+/// several writers fill at once and [`commit_parts`] publishes in a chosen order.
+#[derive(Debug, Clone)]
+pub struct UncommittedPart {
+    fragments: Vec<Fragment>,
+    schema: lance::datatypes::Schema,
+    rows: u64,
+}
+
+impl UncommittedPart {
+    /// Rows in this part.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Paths of the part's data files, relative to the table's `data/` directory.
+    pub fn data_files(&self) -> Vec<String> {
+        self.fragments.iter().flat_map(|f| f.files.iter().map(|d| d.path.clone())).collect()
+    }
+}
+
+/// Writes a stream of batches into data files of the table at `uri` without committing them.
+/// Several calls may run at once on the same `uri`.
+///
+/// # Errors
+/// When Lance cannot write, or the stream yields an error (which is returned as is).
+pub async fn write_uncommitted<S, E>(uri: String, schema: SchemaRef, batches: S) -> Result<UncommittedPart, E>
+where
+    S: Stream<Item = Result<RecordBatch, E>> + Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    // Lance consumes a DataFusion stream; a producer error is parked here and returned instead
+    // of Lance's wrapped version of it.
+    let failure: Arc<std::sync::Mutex<Option<E>>> = Arc::default();
+    let slot = failure.clone();
+    let rows = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = rows.clone();
+    let stream = batches.map(move |item| match item {
+        Ok(batch) => {
+            counted.fetch_add(batch.num_rows() as u64, std::sync::atomic::Ordering::Relaxed);
+            Ok(batch)
+        }
+        Err(e) => {
+            *slot.lock().expect("producer error slot") = Some(e);
+            Err(DataFusionError::Execution("the producer of this table failed".into()))
+        }
+    });
+    let stream: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(schema, stream));
+    let params = write_params(WriteMode::Create);
+    let result = InsertBuilder::new(uri.as_str()).with_params(&params).execute_uncommitted_stream(stream).await;
+    if let Some(e) = failure.lock().expect("producer error slot").take() {
+        return Err(e);
+    }
+    let txn = result.map_err(|e| E::from(Error::lance(uri.as_str())(e)))?;
+    match txn.operation {
+        Operation::Overwrite { fragments, schema, .. } => {
+            Ok(UncommittedPart { fragments, schema, rows: rows.load(std::sync::atomic::Ordering::Relaxed) })
+        }
+        other => Err(E::from(Error::Lance {
+            table: uri.clone(),
+            source: Box::new(lance::Error::internal(format!("unexpected uncommitted operation {}", other.name()))),
+        })),
+    }
+}
+
+/// Publishes `parts` as version 1 of a new table at `uri`; rows are numbered in the order of
+/// `parts` (the first part's rows are 0.., the next part's follow, and so on).
+///
+/// # Errors
+/// When the parts have different schemas or Lance cannot commit.
+pub async fn commit_parts(uri: &str, fallback_schema: SchemaRef, parts: Vec<UncommittedPart>) -> Result<u64> {
+    let mut fragments = Vec::new();
+    let mut schema = None;
+    let mut rows = 0;
+    for part in parts {
+        if let Some(s) = &schema
+            && s != &part.schema
+        {
+            return Err(Error::Lance { table: uri.to_string(), source: Box::new(lance::Error::internal("parts have different schemas")) });
+        }
+        schema.get_or_insert(part.schema);
+        fragments.extend(part.fragments);
+        rows += part.rows;
+    }
+    let schema = match schema {
+        Some(s) => s,
+        None => lance::datatypes::Schema::try_from(fallback_schema.as_ref()).map_err(Error::lance(uri))?,
+    };
+    let op = Operation::Overwrite { fragments, schema, config_upsert_values: None, initial_bases: None };
+    CommitBuilder::new(uri).execute(Transaction::new(0, op, None)).await.map_err(Error::lance(uri))?;
+    Ok(rows)
+}
+
+/// Opens `table` of a committed version.
+///
+/// # Errors
+/// When the table does not exist or cannot be opened.
+pub async fn open_table(lake: &Lake, record: &CommitRecord, table: &str) -> Result<Dataset> {
+    let uri = lake.uri(&record.tables.path(table));
+    Dataset::open(&uri).await.map_err(Error::lance(record.tables.path(table)))
+}
+
+/// Reads a whole (small) table into memory.
+///
+/// # Errors
+/// When the table cannot be opened or scanned.
+pub async fn read_table(lake: &Lake, record: &CommitRecord, table: &str) -> Result<Vec<RecordBatch>> {
+    let ds = open_table(lake, record, table).await?;
+    let path = record.tables.path(table);
+    let stream = ds.scan().try_into_stream().await.map_err(Error::lance(path.clone()))?;
+    stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
+}
