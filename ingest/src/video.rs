@@ -111,7 +111,7 @@ impl VideoDemuxer {
         let io = ffmpeg::format::context::StreamIo::from_read_seek_with_capacity(reader, 1 << 16)
             .map_err(|e| DemuxError(format!("cannot set up reading: {e}")))?;
         let input = ffmpeg::format::input_from_stream_with_interrupt(io, Some(name), None, move || cancel.load(Ordering::Relaxed))
-            .map_err(|e| DemuxError(format!("FFmpeg cannot open the container: {e}")))?;
+            .map_err(|e| DemuxError(format!("FFmpeg cannot open the container ({e}): not an mp4, or truncated before its index")))?;
         let stream =
             input.streams().best(ffmpeg::media::Type::Video).ok_or_else(|| DemuxError("the container has no video stream".into()))?;
         let stream_index = stream.index();
@@ -151,7 +151,7 @@ impl VideoDemuxer {
                 return Err(DemuxError(format!("packet {index} runs past the end of the file (truncated?)")));
             }
             if packet.is_corrupt() {
-                return Err(DemuxError(format!("packet {index} is marked corrupt by the demuxer")));
+                return Err(DemuxError(format!("packet {index} is incomplete: the file ends or is damaged inside it (truncated?)")));
             }
             let pts = packet.pts().ok_or_else(|| DemuxError(format!("packet {index} has no presentation timestamp")))?;
             let dts = packet.dts().unwrap_or(pts);

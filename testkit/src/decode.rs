@@ -1,0 +1,123 @@
+//! A reference decoder: every frame of a file in order, and single frames rebuilt from packet
+//! rows, hashed over their raw planes so the two can be compared exactly.
+
+use std::path::Path;
+
+use ffmpeg_next::{self as ffmpeg, ffi};
+
+/// BLAKE3 of a decoded picture's planes (tightly packed, as `av_image_copy_to_buffer` lays
+/// them out).
+pub type FrameHash = [u8; 32];
+
+fn hash_frame(frame: &ffmpeg::frame::Video) -> FrameHash {
+    // SAFETY: the frame is a valid decoded picture; the buffer is sized by FFmpeg for it.
+    unsafe {
+        let f = frame.as_ptr();
+        let format: ffi::AVPixelFormat = std::mem::transmute((*f).format);
+        let size = ffi::av_image_get_buffer_size(format, (*f).width, (*f).height, 1);
+        assert!(size > 0, "unknown picture layout");
+        let mut buf = vec![0u8; size as usize];
+        let n = ffi::av_image_copy_to_buffer(
+            buf.as_mut_ptr(),
+            size,
+            (*f).data.as_ptr() as *const *const u8,
+            (*f).linesize.as_ptr(),
+            format,
+            (*f).width,
+            (*f).height,
+            1,
+        );
+        assert!(n == size, "copying the picture failed");
+        *blake3::hash(&buf).as_bytes()
+    }
+}
+
+fn drain(decoder: &mut ffmpeg::decoder::Video, out: &mut Vec<(i64, FrameHash)>) {
+    let mut frame = ffmpeg::frame::Video::empty();
+    while decoder.receive_frame(&mut frame).is_ok() {
+        let pts = frame.pts().or(frame.timestamp()).expect("decoded frames carry a pts");
+        out.push((pts, hash_frame(&frame)));
+    }
+}
+
+/// Decodes every frame of the first video stream of `path`, in presentation order of output:
+/// `(pts, hash)` per frame.
+///
+/// # Panics
+/// When the file cannot be opened or decoded.
+pub fn sequential_frames(path: &Path) -> Vec<(i64, FrameHash)> {
+    ffmpeg::init().expect("ffmpeg init");
+    ffmpeg::log::set_level(ffmpeg::log::Level::Quiet);
+    let mut input = ffmpeg::format::input(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let stream = input.streams().best(ffmpeg::media::Type::Video).expect("video stream");
+    let index = stream.index();
+    let ctx = ffmpeg::codec::Context::from_parameters(stream.parameters()).expect("decoder context");
+    let mut decoder = ctx.decoder().video().expect("video decoder");
+    let mut out = Vec::new();
+    for (s, packet) in input.packets() {
+        if s.index() == index {
+            decoder.send_packet(&packet).unwrap_or_else(|e| panic!("decode {}: {e}", path.display()));
+            drain(&mut decoder, &mut out);
+        }
+    }
+    decoder.send_eof().expect("eof");
+    drain(&mut decoder, &mut out);
+    out
+}
+
+/// Rebuilds single frames from packet rows, the way a loader does: a decoder made from the
+/// stored codec facts, fed the packets from the keyframe to the frame, then drained.
+pub struct PacketDecoder {
+    decoder: ffmpeg::decoder::Video,
+}
+
+impl PacketDecoder {
+    /// A decoder for `codec` (FFmpeg's codec name) with the stream's extradata.
+    ///
+    /// # Panics
+    /// When FFmpeg has no decoder for the codec.
+    pub fn new(codec: &str, extradata: Option<&[u8]>, width: u32, height: u32) -> Self {
+        ffmpeg::init().expect("ffmpeg init");
+        ffmpeg::log::set_level(ffmpeg::log::Level::Quiet);
+        let name = std::ffi::CString::new(codec).expect("codec name");
+        // SAFETY: plain lookups and context setup; extradata is copied into an FFmpeg buffer
+        // with the padding decoders expect, and owned by the context from then on.
+        unsafe {
+            let desc = ffi::avcodec_descriptor_get_by_name(name.as_ptr());
+            assert!(!desc.is_null(), "FFmpeg does not know codec {codec}");
+            let found = ffi::avcodec_find_decoder((*desc).id);
+            assert!(!found.is_null(), "no decoder for {codec}");
+            let mut ctx = ffmpeg::codec::Context::new_with_codec(ffmpeg::Codec::wrap(found));
+            let raw = ctx.as_mut_ptr();
+            (*raw).width = width as i32;
+            (*raw).height = height as i32;
+            if let Some(extra) = extradata {
+                let pad = ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize;
+                let buf = ffi::av_mallocz(extra.len() + pad) as *mut u8;
+                std::ptr::copy_nonoverlapping(extra.as_ptr(), buf, extra.len());
+                (*raw).extradata = buf;
+                (*raw).extradata_size = extra.len() as i32;
+            }
+            Self { decoder: ctx.decoder().video().expect("open decoder") }
+        }
+    }
+
+    /// Decodes `packets` (`(pts, dts, bytes)` in decode order, starting at a keyframe) and
+    /// returns the hash of the frame whose pts is `want`, if it came out.
+    pub fn decode(&mut self, packets: &[(i64, i64, &[u8])], want: i64) -> Option<FrameHash> {
+        let mut out = Vec::new();
+        for (pts, dts, data) in packets {
+            let mut p = ffmpeg::Packet::copy(data);
+            p.set_pts(Some(*pts));
+            p.set_dts(Some(*dts));
+            if self.decoder.send_packet(&p).is_err() {
+                return None;
+            }
+            drain(&mut self.decoder, &mut out);
+        }
+        let _ = self.decoder.send_eof();
+        drain(&mut self.decoder, &mut out);
+        self.decoder.flush();
+        out.into_iter().find(|(pts, _)| *pts == want).map(|(_, h)| h)
+    }
+}

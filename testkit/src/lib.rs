@@ -1,0 +1,14 @@
+//! Test and benchmark support for lake: where the sample data is, derived and corrupted copies
+//! of datasets, byte-exact lake snapshots, and a reference decoder for checking packet rows.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)] // test support reports what it does
+
+mod decode;
+mod derive;
+mod files;
+
+pub use crate::{
+    decode::{FrameHash, PacketDecoder, sequential_frames},
+    derive::{read_parquet, repeat_dataset, write_parquet},
+    files::{committed_snapshot, copy_dir, ffmpeg, shared_dir, snapshot, testdata, workspace_root},
+};
