@@ -281,13 +281,13 @@ impl DatasetMeta {
         let index = i64s(batch, "episode_index").expect("checked above").map_err(|e| Error::metadata(shard, e))?;
         for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
             let Some((feature, stat)) = field.name().strip_prefix("stats/").and_then(|s| s.rsplit_once('/')) else { continue };
-            for row in 0..batch.num_rows() {
+            for (row, episode) in index.iter().enumerate() {
                 if col.is_null(row) {
                     continue;
                 }
                 let (values, shape) = flatten_numbers(col.as_ref(), row)
                     .map_err(|e| Error::metadata(shard, format!("column `{}` row {row}: {e}", field.name())))?;
-                self.stats.push(StatRow { episode: index[row], feature: feature.to_string(), stat: stat.to_string(), values, shape });
+                self.stats.push(StatRow { episode: *episode, feature: feature.to_string(), stat: stat.to_string(), values, shape });
             }
         }
         Ok(())
