@@ -17,6 +17,7 @@ use std::{
     time::Instant,
 };
 
+use arrow::array::AsArray;
 use arrow::{
     array::{
         ArrayRef, BinaryBuilder, BooleanBuilder, Float64Builder, Int32Builder, Int64Builder, ListBuilder, RecordBatch, StringBuilder,
@@ -80,6 +81,8 @@ pub struct Progress {
     pub bytes_total: AtomicU64,
     /// Camera frames (packets) demuxed so far.
     pub frames_done: Arc<AtomicU64>,
+    /// Camera frames the ingested steps show (packets may be a few more).
+    pub frames_total: AtomicU64,
     /// Steps of the episodes being ingested.
     pub steps_total: AtomicU64,
     /// Episodes being ingested.
@@ -279,6 +282,12 @@ impl Plan {
                     .with_camera(&cam.name),
                 );
             } else {
+                if !any && !meta.episodes.is_empty() {
+                    report.hints.push(format!(
+                        "camera `{}` has no video file at all; --drop-missing-cameras ingests the episodes without it",
+                        cam.name
+                    ));
+                }
                 video_cameras.push(cam.name.clone());
             }
         }
@@ -388,12 +397,7 @@ impl Plan {
         self.kept =
             self.episode_order().into_iter().filter(|e| !self.report.skipped.contains_key(e) && self.rows.contains_key(e)).collect();
         if self.kept.is_empty() {
-            let hint = if self.video_cameras.is_empty() || options.drop_missing_cameras {
-                String::new()
-            } else {
-                "; if a camera has no videos at all, --drop-missing-cameras ingests the episodes without it".into()
-            };
-            return Err(self.refuse(&format!("every episode has errors{hint}")));
+            return Err(self.refuse("every episode has errors"));
         }
         Ok(())
     }
@@ -451,7 +455,9 @@ async fn build(
     let jobs = stream_jobs(meta, plan, &by_index);
     progress.bytes_total.store(jobs.iter().map(|j| j.file.size).sum(), Ordering::Relaxed);
     progress.episodes_total.store(plan.kept.len() as u64, Ordering::Relaxed);
-    progress.steps_total.store(plan.kept.iter().map(|e| plan.rows[e].rows as u64).sum(), Ordering::Relaxed);
+    let steps_total: u64 = plan.kept.iter().map(|e| plan.rows[e].rows as u64).sum();
+    progress.steps_total.store(steps_total, Ordering::Relaxed);
+    progress.frames_total.store(steps_total * plan.video_cameras.len() as u64, Ordering::Relaxed);
     let ctx = StreamContext {
         source: source.clone(),
         packets_uri: pending.table_uri(PACKETS),
@@ -530,7 +536,8 @@ async fn build(
     let first_image_stream = outcomes.len() as u32;
     let image_streams: Vec<(u32, u64)> =
         (0..layout.image_cameras.len()).map(|i| (first_image_stream + i as u32, next_row + i as u64 * kept_steps)).collect();
-    let (steps_part, image_parts) = write_steps(pending, source, plan, &layout, &pointers, &image_streams, meta, progress).await?;
+    let (steps_part, image_parts, image_bytes) =
+        write_steps(pending, source, plan, &layout, &pointers, &image_streams, meta, progress).await?;
     let steps = steps_part.rows();
     if steps != kept_steps {
         return Err(Error::Internal(format!("wrote {steps} steps, expected {kept_steps}")));
@@ -542,7 +549,7 @@ async fn build(
 
     // Small tables.
     progress.set_phase("writing metadata tables");
-    let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, kept_steps, meta)?;
+    let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, &image_bytes, kept_steps, meta)?;
     let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
     let tasks_batch = tasks_table(meta)?;
     let stats_batch = stats_table(meta, &kept)?;
@@ -559,7 +566,7 @@ async fn build(
         lake_store::write_table(&pending.table_uri(table), batch.schema(), vec![batch]).await?;
     }
 
-    summarise(plan, &outcomes, &image_streams, kept_steps, packets, meta);
+    summarise(plan, &outcomes, &image_bytes, kept_steps, packets, meta);
     let mut findings = BTreeMap::new();
     for f in &plan.report.findings {
         *findings.entry(f.severity.as_str().to_string()).or_insert(0) += 1;
@@ -569,6 +576,7 @@ async fn build(
         steps,
         packets,
         streams: (outcomes.iter().filter(|o| o.part.is_some()).count() + image_streams.len()) as u64,
+        cameras: layout.cameras.len() as u64,
         tasks: meta.tasks.len() as u64,
         skipped_episodes: plan.report.skipped.len() as u64,
         findings,
@@ -636,7 +644,7 @@ async fn write_steps(
     image_streams: &[(u32, u64)],
     meta: &DatasetMeta,
     progress: &Progress,
-) -> Result<(UncommittedPart, Vec<UncommittedPart>)> {
+) -> Result<(UncommittedPart, Vec<UncommittedPart>, Vec<u64>)> {
     let tasks: Vec<String> = meta.tasks.iter().map(|t| t.task.clone()).collect();
     let (steps_tx, steps_rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
     let steps_writer =
@@ -655,6 +663,7 @@ async fn write_steps(
     let kept: BTreeSet<i64> = plan.kept.iter().copied().collect();
     let lookup = |episode: i64, frame: i64, cam: usize| pointers[&(episode, cam)][frame as usize];
     let mut ordinal = 0u64;
+    let mut image_bytes = vec![0u64; layout.image_cameras.len()];
     let produced: Result<()> = async {
         for (_, file, episodes) in &plan.data_files {
             if !episodes.iter().any(|e| kept.contains(e)) {
@@ -684,6 +693,7 @@ async fn write_steps(
                     break;
                 }
                 for img in images {
+                    image_bytes[img.camera] += img.batch.column(img.batch.num_columns() - 1).as_binary::<i64>().values().len() as u64;
                     if image_txs[img.camera].send(Ok(img.batch)).await.is_err() {
                         break;
                     }
@@ -703,7 +713,7 @@ async fn write_steps(
     for w in image_writers {
         image_parts.push(w.await.map_err(|e| Error::Internal(format!("image writer: {e}")))??);
     }
-    Ok((steps_part, image_parts))
+    Ok((steps_part, image_parts, image_bytes))
 }
 
 fn receiver_stream(
@@ -717,6 +727,7 @@ fn streams_table(
     outcomes: &[StreamOutcome],
     bases: &HashMap<u32, u64>,
     image_streams: &[(u32, u64)],
+    image_bytes: &[u64],
     kept_steps: u64,
     meta: &DatasetMeta,
 ) -> Result<RecordBatch> {
@@ -758,7 +769,7 @@ fn streams_table(
             duration_s: f.duration_s,
         });
     }
-    for ((stream, first_row), cam) in image_streams.iter().zip(&plan.image_cameras) {
+    for (((stream, first_row), cam), bytes) in image_streams.iter().zip(&plan.image_cameras).zip(image_bytes) {
         let feature = meta.features.iter().find(|f| &f.name == cam).expect("image camera is a feature");
         let first = plan.kept.iter().find_map(|e| plan.rows[e].image_formats.iter().find(|(c, ..)| c == cam).cloned());
         let (codec, w, h) = first.map_or(("png", 0, 0), |(_, fmt, w, h)| (fmt, w, h));
@@ -785,7 +796,7 @@ fn streams_table(
             keyframes: kept_steps,
             max_gop: 1,
             reordered: false,
-            bytes: 0,
+            bytes: *bytes,
             duration_s: None,
         });
     }
@@ -1023,13 +1034,13 @@ fn findings_table(findings: &[Finding]) -> Result<RecordBatch> {
     RecordBatch::try_new(tables::findings_schema(), columns).map_err(Error::arrow(FINDINGS))
 }
 
-fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_streams: &[(u32, u64)], kept_steps: u64, packets: u64, meta: &DatasetMeta) {
+fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_bytes: &[u64], kept_steps: u64, packets: u64, meta: &DatasetMeta) {
     let report = &mut plan.report;
     report.episodes = plan.kept.len() as u64;
     report.steps = kept_steps;
     report.packets = packets;
     report.recorded_seconds = kept_steps as f64 / f64::from(meta.fps);
-    report.packet_bytes = outcomes.iter().filter(|o| o.part.is_some()).map(|o| o.bytes).sum();
+    report.packet_bytes = outcomes.iter().filter(|o| o.part.is_some()).map(|o| o.bytes).sum::<u64>() + image_bytes.iter().sum::<u64>();
     report.cameras.clear();
     let layout_cameras: Vec<String> = meta
         .features
@@ -1038,10 +1049,9 @@ fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_streams: &[(u32,
         .map(|f| f.name.clone())
         .collect();
     for cam in layout_cameras {
-        if let Some(ii) = plan.image_cameras.iter().position(|c| *c == cam) {
+        if plan.image_cameras.contains(&cam) {
             let first = plan.kept.iter().find_map(|e| plan.rows[e].image_formats.iter().find(|(c, ..)| *c == cam).cloned());
             let (codec, w, h) = first.map_or(("png", 0, 0), |(_, f, w, h)| (f, w, h));
-            let _ = image_streams[ii];
             report.cameras.push(CameraSummary {
                 name: cam,
                 kind: "image".into(),

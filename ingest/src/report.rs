@@ -59,6 +59,8 @@ pub struct Report {
     pub seconds: f64,
     /// Seconds of recording ingested (steps / fps).
     pub recorded_seconds: f64,
+    /// Suggestions for getting a refused dataset in.
+    pub hints: Vec<String>,
 }
 
 impl Report {
@@ -86,8 +88,11 @@ impl Report {
         if errors.len() > SHOWN {
             let _ = write!(out, "\n  … and {} more", errors.len() - SHOWN);
         }
+        for hint in &self.hints {
+            let _ = write!(out, "\nhint: {hint}");
+        }
         if !episodes.is_empty() && episodes.len() < self.episodes_total as usize {
-            out.push_str("\nrerun with --skip-bad-episodes to ingest the other episodes (skipped ones are recorded with their reason)");
+            out.push_str("\nhint: --skip-bad-episodes ingests the other episodes and records each skipped one with its reason");
         }
         out
     }

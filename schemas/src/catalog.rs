@@ -61,6 +61,8 @@ pub struct TableCounts {
     pub packets: u64,
     /// Camera streams (one per camera and source file).
     pub streams: u64,
+    /// Cameras ingested (video and image).
+    pub cameras: u64,
     /// Tasks.
     pub tasks: u64,
     /// Episodes left out by `--skip-bad-episodes`.

@@ -461,3 +461,91 @@ mod tests {
         assert!(!process_alive(u32::MAX / 2));
     }
 }
+
+#[cfg(test)]
+mod lifecycle_tests {
+    use lake_schemas::{IngestOptions, SourceRecord, TableCounts};
+
+    use super::*;
+
+    fn record(name: &str, version: u64, dir: &str) -> CommitRecord {
+        CommitRecord {
+            format_version: 1,
+            name: name.into(),
+            version,
+            committed_at: Utc::now(),
+            ingest_seconds: 0.0,
+            tables: lake_schemas::TableSet { dir: dir.into(), tables: vec![] },
+            source: SourceRecord {
+                url: "src".into(),
+                codebase_version: "v3.0".into(),
+                content_hash: "h".into(),
+                fingerprint: "f".into(),
+                files: 0,
+                bytes: 0,
+            },
+            options: IngestOptions { tolerance_s: 1e-4, skip_bad_episodes: false, drop_missing_cameras: false },
+            counts: TableCounts::default(),
+            fps: 30,
+            robot_type: None,
+            info: serde_json::Value::Null,
+        }
+    }
+
+    fn write_file(lake: &Lake, rel: &str) {
+        let p = lake.root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"data").unwrap();
+    }
+
+    #[tokio::test]
+    async fn commit_abort_and_versions() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(Lake::open(tmp.path().join("none").to_str().unwrap()).is_err());
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+
+        let aborted = lake.begin("ds").await.unwrap();
+        write_file(&lake, &format!("{}/steps.lance/x", aborted.dir()));
+        aborted.abort().await.unwrap();
+        assert_eq!(std::fs::read_dir(&lake.root).unwrap().count(), 0, "abort leaves nothing");
+
+        for v in 1..=2 {
+            let p = lake.begin("ds").await.unwrap();
+            write_file(&lake, &format!("{}/steps.lance/x", p.dir()));
+            let dir = p.dir().to_string();
+            let r = p.commit(|version| record("ds", version, &dir)).await.unwrap();
+            assert_eq!(r.version, v);
+        }
+        assert!(!lake.root.join("staging").exists());
+        assert_eq!(lake.versions("ds").await.unwrap().len(), 2);
+        assert_eq!(lake.resolve("ds").await.unwrap().version, 2);
+        assert_eq!(lake.resolve("ds@1").await.unwrap().version, 1);
+        let err = lake.resolve("other").await.unwrap_err().to_string();
+        assert!(err.contains("ds@2"), "{err}");
+        assert!(lake.resolve("ds@x").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn garbage_of_dead_ingests_is_collected() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().to_str().unwrap()).unwrap();
+        let p = lake.begin("ds").await.unwrap();
+        let dir = p.dir().to_string();
+        write_file(&lake, &format!("{dir}/packets.lance/data/f"));
+        // Pretend the writer died: rewrite its lease with a pid that does not exist.
+        let lease_path = std::fs::read_dir(lake.root.join("staging")).unwrap().next().unwrap().unwrap().path();
+        let mut lease: Lease = serde_json::from_slice(&std::fs::read(&lease_path).unwrap()).unwrap();
+        lease.pid = i32::MAX as u32;
+        std::fs::write(&lease_path, serde_json::to_vec(&lease).unwrap()).unwrap();
+        std::mem::forget(p); // a killed process runs no destructor
+        let report = lake.collect_garbage().await.unwrap();
+        assert_eq!(report.removed_dirs, vec![dir]);
+        assert_eq!(std::fs::read_dir(&lake.root).unwrap().count(), 0, "{:?}", std::fs::read_dir(&lake.root).unwrap().collect::<Vec<_>>());
+
+        // A live writer's files are left alone.
+        let live = lake.begin("ds").await.unwrap();
+        write_file(&lake, &format!("{}/t", live.dir()));
+        assert!(lake.collect_garbage().await.unwrap().removed_dirs.is_empty());
+        live.abort().await.unwrap();
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine, builds lake, and ingests the bundled sample datasets
+# (AV1, multi-file H.264, PNG-in-parquet) into ./lake, then lists and inspects them.
+# Pass --release for an optimised build (much slower to build, much faster to run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
+profile=(); dir=debug
+if [ "${1:-}" = "--release" ]; then profile=(--release); dir=release; fi
+cargo build "${profile[@]}" -p lake --locked
+lake="$CARGO_TARGET_DIR/$dir/lake"
+for d in testdata/lerobot/*/; do
+  "$lake" --lake ./lake ingest "$d"
+  echo
+done
+"$lake" --lake ./lake ls
+echo
+"$lake" --lake ./lake inspect v30-av1-small

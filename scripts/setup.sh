@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what building and testing lake needs on Debian 12: FFmpeg 5.1 development headers
+# (ffmpeg-next binds them), clang (bindgen), protoc (Lance), the ffmpeg tool (tests make media
+# with it), and the rustfmt/clippy components. Safe to run again: it only installs what is
+# missing.
+set -euo pipefail
+
+packages=(pkg-config clang libclang-dev protobuf-compiler ffmpeg
+  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
+  libavfilter-dev libavdevice-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust 1.95 with rustup first" >&2; exit 1; }
+for c in rustfmt clippy; do
+  cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1 || rustup component add "$c"
+done
