@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds lake, and ingests the bundled sample datasets
-# (AV1, multi-file H.264, PNG-in-parquet) into ./lake, then lists and inspects them.
+# (AV1, multi-file H.264, PNG-in-parquet) into ./lake-demo, then lists and inspects them.
 # Pass --release for an optimised build (much slower to build, much faster to run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +11,9 @@ if [ "${1:-}" = "--release" ]; then profile=(--release); dir=release; fi
 cargo build "${profile[@]}" -p lake --locked
 lake="$CARGO_TARGET_DIR/$dir/lake"
 for d in testdata/lerobot/*/; do
-  "$lake" --lake ./lake ingest "$d"
+  "$lake" --lake ./lake-demo ingest "$d"
   echo
 done
-"$lake" --lake ./lake ls
+"$lake" --lake ./lake-demo ls
 echo
-"$lake" --lake ./lake inspect v30-av1-small
+"$lake" --lake ./lake-demo inspect v30-av1-small

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing lake needs on Debian 12: FFmpeg 5.1 development headers
-# (ffmpeg-next binds them), clang (bindgen), protoc (Lance), the ffmpeg tool (tests make media
-# with it), and the rustfmt/clippy components. Safe to run again: it only installs what is
+# (ffmpeg-next binds them), clang (bindgen), make and gcc (jemalloc), protoc (Lance), the ffmpeg
+# tool (tests make media with it), and the rustfmt/clippy components. Safe to run again: it only installs what is
 # missing.
 set -euo pipefail
 
-packages=(pkg-config clang libclang-dev protobuf-compiler ffmpeg
+packages=(pkg-config make gcc clang libclang-dev protobuf-compiler ffmpeg
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libavfilter-dev libavdevice-dev)
 

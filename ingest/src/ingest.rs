@@ -103,6 +103,7 @@ impl Progress {
     }
 
     fn set_phase(&self, phase: &str) {
+        tracing::info!(phase, bytes_read = self.bytes_read(), "ingest phase");
         *self.phase.lock().expect("progress phase") = phase.to_string();
     }
 

@@ -1,0 +1,124 @@
+//! Driving the `lake` binary and reading what it wrote.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use arrow::{
+    array::{Array, AsArray, RecordBatch},
+    compute::cast,
+    datatypes::{DataType, Float64Type, Int64Type},
+};
+
+/// The `lake` binary with `--lake root`.
+pub fn lake_cmd(root: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lake"));
+    cmd.arg("--lake").arg(root).env_remove("LAKE_ROOT").env_remove("LAKE_LOG").stdin(Stdio::null());
+    cmd
+}
+
+/// The result of one run.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `lake --lake root ARGS…` to completion.
+pub fn lake(root: &Path, args: &[&str]) -> Run {
+    let out = lake_cmd(root).args(args).output().expect("run lake");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
+}
+
+/// Runs an ingest that must succeed.
+pub fn ingest_ok(root: &Path, source: &Path, extra: &[&str]) -> Run {
+    let mut args = vec!["ingest", source.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    let run = lake(root, &args);
+    assert_eq!(run.code, 0, "ingest of {} failed: {run:#?}", source.display());
+    run
+}
+
+/// A table of the latest version of `dataset`.
+pub fn table(root: &Path, dataset: &str, table: &str) -> Vec<RecordBatch> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("open lake");
+        let record = lake.resolve(dataset).await.expect("dataset exists");
+        lake_store::read_table(&lake, &record, table).await.expect("read table")
+    })
+}
+
+/// A column as i64 values (nulls as -1).
+pub fn ints(batches: &[RecordBatch], name: &str) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = cast(b.column_by_name(name).unwrap_or_else(|| panic!("no column {name}")), &DataType::Int64).expect("int");
+            c.as_primitive::<Int64Type>().iter().map(|v| v.unwrap_or(-1)).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A column as f64 values.
+pub fn floats(batches: &[RecordBatch], name: &str) -> Vec<f64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = cast(b.column_by_name(name).unwrap_or_else(|| panic!("no column {name}")), &DataType::Float64).expect("float");
+            c.as_primitive::<Float64Type>().values().to_vec()
+        })
+        .collect()
+}
+
+/// A string column.
+pub fn strings(batches: &[RecordBatch], name: &str) -> Vec<Option<String>> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = cast(b.column_by_name(name).unwrap_or_else(|| panic!("no column {name}")), &DataType::Utf8).expect("string");
+            let s = c.as_string::<i32>();
+            (0..s.len()).map(|i| (!s.is_null(i)).then(|| s.value(i).to_string())).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A binary column.
+pub fn binaries(batches: &[RecordBatch], name: &str) -> Vec<Option<Vec<u8>>> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = b.column_by_name(name).unwrap_or_else(|| panic!("no column {name}"));
+            let c = cast(c, &DataType::LargeBinary).expect("binary");
+            let s = c.as_binary::<i64>();
+            (0..s.len()).map(|i| (!s.is_null(i)).then(|| s.value(i).to_vec())).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Every `packet_row` field of the steps table, as (camera, rows).
+pub fn packet_rows(steps: &[RecordBatch]) -> Vec<(String, Vec<u64>)> {
+    let Some(first) = steps.first() else { return Vec::new() };
+    let Some(col) = first.column_by_name("packet_row") else { return Vec::new() };
+    let DataType::Struct(fields) = col.data_type() else { panic!("packet_row is a struct") };
+    fields
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let rows = steps
+                .iter()
+                .flat_map(|b| {
+                    let s = b.column_by_name("packet_row").expect("packet_row").as_struct();
+                    s.column(i).as_primitive::<arrow::datatypes::UInt64Type>().values().to_vec()
+                })
+                .collect();
+            (lake_schemas::tables::lerobot_name(f).to_string(), rows)
+        })
+        .collect()
+}

@@ -1,0 +1,145 @@
+//! Corrupt inputs: each gives a clear error naming the file (and episode and frame where they
+//! apply), a non-zero exit, and a lake that is byte for byte what it was.
+
+use std::path::Path;
+
+use arrow::{
+    array::{ArrayRef, AsArray, Float32Array, RecordBatch},
+    datatypes::{Float32Type, Int64Type},
+};
+use lake_testkit::{copy_dir, ffmpeg, read_parquet, snapshot, testdata, write_parquet};
+
+use crate::common::{ingest_ok, lake};
+
+/// A lake that already holds one dataset, and a writable copy of `fixture` to break.
+fn setup(fixture: &str) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let src = tmp.path().join(fixture);
+    copy_dir(&testdata(fixture), &src);
+    (tmp, root, src)
+}
+
+/// Runs the ingest of the broken copy and checks the error and the untouched lake.
+fn refused(root: &Path, src: &Path, expect_code: i32, must_mention: &[&str]) -> String {
+    let before = snapshot(root, &[]);
+    let run = lake(root, &["ingest", src.to_str().expect("utf-8")]);
+    assert_eq!(run.code, expect_code, "{run:#?}");
+    for m in must_mention {
+        assert!(run.stderr.contains(m), "error does not mention {m:?}:\n{}", run.stderr);
+    }
+    assert_eq!(snapshot(root, &[]), before, "the lake changed");
+    // The error path is not an exception of strict mode: skipping must not touch the lake
+    // either when nothing can be ingested, and the lake must still list only the first dataset.
+    let ls = lake(root, &["ls"]);
+    assert!(ls.stdout.contains("v30-images-tiny@1") && ls.stdout.lines().count() == 2, "{ls:#?}");
+    run.stderr
+}
+
+#[test]
+fn truncated_mp4() {
+    let (_t, root, src) = setup("v30-av1-small");
+    let video = src.join("videos/observation.images.front/chunk-000/file-000.mp4");
+    let len = std::fs::metadata(&video).expect("video").len();
+    let f = std::fs::OpenOptions::new().write(true).open(&video).expect("open");
+    f.set_len(len * 6 / 10).expect("truncate");
+    refused(&root, &src, 1, &["videos/observation.images.front/chunk-000/file-000.mp4", "corrupt-file", "episode 5", "truncated"]);
+}
+
+#[test]
+fn mp4_with_fewer_frames_than_the_episode() {
+    let (t, root, src) = setup("v30-av1-small");
+    let video = src.join("videos/observation.images.wrist/chunk-000/file-000.mp4");
+    let full = t.path().join("full.mp4");
+    std::fs::rename(&video, &full).expect("move");
+    ffmpeg(&["-i", full.to_str().expect("utf-8"), "-c", "copy", "-frames:v", "580", video.to_str().expect("utf-8")]);
+    // Episode 5 holds frames 542..600: its last 20 steps have no frame.
+    refused(
+        &root,
+        &src,
+        1,
+        &["videos/observation.images.wrist/chunk-000/file-000.mp4", "episode 5", "frame 38", "frame-unresolved", "no video frame"],
+    );
+}
+
+#[test]
+fn garbage_parquet() {
+    let (_t, root, src) = setup("v30-h264-multifile");
+    std::fs::write(src.join("data/chunk-000/file-001.parquet"), b"PAR1 this is not parquet at all, just bytes").expect("write");
+    refused(&root, &src, 1, &["data/chunk-000/file-001.parquet", "not a readable parquet file", "episode 1", "episode 2"]);
+}
+
+#[test]
+fn missing_info_json() {
+    let (_t, root, src) = setup("v30-av1-small");
+    std::fs::remove_file(src.join("meta/info.json")).expect("remove");
+    refused(&root, &src, 2, &["meta/info.json", "not found"]);
+}
+
+#[test]
+fn missing_episode_metadata_shard() {
+    let (_t, root, src) = setup("v30-av1-small");
+    // Split the episode metadata into two shards as a large dataset has, then lose the second.
+    let shard = src.join("meta/episodes/chunk-000/file-000.parquet");
+    let batches = read_parquet(&shard);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    write_parquet(&shard, &[all.slice(0, 4)]);
+    write_parquet(&src.join("meta/episodes/chunk-000/file-001.parquet"), &[all.slice(4, 2)]);
+    std::fs::remove_file(src.join("meta/episodes/chunk-000/file-001.parquet")).expect("lose shard");
+    refused(&root, &src, 1, &["data/chunk-000/file-000.parquet", "episode 4", "missing meta/episodes shard"]);
+}
+
+#[test]
+fn no_episode_metadata_at_all() {
+    let (_t, root, src) = setup("v30-av1-small");
+    std::fs::remove_dir_all(src.join("meta/episodes")).expect("remove");
+    refused(&root, &src, 2, &["meta/episodes/", "not found"]);
+}
+
+#[test]
+fn wrong_feature_shape() {
+    let (_t, root, src) = setup("v30-h264-multifile");
+    let info = src.join("meta/info.json");
+    let text = std::fs::read_to_string(&info).expect("info");
+    let text = text.replacen("\"shape\": [\n                14\n            ]", "\"shape\": [\n                15\n            ]", 1);
+    assert!(text.contains("15"), "the fixture's layout changed");
+    std::fs::write(&info, text).expect("write");
+    refused(&root, &src, 1, &["data/chunk-000/file-000.parquet", "observation.state", "shape-mismatch", "15"]);
+}
+
+#[test]
+fn timestamps_drifting_beyond_tolerance() {
+    let (_t, root, src) = setup("v30-av1-small");
+    // Episode 2's timestamps drift by 0.5 ms per frame from where its video frames are.
+    let data = src.join("data/chunk-000/file-000.parquet");
+    let batches: Vec<RecordBatch> = read_parquet(&data)
+        .into_iter()
+        .map(|b| {
+            let ep = b.column_by_name("episode_index").expect("ep").as_primitive::<Int64Type>().clone();
+            let fr = b.column_by_name("frame_index").expect("fr").as_primitive::<Int64Type>().clone();
+            let ts = b.column_by_name("timestamp").expect("ts").as_primitive::<Float32Type>().clone();
+            let drifted: Float32Array = (0..b.num_rows())
+                .map(|i| Some(if ep.value(i) == 2 { ts.value(i) + 0.0005 * fr.value(i) as f32 } else { ts.value(i) }))
+                .collect();
+            let cols: Vec<ArrayRef> = b
+                .schema()
+                .fields()
+                .iter()
+                .zip(b.columns())
+                .map(|(f, c)| if f.name() == "timestamp" { std::sync::Arc::new(drifted.clone()) as ArrayRef } else { c.clone() })
+                .collect();
+            RecordBatch::try_new(b.schema(), cols).expect("batch")
+        })
+        .collect();
+    write_parquet(&data, &batches);
+    let err = refused(&root, &src, 1, &["chunk-000/file-000.mp4", "episode 2", "frame 1", "frame-unresolved", "0.500 ms away"]);
+    assert!(err.contains("timestamp-drift") || err.contains("0.100 ms"), "{err}");
+    // With --skip-bad-episodes the other five episodes go in, and episode 2 is recorded.
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    assert_eq!(out["record"]["counts"]["episodes"], 5);
+    assert_eq!(out["record"]["counts"]["skipped_episodes"], 1);
+    assert!(out["report"]["skipped"]["2"].as_str().expect("reason").contains("frame-unresolved"));
+}

@@ -1,0 +1,313 @@
+//! Every sample and real dataset ingests; the lake's steps and episodes equal the source, and
+//! every step's packet row rebuilds exactly the frame LeRobot's timestamp rule picks.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+};
+
+use arrow::{
+    array::AsArray,
+    compute::cast,
+    datatypes::{DataType, Float32Type, Float64Type, Int64Type},
+};
+use lake_schemas::{InfoJson, PathTemplate, TemplateValue};
+use lake_testkit::{FrameHash, PacketDecoder, read_parquet, sequential_frames, shared_dir, testdata};
+
+use crate::common::{binaries, floats, ingest_ok, ints, packet_rows, strings, table};
+
+/// One source step: global index, frame index, timestamp, and image bytes per image camera.
+#[derive(Debug, Clone)]
+struct SourceStep {
+    index: i64,
+    frame: i64,
+    timestamp: f32,
+    images: HashMap<String, Vec<u8>>,
+}
+
+fn parquet_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(parquet_files(&p));
+        } else if p.extension().is_some_and(|x| x == "parquet") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Source steps per episode, read straight from the data parquet files.
+fn source_steps(src: &Path, image_cameras: &[String]) -> BTreeMap<i64, Vec<SourceStep>> {
+    let mut out: BTreeMap<i64, Vec<SourceStep>> = BTreeMap::new();
+    for file in parquet_files(&src.join("data")) {
+        for b in read_parquet(&file) {
+            let col = |n: &str| {
+                cast(b.column_by_name(n).expect("index column"), &DataType::Int64)
+                    .expect("int")
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            };
+            let (ep, fr, idx) = (col("episode_index"), col("frame_index"), col("index"));
+            let ts = cast(b.column_by_name("timestamp").expect("timestamp"), &DataType::Float32).expect("f32");
+            let ts = ts.as_primitive::<Float32Type>().values().to_vec();
+            for r in 0..b.num_rows() {
+                let images = image_cameras
+                    .iter()
+                    .map(|c| {
+                        let s = b.column_by_name(c).expect("image column").as_struct();
+                        (c.clone(), s.column_by_name("bytes").expect("bytes").as_binary::<i32>().value(r).to_vec())
+                    })
+                    .collect();
+                out.entry(ep[r]).or_default().push(SourceStep { index: idx[r], frame: fr[r], timestamp: ts[r], images });
+            }
+        }
+    }
+    for steps in out.values_mut() {
+        steps.sort_by_key(|s| s.frame);
+    }
+    out
+}
+
+/// `(file, from_timestamp)` of every (episode, camera), from the source metadata.
+fn source_videos(src: &Path, info: &InfoJson, cameras: &[String]) -> HashMap<(i64, String), (PathBuf, f64)> {
+    let mut out = HashMap::new();
+    let Some(template) = info.video_path.as_deref().map(PathTemplate::new) else { return out };
+    if info.codebase_version.starts_with("v2") {
+        let text = std::fs::read_to_string(src.join("meta/episodes.jsonl")).expect("episodes.jsonl");
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let e = serde_json::from_str::<serde_json::Value>(line).expect("json")["episode_index"].as_i64().expect("index");
+            for cam in cameras {
+                let path = template
+                    .format(&[
+                        ("episode_chunk", TemplateValue::Int(e / 1000)),
+                        ("video_key", cam.as_str().into()),
+                        ("episode_index", TemplateValue::Int(e)),
+                    ])
+                    .expect("template");
+                out.insert((e, cam.clone()), (src.join(path), 0.0));
+            }
+        }
+        return out;
+    }
+    for shard in parquet_files(&src.join("meta/episodes")) {
+        for b in read_parquet(&shard) {
+            let int =
+                |n: &str| cast(b.column_by_name(n).expect(n), &DataType::Int64).expect("int").as_primitive::<Int64Type>().values().to_vec();
+            let eps = int("episode_index");
+            for cam in cameras {
+                let (chunk, file) = (int(&format!("videos/{cam}/chunk_index")), int(&format!("videos/{cam}/file_index")));
+                let from = cast(b.column_by_name(&format!("videos/{cam}/from_timestamp")).expect("from"), &DataType::Float64).expect("f64");
+                let from = from.as_primitive::<Float64Type>().values().to_vec();
+                for r in 0..b.num_rows() {
+                    let path = template
+                        .format(&[
+                            ("video_key", cam.as_str().into()),
+                            ("chunk_index", TemplateValue::Int(chunk[r])),
+                            ("file_index", TemplateValue::Int(file[r])),
+                        ])
+                        .expect("template");
+                    out.insert((eps[r], cam.clone()), (src.join(path), from[r]));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Ingests `src` and checks it against the source, expecting exactly `expected` episodes.
+fn check_dataset(src: &Path, flags: &[&str], expected: &[i64]) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let name = src.file_name().expect("name").to_str().expect("utf-8");
+    ingest_ok(&root, src, flags);
+
+    let info = InfoJson::parse(&std::fs::read_to_string(src.join("meta/info.json")).expect("info")).expect("info parses");
+    let features = info.parsed_features().expect("features");
+    let image_cameras: Vec<String> = features.iter().filter(|f| f.dtype == "image").map(|f| f.name.clone()).collect();
+    let truth = source_steps(src, &image_cameras);
+
+    // Episodes and their lengths.
+    let episodes = table(&root, name, "episodes");
+    assert_eq!(ints(&episodes, "episode_index"), expected, "{name}: ingested episodes");
+    let lengths: Vec<i64> = expected.iter().map(|e| truth[e].len() as i64).collect();
+    assert_eq!(ints(&episodes, "length"), lengths, "{name}: episode lengths");
+
+    // Steps: one per source row of the ingested episodes, in order, with the same values.
+    let steps = table(&root, name, "steps");
+    let want: Vec<&SourceStep> = expected.iter().flat_map(|e| &truth[e]).collect();
+    assert_eq!(steps.iter().map(|b| b.num_rows()).sum::<usize>(), want.len(), "{name}: step count");
+    assert_eq!(ints(&steps, "index"), want.iter().map(|s| s.index).collect::<Vec<_>>(), "{name}: index column");
+    assert_eq!(ints(&steps, "frame_index"), want.iter().map(|s| s.frame).collect::<Vec<_>>(), "{name}: frame_index column");
+    let ts: Vec<f32> = floats(&steps, "timestamp").into_iter().map(|t| t as f32).collect();
+    assert_eq!(ts, want.iter().map(|s| s.timestamp).collect::<Vec<_>>(), "{name}: timestamps");
+    let step_episodes = ints(&steps, "episode_index");
+    assert!(strings(&steps, "task").iter().all(Option::is_some), "{name}: every step has its task");
+
+    check_frames(&root, name, src, &info, &steps, &step_episodes, &want);
+    tmp
+}
+
+/// Every camera frame of every step: its packet row is in its stream, shows the frame whose
+/// time is `from_timestamp + timestamp` (LeRobot's rule, computed here from the source), and
+/// decoding rows `row - keyframe_offset ..= row` gives exactly the sequentially decoded frame.
+fn check_frames(
+    root: &Path,
+    name: &str,
+    src: &Path,
+    info: &InfoJson,
+    steps: &[arrow::array::RecordBatch],
+    step_episodes: &[i64],
+    want: &[&SourceStep],
+) {
+    let cameras = packet_rows(steps);
+    if cameras.is_empty() {
+        return;
+    }
+    let streams = table(root, name, "streams");
+    let packets = table(root, name, "packets");
+    let (p_stream, p_pts, p_dts, p_off, p_data) = (
+        ints(&packets, "stream"),
+        ints(&packets, "pts"),
+        ints(&packets, "dts"),
+        ints(&packets, "keyframe_offset"),
+        binaries(&packets, "data"),
+    );
+    let s_id = ints(&streams, "stream");
+    let (s_kind, s_codec, s_file) = (strings(&streams, "kind"), strings(&streams, "codec"), strings(&streams, "file"));
+    let (s_first, s_packets, s_w, s_h) =
+        (ints(&streams, "first_row"), ints(&streams, "packets"), ints(&streams, "width"), ints(&streams, "height"));
+    let (s_tbn, s_tbd) = (ints(&streams, "time_base_num"), ints(&streams, "time_base_den"));
+    let s_extra = binaries(&streams, "extradata");
+    let video_cams: Vec<String> = cameras.iter().map(|c| c.0.clone()).filter(|c| !want[0].images.contains_key(c)).collect();
+    let videos = source_videos(src, info, &video_cams);
+
+    let mut sequential: HashMap<i64, Vec<(i64, FrameHash)>> = HashMap::new();
+    let mut decoders: HashMap<i64, PacketDecoder> = HashMap::new();
+    let mut checked = 0usize;
+    for (camera, rows) in &cameras {
+        for (i, &row) in rows.iter().enumerate() {
+            let row = row as usize;
+            let sid = p_stream[row];
+            let k = s_id.iter().position(|s| *s == sid).expect("stream listed");
+            assert!((s_first[k]..s_first[k] + s_packets[k]).contains(&(row as i64)), "{name}: row {row} outside stream {sid}");
+            if s_kind[k].as_deref() == Some("image") {
+                assert_eq!(
+                    p_data[row].as_deref(),
+                    Some(want[i].images[camera].as_slice()),
+                    "{name}: image bytes of step {i} camera {camera}"
+                );
+                continue;
+            }
+            let (file, from) = &videos[&(step_episodes[i], camera.clone())];
+            assert_eq!(src.join(s_file[k].as_deref().expect("file")), *file, "{name}: stream file of step {i} camera {camera}");
+            let seq = sequential.entry(sid).or_insert_with(|| sequential_frames(file));
+            let tb = s_tbn[k] as f64 / s_tbd[k] as f64;
+            // LeRobot: query = from_timestamp + timestamp; the frame nearest to it, within 1e-4 s.
+            let query = from + f64::from(want[i].timestamp);
+            let (near_pts, _) =
+                seq.iter().min_by(|a, b| ((a.0 as f64 * tb) - query).abs().total_cmp(&((b.0 as f64 * tb) - query).abs())).expect("frames");
+            assert!((*near_pts as f64 * tb - query).abs() <= 1e-4, "{name}: no frame within tolerance for step {i} camera {camera}");
+            assert_eq!(p_pts[row], *near_pts, "{name}: step {i} camera {camera} points at pts {} but LeRobot picks {near_pts}", p_pts[row]);
+            let want_hash = seq.iter().find(|(p, _)| *p == *near_pts).expect("decoded").1;
+            let start = row - p_off[row] as usize;
+            assert!(p_stream[start..=row].iter().all(|s| *s == sid), "{name}: decode range crosses streams");
+            let pkts: Vec<(i64, i64, &[u8])> = (start..=row).map(|r| (p_pts[r], p_dts[r], p_data[r].as_deref().expect("data"))).collect();
+            let decoder = decoders.entry(sid).or_insert_with(|| {
+                PacketDecoder::new(s_codec[k].as_deref().expect("codec"), s_extra[k].as_deref(), s_w[k] as u32, s_h[k] as u32)
+            });
+            let got = decoder.decode(&pkts, p_pts[row]);
+            assert_eq!(
+                got,
+                Some(want_hash),
+                "{name}: step {i} camera {camera}: rows {start}..={row} do not rebuild the frame at pts {}",
+                p_pts[row]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0 || video_cams.is_empty(), "{name}: no video frame checked");
+}
+
+#[test]
+fn sample_av1_two_cameras() {
+    let _ = check_dataset(&testdata("v30-av1-small"), &[], &[0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn sample_h264_multifile_per_camera_offsets() {
+    let _ = check_dataset(&testdata("v30-h264-multifile"), &[], &[0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn sample_png_images_in_parquet() {
+    let _ = check_dataset(&testdata("v30-images-tiny"), &[], &[0, 1, 2]);
+}
+
+#[test]
+fn real_lingzu_mpeg4_gop12_missing_videos() {
+    let _ = check_dataset(&shared_dir().join("lerobot-real/lingzu-open50-v30"), &["--skip-bad-episodes"], &[0, 3, 4, 5]);
+}
+
+#[test]
+fn real_g1_v21_av1_missing_videos() {
+    let _ = check_dataset(&shared_dir().join("lerobot-real/g1-pick-bottle-v21"), &["--skip-bad-episodes"], &[1, 2, 4, 5]);
+}
+
+#[test]
+fn real_so101_without_any_video() {
+    let src = shared_dir().join("lerobot-real/so101-record-test-v30");
+    // Strict and skip modes refuse (every episode lacks its videos) and say what would help.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let run = crate::common::lake(tmp.path(), &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes"]);
+    assert_eq!(run.code, 1, "{run:#?}");
+    assert!(run.stderr.contains("--drop-missing-cameras"), "{}", run.stderr);
+    let _ = check_dataset(&src, &["--drop-missing-cameras"], &[0, 1, 2, 3]);
+}
+
+#[test]
+fn real_reachy2_channel_first_and_wrong_totals() {
+    let _ = check_dataset(&shared_dir().join("lerobot-real/reachy2-apple-storage-v30"), &["--drop-missing-cameras"], &[0, 1, 2]);
+}
+
+/// Streams whose decode order differs from presentation order (HEVC `I B I B`, as x265 writes
+/// with GOP 2, and H.264 with B-pyramids): every frame still resolves and rebuilds.
+#[test]
+fn b_frame_streams_rebuild_every_frame() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("bframes");
+    lake_testkit::copy_dir(&testdata("v30-av1-small"), &src);
+    let front = src.join("videos/observation.images.front/chunk-000/file-000.mp4");
+    let wrist = src.join("videos/observation.images.wrist/chunk-000/file-000.mp4");
+    let (front_in, wrist_in) = (tmp.path().join("front.mp4"), tmp.path().join("wrist.mp4"));
+    std::fs::rename(&front, &front_in).expect("move");
+    std::fs::rename(&wrist, &wrist_in).expect("move");
+    let s = |p: &Path| p.to_str().expect("utf-8").to_string();
+    lake_testkit::ffmpeg(&["-i", &s(&front_in), "-c:v", "libx264", "-bf", "3", "-g", "12", "-pix_fmt", "yuv420p", &s(&front)]);
+    lake_testkit::ffmpeg(&[
+        "-i",
+        &s(&wrist_in),
+        "-c:v",
+        "libx265",
+        "-x265-params",
+        "keyint=2:min-keyint=2:bframes=1:log-level=error",
+        "-pix_fmt",
+        "yuv420p",
+        &s(&wrist),
+    ]);
+    let info_path = src.join("meta/info.json");
+    let info = std::fs::read_to_string(&info_path).expect("info");
+    let info = info.replacen("\"video.codec\": \"av1\"", "\"video.codec\": \"h264\"", 1).replacen(
+        "\"video.codec\": \"av1\"",
+        "\"video.codec\": \"hevc\"",
+        1,
+    );
+    std::fs::write(&info_path, info).expect("write info");
+    let lake = check_dataset(&src, &[], &[0, 1, 2, 3, 4, 5]);
+    let streams = table(&lake.path().join("lake"), "bframes", "streams");
+    let reordered = streams[0].column_by_name("reordered").expect("reordered").as_boolean().clone();
+    assert!(reordered.value(0) && reordered.value(1), "both re-encoded streams have B-frames");
+}

@@ -1,0 +1,139 @@
+//! Versions, idempotence, many datasets in one lake, and interrupted ingests.
+
+use std::{
+    path::Path,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use lake_testkit::{committed_snapshot, copy_dir, repeat_dataset, snapshot, testdata};
+
+use crate::common::{ingest_ok, lake, lake_cmd};
+
+#[test]
+fn reingest_is_a_noop_and_a_changed_source_is_a_new_version() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let src = tmp.path().join("multi");
+    copy_dir(&testdata("v30-h264-multifile"), &src);
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let other = snapshot(&root, &[]);
+    ingest_ok(&root, &src, &[]);
+    // Adding a dataset never rewrote the other one.
+    for (path, hash) in &other {
+        if path.starts_with("datasets/v30-images-tiny") || path.starts_with("catalog/v30-images-tiny") {
+            assert_eq!(snapshot(&root, &[]).get(path), Some(hash), "{path} changed");
+        }
+    }
+
+    let before = snapshot(&root, &[]);
+    let again = ingest_ok(&root, &src, &[]);
+    assert!(again.stdout.contains("up to date"), "{again:#?}");
+    assert_eq!(snapshot(&root, &[]), before, "a no-op ingest wrote something");
+
+    // Touching files (same bytes, new times) is still the same source.
+    let t = std::fs::File::options().append(true).open(src.join("meta/stats.json")).expect("open");
+    t.set_modified(std::time::SystemTime::now() + Duration::from_secs(5)).expect("touch");
+    let touched = ingest_ok(&root, &src, &[]);
+    assert!(touched.stdout.contains("same content"), "{touched:#?}");
+    assert_eq!(snapshot(&root, &[]), before);
+
+    // Different options make a different version of the same source.
+    let strictness = ingest_ok(&root, &src, &["--tolerance-s", "0.0002"]);
+    assert!(strictness.stdout.contains("multi@2"), "{strictness:#?}");
+
+    // A changed source makes a new version; old versions stay readable.
+    let tasks = src.join("meta/tasks.parquet");
+    let batches = lake_testkit::read_parquet(&tasks);
+    lake_testkit::write_parquet(&tasks, &batches); // same rows, different bytes
+    let changed = ingest_ok(&root, &src, &[]);
+    assert!(changed.stdout.contains("multi@3"), "{changed:#?}");
+    let v1 = lake(&root, &["inspect", "multi@1"]);
+    assert_eq!(v1.code, 0, "{v1:#?}");
+    assert!(v1.stdout.contains("version 1 of 3"), "{}", v1.stdout);
+    let ls = lake(&root, &["ls"]);
+    assert!(ls.stdout.contains("multi@3") && ls.stdout.contains("v30-images-tiny@1"), "{}", ls.stdout);
+    let missing = lake(&root, &["inspect", "multi@9"]);
+    assert_eq!(missing.code, 2);
+    assert!(missing.stderr.contains("no dataset `multi@9`") && missing.stderr.contains("multi@3"), "{}", missing.stderr);
+}
+
+/// Starts an ingest of a dataset big enough to take a while and returns once it is writing
+/// packet data.
+fn start_long_ingest(root: &Path, src: &Path) -> std::process::Child {
+    let mut child = lake_cmd(root)
+        .args(["ingest", src.to_str().expect("utf-8"), "--name", "big"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if Instant::now() > deadline || child.try_wait().is_ok_and(|s| s.is_some()) {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("the ingest never started writing packets ({status:?})");
+        }
+        let writing = std::fs::read_dir(root.join("datasets/big"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|d| std::fs::read_dir(d.path().join("packets.lance/data")).is_ok_and(|mut e| e.next().is_some()));
+        if writing {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn big_source(tmp: &Path) -> std::path::PathBuf {
+    let src = tmp.join("big-src");
+    repeat_dataset(&testdata("v30-av1-small"), &src, 12);
+    src
+}
+
+#[test]
+fn killed_ingest_leaves_the_lake_unchanged_and_a_rerun_succeeds() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let src = big_source(tmp.path());
+    let committed = committed_snapshot(&root);
+    let listing = lake(&root, &["ls"]).stdout;
+
+    let mut child = start_long_ingest(&root, &src);
+    // SIGKILL: no handler runs, nothing is cleaned up by the process itself.
+    child.kill().expect("kill");
+    let status = child.wait().expect("wait");
+    assert!(!status.success());
+
+    assert_eq!(committed_snapshot(&root), committed, "committed state changed");
+    assert_eq!(lake(&root, &["ls"]).stdout, listing, "a half dataset is visible");
+    assert!(
+        root.join("staging").read_dir().expect("lease left").next().is_some(),
+        "the killed ingest's lease should remain until collected"
+    );
+
+    let rerun = ingest_ok(&root, &src, &["--name", "big"]);
+    assert!(rerun.stdout.contains("big@1"), "{rerun:#?}");
+    assert!(!root.join("staging").exists(), "leftovers of the killed ingest were not collected");
+    let dirs: Vec<_> = std::fs::read_dir(root.join("datasets/big")).expect("dataset dir").flatten().collect();
+    assert_eq!(dirs.len(), 1, "only the committed version's directory remains: {dirs:?}");
+    let ls = lake(&root, &["ls"]).stdout;
+    assert!(ls.contains("big@1") && ls.contains("7200"), "{ls}");
+}
+
+#[test]
+fn interrupted_ingest_removes_everything_it_wrote() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let src = big_source(tmp.path());
+    let before = snapshot(&root, &[]);
+    let child = start_long_ingest(&root, &src);
+    // SAFETY: sending SIGINT to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert_eq!(snapshot(&root, &[]), before, "Ctrl-C left files behind");
+}
