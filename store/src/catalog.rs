@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <root>/
+//!   lake.json                       marks the directory as a lake (layout version)
 //!   catalog/<name>/v00000001.json   commit records; a version exists once its record does
 //!   datasets/<name>/<id>/<table>.lance
 //!   staging/<id>.json               lease of an ingest in flight (removed on commit or abort)
@@ -25,6 +26,16 @@ use crate::{Error, Result};
 const CATALOG: &str = "catalog";
 const DATASETS: &str = "datasets";
 const STAGING: &str = "staging";
+const MARKER: &str = "lake.json";
+/// Layout version written to `lake.json`.
+const LAYOUT: u32 = 1;
+
+/// The contents of `lake.json`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Marker {
+    format: String,
+    layout: u32,
+}
 
 /// A lake: a root directory (object store prefix) holding many datasets and their versions.
 #[derive(Debug, Clone)]
@@ -62,10 +73,11 @@ impl Lake {
         Self::open_inner(root, false)
     }
 
-    /// Opens the lake at `root`, creating its directory when it does not exist yet.
+    /// Opens the lake at `root`, creating it when the directory does not exist yet or is empty.
     ///
     /// # Errors
-    /// As [`Lake::open`], or when the directory cannot be created.
+    /// As [`Lake::open`], when the directory cannot be created, or when it exists, holds files
+    /// and is not a lake (lake never writes into a directory it did not make).
     pub fn create(root: &str) -> Result<Self> {
         Self::open_inner(root, true)
     }
@@ -83,11 +95,34 @@ impl Lake {
         if abs.exists() && !abs.is_dir() {
             return Err(root_err("exists and is not a directory".into()));
         }
-        if !abs.exists() {
+        let marker = abs.join(MARKER);
+        if marker.is_file() {
+            let text = std::fs::read_to_string(&marker).map_err(|e| root_err(format!("cannot read {MARKER}: {e}")))?;
+            let found: Marker = serde_json::from_str(&text).map_err(|e| root_err(format!("{MARKER} is not readable: {e}")))?;
+            if found.format != "lake" || found.layout > LAYOUT {
+                return Err(root_err(format!(
+                    "{MARKER} says format `{}` layout {}; this build reads format `lake` up to layout {LAYOUT}",
+                    found.format, found.layout
+                )));
+            }
+        } else {
             if !create {
-                return Err(root_err("no lake here yet (`lake ingest` creates it)".into()));
+                let message = if abs.exists() {
+                    "this directory is not a lake (no lake.json)"
+                } else {
+                    "no lake here yet (`lake ingest` creates it)"
+                };
+                return Err(root_err(message.into()));
+            }
+            let occupied = abs.exists() && std::fs::read_dir(&abs).map_err(|e| root_err(e.to_string()))?.next().is_some();
+            if occupied {
+                return Err(root_err(
+                    "this directory holds other files and is not a lake (no lake.json); choose a new or empty directory".into(),
+                ));
             }
             std::fs::create_dir_all(&abs).map_err(|e| root_err(format!("cannot create: {e}")))?;
+            let body = serde_json::to_vec_pretty(&Marker { format: "lake".into(), layout: LAYOUT }).expect("marker serialises");
+            std::fs::write(&marker, body).map_err(|e| root_err(format!("cannot write {MARKER}: {e}")))?;
         }
         let store = LocalFileSystem::new_with_prefix(&abs).map_err(|e| root_err(e.to_string()))?.with_automatic_cleanup(true);
         Ok(Self { root: abs, display: root.to_string(), store: Arc::new(store) })
@@ -456,6 +491,30 @@ mod tests {
     }
 
     #[test]
+    fn root_must_be_a_lake_or_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("lake");
+        let root = root.to_str().unwrap();
+        assert!(Lake::open(root).unwrap_err().to_string().contains("no lake here yet"));
+        Lake::create(root).unwrap();
+        assert!(std::path::Path::new(root).join(MARKER).is_file());
+        Lake::open(root).unwrap();
+        Lake::create(root).unwrap();
+
+        let other = dir.path().join("project");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("Cargo.toml"), "[package]\n").unwrap();
+        let other = other.to_str().unwrap();
+        assert!(Lake::create(other).unwrap_err().to_string().contains("holds other files and is not a lake"));
+        assert!(Lake::open(other).unwrap_err().to_string().contains("not a lake"));
+        assert!(!std::path::Path::new(other).join(CATALOG).exists());
+
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        Lake::create(empty.to_str().unwrap()).unwrap();
+    }
+
+    #[test]
     fn process_liveness() {
         assert!(process_alive(std::process::id()));
         assert!(!process_alive(u32::MAX / 2));
@@ -498,6 +557,10 @@ mod lifecycle_tests {
         std::fs::write(p, b"data").unwrap();
     }
 
+    fn entries(lake: &Lake) -> Vec<String> {
+        std::fs::read_dir(&lake.root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    }
+
     #[tokio::test]
     async fn commit_abort_and_versions() {
         let tmp = tempfile::tempdir().unwrap();
@@ -507,7 +570,7 @@ mod lifecycle_tests {
         let aborted = lake.begin("ds").await.unwrap();
         write_file(&lake, &format!("{}/steps.lance/x", aborted.dir()));
         aborted.abort().await.unwrap();
-        assert_eq!(std::fs::read_dir(&lake.root).unwrap().count(), 0, "abort leaves nothing");
+        assert_eq!(entries(&lake), vec![MARKER.to_string()], "abort leaves nothing");
 
         for v in 1..=2 {
             let p = lake.begin("ds").await.unwrap();
@@ -540,7 +603,7 @@ mod lifecycle_tests {
         std::mem::forget(p); // a killed process runs no destructor
         let report = lake.collect_garbage().await.unwrap();
         assert_eq!(report.removed_dirs, vec![dir]);
-        assert_eq!(std::fs::read_dir(&lake.root).unwrap().count(), 0, "{:?}", std::fs::read_dir(&lake.root).unwrap().collect::<Vec<_>>());
+        assert_eq!(entries(&lake), vec![MARKER.to_string()]);
 
         // A live writer's files are left alone.
         let live = lake.begin("ds").await.unwrap();
