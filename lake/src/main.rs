@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod commands;
 mod render;
+mod sample;
 
 // jemalloc, with freed pages handed back within 200 ms by a background thread and two arenas:
 // ingest churns through many short-lived multi-megabyte buffers (packet batches, read-ahead
@@ -42,6 +43,10 @@ enum Command {
     Ls(commands::LsArgs),
     /// Show a dataset: features, cameras (codec, size, GOP), episodes, tasks, findings.
     Inspect(commands::InspectArgs),
+    /// Write the LeRobot samples of given step indices to an Arrow IPC file.
+    Sample(sample::SampleArgs),
+    /// Measure loader throughput: samples/s, CPU per sample, first-batch latency, peak RSS.
+    Bench(sample::BenchArgs),
 }
 
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
@@ -73,6 +78,8 @@ fn main() -> ExitCode {
             Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
             Command::Ls(args) => commands::ls(&cli.lake, args).await,
             Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
+            Command::Sample(args) => sample::sample(&cli.lake, args).await,
+            Command::Bench(args) => sample::bench(&cli.lake, args).await,
         }
     });
     match result {

@@ -143,6 +143,19 @@ pub async fn open_table(lake: &Lake, record: &CommitRecord, table: &str) -> Resu
     Dataset::open(&uri).await.map_err(Error::lance(record.tables.path(table)))
 }
 
+/// Reads some columns of a table into memory.
+///
+/// # Errors
+/// When the table cannot be opened or scanned, or a column does not exist.
+pub async fn read_columns(lake: &Lake, record: &CommitRecord, table: &str, columns: &[&str]) -> Result<Vec<RecordBatch>> {
+    let ds = open_table(lake, record, table).await?;
+    let path = record.tables.path(table);
+    let mut scan = ds.scan();
+    scan.project(columns).map_err(Error::lance(path.clone()))?;
+    let stream = scan.try_into_stream().await.map_err(Error::lance(path.clone()))?;
+    stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
+}
+
 /// Reads a whole (small) table into memory.
 ///
 /// # Errors

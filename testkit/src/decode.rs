@@ -65,6 +65,39 @@ pub fn sequential_frames(path: &Path) -> Vec<(i64, FrameHash)> {
     out
 }
 
+/// Decodes every frame of the first video stream of `path` in order and converts each to RGB
+/// the way the loader does: `(pts, RGB24 bytes)` per frame, in output order.
+///
+/// # Panics
+/// When the file cannot be opened or decoded.
+pub fn sequential_rgb(path: &Path) -> Vec<(i64, Vec<u8>)> {
+    lake_loader::init_ffmpeg();
+    let mut input = ffmpeg::format::input(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let stream = input.streams().best(ffmpeg::media::Type::Video).expect("video stream");
+    let index = stream.index();
+    let ctx = ffmpeg::codec::Context::from_parameters(stream.parameters()).expect("decoder context");
+    let mut decoder = ctx.decoder().video().expect("video decoder");
+    let mut converter: Option<lake_loader::RgbConverter> = None;
+    let mut out = Vec::new();
+    let mut drain = |decoder: &mut ffmpeg::decoder::Video, out: &mut Vec<(i64, Vec<u8>)>| {
+        let mut frame = ffmpeg::frame::Video::empty();
+        while decoder.receive_frame(&mut frame).is_ok() {
+            let pts = frame.pts().or(frame.timestamp()).expect("decoded frames carry a pts");
+            let conv = converter.get_or_insert_with(|| lake_loader::RgbConverter::for_frame(&frame).expect("converter"));
+            out.push((pts, conv.convert(&frame).expect("convert").data));
+        }
+    };
+    for (s, packet) in input.packets() {
+        if s.index() == index {
+            decoder.send_packet(&packet).unwrap_or_else(|e| panic!("decode {}: {e}", path.display()));
+            drain(&mut decoder, &mut out);
+        }
+    }
+    decoder.send_eof().expect("eof");
+    drain(&mut decoder, &mut out);
+    out
+}
+
 /// Rebuilds single frames from packet rows, the way a loader does: a decoder made from the
 /// stored codec facts, fed the packets from the keyframe to the frame, then drained.
 pub struct PacketDecoder {

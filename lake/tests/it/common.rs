@@ -122,3 +122,12 @@ pub fn packet_rows(steps: &[RecordBatch]) -> Vec<(String, Vec<u64>)> {
         })
         .collect()
 }
+
+/// Every row of an Arrow IPC file, as one batch.
+pub fn read_arrow(path: &Path) -> RecordBatch {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let reader = arrow::ipc::reader::FileReader::try_new(file, None).expect("arrow file");
+    let schema = reader.schema();
+    let batches: Vec<RecordBatch> = reader.map(|b| b.expect("batch")).collect();
+    arrow::compute::concat_batches(&schema, &batches).expect("concat")
+}

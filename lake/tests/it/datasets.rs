@@ -310,4 +310,24 @@ fn b_frame_streams_rebuild_every_frame() {
     let streams = table(&lake.path().join("lake"), "bframes", "streams");
     let reordered = streams[0].column_by_name("reordered").expect("reordered").as_boolean().clone();
     assert!(reordered.value(0) && reordered.value(1), "both re-encoded streams have B-frames");
+
+    // The loader returns every step's frame exactly as a sequential decode of the file shows it
+    // (LeRobot's own reader fails on about half of these).
+    let root = lake.path().join("lake");
+    let out = lake.path().join("all.arrow");
+    let indices: Vec<String> = (0..600).map(|i| i.to_string()).collect();
+    let run = crate::common::lake(&root, &["sample", "--dataset", "bframes", "--indices", &indices.join(","), "--out", &s(&out)]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let got = crate::common::read_arrow(&out);
+    for (camera, path) in [("observation.images.front", &front), ("observation.images.wrist", &wrist)] {
+        let mut frames = lake_testkit::sequential_rgb(path);
+        frames.sort_by_key(|f| f.0);
+        assert_eq!(frames.len(), 600);
+        let col = got.column_by_name(camera).expect("camera column").as_fixed_size_list().clone();
+        for (i, (_, rgb)) in frames.iter().enumerate() {
+            let value = col.value(i);
+            let have = value.as_primitive::<arrow::datatypes::UInt8Type>().values();
+            assert!(have == rgb.as_slice(), "{camera}: index {i} differs from the sequential decode");
+        }
+    }
 }

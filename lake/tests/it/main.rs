@@ -4,3 +4,4 @@ mod common;
 mod corrupt;
 mod datasets;
 mod lifecycle;
+mod loader;

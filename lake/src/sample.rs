@@ -1,0 +1,265 @@
+//! `lake sample` and `lake bench`: the loader from the command line.
+
+use std::{
+    io::Write,
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use arrow::ipc::writer::FileWriter;
+use futures::StreamExt;
+use lake_loader::{Cursor, Draw, Eligible, Loader, LoaderDataset, LoaderOptions, Order, Sharding, Source, StreamRequest, Windows};
+use lake_store::Lake;
+
+/// How samples are windowed, shared by `sample` and `bench`.
+#[derive(Debug, clap::Args)]
+pub struct WindowArgs {
+    /// Window preset: act (50 future actions), diffusion (2 observation steps, 16 actions) or
+    /// none.
+    #[arg(long, default_value = "none", conflicts_with = "delta_timestamps")]
+    preset: String,
+    /// LeRobot `delta_timestamps` as JSON, e.g. '{"action": [0.0, 0.0333]}'.
+    #[arg(long)]
+    delta_timestamps: Option<String>,
+}
+
+impl WindowArgs {
+    fn windows(&self) -> anyhow::Result<Windows> {
+        Ok(match &self.delta_timestamps {
+            Some(json) => Windows::parse_delta_timestamps(json)?,
+            None => Windows::Preset(self.preset.parse()?),
+        })
+    }
+}
+
+/// Loader settings, shared by `sample` and `bench`.
+#[derive(Debug, clap::Args)]
+pub struct LoaderArgs {
+    /// Decode threads [default: number of cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Decoded-frame cache: on or off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    cache: String,
+    /// Decoded-frame cache budget in MiB.
+    #[arg(long, default_value_t = 512)]
+    cache_mb: u64,
+}
+
+impl LoaderArgs {
+    fn options(&self) -> LoaderOptions {
+        LoaderOptions { threads: self.threads.unwrap_or(0), cache_bytes: if self.cache == "on" { self.cache_mb << 20 } else { 0 } }
+    }
+}
+
+/// Arguments of `lake sample`.
+#[derive(Debug, clap::Args)]
+pub struct SampleArgs {
+    /// Dataset name, optionally `NAME@VERSION`.
+    #[arg(long)]
+    dataset: String,
+    /// LeRobot `index` values (absolute step indices), comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    indices: Vec<i64>,
+    #[command(flatten)]
+    windows: WindowArgs,
+    #[command(flatten)]
+    loader: LoaderArgs,
+    /// Arrow IPC file to write (one row per index, LeRobot's keys as column names).
+    #[arg(long)]
+    out: std::path::PathBuf,
+}
+
+/// Arguments of `lake bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Dataset name (`NAME`, `NAME@VERSION`); repeat with `=WEIGHT` suffixes for a mixture.
+    #[arg(long, required = true)]
+    dataset: Vec<String>,
+    #[command(flatten)]
+    windows: WindowArgs,
+    #[command(flatten)]
+    loader: LoaderArgs,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 32)]
+    batch_size: u64,
+    /// Batches to time (after the first, which is reported on its own as the latency).
+    #[arg(long, default_value_t = 50)]
+    batches: u64,
+    /// Batches prepared ahead of the consumer.
+    #[arg(long, default_value_t = 2)]
+    prefetch: usize,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `lake sample`: the samples of given indices, as an Arrow IPC file.
+pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
+    let lake = Lake::open(root)?;
+    let ds = LoaderDataset::open(&lake, &args.dataset).await?;
+    let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
+    let draws = args.indices.iter().map(|&i| Ok(Draw { source: 0, row: ds.row_of_index(i)? })).collect::<anyhow::Result<Vec<_>>>()?;
+    let batch = loader.batch(&draws).await?;
+    let tmp = args.out.with_extension("arrow.partial");
+    let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut writer = FileWriter::try_new(std::io::BufWriter::new(file), &batch.schema())?;
+    writer.write(&batch)?;
+    writer.finish()?;
+    writer.into_inner()?.flush()?;
+    std::fs::rename(&tmp, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!(
+        "wrote {} samples of {} ({} columns, {:.1} MB) to {}",
+        batch.num_rows(),
+        ds.label,
+        batch.num_columns(),
+        batch.get_array_memory_size() as f64 / 1e6,
+        args.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// CPU seconds and peak RSS of this process.
+fn usage() -> (f64, f64) {
+    // SAFETY: getrusage fills the struct we pass.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let cpu = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (cpu(usage.ru_utime) + cpu(usage.ru_stime), usage.ru_maxrss as f64 / 1024.0)
+}
+
+/// `lake bench`: loader throughput on a dataset.
+pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let lake = Lake::open(root)?;
+    let mut datasets = Vec::new();
+    let mut sources = Vec::new();
+    for spec in &args.dataset {
+        let (name, weight) = match spec.rsplit_once('=') {
+            Some((n, w)) => (n, w.parse::<f64>().with_context(|| format!("--dataset {spec}: the weight is not a number"))?),
+            None => (spec.as_str(), 1.0),
+        };
+        let ds = LoaderDataset::open(&lake, name).await?;
+        sources.push(Source { eligible: Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), 0, 0), weight });
+        datasets.push(ds);
+    }
+    let labels: Vec<String> = datasets.iter().map(|d| d.label.clone()).collect();
+    let loader = Arc::new(Loader::new(datasets, &args.windows.windows()?, args.loader.options())?);
+    let order = Arc::new(Order::new(args.seed, sources)?);
+    let sharding = Sharding::new(args.batch_size, 0, 1, true)?;
+    if sharding.steps_per_epoch(order.epoch_len()) == 0 {
+        anyhow::bail!("the batch size {} is larger than the {} eligible steps", args.batch_size, order.epoch_len());
+    }
+    let request =
+        StreamRequest { order, sharding, start: Cursor { epoch: 0, step: 0 }, limit: Some(args.batches + 1), prefetch: args.prefetch };
+    let (cpu0, _) = usage();
+    let began = Instant::now();
+    let mut stream = lake_loader::stream(loader.clone(), request);
+    let first = stream.next().await.context("the loader produced no batch")??;
+    let first_latency = began.elapsed();
+    let (cpu1, _) = usage();
+    let timed = Instant::now();
+    let (mut samples, mut bytes) = (0u64, 0u64);
+    while let Some(batch) = stream.next().await {
+        let batch = batch?.batch;
+        samples += batch.num_rows() as u64;
+        bytes += batch.get_array_memory_size() as u64;
+    }
+    let wall = timed.elapsed();
+    let (cpu2, peak_rss_mb) = usage();
+    let cache = loader.cache_stats();
+    let decode = loader.decode_stats();
+    let report = BenchReport {
+        datasets: labels,
+        preset: args.windows.delta_timestamps.clone().unwrap_or(args.windows.preset.clone()),
+        batch_size: args.batch_size,
+        batches: args.batches,
+        threads: loader_threads(&args.loader),
+        cache: args.loader.cache == "on",
+        samples,
+        seconds: wall.as_secs_f64(),
+        samples_per_s: samples as f64 / wall.as_secs_f64().max(1e-9),
+        cpu_ms_per_sample: (cpu2 - cpu1) * 1e3 / samples.max(1) as f64,
+        samples_per_cpu_s: samples as f64 / (cpu2 - cpu1).max(1e-9),
+        mb_per_s: bytes as f64 / 1e6 / wall.as_secs_f64().max(1e-9),
+        first_batch_ms: first_latency.as_secs_f64() * 1e3,
+        first_batch_cpu_ms: (cpu1 - cpu0) * 1e3,
+        first_batch_rows: first.batch.num_rows() as u64,
+        peak_rss_mb,
+        cache_hit_rate: cache.hit_rate(),
+        cache_mb: cache.bytes as f64 / 1e6,
+        frames_decoded: decode.frames,
+        packets_decoded: decode.packets,
+        decode_ms_per_sample: decode.decode_ns as f64 / 1e6 / (samples + first.batch.num_rows() as u64).max(1) as f64,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        report.print();
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn loader_threads(args: &LoaderArgs) -> usize {
+    args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from))
+}
+
+#[derive(Debug, serde::Serialize)]
+struct BenchReport {
+    datasets: Vec<String>,
+    preset: String,
+    batch_size: u64,
+    batches: u64,
+    threads: usize,
+    cache: bool,
+    samples: u64,
+    seconds: f64,
+    samples_per_s: f64,
+    cpu_ms_per_sample: f64,
+    samples_per_cpu_s: f64,
+    mb_per_s: f64,
+    first_batch_ms: f64,
+    first_batch_cpu_ms: f64,
+    first_batch_rows: u64,
+    peak_rss_mb: f64,
+    cache_hit_rate: f64,
+    cache_mb: f64,
+    frames_decoded: u64,
+    packets_decoded: u64,
+    decode_ms_per_sample: f64,
+}
+
+impl BenchReport {
+    fn print(&self) {
+        let d = Duration::from_secs_f64(self.seconds);
+        println!(
+            "lake bench: {} · preset {} · batch {} · {} threads · cache {}",
+            self.datasets.join(" + "),
+            self.preset,
+            self.batch_size,
+            self.threads,
+            if self.cache { "on" } else { "off" }
+        );
+        println!("  samples            {} in {:.2?} ({} batches after the first)", self.samples, d, self.batches);
+        println!("  samples/s          {:.1}", self.samples_per_s);
+        println!("  CPU ms/sample      {:.3}   ({:.1} samples per CPU-second)", self.cpu_ms_per_sample, self.samples_per_cpu_s);
+        println!(
+            "  decode ms/sample   {:.3}   ({} frames from {} packets)",
+            self.decode_ms_per_sample, self.frames_decoded, self.packets_decoded
+        );
+        println!("  output MB/s        {:.1}", self.mb_per_s);
+        println!(
+            "  first batch        {:.1} ms ({:.1} CPU ms, {} samples)",
+            self.first_batch_ms, self.first_batch_cpu_ms, self.first_batch_rows
+        );
+        println!("  cache hit rate     {:.1} % ({:.1} MB held)", self.cache_hit_rate * 100.0, self.cache_mb);
+        println!("  peak RSS           {:.0} MB", self.peak_rss_mb);
+    }
+}

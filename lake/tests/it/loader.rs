@@ -1,0 +1,222 @@
+//! The loader against LeRobot itself: `lake sample` must return, for the same step index and
+//! `delta_timestamps`, exactly what LeRobot's `LeRobotDataset.__getitem__` returned when the
+//! reference dumps in `../shared/fixtures/reference/` were made: every value bit for bit, every
+//! frame's SHA-256. Plus the loader's own guarantees: cache on and off give identical batches,
+//! the cache stays within its byte budget, streams follow the sampler.
+
+use std::{path::Path, sync::Arc};
+
+use arrow::{
+    array::{Array, ArrayRef, AsArray, RecordBatch},
+    datatypes::{DataType, Float32Type, Float64Type, Int64Type},
+};
+use futures::StreamExt;
+use lake_loader::{Cursor, Eligible, Loader, LoaderDataset, LoaderOptions, Order, Preset, Sharding, Source, StreamRequest, Windows};
+use lake_testkit::{shared_dir, testdata};
+use sha2::{Digest, Sha256};
+
+use crate::common::{ingest_ok, lake, read_arrow};
+
+fn reference(name: &str, preset: &str) -> RecordBatch {
+    read_arrow(&shared_dir().join(format!("fixtures/reference/{name}.{preset}.arrow")))
+}
+
+/// Flattened values of a list or fixed-size-list row (or the scalar) as comparable bit patterns.
+fn bits(array: &ArrayRef, row: usize) -> Vec<u64> {
+    let values = match array.data_type() {
+        DataType::List(_) => array.as_list::<i32>().value(row),
+        DataType::FixedSizeList(..) => array.as_fixed_size_list().value(row),
+        _ => array.slice(row, 1),
+    };
+    match values.data_type() {
+        DataType::Float32 => values.as_primitive::<Float32Type>().values().iter().map(|v| u64::from(v.to_bits())).collect(),
+        DataType::Float64 => values.as_primitive::<Float64Type>().values().iter().map(|v| v.to_bits()).collect(),
+        DataType::Int64 => values.as_primitive::<Int64Type>().values().iter().map(|v| *v as u64).collect(),
+        DataType::Boolean => values.as_boolean().iter().map(|v| u64::from(v.expect("no nulls"))).collect(),
+        other => panic!("unexpected value type {other}"),
+    }
+}
+
+fn shape(json: &str) -> Vec<usize> {
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("shape {json}: {e}"))
+}
+
+fn frame_hashes(array: &ArrayRef, row: usize, frame_bytes: usize) -> Vec<String> {
+    let list = array.as_fixed_size_list().value(row);
+    let bytes = list.as_primitive::<arrow::datatypes::UInt8Type>().values();
+    bytes.chunks(frame_bytes).map(|f| format!("{:x}", Sha256::digest(f))).collect()
+}
+
+/// Runs `lake sample` for every row of the reference and compares everything.
+fn check_preset(root: &Path, name: &str, preset: &str) {
+    let expected = reference(name, preset);
+    let indices: Vec<String> =
+        expected.column_by_name("index").expect("index").as_primitive::<Int64Type>().values().iter().map(i64::to_string).collect();
+    let out = root.parent().expect("parent").join(format!("{name}.{preset}.arrow"));
+    let run = lake(
+        root,
+        &["sample", "--dataset", name, "--indices", &indices.join(","), "--preset", preset, "--out", out.to_str().expect("utf-8")],
+    );
+    assert_eq!(run.code, 0, "{run:#?}");
+    let got = read_arrow(&out);
+    assert_eq!(got.num_rows(), expected.num_rows());
+    let cameras: Vec<String> = serde_json::from_str(&expected.schema().metadata()["camera_keys"]).expect("camera keys");
+    let mut compared = 0;
+    for field in expected.schema().fields() {
+        let key = field.name();
+        if matches!(key.as_str(), "getitem_idx" | "lerobot_error") || key.ends_with(".hwc") {
+            continue;
+        }
+        let want = expected.column_by_name(key).expect("column");
+        if let Some(camera) = key.strip_suffix(".sha256") {
+            assert!(cameras.iter().any(|c| c == camera));
+            let col = got.column_by_name(camera).unwrap_or_else(|| panic!("{name}/{preset}: no column {camera}"));
+            let frame_shape: Vec<usize> = serde_json::from_str(&field.metadata()["frame_shape"]).expect("frame shape");
+            let ours = got.schema().field_with_name(camera).expect("field").metadata().clone();
+            assert_eq!(shape(&ours["shape"]), shape(&field.metadata()["shape"]), "{name}/{preset}/{camera}: shape");
+            assert_eq!(ours["layout"], field.metadata()["layout"], "{name}/{preset}/{camera}: layout");
+            for (row, index) in indices.iter().enumerate() {
+                let want: Vec<String> = match want.data_type() {
+                    DataType::Utf8 => vec![want.as_string::<i32>().value(row).to_string()],
+                    _ => want.as_list::<i32>().value(row).as_string::<i32>().iter().map(|s| s.expect("hash").to_string()).collect(),
+                };
+                let have = frame_hashes(col, row, frame_shape.iter().product());
+                assert_eq!(have, want, "{name}/{preset}: camera {camera}, index {index}");
+            }
+        } else {
+            let col = got.column_by_name(key).unwrap_or_else(|| panic!("{name}/{preset}: no column {key}"));
+            if let Some(shape) = field.metadata().get("shape") {
+                let ours = got.schema().field_with_name(key).expect("field").metadata().get("shape").cloned();
+                assert_eq!(ours.as_deref().map(self::shape), Some(self::shape(shape)), "{name}/{preset}/{key}: shape");
+            }
+            for (row, index) in indices.iter().enumerate() {
+                if want.data_type() == &DataType::Utf8 {
+                    assert_eq!(col.as_string::<i32>().value(row), want.as_string::<i32>().value(row), "{name}/{preset}/{key} row {row}");
+                } else {
+                    assert_eq!(bits(col, row), bits(want, row), "{name}/{preset}/{key}, index {index}");
+                }
+            }
+        }
+        compared += 1;
+    }
+    let extra: Vec<&String> = got
+        .schema_ref()
+        .fields()
+        .iter()
+        .map(|f| f.name())
+        .filter(|n| expected.column_by_name(n).is_none() && expected.column_by_name(&format!("{n}.sha256")).is_none())
+        .collect();
+    assert!(extra.is_empty(), "{name}/{preset}: columns LeRobot does not return: {extra:?}");
+    assert!(compared >= 8, "{name}/{preset}: only {compared} columns compared");
+}
+
+fn check_dataset(source: &Path, flags: &[&str]) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, source, flags);
+    let name = source.file_name().expect("name").to_str().expect("utf-8");
+    for preset in ["act", "diffusion", "none"] {
+        check_preset(&root, name, preset);
+    }
+}
+
+#[test]
+fn parity_av1_two_cameras() {
+    check_dataset(&shared_dir().join("fixtures/v30-av1-small"), &[]);
+}
+
+#[test]
+fn parity_h264_multifile_per_camera_offsets() {
+    check_dataset(&shared_dir().join("fixtures/v30-h264-multifile"), &[]);
+}
+
+#[test]
+fn parity_png_images_in_parquet() {
+    check_dataset(&shared_dir().join("fixtures/v30-images-tiny"), &[]);
+}
+
+#[test]
+fn parity_real_lingzu_mpeg4_gop12() {
+    check_dataset(&shared_dir().join("lerobot-real/lingzu-open50-v30"), &["--skip-bad-episodes"]);
+}
+
+#[test]
+fn bad_sample_requests_are_refused_clearly() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let out = tmp.path().join("x.arrow");
+    let out = out.to_str().expect("utf-8");
+    for (args, message) in [
+        (vec!["--indices", "60"], "index 60 is not in any ingested episode"),
+        (vec!["--indices", "1", "--delta-timestamps", r#"{"action": [0.01]}"#], "not a multiple of 1/30"),
+        (vec!["--indices", "1", "--delta-timestamps", r#"{"nope": [0.0]}"#], "`nope` is not a feature"),
+        (vec!["--indices", "1", "--preset", "pi0"], "unknown preset `pi0`"),
+    ] {
+        let mut full = vec!["sample", "--dataset", "v30-images-tiny", "--out", out];
+        full.extend(args);
+        let run = lake(&root, &full);
+        assert_eq!(run.code, 2, "{run:#?}");
+        assert!(run.stderr.contains(message), "expected `{message}` in {}", run.stderr);
+        assert!(!Path::new(out).exists(), "no output file on error");
+    }
+    let run = lake(&root, &["sample", "--dataset", "nope", "--indices", "1", "--out", out]);
+    assert!(run.stderr.contains("no dataset `nope`"), "{run:#?}");
+}
+
+/// Batches through the stream API: the same with the frame cache on and off, the cache within
+/// its budget, and the rows those the sampler drew.
+#[test]
+fn cached_and_uncached_streams_are_identical() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let ds = LoaderDataset::open(&lake, "v30-av1-small").await.expect("open");
+        let eligible = Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), 0, 0);
+        let order = Arc::new(Order::new(5, vec![Source { eligible, weight: 1.0 }]).expect("order"));
+        let sharding = Sharding::new(16, 0, 1, true).expect("sharding");
+        let budget = 8 << 20;
+        let run = |cache_bytes: u64| {
+            let loader = Arc::new(
+                Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Diffusion), LoaderOptions { threads: 2, cache_bytes })
+                    .expect("loader"),
+            );
+            let request =
+                StreamRequest { order: order.clone(), sharding, start: Cursor { epoch: 0, step: 30 }, limit: Some(12), prefetch: 2 };
+            let loader2 = loader.clone();
+            async move {
+                let mut stream = lake_loader::stream(loader2, request);
+                let mut out = Vec::new();
+                while let Some(b) = stream.next().await {
+                    let b = b.expect("batch");
+                    assert!(loader.cache_stats().bytes <= budget, "cache over budget: {:?}", loader.cache_stats());
+                    out.push(b);
+                }
+                (out, loader.cache_stats())
+            }
+        };
+        let (cached, stats) = run(budget).await;
+        let (uncached, off) = run(0).await;
+        assert_eq!(cached.len(), 12);
+        assert!(stats.hits > 0, "a diffusion window reuses frames across batches: {stats:?}");
+        assert_eq!(off.hits, 0);
+        for (a, b) in cached.iter().zip(&uncached) {
+            assert_eq!(a.cursor, b.cursor);
+            assert_eq!(a.batch, b.batch, "cache on and off give the same batch at {:?}", a.cursor);
+        }
+        // The stream crosses into epoch 1 after step 36 (600 steps / 16 per step, last dropped).
+        assert_eq!(cached.last().expect("batches").cursor, Cursor { epoch: 1, step: 4 });
+        let index = ds.steps.column_by_name("index").expect("index").as_primitive::<Int64Type>().clone();
+        for b in &cached {
+            let got = b.batch.column_by_name("index").expect("index").as_primitive::<Int64Type>().clone();
+            let want: Vec<i64> = sharding
+                .positions(order.epoch_len(), b.cursor.step)
+                .map(|p| index.value(order.draw(b.cursor.epoch, p).row as usize))
+                .collect();
+            assert_eq!(got.values().to_vec(), want);
+        }
+    });
+}

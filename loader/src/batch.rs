@@ -1,0 +1,481 @@
+//! Sample assembly: LeRobot's `__getitem__` for a batch of steps at once.
+//!
+//! For every windowed key the query rows are the step's row plus each offset, clamped to the
+//! episode, with `{key}_is_pad` marking the clamped slots (padded slots repeat the boundary
+//! step's values and frame, as LeRobot does). Step columns are gathered with Arrow `take`.
+//! Frames are planned per batch: the distinct `packets` rows the batch shows are looked up in
+//! the frame cache, the rest grouped by `(stream, keyframe)`; each group's packets are read in
+//! one Lance `take`, decoded once on the decode pool by a decoder reused for the stream, and
+//! fanned out to every sample and window slot that shows them.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Instant,
+};
+
+use arrow::{
+    array::{ArrayRef, AsArray, BooleanArray, FixedSizeListArray, RecordBatch, UInt8Array, UInt64Array},
+    buffer::Buffer,
+    compute::{cast, interleave_record_batch, take},
+    datatypes::{DataType, Field, Schema, SchemaRef},
+};
+use lake_schemas::tables::TASK;
+use rayon::prelude::*;
+
+use crate::{
+    Error, Result,
+    cache::{CacheStats, Frame, FrameCache},
+    dataset::LoaderDataset,
+    decode::StreamDecoder,
+    sampler::Draw,
+    spec::{DatasetKeys, Window, Windows, resolve_windows},
+};
+
+/// Field metadata key: the sample value's shape as JSON (`[50, 6]`, `[2, 96, 128, 3]`).
+pub const SHAPE: &str = "shape";
+/// Field metadata key: the element dtype (`float32`, `uint8`, `bool`, …).
+pub const DTYPE: &str = "dtype";
+/// Field metadata key on camera columns: `HWC`, or `THWC` with a time window.
+pub const LAYOUT: &str = "layout";
+
+/// Index columns LeRobot returns as int64 scalars.
+const INT64_COLUMNS: [&str; 4] = ["index", "episode_index", "frame_index", "task_index"];
+
+/// Settings of a [`Loader`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoaderOptions {
+    /// Decode threads (0: one per core).
+    pub threads: usize,
+    /// Byte budget of the decoded-frame cache (0 disables it).
+    pub cache_bytes: u64,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        Self { threads: 0, cache_bytes: 512 << 20 }
+    }
+}
+
+/// Counters of the decode work done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeStats {
+    /// GOP groups decoded.
+    pub groups: u64,
+    /// Packets fed to decoders.
+    pub packets: u64,
+    /// Frames converted to RGB and handed out.
+    pub frames: u64,
+    /// Time spent in decode workers, in nanoseconds.
+    pub decode_ns: u64,
+    /// Packet bytes read from the lake.
+    pub packet_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    groups: AtomicU64,
+    packets: AtomicU64,
+    frames: AtomicU64,
+    decode_ns: AtomicU64,
+    packet_bytes: AtomicU64,
+}
+
+type DecoderPool = Mutex<HashMap<(usize, u32), Vec<StreamDecoder>>>;
+
+/// A decoded GOP's frames by packet row, or the row that failed and why.
+type GroupResult = std::result::Result<Vec<(u64, Frame)>, (u64, String)>;
+
+/// Turns draws (dataset, step row) into Arrow batches of LeRobot samples.
+#[derive(Debug)]
+pub struct Loader {
+    datasets: Vec<Arc<LoaderDataset>>,
+    windows: Vec<Vec<Window>>,
+    schema: SchemaRef,
+    pool: Arc<rayon::ThreadPool>,
+    cache: Arc<FrameCache>,
+    decoders: Arc<DecoderPool>,
+    counters: Arc<Counters>,
+}
+
+impl Loader {
+    /// A loader over `datasets` (several make a mixture: their samples must have the same
+    /// columns and shapes) with `windows` resolved against each.
+    ///
+    /// # Errors
+    /// When the windows do not fit a dataset, or the datasets' samples differ in shape.
+    pub fn new(datasets: Vec<Arc<LoaderDataset>>, windows: &Windows, options: LoaderOptions) -> Result<Self> {
+        if datasets.is_empty() {
+            return Err(Error::request("no dataset to load from"));
+        }
+        let mut resolved = Vec::with_capacity(datasets.len());
+        let mut schema: Option<SchemaRef> = None;
+        for ds in &datasets {
+            let features: Vec<String> = ds.keys().into_iter().filter(|k| k != TASK).collect();
+            let cameras: Vec<String> = ds.cameras.iter().map(|c| c.key.clone()).collect();
+            let keys = DatasetKeys { fps: ds.fps(), features: &features, cameras: &cameras, tolerance_s: ds.record.options.tolerance_s };
+            let w = match windows.delta_timestamps(&keys).map_err(|e| Error::request(format!("{}: {e}", ds.label)))? {
+                Some(delta) => resolve_windows(&delta, &keys).map_err(|e| Error::request(format!("{}: {e}", ds.label)))?,
+                None => vec![],
+            };
+            let s = sample_schema(ds, &w);
+            if let Some(first) = &schema {
+                let strip = |s: &Schema| s.fields().iter().map(|f| (f.name().clone(), f.data_type().clone())).collect::<Vec<_>>();
+                if strip(first) != strip(&s) {
+                    return Err(Error::request(format!(
+                        "{} and {} give samples of different columns or shapes; a mixture needs the same features, cameras and windows",
+                        datasets[0].label, ds.label
+                    )));
+                }
+            } else {
+                schema = Some(Arc::new(s));
+            }
+            resolved.push(w);
+        }
+        let threads = if options.threads == 0 { std::thread::available_parallelism().map_or(2, usize::from) } else { options.threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("lake-decode-{i}"))
+            .build()
+            .map_err(|e| Error::request(format!("cannot start {threads} decode threads: {e}")))?;
+        Ok(Self {
+            datasets,
+            windows: resolved,
+            schema: schema.expect("at least one dataset"),
+            pool: Arc::new(pool),
+            cache: Arc::new(FrameCache::new(options.cache_bytes)),
+            decoders: Arc::new(Mutex::new(HashMap::new())),
+            counters: Arc::new(Counters::default()),
+        })
+    }
+
+    /// The schema of every batch.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// The datasets, in source order.
+    pub fn datasets(&self) -> &[Arc<LoaderDataset>] {
+        &self.datasets
+    }
+
+    /// The resolved windows of dataset `source`.
+    pub fn windows(&self, source: usize) -> &[Window] {
+        &self.windows[source]
+    }
+
+    /// Frame cache counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Decode counters.
+    pub fn decode_stats(&self) -> DecodeStats {
+        let c = &self.counters;
+        DecodeStats {
+            groups: c.groups.load(Ordering::Relaxed),
+            packets: c.packets.load(Ordering::Relaxed),
+            frames: c.frames.load(Ordering::Relaxed),
+            decode_ns: c.decode_ns.load(Ordering::Relaxed),
+            packet_bytes: c.packet_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The samples of `draws`, one row each, in order.
+    ///
+    /// # Errors
+    /// When packets cannot be read or a frame cannot be decoded.
+    pub async fn batch(&self, draws: &[Draw]) -> Result<RecordBatch> {
+        if draws.is_empty() {
+            return Ok(RecordBatch::new_empty(self.schema.clone()));
+        }
+        let mut by_source: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for d in draws {
+            by_source.entry(d.source).or_default().push(d.row);
+        }
+        if by_source.len() == 1 {
+            let (source, rows) = by_source.into_iter().next().expect("one source");
+            return self.assemble(source, &rows).await;
+        }
+        let mut parts = Vec::with_capacity(by_source.len());
+        let mut slot_of = HashMap::new();
+        for (source, rows) in &by_source {
+            slot_of.insert(*source, parts.len());
+            parts.push(self.assemble(*source, rows).await?);
+        }
+        let mut next = vec![0usize; parts.len()];
+        let order: Vec<(usize, usize)> = draws
+            .iter()
+            .map(|d| {
+                let slot = slot_of[&d.source];
+                next[slot] += 1;
+                (slot, next[slot] - 1)
+            })
+            .collect();
+        let refs: Vec<&RecordBatch> = parts.iter().collect();
+        Ok(interleave_record_batch(&refs, &order)?)
+    }
+
+    async fn assemble(&self, source: usize, rows: &[u64]) -> Result<RecordBatch> {
+        let ds = &self.datasets[source];
+        let windows = &self.windows[source];
+        let n = rows.len();
+        let window_of = |key: &str| windows.iter().find(|w| w.key == key);
+        // Clamped query rows and pad flags, per windowed key.
+        let query = |w: &Window| -> (Vec<u64>, Vec<bool>) {
+            let mut q = Vec::with_capacity(n * w.offsets.len());
+            let mut pad = Vec::with_capacity(n * w.offsets.len());
+            for &row in rows {
+                let span = ds.episode_of_row(row);
+                let at = (row - span.first_row) as i64;
+                for &d in &w.offsets {
+                    let want = at + d;
+                    pad.push(want < 0 || want >= span.len as i64);
+                    q.push(span.first_row + want.clamp(0, span.len as i64 - 1) as u64);
+                }
+            }
+            (q, pad)
+        };
+
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        let own_rows = UInt64Array::from(rows.to_vec());
+        for (col, field) in ds.columns.iter().zip(self.schema.fields()) {
+            let array = ds.steps.column(col.position);
+            match window_of(&col.key) {
+                Some(w) => {
+                    let (q, _) = query(w);
+                    let taken = take(array, &UInt64Array::from(q), None)?;
+                    columns.push(regroup(taken, field)?);
+                }
+                None => {
+                    let taken = take(array, &own_rows, None)?;
+                    columns.push(if taken.data_type() == field.data_type() { taken } else { cast(&taken, field.data_type())? });
+                }
+            }
+        }
+
+        // Frames: which packet row each (camera, sample, slot) shows.
+        let mut wanted: Vec<Vec<u64>> = Vec::with_capacity(ds.cameras.len());
+        let mut shown_by: HashMap<u64, u64> = HashMap::new();
+        for camera in &ds.cameras {
+            let steps = match window_of(&camera.key) {
+                Some(w) => query(w).0,
+                None => rows.to_vec(),
+            };
+            let packet_rows: Vec<u64> = steps.iter().map(|&s| camera.packet_rows.value(s as usize)).collect();
+            for (p, s) in packet_rows.iter().zip(&steps) {
+                shown_by.entry(*p).or_insert(*s);
+            }
+            wanted.push(packet_rows);
+        }
+        let frames = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by).await?;
+        for (camera, packet_rows) in ds.cameras.iter().zip(&wanted) {
+            let size = camera.frame_bytes();
+            let mut out = Vec::with_capacity(packet_rows.len() * size);
+            for p in packet_rows {
+                out.extend_from_slice(&frames[p]);
+            }
+            let field = self.schema.field_with_name(&camera.key)?;
+            let DataType::FixedSizeList(item, per_sample) = field.data_type() else { unreachable!("camera columns are fixed-size lists") };
+            let values = Arc::new(UInt8Array::new(Buffer::from_vec(out).into(), None));
+            columns.push(Arc::new(FixedSizeListArray::try_new(item.clone(), *per_sample, values, None)?));
+        }
+        for w in windows {
+            let (_, pad) = query(w);
+            let field = self.schema.field_with_name(&format!("{}_is_pad", w.key))?;
+            let DataType::FixedSizeList(item, size) = field.data_type() else { unreachable!("pad columns are fixed-size lists") };
+            columns.push(Arc::new(FixedSizeListArray::try_new(item.clone(), *size, Arc::new(BooleanArray::from(pad)), None)?));
+        }
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+
+    /// The RGB frames of `packet_rows` of dataset `source`, from the cache or decoded.
+    async fn frames(&self, source: usize, packet_rows: BTreeSet<u64>, shown_by: &HashMap<u64, u64>) -> Result<HashMap<u64, Frame>> {
+        let ds = self.datasets[source].clone();
+        let slot = source as u32;
+        let mut found = HashMap::with_capacity(packet_rows.len());
+        // (stream, keyframe row) → target rows
+        let mut groups: BTreeMap<(u32, u64), Vec<u64>> = BTreeMap::new();
+        for row in packet_rows {
+            if let Some(frame) = self.cache.get((slot, row)) {
+                found.insert(row, frame);
+                continue;
+            }
+            let r = row as usize;
+            let start = row - u64::from(ds.packets.keyframe_offset[r]);
+            groups.entry((ds.packets.stream[r], start)).or_default().push(row);
+        }
+        if groups.is_empty() {
+            return Ok(found);
+        }
+        let needed: BTreeSet<u64> = groups.iter().flat_map(|((_, start), targets)| *start..=*targets.last().expect("non-empty")).collect();
+        let needed: Vec<u64> = needed.into_iter().collect();
+        let bytes = ds.packet_bytes(&needed).await?;
+        self.counters.packet_bytes.fetch_add(bytes.iter().map(|b| b.len() as u64).sum(), Ordering::Relaxed);
+        let data: HashMap<u64, bytes::Bytes> = needed.into_iter().zip(bytes).collect();
+
+        let jobs: Vec<((u32, u64), Vec<u64>)> = groups.into_iter().collect();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (decoders, counters, ds2) = (self.decoders.clone(), self.counters.clone(), ds.clone());
+        self.pool.spawn(move || {
+            let result: Vec<GroupResult> = jobs
+                .par_iter()
+                .map(|((stream, start), targets)| decode_group(&ds2, source, *stream, *start, targets, &data, &decoders, &counters))
+                .collect();
+            let _ = tx.send(result);
+        });
+        let results = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
+        for r in results {
+            match r {
+                Ok(frames) => {
+                    for (row, frame) in frames {
+                        self.cache.insert((slot, row), frame.clone());
+                        found.insert(row, frame);
+                    }
+                }
+                Err((row, message)) => {
+                    let step = shown_by.get(&row).copied().unwrap_or_default() as usize;
+                    let int = |name: &str| {
+                        ds.steps
+                            .column_by_name(name)
+                            .and_then(|c| cast(c, &DataType::Int64).ok())
+                            .map_or(-1, |c| c.as_primitive::<arrow::datatypes::Int64Type>().value(step))
+                    };
+                    let camera = ds.streams.get(&ds.packets.stream[row as usize]).map(|s| s.camera.clone()).unwrap_or_default();
+                    return Err(Error::Decode {
+                        dataset: ds.label.clone(),
+                        camera,
+                        episode: int("episode_index"),
+                        frame: int("frame_index"),
+                        row,
+                        message,
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one GOP job: its inputs are distinct things
+fn decode_group(
+    ds: &LoaderDataset,
+    source: usize,
+    stream: u32,
+    start: u64,
+    targets: &[u64],
+    data: &HashMap<u64, bytes::Bytes>,
+    decoders: &DecoderPool,
+    counters: &Counters,
+) -> GroupResult {
+    let began = Instant::now();
+    let first = targets[0];
+    let config = ds.streams.get(&stream).ok_or((first, format!("stream {stream} is not in the streams table")))?;
+    let pooled = decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_mut(&(source, stream)).and_then(Vec::pop);
+    let mut decoder = match pooled {
+        Some(d) => d,
+        None => StreamDecoder::open(config).map_err(|e| (first, e.0))?,
+    };
+    let last = *targets.last().expect("non-empty");
+    let index = &ds.packets;
+    let packets: Vec<(i64, i64, bool, &[u8])> = (start..=last)
+        .map(|r| (index.pts[r as usize], index.dts[r as usize], index.container_keyframe[r as usize], data[&r].as_ref()))
+        .collect();
+    let wanted: Vec<i64> = targets.iter().map(|&r| ds.packets.pts[r as usize]).collect();
+    let result = decoder.decode(&packets, &wanted);
+    decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry((source, stream)).or_default().push(decoder);
+    let frames = result.map_err(|e| (first, e.0))?;
+    counters.groups.fetch_add(1, Ordering::Relaxed);
+    counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);
+    counters.frames.fetch_add(frames.len() as u64, Ordering::Relaxed);
+    counters.decode_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    Ok(targets.iter().zip(frames).map(|(&row, f)| (row, Arc::new(f.data))).collect())
+}
+
+/// Rows of `n * T` taken values regrouped into `n` fixed-size lists of `T` steps each.
+fn regroup(taken: ArrayRef, field: &Field) -> Result<ArrayRef> {
+    let DataType::FixedSizeList(item, size) = field.data_type() else { unreachable!("windowed columns are fixed-size lists") };
+    let values = match taken.data_type() {
+        DataType::FixedSizeList(_, _) => taken.as_fixed_size_list().values().clone(),
+        _ => taken,
+    };
+    let values = if values.data_type() == item.data_type() { values } else { cast(&values, item.data_type())? };
+    Ok(Arc::new(FixedSizeListArray::try_new(item.clone(), *size, values, None)?))
+}
+
+fn meta(shape: &[usize], dtype: &str) -> HashMap<String, String> {
+    HashMap::from([(SHAPE.to_string(), serde_json::to_string(shape).expect("shape")), (DTYPE.to_string(), dtype.to_string())])
+}
+
+fn dtype_name(dt: &DataType) -> String {
+    match dt {
+        DataType::Float32 => "float32".into(),
+        DataType::Float64 => "float64".into(),
+        DataType::Int64 => "int64".into(),
+        DataType::Int32 => "int32".into(),
+        DataType::Int16 => "int16".into(),
+        DataType::Int8 => "int8".into(),
+        DataType::UInt8 => "uint8".into(),
+        DataType::Boolean => "bool".into(),
+        DataType::Utf8 | DataType::LargeUtf8 => "str".into(),
+        other => other.to_string().to_lowercase(),
+    }
+}
+
+/// The batch schema of dataset `ds` with `windows`: step columns (windowed ones as fixed-size
+/// lists with a leading time dimension), `task`, cameras as uint8 HWC/THWC, then the
+/// `{key}_is_pad` masks.
+fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
+    let stored = ds.steps.schema();
+    let mut fields = Vec::new();
+    let window_of = |key: &str| windows.iter().find(|w| w.key == key);
+    for col in &ds.columns {
+        let field = stored.field(col.position);
+        let (item, numel) = match field.data_type() {
+            DataType::FixedSizeList(item, n) => (item.data_type().clone(), *n as usize),
+            other => (other.clone(), 1),
+        };
+        let out = if col.key == TASK {
+            Field::new(TASK, DataType::Utf8, false).with_metadata(meta(&[], "str"))
+        } else if let Some(w) = window_of(&col.key) {
+            let t = w.offsets.len();
+            let mut shape = vec![t];
+            shape.extend(&col.shape);
+            if col.shape.len() == 1 && col.shape[0] == 1 && numel == 1 && !matches!(field.data_type(), DataType::FixedSizeList(..)) {
+                shape.truncate(1);
+            }
+            let list = DataType::FixedSizeList(Arc::new(Field::new("item", item.clone(), false)), (t * numel) as i32);
+            Field::new(&col.key, list, false).with_metadata(meta(&shape, &dtype_name(&item)))
+        } else if INT64_COLUMNS.contains(&col.key.as_str()) {
+            Field::new(&col.key, DataType::Int64, false).with_metadata(meta(&[], "int64"))
+        } else if col.key == "timestamp" {
+            Field::new(&col.key, DataType::Float32, false).with_metadata(meta(&[], "float32"))
+        } else {
+            let shape = if matches!(field.data_type(), DataType::FixedSizeList(..)) { col.shape.clone() } else { vec![] };
+            Field::new(&col.key, field.data_type().clone(), field.is_nullable()).with_metadata(meta(&shape, &dtype_name(&item)))
+        };
+        fields.push(out);
+    }
+    for camera in &ds.cameras {
+        let (h, w) = (camera.height as usize, camera.width as usize);
+        let (shape, layout) = match window_of(&camera.key) {
+            Some(win) => (vec![win.offsets.len(), h, w, 3], "THWC"),
+            None => (vec![h, w, 3], "HWC"),
+        };
+        let size: usize = shape.iter().product();
+        let list = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::UInt8, false)), size as i32);
+        let mut m = meta(&shape, "uint8");
+        m.insert(LAYOUT.into(), layout.into());
+        m.insert("frame_shape".into(), serde_json::to_string(&[h, w, 3]).expect("shape"));
+        fields.push(Field::new(&camera.key, list, false).with_metadata(m));
+    }
+    for w in windows {
+        let t = w.offsets.len();
+        let list = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Boolean, false)), t as i32);
+        fields.push(Field::new(format!("{}_is_pad", w.key), list, false).with_metadata(meta(&[t], "bool")));
+    }
+    Schema::new(fields)
+}

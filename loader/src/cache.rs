@@ -1,0 +1,142 @@
+//! The decoded-frame cache: RGB frames keyed by `(dataset, packet row)`, least recently used
+//! out first, bounded in bytes (never above its budget, whatever the frame sizes).
+
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicU64, Ordering},
+};
+
+use lru::LruCache;
+
+/// A cached frame: packed RGB24 bytes shared by every sample that shows it.
+pub type Frame = Arc<Vec<u8>>;
+
+/// Cache key: the dataset's slot in the loader and the `packets` row of the frame.
+pub type FrameKey = (u32, u64);
+
+/// A byte-bounded LRU of decoded frames, safe to share between threads.
+#[derive(Debug)]
+pub struct FrameCache {
+    budget: u64,
+    inner: Mutex<Inner>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    frames: LruCache<FrameKey, Frame>,
+    bytes: u64,
+}
+
+/// Counters of a cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found the frame.
+    pub hits: u64,
+    /// Lookups that did not.
+    pub misses: u64,
+    /// Bytes held now.
+    pub bytes: u64,
+    /// Frames held now.
+    pub frames: u64,
+    /// The budget.
+    pub budget: u64,
+}
+
+impl CacheStats {
+    /// Hits over lookups (0 when there were none).
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 { 0.0 } else { self.hits as f64 / total as f64 }
+    }
+}
+
+impl FrameCache {
+    /// A cache holding at most `budget` bytes of frames (0 disables it).
+    pub fn new(budget: u64) -> Self {
+        Self {
+            budget,
+            inner: Mutex::new(Inner { frames: LruCache::unbounded(), bytes: 0 }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// The frame, if cached (and marks it recently used).
+    pub fn get(&self, key: FrameKey) -> Option<Frame> {
+        let found = self.lock().frames.get(&key).cloned();
+        let counter = if found.is_some() { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    /// Caches a frame, evicting the least recently used ones to stay within the budget. A
+    /// frame larger than the whole budget is not cached.
+    pub fn insert(&self, key: FrameKey, frame: Frame) {
+        let size = frame.len() as u64;
+        if size > self.budget {
+            return;
+        }
+        let mut inner = self.lock();
+        if let Some(old) = inner.frames.pop(&key) {
+            inner.bytes -= old.len() as u64;
+        }
+        while inner.bytes + size > self.budget {
+            let Some((_, evicted)) = inner.frames.pop_lru() else { break };
+            inner.bytes -= evicted.len() as u64;
+        }
+        inner.bytes += size;
+        inner.frames.put(key, frame);
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> CacheStats {
+        let inner = self.lock();
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            bytes: inner.bytes,
+            frames: inner.frames.len() as u64,
+            budget: self.budget,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent data (every update is a few plain
+        // assignments), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_is_never_exceeded_and_lru_goes_first() {
+        let cache = FrameCache::new(1000);
+        let frame = |n: usize| Arc::new(vec![0u8; n]);
+        let mut sizes = [300usize, 450, 120, 999, 1, 700, 260, 333, 1000, 50].iter().cycle();
+        for i in 0..200u64 {
+            cache.insert((0, i), frame(*sizes.next().unwrap()));
+            let s = cache.stats();
+            assert!(s.bytes <= 1000, "{s:?}");
+            if i % 3 == 0 {
+                let _ = cache.get((0, i / 2));
+            }
+        }
+        let cache = FrameCache::new(1000);
+        cache.insert((0, 1), frame(400));
+        cache.insert((0, 2), frame(400));
+        assert!(cache.get((0, 1)).is_some()); // 1 is now more recent than 2
+        cache.insert((0, 3), frame(400));
+        assert!(cache.get((0, 2)).is_none(), "least recently used goes first");
+        assert!(cache.get((0, 1)).is_some() && cache.get((0, 3)).is_some());
+        cache.insert((0, 4), frame(1001));
+        assert!(cache.get((0, 4)).is_none(), "larger than the budget: not cached");
+        let s = cache.stats();
+        assert_eq!((s.hits, s.misses, s.frames, s.bytes), (3, 2, 2, 800));
+        assert!(FrameCache::new(0).get((0, 0)).is_none());
+    }
+}

@@ -1,0 +1,307 @@
+//! A dataset version opened for sampling: its steps in memory (small: numbers and strings), the
+//! packet index (stream, pts, keyframe offset per frame; the packet bytes stay in Lance and are
+//! read per batch), the codec facts of every stream, and the episode spans.
+
+use std::{collections::HashMap, sync::Arc};
+
+use arrow::{
+    array::{Array, AsArray, RecordBatch, UInt64Array},
+    compute::{cast, concat_batches},
+    datatypes::{DataType, Int64Type, UInt32Type, UInt64Type},
+};
+use lake_schemas::{
+    CommitRecord,
+    tables::{self, PACKET_ROW, SHAPE_METADATA, TASK, lerobot_name},
+};
+use lake_store::{Lake, deps::lance};
+
+use crate::{Error, Result, decode::StreamConfig};
+
+/// A step column served in samples.
+#[derive(Debug, Clone)]
+pub struct Column {
+    /// The LeRobot key (e.g. `observation.state`).
+    pub key: String,
+    /// Position in the steps batch.
+    pub position: usize,
+    /// The feature's declared shape (`[]` for the index columns and `task`).
+    pub shape: Vec<usize>,
+}
+
+/// A camera: which packet row shows each step, and the frame size.
+#[derive(Debug, Clone)]
+pub struct Camera {
+    /// The camera key.
+    pub key: String,
+    /// Per step row: the `packets` row of its frame.
+    pub packet_rows: UInt64Array,
+    /// Frame height.
+    pub height: u32,
+    /// Frame width.
+    pub width: u32,
+}
+
+impl Camera {
+    /// Bytes of one RGB frame.
+    pub fn frame_bytes(&self) -> usize {
+        self.height as usize * self.width as usize * 3
+    }
+}
+
+/// An episode's rows in the steps batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpisodeSpan {
+    /// LeRobot's episode index.
+    pub episode_index: i64,
+    /// First row in the steps batch.
+    pub first_row: u64,
+    /// Number of steps.
+    pub len: u64,
+    /// LeRobot's `index` of the first step (`dataset_from_index`).
+    pub from_index: i64,
+}
+
+/// Per-frame facts of the packets table (everything but the bytes).
+#[derive(Debug, Clone, Default)]
+pub struct PacketIndex {
+    /// Stream of each row.
+    pub stream: Vec<u32>,
+    /// Presentation timestamp of each row.
+    pub pts: Vec<i64>,
+    /// Decode timestamp of each row.
+    pub dts: Vec<i64>,
+    /// Rows back to the keyframe decoding must start from.
+    pub keyframe_offset: Vec<u32>,
+    /// Whether the container flagged the packet as a keyframe (decoders get that flag, as they
+    /// do when reading the file).
+    pub container_keyframe: Vec<bool>,
+}
+
+/// A dataset version opened for sampling.
+#[derive(Debug)]
+pub struct LoaderDataset {
+    /// `name@version`.
+    pub label: String,
+    /// The commit record.
+    pub record: CommitRecord,
+    /// The steps, in lake order (episodes contiguous, steps in `index` order).
+    pub steps: RecordBatch,
+    /// Served step columns, in table order (index columns, features, `task`).
+    pub columns: Vec<Column>,
+    /// Cameras, in feature order.
+    pub cameras: Vec<Camera>,
+    /// Episodes, in row order.
+    pub episodes: Vec<EpisodeSpan>,
+    /// Episode (position in `episodes`) of each step row.
+    pub row_episode: Vec<u32>,
+    /// The packet index.
+    pub packets: PacketIndex,
+    /// Codec facts per stream id.
+    pub streams: HashMap<u32, StreamConfig>,
+    packets_table: lance::Dataset,
+}
+
+impl LoaderDataset {
+    /// Opens `spec` (`name` or `name@version`) in `lake`.
+    ///
+    /// # Errors
+    /// When the dataset does not exist or its tables are not shaped as ingest writes them.
+    pub async fn open(lake: &Lake, spec: &str) -> Result<Arc<Self>> {
+        let record = lake.resolve(spec).await?;
+        let label = format!("{}@{}", record.name, record.version);
+        let bad = |m: String| Error::layout(&label, m);
+
+        let batches = lake_store::read_table(lake, &record, tables::STEPS).await?;
+        let schema = batches.first().map(RecordBatch::schema).ok_or_else(|| bad("the steps table is empty".into()))?;
+        let steps = concat_batches(&schema, &batches)?;
+        drop(batches);
+
+        let mut columns = Vec::new();
+        let mut cameras = Vec::new();
+        for (position, field) in schema.fields().iter().enumerate() {
+            if field.name() == PACKET_ROW {
+                let rows = steps.column(position).as_struct();
+                for (camera_field, array) in rows.fields().iter().zip(rows.columns()) {
+                    let packet_rows = array.as_primitive::<UInt64Type>().clone();
+                    cameras.push(Camera { key: lerobot_name(camera_field).to_string(), packet_rows, height: 0, width: 0 });
+                }
+                continue;
+            }
+            let shape = match field.metadata().get(SHAPE_METADATA) {
+                Some(s) => serde_json::from_str(s).map_err(|e| bad(format!("column {}: bad shape metadata: {e}", field.name())))?,
+                None => vec![],
+            };
+            columns.push(Column { key: lerobot_name(field).to_string(), position, shape });
+        }
+        if !columns.iter().any(|c| c.key == TASK) {
+            return Err(bad("the steps table has no task column".into()));
+        }
+
+        let (episodes, row_episode) = episode_spans(&label, &steps, lake, &record).await?;
+        let streams = read_streams(lake, &record, &label).await?;
+        for camera in &mut cameras {
+            let mut sizes = streams.values().filter(|s| s.camera == camera.key).map(|s| (s.height, s.width));
+            let (h, w) = sizes.next().ok_or_else(|| bad(format!("camera {} has no stream", camera.key)))?;
+            if sizes.any(|other| other != (h, w)) {
+                return Err(bad(format!("camera {}: its files have different frame sizes; samples cannot stack them", camera.key)));
+            }
+            (camera.height, camera.width) = (h, w);
+        }
+        let packets = read_packet_index(lake, &record).await?;
+        let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
+        Ok(Arc::new(Self { label, record, steps, columns, cameras, episodes, row_episode, packets, streams, packets_table }))
+    }
+
+    /// Frames per second.
+    pub fn fps(&self) -> u32 {
+        self.record.fps
+    }
+
+    /// Every served key (index columns, features, task, cameras).
+    pub fn keys(&self) -> Vec<String> {
+        self.columns.iter().map(|c| c.key.clone()).chain(self.cameras.iter().map(|c| c.key.clone())).collect()
+    }
+
+    /// The steps row of LeRobot's absolute `index`.
+    ///
+    /// # Errors
+    /// When no ingested episode holds that index.
+    pub fn row_of_index(&self, index: i64) -> Result<u64> {
+        let e = self.episodes.partition_point(|s| s.from_index <= index);
+        let span = e.checked_sub(1).map(|e| self.episodes[e]).filter(|s| index < s.from_index + s.len as i64);
+        span.map(|s| s.first_row + (index - s.from_index) as u64).ok_or_else(|| {
+            Error::request(format!(
+                "{}: index {index} is not in any ingested episode (indices run {}..{})",
+                self.label,
+                self.episodes.first().map_or(0, |s| s.from_index),
+                self.episodes.last().map_or(0, |s| s.from_index + s.len as i64)
+            ))
+        })
+    }
+
+    /// The span of the episode holding step `row`.
+    pub fn episode_of_row(&self, row: u64) -> &EpisodeSpan {
+        &self.episodes[self.row_episode[row as usize] as usize]
+    }
+
+    /// Reads the bytes of packet rows (sorted, distinct), in that order.
+    ///
+    /// # Errors
+    /// When Lance cannot read them.
+    pub async fn packet_bytes(&self, rows: &[u64]) -> Result<Vec<bytes::Bytes>> {
+        let lance_err = |source| Error::Lance { dataset: self.label.clone(), table: tables::PACKETS.into(), source: Box::new(source) };
+        let projection = self.packets_table.schema().project(&["data"]).map_err(lance_err)?;
+        let batch = self.packets_table.take(rows, projection).await.map_err(lance_err)?;
+        let data = batch.column(0).as_binary::<i64>();
+        if data.len() != rows.len() {
+            return Err(Error::layout(&self.label, format!("asked for {} packet rows, got {}", rows.len(), data.len())));
+        }
+        let buffer = bytes::Bytes::from(data.values().to_vec());
+        let offsets = data.value_offsets();
+        Ok((0..data.len()).map(|i| buffer.slice(offsets[i] as usize..offsets[i + 1] as usize)).collect())
+    }
+}
+
+async fn episode_spans(label: &str, steps: &RecordBatch, lake: &Lake, record: &CommitRecord) -> Result<(Vec<EpisodeSpan>, Vec<u32>)> {
+    let bad = |m: String| Error::layout(label, m);
+    let int = |name: &str| -> Result<Vec<i64>> {
+        let col = steps.column_by_name(name).ok_or_else(|| bad(format!("the steps table has no {name} column")))?;
+        Ok(cast(col, &DataType::Int64)?.as_primitive::<Int64Type>().values().to_vec())
+    };
+    let (episode, index) = (int("episode_index")?, int("index")?);
+    let mut spans: Vec<EpisodeSpan> = Vec::new();
+    let mut row_episode = Vec::with_capacity(episode.len());
+    for (row, (&e, &i)) in episode.iter().zip(&index).enumerate() {
+        match spans.last_mut() {
+            Some(s) if s.episode_index == e => {
+                if i != s.from_index + s.len as i64 {
+                    return Err(bad(format!("episode {e}: step row {row} has index {i}, expected {}", s.from_index + s.len as i64)));
+                }
+                s.len += 1;
+            }
+            _ => {
+                if spans.iter().any(|s| s.episode_index == e) {
+                    return Err(bad(format!("episode {e}: its steps are not contiguous")));
+                }
+                spans.push(EpisodeSpan { episode_index: e, first_row: row as u64, len: 1, from_index: i });
+            }
+        }
+        row_episode.push((spans.len() - 1) as u32);
+    }
+    // The episodes table must agree: LeRobot clamps windows to dataset_from_index..to_index.
+    let batches =
+        lake_store::read_columns(lake, record, tables::EPISODES, &["episode_index", "dataset_from_index", "dataset_to_index"]).await?;
+    let mut declared = HashMap::new();
+    for b in &batches {
+        let (e, from, to) =
+            (b.column(0).as_primitive::<Int64Type>(), b.column(1).as_primitive::<Int64Type>(), b.column(2).as_primitive::<Int64Type>());
+        for r in 0..b.num_rows() {
+            declared.insert(e.value(r), (from.value(r), to.value(r)));
+        }
+    }
+    for s in &spans {
+        let range = declared.get(&s.episode_index).copied();
+        if range != Some((s.from_index, s.from_index + s.len as i64)) {
+            return Err(bad(format!(
+                "episode {}: steps hold indices {}..{}, the episodes table says {range:?}",
+                s.episode_index,
+                s.from_index,
+                s.from_index + s.len as i64
+            )));
+        }
+    }
+    let mut sorted = spans.clone();
+    sorted.sort_by_key(|s| s.from_index);
+    if sorted != spans {
+        return Err(bad("episodes are not stored in index order".into()));
+    }
+    Ok((spans, row_episode))
+}
+
+async fn read_streams(lake: &Lake, record: &CommitRecord, label: &str) -> Result<HashMap<u32, StreamConfig>> {
+    let mut out = HashMap::new();
+    for b in lake_store::read_table(lake, record, tables::STREAMS).await? {
+        let col = |name: &str| b.column_by_name(name).ok_or_else(|| Error::layout(label, format!("streams table has no {name} column")));
+        let text =
+            |name: &str| -> Result<Vec<Option<String>>> { Ok(col(name)?.as_string::<i32>().iter().map(|s| s.map(String::from)).collect()) };
+        let stream = col("stream")?.as_primitive::<UInt32Type>().clone();
+        let (width, height) = (col("width")?.as_primitive::<UInt32Type>().clone(), col("height")?.as_primitive::<UInt32Type>().clone());
+        let extradata = col("extradata")?.as_binary::<i32>().clone();
+        let (camera, kind, codec, pix_fmt) = (text("camera")?, text("kind")?, text("codec")?, text("pix_fmt")?);
+        let (range, space, primaries, trc, chroma) =
+            (text("color_range")?, text("color_space")?, text("color_primaries")?, text("color_trc")?, text("chroma_location")?);
+        for r in 0..b.num_rows() {
+            let config = StreamConfig {
+                stream: stream.value(r),
+                camera: camera[r].clone().unwrap_or_default(),
+                kind: kind[r].clone().unwrap_or_default(),
+                codec: codec[r].clone().unwrap_or_default(),
+                extradata: extradata.is_valid(r).then(|| extradata.value(r).to_vec()),
+                width: width.value(r),
+                height: height.value(r),
+                pix_fmt: pix_fmt[r].clone(),
+                color_range: range[r].clone(),
+                color_space: space[r].clone(),
+                color_primaries: primaries[r].clone(),
+                color_trc: trc[r].clone(),
+                chroma_location: chroma[r].clone(),
+            };
+            out.insert(config.stream, config);
+        }
+    }
+    Ok(out)
+}
+
+async fn read_packet_index(lake: &Lake, record: &CommitRecord) -> Result<PacketIndex> {
+    let mut out = PacketIndex::default();
+    for b in
+        lake_store::read_columns(lake, record, tables::PACKETS, &["stream", "pts", "dts", "keyframe_offset", "container_keyframe"]).await?
+    {
+        out.stream.extend_from_slice(b.column(0).as_primitive::<UInt32Type>().values());
+        out.pts.extend_from_slice(b.column(1).as_primitive::<Int64Type>().values());
+        out.dts.extend_from_slice(b.column(2).as_primitive::<Int64Type>().values());
+        out.keyframe_offset.extend_from_slice(b.column(3).as_primitive::<UInt32Type>().values());
+        out.container_keyframe.extend(b.column(4).as_boolean().values().iter());
+    }
+    Ok(out)
+}

@@ -1,0 +1,394 @@
+//! Frame decoding and colour conversion, the way LeRobot's CPU path does it.
+//!
+//! LeRobot decodes with torchcodec on FFmpeg. For every frame torchcodec converts the decoded
+//! picture to packed RGB with libswscale when the width is a multiple of 32
+//! (`sws_getContext(w, h, fmt, w, h, RGB24, SWS_BILINEAR)`, then `sws_setColorspaceDetails`
+//! with the coefficients of the frame's colour space on both sides and the ranges swscale chose
+//! itself), and through a filter graph `scale=W:H:sws_flags=bilinear` into an `rgb24` sink
+//! otherwise. [`RgbConverter`] does exactly the same calls on the same FFmpeg, so the bytes are
+//! identical, not merely close.
+//!
+//! A [`StreamDecoder`] is opened once per stream from the codec facts ingest recorded (codec,
+//! extradata, size, colour description, as `avcodec_parameters_to_context` would set them) and
+//! reused for every GOP: decode the packets from the keyframe on, drain, flush.
+
+use std::ffi::CString;
+
+use ffmpeg_next::{self as ffmpeg, ffi};
+
+/// The codec facts a decoder is opened from (a row of the `streams` table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// Stream id in the dataset version.
+    pub stream: u32,
+    /// Camera key.
+    pub camera: String,
+    /// `video` (mp4 packets) or `image` (PNG/JPEG inside the parquet).
+    pub kind: String,
+    /// FFmpeg codec name.
+    pub codec: String,
+    /// Codec extradata (e.g. `avcC`, `av1C`).
+    pub extradata: Option<Vec<u8>>,
+    /// Coded width.
+    pub width: u32,
+    /// Coded height.
+    pub height: u32,
+    /// Pixel format name.
+    pub pix_fmt: Option<String>,
+    /// Colour range name (`tv`, `pc`).
+    pub color_range: Option<String>,
+    /// Colour matrix name (`bt709`, …).
+    pub color_space: Option<String>,
+    /// Colour primaries name.
+    pub color_primaries: Option<String>,
+    /// Transfer characteristic name.
+    pub color_trc: Option<String>,
+    /// Chroma sample location name.
+    pub chroma_location: Option<String>,
+}
+
+/// A decoded frame as packed RGB24 (HWC) bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RgbFrame {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// `height * width * 3` bytes.
+    pub data: Vec<u8>,
+}
+
+/// Why a frame could not be produced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeError(pub String);
+
+type DecodeResult<T> = std::result::Result<T, DecodeError>;
+
+fn ff(what: &str) -> impl FnOnce(ffmpeg::Error) -> DecodeError + '_ {
+    move |e| DecodeError(format!("{what}: {e}"))
+}
+
+/// Initialises FFmpeg once and silences its log (errors come back as values).
+pub fn init_ffmpeg() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        let _ = ffmpeg::init();
+        ffmpeg::log::set_level(ffmpeg::log::Level::Quiet);
+    });
+}
+
+fn from_name(name: Option<&str>, lookup: unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int) -> Option<i32> {
+    let name = CString::new(name?).ok()?;
+    // SAFETY: a lookup of a NUL-terminated name in a static table.
+    let value = unsafe { lookup(name.as_ptr()) };
+    (value >= 0).then_some(value)
+}
+
+/// A decoder for one stream, reused across GOPs.
+pub struct StreamDecoder {
+    decoder: ffmpeg::decoder::Video,
+    converter: Option<RgbConverter>,
+    /// Encoded images: every packet is a picture of its own and comes out at once.
+    intra_only: bool,
+    /// The stream this decoder was opened for.
+    pub stream: u32,
+}
+
+// SAFETY: the decoder and converter own their FFmpeg contexts exclusively and are only used
+// through `&mut self`; FFmpeg contexts may move between threads.
+unsafe impl Send for StreamDecoder {}
+
+impl std::fmt::Debug for StreamDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamDecoder").field("stream", &self.stream).finish_non_exhaustive()
+    }
+}
+
+impl StreamDecoder {
+    /// Opens a single-threaded decoder for the stream (lake runs many decoders in parallel).
+    ///
+    /// # Errors
+    /// When FFmpeg has no decoder for the codec or cannot open it.
+    pub fn open(config: &StreamConfig) -> DecodeResult<Self> {
+        init_ffmpeg();
+        let name = CString::new(config.codec.as_str()).map_err(|_| DecodeError(format!("codec name {:?}", config.codec)))?;
+        // SAFETY: lookups in FFmpeg's static tables, then setup of a context we own before it is
+        // opened; extradata is copied into an FFmpeg allocation with the padding decoders
+        // expect, and the context frees it.
+        unsafe {
+            let desc = ffi::avcodec_descriptor_get_by_name(name.as_ptr());
+            if desc.is_null() {
+                return Err(DecodeError(format!("FFmpeg does not know the codec `{}`", config.codec)));
+            }
+            let codec = ffi::avcodec_find_decoder((*desc).id);
+            if codec.is_null() {
+                return Err(DecodeError(format!("this FFmpeg has no decoder for `{}`", config.codec)));
+            }
+            let mut ctx = ffmpeg::codec::Context::new_with_codec(ffmpeg::Codec::wrap(codec));
+            let raw = ctx.as_mut_ptr();
+            (*raw).width = config.width as i32;
+            (*raw).height = config.height as i32;
+            (*raw).thread_count = 1;
+            if let Some(fmt) = config.pix_fmt.as_deref().and_then(|n| CString::new(n).ok()) {
+                (*raw).pix_fmt = ffi::av_get_pix_fmt(fmt.as_ptr());
+            }
+            if let Some(v) = from_name(config.color_range.as_deref(), ffi::av_color_range_from_name) {
+                (*raw).color_range = std::mem::transmute::<i32, ffi::AVColorRange>(v);
+            }
+            if let Some(v) = from_name(config.color_space.as_deref(), ffi::av_color_space_from_name) {
+                (*raw).colorspace = std::mem::transmute::<i32, ffi::AVColorSpace>(v);
+            }
+            if let Some(v) = from_name(config.color_primaries.as_deref(), ffi::av_color_primaries_from_name) {
+                (*raw).color_primaries = std::mem::transmute::<i32, ffi::AVColorPrimaries>(v);
+            }
+            if let Some(v) = from_name(config.color_trc.as_deref(), ffi::av_color_transfer_from_name) {
+                (*raw).color_trc = std::mem::transmute::<i32, ffi::AVColorTransferCharacteristic>(v);
+            }
+            if let Some(v) = from_name(config.chroma_location.as_deref(), ffi::av_chroma_location_from_name) {
+                (*raw).chroma_sample_location = std::mem::transmute::<i32, ffi::AVChromaLocation>(v);
+            }
+            if let Some(extra) = config.extradata.as_deref().filter(|e| !e.is_empty()) {
+                let pad = ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize;
+                let buf = ffi::av_mallocz(extra.len() + pad).cast::<u8>();
+                if buf.is_null() {
+                    return Err(DecodeError("out of memory for extradata".into()));
+                }
+                std::ptr::copy_nonoverlapping(extra.as_ptr(), buf, extra.len());
+                (*raw).extradata = buf;
+                (*raw).extradata_size = extra.len() as i32;
+            }
+            let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
+            Ok(Self { decoder, converter: None, intra_only: config.kind == "image", stream: config.stream })
+        }
+    }
+
+    /// Decodes `packets` (`(pts, dts, keyframe flag, bytes)` in decode order, starting at a
+    /// keyframe) and
+    /// returns the frames whose pts is in `wanted`, as RGB, in the order of `wanted`.
+    ///
+    /// Video decoders are drained and flushed after every GOP, ready for the next. Image
+    /// decoders (PNG, JPEG) put out each picture as soon as they get it. The keyframe flag
+    /// matters: FFmpeg's PNG decoder adds the previous picture to a packet without it.
+    ///
+    /// # Errors
+    /// When FFmpeg rejects a packet, or a wanted frame does not come out.
+    pub fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
+        let mut found: Vec<Option<RgbFrame>> = vec![None; wanted.len()];
+        let mut frame = ffmpeg::frame::Video::empty();
+        let result = (|| {
+            for (pts, dts, key, data) in packets {
+                let mut p = ffmpeg::Packet::copy(data);
+                p.set_pts(Some(*pts));
+                p.set_dts(Some(*dts));
+                if *key {
+                    p.set_flags(ffmpeg::packet::Flags::KEY);
+                }
+                self.decoder.send_packet(&p).map_err(|e| DecodeError(format!("packet pts {pts}: {e}")))?;
+                self.drain(&mut frame, wanted, &mut found)?;
+            }
+            if self.intra_only {
+                return Ok(());
+            }
+            self.decoder.send_eof().map_err(ff("end of stream"))?;
+            self.drain(&mut frame, wanted, &mut found)
+        })();
+        if !self.intra_only {
+            self.decoder.flush();
+        }
+        result?;
+        found
+            .into_iter()
+            .zip(wanted)
+            .map(|(f, pts)| f.ok_or_else(|| DecodeError(format!("the frame with pts {pts} did not come out of the decoder"))))
+            .collect()
+    }
+
+    fn drain(&mut self, frame: &mut ffmpeg::frame::Video, wanted: &[i64], found: &mut [Option<RgbFrame>]) -> DecodeResult<()> {
+        loop {
+            match self.decoder.receive_frame(frame) {
+                Ok(()) => {
+                    let Some(pts) = frame.pts().or_else(|| frame.timestamp()) else { continue };
+                    for (i, w) in wanted.iter().enumerate() {
+                        if *w == pts && found[i].is_none() {
+                            found[i] = Some(self.convert(frame)?);
+                        }
+                    }
+                }
+                Err(ffmpeg::Error::Other { errno }) if errno == ffmpeg::util::error::EAGAIN => return Ok(()),
+                Err(ffmpeg::Error::Eof) => return Ok(()),
+                Err(e) => return Err(DecodeError(format!("decoding: {e}"))),
+            }
+        }
+    }
+
+    fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
+        let key = ConverterKey::of(frame);
+        if self.converter.as_ref().is_none_or(|c| c.key != key) {
+            self.converter = Some(RgbConverter::new(key)?);
+        }
+        self.converter.as_mut().expect("converter just set").convert(frame)
+    }
+}
+
+/// What a converter was built for; a change (mid-stream resize) builds a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ConverterKey {
+    width: i32,
+    height: i32,
+    format: i32,
+    colorspace: i32,
+    sar: (i32, i32),
+}
+
+impl ConverterKey {
+    fn of(frame: &ffmpeg::frame::Video) -> Self {
+        // SAFETY: reads of plain fields of a valid frame.
+        unsafe {
+            let f = frame.as_ptr();
+            Self {
+                width: (*f).width,
+                height: (*f).height,
+                format: (*f).format,
+                colorspace: (*f).colorspace as i32,
+                sar: ((*f).sample_aspect_ratio.num, (*f).sample_aspect_ratio.den),
+            }
+        }
+    }
+}
+
+/// Converts decoded frames to packed RGB24 exactly as torchcodec's CPU device does.
+pub struct RgbConverter {
+    key: ConverterKey,
+    how: Conversion,
+}
+
+enum Conversion {
+    /// A frame that is RGB24 already (decoded PNGs): copied row by row.
+    Copy,
+    Swscale(*mut ffi::SwsContext),
+    Graph(Box<ffmpeg::filter::Graph>),
+}
+
+impl Drop for RgbConverter {
+    fn drop(&mut self) {
+        if let Conversion::Swscale(ctx) = self.how {
+            // SAFETY: the context was made by sws_getContext and is freed once, here.
+            unsafe { ffi::sws_freeContext(ctx) };
+        }
+    }
+}
+
+impl RgbConverter {
+    /// A converter for frames like `frame` (size, pixel format, colour space).
+    ///
+    /// # Errors
+    /// When swscale or libavfilter cannot convert that pixel format.
+    pub fn for_frame(frame: &ffmpeg::frame::Video) -> DecodeResult<Self> {
+        Self::new(ConverterKey::of(frame))
+    }
+
+    fn new(key: ConverterKey) -> DecodeResult<Self> {
+        let rgb24 = ffi::AVPixelFormat::AV_PIX_FMT_RGB24 as i32;
+        if key.format == rgb24 {
+            return Ok(Self { key, how: Conversion::Copy });
+        }
+        if key.width % 32 == 0 { Self::swscale(key) } else { Self::graph(key) }
+    }
+
+    fn swscale(key: ConverterKey) -> DecodeResult<Self> {
+        // SAFETY: FFmpeg calls with valid arguments; the context is owned by the converter.
+        unsafe {
+            let format = std::mem::transmute::<i32, ffi::AVPixelFormat>(key.format);
+            let ctx = ffi::sws_getContext(
+                key.width,
+                key.height,
+                format,
+                key.width,
+                key.height,
+                ffi::AVPixelFormat::AV_PIX_FMT_RGB24,
+                ffi::SWS_BILINEAR,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null(),
+            );
+            if ctx.is_null() {
+                return Err(DecodeError(format!("swscale cannot convert pixel format {} to rgb24", key.format)));
+            }
+            let converter = Self { key, how: Conversion::Swscale(ctx) };
+            let (mut inv_table, mut table) = (std::ptr::null_mut(), std::ptr::null_mut());
+            let (mut src_range, mut dst_range, mut brightness, mut contrast, mut saturation) = (0, 0, 0, 0, 0);
+            if ffi::sws_getColorspaceDetails(
+                ctx,
+                &mut inv_table,
+                &mut src_range,
+                &mut table,
+                &mut dst_range,
+                &mut brightness,
+                &mut contrast,
+                &mut saturation,
+            ) < 0
+            {
+                return Err(DecodeError("sws_getColorspaceDetails failed".into()));
+            }
+            let coefficients = ffi::sws_getCoefficients(key.colorspace);
+            if ffi::sws_setColorspaceDetails(ctx, coefficients, src_range, coefficients, dst_range, brightness, contrast, saturation) < 0 {
+                return Err(DecodeError("sws_setColorspaceDetails failed".into()));
+            }
+            Ok(converter)
+        }
+    }
+
+    fn graph(key: ConverterKey) -> DecodeResult<Self> {
+        let mut graph = ffmpeg::filter::Graph::new();
+        let (sar_num, sar_den) = if key.sar.1 == 0 { (0, 1) } else { key.sar };
+        let args = format!("video_size={}x{}:pix_fmt={}:time_base=1/1:pixel_aspect={sar_num}/{sar_den}", key.width, key.height, key.format);
+        let buffer = ffmpeg::filter::find("buffer").ok_or_else(|| DecodeError("libavfilter has no `buffer` filter".into()))?;
+        let sink = ffmpeg::filter::find("buffersink").ok_or_else(|| DecodeError("libavfilter has no `buffersink` filter".into()))?;
+        graph.add(&buffer, "in", &args).map_err(ff("filter graph source"))?;
+        graph.add(&sink, "out", "").map_err(ff("filter graph sink"))?;
+        graph.get("out").expect("sink just added").set_pixel_format(ffmpeg::format::Pixel::RGB24);
+        let spec = format!("scale={}:{}:sws_flags=bilinear", key.width, key.height);
+        graph.output("in", 0).and_then(|p| p.input("out", 0)).and_then(|p| p.parse(&spec)).map_err(ff("filter graph"))?;
+        graph.validate().map_err(ff("filter graph"))?;
+        Ok(Self { key, how: Conversion::Graph(Box::new(graph)) })
+    }
+
+    /// Converts `frame` (of the size and format this converter was made for) to RGB24.
+    ///
+    /// # Errors
+    /// When FFmpeg fails.
+    pub fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
+        let (w, h) = (self.key.width as usize, self.key.height as usize);
+        let mut data = vec![0u8; w * h * 3];
+        match &mut self.how {
+            Conversion::Copy => copy_rows(frame.data(0), frame.stride(0), &mut data, w * 3, h),
+            Conversion::Swscale(ctx) => {
+                let dst = [data.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
+                let dst_stride = [(w * 3) as i32, 0, 0, 0];
+                // SAFETY: the source planes and strides come from a decoded frame of the size
+                // and format the context was made for; the destination holds h rows of w*3.
+                let rows = unsafe {
+                    let f = frame.as_ptr();
+                    ffi::sws_scale(*ctx, (*f).data.as_ptr().cast(), (*f).linesize.as_ptr(), 0, h as i32, dst.as_ptr(), dst_stride.as_ptr())
+                };
+                if rows != h as i32 {
+                    return Err(DecodeError(format!("swscale produced {rows} rows of {h}")));
+                }
+            }
+            Conversion::Graph(graph) => {
+                graph.get("in").expect("source").source().add(frame).map_err(ff("filter graph input"))?;
+                let mut out = ffmpeg::frame::Video::empty();
+                graph.get("out").expect("sink").sink().frame(&mut out).map_err(ff("filter graph output"))?;
+                copy_rows(out.data(0), out.stride(0), &mut data, w * 3, h);
+            }
+        }
+        Ok(RgbFrame { width: w as u32, height: h as u32, data })
+    }
+}
+
+fn copy_rows(src: &[u8], stride: usize, dst: &mut [u8], row: usize, rows: usize) {
+    for y in 0..rows {
+        dst[y * row..(y + 1) * row].copy_from_slice(&src[y * stride..y * stride + row]);
+    }
+}

@@ -1,0 +1,70 @@
+/// Errors from the loader. Each names the dataset, and where it applies the episode, camera and
+/// frame it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The sampling request is not valid for the dataset (unknown key, offset off the frame
+    /// grid, empty selection, rank outside the world, …).
+    #[error("{0}")]
+    Request(String),
+    /// A dataset's tables do not have the shape ingest writes.
+    #[error("dataset {dataset}: {message}")]
+    Layout {
+        /// Dataset name and version.
+        dataset: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A frame could not be decoded.
+    #[error("dataset {dataset}, camera {camera}, episode {episode}, frame {frame} (packet row {row}): {message}")]
+    Decode {
+        /// Dataset name and version.
+        dataset: String,
+        /// Camera key.
+        camera: String,
+        /// Episode index.
+        episode: i64,
+        /// Frame index in the episode.
+        frame: i64,
+        /// Row of the `packets` table.
+        row: u64,
+        /// What went wrong.
+        message: String,
+    },
+    /// The lake could not be read.
+    #[error(transparent)]
+    Store(#[from] lake_store::Error),
+    /// A Lance read failed.
+    #[error("dataset {dataset}: reading {table}: {source}")]
+    Lance {
+        /// Dataset name and version.
+        dataset: String,
+        /// The table.
+        table: String,
+        /// Lance's error.
+        source: Box<lance::Error>,
+    },
+    /// Arrow failed while assembling a batch.
+    #[error("assembling a batch: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+}
+
+impl Error {
+    pub(crate) fn request(message: impl Into<String>) -> Self {
+        Self::Request(message.into())
+    }
+
+    pub(crate) fn layout(dataset: &str, message: impl Into<String>) -> Self {
+        Self::Layout { dataset: dataset.to_string(), message: message.into() }
+    }
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_stays_small() {
+        assert!(std::mem::size_of::<super::Error>() <= 128, "{}", std::mem::size_of::<super::Error>());
+    }
+}

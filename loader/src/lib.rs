@@ -1,0 +1,34 @@
+//! The lake loader: LeRobot-identical training samples from a lake dataset.
+//!
+//! ```text
+//! (dataset(s), windows) ── Loader ──▶ Arrow batches, one row per sample
+//!        ▲                    │  plan: windows clamped per episode, frames grouped by GOP
+//!  Order (seed, epoch)        │  fetch: packet bytes by row from Lance (one take per batch)
+//!  Sharding (rank, world)     │  decode: a decoder per stream, reused, on the decode pool
+//!                             ▼  cache: RGB frames, LRU bounded in bytes
+//! ```
+//!
+//! A sample is what LeRobot's `LeRobotDataset.__getitem__` returns for the same step and
+//! `delta_timestamps`: every step column, windows clamped at episode edges with
+//! `{key}_is_pad`, the task string, and camera frames as uint8 HWC (THWC with a window),
+//! decoded and converted to RGB exactly as LeRobot's CPU path does.
+
+mod batch;
+mod cache;
+mod dataset;
+mod decode;
+mod error;
+mod sampler;
+mod spec;
+mod stream;
+
+pub use crate::{
+    batch::{DTYPE, DecodeStats, LAYOUT, Loader, LoaderOptions, SHAPE},
+    cache::{CacheStats, Frame, FrameCache, FrameKey},
+    dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
+    decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, init_ffmpeg},
+    error::{Error, Result},
+    sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
+    spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
+    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, stream},
+};

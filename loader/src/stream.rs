@@ -1,0 +1,72 @@
+//! Batches as a stream: a rank's slice of the deterministic order, from a cursor on, with the
+//! next batches prepared while the current one is consumed.
+
+use std::{pin::Pin, sync::Arc};
+
+use arrow::array::RecordBatch;
+use futures::{Stream, StreamExt};
+
+use crate::{
+    Loader, Result,
+    sampler::{Cursor, Order, Sharding},
+};
+
+/// A batch with the cursor it was made at (resume from [`Sharding::next`] of it).
+#[derive(Debug, Clone)]
+pub struct LoadedBatch {
+    /// Where in the order this batch is.
+    pub cursor: Cursor,
+    /// The samples.
+    pub batch: RecordBatch,
+}
+
+/// A pinned, boxed stream of batches.
+pub type BatchStream = Pin<Box<dyn Stream<Item = Result<LoadedBatch>> + Send>>;
+
+/// What to stream.
+#[derive(Debug, Clone)]
+pub struct StreamRequest {
+    /// The order to follow.
+    pub order: Arc<Order>,
+    /// How ranks split it.
+    pub sharding: Sharding,
+    /// Where to start.
+    pub start: Cursor,
+    /// How many batches (None: indefinitely, across epochs).
+    pub limit: Option<u64>,
+    /// Batches prepared ahead of the consumer (at least 1).
+    pub prefetch: usize,
+}
+
+/// The cursors a request visits, in order (empty batches, past the end of a short epoch for
+/// this rank, are skipped).
+pub fn cursors(request: &StreamRequest) -> impl Iterator<Item = Cursor> + Send + 'static {
+    let (sharding, epoch_len) = (request.sharding, request.order.epoch_len());
+    let mut cursor = Some(request.start);
+    let limit = request.limit;
+    std::iter::from_fn(move || {
+        let c = cursor?;
+        cursor = Some(sharding.next(epoch_len, c));
+        Some(c)
+    })
+    .take(limit.map_or(usize::MAX, |l| l as usize))
+}
+
+/// Streams `request` through `loader`.
+pub fn stream(loader: Arc<Loader>, request: StreamRequest) -> BatchStream {
+    let order = request.order.clone();
+    let sharding = request.sharding;
+    let epoch_len = order.epoch_len();
+    let prefetch = request.prefetch.max(1);
+    let batches = futures::stream::iter(cursors(&request))
+        .map(move |cursor| {
+            let (loader, order) = (loader.clone(), order.clone());
+            async move {
+                let draws: Vec<_> = sharding.positions(epoch_len, cursor.step).map(|p| order.draw(cursor.epoch, p)).collect();
+                let batch = loader.batch(&draws).await?;
+                Ok(LoadedBatch { cursor, batch })
+            }
+        })
+        .buffered(prefetch);
+    Box::pin(batches)
+}
