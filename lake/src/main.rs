@@ -9,17 +9,20 @@ mod commands;
 mod render;
 mod sample;
 
-// jemalloc, with freed pages handed back within 200 ms by a background thread and two arenas:
-// ingest churns through many short-lived multi-megabyte buffers (packet batches, read-ahead
+// jemalloc with two arenas and a background thread that hands freed pages back after 10 s.
+// Ingest churns through many short-lived multi-megabyte buffers (packet batches, read-ahead
 // blocks, Lance pages), and glibc's per-thread arenas kept them, so RSS grew with the number of
-// camera files although the live heap stays under 30 MB (valgrind massif).
+// camera files although the live heap stays under 30 MB (valgrind massif). The loader frees and
+// reallocates decoded frames and batch buffers every few milliseconds; handing pages back
+// sooner (200 ms was tried) made it page-fault its frames in again and cost ~20 % of its CPU
+// time, for no lower peak RSS.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The configuration jemalloc reads at start-up (see above).
 #[allow(non_upper_case_globals)] // the symbol name jemalloc reads its configuration from
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:200,muzzy_decay_ms:0,narenas:2\0";
+pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:10000,muzzy_decay_ms:0,narenas:2\0";
 
 /// lake: a data lake and streaming dataloader for robot-learning data (LeRobot format).
 #[derive(Debug, Parser)]

@@ -94,6 +94,15 @@ pub struct BenchArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Sample only these episodes (comma-separated episode indices) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    episodes: Vec<i64>,
+    /// Never sample the first N steps of an episode (LeRobot's `drop_n_first_frames`).
+    #[arg(long, default_value_t = 0)]
+    drop_n_first_frames: u64,
+    /// Never sample the last N steps of an episode (LeRobot's `drop_n_last_frames`).
+    #[arg(long, default_value_t = 0)]
+    drop_n_last_frames: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -147,7 +156,19 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
             None => (spec.as_str(), 1.0),
         };
         let ds = LoaderDataset::open(&lake, name).await?;
-        sources.push(Source { eligible: Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), 0, 0), weight });
+        for e in &args.episodes {
+            if !ds.episodes.iter().any(|s| s.episode_index == *e) {
+                anyhow::bail!(
+                    "{}: no episode {e} (episodes {}..={})",
+                    ds.label,
+                    ds.episodes[0].episode_index,
+                    ds.episodes[ds.episodes.len() - 1].episode_index
+                );
+            }
+        }
+        let spans = ds.episodes.iter().filter(|s| args.episodes.is_empty() || args.episodes.contains(&s.episode_index));
+        let eligible = Eligible::new(spans.map(|e| (e.first_row, e.len)), args.drop_n_first_frames, args.drop_n_last_frames);
+        sources.push(Source { eligible, weight });
         datasets.push(ds);
     }
     let labels: Vec<String> = datasets.iter().map(|d| d.label.clone()).collect();
@@ -157,8 +178,14 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if sharding.steps_per_epoch(order.epoch_len()) == 0 {
         anyhow::bail!("the batch size {} is larger than the {} eligible steps", args.batch_size, order.epoch_len());
     }
-    let request =
-        StreamRequest { order, sharding, start: Cursor { epoch: 0, step: 0 }, limit: Some(args.batches + 1), prefetch: args.prefetch };
+    let request = StreamRequest {
+        order: order.clone(),
+        sharding,
+        start: Cursor { epoch: 0, step: 0 },
+        limit: Some(args.batches + 1),
+        prefetch: args.prefetch,
+    };
+    let timed_cursors: Vec<Cursor> = lake_loader::cursors(&request).skip(1).collect();
     let (cpu0, _) = usage();
     let began = Instant::now();
     let mut stream = lake_loader::stream(loader.clone(), request);
@@ -176,6 +203,18 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let (cpu2, peak_rss_mb) = usage();
     let cache = loader.cache_stats();
     let decode = loader.decode_stats();
+
+    // The decode-bound limit: FFmpeg alone decoding exactly the GOPs these batches need (per
+    // batch, as the loader plans them without a cache) and converting the wanted frames.
+    let mut jobs = Vec::new();
+    for c in &timed_cursors {
+        let draws: Vec<_> = sharding.positions(order.epoch_len(), c.step).map(|p| order.draw(c.epoch, p)).collect();
+        jobs.extend(loader.plan(&draws));
+    }
+    let bound = loader.decode_bound(&jobs).await?;
+    // The floor: copying the output bytes once.
+    let sample_bytes = first.batch.get_array_memory_size() / first.batch.num_rows().max(1);
+    let copy_ms_per_sample = memcpy_seconds(sample_bytes, 64) * 1e3 / 64.0;
     let report = BenchReport {
         datasets: labels,
         preset: args.windows.delta_timestamps.clone().unwrap_or(args.windows.preset.clone()),
@@ -198,6 +237,13 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         frames_decoded: decode.frames,
         packets_decoded: decode.packets,
         decode_ms_per_sample: decode.decode_ns as f64 / 1e6 / (samples + first.batch.num_rows() as u64).max(1) as f64,
+        fetch_ms_per_sample: decode.fetch_ns as f64 / 1e6 / (samples + first.batch.num_rows() as u64).max(1) as f64,
+        bound_cpu_ms_per_sample: bound.cpu_seconds * 1e3 / samples.max(1) as f64,
+        bound_fraction: bound.cpu_seconds / (cpu2 - cpu1).max(1e-9),
+        bound_frames: bound.frames,
+        bound_packets: bound.packets,
+        copy_ms_per_sample,
+        sample_bytes: sample_bytes as u64,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -234,6 +280,24 @@ struct BenchReport {
     frames_decoded: u64,
     packets_decoded: u64,
     decode_ms_per_sample: f64,
+    fetch_ms_per_sample: f64,
+    bound_cpu_ms_per_sample: f64,
+    bound_fraction: f64,
+    bound_frames: u64,
+    bound_packets: u64,
+    copy_ms_per_sample: f64,
+    sample_bytes: u64,
+}
+
+/// Seconds to copy `bytes` into a fresh buffer, `times` times.
+fn memcpy_seconds(bytes: usize, times: usize) -> f64 {
+    let src = vec![7u8; bytes];
+    let began = Instant::now();
+    for _ in 0..times {
+        let dst = src.clone();
+        std::hint::black_box(&dst);
+    }
+    began.elapsed().as_secs_f64()
 }
 
 impl BenchReport {
@@ -254,6 +318,7 @@ impl BenchReport {
             "  decode ms/sample   {:.3}   ({} frames from {} packets)",
             self.decode_ms_per_sample, self.frames_decoded, self.packets_decoded
         );
+        println!("  packet read ms/s.  {:.3}   (wall time of Lance reads, overlapping decode)", self.fetch_ms_per_sample);
         println!("  output MB/s        {:.1}", self.mb_per_s);
         println!(
             "  first batch        {:.1} ms ({:.1} CPU ms, {} samples)",
@@ -261,5 +326,13 @@ impl BenchReport {
         );
         println!("  cache hit rate     {:.1} % ({:.1} MB held)", self.cache_hit_rate * 100.0, self.cache_mb);
         println!("  peak RSS           {:.0} MB", self.peak_rss_mb);
+        println!(
+            "  decode-bound limit {:.3} CPU ms/sample ({} frames from {} packets, FFmpeg alone): lake runs at {:.0} % of it",
+            self.bound_cpu_ms_per_sample,
+            self.bound_frames,
+            self.bound_packets,
+            self.bound_fraction * 100.0
+        );
+        println!("  copy floor         {:.4} ms/sample ({:.2} MB per sample)", self.copy_ms_per_sample, self.sample_bytes as f64 / 1e6);
     }
 }

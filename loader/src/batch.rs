@@ -73,6 +73,8 @@ pub struct DecodeStats {
     pub decode_ns: u64,
     /// Packet bytes read from the lake.
     pub packet_bytes: u64,
+    /// Time spent reading packet bytes from the lake, in nanoseconds.
+    pub fetch_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +84,7 @@ struct Counters {
     frames: AtomicU64,
     decode_ns: AtomicU64,
     packet_bytes: AtomicU64,
+    fetch_ns: AtomicU64,
 }
 
 type DecoderPool = Mutex<HashMap<(usize, u32), Vec<StreamDecoder>>>;
@@ -181,6 +184,7 @@ impl Loader {
             frames: c.frames.load(Ordering::Relaxed),
             decode_ns: c.decode_ns.load(Ordering::Relaxed),
             packet_bytes: c.packet_bytes.load(Ordering::Relaxed),
+            fetch_ns: c.fetch_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -222,23 +226,8 @@ impl Loader {
     async fn assemble(&self, source: usize, rows: &[u64]) -> Result<RecordBatch> {
         let ds = &self.datasets[source];
         let windows = &self.windows[source];
-        let n = rows.len();
         let window_of = |key: &str| windows.iter().find(|w| w.key == key);
-        // Clamped query rows and pad flags, per windowed key.
-        let query = |w: &Window| -> (Vec<u64>, Vec<bool>) {
-            let mut q = Vec::with_capacity(n * w.offsets.len());
-            let mut pad = Vec::with_capacity(n * w.offsets.len());
-            for &row in rows {
-                let span = ds.episode_of_row(row);
-                let at = (row - span.first_row) as i64;
-                for &d in &w.offsets {
-                    let want = at + d;
-                    pad.push(want < 0 || want >= span.len as i64);
-                    q.push(span.first_row + want.clamp(0, span.len as i64 - 1) as u64);
-                }
-            }
-            (q, pad)
-        };
+        let query = |w: &Window| window_rows(ds, rows, &w.offsets);
 
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
         let own_rows = UInt64Array::from(rows.to_vec());
@@ -257,20 +246,7 @@ impl Loader {
             }
         }
 
-        // Frames: which packet row each (camera, sample, slot) shows.
-        let mut wanted: Vec<Vec<u64>> = Vec::with_capacity(ds.cameras.len());
-        let mut shown_by: HashMap<u64, u64> = HashMap::new();
-        for camera in &ds.cameras {
-            let steps = match window_of(&camera.key) {
-                Some(w) => query(w).0,
-                None => rows.to_vec(),
-            };
-            let packet_rows: Vec<u64> = steps.iter().map(|&s| camera.packet_rows.value(s as usize)).collect();
-            for (p, s) in packet_rows.iter().zip(&steps) {
-                shown_by.entry(*p).or_insert(*s);
-            }
-            wanted.push(packet_rows);
-        }
+        let (wanted, shown_by) = self.camera_rows(source, rows);
         let frames = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by).await?;
         for (camera, packet_rows) in ds.cameras.iter().zip(&wanted) {
             let size = camera.frame_bytes();
@@ -292,28 +268,109 @@ impl Loader {
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
 
+    /// Which `packets` row each (camera, sample, window slot) shows, per camera; and for each
+    /// packet row, a step showing it (to name episode and frame in errors).
+    fn camera_rows(&self, source: usize, rows: &[u64]) -> (Vec<Vec<u64>>, HashMap<u64, u64>) {
+        let ds = &self.datasets[source];
+        let mut wanted = Vec::with_capacity(ds.cameras.len());
+        let mut shown_by = HashMap::new();
+        for camera in &ds.cameras {
+            let steps = match self.windows[source].iter().find(|w| w.key == camera.key) {
+                Some(w) => window_rows(ds, rows, &w.offsets).0,
+                None => rows.to_vec(),
+            };
+            let packet_rows: Vec<u64> = steps.iter().map(|&s| camera.packet_rows.value(s as usize)).collect();
+            for (p, s) in packet_rows.iter().zip(&steps) {
+                shown_by.entry(*p).or_insert(*s);
+            }
+            wanted.push(packet_rows);
+        }
+        (wanted, shown_by)
+    }
+
+    /// The GOP decodes `draws` need when nothing is cached: per dataset and stream, the packet
+    /// rows from each keyframe to the last frame wanted from it.
+    pub fn plan(&self, draws: &[Draw]) -> Vec<GopJob> {
+        let mut by_source: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for d in draws {
+            by_source.entry(d.source).or_default().push(d.row);
+        }
+        let mut jobs = Vec::new();
+        for (source, rows) in by_source {
+            let rows: BTreeSet<u64> = self.camera_rows(source, &rows).0.into_iter().flatten().collect();
+            for ((stream, start), targets) in group_by_gop(&self.datasets[source], rows) {
+                jobs.push(GopJob { source, stream, start, targets });
+            }
+        }
+        jobs
+    }
+
+    /// The CPU time FFmpeg alone needs for `jobs`: decode each GOP's packets (read into memory
+    /// beforehand, not timed) with one reused decoder per stream and convert the wanted frames
+    /// to RGB, on this thread. This is the decode-bound limit a loader is measured against.
+    ///
+    /// # Errors
+    /// When packets cannot be read or decoded.
+    pub async fn decode_bound(&self, jobs: &[GopJob]) -> Result<DecodeBound> {
+        let mut data: HashMap<(usize, u64), bytes::Bytes> = HashMap::new();
+        let mut by_source: BTreeMap<usize, BTreeSet<u64>> = BTreeMap::new();
+        for j in jobs {
+            by_source.entry(j.source).or_default().extend(j.start..=*j.targets.last().expect("non-empty"));
+        }
+        for (source, rows) in by_source {
+            let rows: Vec<u64> = rows.into_iter().collect();
+            let bytes = self.datasets[source].packet_bytes(&rows).await?;
+            data.extend(rows.into_iter().zip(bytes).map(|(r, b)| ((source, r), b)));
+        }
+        let mut decoders: HashMap<(usize, u32), StreamDecoder> = HashMap::new();
+        let mut bound = DecodeBound::default();
+        let began = thread_cpu_seconds();
+        for j in jobs {
+            let ds = &self.datasets[j.source];
+            let decoder = match decoders.entry((j.source, j.stream)) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let config = ds.streams.get(&j.stream).ok_or_else(|| Error::layout(&ds.label, format!("no stream {}", j.stream)))?;
+                    e.insert(StreamDecoder::open(config).map_err(|e| Error::layout(&ds.label, e.0))?)
+                }
+            };
+            let index = &ds.packets;
+            let last = *j.targets.last().expect("non-empty");
+            let packets: Vec<(i64, i64, bool, &[u8])> = (j.start..=last)
+                .map(|r| {
+                    (index.pts[r as usize], index.dts[r as usize], index.container_keyframe[r as usize], data[&(j.source, r)].as_ref())
+                })
+                .collect();
+            let wanted: Vec<i64> = j.targets.iter().map(|&r| index.pts[r as usize]).collect();
+            let frames = decoder.decode(&packets, &wanted).map_err(|e| Error::layout(&ds.label, e.0))?;
+            bound.packets += packets.len() as u64;
+            bound.frames += frames.len() as u64;
+        }
+        bound.cpu_seconds = thread_cpu_seconds() - began;
+        Ok(bound)
+    }
+
     /// The RGB frames of `packet_rows` of dataset `source`, from the cache or decoded.
     async fn frames(&self, source: usize, packet_rows: BTreeSet<u64>, shown_by: &HashMap<u64, u64>) -> Result<HashMap<u64, Frame>> {
         let ds = self.datasets[source].clone();
         let slot = source as u32;
         let mut found = HashMap::with_capacity(packet_rows.len());
-        // (stream, keyframe row) → target rows
-        let mut groups: BTreeMap<(u32, u64), Vec<u64>> = BTreeMap::new();
+        let mut missing = BTreeSet::new();
         for row in packet_rows {
-            if let Some(frame) = self.cache.get((slot, row)) {
-                found.insert(row, frame);
-                continue;
+            match self.cache.get((slot, row)) {
+                Some(frame) => drop(found.insert(row, frame)),
+                None => drop(missing.insert(row)),
             }
-            let r = row as usize;
-            let start = row - u64::from(ds.packets.keyframe_offset[r]);
-            groups.entry((ds.packets.stream[r], start)).or_default().push(row);
         }
+        let groups = group_by_gop(&ds, missing);
         if groups.is_empty() {
             return Ok(found);
         }
         let needed: BTreeSet<u64> = groups.iter().flat_map(|((_, start), targets)| *start..=*targets.last().expect("non-empty")).collect();
         let needed: Vec<u64> = needed.into_iter().collect();
+        let fetch_began = Instant::now();
         let bytes = ds.packet_bytes(&needed).await?;
+        self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.counters.packet_bytes.fetch_add(bytes.iter().map(|b| b.len() as u64).sum(), Ordering::Relaxed);
         let data: HashMap<u64, bytes::Bytes> = needed.into_iter().zip(bytes).collect();
 
@@ -393,6 +450,65 @@ fn decode_group(
     counters.frames.fetch_add(frames.len() as u64, Ordering::Relaxed);
     counters.decode_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
     Ok(targets.iter().zip(frames).map(|(&row, f)| (row, Arc::new(f.data))).collect())
+}
+
+/// One GOP decode: packet rows `start..=last target` of a stream, for the frames of `targets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GopJob {
+    /// The dataset's position in the loader.
+    pub source: usize,
+    /// The stream.
+    pub stream: u32,
+    /// The keyframe row decoding starts from.
+    pub start: u64,
+    /// The rows whose frames are wanted, ascending.
+    pub targets: Vec<u64>,
+}
+
+/// What the decode-bound measurement did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DecodeBound {
+    /// CPU seconds of decoding and colour conversion.
+    pub cpu_seconds: f64,
+    /// Packets decoded.
+    pub packets: u64,
+    /// Frames converted to RGB.
+    pub frames: u64,
+}
+
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime fills the struct we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Packet rows grouped by `(stream, keyframe row)`, each group's targets ascending.
+fn group_by_gop(ds: &LoaderDataset, rows: BTreeSet<u64>) -> BTreeMap<(u32, u64), Vec<u64>> {
+    let mut groups: BTreeMap<(u32, u64), Vec<u64>> = BTreeMap::new();
+    for row in rows {
+        let r = row as usize;
+        let start = row - u64::from(ds.packets.keyframe_offset[r]);
+        groups.entry((ds.packets.stream[r], start)).or_default().push(row);
+    }
+    groups
+}
+
+/// For a window of frame `offsets` around each of `rows`: the rows queried (clamped to the
+/// episode, as LeRobot does) and whether each slot was padded.
+fn window_rows(ds: &LoaderDataset, rows: &[u64], offsets: &[i64]) -> (Vec<u64>, Vec<bool>) {
+    let mut q = Vec::with_capacity(rows.len() * offsets.len());
+    let mut pad = Vec::with_capacity(rows.len() * offsets.len());
+    for &row in rows {
+        let span = ds.episode_of_row(row);
+        let at = (row - span.first_row) as i64;
+        for &d in offsets {
+            let want = at + d;
+            pad.push(want < 0 || want >= span.len as i64);
+            q.push(span.first_row + want.clamp(0, span.len as i64 - 1) as u64);
+        }
+    }
+    (q, pad)
 }
 
 /// Rows of `n * T` taken values regrouped into `n` fixed-size lists of `T` steps each.

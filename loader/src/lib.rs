@@ -23,7 +23,7 @@ mod spec;
 mod stream;
 
 pub use crate::{
-    batch::{DTYPE, DecodeStats, LAYOUT, Loader, LoaderOptions, SHAPE},
+    batch::{DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, SHAPE},
     cache::{CacheStats, Frame, FrameCache, FrameKey},
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, init_ffmpeg},

@@ -38,8 +38,9 @@ pub struct StreamRequest {
     pub prefetch: usize,
 }
 
-/// The cursors a request visits, in order (empty batches, past the end of a short epoch for
-/// this rank, are skipped).
+/// The cursors a request visits, in order. Without `drop_last`, a rank whose slice of an
+/// epoch's short last batch is empty gets a batch of 0 rows there, so every rank sees the same
+/// cursors.
 pub fn cursors(request: &StreamRequest) -> impl Iterator<Item = Cursor> + Send + 'static {
     let (sharding, epoch_len) = (request.sharding, request.order.epoch_len());
     let mut cursor = Some(request.start);

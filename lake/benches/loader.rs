@@ -1,0 +1,72 @@
+//! Loader throughput: `lake bench` (release build, as a child process) on a dataset of ~10k
+//! steps made by repeating the bundled `v30-av1-small` sample (2 cameras, AV1 GOP 2, 480×640 +
+//! 96×128, 30 fps), for the `act` and `diffusion` presets with the decoded-frame cache off (the
+//! cold path: every frame decoded from packets) and on. Prints one table, with the decode-bound
+//! limit measured in the same run by `lake bench` itself.
+//!
+//! ```text
+//! cargo bench -p lake --bench loader                 # 17 repeats (10 200 steps), 100 batches of 32
+//! cargo bench -p lake --bench loader -- 17 200       # repeats, batches
+//! LAKE_BENCH_DIR=/tmp cargo bench -p lake --bench loader   # keep the generated data and lake
+//! ```
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a bench binary prints its table
+
+use std::{path::Path, process::Command};
+
+use lake_testkit::{repeat_dataset, testdata};
+
+fn lake(root: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_lake")).arg("--lake").arg(root).args(args).output().expect("run lake");
+    assert!(out.status.success(), "lake {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn main() {
+    let numbers: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let repeats = numbers.first().copied().unwrap_or(17) as usize;
+    let batches = numbers.get(1).copied().unwrap_or(100);
+    let (_guard, work) = match std::env::var_os("LAKE_BENCH_DIR") {
+        Some(dir) => (None, tempfile::Builder::new().prefix("lake-bench-").tempdir_in(dir).expect("bench dir").keep()),
+        None => {
+            let t = tempfile::tempdir().expect("tmp");
+            let p = t.path().to_path_buf();
+            (Some(t), p)
+        }
+    };
+    let src = work.join(format!("av1-small-x{repeats}"));
+    repeat_dataset(&testdata("v30-av1-small"), &src, repeats);
+    let root = work.join("lake");
+    lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "bench"]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "lake loader throughput: {} steps (v30-av1-small x{repeats}: AV1 GOP 2, 480x640 + 96x128), batch 32, {batches} batches after the first, {cores} cores",
+        600 * repeats
+    );
+    println!(
+        "{:<10} {:>5} {:>10} {:>13} {:>15} {:>12} {:>10} {:>11} {:>9} {:>9}",
+        "preset", "cache", "samples/s", "CPU ms/sample", "bound ms/sample", "% of bound", "first ms", "copy ms/s.", "hit rate", "peak RSS"
+    );
+    for preset in ["act", "diffusion"] {
+        for cache in ["off", "on"] {
+            let json = lake(
+                &root,
+                &["bench", "--dataset", "bench", "--preset", preset, "--cache", cache, "--batches", &batches.to_string(), "--json"],
+            );
+            let r: serde_json::Value = serde_json::from_str(&json).expect("bench json");
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{:<10} {:>5} {:>10.1} {:>13.3} {:>15.3} {:>11.0}% {:>10.1} {:>11.4} {:>8.1}% {:>6.0} MB",
+                preset,
+                cache,
+                f("samples_per_s"),
+                f("cpu_ms_per_sample"),
+                f("bound_cpu_ms_per_sample"),
+                f("bound_fraction") * 100.0,
+                f("first_batch_ms"),
+                f("copy_ms_per_sample"),
+                f("cache_hit_rate") * 100.0,
+                f("peak_rss_mb"),
+            );
+        }
+    }
+}
