@@ -50,6 +50,9 @@ enum Command {
     Sample(sample::SampleArgs),
     /// Measure loader throughput: samples/s, CPU per sample, first-batch latency, peak RSS.
     Bench(sample::BenchArgs),
+    /// Decode every frame of a dataset version once and store it losslessly (zstd RGB) beside
+    /// it; the loader then reads frames instead of decoding them.
+    Cache(sample::CacheArgs),
 }
 
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
             Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
             Command::Sample(args) => sample::sample(&cli.lake, args).await,
             Command::Bench(args) => sample::bench(&cli.lake, args).await,
+            Command::Cache(args) => sample::cache(&cli.lake, args).await,
         }
     });
     match result {

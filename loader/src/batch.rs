@@ -52,11 +52,13 @@ pub struct LoaderOptions {
     pub threads: usize,
     /// Byte budget of the decoded-frame cache (0 disables it).
     pub cache_bytes: u64,
+    /// Read frames from a dataset's decoded-frame table (`lake cache`) when it has one.
+    pub frame_table: bool,
 }
 
 impl Default for LoaderOptions {
     fn default() -> Self {
-        Self { threads: 0, cache_bytes: 512 << 20 }
+        Self { threads: 0, cache_bytes: 512 << 20, frame_table: true }
     }
 }
 
@@ -102,6 +104,7 @@ pub struct Loader {
     cache: Arc<FrameCache>,
     decoders: Arc<DecoderPool>,
     counters: Arc<Counters>,
+    frame_table: bool,
 }
 
 impl Loader {
@@ -152,6 +155,7 @@ impl Loader {
             cache: Arc::new(FrameCache::new(options.cache_bytes)),
             decoders: Arc::new(Mutex::new(HashMap::new())),
             counters: Arc::new(Counters::default()),
+            frame_table: options.frame_table,
         })
     }
 
@@ -361,6 +365,27 @@ impl Loader {
                 Some(frame) => drop(found.insert(row, frame)),
                 None => drop(missing.insert(row)),
             }
+        }
+        if self.frame_table && ds.has_frame_table() && !missing.is_empty() {
+            let rows: Vec<u64> = missing.into_iter().collect();
+            let fetch_began = Instant::now();
+            let stored = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
+            self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let sizes: Vec<usize> = rows.iter().map(|&r| ds.frame_bytes_of_row(r)).collect();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.pool.spawn(move || {
+                let frames: Vec<std::io::Result<Vec<u8>>> =
+                    stored.par_iter().zip(sizes).map(|(c, n)| zstd::bulk::decompress(c, n)).collect();
+                let _ = tx.send(frames);
+            });
+            let frames = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
+            for (row, frame) in rows.into_iter().zip(frames) {
+                let frame = Arc::new(frame.map_err(|e| Error::layout(&ds.label, format!("frame table row {row}: {e}")))?);
+                self.counters.frames.fetch_add(1, Ordering::Relaxed);
+                self.cache.insert((slot, row), frame.clone());
+                found.insert(row, frame);
+            }
+            return Ok(found);
         }
         let groups = group_by_gop(&ds, missing);
         if groups.is_empty() {

@@ -99,6 +99,8 @@ pub struct LoaderDataset {
     /// Codec facts per stream id.
     pub streams: HashMap<u32, StreamConfig>,
     packets_table: lance::Dataset,
+    /// The decoded-frame table, when `lake cache` made one.
+    frames_table: Option<lance::Dataset>,
 }
 
 impl LoaderDataset {
@@ -149,7 +151,19 @@ impl LoaderDataset {
         }
         let packets = read_packet_index(lake, &record).await?;
         let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
-        Ok(Arc::new(Self { label, record, steps, columns, cameras, episodes, row_episode, packets, streams, packets_table }))
+        let frames_uri = lake.uri(&record.tables.path(crate::frames::FRAMES));
+        let frames_table = if std::path::Path::new(&frames_uri).is_dir() {
+            match lance::Dataset::open(&frames_uri).await {
+                Ok(table) if table.count_rows(None).await.ok() == Some(packets.stream.len()) => Some(table),
+                _ => {
+                    tracing::warn!(dataset = %label, "ignoring an unreadable or incomplete frame table at {frames_uri}; run `lake cache` again");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Arc::new(Self { label, record, steps, columns, cameras, episodes, row_episode, packets, streams, packets_table, frames_table }))
     }
 
     /// Frames per second.
@@ -189,17 +203,42 @@ impl LoaderDataset {
     /// # Errors
     /// When Lance cannot read them.
     pub async fn packet_bytes(&self, rows: &[u64]) -> Result<Vec<bytes::Bytes>> {
-        let lance_err = |source| Error::Lance { dataset: self.label.clone(), table: tables::PACKETS.into(), source: Box::new(source) };
-        let projection = self.packets_table.schema().project(&["data"]).map_err(lance_err)?;
-        let batch = self.packets_table.take(rows, projection).await.map_err(lance_err)?;
-        let data = batch.column(0).as_binary::<i64>();
-        if data.len() != rows.len() {
-            return Err(Error::layout(&self.label, format!("asked for {} packet rows, got {}", rows.len(), data.len())));
-        }
-        let buffer = bytes::Bytes::from(data.values().to_vec());
-        let offsets = data.value_offsets();
-        Ok((0..data.len()).map(|i| buffer.slice(offsets[i] as usize..offsets[i + 1] as usize)).collect())
+        take_binary(&self.label, &self.packets_table, tables::PACKETS, "data", rows).await
     }
+
+    /// Whether a decoded-frame table exists for this version.
+    pub fn has_frame_table(&self) -> bool {
+        self.frames_table.is_some()
+    }
+
+    /// Reads the stored (zstd-compressed RGB) frames of packet rows (sorted, distinct), in that
+    /// order, or `None` without a frame table.
+    ///
+    /// # Errors
+    /// When Lance cannot read them.
+    pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<Vec<bytes::Bytes>>> {
+        let Some(table) = &self.frames_table else { return Ok(None) };
+        take_binary(&self.label, table, crate::frames::FRAMES, "rgb_zstd", rows).await.map(Some)
+    }
+
+    /// Bytes of the RGB frame of packet row `row`.
+    pub fn frame_bytes_of_row(&self, row: u64) -> usize {
+        self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.width as usize * s.height as usize * 3)
+    }
+}
+
+/// A binary column of `rows` (sorted, distinct) of a Lance table, in that order.
+async fn take_binary(label: &str, table: &lance::Dataset, name: &str, column: &str, rows: &[u64]) -> Result<Vec<bytes::Bytes>> {
+    let lance_err = |source| Error::Lance { dataset: label.to_string(), table: name.into(), source: Box::new(source) };
+    let projection = table.schema().project(&[column]).map_err(lance_err)?;
+    let batch = table.take(rows, projection).await.map_err(lance_err)?;
+    let data = batch.column(0).as_binary::<i64>();
+    if data.len() != rows.len() {
+        return Err(Error::layout(label, format!("asked {name} for {} rows, got {}", rows.len(), data.len())));
+    }
+    let buffer = bytes::Bytes::from(data.values().to_vec());
+    let offsets = data.value_offsets();
+    Ok((0..data.len()).map(|i| buffer.slice(offsets[i] as usize..offsets[i + 1] as usize)).collect())
 }
 
 async fn episode_spans(label: &str, steps: &RecordBatch, lake: &Lake, record: &CommitRecord) -> Result<(Vec<EpisodeSpan>, Vec<u32>)> {

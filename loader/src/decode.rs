@@ -205,14 +205,27 @@ impl StreamDecoder {
     }
 
     fn drain(&mut self, frame: &mut ffmpeg::frame::Video, wanted: &[i64], found: &mut [Option<RgbFrame>]) -> DecodeResult<()> {
+        self.receive_all(frame, |this, frame, pts| {
+            for (i, w) in wanted.iter().enumerate() {
+                if *w == pts && found[i].is_none() {
+                    found[i] = Some(this.convert(frame)?);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Hands every frame the decoder has ready to `each` (with its pts).
+    fn receive_all(
+        &mut self,
+        frame: &mut ffmpeg::frame::Video,
+        mut each: impl FnMut(&mut Self, &ffmpeg::frame::Video, i64) -> DecodeResult<()>,
+    ) -> DecodeResult<()> {
         loop {
             match self.decoder.receive_frame(frame) {
                 Ok(()) => {
-                    let Some(pts) = frame.pts().or_else(|| frame.timestamp()) else { continue };
-                    for (i, w) in wanted.iter().enumerate() {
-                        if *w == pts && found[i].is_none() {
-                            found[i] = Some(self.convert(frame)?);
-                        }
+                    if let Some(pts) = frame.pts().or_else(|| frame.timestamp()) {
+                        each(self, frame, pts)?;
                     }
                 }
                 Err(ffmpeg::Error::Other { errno }) if errno == ffmpeg::util::error::EAGAIN => return Ok(()),
@@ -220,6 +233,47 @@ impl StreamDecoder {
                 Err(e) => return Err(DecodeError(format!("decoding: {e}"))),
             }
         }
+    }
+
+    /// Sequential decoding of a whole stream: feeds one packet (in decode order) and returns
+    /// the frames that came out, as `(pts, RGB)`. Call [`StreamDecoder::finish`] at the end.
+    ///
+    /// # Errors
+    /// When FFmpeg rejects the packet or fails to decode.
+    pub fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+        let mut p = ffmpeg::Packet::copy(data);
+        p.set_pts(Some(pts));
+        p.set_dts(Some(dts));
+        if key {
+            p.set_flags(ffmpeg::packet::Flags::KEY);
+        }
+        self.decoder.send_packet(&p).map_err(|e| DecodeError(format!("packet pts {pts}: {e}")))?;
+        let mut out = Vec::new();
+        let mut frame = ffmpeg::frame::Video::empty();
+        self.receive_all(&mut frame, |this, frame, pts| {
+            out.push((pts, this.convert(frame)?));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Ends a sequential decode: drains the frames still inside the decoder and makes it ready
+    /// for another stream position.
+    ///
+    /// # Errors
+    /// When FFmpeg fails to drain.
+    pub fn finish(&mut self) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+        let mut out = Vec::new();
+        if !self.intra_only {
+            self.decoder.send_eof().map_err(ff("end of stream"))?;
+            let mut frame = ffmpeg::frame::Video::empty();
+            self.receive_all(&mut frame, |this, frame, pts| {
+                out.push((pts, this.convert(frame)?));
+                Ok(())
+            })?;
+            self.decoder.flush();
+        }
+        Ok(out)
     }
 
     fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {

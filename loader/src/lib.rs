@@ -18,6 +18,7 @@ mod cache;
 mod dataset;
 mod decode;
 mod error;
+mod frames;
 mod sampler;
 mod spec;
 mod stream;
@@ -28,6 +29,7 @@ pub use crate::{
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, init_ffmpeg},
     error::{Error, Result},
+    frames::{FRAMES, FrameTableReport, frames_schema, write_frame_table},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
     stream::{BatchStream, LoadedBatch, StreamRequest, cursors, stream},

@@ -319,6 +319,13 @@ fn b_frame_streams_rebuild_every_frame() {
     let run = crate::common::lake(&root, &["sample", "--dataset", "bframes", "--indices", &indices.join(","), "--out", &s(&out)]);
     assert_eq!(run.code, 0, "{run:#?}");
     let got = crate::common::read_arrow(&out);
+    // The same frames from the stored frame table (decoded sequentially, B-frames reordered).
+    let run = crate::common::lake(&root, &["cache", "bframes"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let cached = lake.path().join("cached.arrow");
+    let run = crate::common::lake(&root, &["sample", "--dataset", "bframes", "--indices", &indices.join(","), "--out", &s(&cached)]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(crate::common::read_arrow(&cached) == got, "frames from the frame table differ from decoded ones");
     for (camera, path) in [("observation.images.front", &front), ("observation.images.wrist", &wrist)] {
         let mut frames = lake_testkit::sequential_rgb(path);
         frames.sort_by_key(|f| f.0);

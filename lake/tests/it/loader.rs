@@ -110,7 +110,7 @@ fn check_preset(root: &Path, name: &str, preset: &str) {
     assert!(compared >= 8, "{name}/{preset}: only {compared} columns compared");
 }
 
-fn check_dataset(source: &Path, flags: &[&str]) {
+fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     ingest_ok(&root, source, flags);
@@ -118,26 +118,35 @@ fn check_dataset(source: &Path, flags: &[&str]) {
     for preset in ["act", "diffusion", "none"] {
         check_preset(&root, name, preset);
     }
+    if frame_table {
+        // Frames stored by `lake cache` are the decoded frames, byte for byte.
+        let run = lake(&root, &["cache", name]);
+        assert_eq!(run.code, 0, "{run:#?}");
+        assert!(run.stdout.contains("stored"), "{run:#?}");
+        for preset in ["act", "diffusion"] {
+            check_preset(&root, name, preset);
+        }
+    }
 }
 
 #[test]
 fn parity_av1_two_cameras() {
-    check_dataset(&shared_dir().join("fixtures/v30-av1-small"), &[]);
+    check_dataset(&shared_dir().join("fixtures/v30-av1-small"), &[], false);
 }
 
 #[test]
 fn parity_h264_multifile_per_camera_offsets() {
-    check_dataset(&shared_dir().join("fixtures/v30-h264-multifile"), &[]);
+    check_dataset(&shared_dir().join("fixtures/v30-h264-multifile"), &[], true);
 }
 
 #[test]
 fn parity_png_images_in_parquet() {
-    check_dataset(&shared_dir().join("fixtures/v30-images-tiny"), &[]);
+    check_dataset(&shared_dir().join("fixtures/v30-images-tiny"), &[], true);
 }
 
 #[test]
 fn parity_real_lingzu_mpeg4_gop12() {
-    check_dataset(&shared_dir().join("lerobot-real/lingzu-open50-v30"), &["--skip-bad-episodes"]);
+    check_dataset(&shared_dir().join("lerobot-real/lingzu-open50-v30"), &["--skip-bad-episodes"], false);
 }
 
 #[test]
@@ -181,8 +190,12 @@ fn cached_and_uncached_streams_are_identical() {
         let budget = 8 << 20;
         let run = |cache_bytes: u64| {
             let loader = Arc::new(
-                Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Diffusion), LoaderOptions { threads: 2, cache_bytes })
-                    .expect("loader"),
+                Loader::new(
+                    vec![ds.clone()],
+                    &Windows::Preset(Preset::Diffusion),
+                    LoaderOptions { threads: 2, cache_bytes, frame_table: false },
+                )
+                .expect("loader"),
             );
             let request =
                 StreamRequest { order: order.clone(), sharding, start: Cursor { epoch: 0, step: 30 }, limit: Some(12), prefetch: 2 };

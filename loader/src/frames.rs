@@ -1,0 +1,236 @@
+//! The persistent decoded-frame table: every frame of every stream of a dataset version,
+//! decoded once and stored losslessly (zstd-compressed RGB24, exactly the bytes the loader's
+//! decode path returns) in `frames.lance` beside the version's other tables, one row per
+//! `packets` row. The loader reads frames from it when it exists instead of decoding.
+//!
+//! The table is written under a temporary name and renamed into place when complete, so a
+//! failed or killed `lake cache` leaves no table readers could pick up.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use arrow::{
+    array::{ArrayBuilder, LargeBinaryBuilder, RecordBatch, UInt64Builder},
+    datatypes::{DataType, Field, Schema, SchemaRef},
+};
+use futures::StreamExt;
+use lake_store::Lake;
+
+use crate::{Error, Result, dataset::LoaderDataset, decode::StreamDecoder};
+
+/// Name of the table in a version's directory.
+pub const FRAMES: &str = "frames";
+
+/// zstd level of stored frames: fast to write, and reading does not depend on it.
+const LEVEL: i32 = 1;
+
+/// Frames per written batch.
+const BATCH: usize = 32;
+
+/// Packet rows read from the lake at a time.
+const READ_ROWS: u64 = 256;
+
+/// Schema of `frames`: the packet row, and its frame as zstd-compressed RGB24 (HWC).
+pub fn frames_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("row", DataType::UInt64, false), Field::new("rgb_zstd", DataType::LargeBinary, false)]))
+}
+
+/// What [`write_frame_table`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameTableReport {
+    /// Frames stored.
+    pub frames: u64,
+    /// Bytes of RGB before compression.
+    pub raw_bytes: u64,
+    /// Bytes stored.
+    pub stored_bytes: u64,
+}
+
+/// The rows `[first, end)` of each stream, in packet row order.
+fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
+    let mut runs: Vec<(u32, u64, u64)> = Vec::new();
+    for (row, &stream) in ds.packets.stream.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if run.0 == stream => run.2 = row as u64 + 1,
+            _ => runs.push((stream, row as u64, row as u64 + 1)),
+        }
+    }
+    runs
+}
+
+/// Decodes every frame of `ds` (streams in parallel, `threads` at a time) and stores them as
+/// the version's `frames` table. Replaces an existing table only once the new one is complete.
+///
+/// # Errors
+/// When a frame cannot be decoded or the table cannot be written.
+pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usize) -> Result<FrameTableReport> {
+    let final_rel = ds.record.tables.path(FRAMES);
+    let tmp_rel = format!("{}/.{FRAMES}-{}.lance", ds.record.tables.dir, uuid::Uuid::new_v4().simple());
+    let tmp_uri = lake.uri(&tmp_rel);
+    let result = async {
+        let runs = stream_runs(&ds);
+        let parts = futures::stream::iter(runs)
+            .map(|(stream, first, end)| {
+                let ds = ds.clone();
+                let uri = tmp_uri.clone();
+                async move {
+                    let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+                    let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, first, end, &tx));
+                    let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+                    let part = lake_store::write_uncommitted(uri, frames_schema(), batches).await;
+                    let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))??;
+                    Ok::<_, Error>((part?, report))
+                }
+            })
+            .buffered(threads.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        let mut report = FrameTableReport::default();
+        let mut ordered = Vec::with_capacity(parts.len());
+        for p in parts {
+            let (part, r) = p?;
+            report.frames += r.frames;
+            report.raw_bytes += r.raw_bytes;
+            report.stored_bytes += r.stored_bytes;
+            ordered.push(part);
+        }
+        lake_store::commit_parts(&tmp_uri, frames_schema(), ordered).await?;
+        Ok::<_, Error>(report)
+    }
+    .await;
+    let tmp_path = std::path::PathBuf::from(&tmp_uri);
+    match result {
+        Ok(report) => {
+            let final_path = std::path::PathBuf::from(lake.uri(&final_rel));
+            let old = final_path.with_extension(format!("old-{}", uuid::Uuid::new_v4().simple()));
+            let replaced = final_path.exists();
+            if replaced {
+                std::fs::rename(&final_path, &old)
+                    .map_err(|e| Error::layout(&ds.label, format!("moving the old frame table aside: {e}")))?;
+            }
+            std::fs::rename(&tmp_path, &final_path).map_err(|e| Error::layout(&ds.label, format!("publishing the frame table: {e}")))?;
+            if replaced {
+                let _ = std::fs::remove_dir_all(&old);
+            }
+            Ok(report)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp_path);
+            Err(e)
+        }
+    }
+}
+
+/// Rows of one stream on their way into the table, in row order.
+struct RowWriter<'a> {
+    tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    rows: UInt64Builder,
+    data: LargeBinaryBuilder,
+    /// Frames that came out before a row preceding them (B-frames): row → compressed frame.
+    pending: BTreeMap<u64, Vec<u8>>,
+    next: u64,
+    report: FrameTableReport,
+}
+
+impl RowWriter<'_> {
+    fn add(&mut self, row: u64, rgb: &[u8]) -> std::io::Result<()> {
+        let compressed = zstd::bulk::compress(rgb, LEVEL)?;
+        self.report.raw_bytes += rgb.len() as u64;
+        self.pending.insert(row, compressed);
+        Ok(())
+    }
+
+    /// Writes every pending frame whose predecessors are all written.
+    fn flush_ready(&mut self) -> Result<()> {
+        while let Some(compressed) = self.pending.remove(&self.next) {
+            self.report.frames += 1;
+            self.report.stored_bytes += compressed.len() as u64;
+            self.rows.append_value(self.next);
+            self.data.append_value(&compressed);
+            self.next += 1;
+            if self.rows.len() >= BATCH {
+                self.send()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn send(&mut self) -> Result<()> {
+        let batch = RecordBatch::try_new(frames_schema(), vec![Arc::new(self.rows.finish()), Arc::new(self.data.finish())])?;
+        self.tx.blocking_send(Ok(batch)).map_err(|_| Error::request("the frame table writer stopped"))
+    }
+}
+
+/// Decodes rows `[first, end)` of one stream sequentially, in decode order, and sends them in
+/// row order as batches of the frames table.
+fn decode_stream(
+    ds: &LoaderDataset,
+    stream: u32,
+    first: u64,
+    end: u64,
+    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) -> Result<FrameTableReport> {
+    let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
+    let decode_err = |row: u64, message: String| Error::Decode {
+        dataset: ds.label.clone(),
+        camera: config.camera.clone(),
+        episode: -1,
+        frame: -1,
+        row,
+        message,
+    };
+    let mut decoder = StreamDecoder::open(config).map_err(|e| decode_err(first, e.0))?;
+    let rt = tokio::runtime::Handle::current();
+    let index = &ds.packets;
+    let intra_only = config.kind == "image";
+    let row_of_pts: HashMap<i64, u64> =
+        if intra_only { HashMap::new() } else { (first..end).map(|r| (index.pts[r as usize], r)).collect() };
+    let mut out = RowWriter {
+        tx,
+        rows: UInt64Builder::new(),
+        data: LargeBinaryBuilder::new(),
+        pending: BTreeMap::new(),
+        next: first,
+        report: FrameTableReport::default(),
+    };
+    let zstd_err = |e: std::io::Error| Error::layout(&ds.label, format!("zstd: {e}"));
+    let mut chunk = first;
+    while chunk < end {
+        let chunk_end = (chunk + READ_ROWS).min(end);
+        let bytes = rt.block_on(ds.packet_bytes(&(chunk..chunk_end).collect::<Vec<_>>()))?;
+        for (row, b) in (chunk..chunk_end).zip(&bytes) {
+            let r = row as usize;
+            let frames = decoder.feed(index.pts[r], index.dts[r], index.container_keyframe[r], b).map_err(|e| decode_err(row, e.0))?;
+            if intra_only {
+                // One picture per packet, out at once (image pts repeat across episodes).
+                if frames.len() != 1 {
+                    return Err(decode_err(row, format!("{} pictures from one image", frames.len())));
+                }
+                out.add(row, &frames[0].1.data).map_err(zstd_err)?;
+            } else {
+                for (pts, frame) in frames {
+                    if let Some(&at) = row_of_pts.get(&pts) {
+                        out.add(at, &frame.data).map_err(zstd_err)?;
+                    }
+                }
+            }
+            out.flush_ready()?;
+        }
+        chunk = chunk_end;
+    }
+    for (pts, frame) in decoder.finish().map_err(|e| decode_err(end.saturating_sub(1), e.0))? {
+        if let Some(&at) = row_of_pts.get(&pts) {
+            out.add(at, &frame.data).map_err(zstd_err)?;
+        }
+    }
+    out.flush_ready()?;
+    if out.next != end {
+        return Err(decode_err(out.next, "the decoder put out no frame for this packet".into()));
+    }
+    if !out.rows.is_empty() {
+        out.send()?;
+    }
+    Ok(out.report)
+}
