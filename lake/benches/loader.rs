@@ -1,8 +1,9 @@
 //! Loader throughput: `lake bench` (release build, as a child process) on a dataset of ~10k
 //! steps made by repeating the bundled `v30-av1-small` sample (2 cameras, AV1 GOP 2, 480×640 +
-//! 96×128, 30 fps), for the `act` and `diffusion` presets with the decoded-frame cache off (the
-//! cold path: every frame decoded from packets) and on. Prints one table, with the decode-bound
-//! limit measured in the same run by `lake bench` itself.
+//! 96×128, 30 fps), for the `act` and `diffusion` presets: frames decoded from packets (the
+//! cold path) with the in-memory frame cache off and on, then frames read from the stored frame
+//! table that `lake cache` writes. Prints one table, with the decode-bound limit measured in
+//! the same run by `lake bench` itself.
 //!
 //! ```text
 //! cargo bench -p lake --bench loader                 # 17 repeats (10 200 steps), 100 batches of 32
