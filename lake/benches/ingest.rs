@@ -60,15 +60,7 @@ fn main() {
     let factors: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let factors = if factors.is_empty() { vec![1, 10, 50] } else { factors };
     let runs: usize = std::env::var("LAKE_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    // LAKE_BENCH_DIR keeps the generated datasets and lakes for a look afterwards.
-    let (_guard, work) = match std::env::var_os("LAKE_BENCH_DIR") {
-        Some(dir) => (None, tempfile::Builder::new().prefix("lake-bench-").tempdir_in(dir).expect("bench dir").keep()),
-        None => {
-            let t = tempfile::tempdir().expect("tmp");
-            let p = t.path().to_path_buf();
-            (Some(t), p)
-        }
-    };
+    let (_guard, work) = lake_testkit::bench_workdir();
     let sample = testdata("v30-av1-small");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("lake ingest throughput ({runs} runs each, median; {cores} cores; fresh lake per run; source in page cache)");

@@ -26,14 +26,7 @@ fn main() {
     let numbers: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let repeats = numbers.first().copied().unwrap_or(17) as usize;
     let batches = numbers.get(1).copied().unwrap_or(100);
-    let (_guard, work) = match std::env::var_os("LAKE_BENCH_DIR") {
-        Some(dir) => (None, tempfile::Builder::new().prefix("lake-bench-").tempdir_in(dir).expect("bench dir").keep()),
-        None => {
-            let t = tempfile::tempdir().expect("tmp");
-            let p = t.path().to_path_buf();
-            (Some(t), p)
-        }
-    };
+    let (_guard, work) = lake_testkit::bench_workdir();
     let src = work.join(format!("av1-small-x{repeats}"));
     repeat_dataset(&testdata("v30-av1-small"), &src, repeats);
     let root = work.join("lake");

@@ -40,28 +40,42 @@ fn drain(decoder: &mut ffmpeg::decoder::Video, out: &mut Vec<(i64, FrameHash)>) 
     }
 }
 
+/// Decodes every frame of the first video stream of `path` in order, handing each (with its
+/// pts) to `each` as it comes out of the decoder.
+///
+/// # Panics
+/// When the file cannot be opened or decoded.
+fn for_each_frame(path: &Path, mut each: impl FnMut(i64, &ffmpeg::frame::Video)) {
+    lake_loader::init_ffmpeg();
+    let mut input = ffmpeg::format::input(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let stream = input.streams().best(ffmpeg::media::Type::Video).expect("video stream");
+    let index = stream.index();
+    let ctx = ffmpeg::codec::Context::from_parameters(stream.parameters()).expect("decoder context");
+    let mut decoder = ctx.decoder().video().expect("video decoder");
+    let mut frame = ffmpeg::frame::Video::empty();
+    let mut drain = |decoder: &mut ffmpeg::decoder::Video| {
+        while decoder.receive_frame(&mut frame).is_ok() {
+            each(frame.pts().or(frame.timestamp()).expect("decoded frames carry a pts"), &frame);
+        }
+    };
+    for (s, packet) in input.packets() {
+        if s.index() == index {
+            decoder.send_packet(&packet).unwrap_or_else(|e| panic!("decode {}: {e}", path.display()));
+            drain(&mut decoder);
+        }
+    }
+    decoder.send_eof().expect("eof");
+    drain(&mut decoder);
+}
+
 /// Decodes every frame of the first video stream of `path`, in presentation order of output:
 /// `(pts, hash)` per frame.
 ///
 /// # Panics
 /// When the file cannot be opened or decoded.
 pub fn sequential_frames(path: &Path) -> Vec<(i64, FrameHash)> {
-    ffmpeg::init().expect("ffmpeg init");
-    ffmpeg::log::set_level(ffmpeg::log::Level::Quiet);
-    let mut input = ffmpeg::format::input(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let stream = input.streams().best(ffmpeg::media::Type::Video).expect("video stream");
-    let index = stream.index();
-    let ctx = ffmpeg::codec::Context::from_parameters(stream.parameters()).expect("decoder context");
-    let mut decoder = ctx.decoder().video().expect("video decoder");
     let mut out = Vec::new();
-    for (s, packet) in input.packets() {
-        if s.index() == index {
-            decoder.send_packet(&packet).unwrap_or_else(|e| panic!("decode {}: {e}", path.display()));
-            drain(&mut decoder, &mut out);
-        }
-    }
-    decoder.send_eof().expect("eof");
-    drain(&mut decoder, &mut out);
+    for_each_frame(path, |pts, frame| out.push((pts, hash_frame(frame))));
     out
 }
 
@@ -71,30 +85,12 @@ pub fn sequential_frames(path: &Path) -> Vec<(i64, FrameHash)> {
 /// # Panics
 /// When the file cannot be opened or decoded.
 pub fn sequential_rgb(path: &Path) -> Vec<(i64, Vec<u8>)> {
-    lake_loader::init_ffmpeg();
-    let mut input = ffmpeg::format::input(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let stream = input.streams().best(ffmpeg::media::Type::Video).expect("video stream");
-    let index = stream.index();
-    let ctx = ffmpeg::codec::Context::from_parameters(stream.parameters()).expect("decoder context");
-    let mut decoder = ctx.decoder().video().expect("video decoder");
     let mut converter: Option<lake_loader::RgbConverter> = None;
     let mut out = Vec::new();
-    let mut drain = |decoder: &mut ffmpeg::decoder::Video, out: &mut Vec<(i64, Vec<u8>)>| {
-        let mut frame = ffmpeg::frame::Video::empty();
-        while decoder.receive_frame(&mut frame).is_ok() {
-            let pts = frame.pts().or(frame.timestamp()).expect("decoded frames carry a pts");
-            let conv = converter.get_or_insert_with(|| lake_loader::RgbConverter::for_frame(&frame).expect("converter"));
-            out.push((pts, conv.convert(&frame).expect("convert").data));
-        }
-    };
-    for (s, packet) in input.packets() {
-        if s.index() == index {
-            decoder.send_packet(&packet).unwrap_or_else(|e| panic!("decode {}: {e}", path.display()));
-            drain(&mut decoder, &mut out);
-        }
-    }
-    decoder.send_eof().expect("eof");
-    drain(&mut decoder, &mut out);
+    for_each_frame(path, |pts, frame| {
+        let conv = converter.get_or_insert_with(|| lake_loader::RgbConverter::for_frame(frame).expect("converter"));
+        out.push((pts, conv.convert(frame).expect("convert").data));
+    });
     out
 }
 

@@ -109,3 +109,20 @@ pub fn ffmpeg(args: &[&str]) {
         .unwrap_or_else(|e| panic!("cannot run ffmpeg ({e}); scripts/setup.sh installs it"));
     assert!(out.status.success(), "ffmpeg {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A working directory for a benchmark: a fresh temporary directory removed when the returned
+/// guard drops, or, when `LAKE_BENCH_DIR` is set, a new directory inside it that is kept for a
+/// look afterwards (the guard is then `None`).
+///
+/// # Panics
+/// When the directory cannot be made.
+pub fn bench_workdir() -> (Option<tempfile::TempDir>, PathBuf) {
+    match std::env::var_os("LAKE_BENCH_DIR") {
+        Some(dir) => (None, tempfile::Builder::new().prefix("lake-bench-").tempdir_in(dir).expect("bench dir").keep()),
+        None => {
+            let t = tempfile::tempdir().expect("tmp");
+            let p = t.path().to_path_buf();
+            (Some(t), p)
+        }
+    }
+}
