@@ -29,7 +29,7 @@ use arrow::{
 use futures::{StreamExt, TryStreamExt, stream};
 use lake_schemas::{
     CommitRecord, FeatureKind, Finding, FindingKind, LAKE_FORMAT_VERSION, Severity, SourceRecord, TableCounts, TableSet,
-    tables::{self, EPISODES, FINDINGS, PACKETS, STATS, STEPS, STREAMS, TASKS},
+    tables::{self, EPISODES, FEATURE_STATS, FINDINGS, PACKETS, STATS, STEPS, STREAMS, TASKS},
 };
 use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_name};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
@@ -554,6 +554,8 @@ async fn build(
     let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
     let tasks_batch = tasks_table(meta)?;
     let stats_batch = stats_table(meta, &kept)?;
+    progress.set_phase("computing exact feature statistics");
+    let feature_stats_batch = crate::feature_stats::compute(&pending.table_uri(STEPS), &layout.schema).await?;
     for (e, reason) in &plan.report.skipped {
         plan.report.findings.push(
             Finding::new(Severity::Info, FindingKind::EpisodeSkipped, format!("left out by --skip-bad-episodes: {reason}"))
@@ -561,9 +563,14 @@ async fn build(
         );
     }
     let findings_batch = findings_table(&plan.report.findings)?;
-    for (table, batch) in
-        [(STREAMS, streams_batch), (EPISODES, episodes_batch), (TASKS, tasks_batch), (STATS, stats_batch), (FINDINGS, findings_batch)]
-    {
+    for (table, batch) in [
+        (STREAMS, streams_batch),
+        (EPISODES, episodes_batch),
+        (TASKS, tasks_batch),
+        (STATS, stats_batch),
+        (FEATURE_STATS, feature_stats_batch),
+        (FINDINGS, findings_batch),
+    ] {
         lake_store::write_table(&pending.table_uri(table), batch.schema(), vec![batch]).await?;
     }
 

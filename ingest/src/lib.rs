@@ -21,6 +21,7 @@
 mod columns;
 mod data;
 mod error;
+pub mod feature_stats;
 mod ingest;
 mod meta;
 mod report;

@@ -181,6 +181,14 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         writeln!(out)?;
     } else {
         render::dataset_list(&mut out, &datasets, root)?;
+        let views = lake.views().await?;
+        if !views.is_empty() {
+            writeln!(out, "\nviews (lake view show NAME):")?;
+            for v in views {
+                let on: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
+                writeln!(out, "  {:<28} {:>6} episodes  from {}", v.name, v.episode_count(), on.join(", "))?;
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod commands;
+mod query;
 mod render;
 mod sample;
 
@@ -53,6 +54,15 @@ enum Command {
     /// Decode every frame of a dataset version once and store it losslessly (zstd RGB) beside
     /// it; the loader then reads frames instead of decoding them.
     Cache(sample::CacheArgs),
+    /// Query the lake with SQL (DataFusion): `datasets`, `steps`, `episodes`, `tasks`, `stats`,
+    /// `feature_stats`, `findings`, `streams`, `packets`, `views`, and `"<dataset>".<table>`.
+    /// Without a query, an interactive shell.
+    Sql(query::SqlArgs),
+    /// Named training sets: the episodes a SQL query selects, usable wherever a dataset is.
+    #[command(subcommand)]
+    View(query::ViewCommand),
+    /// Print a dataset's statistics in LeRobot's `meta/stats.json` layout (exact quantiles).
+    Stats(query::StatsArgs),
 }
 
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
@@ -87,6 +97,9 @@ fn main() -> ExitCode {
             Command::Sample(args) => sample::sample(&cli.lake, args).await,
             Command::Bench(args) => sample::bench(&cli.lake, args).await,
             Command::Cache(args) => sample::cache(&cli.lake, args).await,
+            Command::Sql(args) => query::sql(&cli.lake, args).await,
+            Command::View(command) => query::view(&cli.lake, command).await,
+            Command::Stats(args) => query::stats(&cli.lake, args).await,
         }
     });
     match result {

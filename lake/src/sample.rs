@@ -10,7 +10,7 @@ use std::{
 use anyhow::Context;
 use arrow::ipc::writer::FileWriter;
 use futures::StreamExt;
-use lake_loader::{Cursor, Draw, Eligible, Loader, LoaderDataset, LoaderOptions, Order, Sharding, Source, StreamRequest, Windows};
+use lake_loader::{Cursor, Draw, Loader, LoaderDataset, LoaderOptions, Order, Sharding, StreamRequest, Windows};
 use lake_store::Lake;
 
 /// How samples are windowed, shared by `sample` and `bench`.
@@ -95,7 +95,7 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
 /// Arguments of `lake sample`.
 #[derive(Debug, clap::Args)]
 pub struct SampleArgs {
-    /// Dataset name, optionally `NAME@VERSION`.
+    /// Dataset name (optionally `NAME@VERSION`), or a view over one dataset.
     #[arg(long)]
     dataset: String,
     /// LeRobot `index` values (absolute step indices), comma-separated.
@@ -113,7 +113,8 @@ pub struct SampleArgs {
 /// Arguments of `lake bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Dataset name (`NAME`, `NAME@VERSION`); repeat with `=WEIGHT` suffixes for a mixture.
+    /// Dataset (`NAME`, `NAME@VERSION`) or view name; repeat with `=WEIGHT` suffixes for a
+    /// mixture.
     #[arg(long, required = true)]
     dataset: Vec<String>,
     #[command(flatten)]
@@ -149,9 +150,26 @@ pub struct BenchArgs {
 /// `lake sample`: the samples of given indices, as an Arrow IPC file.
 pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
-    let ds = LoaderDataset::open(&lake, &args.dataset).await?;
+    let selection = match lake::views::resolve(&lake, &args.dataset).await?.as_slice() {
+        [one] => one.clone(),
+        many => anyhow::bail!(
+            "view `{}` spans {} datasets; sample one of them by name ({})",
+            args.dataset,
+            many.len(),
+            many.iter().map(|s| s.dataset.as_str()).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    let ds = LoaderDataset::open(&lake, &selection.dataset).await?;
     let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
     let draws = args.indices.iter().map(|&i| Ok(Draw { source: 0, row: ds.row_of_index(i)? })).collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(episodes) = &selection.episodes {
+        for (draw, index) in draws.iter().zip(&args.indices) {
+            let episode = ds.episodes.iter().find(|e| (e.first_row..e.first_row + e.len).contains(&draw.row)).map(|e| e.episode_index);
+            if episode.is_none_or(|e| episodes.binary_search(&e).is_err()) {
+                anyhow::bail!("index {index} is in episode {}, which view `{}` does not select", episode.unwrap_or(-1), args.dataset);
+            }
+        }
+    }
     let batch = loader.batch(&draws).await?;
     let tmp = args.out.with_extension("arrow.partial");
     let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
@@ -186,29 +204,13 @@ fn usage() -> (f64, f64) {
 /// `lake bench`: loader throughput on a dataset.
 pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
-    let mut datasets = Vec::new();
-    let mut sources = Vec::new();
-    for spec in &args.dataset {
-        let (name, weight) = match spec.rsplit_once('=') {
-            Some((n, w)) => (n, w.parse::<f64>().with_context(|| format!("--dataset {spec}: the weight is not a number"))?),
-            None => (spec.as_str(), 1.0),
-        };
-        let ds = LoaderDataset::open(&lake, name).await?;
-        for e in &args.episodes {
-            if !ds.episodes.iter().any(|s| s.episode_index == *e) {
-                anyhow::bail!(
-                    "{}: no episode {e} (episodes {}..={})",
-                    ds.label,
-                    ds.episodes[0].episode_index,
-                    ds.episodes[ds.episodes.len() - 1].episode_index
-                );
-            }
-        }
-        let spans = ds.episodes.iter().filter(|s| args.episodes.is_empty() || args.episodes.contains(&s.episode_index));
-        let eligible = Eligible::new(spans.map(|e| (e.first_row, e.len)), args.drop_n_first_frames, args.drop_n_last_frames);
-        sources.push(Source { eligible, weight });
-        datasets.push(ds);
-    }
+    let spec = lake::views::SamplingSpec {
+        datasets: args.dataset.clone(),
+        episodes: args.episodes.clone(),
+        drop_n_first_frames: args.drop_n_first_frames,
+        drop_n_last_frames: args.drop_n_last_frames,
+    };
+    let lake::views::Sampling { datasets, sources } = lake::views::open_sampling(&lake, &spec).await?;
     let labels: Vec<String> = datasets.iter().map(|d| d.label.clone()).collect();
     let loader = Arc::new(Loader::new(datasets, &args.windows.windows()?, args.loader.options())?);
     let order = Arc::new(Order::new(args.seed, sources)?);

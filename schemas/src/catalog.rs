@@ -100,3 +100,40 @@ pub struct CommitRecord {
     /// The source `meta/info.json`, verbatim.
     pub info: serde_json::Value,
 }
+
+/// One dataset version a view selects from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewDataset {
+    /// Dataset name.
+    pub name: String,
+    /// The version current when the view was made; the view keeps reading it.
+    pub version: u64,
+    /// Mixture weight of this dataset when the view is sampled (default 1).
+    pub weight: f64,
+    /// Selected episode indices, ascending.
+    pub episodes: Vec<i64>,
+}
+
+/// A named training set: the episodes a SQL query selected, pinned to the dataset versions
+/// current when it ran. Stored as `views/<name>.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewRecord {
+    /// View name (same rules as dataset names; never the name of a dataset).
+    pub name: String,
+    /// The query that made it.
+    pub sql: String,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// Every dataset of the lake at that moment, as `name@version`: the lake version the view was
+    /// made at.
+    pub lake_versions: Vec<String>,
+    /// What it selects, per dataset, sorted by name.
+    pub datasets: Vec<ViewDataset>,
+}
+
+impl ViewRecord {
+    /// Selected episodes over all datasets.
+    pub fn episode_count(&self) -> usize {
+        self.datasets.iter().map(|d| d.episodes.len()).sum()
+    }
+}

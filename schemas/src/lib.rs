@@ -18,7 +18,7 @@ pub mod tables;
 mod template;
 
 pub use crate::{
-    catalog::{CommitRecord, IngestOptions, SourceRecord, TableCounts, TableSet},
+    catalog::{CommitRecord, IngestOptions, SourceRecord, TableCounts, TableSet, ViewDataset, ViewRecord},
     error::{Error, Result},
     finding::{Finding, FindingKind, Severity},
     lerobot::{CodebaseVersion, DEFAULT_TOLERANCE_S, Feature, FeatureKind, InfoJson},

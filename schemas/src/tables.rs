@@ -8,6 +8,7 @@
 //! | `episodes` | episode | length, tasks, index range, per-camera stream and time range |
 //! | `tasks` | task, in `tasks.parquet` row order | `task_index`, `task` |
 //! | `stats` | (episode or dataset, feature, statistic) | values as stored by LeRobot |
+//! | `feature_stats` | (episode or dataset, numeric feature, dimension) | exact count, min, max, mean, std, quantiles |
 //! | `findings` | validation finding | severity, kind, file, episode, camera, frame |
 
 use std::sync::Arc;
@@ -28,8 +29,13 @@ pub const TASKS: &str = "tasks";
 pub const STATS: &str = "stats";
 /// The findings table.
 pub const FINDINGS: &str = "findings";
+/// The exact statistics table, computed by lake over every step.
+pub const FEATURE_STATS: &str = "feature_stats";
 /// Every table of a version, in the order ingest writes them.
-pub const ALL: [&str; 7] = [PACKETS, STEPS, STREAMS, EPISODES, TASKS, STATS, FINDINGS];
+pub const ALL: [&str; 8] = [PACKETS, STEPS, STREAMS, EPISODES, TASKS, STATS, FEATURE_STATS, FINDINGS];
+
+/// The quantiles `feature_stats` holds, as (column name, probability).
+pub const QUANTILES: [(&str, f64); 5] = [("q01", 0.01), ("q10", 0.10), ("q50", 0.50), ("q90", 0.90), ("q99", 0.99)];
 
 /// Steps column holding, per camera, the `packets` row that shows this step's frame.
 pub const PACKET_ROW: &str = "packet_row";
@@ -168,6 +174,23 @@ pub fn stats_schema() -> SchemaRef {
     ]))
 }
 
+/// Schema of `feature_stats`: one row per (episode, or the whole dataset when `episode_index` is
+/// null; numeric feature by its LeRobot key; flattened dimension, from 0). Statistics skip nulls;
+/// `std` is the population standard deviation and the quantiles are exact, interpolated linearly
+/// between the two nearest ranks (numpy's default), over every step.
+pub fn feature_stats_schema() -> SchemaRef {
+    let mut fields = vec![
+        nullable("episode_index", DataType::Int64),
+        required("feature", DataType::Utf8),
+        required("dim", DataType::Int32),
+        required("count", DataType::Int64),
+    ];
+    for name in ["min", "max", "mean", "std"].into_iter().chain(QUANTILES.iter().map(|(q, _)| *q)) {
+        fields.push(nullable(name, DataType::Float64));
+    }
+    Arc::new(Schema::new(fields))
+}
+
 /// Schema of `findings`.
 pub fn findings_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -197,7 +220,15 @@ mod tests {
 
     #[test]
     fn schemas_have_unique_columns() {
-        for schema in [packets_schema(), streams_schema(), episodes_schema(), tasks_schema(), stats_schema(), findings_schema()] {
+        for schema in [
+            packets_schema(),
+            streams_schema(),
+            episodes_schema(),
+            tasks_schema(),
+            stats_schema(),
+            feature_stats_schema(),
+            findings_schema(),
+        ] {
             let mut names: Vec<_> = schema.fields().iter().map(|f| f.name().clone()).collect();
             let n = names.len();
             names.sort();

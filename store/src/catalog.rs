@@ -6,6 +6,7 @@
 //!   catalog/<name>/v00000001.json   commit records; a version exists once its record does
 //!   datasets/<name>/<id>/<table>.lance
 //!   staging/<id>.json               lease of an ingest in flight (removed on commit or abort)
+//!   views/<name>.json               named training sets (`lake view create`)
 //! ```
 //!
 //! A version's tables are written into a fresh `datasets/<name>/<id>/` directory nobody reads,
@@ -17,7 +18,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
-use lake_schemas::CommitRecord;
+use lake_schemas::{CommitRecord, ViewRecord};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, local::LocalFileSystem, path::Path};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,7 @@ use crate::{Error, Result};
 const CATALOG: &str = "catalog";
 const DATASETS: &str = "datasets";
 const STAGING: &str = "staging";
+const VIEWS: &str = "views";
 const MARKER: &str = "lake.json";
 /// Layout version written to `lake.json`.
 const LAYOUT: u32 = 1;
@@ -218,6 +220,68 @@ impl Lake {
                 available: self.datasets().await?.into_iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
             }),
         }
+    }
+
+    /// Every view, sorted by name.
+    ///
+    /// # Errors
+    /// When the views cannot be listed or a record cannot be parsed.
+    pub async fn views(&self) -> Result<Vec<ViewRecord>> {
+        let mut paths: Vec<Path> = self.list(VIEWS).await?.into_iter().filter(|p| p.as_ref().ends_with(".json")).collect();
+        paths.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
+        let mut out = Vec::with_capacity(paths.len());
+        for p in &paths {
+            out.push(self.get_json(p).await?);
+        }
+        Ok(out)
+    }
+
+    /// The view `name`, if there is one.
+    ///
+    /// # Errors
+    /// When the name is not valid or the record cannot be read.
+    pub async fn view(&self, name: &str) -> Result<Option<ViewRecord>> {
+        validate_name(name)?;
+        let path = Path::from(format!("{VIEWS}/{name}.json"));
+        match self.store.head(&path).await {
+            Ok(_) => Ok(Some(self.get_json(&path).await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::store(path.to_string())(e)),
+        }
+    }
+
+    /// Stores `view`; with `replace` an existing view of that name is overwritten, else it is an
+    /// error. A view never takes the name of a dataset.
+    ///
+    /// # Errors
+    /// [`Error::View`] when the name is taken, or the record cannot be written.
+    pub async fn put_view(&self, view: &ViewRecord, replace: bool) -> Result<()> {
+        validate_name(&view.name)?;
+        if !self.versions(&view.name).await?.is_empty() {
+            return Err(Error::View { name: view.name.clone(), message: "a dataset has this name; choose another".into() });
+        }
+        let path = Path::from(format!("{VIEWS}/{}.json", view.name));
+        let body = serde_json::to_vec_pretty(view).expect("view serialises");
+        let mode = if replace { PutMode::Overwrite } else { PutMode::Create };
+        match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode, ..Default::default() }).await {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                Err(Error::View { name: view.name.clone(), message: "already exists (use --replace to overwrite it)".into() })
+            }
+            Err(e) => Err(Error::store(path.to_string())(e)),
+        }
+    }
+
+    /// Removes the view `name`.
+    ///
+    /// # Errors
+    /// [`Error::View`] when there is no such view, or it cannot be removed.
+    pub async fn drop_view(&self, name: &str) -> Result<()> {
+        if self.view(name).await?.is_none() {
+            return Err(Error::View { name: name.to_string(), message: "no such view".into() });
+        }
+        let path = Path::from(format!("{VIEWS}/{name}.json"));
+        self.store.delete(&path).await.map_err(Error::store(path.to_string()))
     }
 
     /// Starts writing a new version of `name`: reserves a fresh directory and records a lease.

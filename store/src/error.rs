@@ -27,6 +27,14 @@ pub enum Error {
         /// The datasets that do exist.
         available: Vec<String>,
     },
+    /// A view name is taken, or a view does not exist.
+    #[error("view `{name}`: {message}")]
+    View {
+        /// The view name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Another writer committed the same version first.
     #[error("dataset `{name}`: version {version} was committed by another ingest meanwhile; run it again")]
     Conflict {

@@ -149,7 +149,21 @@ pub async fn open_table(lake: &Lake, record: &CommitRecord, table: &str) -> Resu
 /// When the table cannot be opened or scanned, or a column does not exist.
 pub async fn read_columns(lake: &Lake, record: &CommitRecord, table: &str, columns: &[&str]) -> Result<Vec<RecordBatch>> {
     let ds = open_table(lake, record, table).await?;
-    let path = record.tables.path(table);
+    scan_columns(&ds, &record.tables.path(table), columns).await
+}
+
+/// Reads some columns of the committed table at `uri` (also one of a version not yet published)
+/// into memory.
+///
+/// # Errors
+/// When the table cannot be opened or scanned, or a column does not exist.
+pub async fn read_columns_at(uri: &str, columns: &[&str]) -> Result<Vec<RecordBatch>> {
+    let ds = Dataset::open(uri).await.map_err(Error::lance(uri))?;
+    scan_columns(&ds, uri, columns).await
+}
+
+async fn scan_columns(ds: &Dataset, path: &str, columns: &[&str]) -> Result<Vec<RecordBatch>> {
+    let path = path.to_string();
     let mut scan = ds.scan();
     scan.project(columns).map_err(Error::lance(path.clone()))?;
     let stream = scan.try_into_stream().await.map_err(Error::lance(path.clone()))?;

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Side by side: LeRobot's own loader and `lake bench` on the same LeRobot dataset, on this
+# machine, in one run.
+#
+#   bench/compare_lerobot.sh                     # ~10 000-frame fixture, 30 LeRobot / 100 lake batches
+#   bench/compare_lerobot.sh --frames 1500       # a small fixture, for a quick check
+#   LAKE_BIN=/path/to/lake bench/compare_lerobot.sh --json results.json
+#
+# What it does:
+#  1. Makes (or reuses) a Python venv with the pinned LeRobot release from
+#     bench/lerobot/requirements.txt; it reinstalls only when that file changes (a stamp file
+#     in the venv holds its hash). PyPI's torch wheel brings NVIDIA's CUDA libraries with it:
+#     the venv takes about 8 GB and a few minutes to install.
+#  2. Writes (once; cached by frame count, seed and generator version) a LeRobot v3.0 dataset
+#     with LeRobot's own writer (bench/lerobot/make_fixture.py): cameras
+#     observation.images.front 480x640 and observation.images.wrist 96x128, AV1 by LeRobot's
+#     default encoder settings (libsvtav1, GOP 2, crf 30), 6-d state and action, 30 fps,
+#     about 200 frames per episode. LeRobot stages every frame as a PNG and encodes each
+#     episode, so this takes about 150 CPU ms per frame (10 000 frames: ~15 min on 2 cores).
+#  3. Ingests it into a fresh lake with `lake ingest`.
+#  4. Times, on the same data, one after the other:
+#     - LeRobot: LeRobotDataset(delta_timestamps = ACT's 50 future actions, video_backend
+#       torchcodec) behind torch's DataLoader (batch 32, 2 worker processes, shuffled with a
+#       fixed seed), counting the CPU time of the parent and of every worker process
+#       (bench/lerobot/run_lerobot.py);
+#     - lake: `lake bench --preset act` with frames decoded from packets, in-memory frame cache
+#       off (the cold path) and on, then, when the binary has `lake cache`, frames read from
+#       the stored frame table.
+#  5. Prints one table (bench/lerobot/report.py): samples/s, CPU ms per sample, samples per
+#     CPU-second, the ratio to LeRobot of both, peak RSS, lake's decode-bound limit and copy
+#     floor. With --json FILE (or LAKE_BENCH_JSON) it also writes every number as JSON.
+#
+# Options (environment variable in brackets):
+#   --frames N            fixture size in frames [LAKE_BENCH_FRAMES, 10000]
+#   --lerobot-batches N   LeRobot batches timed after the first [LAKE_BENCH_LEROBOT_BATCHES, 30]
+#   --lake-batches N      lake batches timed after the first [LAKE_BENCH_LAKE_BATCHES, 100]
+#   --batch-size N        samples per batch [32]
+#   --workers N           LeRobot DataLoader workers, and lake decode threads [number of cores]
+#   --seed N              fixture and sampler seed [0]
+#   --json FILE           write the results as JSON [LAKE_BENCH_JSON]
+#   --keep-lake           keep the lake (with its frame table, several GB) after the run
+# Environment:
+#   LAKE_BIN              the lake binary [built here: cargo build --release -p lake, then
+#                         $CARGO_TARGET_DIR (default ~/.cache/lake/target)/release/lake]
+#   LAKE_LEROBOT_VENV     the venv [~/.cache/lake/lerobot-venv]
+#   LAKE_BENCH_DIR        fixtures, lake and Hugging Face caches [~/.cache/lake/bench]
+#   PYTHON                Python 3.11 used to create the venv [python3]
+#
+# Wall-clock figures depend on whatever else the machine runs; CPU per sample is the steadier
+# figure. The run after the fixture exists takes a few minutes.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+py_dir="$here/lerobot"
+
+frames="${LAKE_BENCH_FRAMES:-10000}"
+lerobot_batches="${LAKE_BENCH_LEROBOT_BATCHES:-30}"
+lake_batches="${LAKE_BENCH_LAKE_BATCHES:-100}"
+batch_size=32
+workers="$(nproc)"
+seed=0
+json_out="${LAKE_BENCH_JSON:-}"
+keep_lake=0
+venv="${LAKE_LEROBOT_VENV:-$HOME/.cache/lake/lerobot-venv}"
+bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
+python="${PYTHON:-python3}"
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --frames) frames="$2"; shift 2 ;;
+    --lerobot-batches) lerobot_batches="$2"; shift 2 ;;
+    --lake-batches) lake_batches="$2"; shift 2 ;;
+    --batch-size) batch_size="$2"; shift 2 ;;
+    --workers) workers="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
+    --json) json_out="$2"; shift 2 ;;
+    --keep-lake) keep_lake=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+log() { echo "[compare] $*" >&2; }
+
+# The batches must fit in one pass over the dataset (LeRobot's DataLoader stops at its end).
+max_batches=$((frames / batch_size - 1))
+if [ "$lerobot_batches" -gt "$max_batches" ]; then
+  log "$frames frames hold $max_batches batches after the first: timing $max_batches LeRobot batches"
+  lerobot_batches="$max_batches"
+fi
+if [ "$lake_batches" -gt "$max_batches" ]; then
+  log "$frames frames hold $max_batches batches after the first: timing $max_batches lake batches"
+  lake_batches="$max_batches"
+fi
+
+# 1. The LeRobot venv.
+req="$py_dir/requirements.txt"
+want="$(sha256sum "$req" | cut -d' ' -f1)"
+stamp="$venv/.lake-requirements.sha256"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "installing $req into $venv (about 8 GB: PyPI's torch brings CUDA libraries)"
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+  "$venv/bin/pip" install --quiet -r "$req"
+  echo "$want" >"$stamp"
+fi
+vpy="$venv/bin/python"
+
+# The lake binary.
+if [ -z "${LAKE_BIN:-}" ]; then
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
+  log "building lake (release)"
+  (cd "$repo" && cargo build --release -p lake --locked)
+  LAKE_BIN="$CARGO_TARGET_DIR/release/lake"
+fi
+[ -x "$LAKE_BIN" ] || { echo "LAKE_BIN=$LAKE_BIN is not an executable" >&2; exit 2; }
+
+# 2. The fixture, written once by LeRobot's writer.
+export HF_HUB_OFFLINE=1 HF_HOME="$bench_dir/hf"
+gen_id="$(cat "$py_dir/make_fixture.py" "$req" | sha256sum | cut -c1-10)"
+fixture="$bench_dir/fixtures/lerobot-av1-${frames}f-seed${seed}-${gen_id}"
+if [ ! -f "$fixture.done" ]; then
+  rm -rf "$fixture"
+  mkdir -p "$(dirname "$fixture")"
+  log "writing a $frames-frame LeRobot v3.0 dataset with LeRobot's writer (once): $fixture"
+  began=$SECONDS
+  if ! nice -n 10 "$vpy" "$py_dir/make_fixture.py" --out "$fixture" --frames "$frames" --seed "$seed" >"$fixture.log" 2>&1; then
+    tail -30 "$fixture.log" >&2
+    exit 1
+  fi
+  log "$(tail -1 "$fixture.log") (wall $((SECONDS - began)) s)"
+  touch "$fixture.done"
+fi
+
+# 3. A fresh lake.
+work="$(mktemp -d)"
+lake="$bench_dir/lake-compare"
+cleanup() {
+  rm -rf "$work"
+  if [ "$keep_lake" = 0 ]; then rm -rf "$lake"; fi
+}
+trap cleanup EXIT
+rm -rf "$lake"
+log "ingesting into $lake"
+"$LAKE_BIN" --lake "$lake" ingest "$fixture" --name bench >"$work/ingest.txt"
+episodes="$("$vpy" -c 'import json,sys; print(json.load(open(sys.argv[1]))["total_episodes"])' "$fixture/meta/info.json")"
+
+# 4a. LeRobot.
+log "LeRobot: $lerobot_batches batches of $batch_size after the first, $workers workers"
+"$vpy" "$py_dir/run_lerobot.py" --root "$fixture" --preset act --backend torchcodec \
+  --batch-size "$batch_size" --batches "$lerobot_batches" --num-workers "$workers" --seed "$seed" \
+  --json-out "$work/lerobot.json" >/dev/null
+
+# 4b. lake.
+frame_table_off=()
+if "$LAKE_BIN" bench --help | grep -q -- '--frame-table'; then frame_table_off=(--frame-table off); fi
+lake_bench() {
+  "$LAKE_BIN" --lake "$lake" bench --dataset bench --preset act --batch-size "$batch_size" \
+    --batches "$lake_batches" --threads "$workers" --seed "$seed" --json "$@"
+}
+log "lake: $lake_batches batches of $batch_size after the first, $workers threads, cache off"
+lake_bench --cache off "${frame_table_off[@]}" >"$work/lake-cold.json"
+log "lake: cache on"
+lake_bench --cache on "${frame_table_off[@]}" >"$work/lake-cache.json"
+report_args=(--lake-cold "$work/lake-cold.json" --lake-cache "$work/lake-cache.json")
+if "$LAKE_BIN" cache --help >/dev/null 2>&1; then
+  log "lake cache: storing every decoded frame"
+  began="$EPOCHREALTIME"
+  out="$("$LAKE_BIN" --lake "$lake" cache bench)"
+  secs="$(awk "BEGIN { print $EPOCHREALTIME - $began }")"
+  SECS="$secs" OUT="$out" "$vpy" -c 'import json,os; print(json.dumps({"seconds": float(os.environ["SECS"]), "output": os.environ["OUT"]}))' >"$work/frame-table-build.json"
+  log "lake: frames from the frame table"
+  frame_table_on=()
+  if [ ${#frame_table_off[@]} -gt 0 ]; then frame_table_on=(--frame-table on); fi
+  lake_bench --cache off "${frame_table_on[@]}" >"$work/lake-frame-table.json"
+  report_args+=(--lake-frame-table "$work/lake-frame-table.json" --frame-table-build "$work/frame-table-build.json")
+else
+  report_args+=(--skipped "lake, frame table: $LAKE_BIN has no \`lake cache\` subcommand")
+fi
+
+# 5. The table.
+title="side by side: $frames steps, $episodes episodes (LeRobot v3.0 by lerobot's writer; AV1 GOP 2, 480x640 + 96x128, 30 fps); preset act; batch $batch_size; LeRobot $lerobot_batches batches, lake $lake_batches batches, after the first; $workers workers/threads; $(nproc) cores"
+FRAMES="$frames" EPISODES="$episodes" FIXTURE="$fixture" LAKE_BIN="$LAKE_BIN" LAKE_VERSION="$("$LAKE_BIN" --version)" \
+  BATCH="$batch_size" LR_BATCHES="$lerobot_batches" LAKE_BATCHES="$lake_batches" WORKERS="$workers" SEED="$seed" \
+  "$vpy" -c 'import json, os, platform
+e = os.environ
+print(json.dumps({"frames": int(e["FRAMES"]), "episodes": int(e["EPISODES"]), "fixture": e["FIXTURE"],
+  "lake_bin": e["LAKE_BIN"], "lake_version": e["LAKE_VERSION"], "preset": "act", "batch_size": int(e["BATCH"]),
+  "lerobot_batches": int(e["LR_BATCHES"]), "lake_batches": int(e["LAKE_BATCHES"]), "workers": int(e["WORKERS"]),
+  "seed": int(e["SEED"]), "cores": os.cpu_count(), "machine": platform.platform()}))' >"$work/meta.json"
+json_args=()
+if [ -n "$json_out" ]; then json_args=(--json-out "$json_out"); fi
+"$vpy" "$py_dir/report.py" --title "$title" --lerobot "$work/lerobot.json" "${report_args[@]}" \
+  --meta "$work/meta.json" "${json_args[@]}"

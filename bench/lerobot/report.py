@@ -1,0 +1,106 @@
+"""Print the side-by-side table of bench/compare_lerobot.sh from the JSON each run wrote.
+
+Reads LeRobot's report (``run_lerobot.py``) and up to three ``lake bench --json`` reports
+(frames decoded from packets with the in-memory cache off and on, and frames read from the
+stored frame table), prints one table, and optionally writes everything as one JSON object.
+Standard library only.
+
+Usage::
+
+    python report.py --lerobot L.json --lake-cold A.json [--lake-cache B.json]
+        [--lake-frame-table C.json] [--skipped 'row: reason'] [--title TEXT] [--json-out OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+
+def load(path: Path | None) -> dict | None:
+    return json.loads(path.read_text()) if path else None
+
+
+def num(r: dict | None, key: str) -> float:
+    v = (r or {}).get(key)
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def samples_per_cpu_s(r: dict) -> float:
+    v = num(r, "samples_per_cpu_s")
+    return v if not math.isnan(v) else 1e3 / num(r, "cpu_ms_per_sample")
+
+
+def fmt(v: float, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if math.isnan(v) else f"{v:>{width}{spec}}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lerobot", type=Path, required=True)
+    ap.add_argument("--lake-cold", type=Path, required=True)
+    ap.add_argument("--lake-cache", type=Path)
+    ap.add_argument("--lake-frame-table", type=Path)
+    ap.add_argument("--frame-table-build", type=Path, help="JSON with seconds and the output of `lake cache`")
+    ap.add_argument("--skipped", action="append", default=[], help="'row: reason' for a row not run")
+    ap.add_argument("--title", default="")
+    ap.add_argument("--meta", type=Path, help="JSON object of run settings to include in --json-out")
+    ap.add_argument("--json-out", type=Path)
+    args = ap.parse_args()
+
+    lr = load(args.lerobot)
+    lr_ver = lr.get("versions", {}).get("lerobot", "?")
+    rows = [(f"LeRobot {lr_ver} ({lr['num_workers']} workers)", "lerobot", lr)]
+    for label, key, path in (
+        ("lake, cold (packets)", "lake_cold", args.lake_cold),
+        ("lake, cache on", "lake_cache_on", args.lake_cache),
+        ("lake, frame table", "lake_frame_table", args.lake_frame_table),
+    ):
+        if path:
+            rows.append((label, key, load(path)))
+
+    base_cpu, base_wall = samples_per_cpu_s(lr), num(lr, "samples_per_s")
+    if args.title:
+        print(args.title)
+    head = (
+        f"{'loader':<28} {'samples/s':>9} {'CPU ms/sample':>13} {'samples/CPU-s':>13} {'x CPU':>6} "
+        f"{'x wall':>6} {'peak RSS MB':>11} {'bound ms/s.':>11} {'% of bound':>10} {'copy ms/s.':>10} {'first ms':>8}"
+    )
+    print(head)
+    results = {}
+    for label, key, r in rows:
+        spcs = samples_per_cpu_s(r)
+        x_cpu, x_wall = spcs / base_cpu, num(r, "samples_per_s") / base_wall
+        bound = num(r, "bound_cpu_ms_per_sample")
+        frac = num(r, "bound_fraction") * 100
+        print(
+            f"{label:<28} {fmt(num(r, 'samples_per_s'), '.1f', 9)} {fmt(num(r, 'cpu_ms_per_sample'), '.2f', 13)} "
+            f"{fmt(spcs, '.1f', 13)} {fmt(x_cpu, '.1f', 5)}x {fmt(x_wall, '.1f', 5)}x "
+            f"{fmt(num(r, 'peak_rss_mb'), '.0f', 11)} {fmt(bound, '.2f', 11)} {fmt(frac, '.0f', 9)}% "
+            f"{fmt(num(r, 'copy_ms_per_sample'), '.4f', 10)} {fmt(num(r, 'first_batch_ms'), '.0f', 8)}"
+        )
+        results[key] = {**r, "x_lerobot_samples_per_cpu_s": x_cpu, "x_lerobot_samples_per_s": x_wall}
+    for s in args.skipped:
+        print(f"  not run: {s}")
+    build = load(args.frame_table_build)
+    if build:
+        print(f"  frame table built by `lake cache` in {build['seconds']:.1f} s: {build['output'].strip()}")
+    print(
+        f"  LeRobot's samples: {lr['sample_bytes'] / 1e6:.2f} MB each (float32 CHW frames); lake's: "
+        f"{num(rows[1][2], 'sample_bytes') / 1e6:.2f} MB (uint8 HWC frames). LeRobot's peak RSS is the sum over "
+        f"its {lr['processes']} processes (PSS at the end: {lr['pss_mb_end']:.0f} MB)."
+    )
+    if args.json_out:
+        out = {
+            "meta": load(args.meta) or {},
+            "results": results,
+            "skipped": args.skipped,
+            "frame_table_build": build,
+        }
+        args.json_out.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

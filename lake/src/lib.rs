@@ -1,0 +1,33 @@
+//! lake as a library: SQL over the lake and named training sets (views), shared by the `lake`
+//! binary and the serving layer.
+
+pub mod sql;
+pub mod views;
+
+/// Errors of the SQL and view layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The lake's catalog or tables could not be read.
+    #[error(transparent)]
+    Store(#[from] lake_store::Error),
+    /// The loader refused a dataset or request.
+    #[error(transparent)]
+    Loader(#[from] lake_loader::Error),
+    /// A table could not be opened.
+    #[error("table {table}: {source}")]
+    Open {
+        /// The table's path.
+        table: String,
+        /// Lance's error.
+        source: Box<lance::Error>,
+    },
+    /// The query is not valid or failed.
+    #[error("{0}")]
+    Query(String),
+    /// A request is not valid (e.g. a view's query lacks a column).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result with lake's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

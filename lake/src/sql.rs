@@ -1,0 +1,493 @@
+//! SQL over the lake: a DataFusion session whose tables are the lake's Lance tables.
+//!
+//! Naming (what `lake sql` and Flight SQL clients see):
+//!
+//! - `datasets`: one row per dataset (its latest version); `views`: the named training sets.
+//! - `steps`, `episodes`, `tasks`, `stats`, `feature_stats`, `findings`, `streams`, `packets`:
+//!   every dataset's table of that name, stacked, with a leading `dataset` column. Columns are
+//!   matched by name; a column some datasets lack is null there, and a column whose type differs
+//!   between datasets is widened (numbers to `double`, vectors to `list<double>`); one whose types
+//!   cannot be reconciled (`packet_row` of datasets with different cameras) is left out there and
+//!   stays in each dataset's own table.
+//! - `"<dataset>".<table>`: one dataset's table with its own exact types, in a schema named after
+//!   the dataset (quote names holding `-` or `.`, e.g. `"v30-av1-small".steps`).
+//!
+//! Columns carry LeRobot's keys (`"observation.state"`, quoted because of the dot); vectors are
+//! `FixedSizeList`s usable with DataFusion's array functions (`action[1]` is the first element).
+//! Every table is a view over a Lance scan, so projections and filters reach Lance: `SELECT
+//! count(*) FROM steps WHERE dataset = 'x'` reads one column of one dataset's steps and never a
+//! video packet.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use arrow::{
+    array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray, UInt64Array},
+    datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit},
+};
+use datafusion::{
+    catalog::Session,
+    catalog::{MemorySchemaProvider, SchemaProvider},
+    common::Statistics,
+    common::{Column, ScalarValue, TableReference},
+    datasource::{MemTable, TableProvider, TableType, ViewTable, empty::EmptyTable, provider_as_source},
+    execution::{SendableRecordBatchStream, TaskContext},
+    logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown, cast, lit},
+    physical_expr::EquivalenceProperties,
+    physical_plan::{
+        DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, stream::RecordBatchStreamAdapter,
+    },
+    prelude::{SessionConfig, SessionContext},
+};
+use futures::StreamExt;
+use lake_schemas::{CommitRecord, ViewRecord, tables};
+use lake_store::Lake;
+use lance::{Dataset, datafusion::LanceTableProvider};
+
+use crate::{Error, Result};
+
+/// The catalog every lake table lives in.
+pub const CATALOG: &str = "lake";
+/// The schema holding the tables that span every dataset.
+pub const SCHEMA: &str = "public";
+/// Tables every dataset version has (those a version lacks are skipped), in listing order.
+pub const DATASET_TABLES: [&str; 8] = [
+    tables::STEPS,
+    tables::EPISODES,
+    tables::TASKS,
+    tables::STATS,
+    tables::FEATURE_STATS,
+    tables::FINDINGS,
+    tables::STREAMS,
+    tables::PACKETS,
+];
+
+fn query_error(e: datafusion::error::DataFusionError) -> Error {
+    Error::Query(e.strip_backtrace().trim().to_string())
+}
+
+/// A DataFusion session over one state of the lake (the latest version of every dataset when
+/// it was opened).
+pub struct LakeSql {
+    ctx: SessionContext,
+    datasets: Vec<CommitRecord>,
+}
+
+impl std::fmt::Debug for LakeSql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LakeSql").field("datasets", &self.datasets.len()).finish_non_exhaustive()
+    }
+}
+
+/// One table of the session, for listings (`\d`).
+#[derive(Debug, Clone)]
+pub struct TableInfo {
+    /// The schema (`public` or a dataset name).
+    pub schema: String,
+    /// The table name.
+    pub name: String,
+    /// Its columns.
+    pub columns: SchemaRef,
+}
+
+impl LakeSql {
+    /// Opens a session over the lake's current datasets and views.
+    ///
+    /// # Errors
+    /// When the catalog or a table cannot be read.
+    pub async fn open(lake: &Lake) -> Result<Self> {
+        let datasets = lake.datasets().await?;
+        let views = lake.views().await?;
+        let config = SessionConfig::new()
+            .with_default_catalog_and_schema(CATALOG, SCHEMA)
+            .with_information_schema(true)
+            .with_target_partitions(std::thread::available_parallelism().map_or(2, usize::from));
+        let ctx = SessionContext::new_with_config(config);
+        let catalog = ctx.catalog(CATALOG).expect("the default catalog exists");
+
+        // Per-dataset schemas: the tables under their own names, columns renamed to LeRobot keys.
+        let opened = futures::future::try_join_all(datasets.iter().map(|record| open_dataset(lake, record))).await?;
+        let mut stacked: BTreeMap<&str, Vec<(String, LogicalPlan)>> = BTreeMap::new();
+        for (record, tables) in datasets.iter().zip(opened) {
+            let schema = Arc::new(MemorySchemaProvider::new());
+            for (table, plan) in tables {
+                schema.register_table(table.to_string(), Arc::new(ViewTable::new(plan.clone(), None))).map_err(query_error)?;
+                stacked.entry(table).or_default().push((record.name.clone(), plan));
+            }
+            catalog.register_schema(&record.name, schema).map_err(query_error)?;
+        }
+
+        // Tables spanning every dataset.
+        let public = catalog.schema(SCHEMA).expect("the default schema exists");
+        for table in DATASET_TABLES {
+            let provider: Arc<dyn TableProvider> = match stacked.remove(table) {
+                Some(plans) => Arc::new(ViewTable::new(stack(plans)?, None)),
+                None => Arc::new(EmptyTable::new(empty_schema(table))),
+            };
+            public.register_table(table.to_string(), provider).map_err(query_error)?;
+        }
+        public.register_table("datasets".into(), Arc::new(mem_table(datasets_batch(&datasets))?)).map_err(query_error)?;
+        public.register_table("views".into(), Arc::new(mem_table(views_batch(&views))?)).map_err(query_error)?;
+        Ok(Self { ctx, datasets })
+    }
+
+    /// The DataFusion session (for serving it over Flight SQL).
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// The dataset versions the session reads.
+    pub fn datasets(&self) -> &[CommitRecord] {
+        &self.datasets
+    }
+
+    /// Plans `query` and streams its result.
+    ///
+    /// # Errors
+    /// DataFusion's error (with the position for syntax errors) when the query is not valid; a
+    /// message naming the dataset when it refers to one the lake does not have.
+    pub async fn stream(&self, query: &str) -> Result<SendableRecordBatchStream> {
+        let df = self.ctx.sql(query).await.map_err(|e| self.explain_error(e))?;
+        df.execute_stream().await.map_err(query_error)
+    }
+
+    /// Runs `query` and collects its result.
+    ///
+    /// # Errors
+    /// As [`LakeSql::stream`].
+    pub async fn query(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+        let df = self.ctx.sql(query).await.map_err(|e| self.explain_error(e))?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await.map_err(query_error)?;
+        Ok((schema, batches))
+    }
+
+    /// Every table, spanning tables first, then each dataset's.
+    pub async fn tables(&self) -> Result<Vec<TableInfo>> {
+        let catalog = self.ctx.catalog(CATALOG).expect("the default catalog exists");
+        let mut names = catalog.schema_names();
+        names.sort_by_key(|s| (s != SCHEMA, s.clone()));
+        let mut out = Vec::new();
+        for schema_name in names {
+            let schema = catalog.schema(&schema_name).expect("listed schema exists");
+            let mut tables = schema.table_names();
+            tables.sort_by_key(|t| (DATASET_TABLES.iter().position(|d| d == t).unwrap_or(usize::MAX), t.clone()));
+            for name in tables {
+                if let Some(table) = schema.table(&name).await.map_err(query_error)? {
+                    out.push(TableInfo { schema: schema_name.clone(), name, columns: table.schema() });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Turns "table not found" for a `<dataset>.<table>` reference into a message naming the
+    /// missing dataset and those the lake has.
+    fn explain_error(&self, e: datafusion::error::DataFusionError) -> Error {
+        let message = e.strip_backtrace().trim().to_string();
+        if let Some(rest) = message.split("table '").nth(1)
+            && message.contains("not found")
+        {
+            let reference = rest.split('\'').next().unwrap_or_default();
+            let parts: Vec<&str> = reference.split('.').collect();
+            if parts.len() == 3 && parts[1] != SCHEMA && !self.datasets.iter().any(|d| d.name == parts[1]) {
+                let have: Vec<&str> = self.datasets.iter().map(|d| d.name.as_str()).collect();
+                let have = if have.is_empty() { "none yet".to_string() } else { have.join(", ") };
+                return Error::Query(format!("{message}: the lake has no dataset `{}` (datasets: {have})", parts[1]));
+            }
+        }
+        Error::Query(message)
+    }
+}
+
+/// Opens the tables of one version and returns, per table, a plan that renames stored columns to
+/// their LeRobot keys.
+async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<Vec<(&'static str, LogicalPlan)>> {
+    let mut out = Vec::new();
+    for table in DATASET_TABLES.into_iter().filter(|t| record.tables.tables.iter().any(|have| have == t)) {
+        let path = record.tables.path(table);
+        let dataset =
+            Dataset::open(&lake.uri(&path)).await.map_err(|source| Error::Open { table: path.clone(), source: Box::new(source) })?;
+        let lance = Arc::new(LanceTableProvider::new(Arc::new(dataset), false, false));
+        let stored = lance.schema();
+        let provider = Arc::new(PlainTable::new(lance));
+        let exprs: Vec<Expr> = stored
+            .fields()
+            .iter()
+            .map(|f| {
+                let column = Expr::Column(Column::from_name(f.name()));
+                let key = tables::lerobot_name(f);
+                if key == f.name() { column } else { column.alias(key) }
+            })
+            .collect();
+        let reference = TableReference::full(CATALOG, record.name.as_str(), table);
+        let plan = LogicalPlanBuilder::scan(reference, provider_as_source(provider), None)
+            .and_then(|b| b.project(exprs))
+            .and_then(LogicalPlanBuilder::build)
+            .map_err(query_error)?;
+        out.push((table, plan));
+    }
+    Ok(out)
+}
+
+/// The type a column takes in a stacked table, given its type in each dataset that has it;
+/// `None` when the types cannot be reconciled (the column is then left out of the stack).
+fn unify(types: &[&DataType]) -> Option<DataType> {
+    let first = types[0];
+    if types.iter().all(|t| *t == first) {
+        return Some(first.clone());
+    }
+    let item = |t: &DataType| match t {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => Some(f.data_type().clone()),
+        _ => None,
+    };
+    if types.iter().all(|t| t.is_numeric()) {
+        return Some(DataType::Float64);
+    }
+    if types.iter().all(|t| item(t).is_some_and(|i| i.is_numeric())) {
+        return Some(DataType::List(Arc::new(Field::new("item", DataType::Float64, true))));
+    }
+    if types.iter().all(|t| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)) {
+        return Some(DataType::Utf8);
+    }
+    None
+}
+
+/// Stacks one table of several datasets: a leading `dataset` column, columns matched by name.
+fn stack(plans: Vec<(String, LogicalPlan)>) -> Result<LogicalPlan> {
+    let mut columns: Vec<(String, Vec<DataType>)> = Vec::new();
+    for (_, plan) in &plans {
+        for field in plan.schema().fields() {
+            match columns.iter_mut().find(|(n, _)| n == field.name()) {
+                Some((_, types)) => types.push(field.data_type().clone()),
+                None => columns.push((field.name().clone(), vec![field.data_type().clone()])),
+            }
+        }
+    }
+    let columns: Vec<(String, DataType)> =
+        columns.into_iter().filter_map(|(name, types)| unify(&types.iter().collect::<Vec<_>>()).map(|t| (name, t))).collect();
+    let mut builder: Option<LogicalPlanBuilder> = None;
+    for (dataset, plan) in plans {
+        let mut exprs = vec![lit(dataset).alias("dataset")];
+        for (name, dt) in &columns {
+            let expr = match plan.schema().field_with_unqualified_name(name) {
+                Ok(field) if field.data_type() == dt => Expr::Column(Column::from_name(name)),
+                Ok(_) => cast(Expr::Column(Column::from_name(name)), dt.clone()),
+                Err(_) => lit(ScalarValue::try_from(dt).map_err(query_error)?),
+            };
+            exprs.push(expr.alias(name));
+        }
+        let branch = LogicalPlanBuilder::from(plan).project(exprs).and_then(LogicalPlanBuilder::build).map_err(query_error)?;
+        builder = Some(match builder {
+            None => LogicalPlanBuilder::from(branch),
+            Some(b) => b.union(branch).map_err(query_error)?,
+        });
+    }
+    builder.expect("at least one dataset").build().map_err(query_error)
+}
+
+/// The columns of a stacked table in a lake with no datasets yet.
+fn empty_schema(table: &str) -> SchemaRef {
+    let base = match table {
+        tables::STEPS => Arc::new(Schema::new(
+            [("index", DataType::Int64), ("episode_index", DataType::Int64), ("frame_index", DataType::Int64)]
+                .into_iter()
+                .map(|(n, t)| Field::new(n, t, false))
+                .chain([Field::new("timestamp", DataType::Float32, false), Field::new(tables::TASK, DataType::Utf8, false)])
+                .collect::<Vec<_>>(),
+        )),
+        tables::EPISODES => tables::episodes_schema(),
+        tables::TASKS => tables::tasks_schema(),
+        tables::STATS => tables::stats_schema(),
+        tables::FEATURE_STATS => tables::feature_stats_schema(),
+        tables::FINDINGS => tables::findings_schema(),
+        tables::STREAMS => tables::streams_schema(),
+        _ => tables::packets_schema(),
+    };
+    let fields = std::iter::once(Arc::new(Field::new("dataset", DataType::Utf8, false))).chain(base.fields().iter().cloned());
+    Arc::new(Schema::new(fields.collect::<Vec<_>>()))
+}
+
+fn mem_table(batch: RecordBatch) -> Result<MemTable> {
+    MemTable::try_new(batch.schema(), vec![vec![batch]]).map_err(query_error)
+}
+
+fn timestamps(values: impl Iterator<Item = i64>) -> TimestampMicrosecondArray {
+    TimestampMicrosecondArray::from_iter_values(values).with_timezone("UTC")
+}
+
+/// The `datasets` table.
+fn datasets_batch(datasets: &[CommitRecord]) -> RecordBatch {
+    let utc = Some("UTC".into());
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("dataset", DataType::Utf8, false),
+        Field::new("version", DataType::UInt64, false),
+        Field::new("committed_at", DataType::Timestamp(TimeUnit::Microsecond, utc), false),
+        Field::new("codebase_version", DataType::Utf8, false),
+        Field::new("robot_type", DataType::Utf8, true),
+        Field::new("fps", DataType::UInt64, false),
+        Field::new("episodes", DataType::UInt64, false),
+        Field::new("steps", DataType::UInt64, false),
+        Field::new("cameras", DataType::UInt64, false),
+        Field::new("packets", DataType::UInt64, false),
+        Field::new("tasks", DataType::UInt64, false),
+        Field::new("skipped_episodes", DataType::UInt64, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("content_hash", DataType::Utf8, false),
+        Field::new("source_bytes", DataType::UInt64, false),
+        Field::new("ingest_seconds", DataType::Float64, false),
+    ]));
+    let u = |f: fn(&CommitRecord) -> u64| Arc::new(UInt64Array::from_iter_values(datasets.iter().map(f))) as ArrayRef;
+    let s = |f: fn(&CommitRecord) -> Option<&str>| Arc::new(datasets.iter().map(f).collect::<StringArray>()) as ArrayRef;
+    let columns = vec![
+        s(|d| Some(&d.name)),
+        u(|d| d.version),
+        Arc::new(timestamps(datasets.iter().map(|d| d.committed_at.timestamp_micros()))) as ArrayRef,
+        s(|d| Some(&d.source.codebase_version)),
+        s(|d| d.robot_type.as_deref()),
+        u(|d| u64::from(d.fps)),
+        u(|d| d.counts.episodes),
+        u(|d| d.counts.steps),
+        u(|d| d.counts.cameras),
+        u(|d| d.counts.packets),
+        u(|d| d.counts.tasks),
+        u(|d| d.counts.skipped_episodes),
+        s(|d| Some(&d.source.url)),
+        s(|d| Some(&d.source.content_hash)),
+        u(|d| d.source.bytes),
+        Arc::new(Float64Array::from_iter_values(datasets.iter().map(|d| d.ingest_seconds))),
+    ];
+    RecordBatch::try_new(schema, columns).expect("datasets columns match their schema")
+}
+
+/// The `views` table: one row per (view, dataset it selects from).
+fn views_batch(views: &[ViewRecord]) -> RecordBatch {
+    let utc = Some("UTC".into());
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("view", DataType::Utf8, false),
+        Field::new("dataset", DataType::Utf8, false),
+        Field::new("version", DataType::UInt64, false),
+        Field::new("weight", DataType::Float64, false),
+        Field::new("episodes", DataType::Int64, false),
+        Field::new("created_at", DataType::Timestamp(TimeUnit::Microsecond, utc), false),
+        Field::new("sql", DataType::Utf8, false),
+    ]));
+    let rows: Vec<(&ViewRecord, &lake_schemas::ViewDataset)> = views.iter().flat_map(|v| v.datasets.iter().map(move |d| (v, d))).collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(rows.iter().map(|(v, _)| Some(v.name.as_str())).collect::<StringArray>()),
+        Arc::new(rows.iter().map(|(_, d)| Some(d.name.as_str())).collect::<StringArray>()),
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|(_, d)| d.version))),
+        Arc::new(Float64Array::from_iter_values(rows.iter().map(|(_, d)| d.weight))),
+        Arc::new(Int64Array::from_iter_values(rows.iter().map(|(_, d)| d.episodes.len() as i64))),
+        Arc::new(timestamps(rows.iter().map(|(v, _)| v.created_at.timestamp_micros()))),
+        Arc::new(rows.iter().map(|(v, _)| Some(v.sql.as_str())).collect::<StringArray>()),
+    ];
+    RecordBatch::try_new(schema, columns).expect("views columns match their schema")
+}
+
+/// `schema` without field or schema metadata.
+fn plain(schema: &Schema) -> SchemaRef {
+    Arc::new(Schema::new(schema.fields().iter().map(|f| f.as_ref().clone().with_metadata(Default::default())).collect::<Vec<_>>()))
+}
+
+/// A Lance table as SQL sees it: the same scan, with projections, filters and limits pushed into
+/// Lance, but without the field metadata lake keeps for the loader (`lake:shape`, `lake:dtype`).
+/// The same column of two datasets may differ there (an action of 6 vs 14 values), and DataFusion
+/// cannot stack tables whose physical and logical metadata disagree.
+#[derive(Debug)]
+struct PlainTable {
+    inner: Arc<dyn TableProvider>,
+    schema: SchemaRef,
+}
+
+impl PlainTable {
+    fn new(inner: Arc<dyn TableProvider>) -> Self {
+        let schema = plain(&inner.schema());
+        Self { inner, schema }
+    }
+}
+
+#[async_trait::async_trait]
+impl TableProvider for PlainTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        self.inner.table_type()
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let input = self.inner.scan(state, projection, filters, limit).await?;
+        Ok(Arc::new(PlainExec::new(input)))
+    }
+
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> datafusion::error::Result<Vec<TableProviderFilterPushDown>> {
+        self.inner.supports_filters_pushdown(filters)
+    }
+}
+
+/// Passes its input's batches on under the input's schema without metadata.
+#[derive(Debug)]
+struct PlainExec {
+    input: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl PlainExec {
+    fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+        let schema = plain(&input.schema());
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            input.output_partitioning().clone(),
+            input.pipeline_behavior(),
+            input.boundedness(),
+        );
+        Self { input, schema, properties: Arc::new(properties) }
+    }
+}
+
+impl DisplayAs for PlainExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "PlainExec")
+    }
+}
+
+impl ExecutionPlan for PlainExec {
+    fn name(&self) -> &str {
+        "PlainExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|c| datafusion::error::DataFusionError::Internal(format!("PlainExec takes one child, got {}", c.len())))?;
+        Ok(Arc::new(Self::new(input)))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> datafusion::error::Result<SendableRecordBatchStream> {
+        let schema = self.schema.clone();
+        let batches = self
+            .input
+            .execute(partition, context)?
+            .map(move |batch| batch.and_then(|b| RecordBatch::try_new(schema.clone(), b.columns().to_vec()).map_err(Into::into)));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), batches)))
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> datafusion::error::Result<Arc<Statistics>> {
+        self.input.partition_statistics(partition)
+    }
+}

@@ -1,0 +1,218 @@
+//! Named training sets: the episodes a SQL query selects, stored in the lake and accepted
+//! wherever a dataset name is (`lake sample`, `lake bench`, the serving layer).
+//!
+//! A view's query returns an `episode_index` column, a `dataset` column (optional when the lake
+//! holds one dataset) and optionally a `weight` column (one value per dataset: its mixture
+//! weight). The selection is resolved when the view is made and pinned to the dataset versions
+//! current then, so later ingests, of other datasets or of new versions of the same ones, never
+//! change what a view draws.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use arrow::{
+    array::{Array, AsArray},
+    compute::cast,
+    datatypes::{DataType, Float64Type, Int64Type},
+};
+use lake_schemas::{ViewDataset, ViewRecord};
+use lake_store::Lake;
+
+use crate::{Error, Result, sql::LakeSql};
+
+fn invalid(name: &str, message: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("view `{name}`: {message}"))
+}
+
+/// Runs `query` and stores its selection as the view `name` (replacing one of that name when
+/// `replace`).
+///
+/// # Errors
+/// When the name is taken or not valid, the query fails, lacks the columns above, names a
+/// dataset or episode the lake does not have, gives one dataset two weights, or selects nothing.
+pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Result<ViewRecord> {
+    lake_store::validate_name(name)?;
+    let sql = LakeSql::open(lake).await?;
+    let (schema, batches) = sql.query(query).await?;
+    let has = |c: &str| schema.column_with_name(c).is_some();
+    if !has("episode_index") {
+        return Err(invalid(
+            name,
+            "the query must return an `episode_index` column (e.g. SELECT dataset, episode_index FROM episodes WHERE …)",
+        ));
+    }
+    let datasets = sql.datasets();
+    if !has("dataset") && datasets.len() != 1 {
+        return Err(invalid(name, format!("the lake holds {} datasets; the query must also return a `dataset` column", datasets.len())));
+    }
+    let mut episodes: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+    let mut weights: BTreeMap<String, f64> = BTreeMap::new();
+    for batch in &batches {
+        let column = |c: &str, dt: &DataType| {
+            batch.column_by_name(c).map(|a| cast(a, dt).map_err(|e| invalid(name, format!("column `{c}`: {e}")))).transpose()
+        };
+        let episode = column("episode_index", &DataType::Int64)?.expect("checked above");
+        let dataset = column("dataset", &DataType::Utf8)?;
+        let weight = column("weight", &DataType::Float64)?;
+        for row in 0..batch.num_rows() {
+            if episode.is_null(row) {
+                return Err(invalid(name, "the query returned a null `episode_index`"));
+            }
+            let ds = match &dataset {
+                Some(d) if d.is_null(row) => return Err(invalid(name, "the query returned a null `dataset`")),
+                Some(d) => d.as_string::<i32>().value(row).to_string(),
+                None => datasets[0].name.clone(),
+            };
+            if let Some(w) = &weight {
+                let w = if w.is_null(row) { 1.0 } else { w.as_primitive::<Float64Type>().value(row) };
+                if !(w.is_finite() && w > 0.0) {
+                    return Err(invalid(name, format!("dataset `{ds}`: weight {w} is not a positive number")));
+                }
+                if let Some(old) = weights.insert(ds.clone(), w)
+                    && old != w
+                {
+                    return Err(invalid(name, format!("dataset `{ds}` has two weights ({old} and {w}); give one per dataset")));
+                }
+            }
+            episodes.entry(ds).or_default().insert(episode.as_primitive::<Int64Type>().value(row));
+        }
+    }
+    if episodes.is_empty() {
+        return Err(invalid(name, "the query selects no episodes"));
+    }
+    let mut selected = Vec::new();
+    for (ds, wanted) in episodes {
+        let record = datasets.iter().find(|r| r.name == ds).ok_or_else(|| {
+            invalid(
+                name,
+                format!(
+                    "the lake has no dataset `{ds}` (datasets: {})",
+                    datasets.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        let have = lake_store::read_columns(lake, record, lake_schemas::tables::EPISODES, &["episode_index"]).await?;
+        let have: BTreeSet<i64> =
+            have.iter().flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().iter().copied().collect::<Vec<_>>()).collect();
+        if let Some(missing) = wanted.iter().find(|e| !have.contains(e)) {
+            return Err(invalid(name, format!("dataset `{ds}` has no episode {missing}")));
+        }
+        selected.push(ViewDataset {
+            name: ds.clone(),
+            version: record.version,
+            weight: weights.get(&ds).copied().unwrap_or(1.0),
+            episodes: wanted.into_iter().collect(),
+        });
+    }
+    let view = ViewRecord {
+        name: name.to_string(),
+        sql: query.to_string(),
+        created_at: chrono::Utc::now(),
+        lake_versions: datasets.iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
+        datasets: selected,
+    };
+    lake.put_view(&view, replace).await?;
+    Ok(view)
+}
+
+/// One dataset version to sample from, with the episodes to draw (all when `None`) and its
+/// mixture weight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    /// `NAME@VERSION` (or the spec as given for a plain dataset).
+    pub dataset: String,
+    /// Episodes to draw from; `None` for all.
+    pub episodes: Option<Vec<i64>>,
+    /// Mixture weight.
+    pub weight: f64,
+}
+
+/// Resolves a dataset spec (`NAME`, `NAME@VERSION`) or a view name to what to sample.
+///
+/// # Errors
+/// When neither a dataset nor a view has that name (the message lists both).
+pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
+    if spec.contains('@') || lake.latest(spec).await.ok().flatten().is_some() {
+        return Ok(vec![Selection { dataset: spec.to_string(), episodes: None, weight: 1.0 }]);
+    }
+    if lake_store::validate_name(spec).is_ok()
+        && let Some(view) = lake.view(spec).await?
+    {
+        return Ok(view
+            .datasets
+            .into_iter()
+            .map(|d| Selection { dataset: format!("{}@{}", d.name, d.version), episodes: Some(d.episodes), weight: d.weight })
+            .collect());
+    }
+    let datasets: Vec<String> = lake.datasets().await?.into_iter().map(|r| r.name).collect();
+    let views: Vec<String> = lake.views().await?.into_iter().map(|v| v.name).collect();
+    let list = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+    Err(Error::Invalid(format!(
+        "no dataset or view `{spec}` in the lake at {} (datasets: {}; views: {})",
+        lake.display_root(),
+        list(&datasets),
+        list(&views)
+    )))
+}
+
+/// What to sample, as `lake bench` and the serving layer take it.
+#[derive(Debug, Clone, Default)]
+pub struct SamplingSpec {
+    /// Datasets (`NAME`, `NAME@VERSION`) or views, each optionally `=WEIGHT`.
+    pub datasets: Vec<String>,
+    /// Only these episodes (of every dataset); empty for all.
+    pub episodes: Vec<i64>,
+    /// Never sample the first N steps of an episode (LeRobot's `drop_n_first_frames`).
+    pub drop_n_first_frames: u64,
+    /// Never sample the last N steps of an episode (LeRobot's `drop_n_last_frames`).
+    pub drop_n_last_frames: u64,
+}
+
+/// The loader's view of a [`SamplingSpec`]: the datasets, opened, and per dataset its eligible
+/// steps and weight (`sources[i]` draws from `datasets[i]`).
+#[derive(Debug)]
+pub struct Sampling {
+    /// The dataset versions, in the order of `sources`.
+    pub datasets: Vec<std::sync::Arc<lake_loader::LoaderDataset>>,
+    /// Eligible steps and weight of each.
+    pub sources: Vec<lake_loader::Source>,
+}
+
+/// Opens what `spec` names: views expand to their pinned datasets, episodes and weights (a
+/// weight given with a view scales its datasets' weights).
+///
+/// # Errors
+/// When a name is neither a dataset nor a view, a weight is not a positive number, or an
+/// episode asked for does not exist.
+pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling> {
+    let mut selections = Vec::new();
+    for item in &spec.datasets {
+        let (name, weight) = match item.rsplit_once('=') {
+            Some((n, w)) => match w.parse::<f64>() {
+                Ok(w) if w.is_finite() && w > 0.0 => (n, w),
+                _ => return Err(Error::Invalid(format!("dataset `{item}`: the weight `{w}` is not a positive number"))),
+            },
+            None => (item.as_str(), 1.0),
+        };
+        for mut s in resolve(lake, name).await? {
+            s.weight *= weight;
+            selections.push(s);
+        }
+    }
+    let mut out = Sampling { datasets: Vec::new(), sources: Vec::new() };
+    for selection in selections {
+        let ds = lake_loader::LoaderDataset::open(lake, &selection.dataset).await?;
+        if let Some(e) = spec.episodes.iter().find(|e| !ds.episodes.iter().any(|s| s.episode_index == **e)) {
+            let (first, last) = (ds.episodes[0].episode_index, ds.episodes[ds.episodes.len() - 1].episode_index);
+            return Err(Error::Invalid(format!("{}: no episode {e} (episodes {first}..={last})", ds.label)));
+        }
+        let wanted = |e: i64| {
+            selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e).is_ok())
+                && (spec.episodes.is_empty() || spec.episodes.contains(&e))
+        };
+        let spans = ds.episodes.iter().filter(|s| wanted(s.episode_index)).map(|s| (s.first_row, s.len));
+        let eligible = lake_loader::Eligible::new(spans, spec.drop_n_first_frames, spec.drop_n_last_frames);
+        out.sources.push(lake_loader::Source { eligible, weight: selection.weight });
+        out.datasets.push(ds);
+    }
+    Ok(out)
+}
