@@ -21,7 +21,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use arrow::{
-    array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray, UInt64Array},
+    array::{ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, StringArray, TimestampMicrosecondArray, UInt64Array},
     datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit},
 };
 use datafusion::{
@@ -480,10 +480,13 @@ impl ExecutionPlan for PlainExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> datafusion::error::Result<SendableRecordBatchStream> {
         let schema = self.schema.clone();
-        let batches = self
-            .input
-            .execute(partition, context)?
-            .map(move |batch| batch.and_then(|b| RecordBatch::try_new(schema.clone(), b.columns().to_vec()).map_err(Into::into)));
+        let batches = self.input.execute(partition, context)?.map(move |batch| {
+            batch.and_then(|b| {
+                // Keep the row count: `count(*)` scans no columns at all.
+                let options = RecordBatchOptions::new().with_row_count(Some(b.num_rows()));
+                RecordBatch::try_new_with_options(schema.clone(), b.columns().to_vec(), &options).map_err(Into::into)
+            })
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), batches)))
     }
 

@@ -131,3 +131,15 @@ pub fn read_arrow(path: &Path) -> RecordBatch {
     let batches: Vec<RecordBatch> = reader.map(|b| b.expect("batch")).collect();
     arrow::compute::concat_batches(&schema, &batches).expect("concat")
 }
+
+/// Runs `lake sql --format json QUERY`, which must succeed, and returns its rows.
+pub fn sql_rows(root: &Path, query: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let run = lake(root, &["sql", "--format", "json", query]);
+    assert_eq!(run.code, 0, "lake sql {query:?} failed: {run:#?}");
+    serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("lake sql {query:?} printed no JSON rows ({e}): {}", run.stdout))
+}
+
+/// A number from a JSON row (a missing or null value fails the test).
+pub fn num(row: &serde_json::Map<String, serde_json::Value>, key: &str) -> f64 {
+    row.get(key).and_then(serde_json::Value::as_f64).unwrap_or_else(|| panic!("row {row:?} has no number `{key}`"))
+}

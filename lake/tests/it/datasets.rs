@@ -4,17 +4,18 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use arrow::{
-    array::AsArray,
+    array::{Array, AsArray},
     compute::cast,
-    datatypes::{DataType, Float32Type, Float64Type, Int64Type},
+    datatypes::{DataType, Field, Float32Type, Float64Type, Int64Type},
 };
 use lake_schemas::{InfoJson, PathTemplate, TemplateValue};
 use lake_testkit::{FrameHash, PacketDecoder, read_parquet, sequential_frames, shared_dir, testdata};
 
-use crate::common::{binaries, floats, ingest_ok, ints, packet_rows, strings, table};
+use crate::common::{binaries, floats, ingest_ok, ints, num, packet_rows, sql_rows, strings, table};
 
 /// One source step: global index, frame index, timestamp, and image bytes per image camera.
 #[derive(Debug, Clone)]
@@ -22,6 +23,10 @@ struct SourceStep {
     index: i64,
     frame: i64,
     timestamp: f32,
+    episode: i64,
+    task: i64,
+    /// The action vector (`action`, or `actions` as some datasets name it), as stored (f32).
+    action: Vec<f32>,
     images: HashMap<String, Vec<u8>>,
 }
 
@@ -54,6 +59,12 @@ fn source_steps(src: &Path, image_cameras: &[String]) -> BTreeMap<i64, Vec<Sourc
             let (ep, fr, idx) = (col("episode_index"), col("frame_index"), col("index"));
             let ts = cast(b.column_by_name("timestamp").expect("timestamp"), &DataType::Float32).expect("f32");
             let ts = ts.as_primitive::<Float32Type>().values().to_vec();
+            let tasks = col("task_index");
+            let actions = b.column_by_name("action").or_else(|| b.column_by_name("actions")).map(|a| {
+                let list = cast(a, &DataType::List(Arc::new(Field::new("item", DataType::Float32, true)))).expect("action is a list");
+                let list = list.as_list::<i32>();
+                (0..list.len()).map(|r| list.value(r).as_primitive::<Float32Type>().values().to_vec()).collect::<Vec<_>>()
+            });
             for r in 0..b.num_rows() {
                 let images = image_cameras
                     .iter()
@@ -62,7 +73,16 @@ fn source_steps(src: &Path, image_cameras: &[String]) -> BTreeMap<i64, Vec<Sourc
                         (c.clone(), s.column_by_name("bytes").expect("bytes").as_binary::<i32>().value(r).to_vec())
                     })
                     .collect();
-                out.entry(ep[r]).or_default().push(SourceStep { index: idx[r], frame: fr[r], timestamp: ts[r], images });
+                let action = actions.as_ref().map(|a| a[r].clone()).unwrap_or_default();
+                out.entry(ep[r]).or_default().push(SourceStep {
+                    index: idx[r],
+                    frame: fr[r],
+                    timestamp: ts[r],
+                    episode: ep[r],
+                    task: tasks[r],
+                    action,
+                    images,
+                });
             }
         }
     }
@@ -148,7 +168,63 @@ fn check_dataset(src: &Path, flags: &[&str], expected: &[i64]) -> tempfile::Temp
     assert!(strings(&steps, "task").iter().all(Option::is_some), "{name}: every step has its task");
 
     check_frames(&root, name, src, &info, &steps, &step_episodes, &want);
+    check_sql(&root, name, &info, expected, &want);
     tmp
+}
+
+/// `lake sql` answers about the dataset equal facts computed here from the source files: steps
+/// per episode and per task, min/max/mean of every action dimension, and `feature_stats`' exact
+/// quantiles (against the sorted source values).
+fn check_sql(root: &Path, name: &str, info: &InfoJson, expected: &[i64], want: &[&SourceStep]) {
+    let q = |query: String| sql_rows(root, &query);
+    let per_episode =
+        q(format!("SELECT episode_index, count(*) AS n FROM steps WHERE dataset = '{name}' GROUP BY episode_index ORDER BY episode_index"));
+    let truth: Vec<(f64, f64)> = expected.iter().map(|e| (*e as f64, want.iter().filter(|s| s.episode == *e).count() as f64)).collect();
+    let got: Vec<(f64, f64)> = per_episode.iter().map(|r| (num(r, "episode_index"), num(r, "n"))).collect();
+    assert_eq!(got, truth, "{name}: steps per episode through SQL");
+
+    let mut tasks: BTreeMap<i64, usize> = BTreeMap::new();
+    for s in want {
+        *tasks.entry(s.task).or_default() += 1;
+    }
+    let per_task = q(format!("SELECT task_index, count(*) AS n FROM \"{name}\".steps GROUP BY task_index ORDER BY task_index"));
+    let got: Vec<(f64, f64)> = per_task.iter().map(|r| (num(r, "task_index"), num(r, "n"))).collect();
+    assert_eq!(got, tasks.iter().map(|(t, n)| (*t as f64, *n as f64)).collect::<Vec<_>>(), "{name}: steps per task through SQL");
+
+    let features = info.parsed_features().expect("features");
+    let Some(key) = ["action", "actions"].into_iter().find(|k| features.iter().any(|f| f.name == *k)) else { return };
+    let dims = want[0].action.len();
+    let select: Vec<String> =
+        (1..=dims).map(|d| format!("min({key}[{d}]) AS min{d}, max({key}[{d}]) AS max{d}, avg({key}[{d}]) AS mean{d}")).collect();
+    let row = &q(format!("SELECT {} FROM \"{name}\".steps", select.join(", ")))[0];
+    let stats = q(format!(
+        "SELECT dim, count, min, max, q01, q10, q50, q90, q99 FROM feature_stats \
+         WHERE dataset = '{name}' AND feature = '{key}' AND episode_index IS NULL ORDER BY dim"
+    ));
+    assert_eq!(stats.len(), dims, "{name}: one feature_stats row per action dimension");
+    for d in 0..dims {
+        let mut values: Vec<f64> = want.iter().map(|s| f64::from(s.action[d])).collect();
+        values.sort_by(f64::total_cmp);
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        let (lo, hi) = (values[0], values[values.len() - 1]);
+        assert_eq!(num(row, &format!("min{}", d + 1)) as f32, lo as f32, "{name}: min of {key}[{d}]");
+        assert_eq!(num(row, &format!("max{}", d + 1)) as f32, hi as f32, "{name}: max of {key}[{d}]");
+        let got_mean = num(row, &format!("mean{}", d + 1));
+        assert!((got_mean - mean).abs() <= 1e-9 * mean.abs().max(1.0), "{name}: mean of {key}[{d}]: {got_mean} vs {mean}");
+        let s = &stats[d];
+        // JSON numbers parse to within an ulp; the values themselves are f32 actions.
+        let got = (num(s, "count") as usize, num(s, "min") as f32, num(s, "max") as f32);
+        assert_eq!(got, (values.len(), lo as f32, hi as f32), "{name}: feature_stats {key}[{d}]");
+        for (col, p) in [("q01", 0.01), ("q10", 0.10), ("q50", 0.50), ("q90", 0.90), ("q99", 0.99)] {
+            // Reference: the value at fractional rank p·(n−1), by linear interpolation.
+            let rank = p * (values.len() - 1) as f64;
+            let (below, frac) = (rank as usize, rank.fract());
+            let above = values[(below + 1).min(values.len() - 1)];
+            let reference = values[below] * (1.0 - frac) + above * frac;
+            let got = num(s, col);
+            assert!((got - reference).abs() <= 1e-9 * reference.abs().max(1.0), "{name}: {col} of {key}[{d}]: {got} vs {reference}");
+        }
+    }
 }
 
 /// Every camera frame of every step: its packet row is in its stream, shows the frame whose

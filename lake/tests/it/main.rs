@@ -5,3 +5,4 @@ mod corrupt;
 mod datasets;
 mod lifecycle;
 mod loader;
+mod sql;

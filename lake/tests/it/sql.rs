@@ -1,0 +1,280 @@
+//! `lake sql`, `lake view` and `lake stats`: errors that say where, filters and projections that
+//! reach Lance, output formats that agree, views that restrict sampling and outlive later
+//! ingests, and statistics in LeRobot's `stats.json` layout. (Answers against facts computed from
+//! the source files are checked for every dataset in `datasets.rs`.)
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::Stdio,
+};
+
+use lake_testkit::testdata;
+use serde_json::Value;
+
+use crate::common::{ingest_ok, lake, lake_cmd, num, read_arrow, sql_rows};
+
+/// A lake holding the bundled `datasets`.
+fn lake_with(datasets: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    for d in datasets {
+        ingest_ok(&root, &testdata(d), &[]);
+    }
+    (tmp, root)
+}
+
+#[test]
+fn bad_queries_get_datafusion_errors_with_position_and_missing_datasets_are_named() {
+    let (_tmp, root) = lake_with(&["v30-av1-small"]);
+    let run = lake(&root, &["sql", "SELEC count(*) FROM steps"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("Line: 1, Column: 1"), "syntax errors give the position: {}", run.stderr);
+
+    let run = lake(&root, &["sql", "SELECT count(*) FROM \"no-such-set\".steps"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("no dataset `no-such-set`") && run.stderr.contains("v30-av1-small"), "{}", run.stderr);
+
+    let run = lake(&root, &["sql", "SELECT no_such_column FROM steps"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("no_such_column"), "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "nothing on stdout for a failed query: {}", run.stdout);
+}
+
+#[test]
+fn filters_and_projections_reach_the_lance_scan_and_counts_never_read_packets() {
+    let (_tmp, root) = lake_with(&["v30-av1-small", "v30-images-tiny"]);
+    let plan = lake(
+        &root,
+        &["sql", "--format", "csv", "EXPLAIN SELECT count(*) FROM steps WHERE dataset = 'v30-av1-small' AND episode_index = 2"],
+    );
+    assert_eq!(plan.code, 0, "{plan:#?}");
+    assert!(plan.stdout.contains("steps.lance"), "{}", plan.stdout);
+    assert!(!plan.stdout.contains("packets.lance"), "a step count must not touch packets: {}", plan.stdout);
+    assert!(plan.stdout.contains("full_filter=episode_index = Int64(2)"), "the filter reaches Lance: {}", plan.stdout);
+    // The other dataset's branch is planned with a false filter: Lance reads none of its rows.
+    assert!(plan.stdout.contains("full_filter=Boolean(false)"), "{}", plan.stdout);
+
+    let rows = sql_rows(&root, "SELECT count(*) AS n FROM steps WHERE dataset = 'v30-av1-small' AND episode_index = 2");
+    assert_eq!(num(&rows[0], "n"), 134.0);
+
+    let plan = lake(&root, &["sql", "--format", "csv", "EXPLAIN SELECT action FROM \"v30-av1-small\".steps"]);
+    assert!(plan.stdout.contains("projection=[action]"), "only the asked column is read: {}", plan.stdout);
+}
+
+#[test]
+fn stacked_tables_widen_vectors_of_different_sizes_and_keep_lerobot_keys() {
+    let (_tmp, root) = lake_with(&["v30-av1-small", "v30-h264-multifile"]);
+    let rows = sql_rows(
+        &root,
+        "SELECT dataset, max(array_length(action)) AS dims, max(array_length(\"observation.state\")) AS state_dims, count(*) AS n \
+         FROM steps GROUP BY dataset ORDER BY dataset",
+    );
+    let got: Vec<(String, f64, f64, f64)> = rows
+        .iter()
+        .map(|r| (r["dataset"].as_str().expect("name").to_string(), num(r, "dims"), num(r, "state_dims"), num(r, "n")))
+        .collect();
+    assert_eq!(got, vec![("v30-av1-small".into(), 6.0, 6.0, 600.0), ("v30-h264-multifile".into(), 14.0, 14.0, 300.0)]);
+    // Joins across tables, and the datasets table, work like any SQL.
+    let rows = sql_rows(
+        &root,
+        "SELECT d.dataset, d.steps, sum(e.length) AS total FROM datasets d JOIN episodes e ON d.dataset = e.dataset \
+         GROUP BY d.dataset, d.steps ORDER BY d.dataset",
+    );
+    assert!(rows.iter().all(|r| num(r, "steps") == num(r, "total")), "{rows:?}");
+}
+
+#[test]
+fn every_output_format_writes_the_same_rows() {
+    let (tmp, root) = lake_with(&["v30-av1-small"]);
+    let query = "SELECT episode_index, length FROM episodes ORDER BY episode_index";
+    let want: Vec<(i64, i64)> = sql_rows(&root, query).iter().map(|r| (num(r, "episode_index") as i64, num(r, "length") as i64)).collect();
+    assert_eq!(want.len(), 6);
+
+    let csv = lake(&root, &["sql", "--format", "csv", query]);
+    let lines: Vec<&str> = csv.stdout.lines().collect();
+    assert_eq!(lines[0], "episode_index,length");
+    let got: Vec<(i64, i64)> = lines[1..]
+        .iter()
+        .map(|l| {
+            let (a, b) = l.split_once(',').expect("two columns");
+            (a.parse().expect("int"), b.parse().expect("int"))
+        })
+        .collect();
+    assert_eq!(got, want, "csv");
+
+    let ndjson = lake(&root, &["sql", "--format", "ndjson", query]);
+    let got: Vec<(i64, i64)> = ndjson
+        .stdout
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("a JSON object per line");
+            (v["episode_index"].as_i64().expect("int"), v["length"].as_i64().expect("int"))
+        })
+        .collect();
+    assert_eq!(got, want, "ndjson");
+
+    let arrow_file = tmp.path().join("episodes.arrow");
+    let run = lake(&root, &["sql", "--format", "arrow", "--output", arrow_file.to_str().expect("utf-8"), query]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let batch = read_arrow(&arrow_file);
+    assert_eq!(crate::common::ints(&[batch.clone()], "length"), want.iter().map(|w| w.1).collect::<Vec<_>>(), "arrow");
+
+    let parquet_file = tmp.path().join("episodes.parquet");
+    let run = lake(&root, &["sql", "--format", "parquet", "--output", parquet_file.to_str().expect("utf-8"), query]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let batches = lake_testkit::read_parquet(&parquet_file);
+    assert_eq!(crate::common::ints(&batches, "episode_index"), want.iter().map(|w| w.0).collect::<Vec<_>>(), "parquet");
+}
+
+#[test]
+fn the_shell_reads_statements_and_lists_tables() {
+    let (_tmp, root) = lake_with(&["v30-images-tiny"]);
+    let mut child = lake_cmd(&root)
+        .arg("sql")
+        .env("LAKE_HISTORY", root.join("history"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the shell");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"\\d\nSELECT count(*) AS n\n  FROM steps;\n\\d \"v30-images-tiny\".steps\n\\q\n")
+        .expect("write statements");
+    let out = child.wait_with_output().expect("shell exits");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("feature_stats") && stdout.contains("\"v30-images-tiny\".steps"), "\\d lists tables: {stdout}");
+    assert!(stdout.contains("| 60 |"), "a multi-line statement runs: {stdout}");
+    assert!(stdout.contains("observation.images.front"), "\\d NAME shows columns: {stdout}");
+}
+
+/// Episodes of `dataset` with `length > min_len`, straight from the episodes table.
+fn long_episodes(root: &Path, dataset: &str, min_len: i64) -> Vec<i64> {
+    let rows = sql_rows(root, &format!("SELECT episode_index FROM \"{dataset}\".episodes WHERE length > {min_len} ORDER BY 1"));
+    rows.iter().map(|r| num(r, "episode_index") as i64).collect()
+}
+
+#[test]
+fn views_restrict_what_is_sampled_and_survive_later_ingests() {
+    let (_tmp, root) = lake_with(&["v30-av1-small", "v30-h264-multifile"]);
+    let selected = long_episodes(&root, "v30-av1-small", 100);
+    assert_eq!(selected, vec![1, 2, 3]);
+    let run = lake(
+        &root,
+        &["view", "create", "long", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'v30-av1-small' AND length > 100"],
+    );
+    assert_eq!(run.code, 0, "{run:#?}");
+
+    // A whole epoch of the view's sampler draws only its episodes, and every step of them.
+    let draws = epoch_episodes(&root, "long");
+    let mut seen: Vec<i64> = draws.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, selected, "an epoch covers exactly the view's episodes");
+    assert_eq!(draws.len(), 104 + 134 + 159, "an epoch is a permutation of the view's steps");
+
+    // lake sample refuses steps outside the view; lake bench samples through it.
+    let run = lake(&root, &["sample", "--dataset", "long", "--indices", "0", "--out", root.join("x.arrow").to_str().expect("utf-8")]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("does not select"), "{}", run.stderr);
+    let run = lake(&root, &["sample", "--dataset", "long", "--indices", "120", "--out", root.join("x.arrow").to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&root, &["bench", "--dataset", "long", "--batch-size", "4", "--batches", "2", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+
+    // Bad views are refused with the reason.
+    for (name, query, reason) in [
+        ("v30-av1-small", "SELECT dataset, episode_index FROM episodes", "a dataset has this name"),
+        ("nothing", "SELECT dataset, episode_index FROM episodes WHERE length < 0", "selects no episodes"),
+        ("noepisode", "SELECT dataset FROM episodes", "`episode_index`"),
+        ("ghost", "SELECT 'v30-av1-small' AS dataset, 99 AS episode_index", "has no episode 99"),
+        ("long", "SELECT dataset, episode_index FROM episodes", "already exists"),
+    ] {
+        let run = lake(&root, &["view", "create", name, query]);
+        assert_eq!(run.code, 2, "{name}: {run:#?}");
+        assert!(run.stderr.contains(reason), "{name}: {}", run.stderr);
+    }
+
+    // Ingesting other data (and a new version of nothing the view reads) leaves it as it was.
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    assert_eq!(epoch_episodes(&root, "long"), draws, "the view samples the same sequence after another ingest");
+    let rows = sql_rows(&root, "SELECT view, dataset, version, episodes FROM views");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!((rows[0]["dataset"].as_str(), num(&rows[0], "version"), num(&rows[0], "episodes")), (Some("v30-av1-small"), 1.0, 3.0));
+    let show = lake(&root, &["view", "show", "long"]);
+    let record: Value = serde_json::from_str(&show.stdout).expect("view record");
+    assert_eq!(record["lake_versions"], serde_json::json!(["v30-av1-small@1", "v30-h264-multifile@1"]));
+
+    let run = lake(&root, &["view", "drop", "long"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(sql_rows(&root, "SELECT * FROM views").is_empty());
+}
+
+/// The episode of every draw of epoch 0 of sampling `spec`, in order.
+fn epoch_episodes(root: &Path, spec: &str) -> Vec<i64> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let spec = lake::views::SamplingSpec { datasets: vec![spec.to_string()], ..Default::default() };
+        let sampling = lake::views::open_sampling(&lake, &spec).await.expect("view opens");
+        let order = lake_loader::Order::new(7, sampling.sources).expect("order");
+        (0..order.epoch_len())
+            .map(|p| {
+                let draw = order.draw(0, p);
+                let ds = &sampling.datasets[draw.source];
+                ds.episodes
+                    .iter()
+                    .find(|e| (e.first_row..e.first_row + e.len).contains(&draw.row))
+                    .expect("row in an episode")
+                    .episode_index
+            })
+            .collect()
+    })
+}
+
+/// Nesting depth and lengths of a JSON value (`[3, 1, 1]` for `[[[a]], [[b]], [[c]]]`).
+fn json_shape(v: &Value) -> Vec<usize> {
+    match v {
+        Value::Array(items) => std::iter::once(items.len()).chain(items.first().map(json_shape).unwrap_or_default()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn stats_export_has_lerobot_layout_exact_numbers_and_the_sources_camera_stats() {
+    let (tmp, root) = lake_with(&["v30-av1-small"]);
+    let out = tmp.path().join("stats.json");
+    let run = lake(&root, &["stats", "v30-av1-small", "--output", out.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let ours: Value = serde_json::from_str(&std::fs::read_to_string(&out).expect("written")).expect("json");
+    let source: Value =
+        serde_json::from_str(&std::fs::read_to_string(testdata("v30-av1-small").join("meta/stats.json")).expect("source")).expect("json");
+    let (ours, source) = (ours.as_object().expect("object"), source.as_object().expect("object"));
+    assert_eq!(ours.keys().collect::<Vec<_>>().len(), source.len());
+    for (feature, theirs) in source {
+        let mine = ours.get(feature).unwrap_or_else(|| panic!("stats.json lacks {feature}"));
+        let (mine, theirs) = (mine.as_object().expect("object"), theirs.as_object().expect("object"));
+        let mut keys: Vec<&String> = mine.keys().collect();
+        let mut want: Vec<&String> = theirs.keys().collect();
+        keys.sort();
+        want.sort();
+        assert_eq!(keys, want, "{feature}: statistics");
+        for (stat, value) in theirs {
+            assert_eq!(json_shape(&mine[stat]), json_shape(value), "{feature}.{stat}: shape");
+        }
+        assert_eq!(mine["count"], theirs["count"], "{feature}: count");
+        if feature.starts_with("observation.images.") {
+            assert_eq!(mine, theirs, "{feature}: camera statistics are the source's");
+        }
+    }
+    // Exact where LeRobot stores an envelope of per-episode estimates: episode 0 holds the lowest
+    // 99 of the 600 steps, so the dataset's q01 of episode_index is 0 (the source says 2.2).
+    assert_eq!(ours["episode_index"]["q01"], serde_json::json!([0.0]));
+    assert_eq!(ours["index"]["min"], serde_json::json!([0.0]));
+    assert_eq!(ours["index"]["max"], serde_json::json!([599.0]));
+    assert_eq!(ours["index"]["q50"], serde_json::json!([299.5]));
+}
