@@ -1,7 +1,9 @@
 //! lake as a library: SQL over the lake and named training sets (views), shared by the `lake`
 //! binary and the serving layer.
 
+pub mod export;
 pub mod sql;
+pub mod stats;
 pub mod views;
 
 /// Errors of the SQL and view layer.

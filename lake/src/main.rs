@@ -63,6 +63,9 @@ enum Command {
     View(query::ViewCommand),
     /// Print a dataset's statistics in LeRobot's `meta/stats.json` layout (exact quantiles).
     Stats(query::StatsArgs),
+    /// Write a dataset or a view over one as a LeRobot v3.0 dataset (videos by stream copy) or
+    /// as plain parquet tables.
+    Export(query::ExportArgs),
 }
 
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
@@ -100,6 +103,7 @@ fn main() -> ExitCode {
             Command::Sql(args) => query::sql(&cli.lake, args).await,
             Command::View(command) => query::view(&cli.lake, command).await,
             Command::Stats(args) => query::stats(&cli.lake, args).await,
+            Command::Export(args) => query::export(&cli.lake, args).await,
         }
     });
     match result {

@@ -8,8 +8,8 @@ use std::{
 
 use anyhow::Context;
 use arrow::{
-    array::{Array, AsArray, RecordBatch},
-    datatypes::{Float64Type, Int64Type, SchemaRef},
+    array::{Array, RecordBatch},
+    datatypes::SchemaRef,
     ipc::writer::{FileWriter, StreamWriter},
 };
 use futures::StreamExt;
@@ -18,7 +18,6 @@ use lake::{
     views,
 };
 use lake_store::Lake;
-use serde_json::{Map, Value};
 
 /// Output formats of `lake sql`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -130,7 +129,7 @@ impl<'a> Sink<'a> {
     fn write(&mut self, batch: RecordBatch) -> anyhow::Result<()> {
         match self {
             Self::Table(batches, ..) => batches.push(batch),
-            Self::Csv(w) => w.write(&batch)?,
+            Self::Csv(w) => w.write(&flat_for_csv(&batch)?)?,
             Self::Json(w) => w.write(&batch)?,
             Self::Ndjson(w) => w.write(&batch)?,
             Self::ArrowFile(w) => w.write(&batch)?,
@@ -161,6 +160,30 @@ impl<'a> Sink<'a> {
         }
         Ok(())
     }
+}
+
+/// `batch` with nested columns (vectors, structs) as their text form (`[1.0, 2.0]`), which CSV
+/// cannot hold otherwise.
+fn flat_for_csv(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
+    if !batch.schema().fields().iter().any(|f| f.data_type().is_nested()) {
+        return Ok(batch.clone());
+    }
+    let options = arrow::util::display::FormatOptions::default().with_null("");
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if field.data_type().is_nested() {
+            let formatter = arrow::util::display::ArrayFormatter::try_new(column.as_ref(), &options)?;
+            let text: arrow::array::StringArray =
+                (0..column.len()).map(|i| (!column.is_null(i)).then(|| formatter.value(i).to_string())).collect();
+            fields.push(arrow::datatypes::Field::new(field.name(), arrow::datatypes::DataType::Utf8, true));
+            columns.push(std::sync::Arc::new(text) as arrow::array::ArrayRef);
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+        }
+    }
+    Ok(RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), columns)?)
 }
 
 /// The interactive shell.
@@ -348,7 +371,7 @@ pub struct StatsArgs {
 pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let record = lake.resolve(&args.dataset).await?;
-    let json = stats_json(&lake, &record).await?;
+    let json = lake::stats::stats_json(&lake, &record).await?;
     let text = serde_json::to_string_pretty(&json)?;
     match &args.output {
         Some(path) => {
@@ -360,89 +383,43 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Nests flat `values` by `shape` (a scalar feature is a one-element list, as LeRobot writes).
-fn nest(values: &[f64], shape: &[usize]) -> Value {
-    match shape {
-        [] | [_] => Value::from(values.to_vec()),
-        [_, rest @ ..] => {
-            let inner: usize = rest.iter().product();
-            Value::Array(values.chunks(inner.max(1)).map(|c| nest(c, rest)).collect())
-        }
-    }
+/// Formats of `lake export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormatArg {
+    /// A LeRobot v3.0 dataset (parquet + mp4 by stream copy) that LeRobot loads.
+    LerobotV3,
+    /// The dataset's tables as plain parquet files.
+    Parquet,
 }
 
-/// The dataset-level statistics of a version as LeRobot's `stats.json` object.
-async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> anyhow::Result<Value> {
-    use lake_schemas::tables::{FEATURE_STATS, QUANTILES, STATS};
-    let mut out = Map::new();
-    if !record.tables.tables.iter().any(|t| t == FEATURE_STATS) {
-        anyhow::bail!("{}@{} was ingested before lake computed exact statistics; ingest it again", record.name, record.version);
-    }
-    let shapes = feature_shapes(&record.info);
-    // Exact statistics of numeric features: dataset rows, by feature then dimension.
-    let mut features: Vec<(String, Vec<Vec<f64>>, i64)> = Vec::new();
-    let stat_names: Vec<&str> = ["min", "max", "mean", "std"].into_iter().chain(QUANTILES.iter().map(|(q, _)| *q)).collect();
-    for batch in lake_store::read_table(lake, record, FEATURE_STATS).await? {
-        let episode = batch.column_by_name("episode_index").expect("feature_stats schema");
-        let feature = batch.column_by_name("feature").expect("feature_stats schema").as_string::<i32>();
-        let count = batch.column_by_name("count").expect("feature_stats schema").as_primitive::<Int64Type>();
-        let stats: Vec<_> =
-            stat_names.iter().map(|s| batch.column_by_name(s).expect("feature_stats schema").as_primitive::<Float64Type>()).collect();
-        for row in (0..batch.num_rows()).filter(|&r| episode.is_null(r)) {
-            let name = feature.value(row);
-            if features.last().is_none_or(|(n, ..)| n != name) {
-                features.push((name.to_string(), vec![Vec::new(); stat_names.len()], count.value(row)));
-            }
-            let (_, values, _) = features.last_mut().expect("pushed above");
-            for (v, col) in values.iter_mut().zip(&stats) {
-                v.push(if col.is_null(row) { f64::NAN } else { col.value(row) });
-            }
-        }
-    }
-    for (name, values, count) in features {
-        let shape = shapes.get(&name).cloned().unwrap_or_default();
-        let mut entry = Map::new();
-        for (stat, v) in stat_names.iter().zip(&values) {
-            entry.insert(stat.to_string(), nest(v, &shape));
-        }
-        entry.insert("count".into(), Value::from(vec![count]));
-        out.insert(name, Value::Object(entry));
-    }
-    // Cameras: the statistics the source stored (lake does not decode frames at ingest).
-    for batch in lake_store::read_table(lake, record, STATS).await? {
-        let episode = batch.column_by_name("episode_index").expect("stats schema");
-        let feature = batch.column_by_name("feature").expect("stats schema").as_string::<i32>();
-        let stat = batch.column_by_name("stat").expect("stats schema").as_string::<i32>();
-        let values = batch.column_by_name("values").expect("stats schema").as_list::<i32>();
-        let shape = batch.column_by_name("shape").expect("stats schema").as_list::<i32>();
-        for row in (0..batch.num_rows()).filter(|&r| episode.is_null(r)) {
-            let name = feature.value(row);
-            if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera"))) {
-                continue; // numeric: lake's exact statistics above win
-            }
-            let v: Vec<f64> = values.value(row).as_primitive::<Float64Type>().iter().map(|x| x.unwrap_or(f64::NAN)).collect();
-            let s: Vec<usize> = shape.value(row).as_primitive::<Int64Type>().iter().map(|x| x.unwrap_or(1) as usize).collect();
-            let entry = out.entry(name.to_string()).or_insert_with(|| serde_json::json!({"camera": true}));
-            let value =
-                if stat.value(row) == "count" { Value::from(v.iter().map(|c| *c as i64).collect::<Vec<_>>()) } else { nest(&v, &s) };
-            entry.as_object_mut().expect("object").insert(stat.value(row).to_string(), value);
-        }
-    }
-    for entry in out.values_mut() {
-        entry.as_object_mut().expect("object").remove("camera");
-    }
-    Ok(Value::Object(out))
+/// Arguments of `lake export`.
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// Dataset (`NAME`, `NAME@VERSION`) or a view over one dataset.
+    dataset: String,
+    /// Output format.
+    #[arg(long, value_enum)]
+    format: ExportFormatArg,
+    /// Output directory (must not exist, or be empty).
+    out: PathBuf,
 }
 
-/// Declared shapes of features from `info.json`.
-fn feature_shapes(info: &Value) -> std::collections::HashMap<String, Vec<usize>> {
-    let mut out = std::collections::HashMap::new();
-    if let Some(features) = info.get("features").and_then(Value::as_object) {
-        for (name, f) in features {
-            if let Some(shape) = f.get("shape").and_then(Value::as_array) {
-                out.insert(name.clone(), shape.iter().filter_map(Value::as_u64).map(|d| d as usize).collect());
-            }
-        }
-    }
-    out
+/// `lake export`.
+pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
+    let lake = Lake::open(root)?;
+    let format = match args.format {
+        ExportFormatArg::LerobotV3 => lake::export::ExportFormat::LerobotV3,
+        ExportFormatArg::Parquet => lake::export::ExportFormat::Parquet,
+    };
+    let report = lake::export::export(&lake, &args.dataset, format, &args.out).await?;
+    println!(
+        "exported {} ({} episodes, {} steps) to {}: {} files, {:.1} MB",
+        report.dataset,
+        report.episodes,
+        report.steps,
+        args.out.display(),
+        report.files,
+        report.bytes as f64 / 1e6
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -111,56 +111,11 @@ impl StreamDecoder {
     /// # Errors
     /// When FFmpeg has no decoder for the codec or cannot open it.
     pub fn open(config: &StreamConfig) -> DecodeResult<Self> {
-        init_ffmpeg();
-        let name = CString::new(config.codec.as_str()).map_err(|_| DecodeError(format!("codec name {:?}", config.codec)))?;
-        // SAFETY: lookups in FFmpeg's static tables, then setup of a context we own before it is
-        // opened; extradata is copied into an FFmpeg allocation with the padding decoders
-        // expect, and the context frees it.
-        unsafe {
-            let desc = ffi::avcodec_descriptor_get_by_name(name.as_ptr());
-            if desc.is_null() {
-                return Err(DecodeError(format!("FFmpeg does not know the codec `{}`", config.codec)));
-            }
-            let codec = ffi::avcodec_find_decoder((*desc).id);
-            if codec.is_null() {
-                return Err(DecodeError(format!("this FFmpeg has no decoder for `{}`", config.codec)));
-            }
-            let mut ctx = ffmpeg::codec::Context::new_with_codec(ffmpeg::Codec::wrap(codec));
-            let raw = ctx.as_mut_ptr();
-            (*raw).width = config.width as i32;
-            (*raw).height = config.height as i32;
-            (*raw).thread_count = 1;
-            if let Some(fmt) = config.pix_fmt.as_deref().and_then(|n| CString::new(n).ok()) {
-                (*raw).pix_fmt = ffi::av_get_pix_fmt(fmt.as_ptr());
-            }
-            if let Some(v) = from_name(config.color_range.as_deref(), ffi::av_color_range_from_name) {
-                (*raw).color_range = std::mem::transmute::<i32, ffi::AVColorRange>(v);
-            }
-            if let Some(v) = from_name(config.color_space.as_deref(), ffi::av_color_space_from_name) {
-                (*raw).colorspace = std::mem::transmute::<i32, ffi::AVColorSpace>(v);
-            }
-            if let Some(v) = from_name(config.color_primaries.as_deref(), ffi::av_color_primaries_from_name) {
-                (*raw).color_primaries = std::mem::transmute::<i32, ffi::AVColorPrimaries>(v);
-            }
-            if let Some(v) = from_name(config.color_trc.as_deref(), ffi::av_color_transfer_from_name) {
-                (*raw).color_trc = std::mem::transmute::<i32, ffi::AVColorTransferCharacteristic>(v);
-            }
-            if let Some(v) = from_name(config.chroma_location.as_deref(), ffi::av_chroma_location_from_name) {
-                (*raw).chroma_sample_location = std::mem::transmute::<i32, ffi::AVChromaLocation>(v);
-            }
-            if let Some(extra) = config.extradata.as_deref().filter(|e| !e.is_empty()) {
-                let pad = ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize;
-                let buf = ffi::av_mallocz(extra.len() + pad).cast::<u8>();
-                if buf.is_null() {
-                    return Err(DecodeError("out of memory for extradata".into()));
-                }
-                std::ptr::copy_nonoverlapping(extra.as_ptr(), buf, extra.len());
-                (*raw).extradata = buf;
-                (*raw).extradata_size = extra.len() as i32;
-            }
-            let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
-            Ok(Self { decoder, converter: None, intra_only: config.kind == "image", stream: config.stream })
-        }
+        let mut ctx = codec_context(config)?;
+        // SAFETY: a context we own, not opened yet.
+        unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
+        let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
+        Ok(Self { decoder, converter: None, intra_only: config.kind == "image", stream: config.stream })
     }
 
     /// Decodes `packets` (`(pts, dts, keyframe flag, bytes)` in decode order, starting at a
@@ -444,5 +399,62 @@ impl RgbConverter {
 fn copy_rows(src: &[u8], stride: usize, dst: &mut [u8], row: usize, rows: usize) {
     for y in 0..rows {
         dst[y * row..(y + 1) * row].copy_from_slice(&src[y * stride..y * stride + row]);
+    }
+}
+
+/// A codec context set up from the stream facts ingest recorded (codec, size, pixel format,
+/// colour description, extradata), not opened: what a decoder needs, and what a muxer copies into
+/// a stream's parameters.
+///
+/// # Errors
+/// When FFmpeg does not know the codec or has no decoder for it.
+pub fn codec_context(config: &StreamConfig) -> DecodeResult<ffmpeg::codec::Context> {
+    init_ffmpeg();
+    let name = CString::new(config.codec.as_str()).map_err(|_| DecodeError(format!("codec name {:?}", config.codec)))?;
+    // SAFETY: lookups in FFmpeg's static tables, then setup of a context we own before it is
+    // opened; extradata is copied into an FFmpeg allocation with the padding decoders
+    // expect, and the context frees it.
+    unsafe {
+        let desc = ffi::avcodec_descriptor_get_by_name(name.as_ptr());
+        if desc.is_null() {
+            return Err(DecodeError(format!("FFmpeg does not know the codec `{}`", config.codec)));
+        }
+        let codec = ffi::avcodec_find_decoder((*desc).id);
+        if codec.is_null() {
+            return Err(DecodeError(format!("this FFmpeg has no decoder for `{}`", config.codec)));
+        }
+        let mut ctx = ffmpeg::codec::Context::new_with_codec(ffmpeg::Codec::wrap(codec));
+        let raw = ctx.as_mut_ptr();
+        (*raw).width = config.width as i32;
+        (*raw).height = config.height as i32;
+        if let Some(fmt) = config.pix_fmt.as_deref().and_then(|n| CString::new(n).ok()) {
+            (*raw).pix_fmt = ffi::av_get_pix_fmt(fmt.as_ptr());
+        }
+        if let Some(v) = from_name(config.color_range.as_deref(), ffi::av_color_range_from_name) {
+            (*raw).color_range = std::mem::transmute::<i32, ffi::AVColorRange>(v);
+        }
+        if let Some(v) = from_name(config.color_space.as_deref(), ffi::av_color_space_from_name) {
+            (*raw).colorspace = std::mem::transmute::<i32, ffi::AVColorSpace>(v);
+        }
+        if let Some(v) = from_name(config.color_primaries.as_deref(), ffi::av_color_primaries_from_name) {
+            (*raw).color_primaries = std::mem::transmute::<i32, ffi::AVColorPrimaries>(v);
+        }
+        if let Some(v) = from_name(config.color_trc.as_deref(), ffi::av_color_transfer_from_name) {
+            (*raw).color_trc = std::mem::transmute::<i32, ffi::AVColorTransferCharacteristic>(v);
+        }
+        if let Some(v) = from_name(config.chroma_location.as_deref(), ffi::av_chroma_location_from_name) {
+            (*raw).chroma_sample_location = std::mem::transmute::<i32, ffi::AVChromaLocation>(v);
+        }
+        if let Some(extra) = config.extradata.as_deref().filter(|e| !e.is_empty()) {
+            let pad = ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize;
+            let buf = ffi::av_mallocz(extra.len() + pad).cast::<u8>();
+            if buf.is_null() {
+                return Err(DecodeError("out of memory for extradata".into()));
+            }
+            std::ptr::copy_nonoverlapping(extra.as_ptr(), buf, extra.len());
+            (*raw).extradata = buf;
+            (*raw).extradata_size = extra.len() as i32;
+        }
+        Ok(ctx)
     }
 }

@@ -27,7 +27,7 @@ pub use crate::{
     batch::{DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, SHAPE},
     cache::{CacheStats, Frame, FrameCache, FrameKey},
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
-    decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, init_ffmpeg},
+    decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
     frames::{FRAMES, FrameTableReport, frames_schema, write_frame_table},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},

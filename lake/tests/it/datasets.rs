@@ -202,7 +202,7 @@ fn check_sql(root: &Path, name: &str, info: &InfoJson, expected: &[i64], want: &
          WHERE dataset = '{name}' AND feature = '{key}' AND episode_index IS NULL ORDER BY dim"
     ));
     assert_eq!(stats.len(), dims, "{name}: one feature_stats row per action dimension");
-    for d in 0..dims {
+    for (d, s) in stats.iter().enumerate() {
         let mut values: Vec<f64> = want.iter().map(|s| f64::from(s.action[d])).collect();
         values.sort_by(f64::total_cmp);
         let mean = values.iter().sum::<f64>() / values.len() as f64;
@@ -211,7 +211,6 @@ fn check_sql(root: &Path, name: &str, info: &InfoJson, expected: &[i64], want: &
         assert_eq!(num(row, &format!("max{}", d + 1)) as f32, hi as f32, "{name}: max of {key}[{d}]");
         let got_mean = num(row, &format!("mean{}", d + 1));
         assert!((got_mean - mean).abs() <= 1e-9 * mean.abs().max(1.0), "{name}: mean of {key}[{d}]: {got_mean} vs {mean}");
-        let s = &stats[d];
         // JSON numbers parse to within an ulp; the values themselves are f32 actions.
         let got = (num(s, "count") as usize, num(s, "min") as f32, num(s, "max") as f32);
         assert_eq!(got, (values.len(), lo as f32, hi as f32), "{name}: feature_stats {key}[{d}]");

@@ -3,6 +3,7 @@
 mod common;
 mod corrupt;
 mod datasets;
+mod export;
 mod lifecycle;
 mod loader;
 mod sql;

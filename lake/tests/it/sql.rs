@@ -118,7 +118,7 @@ fn every_output_format_writes_the_same_rows() {
     let run = lake(&root, &["sql", "--format", "arrow", "--output", arrow_file.to_str().expect("utf-8"), query]);
     assert_eq!(run.code, 0, "{run:#?}");
     let batch = read_arrow(&arrow_file);
-    assert_eq!(crate::common::ints(&[batch.clone()], "length"), want.iter().map(|w| w.1).collect::<Vec<_>>(), "arrow");
+    assert_eq!(crate::common::ints(std::slice::from_ref(&batch), "length"), want.iter().map(|w| w.1).collect::<Vec<_>>(), "arrow");
 
     let parquet_file = tmp.path().join("episodes.parquet");
     let run = lake(&root, &["sql", "--format", "parquet", "--output", parquet_file.to_str().expect("utf-8"), query]);

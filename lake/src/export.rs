@@ -1,0 +1,522 @@
+//! `lake export`: a dataset (or a view over one) back out of the lake.
+//!
+//! - `lerobot-v3`: a LeRobot v3.0 dataset that LeRobot's own `LeRobotDataset` loads. Steps go to
+//!   one data parquet; every camera stream the selected episodes use becomes one mp4, written by
+//!   stream copy (the stored packets, never re-encoded): each episode's packets from the keyframe
+//!   its first frame needs to its last frame, re-timed to follow the previous episode. The
+//!   episodes' `from_timestamp`s are computed from the integer timestamps the written file
+//!   reports when read back, so LeRobot's rule (`from_timestamp + timestamp`) finds exactly the
+//!   frames the lake resolved. Episodes and `index` are renumbered from 0 (a no-op for a whole
+//!   dataset that started at 0).
+//! - `parquet`: the dataset's tables as plain parquet files, with LeRobot's keys as columns.
+//!
+//! Both write into a temporary directory beside the output and rename it into place at the end:
+//! an export that fails leaves nothing behind.
+
+use std::{collections::BTreeMap, path::Path, sync::Arc};
+
+use arrow::{
+    array::{
+        Array, ArrayRef, AsArray, BinaryBuilder, Float64Array, Int64Array, ListBuilder, RecordBatch, StringBuilder, StructArray,
+        UInt64Array,
+    },
+    compute::{concat_batches, filter_record_batch, take},
+    datatypes::{DataType, Field, Int64Type, Schema, SchemaRef},
+};
+use ffmpeg_next as ffmpeg;
+use lake_loader::LoaderDataset;
+use lake_schemas::tables::{self, PACKET_ROW, TASK};
+use lake_store::Lake;
+use serde_json::{Value, json};
+
+use crate::{Error, Result, views};
+
+/// Output formats of `lake export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// A LeRobot v3.0 dataset.
+    LerobotV3,
+    /// Plain parquet tables.
+    Parquet,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportReport {
+    /// `NAME@VERSION` exported.
+    pub dataset: String,
+    /// Episodes written.
+    pub episodes: usize,
+    /// Steps written.
+    pub steps: usize,
+    /// Files written.
+    pub files: usize,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+const CHUNK_SIZE: usize = 1000;
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::Invalid(message.into())
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| invalid(format!("{}: {e}", path.display()))
+}
+
+fn arrow_err(what: &'static str) -> impl FnOnce(arrow::error::ArrowError) -> Error {
+    move |e| invalid(format!("{what}: {e}"))
+}
+
+fn ff(what: String) -> impl FnOnce(ffmpeg::Error) -> Error {
+    move |e| invalid(format!("{what}: {e}"))
+}
+
+/// Exports `spec` (a dataset, `NAME@VERSION`, or a view over one dataset) to `out`, which must
+/// not exist yet or be an empty directory.
+///
+/// # Errors
+/// When the spec names nothing or a view over several datasets, `out` holds files, or a table,
+/// packet or file cannot be read or written (nothing is left at `out` then).
+pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -> Result<ExportReport> {
+    let selection = match views::resolve(lake, spec).await?.as_slice() {
+        [one] => one.clone(),
+        many => return Err(invalid(format!("view `{spec}` spans {} datasets; export one dataset at a time", many.len()))),
+    };
+    if out.exists() && std::fs::read_dir(out).map_err(io(out))?.next().is_some() {
+        return Err(invalid(format!("{} exists and is not empty; choose a new directory", out.display())));
+    }
+    let ds = LoaderDataset::open(lake, &selection.dataset).await?;
+    let episodes: Vec<&lake_loader::EpisodeSpan> =
+        ds.episodes.iter().filter(|e| selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e.episode_index).is_ok())).collect();
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export")))
+        .tempdir_in(parent)
+        .map_err(io(parent))?;
+    let whole = selection.episodes.is_none();
+    match format {
+        ExportFormat::LerobotV3 => write_lerobot(lake, &ds, &episodes, whole, tmp.path()).await?,
+        ExportFormat::Parquet => write_parquet_tables(lake, &ds, &episodes, whole, tmp.path()).await?,
+    }
+    let (files, bytes) = dir_size(tmp.path());
+    if out.exists() {
+        std::fs::remove_dir(out).map_err(io(out))?;
+    }
+    std::fs::rename(tmp.keep(), out).map_err(io(out))?;
+    Ok(ExportReport {
+        dataset: ds.label.clone(),
+        episodes: episodes.len(),
+        steps: episodes.iter().map(|e| e.len as usize).sum(),
+        files,
+        bytes,
+    })
+}
+
+fn dir_size(dir: &Path) -> (usize, u64) {
+    let mut out = (0, 0);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            let (f, b) = dir_size(&path);
+            out = (out.0 + f, out.1 + b);
+        } else {
+            out = (out.0 + 1, out.1 + entry.metadata().map_or(0, |m| m.len()));
+        }
+    }
+    out
+}
+
+fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    let file = std::fs::File::create(path).map_err(io(path))?;
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+        .build();
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    writer.write(batch).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    writer.close().map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    Ok(())
+}
+
+/// The steps rows of `episodes`, in order.
+fn step_rows(episodes: &[&lake_loader::EpisodeSpan]) -> UInt64Array {
+    UInt64Array::from_iter_values(episodes.iter().flat_map(|e| e.first_row..e.first_row + e.len))
+}
+
+/// Renames stored columns to their LeRobot keys (and drops the field metadata lake keeps).
+fn with_lerobot_names(batch: &RecordBatch, skip: &[&str]) -> Result<RecordBatch> {
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if skip.contains(&field.name().as_str()) {
+            continue;
+        }
+        fields.push(Field::new(tables::lerobot_name(field), field.data_type().clone(), field.is_nullable()));
+        columns.push(column.clone());
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(arrow_err("renaming columns"))
+}
+
+/// `parquet`: every table of the version, limited to the selected episodes.
+async fn write_parquet_tables(
+    lake: &Lake,
+    ds: &LoaderDataset,
+    episodes: &[&lake_loader::EpisodeSpan],
+    whole: bool,
+    dir: &Path,
+) -> Result<()> {
+    let rows = step_rows(episodes);
+    let columns: Vec<ArrayRef> =
+        ds.steps.columns().iter().map(|c| take(c, &rows, None)).collect::<Result<_, _>>().map_err(arrow_err("selecting steps"))?;
+    let steps = RecordBatch::try_new(ds.steps.schema(), columns).map_err(arrow_err("selecting steps"))?;
+    write_parquet(&dir.join("steps.parquet"), &with_lerobot_names(&steps, &[])?)?;
+    let keep: Vec<i64> = episodes.iter().map(|e| e.episode_index).collect();
+    for table in [tables::EPISODES, tables::TASKS, tables::STATS, tables::FEATURE_STATS, tables::FINDINGS, tables::STREAMS] {
+        if !ds.record.tables.tables.iter().any(|t| t == table) {
+            continue;
+        }
+        let batches = lake_store::read_table(lake, &ds.record, table).await?;
+        let Some(first) = batches.first() else { continue };
+        let mut batch = concat_batches(&first.schema(), &batches).map_err(arrow_err("reading a table"))?;
+        if let Some(col) = batch.column_by_name("episode_index").cloned() {
+            let col = col.as_primitive::<Int64Type>();
+            // Dataset-level rows (no episode) describe the whole dataset: kept only for it.
+            let mask: arrow::array::BooleanArray =
+                (0..col.len()).map(|i| Some(if col.is_null(i) { whole } else { keep.binary_search(&col.value(i)).is_ok() })).collect();
+            batch = filter_record_batch(&batch, &mask).map_err(arrow_err("selecting rows"))?;
+        }
+        write_parquet(&dir.join(format!("{table}.parquet")), &with_lerobot_names(&batch, &[])?)?;
+    }
+    Ok(())
+}
+
+/// The output file of each camera stream the episodes use: `(camera, stream) → k`, numbered per
+/// camera in stream order.
+fn video_files(ds: &LoaderDataset, episodes: &[&lake_loader::EpisodeSpan]) -> BTreeMap<(String, u32), usize> {
+    let mut out = BTreeMap::new();
+    for camera in ds.cameras.iter().filter(|c| ds.streams.values().any(|s| s.camera == c.key && s.kind == "video")) {
+        let mut streams: Vec<u32> =
+            episodes.iter().map(|e| ds.packets.stream[camera.packet_rows.value(e.first_row as usize) as usize]).collect();
+        streams.sort_unstable();
+        streams.dedup();
+        for (k, s) in streams.into_iter().enumerate() {
+            out.insert((camera.key.clone(), s), k);
+        }
+    }
+    out
+}
+
+/// `lerobot-v3`.
+async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader::EpisodeSpan], whole: bool, dir: &Path) -> Result<()> {
+    let fps = ds.fps();
+    let rows = step_rows(episodes);
+    let files = video_files(ds, episodes);
+    let time_bases = stream_time_bases(lake, ds).await?;
+
+    // Videos first: the episodes' from_timestamps come from the written files.
+    // (episode position, camera) → (file k, from_timestamp)
+    let mut placement: BTreeMap<(usize, String), (usize, f64)> = BTreeMap::new();
+    for ((camera, stream), k) in &files {
+        let path = dir.join(format!("videos/{camera}/chunk-{:03}/file-{:03}.mp4", k / CHUNK_SIZE, k % CHUNK_SIZE));
+        let cam = ds.cameras.iter().find(|c| &c.key == camera).expect("camera of a listed file");
+        let mine: Vec<(usize, &lake_loader::EpisodeSpan)> = episodes
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| ds.packets.stream[cam.packet_rows.value(e.first_row as usize) as usize] == *stream)
+            .map(|(i, e)| (i, *e))
+            .collect();
+        let tb = time_bases.get(stream).copied().ok_or_else(|| invalid(format!("stream {stream} has no time base")))?;
+        let froms = write_video(ds, cam, *stream, tb, &mine, &path).await?;
+        for ((i, _), from) in mine.iter().zip(froms) {
+            placement.insert((*i, camera.clone()), (*k, from));
+        }
+    }
+
+    // Data: steps renumbered, LeRobot keys, image cameras as {bytes, path} structs.
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    let new_episode: Vec<i64> = episodes.iter().enumerate().flat_map(|(i, e)| std::iter::repeat_n(i as i64, e.len as usize)).collect();
+    for field in ds.steps.schema().fields() {
+        let name = field.name().as_str();
+        if name == PACKET_ROW || name == TASK {
+            continue;
+        }
+        let column = ds.steps.column_by_name(name).expect("field of the batch");
+        let column: ArrayRef = match name {
+            "episode_index" => Arc::new(Int64Array::from(new_episode.clone())),
+            "index" => Arc::new(Int64Array::from_iter_values(0..rows.len() as i64)),
+            _ => take(column, &rows, None).map_err(arrow_err("selecting steps"))?,
+        };
+        fields.push(Field::new(tables::lerobot_name(field), column.data_type().clone(), field.is_nullable()));
+        columns.push(column);
+    }
+    for camera in ds.cameras.iter().filter(|c| ds.streams.values().any(|s| s.camera == c.key && s.kind == "image")) {
+        let packet_rows: Vec<u64> = rows.values().iter().map(|&r| camera.packet_rows.value(r as usize)).collect();
+        let mut bytes = BinaryBuilder::new();
+        for chunk in packet_rows.chunks(1024) {
+            for b in ds.packet_bytes(chunk).await? {
+                bytes.append_value(&b);
+            }
+        }
+        let paths: ArrayRef = Arc::new(arrow::array::StringArray::new_null(packet_rows.len()));
+        let image = StructArray::from(vec![
+            (Arc::new(Field::new("bytes", DataType::Binary, true)), Arc::new(bytes.finish()) as ArrayRef),
+            (Arc::new(Field::new("path", DataType::Utf8, true)), paths),
+        ]);
+        fields.push(Field::new(&camera.key, image.data_type().clone(), true));
+        columns.push(Arc::new(image));
+    }
+    let data = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(arrow_err("building the data table"))?;
+    write_parquet(&dir.join("data/chunk-000/file-000.parquet"), &data)?;
+
+    // Episodes.
+    let episode_table = lake_store::read_table(lake, &ds.record, tables::EPISODES).await?;
+    let mut tasks_of: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for b in &episode_table {
+        let idx = b.column_by_name("episode_index").expect("episodes schema").as_primitive::<Int64Type>();
+        let tasks = b.column_by_name("tasks").expect("episodes schema").as_list::<i32>();
+        for r in 0..b.num_rows() {
+            let list = tasks.value(r);
+            let list = list.as_string::<i32>();
+            tasks_of.insert(idx.value(r), (0..list.len()).map(|i| list.value(i).to_string()).collect());
+        }
+    }
+    let video_cameras: Vec<String> = {
+        let mut v: Vec<String> = files.keys().map(|(c, _)| c.clone()).collect();
+        v.dedup();
+        v
+    };
+    let mut fields = vec![Field::new("episode_index", DataType::Int64, false)];
+    let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..episodes.len() as i64))];
+    let mut tasks = ListBuilder::new(StringBuilder::new());
+    for e in episodes {
+        for t in tasks_of.get(&e.episode_index).into_iter().flatten() {
+            tasks.values().append_value(t);
+        }
+        tasks.append(true);
+    }
+    let tasks = tasks.finish();
+    fields.push(Field::new("tasks", tasks.data_type().clone(), true));
+    columns.push(Arc::new(tasks));
+    let mut from = 0i64;
+    let (mut starts, mut ends) = (Vec::new(), Vec::new());
+    for e in episodes {
+        starts.push(from);
+        from += e.len as i64;
+        ends.push(from);
+    }
+    let zeros = || Arc::new(Int64Array::from(vec![0i64; episodes.len()])) as ArrayRef;
+    for (name, column) in [
+        ("length", Arc::new(Int64Array::from_iter_values(episodes.iter().map(|e| e.len as i64))) as ArrayRef),
+        ("data/chunk_index", zeros()),
+        ("data/file_index", zeros()),
+        ("dataset_from_index", Arc::new(Int64Array::from(starts))),
+        ("dataset_to_index", Arc::new(Int64Array::from(ends))),
+    ] {
+        fields.push(Field::new(name, DataType::Int64, false));
+        columns.push(column);
+    }
+    for camera in &video_cameras {
+        let at = |i: usize| placement.get(&(i, camera.clone())).copied().unwrap_or((0, 0.0));
+        let n = episodes.len();
+        let k: Vec<usize> = (0..n).map(|i| at(i).0).collect();
+        let from: Vec<f64> = (0..n).map(|i| at(i).1).collect();
+        let to: Vec<f64> = (0..n).map(|i| from[i] + episodes[i].len as f64 / f64::from(fps)).collect();
+        for (suffix, column) in [
+            ("chunk_index", Arc::new(Int64Array::from_iter_values(k.iter().map(|k| (k / CHUNK_SIZE) as i64))) as ArrayRef),
+            ("file_index", Arc::new(Int64Array::from_iter_values(k.iter().map(|k| (k % CHUNK_SIZE) as i64)))),
+            ("from_timestamp", Arc::new(Float64Array::from(from))),
+            ("to_timestamp", Arc::new(Float64Array::from(to))),
+        ] {
+            fields.push(Field::new(format!("videos/{camera}/{suffix}"), column.data_type().clone(), false));
+            columns.push(column);
+        }
+    }
+    for name in ["meta/episodes/chunk_index", "meta/episodes/file_index"] {
+        fields.push(Field::new(name, DataType::Int64, false));
+        columns.push(zeros());
+    }
+    let episodes_batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(arrow_err("building episodes"))?;
+    write_parquet(&dir.join("meta/episodes/chunk-000/file-000.parquet"), &episodes_batch)?;
+
+    // Tasks (task strings as the pandas index, as LeRobot writes them), info, stats.
+    let tasks_batch = tasks_table(lake, ds).await?;
+    write_parquet(&dir.join("meta/tasks.parquet"), &tasks_batch)?;
+    let info = info_json(ds, episodes.len(), rows.len(), tasks_batch.num_rows(), &video_cameras);
+    let info_path = dir.join("meta/info.json");
+    std::fs::write(&info_path, serde_json::to_vec_pretty(&info).expect("json")).map_err(io(&info_path))?;
+    if whole {
+        // Statistics of a subset would need recomputing; LeRobot loads a dataset without them.
+        let stats = crate::stats::stats_json(lake, &ds.record).await?;
+        let stats_path = dir.join("meta/stats.json");
+        std::fs::write(&stats_path, serde_json::to_vec_pretty(&stats).expect("json")).map_err(io(&stats_path))?;
+    }
+    Ok(())
+}
+
+async fn stream_time_bases(lake: &Lake, ds: &LoaderDataset) -> Result<BTreeMap<u32, ffmpeg::Rational>> {
+    let mut out = BTreeMap::new();
+    for b in lake_store::read_columns(lake, &ds.record, tables::STREAMS, &["stream", "time_base_num", "time_base_den"]).await? {
+        let s = b.column(0).as_primitive::<arrow::datatypes::UInt32Type>();
+        let num = b.column(1).as_primitive::<arrow::datatypes::Int32Type>();
+        let den = b.column(2).as_primitive::<arrow::datatypes::Int32Type>();
+        for r in 0..b.num_rows() {
+            out.insert(s.value(r), ffmpeg::Rational::new(num.value(r), den.value(r)));
+        }
+    }
+    Ok(out)
+}
+
+/// `meta/tasks.parquet`: `task_index` plus the task strings as an unnamed pandas index.
+async fn tasks_table(lake: &Lake, ds: &LoaderDataset) -> Result<RecordBatch> {
+    let batches = lake_store::read_table(lake, &ds.record, tables::TASKS).await?;
+    let source: SchemaRef = tables::tasks_schema();
+    let all = concat_batches(&source, &batches).map_err(arrow_err("reading tasks"))?;
+    let pandas = json!({
+        "index_columns": ["__index_level_0__"],
+        "column_indexes": [{"name": null, "field_name": null, "pandas_type": "unicode", "numpy_type": "object", "metadata": {"encoding": "UTF-8"}}],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64", "metadata": null},
+            {"name": null, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object", "metadata": null}
+        ],
+        "attributes": {},
+        "creator": {"library": "lake", "version": env!("CARGO_PKG_VERSION")},
+        "pandas_version": "2.2.3"
+    });
+    let schema =
+        Schema::new(vec![Field::new("task_index", DataType::Int64, false), Field::new("__index_level_0__", DataType::Utf8, false)])
+            .with_metadata([("pandas".to_string(), pandas.to_string())].into());
+    RecordBatch::try_new(Arc::new(schema), vec![all.column(0).clone(), all.column(1).clone()]).map_err(arrow_err("building tasks"))
+}
+
+/// `meta/info.json` of the export: the source's features (cameras lake holds no frames of left
+/// out, video facts as the container says), v3.0 paths and the new totals.
+fn info_json(ds: &LoaderDataset, episodes: usize, steps: usize, tasks: usize, video_cameras: &[String]) -> Value {
+    let mut features = serde_json::Map::new();
+    let source = ds.record.info.get("features").and_then(Value::as_object).cloned().unwrap_or_default();
+    for (name, feature) in source {
+        let dtype = feature.get("dtype").and_then(Value::as_str).unwrap_or_default();
+        if dtype == "video" && !video_cameras.contains(&name) {
+            continue;
+        }
+        if dtype == "image" && !ds.cameras.iter().any(|c| c.key == name) {
+            continue;
+        }
+        let mut feature = feature.clone();
+        if dtype == "video"
+            && let Some(stream) = ds.streams.values().find(|s| s.camera == name)
+        {
+            let info = feature.as_object_mut().expect("feature object").entry("info").or_insert_with(|| json!({}));
+            if let Some(info) = info.as_object_mut() {
+                info.insert("video.codec".into(), json!(stream.codec));
+                info.insert("video.height".into(), json!(stream.height));
+                info.insert("video.width".into(), json!(stream.width));
+                if let Some(p) = &stream.pix_fmt {
+                    info.insert("video.pix_fmt".into(), json!(p));
+                }
+            }
+        }
+        features.insert(name, feature);
+    }
+    json!({
+        "codebase_version": "v3.0",
+        "robot_type": ds.record.robot_type,
+        "total_episodes": episodes,
+        "total_frames": steps,
+        "total_tasks": tasks,
+        "chunks_size": CHUNK_SIZE,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 200,
+        "fps": ds.fps(),
+        "splits": {"train": format!("0:{episodes}")},
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+        "features": features,
+    })
+}
+
+/// Writes the packets `episodes` need from `stream` to `path` (stream copy) and returns each
+/// episode's `from_timestamp` in the written file.
+async fn write_video(
+    ds: &LoaderDataset,
+    camera: &lake_loader::Camera,
+    stream: u32,
+    tb: ffmpeg::Rational,
+    episodes: &[(usize, &lake_loader::EpisodeSpan)],
+    path: &Path,
+) -> Result<Vec<f64>> {
+    let config = ds.streams.get(&stream).ok_or_else(|| invalid(format!("{}: no stream {stream}", ds.label)))?;
+    let what = || format!("{} (stream {stream} of {})", path.display(), ds.label);
+    std::fs::create_dir_all(path.parent().expect("a file in a directory")).map_err(io(path))?;
+    lake_loader::init_ffmpeg();
+    let ctx = lake_loader::codec_context(config).map_err(|e| invalid(format!("{}: {e}", what())))?;
+    let mut octx = ffmpeg::format::output_as(path, "mp4").map_err(ff(what()))?;
+    {
+        let mut ost = octx.add_stream_with(&ctx).map_err(ff(what()))?;
+        ost.set_time_base(tb);
+        // SAFETY: the stream's parameters were just filled from the context; a zero tag lets the
+        // mp4 muxer choose the sample entry for the codec.
+        unsafe { (*(*ost.as_mut_ptr()).codecpar).codec_tag = 0 };
+    }
+    octx.write_header().map_err(ff(what()))?;
+    let out_tb = octx.stream(0).expect("the stream just added").time_base();
+    let frame = (i64::from(tb.denominator()) / (i64::from(tb.numerator()) * i64::from(ds.fps()))).max(1);
+
+    // Per episode: packet rows [first, last], the row of its first step's frame, and the output
+    // packet number where the range starts.
+    let mut first_frame_packet = Vec::new();
+    let mut written = 0usize;
+    let mut end_pts = i64::MIN;
+    let mut last_dts = i64::MIN;
+    for (_, e) in episodes {
+        let rows: Vec<u64> = (e.first_row..e.first_row + e.len).map(|r| camera.packet_rows.value(r as usize)).collect();
+        let first = rows.iter().map(|&r| r - u64::from(ds.packets.keyframe_offset[r as usize])).min().expect("episodes have steps");
+        let last = *rows.iter().max().expect("episodes have steps");
+        let range: Vec<u64> = (first..=last).collect();
+        let min_pts = range.iter().map(|&r| ds.packets.pts[r as usize]).min().expect("a packet");
+        let min_dts = range.iter().map(|&r| ds.packets.dts[r as usize]).min().expect("a packet");
+        // Shift the episode after the previous one, in presentation and in decode order.
+        let shift = if written == 0 { -min_pts } else { (end_pts - min_pts).max(last_dts + 1 - min_dts) };
+        first_frame_packet.push(written + (rows[0] - first) as usize);
+        for chunk in range.chunks(256) {
+            let data = ds.packet_bytes(chunk).await?;
+            for (&r, bytes) in chunk.iter().zip(data) {
+                let (pts, dts) = (ds.packets.pts[r as usize] + shift, ds.packets.dts[r as usize] + shift);
+                let mut packet = ffmpeg::Packet::copy(&bytes);
+                packet.set_pts(Some(pts));
+                packet.set_dts(Some(dts));
+                packet.set_duration(frame);
+                packet.set_stream(0);
+                if ds.packets.container_keyframe[r as usize] {
+                    packet.set_flags(ffmpeg::packet::Flags::KEY);
+                }
+                packet.rescale_ts(tb, out_tb);
+                packet.write(&mut octx).map_err(ff(format!("{}: packet row {r}", what())))?;
+                end_pts = end_pts.max(pts + frame);
+                last_dts = dts;
+                written += 1;
+            }
+        }
+    }
+    octx.write_trailer().map_err(ff(what()))?;
+    drop(octx);
+
+    // Read the file back: the timestamps its readers (LeRobot's included) will see.
+    let mut ictx = ffmpeg::format::input(path).map_err(ff(what()))?;
+    let itb = ictx.stream(0).ok_or_else(|| invalid(format!("{}: no stream in the written file", what())))?.time_base();
+    let pts: Vec<i64> = ictx.packets().map(|(_, p)| p.pts().unwrap_or(i64::MIN)).collect();
+    if pts.len() != written {
+        return Err(invalid(format!("{}: wrote {written} packets, read back {}", what(), pts.len())));
+    }
+    let seconds = |t: i64| t as f64 * f64::from(itb.numerator()) / f64::from(itb.denominator());
+    let timestamps = ds.steps.column_by_name("timestamp").ok_or_else(|| invalid("steps have no timestamp column"))?;
+    let timestamps = arrow::compute::cast(timestamps, &DataType::Float64).map_err(arrow_err("timestamps"))?;
+    let timestamps = timestamps.as_primitive::<arrow::datatypes::Float64Type>();
+    Ok(episodes.iter().zip(first_frame_packet).map(|((_, e), k)| seconds(pts[k]) - timestamps.value(e.first_row as usize)).collect())
+}

@@ -1,0 +1,165 @@
+//! `lake export`: a LeRobot v3.0 export ingests back into identical steps and packets, a view
+//! exports only its episodes, LeRobot itself loads the export with the reference samples (when
+//! its environment is installed), and a failed export leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+
+use arrow::array::RecordBatch;
+use lake_testkit::{shared_dir, testdata};
+
+use crate::common::{binaries, floats, ingest_ok, ints, lake, strings, table};
+
+/// Steps as comparable rows: every column but the packet pointers, as text.
+fn step_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in batches {
+        let columns: Vec<_> = b
+            .schema()
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.name() != lake_schemas::tables::PACKET_ROW)
+            .map(|(i, f)| {
+                (f.name().clone(), arrow::util::display::ArrayFormatter::try_new(b.column(i).as_ref(), &Default::default()).expect("fmt"))
+            })
+            .collect();
+        for r in 0..b.num_rows() {
+            out.push(columns.iter().map(|(n, c)| format!("{n}={}", c.value(r))).collect::<Vec<_>>().join(" "));
+        }
+    }
+    out
+}
+
+/// Packets that show a step's frame: (camera, episode, frame, keyframe flag, bytes), sorted.
+fn frame_packets(batches: &[RecordBatch]) -> Vec<(String, i64, i64, Vec<u8>)> {
+    let cams = strings(batches, "camera");
+    let eps = ints(batches, "episode_index");
+    let frames = ints(batches, "frame_index");
+    let data = binaries(batches, "data");
+    let mut out: Vec<_> = (0..cams.len())
+        .filter(|&i| eps[i] >= 0)
+        .map(|i| (cams[i].clone().expect("camera"), eps[i], frames[i], data[i].clone().expect("bytes")))
+        .collect();
+    out.sort();
+    out
+}
+
+fn export(root: &Path, spec: &str, format: &str, out: &Path) -> crate::common::Run {
+    lake(root, &["export", spec, "--format", format, out.to_str().expect("utf-8")])
+}
+
+#[test]
+fn lerobot_exports_ingest_back_into_identical_steps_and_packets() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (first, second) = (tmp.path().join("lake"), tmp.path().join("again"));
+    for name in ["v30-av1-small", "v30-h264-multifile", "v30-images-tiny"] {
+        ingest_ok(&first, &testdata(name), &[]);
+        let out = tmp.path().join(format!("export-{name}"));
+        let run = export(&first, name, "lerobot-v3", &out);
+        assert_eq!(run.code, 0, "{run:#?}");
+        let run = lake(&second, &["ingest", out.to_str().expect("utf-8"), "--name", name]);
+        assert_eq!(run.code, 0, "{name}: the export ingests without findings: {run:#?}");
+        assert!(run.stdout.contains("no findings") || run.stderr.contains("no findings"), "{name}: {run:#?}");
+        assert_eq!(step_rows(&table(&second, name, "steps")), step_rows(&table(&first, name, "steps")), "{name}: steps");
+        assert_eq!(frame_packets(&table(&second, name, "packets")), frame_packets(&table(&first, name, "packets")), "{name}: packets");
+        lerobot_loads(&out, name);
+    }
+}
+
+#[test]
+fn a_view_exports_only_its_episodes_renumbered_from_zero() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (first, second) = (tmp.path().join("lake"), tmp.path().join("again"));
+    ingest_ok(&first, &testdata("v30-av1-small"), &[]);
+    let run = lake(&first, &["view", "create", "long", "SELECT episode_index FROM episodes WHERE length > 100"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out = tmp.path().join("long");
+    assert_eq!(export(&first, "long", "lerobot-v3", &out).code, 0);
+    ingest_ok(&second, &out, &["--name", "long"]);
+
+    let source = table(&first, "v30-av1-small", "steps");
+    let kept: Vec<usize> =
+        ints(&source, "episode_index").iter().enumerate().filter(|(_, e)| [1, 2, 3].contains(*e)).map(|(i, _)| i).collect();
+    let exported = table(&second, "long", "steps");
+    assert_eq!(ints(&exported, "episode_index"), kept.iter().map(|&i| ints(&source, "episode_index")[i] - 1).collect::<Vec<_>>());
+    assert_eq!(ints(&exported, "index"), (0..kept.len() as i64).collect::<Vec<_>>(), "index renumbered from 0");
+    let (ts, src_ts) = (floats(&exported, "timestamp"), floats(&source, "timestamp"));
+    assert_eq!(ts, kept.iter().map(|&i| src_ts[i]).collect::<Vec<_>>(), "timestamps kept");
+    // Every frame of the kept episodes, bit for bit, under the new episode numbers.
+    let renumbered: Vec<_> = frame_packets(&table(&first, "v30-av1-small", "packets"))
+        .into_iter()
+        .filter(|p| [1, 2, 3].contains(&p.1))
+        .map(|(c, e, f, d)| (c, e - 1, f, d))
+        .collect();
+    assert_eq!(frame_packets(&table(&second, "long", "packets")), renumbered);
+}
+
+#[test]
+fn parquet_export_writes_the_tables_with_lerobot_keys() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-h264-multifile"), &[]);
+    let out = tmp.path().join("tables");
+    let run = export(&root, "v30-h264-multifile", "parquet", &out);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let steps = lake_testkit::read_parquet(&out.join("steps.parquet"));
+    assert_eq!(steps.iter().map(|b| b.num_rows()).sum::<usize>(), 300);
+    assert!(steps[0].schema().column_with_name("observation.state").is_some(), "{:?}", steps[0].schema());
+    for t in ["episodes", "tasks", "stats", "feature_stats", "streams"] {
+        assert!(out.join(format!("{t}.parquet")).is_file(), "{t}.parquet");
+    }
+}
+
+#[test]
+fn failed_exports_leave_nothing_behind() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let occupied = tmp.path().join("occupied");
+    std::fs::create_dir_all(&occupied).expect("dir");
+    std::fs::write(occupied.join("keep.txt"), "mine").expect("file");
+    let run = export(&root, "v30-images-tiny", "lerobot-v3", &occupied);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("not empty"), "{}", run.stderr);
+    assert_eq!(std::fs::read_dir(&occupied).expect("dir").count(), 1, "the directory is untouched");
+
+    let run = lake(&root, &["view", "create", "both", "SELECT dataset, episode_index FROM episodes"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let run = export(&root, "both", "lerobot-v3", &tmp.path().join("both"));
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("spans 2 datasets"), "{}", run.stderr);
+    let run = export(&root, "nothing-here", "lerobot-v3", &tmp.path().join("nothing"));
+    assert_eq!(run.code, 2, "{run:#?}");
+    let leftovers: Vec<PathBuf> = std::fs::read_dir(tmp.path()).expect("dir").flatten().map(|e| e.path()).collect();
+    assert_eq!(leftovers.len(), 2, "no partial export directories: {leftovers:?}");
+}
+
+/// The Python of the LeRobot environment (`bench/compare_lerobot.sh` makes it), if installed.
+fn lerobot_python() -> Option<PathBuf> {
+    let path = std::env::var_os("LAKE_LEROBOT_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/lake/lerobot-venv/bin/python")))?;
+    path.is_file().then_some(path)
+}
+
+/// LeRobot's `LeRobotDataset` loads the export and returns the reference samples of `name`.
+#[allow(clippy::print_stderr)] // says why the LeRobot check did not run
+fn lerobot_loads(root: &Path, name: &str) {
+    let Some(python) = lerobot_python() else {
+        eprintln!(
+            "skipped: loading the {name} export with LeRobot (no LeRobot environment; set LAKE_LEROBOT_PYTHON or run \
+             bench/compare_lerobot.sh once to create ~/.cache/lake/lerobot-venv)"
+        );
+        return;
+    };
+    let reference = shared_dir().join(format!("fixtures/reference/{name}.none.arrow"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/lerobot_parity.py");
+    let out = std::process::Command::new(python).arg(script).arg(root).arg(&reference).output().expect("run python");
+    assert!(
+        out.status.success(),
+        "LeRobot reads the {name} export differently from the reference:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
