@@ -59,7 +59,12 @@ def main() -> None:
         ("lake, frame table", "lake_frame_table", args.lake_frame_table),
     ):
         if path:
-            rows.append((label, key, load(path)))
+            r = load(path)
+            # Newer binaries say whether frames came from the stored frame table.
+            used = r.get("frame_table")
+            if used is not None and used != (key == "lake_frame_table"):
+                label += " (frame table on)" if used else " (NO frame table)"
+            rows.append((label, key, r))
 
     base_cpu, base_wall = samples_per_cpu_s(lr), num(lr, "samples_per_s")
     if args.title:
