@@ -130,6 +130,19 @@ pub async fn compute(steps_uri: &str, schema: &arrow::datatypes::Schema) -> Resu
     out.finish()
 }
 
+/// Builds a `feature_stats`-shaped batch from `(episode, feature, dimension, summary)` rows
+/// (also used for per-channel camera statistics).
+///
+/// # Errors
+/// Never for well-formed rows; an Arrow error otherwise.
+pub fn rows_batch(rows: Vec<(Option<i64>, String, usize, Option<Summary>)>) -> Result<RecordBatch> {
+    let mut out = Rows::default();
+    for (episode, feature, dim, summary) in rows {
+        out.push(episode, &feature, dim, summary);
+    }
+    out.finish()
+}
+
 async fn read_column(uri: &str, name: &str) -> Result<ArrayRef> {
     let batches = lake_store::read_columns_at(uri, &[name]).await?;
     let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();

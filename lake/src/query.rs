@@ -364,6 +364,10 @@ pub struct StatsArgs {
     /// Write LeRobot's `meta/stats.json` layout to this file (else print it).
     #[arg(long, short)]
     output: Option<PathBuf>,
+    /// First compute per-channel camera statistics over LeRobot's frame subsample of each
+    /// episode (decoding those frames) and store them beside the version (`image_stats`).
+    #[arg(long)]
+    images: bool,
 }
 
 /// `lake stats`: a dataset's statistics in LeRobot's `stats.json` layout: lake's exact ones for
@@ -371,6 +375,17 @@ pub struct StatsArgs {
 pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let record = lake.resolve(&args.dataset).await?;
+    if args.images {
+        let spec = format!("{}@{}", record.name, record.version);
+        let began = std::time::Instant::now();
+        let report = lake::stats::write_image_stats(&lake, &spec).await?;
+        eprintln!(
+            "image statistics of {spec}: {} cameras, {} frames decoded, {:.1} s",
+            report.cameras,
+            report.frames,
+            began.elapsed().as_secs_f64()
+        );
+    }
     let json = lake::stats::stats_json(&lake, &record).await?;
     let text = serde_json::to_string_pretty(&json)?;
     match &args.output {

@@ -3,7 +3,8 @@
 //! Naming (what `lake sql` and Flight SQL clients see):
 //!
 //! - `datasets`: one row per dataset (its latest version); `views`: the named training sets.
-//! - `steps`, `episodes`, `tasks`, `stats`, `feature_stats`, `findings`, `streams`, `packets`:
+//! - `steps`, `episodes`, `tasks`, `stats`, `feature_stats`, `image_stats`, `findings`, `streams`,
+//!   `packets`:
 //!   every dataset's table of that name, stacked, with a leading `dataset` column. Columns are
 //!   matched by name; a column some datasets lack is null there, and a column whose type differs
 //!   between datasets is widened (numbers to `double`, vectors to `list<double>`); one whose types
@@ -50,12 +51,13 @@ pub const CATALOG: &str = "lake";
 /// The schema holding the tables that span every dataset.
 pub const SCHEMA: &str = "public";
 /// Tables every dataset version has (those a version lacks are skipped), in listing order.
-pub const DATASET_TABLES: [&str; 8] = [
+pub const DATASET_TABLES: [&str; 9] = [
     tables::STEPS,
     tables::EPISODES,
     tables::TASKS,
     tables::STATS,
     tables::FEATURE_STATS,
+    tables::IMAGE_STATS,
     tables::FINDINGS,
     tables::STREAMS,
     tables::PACKETS,
@@ -203,7 +205,10 @@ impl LakeSql {
 /// their LeRobot keys.
 async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<Vec<(&'static str, LogicalPlan)>> {
     let mut out = Vec::new();
-    for table in DATASET_TABLES.into_iter().filter(|t| record.tables.tables.iter().any(|have| have == t)) {
+    // Ingest's tables, and derived ones a later command added beside the version.
+    let present =
+        |t: &str| record.tables.tables.iter().any(|have| have == t) || std::path::Path::new(&lake.uri(&record.tables.path(t))).is_dir();
+    for table in DATASET_TABLES.into_iter().filter(|t| present(t)) {
         let path = record.tables.path(table);
         let dataset =
             Dataset::open(&lake.uri(&path)).await.map_err(|source| Error::Open { table: path.clone(), source: Box::new(source) })?;
@@ -298,7 +303,7 @@ fn empty_schema(table: &str) -> SchemaRef {
         tables::EPISODES => tables::episodes_schema(),
         tables::TASKS => tables::tasks_schema(),
         tables::STATS => tables::stats_schema(),
-        tables::FEATURE_STATS => tables::feature_stats_schema(),
+        tables::FEATURE_STATS | tables::IMAGE_STATS => tables::feature_stats_schema(),
         tables::FINDINGS => tables::findings_schema(),
         tables::STREAMS => tables::streams_schema(),
         _ => tables::packets_schema(),

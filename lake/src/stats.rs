@@ -6,6 +6,7 @@ use arrow::{
     array::{Array, AsArray},
     datatypes::{Float64Type, Int64Type},
 };
+use lake_schemas::tables::QUANTILES;
 use lake_store::Lake;
 use serde_json::{Map, Value};
 
@@ -28,7 +29,7 @@ fn nest(values: &[f64], shape: &[usize]) -> Value {
 /// When the version has no `feature_stats` table (ingested by an older lake) or a table cannot
 /// be read.
 pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<Value> {
-    use lake_schemas::tables::{FEATURE_STATS, QUANTILES, STATS};
+    use lake_schemas::tables::{FEATURE_STATS, IMAGE_STATS, STATS};
     let mut out = Map::new();
     if !record.tables.tables.iter().any(|t| t == FEATURE_STATS) {
         return Err(Error::Invalid(format!(
@@ -37,10 +38,61 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
         )));
     }
     let shapes = feature_shapes(&record.info);
-    // Exact statistics of numeric features: dataset rows, by feature then dimension.
-    let mut features: Vec<(String, Vec<Vec<f64>>, i64)> = Vec::new();
+    // Exact statistics of numeric features, and of cameras when `lake stats --images` computed
+    // them (per channel, shaped [3, 1, 1] as LeRobot stores them).
     let stat_names: Vec<&str> = ["min", "max", "mean", "std"].into_iter().chain(QUANTILES.iter().map(|(q, _)| *q)).collect();
-    for batch in lake_store::read_table(lake, record, FEATURE_STATS).await? {
+    let mut features = dataset_rows(&lake_store::read_table(lake, record, FEATURE_STATS).await?, &stat_names);
+    let image_stats = lake.uri(&record.tables.path(IMAGE_STATS));
+    let mut shapes = shapes;
+    if std::path::Path::new(&image_stats).is_dir() {
+        let schema = lake_schemas::tables::feature_stats_schema();
+        let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let batches = lake_store::read_columns_at(&image_stats, &columns).await?;
+        for row in dataset_rows(&batches, &stat_names) {
+            shapes.insert(row.0.clone(), vec![3, 1, 1]);
+            features.push(row);
+        }
+    }
+    for (name, values, count) in features {
+        let shape = shapes.get(&name).cloned().unwrap_or_default();
+        let mut entry = Map::new();
+        for (stat, v) in stat_names.iter().zip(&values) {
+            entry.insert(stat.to_string(), nest(v, &shape));
+        }
+        entry.insert("count".into(), Value::from(vec![count]));
+        out.insert(name, Value::Object(entry));
+    }
+    // Other cameras: the statistics the source stored (ingest does not decode frames).
+    for batch in lake_store::read_table(lake, record, STATS).await? {
+        let episode = batch.column_by_name("episode_index").expect("stats schema");
+        let feature = batch.column_by_name("feature").expect("stats schema").as_string::<i32>();
+        let stat = batch.column_by_name("stat").expect("stats schema").as_string::<i32>();
+        let values = batch.column_by_name("values").expect("stats schema").as_list::<i32>();
+        let shape = batch.column_by_name("shape").expect("stats schema").as_list::<i32>();
+        for row in (0..batch.num_rows()).filter(|&r| episode.is_null(r)) {
+            let name = feature.value(row);
+            if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera"))) {
+                continue; // lake's own statistics above win
+            }
+            let v: Vec<f64> = values.value(row).as_primitive::<Float64Type>().iter().map(|x| x.unwrap_or(f64::NAN)).collect();
+            let s: Vec<usize> = shape.value(row).as_primitive::<Int64Type>().iter().map(|x| x.unwrap_or(1) as usize).collect();
+            let entry = out.entry(name.to_string()).or_insert_with(|| serde_json::json!({"camera": true}));
+            let value =
+                if stat.value(row) == "count" { Value::from(v.iter().map(|c| *c as i64).collect::<Vec<_>>()) } else { nest(&v, &s) };
+            entry.as_object_mut().expect("object").insert(stat.value(row).to_string(), value);
+        }
+    }
+    for entry in out.values_mut() {
+        entry.as_object_mut().expect("object").remove("camera");
+    }
+    Ok(Value::Object(out))
+}
+
+/// The dataset-level rows (null `episode_index`) of a `feature_stats`-shaped table as
+/// `(feature, values per statistic in dimension order, count)`, features in table order.
+fn dataset_rows(batches: &[arrow::array::RecordBatch], stat_names: &[&str]) -> Vec<(String, Vec<Vec<f64>>, i64)> {
+    let mut features: Vec<(String, Vec<Vec<f64>>, i64)> = Vec::new();
+    for batch in batches {
         let episode = batch.column_by_name("episode_index").expect("feature_stats schema");
         let feature = batch.column_by_name("feature").expect("feature_stats schema").as_string::<i32>();
         let count = batch.column_by_name("count").expect("feature_stats schema").as_primitive::<Int64Type>();
@@ -57,39 +109,7 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
             }
         }
     }
-    for (name, values, count) in features {
-        let shape = shapes.get(&name).cloned().unwrap_or_default();
-        let mut entry = Map::new();
-        for (stat, v) in stat_names.iter().zip(&values) {
-            entry.insert(stat.to_string(), nest(v, &shape));
-        }
-        entry.insert("count".into(), Value::from(vec![count]));
-        out.insert(name, Value::Object(entry));
-    }
-    // Cameras: the statistics the source stored (lake does not decode frames at ingest).
-    for batch in lake_store::read_table(lake, record, STATS).await? {
-        let episode = batch.column_by_name("episode_index").expect("stats schema");
-        let feature = batch.column_by_name("feature").expect("stats schema").as_string::<i32>();
-        let stat = batch.column_by_name("stat").expect("stats schema").as_string::<i32>();
-        let values = batch.column_by_name("values").expect("stats schema").as_list::<i32>();
-        let shape = batch.column_by_name("shape").expect("stats schema").as_list::<i32>();
-        for row in (0..batch.num_rows()).filter(|&r| episode.is_null(r)) {
-            let name = feature.value(row);
-            if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera"))) {
-                continue; // numeric: lake's exact statistics above win
-            }
-            let v: Vec<f64> = values.value(row).as_primitive::<Float64Type>().iter().map(|x| x.unwrap_or(f64::NAN)).collect();
-            let s: Vec<usize> = shape.value(row).as_primitive::<Int64Type>().iter().map(|x| x.unwrap_or(1) as usize).collect();
-            let entry = out.entry(name.to_string()).or_insert_with(|| serde_json::json!({"camera": true}));
-            let value =
-                if stat.value(row) == "count" { Value::from(v.iter().map(|c| *c as i64).collect::<Vec<_>>()) } else { nest(&v, &s) };
-            entry.as_object_mut().expect("object").insert(stat.value(row).to_string(), value);
-        }
-    }
-    for entry in out.values_mut() {
-        entry.as_object_mut().expect("object").remove("camera");
-    }
-    Ok(Value::Object(out))
+    features
 }
 
 /// Declared shapes of features from `info.json`.
@@ -103,4 +123,215 @@ fn feature_shapes(info: &Value) -> std::collections::HashMap<String, Vec<usize>>
         }
     }
     out
+}
+
+/// LeRobot's frame subsample of an episode of `len` frames (`sample_indices` in its
+/// `compute_stats.py`): `max(min(100, len), min(len^0.75, 10 000))` positions spread evenly from
+/// the first frame to the last, rounded half to even.
+pub fn sample_positions(len: u64) -> Vec<u64> {
+    if len == 0 {
+        return Vec::new();
+    }
+    let n = (len.min(100)).max(((len as f64).powf(0.75) as u64).min(10_000));
+    if n == 1 {
+        return vec![0];
+    }
+    (0..n).map(|i| (i as f64 * (len - 1) as f64 / (n - 1) as f64).round_ties_even() as u64).collect()
+}
+
+/// LeRobot's stride for statistics frames (`auto_downsample_height_width`): none below 300
+/// pixels, else the longer side over 150, rounded down.
+pub fn downsample_stride(height: u32, width: u32) -> usize {
+    if height.max(width) < 300 {
+        return 1;
+    }
+    (if width > height { width / 150 } else { height / 150 }).max(1) as usize
+}
+
+/// Per-channel histograms of 8-bit pixel values over some frames.
+#[derive(Debug, Clone)]
+struct ChannelHistograms {
+    counts: [[u64; 256]; 3],
+    frames: u64,
+}
+
+impl Default for ChannelHistograms {
+    fn default() -> Self {
+        Self { counts: [[0; 256]; 3], frames: 0 }
+    }
+}
+
+impl ChannelHistograms {
+    /// Adds an HWC RGB frame, every `stride`-th row and column (as LeRobot samples them).
+    fn add(&mut self, hwc: &[u8], height: usize, width: usize, stride: usize) {
+        for y in (0..height).step_by(stride) {
+            let row = &hwc[y * width * 3..(y + 1) * width * 3];
+            for x in (0..width).step_by(stride) {
+                for c in 0..3 {
+                    self.counts[c][row[x * 3 + c] as usize] += 1;
+                }
+            }
+        }
+        self.frames += 1;
+    }
+
+    fn merge(&mut self, other: &Self) {
+        for (mine, theirs) in self.counts.iter_mut().zip(&other.counts) {
+            for (a, b) in mine.iter_mut().zip(theirs) {
+                *a += b;
+            }
+        }
+        self.frames += other.frames;
+    }
+
+    /// Statistics of channel `c`, in [0, 1] (value / 255); `count` is the number of frames, as
+    /// LeRobot counts them for images. Quantiles are exact over the sampled pixels.
+    fn summary(&self, c: usize) -> Option<lake_ingest::feature_stats::Summary> {
+        let hist = &self.counts[c];
+        let n: u64 = hist.iter().sum();
+        if n == 0 {
+            return None;
+        }
+        let value_at = |rank: u64| {
+            let mut seen = 0;
+            for (v, &count) in hist.iter().enumerate() {
+                seen += count;
+                if seen > rank {
+                    return v as f64;
+                }
+            }
+            255.0
+        };
+        let mean = hist.iter().enumerate().map(|(v, &k)| v as f64 * k as f64).sum::<f64>() / n as f64;
+        let var = hist.iter().enumerate().map(|(v, &k)| (v as f64 - mean).powi(2) * k as f64).sum::<f64>() / n as f64;
+        let quantile = |p: f64| {
+            let h = (n - 1) as f64 * p;
+            let lo = h.floor() as u64;
+            let (a, b) = (value_at(lo), value_at((lo + 1).min(n - 1)));
+            a + (h - lo as f64) * (b - a)
+        };
+        let min = hist.iter().position(|&k| k > 0).unwrap_or(0) as f64;
+        let max = hist.iter().rposition(|&k| k > 0).unwrap_or(255) as f64;
+        Some(lake_ingest::feature_stats::Summary {
+            count: self.frames as i64,
+            min: min / 255.0,
+            max: max / 255.0,
+            mean: mean / 255.0,
+            std: var.sqrt() / 255.0,
+            quantiles: QUANTILES.map(|(_, p)| quantile(p) / 255.0),
+        })
+    }
+}
+
+/// What `lake stats --images` computed.
+#[derive(Debug, Clone, Default)]
+pub struct ImageStatsReport {
+    /// Cameras.
+    pub cameras: usize,
+    /// Frames decoded (all cameras).
+    pub frames: u64,
+}
+
+/// Computes per-channel statistics of every camera over LeRobot's frame subsample of each
+/// episode (decoded as the loader decodes them) and stores them as `image_stats` beside the
+/// version: per episode, and for the whole dataset over every sampled frame (exact, not
+/// LeRobot's envelope of per-episode quantiles).
+///
+/// # Errors
+/// When the dataset cannot be opened, a frame cannot be decoded, or the table cannot be written.
+pub async fn write_image_stats(lake: &Lake, spec: &str) -> Result<ImageStatsReport> {
+    use lake_loader::{Draw, Loader, LoaderDataset, LoaderOptions, Preset, Windows};
+    let ds = LoaderDataset::open(lake, spec).await?;
+    let loader =
+        Loader::new(vec![ds.clone()], &Windows::Preset(Preset::None), LoaderOptions { threads: 0, cache_bytes: 0, frame_table: true })?;
+    let cameras: Vec<(String, usize, usize, usize)> =
+        ds.cameras.iter().map(|c| (c.key.clone(), c.height as usize, c.width as usize, downsample_stride(c.height, c.width))).collect();
+    let mut rows = Vec::new();
+    let mut totals = vec![ChannelHistograms::default(); cameras.len()];
+    let mut report = ImageStatsReport { cameras: cameras.len(), frames: 0 };
+    for episode in &ds.episodes {
+        let draws: Vec<Draw> = sample_positions(episode.len).into_iter().map(|p| Draw { source: 0, row: episode.first_row + p }).collect();
+        let mut hists = vec![ChannelHistograms::default(); cameras.len()];
+        for chunk in draws.chunks(64) {
+            let batch = loader.batch(chunk).await?;
+            for (i, (key, height, width, stride)) in cameras.iter().enumerate() {
+                let column = batch.column_by_name(key).ok_or_else(|| Error::Invalid(format!("{}: no frames of {key}", ds.label)))?;
+                let frames = column.as_fixed_size_list();
+                let bytes = frames.values().as_primitive::<arrow::datatypes::UInt8Type>().values();
+                let size = height * width * 3;
+                for r in 0..frames.len() {
+                    hists[i].add(&bytes[r * size..(r + 1) * size], *height, *width, *stride);
+                }
+                report.frames += frames.len() as u64;
+            }
+        }
+        for (i, (key, ..)) in cameras.iter().enumerate() {
+            for c in 0..3 {
+                rows.push((Some(episode.episode_index), key.clone(), c, hists[i].summary(c)));
+            }
+            totals[i].merge(&hists[i]);
+        }
+    }
+    for (i, (key, ..)) in cameras.iter().enumerate() {
+        for c in 0..3 {
+            rows.push((None, key.clone(), c, totals[i].summary(c)));
+        }
+    }
+    let batch = lake_ingest::feature_stats::rows_batch(rows).map_err(|e| Error::Invalid(format!("{}: {e}", ds.label)))?;
+    let dest = std::path::PathBuf::from(lake.uri(&ds.record.tables.path(lake_schemas::tables::IMAGE_STATS)));
+    let tmp = dest.with_extension(format!("partial-{}", std::process::id()));
+    let tmp_uri = tmp.to_string_lossy().into_owned();
+    let written = lake_store::write_table(&tmp_uri, batch.schema(), vec![batch]).await;
+    let published = written.map_err(Error::from).and_then(|_| {
+        lake_store::publish_dir(&tmp, &dest).map_err(|e| Error::Invalid(format!("{}: publishing image statistics: {e}", ds.label)))
+    });
+    if published.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    published.map(|()| report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsample_matches_lerobot_counts_and_spacing() {
+        // numpy: np.round(np.linspace(0, n - 1, k)) with LeRobot's k.
+        assert_eq!(sample_positions(5), vec![0, 1, 2, 3, 4]);
+        assert_eq!(sample_positions(99).len(), 99);
+        assert_eq!(sample_positions(104).len(), 100);
+        assert_eq!(sample_positions(1000).len(), 177);
+        assert_eq!(sample_positions(20_000).len(), 1681);
+        let p = sample_positions(104);
+        assert_eq!((p[0], p[1], p[2], p[99]), (0, 1, 2, 103));
+        assert_eq!(p[50], 52); // 50 · 103/99 = 52.02
+        assert_eq!(downsample_stride(480, 640), 4);
+        assert_eq!(downsample_stride(96, 128), 1);
+    }
+
+    #[test]
+    fn histogram_statistics_equal_sorting_the_pixels() {
+        let (h, w) = (7, 5);
+        let frame: Vec<u8> = (0..h * w * 3).map(|i| ((i * 37 + i / 3 * 11) % 251) as u8).collect();
+        let mut hist = ChannelHistograms::default();
+        hist.add(&frame, h, w, 2);
+        for c in 0..3 {
+            let mut values: Vec<f64> = (0..h)
+                .step_by(2)
+                .flat_map(|y| (0..w).step_by(2).map(move |x| (y, x)))
+                .map(|(y, x)| f64::from(frame[(y * w + x) * 3 + c]))
+                .collect();
+            let want = lake_ingest::feature_stats::summarise(&mut values).expect("values");
+            let got = hist.summary(c).expect("pixels");
+            assert_eq!(got.count, 1, "count is frames");
+            for (g, w) in [got.min, got.max, got.mean, got.std]
+                .into_iter()
+                .chain(got.quantiles)
+                .zip([want.min, want.max, want.mean, want.std].into_iter().chain(want.quantiles))
+            {
+                assert!((g - w / 255.0).abs() < 1e-12, "channel {c}: {g} vs {}", w / 255.0);
+            }
+        }
+    }
 }

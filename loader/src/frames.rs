@@ -104,16 +104,10 @@ pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usi
     match result {
         Ok(report) => {
             let final_path = std::path::PathBuf::from(lake.uri(&final_rel));
-            let old = final_path.with_extension(format!("old-{}", uuid::Uuid::new_v4().simple()));
-            let replaced = final_path.exists();
-            if replaced {
-                std::fs::rename(&final_path, &old)
-                    .map_err(|e| Error::layout(&ds.label, format!("moving the old frame table aside: {e}")))?;
-            }
-            std::fs::rename(&tmp_path, &final_path).map_err(|e| Error::layout(&ds.label, format!("publishing the frame table: {e}")))?;
-            if replaced {
-                let _ = std::fs::remove_dir_all(&old);
-            }
+            lake_store::publish_dir(&tmp_path, &final_path).map_err(|e| {
+                let _ = std::fs::remove_dir_all(&tmp_path);
+                Error::layout(&ds.label, format!("publishing the frame table: {e}"))
+            })?;
             Ok(report)
         }
         Err(e) => {

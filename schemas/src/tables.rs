@@ -31,6 +31,9 @@ pub const STATS: &str = "stats";
 pub const FINDINGS: &str = "findings";
 /// The exact statistics table, computed by lake over every step.
 pub const FEATURE_STATS: &str = "feature_stats";
+/// Per-channel camera statistics over a frame subsample, added beside a version by `lake stats
+/// --images` (same columns as `feature_stats`; `feature` is the camera, `dim` the RGB channel).
+pub const IMAGE_STATS: &str = "image_stats";
 /// Every table of a version, in the order ingest writes them.
 pub const ALL: [&str; 8] = [PACKETS, STEPS, STREAMS, EPISODES, TASKS, STATS, FEATURE_STATS, FINDINGS];
 

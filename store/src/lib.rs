@@ -17,7 +17,9 @@ mod tables;
 pub use crate::{
     catalog::{GarbageReport, Lake, PendingVersion, default_name, validate_name},
     error::{Error, Result},
-    tables::{UncommittedPart, commit_parts, open_table, read_columns, read_columns_at, read_table, write_table, write_uncommitted},
+    tables::{
+        UncommittedPart, commit_parts, open_table, publish_dir, read_columns, read_columns_at, read_table, write_table, write_uncommitted,
+    },
 };
 
 /// Pinned dependencies, re-exported so that users build against the same versions.

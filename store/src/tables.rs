@@ -180,3 +180,23 @@ pub async fn read_table(lake: &Lake, record: &CommitRecord, table: &str) -> Resu
     let stream = ds.scan().try_into_stream().await.map_err(Error::lance(path.clone()))?;
     stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
 }
+
+/// Publishes a derived table (one a command adds beside a committed version, like decoded
+/// frames) that was written complete at `tmp`: moves an existing table at `dest` aside, renames
+/// `tmp` into place, then removes the old one. Readers see the old table or the new one, never a
+/// partial one.
+///
+/// # Errors
+/// When a rename fails (`tmp` is then left for the caller to remove).
+pub fn publish_dir(tmp: &std::path::Path, dest: &std::path::Path) -> std::io::Result<()> {
+    let old = dest.with_extension(format!("old-{}", uuid::Uuid::new_v4().simple()));
+    let replaced = dest.exists();
+    if replaced {
+        std::fs::rename(dest, &old)?;
+    }
+    std::fs::rename(tmp, dest)?;
+    if replaced {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    Ok(())
+}

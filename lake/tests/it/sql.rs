@@ -271,6 +271,25 @@ fn stats_export_has_lerobot_layout_exact_numbers_and_the_sources_camera_stats() 
             assert_eq!(mine, theirs, "{feature}: camera statistics are the source's");
         }
     }
+    // With --images, camera statistics are lake's own: LeRobot's subsample (the same frame
+    // count), per channel, over the decoded frames, also queryable as `image_stats`.
+    let run = lake(&root, &["stats", "v30-av1-small", "--images"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let with_images: Value = serde_json::from_str(&run.stdout).expect("json");
+    for camera in ["observation.images.front", "observation.images.wrist"] {
+        let mine = &with_images[camera];
+        assert_eq!(mine["count"], source[camera]["count"], "{camera}: LeRobot's subsample size");
+        assert_ne!(mine["mean"], source[camera]["mean"], "{camera}: computed by lake, not copied");
+        assert_eq!(json_shape(&mine["q50"]), vec![3, 1, 1]);
+    }
+    let rows =
+        sql_rows(&root, "SELECT feature, dim, min, q01, q50, q99, max FROM image_stats WHERE episode_index IS NULL ORDER BY feature, dim");
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for r in &rows {
+        let v: Vec<f64> = ["min", "q01", "q50", "q99", "max"].iter().map(|k| num(r, k)).collect();
+        assert!(v.windows(2).all(|w| w[0] <= w[1]) && v[0] >= 0.0 && v[4] <= 1.0, "{r:?}");
+    }
+
     // Exact where LeRobot stores an envelope of per-episode estimates: episode 0 holds the lowest
     // 99 of the 600 steps, so the dataset's q01 of episode_index is 0 (the source says 2.2).
     assert_eq!(ours["episode_index"]["q01"], serde_json::json!([0.0]));
