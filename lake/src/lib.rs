@@ -2,6 +2,7 @@
 //! binary and the serving layer.
 
 pub mod export;
+pub mod serve;
 pub mod sql;
 pub mod stats;
 pub mod views;
@@ -26,6 +27,9 @@ pub enum Error {
     /// The query is not valid or failed.
     #[error("{0}")]
     Query(String),
+    /// No dataset or view of that name.
+    #[error("{0}")]
+    NotFound(String),
     /// A request is not valid (e.g. a view's query lacks a column).
     #[error("{0}")]
     Invalid(String),

@@ -9,6 +9,7 @@ mod commands;
 mod query;
 mod render;
 mod sample;
+mod server;
 
 // jemalloc with two arenas and a background thread that hands freed pages back after 10 s.
 // Ingest churns through many short-lived multi-megabyte buffers (packet batches, read-ahead
@@ -66,6 +67,8 @@ enum Command {
     /// Write a dataset or a view over one as a LeRobot v3.0 dataset (videos by stream copy) or
     /// as plain parquet tables.
     Export(query::ExportArgs),
+    /// Serve sampling streams (Arrow Flight and HTTP) and SQL over the lake.
+    Serve(server::ServeArgs),
 }
 
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
@@ -104,6 +107,7 @@ fn main() -> ExitCode {
             Command::View(command) => query::view(&cli.lake, command).await,
             Command::Stats(args) => query::stats(&cli.lake, args).await,
             Command::Export(args) => query::export(&cli.lake, args).await,
+            Command::Serve(args) => server::serve(&cli.lake, args).await,
         }
     });
     match result {

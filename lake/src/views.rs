@@ -146,12 +146,7 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
     let datasets: Vec<String> = lake.datasets().await?.into_iter().map(|r| r.name).collect();
     let views: Vec<String> = lake.views().await?.into_iter().map(|v| v.name).collect();
     let list = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
-    Err(Error::Invalid(format!(
-        "no dataset or view `{spec}` in the lake at {} (datasets: {}; views: {})",
-        lake.display_root(),
-        list(&datasets),
-        list(&views)
-    )))
+    Err(Error::NotFound(format!("no dataset or view `{spec}` in the lake (datasets: {}; views: {})", list(&datasets), list(&views))))
 }
 
 /// What to sample, as `lake bench` and the serving layer take it.

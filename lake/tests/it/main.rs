@@ -6,4 +6,5 @@ mod datasets;
 mod export;
 mod lifecycle;
 mod loader;
+mod serve;
 mod sql;

@@ -1,0 +1,145 @@
+//! The Arrow Flight service: datasets as flights, sampling requests as descriptors and tickets.
+
+use std::{pin::Pin, sync::Arc};
+
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
+    PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket, encode::FlightDataEncoderBuilder, error::FlightError,
+    flight_service_server::FlightService,
+};
+use futures::{Stream, StreamExt, TryStreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{Refusal, SampleRequest, Service, refusal};
+use crate::Error;
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Flight over a [`Service`].
+#[derive(Debug, Clone)]
+pub struct LakeFlight {
+    service: Arc<Service>,
+}
+
+impl LakeFlight {
+    /// Flight over `service`.
+    pub fn new(service: Arc<Service>) -> Self {
+        Self { service }
+    }
+
+    fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let token = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if self.service.authorized(token) { Ok(()) } else { Err(Status::unauthenticated("a valid bearer token is required")) }
+    }
+}
+
+fn status(e: &Error) -> Status {
+    let (kind, message) = refusal(e);
+    match kind {
+        Refusal::BadRequest => Status::invalid_argument(message),
+        Refusal::NotFound => Status::not_found(message),
+        Refusal::Internal => Status::internal(message),
+    }
+}
+
+impl LakeFlight {
+    fn request_of(&self, bytes: &[u8]) -> Result<SampleRequest, Status> {
+        if bytes.is_empty() {
+            return Err(Status::invalid_argument("the descriptor must be a command holding a JSON sampling request"));
+        }
+        self.service.parse_request(bytes).map_err(|e| status(&e))
+    }
+}
+
+#[tonic::async_trait]
+impl FlightService for LakeFlight {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoExchangeStream = Boxed<FlightData>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+
+    async fn handshake(&self, _: Request<Streaming<HandshakeRequest>>) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented("no handshake: send `authorization: Bearer <token>` with each call"))
+    }
+
+    /// One flight per dataset; its descriptor is the command sampling the whole dataset.
+    async fn list_flights(&self, request: Request<Criteria>) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.check(&request)?;
+        let datasets = self.service.lake().datasets().await.map_err(|e| status(&Error::Store(e)))?;
+        let mut infos = Vec::new();
+        for d in datasets {
+            let cmd = serde_json::json!({"datasets": [format!("{}@{}", d.name, d.version)]}).to_string();
+            let info = FlightInfo::new()
+                .with_descriptor(FlightDescriptor::new_cmd(cmd.clone()))
+                .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(cmd)))
+                .with_total_records(d.counts.steps as i64);
+            infos.push(Ok(info));
+        }
+        Ok(Response::new(futures::stream::iter(infos).boxed()))
+    }
+
+    /// The descriptor's request → one endpoint whose ticket is the request itself (any server
+    /// over the same lake can serve it).
+    async fn get_flight_info(&self, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        self.check(&request)?;
+        let descriptor = request.into_inner();
+        let sample = self.request_of(&descriptor.cmd)?;
+        let schema = self.service.schema(&sample).await.map_err(|e| status(&e))?;
+        let info = FlightInfo::new()
+            .try_with_schema(&schema)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(descriptor.cmd.clone())))
+            .with_descriptor(descriptor);
+        Ok(Response::new(info))
+    }
+
+    async fn poll_flight_info(&self, _: Request<FlightDescriptor>) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("use GetFlightInfo: sampling requests are planned at once"))
+    }
+
+    async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
+        self.check(&request)?;
+        let sample = self.request_of(&request.get_ref().cmd)?;
+        let schema = self.service.schema(&sample).await.map_err(|e| status(&e))?;
+        let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        Ok(Response::new(result))
+    }
+
+    /// The ticket's request → its batches, streamed as they are made.
+    async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        self.check(&request)?;
+        let sample = self.request_of(&request.get_ref().ticket)?;
+        let (schema, batches) = self.service.batches(&sample).await.map_err(|e| status(&e))?;
+        let batches = batches.map_err(|e| FlightError::Tonic(Box::new(status(&e))));
+        // One training batch is one Flight message (the encoder would otherwise split it into
+        // 2 MB pieces); clients raise their receive limit accordingly.
+        let data =
+            FlightDataEncoderBuilder::new().with_max_flight_data_size(usize::MAX).with_schema(schema).build(batches).map_err(|e| match e {
+                FlightError::Tonic(s) => *s,
+                other => Status::internal(other.to_string()),
+            });
+        Ok(Response::new(data.boxed()))
+    }
+
+    async fn do_put(&self, _: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(Status::unimplemented("the lake is written by `lake ingest`, not over Flight"))
+    }
+
+    async fn do_exchange(&self, _: Request<Streaming<FlightData>>) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("DoExchange is not offered"))
+    }
+
+    async fn do_action(&self, _: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
+        Err(Status::unimplemented("no actions are offered"))
+    }
+
+    async fn list_actions(&self, _: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
+        Ok(Response::new(futures::stream::empty().boxed()))
+    }
+}

@@ -1,0 +1,407 @@
+//! `lake serve`: the loader's batch streams over Arrow Flight and HTTP, from one process.
+//!
+//! A sampling request (a Flight descriptor command, a Flight ticket, or a `POST /v1/sample`
+//! body) is JSON:
+//!
+//! ```json
+//! {"datasets": ["name"] | [{"name": "a", "weight": 0.7}, {"name": "b", "weight": 0.3}],
+//!  "preset": "act", "delta_timestamps": {"action": [0.0, 0.033]},
+//!  "batch_size": 32, "seed": 0, "epoch": 0, "start_step": 0, "rank": 0, "world_size": 1,
+//!  "limit_batches": 100, "drop_last": true, "episodes": [0, 3],
+//!  "drop_n_first_frames": 0, "drop_n_last_frames": 0}
+//! ```
+//!
+//! `batch_size` is what each rank receives; the global batch is `batch_size × world_size`, and
+//! global step `s` covers positions `[s·G, (s+1)·G)` of the sampler's order, so ranks are
+//! disjoint and a stream resumes exactly from `(seed, epoch, start_step)`. Datasets may be views.
+//! The server is stateless over the lake: the ticket is the request itself, so any server over
+//! the same lake can serve any rank.
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Instant,
+};
+
+use arrow::{array::RecordBatch, datatypes::SchemaRef};
+use futures::{Stream, StreamExt};
+use lake_loader::{Cursor, Loader, LoaderOptions, Order, Sharding, StreamRequest, Windows};
+use lake_store::Lake;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result, views};
+
+/// A dataset in a request: a name, or a name with a mixture weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DatasetRef {
+    /// A dataset (`NAME`, `NAME@VERSION`) or view.
+    Name(String),
+    /// A dataset or view with its mixture weight.
+    Weighted {
+        /// The name.
+        name: String,
+        /// Relative weight (positive).
+        weight: f64,
+    },
+}
+
+fn default_batch_size() -> u64 {
+    32
+}
+fn default_world_size() -> u64 {
+    1
+}
+fn default_true() -> bool {
+    true
+}
+fn default_preset() -> String {
+    "none".into()
+}
+
+/// A sampling request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SampleRequest {
+    /// Datasets or views to sample from.
+    pub datasets: Vec<DatasetRef>,
+    /// Window preset (`act`, `diffusion`, `none`); ignored when `delta_timestamps` is given.
+    #[serde(default = "default_preset")]
+    pub preset: String,
+    /// LeRobot `delta_timestamps`.
+    #[serde(default)]
+    pub delta_timestamps: Option<serde_json::Value>,
+    /// Samples per batch for each rank.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u64,
+    /// Sampler seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Epoch to start in.
+    #[serde(default)]
+    pub epoch: u64,
+    /// Global step to start at within `epoch`.
+    #[serde(default)]
+    pub start_step: u64,
+    /// This trainer's rank.
+    #[serde(default)]
+    pub rank: u64,
+    /// Number of ranks.
+    #[serde(default = "default_world_size")]
+    pub world_size: u64,
+    /// Batches to send (none: indefinitely, across epochs).
+    #[serde(default)]
+    pub limit_batches: Option<u64>,
+    /// Drop each epoch's short last global batch.
+    #[serde(default = "default_true")]
+    pub drop_last: bool,
+    /// Only these episodes (of every dataset).
+    #[serde(default)]
+    pub episodes: Vec<i64>,
+    /// Never sample the first N steps of an episode.
+    #[serde(default)]
+    pub drop_n_first_frames: u64,
+    /// Never sample the last N steps of an episode.
+    #[serde(default)]
+    pub drop_n_last_frames: u64,
+}
+
+impl SampleRequest {
+    /// Parses a request from JSON bytes.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] with serde's message (field and position).
+    pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Invalid(format!("bad sampling request: {e}")))
+    }
+
+    fn windows(&self) -> Result<Windows> {
+        Ok(match &self.delta_timestamps {
+            Some(v) => Windows::parse_delta_timestamps(&v.to_string())?,
+            None => Windows::Preset(self.preset.parse().map_err(|e: lake_loader::Error| Error::Invalid(e.to_string()))?),
+        })
+    }
+
+    fn spec(&self) -> views::SamplingSpec {
+        views::SamplingSpec {
+            datasets: self
+                .datasets
+                .iter()
+                .map(|d| match d {
+                    DatasetRef::Name(n) => n.clone(),
+                    DatasetRef::Weighted { name, weight } => format!("{name}={weight}"),
+                })
+                .collect(),
+            episodes: self.episodes.clone(),
+            drop_n_first_frames: self.drop_n_first_frames,
+            drop_n_last_frames: self.drop_n_last_frames,
+        }
+    }
+
+    /// What identifies the loader and order a request needs (not its position or rank).
+    fn key(&self) -> String {
+        let mut shape = self.clone();
+        (shape.epoch, shape.start_step, shape.rank, shape.world_size, shape.limit_batches, shape.batch_size) = (0, 0, 0, 1, None, 0);
+        serde_json::to_string(&shape).expect("requests serialise")
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.datasets.is_empty() {
+            return Err(Error::Invalid("the request names no dataset".into()));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::Invalid("batch_size must be at least 1".into()));
+        }
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(Error::Invalid(format!("rank {} is outside a world of {}", self.rank, self.world_size)));
+        }
+        Ok(())
+    }
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Loader settings (decode threads, frame cache budget, frame table use).
+    pub loader: LoaderOptions,
+    /// Batches prepared ahead of each client.
+    pub prefetch: usize,
+    /// Bearer tokens accepted; empty: no authentication.
+    pub tokens: Vec<String>,
+    /// Opened loaders kept for reuse by later requests.
+    pub max_loaders: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self { loader: LoaderOptions::default(), prefetch: 2, tokens: Vec::new(), max_loaders: 8 }
+    }
+}
+
+/// Counters exported at `/metrics`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Batches sent.
+    pub batches: AtomicU64,
+    /// Samples sent.
+    pub samples: AtomicU64,
+    /// Arrow bytes sent (in-memory size of the batches).
+    pub bytes: AtomicU64,
+    /// Streams open now.
+    pub active_streams: AtomicU64,
+    /// Requests refused as invalid.
+    pub bad_requests: AtomicU64,
+    /// Requests refused for a missing or wrong token.
+    pub unauthorized: AtomicU64,
+    /// Streams that failed after starting.
+    pub stream_errors: AtomicU64,
+    /// Nanoseconds spent producing batches.
+    pub batch_ns: AtomicU64,
+}
+
+struct Prepared {
+    loader: Arc<Loader>,
+    order: Arc<Order>,
+    last_used: Mutex<Instant>,
+}
+
+/// The state shared by the Flight and HTTP services.
+pub struct Service {
+    lake: Lake,
+    options: ServeOptions,
+    prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
+    /// Counters.
+    pub metrics: Metrics,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("lake", &self.lake.display_root()).finish_non_exhaustive()
+    }
+}
+
+/// Batches of one request, in order.
+pub type Batches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
+
+/// Decrements the active-stream gauge when a stream ends or its client goes away.
+struct ActiveGuard(Arc<Service>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.metrics.active_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Service {
+    /// A service over `lake`.
+    pub fn new(lake: Lake, options: ServeOptions) -> Arc<Self> {
+        Arc::new(Self { lake, options, prepared: tokio::sync::Mutex::new(HashMap::new()), metrics: Metrics::default() })
+    }
+
+    /// The lake served.
+    pub fn lake(&self) -> &Lake {
+        &self.lake
+    }
+
+    /// Whether `token` (the value after `Bearer `) is accepted.
+    pub fn authorized(&self, token: Option<&str>) -> bool {
+        let ok = self.options.tokens.is_empty() || token.is_some_and(|t| self.options.tokens.iter().any(|k| k == t));
+        if !ok {
+            self.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    async fn prepare(&self, request: &SampleRequest) -> Result<Arc<Prepared>> {
+        request.check()?;
+        let key = request.key();
+        let mut prepared = self.prepared.lock().await;
+        if let Some(p) = prepared.get(&key) {
+            *p.last_used.lock().expect("not poisoned") = Instant::now();
+            return Ok(p.clone());
+        }
+        let sampling = views::open_sampling(&self.lake, &request.spec()).await?;
+        let loader = Arc::new(Loader::new(sampling.datasets, &request.windows()?, self.options.loader)?);
+        let order = Arc::new(Order::new(request.seed, sampling.sources)?);
+        let p = Arc::new(Prepared { loader, order, last_used: Mutex::new(Instant::now()) });
+        if prepared.len() >= self.options.max_loaders.max(1)
+            && let Some(oldest) = prepared.iter().min_by_key(|(_, p)| *p.last_used.lock().expect("not poisoned")).map(|(k, _)| k.clone())
+        {
+            prepared.remove(&oldest);
+        }
+        prepared.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// The schema of a request's batches.
+    ///
+    /// # Errors
+    /// When the request is not valid for the lake.
+    pub async fn schema(&self, request: &SampleRequest) -> Result<SchemaRef> {
+        Ok(self.prepare(request).await.inspect_err(|_| self.count_bad())?.loader.schema())
+    }
+
+    /// Parses a sampling request, counting malformed ones.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming the field and position.
+    pub fn parse_request(&self, bytes: &[u8]) -> Result<SampleRequest> {
+        SampleRequest::from_json(bytes).inspect_err(|_| self.count_bad())
+    }
+
+    fn count_bad(&self) {
+        self.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The batches of `request` for its rank, from its start on. The work stops when the returned
+    /// stream is dropped (a client that goes away), and at most `prefetch` batches are prepared
+    /// ahead of a slow reader.
+    ///
+    /// # Errors
+    /// When the request is not valid for the lake (unknown dataset, impossible window, rank
+    /// outside the world, …).
+    pub async fn batches(self: &Arc<Self>, request: &SampleRequest) -> Result<(SchemaRef, Batches)> {
+        let prepared = self.prepare(request).await.inspect_err(|_| self.count_bad())?;
+        let global = request.batch_size * request.world_size;
+        let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last).inspect_err(|_| self.count_bad())?;
+        if sharding.steps_per_epoch(prepared.order.epoch_len()) == 0 {
+            self.count_bad();
+            return Err(Error::Invalid(format!(
+                "the global batch of {global} is larger than the {} eligible steps",
+                prepared.order.epoch_len()
+            )));
+        }
+        let stream_request = StreamRequest {
+            order: prepared.order.clone(),
+            sharding,
+            start: Cursor { epoch: request.epoch, step: request.start_step },
+            limit: request.limit_batches,
+            prefetch: self.options.prefetch,
+        };
+        let schema = prepared.loader.schema();
+        self.metrics.active_streams.fetch_add(1, Ordering::Relaxed);
+        let guard = ActiveGuard(self.clone());
+        let service = self.clone();
+        let mut last = Instant::now();
+        let batches = lake_loader::stream(prepared.loader.clone(), stream_request).map(move |item| {
+            let _alive = &guard;
+            let m = &service.metrics;
+            m.batch_ns.fetch_add(last.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            last = Instant::now();
+            match item {
+                Ok(loaded) => {
+                    m.batches.fetch_add(1, Ordering::Relaxed);
+                    m.samples.fetch_add(loaded.batch.num_rows() as u64, Ordering::Relaxed);
+                    m.bytes.fetch_add(loaded.batch.get_array_memory_size() as u64, Ordering::Relaxed);
+                    Ok(loaded.batch)
+                }
+                Err(e) => {
+                    m.stream_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("stream failed: {e}");
+                    Err(Error::Loader(e))
+                }
+            }
+        });
+        Ok((schema, Box::pin(batches)))
+    }
+
+    /// The metrics in Prometheus' text format.
+    pub fn prometheus(&self) -> String {
+        let m = &self.metrics;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut out = String::new();
+        for (name, kind, help, value) in [
+            ("lake_batches_total", "counter", "Batches sent.", g(&m.batches)),
+            ("lake_samples_total", "counter", "Samples sent.", g(&m.samples)),
+            ("lake_bytes_total", "counter", "Arrow bytes of the batches sent.", g(&m.bytes)),
+            ("lake_active_streams", "gauge", "Batch streams open now.", g(&m.active_streams)),
+            ("lake_batch_seconds_total", "counter", "Time spent waiting for batches, summed over streams.", 0),
+        ] {
+            let value = if name == "lake_batch_seconds_total" { format!("{:.6}", g(&m.batch_ns) as f64 / 1e9) } else { value.to_string() };
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+        }
+        out.push_str("# HELP lake_errors_total Requests refused or failed, by kind.\n# TYPE lake_errors_total counter\n");
+        for (kind, v) in [("bad_request", g(&m.bad_requests)), ("unauthorized", g(&m.unauthorized)), ("stream", g(&m.stream_errors))] {
+            out.push_str(&format!("lake_errors_total{{kind=\"{kind}\"}} {v}\n"));
+        }
+        out
+    }
+}
+
+pub mod flight;
+pub mod http;
+
+/// How a failed request is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The request is malformed or impossible (HTTP 400, gRPC `INVALID_ARGUMENT`).
+    BadRequest,
+    /// It names something the lake does not have (404, `NOT_FOUND`).
+    NotFound,
+    /// The server failed (500, `INTERNAL`); the message does not show internals.
+    Internal,
+}
+
+/// The answer to a failed request: its kind and the message the client sees. Internal errors
+/// are logged here in full and reported without detail.
+pub fn refusal(e: &Error) -> (Refusal, String) {
+    use lake_loader::Error as L;
+    use lake_store::Error as S;
+    let kind = match e {
+        Error::Invalid(_) | Error::Query(_) | Error::Loader(L::Request(_)) => Refusal::BadRequest,
+        Error::NotFound(_) | Error::Store(S::NotFound { .. } | S::View { .. }) | Error::Loader(L::Store(S::NotFound { .. })) => {
+            Refusal::NotFound
+        }
+        Error::Store(S::BadName { .. }) | Error::Loader(L::Store(S::BadName { .. })) => Refusal::BadRequest,
+        _ => Refusal::Internal,
+    };
+    if kind == Refusal::Internal {
+        tracing::error!("request failed: {e}");
+        return (kind, "internal error; the server log has the details".into());
+    }
+    (kind, e.to_string())
+}

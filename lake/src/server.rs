@@ -1,0 +1,85 @@
+//! `lake serve`: Arrow Flight and HTTP from one process over one lake.
+
+use std::{net::SocketAddr, process::ExitCode};
+
+use anyhow::Context;
+use lake::serve::{ServeOptions, Service, flight::LakeFlight, http};
+use lake_store::Lake;
+
+/// Arguments of `lake serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Arrow Flight address (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    flight: SocketAddr,
+    /// HTTP address (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    http: SocketAddr,
+    /// File with one accepted bearer token per line; every endpoint but /healthz then needs one.
+    #[arg(long)]
+    token_file: Option<std::path::PathBuf>,
+    /// Accepted bearer tokens, comma-separated (alternative to --token-file).
+    #[arg(long, env = "LAKE_TOKENS", hide_env_values = true)]
+    tokens: Option<String>,
+    /// Decode threads [default: number of cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Decoded-frame cache budget in MiB, shared by the streams of one sampling configuration.
+    #[arg(long, default_value_t = 512)]
+    cache_mb: u64,
+    /// Batches prepared ahead of each client.
+    #[arg(long, default_value_t = 2)]
+    prefetch: usize,
+}
+
+/// `lake serve`.
+pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let lake = Lake::open(root)?;
+    let mut tokens: Vec<String> =
+        args.tokens.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect();
+    if let Some(file) = &args.token_file {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        tokens.extend(text.lines().map(str::trim).filter(|t| !t.is_empty() && !t.starts_with('#')).map(String::from));
+    }
+    for addr in [args.flight, args.http] {
+        if tokens.is_empty() && !addr.ip().is_loopback() {
+            eprintln!("warning: serving on {addr} without tokens: anyone who can reach it can read the lake (use --token-file)");
+        }
+    }
+    let options = ServeOptions {
+        loader: lake_loader::LoaderOptions { threads: args.threads.unwrap_or(0), cache_bytes: args.cache_mb << 20, frame_table: true },
+        prefetch: args.prefetch,
+        tokens,
+        ..Default::default()
+    };
+    let service = Service::new(lake, options);
+    let flight_listener = tokio::net::TcpListener::bind(args.flight).await.with_context(|| format!("binding {}", args.flight))?;
+    let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
+    let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);
+    println!("lake serving {root}: flight grpc://{flight_addr} http://{http_addr}");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("shutting down: finishing the batches in flight");
+    };
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut flight_stop = stop_tx.subscribe();
+    let mut http_stop = stop_tx.subscribe();
+    let flight = tonic::transport::Server::builder()
+        .add_service(arrow_flight::flight_service_server::FlightServiceServer::new(LakeFlight::new(service.clone())))
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(flight_listener), async move {
+            let _ = flight_stop.recv().await;
+        });
+    let http = axum::serve(http_listener, http::router(service.clone())).with_graceful_shutdown(async move {
+        let _ = http_stop.recv().await;
+    });
+    let flight = tokio::spawn(flight);
+    let http = tokio::spawn(async move { http.await });
+    shutdown.await;
+    let _ = stop_tx.send(());
+    flight.await?.context("the Flight server failed")?;
+    http.await?.context("the HTTP server failed")?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,226 @@
+//! `lake serve` as a real process on free loopback ports: batches over Flight and HTTP equal the
+//! in-process loader's, ranks are disjoint, resuming replays, bad requests get their specific
+//! errors, tokens are required, and SQL over HTTP answers as `lake sql` does.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::Path,
+    process::{Child, Stdio},
+};
+
+use arrow::{array::RecordBatch, ipc::reader::StreamReader};
+use arrow_flight::{FlightClient, FlightDescriptor};
+use futures::TryStreamExt;
+use lake_testkit::testdata;
+use serde_json::{Value, json};
+
+use crate::common::{ingest_ok, lake_cmd, sql_rows};
+
+const TOKEN: &str = "s3cret-token";
+
+/// A running `lake serve`, killed when dropped.
+struct Server {
+    child: Child,
+    flight: String,
+    http: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(root: &Path) -> Server {
+    let mut child = lake_cmd(root)
+        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2"])
+        .env("LAKE_TOKENS", TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start lake serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
+    let addr = |prefix: &str| line.split_whitespace().find_map(|w| w.strip_prefix(prefix)).unwrap_or_else(|| panic!("{line}")).to_string();
+    Server { flight: format!("http://{}", addr("grpc://")), http: addr("http://"), child }
+}
+
+/// One HTTP/1.1 request; returns the status and the body (chunked bodies decoded).
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).expect("send");
+    stream.write_all(body).expect("send body");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("headers end") + 4;
+    let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+    let status: u16 = head.split_whitespace().nth(1).expect("status").parse().expect("number");
+    let mut body = raw[split..].to_vec();
+    if head.contains("transfer-encoding: chunked") {
+        let (mut out, mut rest) = (Vec::new(), &body[..]);
+        loop {
+            let eol = rest.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16).expect("chunk size");
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+            rest = &rest[eol + 2 + size + 2..];
+        }
+        body = out;
+    }
+    (status, body)
+}
+
+fn arrow_batches(body: &[u8]) -> Vec<RecordBatch> {
+    StreamReader::try_new(std::io::Cursor::new(body.to_vec()), None).expect("an Arrow stream").map(|b| b.expect("batch")).collect()
+}
+
+/// The same request through the loader in-process.
+async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
+    let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+    let service = lake::serve::Service::new(lake, Default::default());
+    let request = lake::serve::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid");
+    let (_, batches) = service.batches(&request).await.expect("batches");
+    batches.try_collect().await.expect("all batches")
+}
+
+async fn flight_client(server: &Server) -> FlightClient {
+    let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
+    let inner = arrow_flight::flight_service_client::FlightServiceClient::new(channel).max_decoding_message_size(usize::MAX);
+    let mut client = FlightClient::new_from_inner(inner);
+    client.add_header("authorization", &format!("Bearer {TOKEN}")).expect("header");
+    client
+}
+
+async fn over_flight(client: &mut FlightClient, request: &Value) -> Result<Vec<RecordBatch>, tonic::Status> {
+    let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.map_err(status)?;
+    let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+    let stream = client.do_get(ticket).await.map_err(status)?;
+    stream.try_collect().await.map_err(status)
+}
+
+fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
+    match e {
+        arrow_flight::error::FlightError::Tonic(s) => *s,
+        other => tonic::Status::unknown(other.to_string()),
+    }
+}
+
+fn indices(batches: &[RecordBatch]) -> Vec<i64> {
+    crate::common::ints(batches, "index")
+}
+
+fn same_rows(a: &[RecordBatch], b: &[RecordBatch], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: batch count");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.num_rows(), y.num_rows(), "{what}: rows");
+        assert_eq!(x.columns(), y.columns(), "{what}: values");
+        let names = |b: &RecordBatch| b.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+        assert_eq!(names(x), names(y), "{what}: columns");
+    }
+}
+
+#[test]
+fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let server = start(&root);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let request = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "seed": 3, "limit_batches": 3});
+    let expected = rt.block_on(in_process(&root, &request));
+    assert_eq!(expected.len(), 3);
+
+    rt.block_on(async {
+        let mut client = flight_client(&server).await;
+        // Flight: the same batches, in the same order.
+        let got = over_flight(&mut client, &request).await.expect("flight stream");
+        same_rows(&got, &expected, "flight");
+
+        // Two ranks of a global batch of 8: disjoint halves that make up the world-size-1 batches.
+        let mut union = Vec::new();
+        for rank in 0..2 {
+            let r = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 4, "seed": 3, "limit_batches": 3, "rank": rank, "world_size": 2});
+            union.push(indices(&over_flight(&mut client, &r).await.expect("rank stream")));
+        }
+        assert!(union[0].iter().all(|i| !union[1].contains(i)), "ranks are disjoint");
+        let mut both: Vec<i64> = union.concat();
+        let mut all = indices(&expected);
+        both.sort_unstable();
+        all.sort_unstable();
+        assert_eq!(both, all, "the ranks together take the global batches");
+
+        // Resume from step 2 replays the third batch.
+        let resume = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "seed": 3, "start_step": 2, "limit_batches": 1});
+        same_rows(&over_flight(&mut client, &resume).await.expect("resumed"), &expected[2..], "resume");
+
+        // Bad requests: each gets its code and says why.
+        for (bad, code, says) in [
+            (json!({"datasets": ["nope"]}), tonic::Code::NotFound, "nope"),
+            (json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}), tonic::Code::InvalidArgument, "outside a world"),
+            (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [0.01]}}), tonic::Code::InvalidArgument, "action"),
+            (json!({"datasets": ["v30-av1-small"], "batch_sise": 3}), tonic::Code::InvalidArgument, "batch_sise"),
+        ] {
+            let e = over_flight(&mut client, &bad).await.expect_err("refused");
+            assert_eq!(e.code(), code, "{bad}: {e:?}");
+            assert!(e.message().contains(says), "{bad}: {}", e.message());
+        }
+        let flights: Vec<_> = client.list_flights(Vec::<u8>::new()).await.expect("list").try_collect().await.expect("flights");
+        assert_eq!(flights.len(), 1);
+
+        // Without the token: refused.
+        let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
+        let mut anonymous = FlightClient::new(channel);
+        let e = over_flight(&mut anonymous, &request).await.expect_err("needs a token");
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    });
+
+    // HTTP: the same batches as an Arrow IPC stream.
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+    let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, request.to_string().as_bytes());
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    same_rows(&arrow_batches(&body), &expected, "http");
+    let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, br#"{"datasets": ["nope"]}"#);
+    assert_eq!(code, 404, "{}", String::from_utf8_lossy(&body));
+    let (code, _) = http(&server.http, "POST", "/v1/sample", &headers, b"{not json");
+    assert_eq!(code, 400);
+    let (code, _) = http(&server.http, "POST", "/v1/sample", &[("Authorization", "Bearer wrong")], request.to_string().as_bytes());
+    assert_eq!(code, 401);
+    let (code, _) = http(&server.http, "GET", "/v1/datasets", &[], b"");
+    assert_eq!(code, 401, "tokens are required everywhere but /healthz");
+    assert_eq!(http(&server.http, "GET", "/healthz", &[], b"").0, 200);
+
+    // SQL over HTTP answers as lake sql does; bad SQL is a 400 with DataFusion's message.
+    let query = "SELECT episode_index, length FROM episodes ORDER BY episode_index";
+    let (code, body) =
+        http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str()), ("Accept", "application/json")], query.as_bytes());
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let rows: Vec<serde_json::Map<String, Value>> = serde_json::from_slice(&body).expect("json rows");
+    assert_eq!(rows, sql_rows(&root, query));
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELEC 1");
+    assert_eq!(code, 400);
+    assert!(String::from_utf8_lossy(&body).contains("Line: 1"), "{}", String::from_utf8_lossy(&body));
+
+    // Datasets, OpenAPI and metrics.
+    let (code, body) = http(&server.http, "GET", "/v1/datasets/v30-av1-small", &[("Authorization", auth.as_str())], b"");
+    assert_eq!(code, 200);
+    let info: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(info["episodes"].as_array().map(Vec::len), Some(6));
+    let (code, body) = http(&server.http, "GET", "/v1/openapi.json", &[("Authorization", auth.as_str())], b"");
+    assert_eq!(code, 200);
+    assert!(serde_json::from_slice::<Value>(&body).expect("json")["paths"]["/v1/sample"].is_object());
+    let (_, body) = http(&server.http, "GET", "/metrics", &[("Authorization", auth.as_str())], b"");
+    let metrics = String::from_utf8_lossy(&body);
+    let batches: f64 = metrics.lines().find_map(|l| l.strip_prefix("lake_batches_total ")).expect("counter").parse().expect("number");
+    assert!(batches >= 12.0, "{metrics}");
+    assert!(metrics.contains("lake_errors_total{kind=\"unauthorized\"}"), "{metrics}");
+}
