@@ -170,7 +170,7 @@ fn bad_sample_requests_are_refused_clearly() {
         assert!(!Path::new(out).exists(), "no output file on error");
     }
     let run = lake(&root, &["sample", "--dataset", "nope", "--indices", "1", "--out", out]);
-    assert!(run.stderr.contains("no dataset `nope`"), "{run:#?}");
+    assert!(run.stderr.contains("no dataset or view `nope`"), "{run:#?}");
 }
 
 /// Batches through the stream API: the same with the frame cache on and off, the cache within
