@@ -88,12 +88,15 @@ impl FlightService for LakeFlight {
         self.check(&request)?;
         let descriptor = request.into_inner();
         let sample = self.request_of(&descriptor.cmd)?;
-        let schema = self.service.schema(&sample).await.map_err(|e| status(&e))?;
+        let plan = self.service.describe(&sample).await.map_err(|e| status(&e))?;
+        // Clients keep their (epoch, step) cursor with this, for exact resumption.
+        let shape = serde_json::json!({"epoch_len": plan.epoch_len, "steps_per_epoch": plan.steps_per_epoch});
         let info = FlightInfo::new()
-            .try_with_schema(&schema)
+            .try_with_schema(&plan.schema)
             .map_err(|e| Status::internal(e.to_string()))?
             .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(descriptor.cmd.clone())))
-            .with_descriptor(descriptor);
+            .with_descriptor(descriptor)
+            .with_app_metadata(shape.to_string());
         Ok(Response::new(info))
     }
 
@@ -104,7 +107,7 @@ impl FlightService for LakeFlight {
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
         self.check(&request)?;
         let sample = self.request_of(&request.get_ref().cmd)?;
-        let schema = self.service.schema(&sample).await.map_err(|e| status(&e))?;
+        let schema = self.service.describe(&sample).await.map_err(|e| status(&e))?.schema;
         let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;

@@ -163,6 +163,18 @@ impl SampleRequest {
     }
 }
 
+/// What a request will stream.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Schema of the batches.
+    pub schema: SchemaRef,
+    /// Eligible steps per epoch.
+    pub epoch_len: u64,
+    /// Global steps (batches per rank) per epoch; a stream moves to step 0 of the next epoch
+    /// after the last.
+    pub steps_per_epoch: u64,
+}
+
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -277,12 +289,16 @@ impl Service {
         Ok(p)
     }
 
-    /// The schema of a request's batches.
+    /// The schema of a request's batches and the shape of its epochs.
     ///
     /// # Errors
     /// When the request is not valid for the lake.
-    pub async fn schema(&self, request: &SampleRequest) -> Result<SchemaRef> {
-        Ok(self.prepare(request).await.inspect_err(|_| self.count_bad())?.loader.schema())
+    pub async fn describe(&self, request: &SampleRequest) -> Result<Plan> {
+        let prepared = self.prepare(request).await.inspect_err(|_| self.count_bad())?;
+        let global = request.batch_size * request.world_size;
+        let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last)?;
+        let epoch_len = prepared.order.epoch_len();
+        Ok(Plan { schema: prepared.loader.schema(), epoch_len, steps_per_epoch: sharding.steps_per_epoch(epoch_len) })
     }
 
     /// Parses a sampling request, counting malformed ones.
