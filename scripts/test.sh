@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The Python client's tests run against a real server with this interpreter (pyarrow, numpy).
+LAKE_PYTHON="${LAKE_PYTHON:-$(scripts/python-env.sh)}"
+export LAKE_PYTHON
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 

@@ -224,3 +224,41 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert!(batches >= 12.0, "{metrics}");
     assert!(metrics.contains("lake_errors_total{kind=\"unauthorized\"}"), "{metrics}");
 }
+
+/// The Python to run the Python client's tests with: `$LAKE_PYTHON` (scripts/test.sh sets it
+/// from scripts/python-env.sh), else the LeRobot environment (it has torch too).
+fn client_python() -> Option<std::path::PathBuf> {
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    std::env::var_os("LAKE_PYTHON")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain(home.iter().flat_map(|h| [h.join(".cache/lake/lerobot-venv/bin/python"), h.join(".cache/lake/py-venv/bin/python")]))
+        .find(|p| p.is_file())
+}
+
+#[test]
+#[allow(clippy::print_stderr)] // says why the Python client was not tested
+fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
+    let Some(python) = client_python() else {
+        eprintln!("skipped: no Python with pyarrow (run scripts/python-env.sh, or set LAKE_PYTHON)");
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let server = start(&root);
+    let client_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let out = std::process::Command::new(python)
+        .arg(client_dir.join("tests/test_client.py"))
+        .current_dir(&client_dir)
+        .env("PYTHONPATH", &client_dir)
+        .env("LAKE_FLIGHT", server.flight.replace("http://", "grpc://"))
+        .env("LAKE_TOKEN", TOKEN)
+        .env("LAKE_DATASET", "v30-av1-small")
+        .env("LAKE_REFERENCE_DIR", lake_testkit::shared_dir().join("fixtures/reference"))
+        .output()
+        .expect("run python");
+    let report = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the Python client's tests failed:\n{report}");
+    assert!(report.contains("OK"), "{report}");
+}

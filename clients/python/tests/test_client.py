@@ -1,0 +1,119 @@
+"""The Python client against a running `lake serve` (started by lake's integration tests, which
+set LAKE_FLIGHT, LAKE_TOKEN, LAKE_DATASET and LAKE_REFERENCE_DIR).
+
+A full epoch read through the client holds every step once, and its samples equal LeRobot's own
+reference dumps (every value bit for bit, every frame's SHA-256); the torch dataset resumes
+exactly from its state_dict and splits ranks disjointly (skipped without torch).
+"""
+
+import hashlib
+import os
+import unittest
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from lake_client import LakeClient, batch_to_numpy
+
+try:
+    import torch  # noqa: F401
+
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+LOCATION = os.environ.get("LAKE_FLIGHT", "grpc://127.0.0.1:50051")
+TOKEN = os.environ.get("LAKE_TOKEN")
+DATASET = os.environ.get("LAKE_DATASET", "v30-av1-small")
+REFERENCE_DIR = os.environ.get("LAKE_REFERENCE_DIR", "")
+
+
+def read_epoch(client, preset, batch_size=50):
+    request = {"datasets": [DATASET], "preset": preset, "batch_size": batch_size, "seed": 11, "drop_last": False}
+    info = client.info(request)
+    request["limit_batches"] = info["steps_per_epoch"]
+    batches = list(client.batches(request))
+    return info, batches
+
+
+class FullEpochEqualsLeRobot(unittest.TestCase):
+    def setUp(self):
+        self.client = LakeClient(LOCATION, TOKEN)
+
+    def check_preset(self, preset):
+        info, batches = read_epoch(self.client, preset)
+        table = pa.Table.from_batches(batches)
+        index = table.column("index").to_pylist()
+        self.assertEqual(sorted(index), list(range(info["epoch_len"])), "an epoch holds every step once")
+        ref = ipc.open_file(os.path.join(REFERENCE_DIR, f"{DATASET}.{preset}.arrow")).read_all()
+        rows = {i: r for r, i in enumerate(index)}
+        columns = batch_to_numpy(table.combine_chunks().to_batches()[0])
+        checked = 0
+        for row in ref.to_pylist():
+            if row.get("lerobot_error"):
+                continue
+            r = rows[row["index"]]
+            for key in ("episode_index", "frame_index", "task_index"):
+                self.assertEqual(int(columns[key][r]), row[key], key)
+            self.assertEqual(np.float32(columns["timestamp"][r]), np.float32(row["timestamp"]))
+            self.assertEqual(columns["task"][r], row["task"])
+            for key, value in row.items():
+                if key.endswith(".sha256"):
+                    camera = key[: -len(".sha256")]
+                    frames = columns[camera][r]
+                    got = [hashlib.sha256(np.ascontiguousarray(f).tobytes()).hexdigest() for f in (frames if isinstance(value, list) else [frames])]
+                    self.assertEqual(got, value if isinstance(value, list) else [value], f"{camera} frames")
+                elif key in columns and ref.schema.field(key).type in (pa.list_(pa.float32()), pa.list_(pa.bool_())):
+                    want = np.asarray(value).ravel()
+                    got = np.asarray(columns[key][r]).ravel()
+                    self.assertEqual(got.astype(want.dtype).tobytes(), want.tobytes(), key)
+            checked += 1
+        self.assertGreater(checked, 0)
+
+    def test_none_preset_epoch_matches_reference(self):
+        self.check_preset("none")
+
+    def test_act_preset_epoch_matches_reference(self):
+        self.check_preset("act")
+
+    def test_datasets_are_listed(self):
+        self.assertIn(DATASET, [d["name"].split("@")[0] for d in self.client.datasets()])
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+class TorchDataset(unittest.TestCase):
+    def make(self, **kw):
+        from lake_client import LakeIterableDataset
+
+        args = dict(datasets=[DATASET], preset="none", batch_size=40, seed=5, epochs=1, token=TOKEN, rank=0, world_size=1)
+        args.update(kw)
+        return LakeIterableDataset(LOCATION, **args)
+
+    def test_resume_from_state_dict_replays_exactly(self):
+        whole = [b["index"].tolist() for b in self.make()]
+        first = self.make()
+        seen = []
+        for i, b in enumerate(first):
+            seen.append(b["index"].tolist())
+            if i == 4:
+                break
+        state = first.state_dict()
+        rest = self.make()
+        rest.load_state_dict(state)
+        seen += [b["index"].tolist() for b in rest]
+        self.assertEqual(seen, whole)
+        frames = next(iter(self.make()))["observation.images.front"]
+        self.assertEqual(frames.dtype, torch.uint8)
+        self.assertEqual(tuple(frames.shape[1:]), (480, 640, 3))
+
+    def test_ranks_split_each_global_batch(self):
+        whole = [b["index"].tolist() for b in self.make()]
+        halves = [[b["index"].tolist() for b in self.make(batch_size=20, rank=r, world_size=2)] for r in range(2)]
+        for step, batch in enumerate(whole):
+            self.assertEqual(sorted(halves[0][step] + halves[1][step]), sorted(batch))
+            self.assertFalse(set(halves[0][step]) & set(halves[1][step]))
+
+
+if __name__ == "__main__":
+    unittest.main()
