@@ -78,6 +78,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let flight = tokio::spawn(flight);
     let http = tokio::spawn(async move { http.await });
     shutdown.await;
+    service.shut_down();
     let _ = stop_tx.send(());
     flight.await?.context("the Flight server failed")?;
     http.await?.context("the HTTP server failed")?;

@@ -225,6 +225,7 @@ struct Prepared {
 pub struct Service {
     lake: Lake,
     options: ServeOptions,
+    stopping: tokio::sync::watch::Sender<bool>,
     prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
     /// Counters.
     pub metrics: Metrics,
@@ -251,7 +252,14 @@ impl Drop for ActiveGuard {
 impl Service {
     /// A service over `lake`.
     pub fn new(lake: Lake, options: ServeOptions) -> Arc<Self> {
-        Arc::new(Self { lake, options, prepared: tokio::sync::Mutex::new(HashMap::new()), metrics: Metrics::default() })
+        let (stopping, _) = tokio::sync::watch::channel(false);
+        Arc::new(Self { lake, options, stopping, prepared: tokio::sync::Mutex::new(HashMap::new()), metrics: Metrics::default() })
+    }
+
+    /// Begins a graceful shutdown: every open stream ends after the batch it is sending, so the
+    /// servers can finish their calls and stop.
+    pub fn shut_down(&self) {
+        self.stopping.send_replace(true);
     }
 
     /// The lake served.
@@ -343,7 +351,11 @@ impl Service {
         let guard = ActiveGuard(self.clone());
         let service = self.clone();
         let mut last = Instant::now();
-        let batches = lake_loader::stream(prepared.loader.clone(), stream_request).map(move |item| {
+        let mut stopping = self.stopping.subscribe();
+        let stop = async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        };
+        let batches = lake_loader::stream(prepared.loader.clone(), stream_request).take_until(stop).map(move |item| {
             let _alive = &guard;
             let m = &service.metrics;
             m.batch_ns.fetch_add(last.elapsed().as_nanos() as u64, Ordering::Relaxed);
