@@ -15,6 +15,7 @@
 
 mod batch;
 mod cache;
+mod client;
 mod dataset;
 mod decode;
 mod error;
@@ -26,6 +27,7 @@ mod stream;
 pub use crate::{
     batch::{DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, SHAPE},
     cache::{CacheStats, Frame, FrameCache, FrameKey},
+    client::{RemoteBatches, RemoteLoader},
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},

@@ -173,6 +173,13 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             assert_eq!(e.code(), code, "{bad}: {e:?}");
             assert!(e.message().contains(says), "{bad}: {}", e.message());
         }
+        // The Rust client gets the same batches.
+        let remote = lake_loader::RemoteLoader::connect(&server.flight, Some(TOKEN.into())).await.expect("connect");
+        let got: Vec<RecordBatch> = remote.stream(&request.to_string()).await.expect("stream").try_collect().await.expect("batches");
+        same_rows(&got, &expected, "rust client");
+        let refused = remote.stream(r#"{"datasets": ["nope"]}"#).await.err().expect("refused");
+        assert!(refused.to_string().contains("nope") && refused.to_string().contains("NotFound"), "{refused}");
+
         let flights: Vec<_> = client.list_flights(Vec::<u8>::new()).await.expect("list").try_collect().await.expect("flights");
         assert_eq!(flights.len(), 1);
 

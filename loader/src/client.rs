@@ -1,0 +1,78 @@
+//! A Rust client for `lake serve`: the same batches as the in-process [`crate::Loader`] stream,
+//! fetched over Arrow Flight.
+//!
+//! ```no_run
+//! # async fn demo() -> lake_loader::Result<()> {
+//! use futures::StreamExt;
+//! let client = lake_loader::RemoteLoader::connect("http://127.0.0.1:50051", Some("token".into())).await?;
+//! let request = r#"{"datasets": ["my_dataset"], "preset": "act", "batch_size": 32, "limit_batches": 10}"#;
+//! let mut batches = client.stream(request).await?;
+//! while let Some(batch) = batches.next().await {
+//!     let batch = batch?; // one training batch
+//! #   let _ = batch;
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::pin::Pin;
+
+use arrow::array::RecordBatch;
+use arrow_flight::{FlightClient, FlightDescriptor, error::FlightError, flight_service_client::FlightServiceClient};
+use futures::{Stream, TryStreamExt};
+
+use crate::{Error, Result};
+
+/// Batches from a server.
+pub type RemoteBatches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
+
+/// A connection to `lake serve`'s Flight endpoint.
+#[derive(Debug, Clone)]
+pub struct RemoteLoader {
+    channel: tonic::transport::Channel,
+    token: Option<String>,
+}
+
+fn remote(e: FlightError) -> Error {
+    match e {
+        FlightError::Tonic(status) => Error::Request(format!("server: {} ({:?})", status.message(), status.code())),
+        other => Error::Request(format!("server: {other}")),
+    }
+}
+
+impl RemoteLoader {
+    /// Connects to `url` (`http://host:port`), sending `token` as a bearer token when given.
+    ///
+    /// # Errors
+    /// When the server cannot be reached.
+    pub async fn connect(url: &str, token: Option<String>) -> Result<Self> {
+        let channel = tonic::transport::Channel::from_shared(url.to_string())
+            .map_err(|e| Error::Request(format!("{url}: {e}")))?
+            .connect()
+            .await
+            .map_err(|e| Error::Request(format!("{url}: {e}")))?;
+        Ok(Self { channel, token })
+    }
+
+    fn client(&self) -> Result<FlightClient> {
+        // A training batch is one message, larger than gRPC's default 4 MB limit.
+        let inner = FlightServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
+        let mut client = FlightClient::new_from_inner(inner);
+        if let Some(token) = &self.token {
+            client.add_header("authorization", &format!("Bearer {token}")).map_err(remote)?;
+        }
+        Ok(client)
+    }
+
+    /// Streams the batches of a JSON sampling request (see `lake serve`), in order.
+    ///
+    /// # Errors
+    /// The server's refusal (unknown dataset, bad request, missing token) with its message.
+    pub async fn stream(&self, request: &str) -> Result<RemoteBatches> {
+        let mut client = self.client()?;
+        let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.map_err(remote)?;
+        let ticket =
+            info.endpoint.first().and_then(|e| e.ticket.clone()).ok_or_else(|| Error::Request("the server sent no ticket".into()))?;
+        let batches = client.do_get(ticket).await.map_err(remote)?;
+        Ok(Box::pin(batches.map_err(remote)))
+    }
+}
