@@ -24,12 +24,16 @@ pub struct ServeArgs {
     /// Decode threads [default: number of cores].
     #[arg(long)]
     threads: Option<usize>,
-    /// Decoded-frame cache budget in MiB, shared by the streams of one sampling configuration.
+    /// Decoded-frame cache budget in MiB, shared by every stream.
     #[arg(long, default_value_t = 512)]
     cache_mb: u64,
-    /// Batches prepared ahead of each client.
-    #[arg(long, default_value_t = 2)]
-    prefetch: usize,
+    /// MiB of batches each stream prepares ahead of its client (at least one batch).
+    #[arg(long, default_value_t = 64)]
+    prefetch_mb: u64,
+    /// MiB all streams' batches may hold together (being made, ready or being sent); streams
+    /// wait beyond it. The server's memory is about this plus the cache plus the open datasets.
+    #[arg(long, default_value_t = 1024)]
+    memory_mb: u64,
 }
 
 /// `lake serve`.
@@ -48,11 +52,12 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let options = ServeOptions {
         loader: lake_loader::LoaderOptions { threads: args.threads.unwrap_or(0), cache_bytes: args.cache_mb << 20, frame_table: true },
-        prefetch: args.prefetch,
+        prefetch_bytes: args.prefetch_mb << 20,
+        memory_bytes: args.memory_mb << 20,
         tokens,
         ..Default::default()
     };
-    let service = Service::new(lake, options);
+    let service = Service::new(lake, options)?;
     let flight_listener = tokio::net::TcpListener::bind(args.flight).await.with_context(|| format!("binding {}", args.flight))?;
     let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);

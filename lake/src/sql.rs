@@ -31,13 +31,14 @@ use datafusion::{
     common::Statistics,
     common::{Column, ScalarValue, TableReference},
     datasource::{MemTable, TableProvider, TableType, ViewTable, empty::EmptyTable, provider_as_source},
+    execution::context::SQLOptions,
     execution::{SendableRecordBatchStream, TaskContext},
     logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableProviderFilterPushDown, cast, lit},
     physical_expr::EquivalenceProperties,
     physical_plan::{
         DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, stream::RecordBatchStreamAdapter,
     },
-    prelude::{SessionConfig, SessionContext},
+    prelude::{DataFrame, SessionConfig, SessionContext},
 };
 use futures::StreamExt;
 use lake_schemas::{CommitRecord, ViewRecord, tables};
@@ -72,6 +73,7 @@ fn query_error(e: datafusion::error::DataFusionError) -> Error {
 pub struct LakeSql {
     ctx: SessionContext,
     datasets: Vec<CommitRecord>,
+    options: SQLOptions,
 }
 
 impl std::fmt::Debug for LakeSql {
@@ -129,7 +131,15 @@ impl LakeSql {
         }
         public.register_table("datasets".into(), Arc::new(mem_table(datasets_batch(&datasets))?)).map_err(query_error)?;
         public.register_table("views".into(), Arc::new(mem_table(views_batch(&views))?)).map_err(query_error)?;
-        Ok(Self { ctx, datasets })
+        Ok(Self { ctx, datasets, options: SQLOptions::new() })
+    }
+
+    /// Refuses every statement but queries: no DDL (`CREATE EXTERNAL TABLE` would read any file
+    /// the process can), no DML (`COPY … TO` would write one), no `SET`. What a server offers.
+    #[must_use]
+    pub fn read_only(mut self) -> Self {
+        self.options = SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(false);
+        self
     }
 
     /// The DataFusion session (for serving it over Flight SQL).
@@ -148,8 +158,19 @@ impl LakeSql {
     /// DataFusion's error (with the position for syntax errors) when the query is not valid; a
     /// message naming the dataset when it refers to one the lake does not have.
     pub async fn stream(&self, query: &str) -> Result<SendableRecordBatchStream> {
-        let df = self.ctx.sql(query).await.map_err(|e| self.explain_error(e))?;
-        df.execute_stream().await.map_err(query_error)
+        self.plan(query).await?.execute_stream().await.map_err(query_error)
+    }
+
+    /// The schema `query` would return, without running it.
+    ///
+    /// # Errors
+    /// As [`LakeSql::stream`].
+    pub async fn schema(&self, query: &str) -> Result<SchemaRef> {
+        Ok(Arc::new(self.plan(query).await?.schema().as_arrow().clone()))
+    }
+
+    async fn plan(&self, query: &str) -> Result<DataFrame> {
+        self.ctx.sql_with_options(query, self.options).await.map_err(|e| self.explain_error(e))
     }
 
     /// Runs `query` and collects its result.
@@ -157,7 +178,7 @@ impl LakeSql {
     /// # Errors
     /// As [`LakeSql::stream`].
     pub async fn query(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        let df = self.ctx.sql(query).await.map_err(|e| self.explain_error(e))?;
+        let df = self.plan(query).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await.map_err(query_error)?;
         Ok((schema, batches))

@@ -31,7 +31,7 @@ fn invalid(name: &str, message: impl std::fmt::Display) -> Error {
 /// dataset or episode the lake does not have, gives one dataset two weights, or selects nothing.
 pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Result<ViewRecord> {
     lake_store::validate_name(name)?;
-    let sql = LakeSql::open(lake).await?;
+    let sql = LakeSql::open(lake).await?.read_only();
     let (schema, batches) = sql.query(query).await?;
     let has = |c: &str| schema.column_with_name(c).is_some();
     if !has("episode_index") {

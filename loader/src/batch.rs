@@ -56,6 +56,41 @@ pub struct LoaderOptions {
     pub frame_table: bool,
 }
 
+/// What loaders can share: the decode pool and the decoded-frame cache. A server shares one
+/// between all its loaders, so its decode threads and cache bytes stay within their settings
+/// however many requests it serves.
+#[derive(Debug, Clone)]
+pub struct Resources {
+    pool: Arc<rayon::ThreadPool>,
+    cache: Arc<FrameCache>,
+}
+
+impl Resources {
+    /// A decode pool of `threads` (0: one per core) and a cache of `cache_bytes`.
+    ///
+    /// # Errors
+    /// When the threads cannot be started.
+    pub fn new(threads: usize, cache_bytes: u64) -> Result<Self> {
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(2, usize::from) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("lake-decode-{i}"))
+            .build()
+            .map_err(|e| Error::request(format!("cannot start {threads} decode threads: {e}")))?;
+        Ok(Self { pool: Arc::new(pool), cache: Arc::new(FrameCache::new(cache_bytes)) })
+    }
+
+    /// Decode threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// The shared cache's counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+}
+
 impl Default for LoaderOptions {
     fn default() -> Self {
         Self { threads: 0, cache_bytes: 512 << 20, frame_table: true }
@@ -114,6 +149,16 @@ impl Loader {
     /// # Errors
     /// When the windows do not fit a dataset, or the datasets' samples differ in shape.
     pub fn new(datasets: Vec<Arc<LoaderDataset>>, windows: &Windows, options: LoaderOptions) -> Result<Self> {
+        let resources = Resources::new(options.threads, options.cache_bytes)?;
+        Self::with_resources(datasets, windows, options.frame_table, resources)
+    }
+
+    /// A loader that decodes on `resources`' pool into its cache (shared with other loaders).
+    /// `frame_table`: read frames from a dataset's decoded-frame table when it has one.
+    ///
+    /// # Errors
+    /// As [`Loader::new`].
+    pub fn with_resources(datasets: Vec<Arc<LoaderDataset>>, windows: &Windows, frame_table: bool, resources: Resources) -> Result<Self> {
         if datasets.is_empty() {
             return Err(Error::request("no dataset to load from"));
         }
@@ -141,21 +186,15 @@ impl Loader {
             }
             resolved.push(w);
         }
-        let threads = if options.threads == 0 { std::thread::available_parallelism().map_or(2, usize::from) } else { options.threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("lake-decode-{i}"))
-            .build()
-            .map_err(|e| Error::request(format!("cannot start {threads} decode threads: {e}")))?;
         Ok(Self {
             datasets,
             windows: resolved,
             schema: schema.expect("at least one dataset"),
-            pool: Arc::new(pool),
-            cache: Arc::new(FrameCache::new(options.cache_bytes)),
+            pool: resources.pool,
+            cache: resources.cache,
             decoders: Arc::new(Mutex::new(HashMap::new())),
             counters: Arc::new(Counters::default()),
-            frame_table: options.frame_table,
+            frame_table,
         })
     }
 
@@ -357,7 +396,7 @@ impl Loader {
     /// The RGB frames of `packet_rows` of dataset `source`, from the cache or decoded.
     async fn frames(&self, source: usize, packet_rows: BTreeSet<u64>, shown_by: &HashMap<u64, u64>) -> Result<HashMap<u64, Frame>> {
         let ds = self.datasets[source].clone();
-        let slot = source as u32;
+        let slot = ds.cache_id;
         let mut found = HashMap::with_capacity(packet_rows.len());
         let mut missing = BTreeSet::new();
         for row in packet_rows {

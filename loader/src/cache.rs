@@ -1,5 +1,6 @@
-//! The decoded-frame cache: RGB frames keyed by `(dataset, packet row)`, least recently used
-//! out first, bounded in bytes (never above its budget, whatever the frame sizes).
+//! The decoded-frame cache: RGB frames keyed by `(dataset version, packet row)`, least recently
+//! used out first, bounded in bytes (never above its budget, whatever the frame sizes). Loaders
+//! may share one (a server's loaders do), so the budget holds for all of them together.
 
 use std::sync::{
     Arc, Mutex,
@@ -11,8 +12,9 @@ use lru::LruCache;
 /// A cached frame: packed RGB24 bytes shared by every sample that shows it.
 pub type Frame = Arc<Vec<u8>>;
 
-/// Cache key: the dataset's slot in the loader and the `packets` row of the frame.
-pub type FrameKey = (u32, u64);
+/// Cache key: the dataset version's [`cache_id`](crate::LoaderDataset::cache_id) and the
+/// `packets` row of the frame.
+pub type FrameKey = (u64, u64);
 
 /// A byte-bounded LRU of decoded frames, safe to share between threads.
 #[derive(Debug)]

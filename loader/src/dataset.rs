@@ -99,6 +99,8 @@ pub struct LoaderDataset {
     /// Codec facts per stream id.
     pub streams: HashMap<u32, StreamConfig>,
     packets_table: lance::Dataset,
+    /// Identifies this dataset version's frames in a frame cache shared by several loaders.
+    pub cache_id: u64,
     /// The decoded-frame table, when `lake cache` made one.
     frames_table: Option<lance::Dataset>,
 }
@@ -163,7 +165,26 @@ impl LoaderDataset {
         } else {
             None
         };
-        Ok(Arc::new(Self { label, record, steps, columns, cameras, episodes, row_episode, packets, streams, packets_table, frames_table }))
+        let cache_id = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (packets_table.uri(), &label).hash(&mut h);
+            h.finish()
+        };
+        Ok(Arc::new(Self {
+            label,
+            record,
+            steps,
+            columns,
+            cameras,
+            episodes,
+            row_episode,
+            packets,
+            streams,
+            packets_table,
+            cache_id,
+            frames_table,
+        }))
     }
 
     /// Frames per second.

@@ -25,7 +25,7 @@ mod spec;
 mod stream;
 
 pub use crate::{
-    batch::{DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, SHAPE},
+    batch::{DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, Resources, SHAPE},
     cache::{CacheStats, Frame, FrameCache, FrameKey},
     client::{RemoteBatches, RemoteLoader},
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
@@ -34,5 +34,5 @@ pub use crate::{
     frames::{FRAMES, FrameTableReport, frames_schema, write_frame_table},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
-    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, stream},
+    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, stream},
 };

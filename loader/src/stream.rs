@@ -57,17 +57,22 @@ pub fn cursors(request: &StreamRequest) -> impl Iterator<Item = Cursor> + Send +
 pub fn stream(loader: Arc<Loader>, request: StreamRequest) -> BatchStream {
     let order = request.order.clone();
     let sharding = request.sharding;
-    let epoch_len = order.epoch_len();
     let prefetch = request.prefetch.max(1);
     let batches = futures::stream::iter(cursors(&request))
         .map(move |cursor| {
             let (loader, order) = (loader.clone(), order.clone());
-            async move {
-                let draws: Vec<_> = sharding.positions(epoch_len, cursor.step).map(|p| order.draw(cursor.epoch, p)).collect();
-                let batch = loader.batch(&draws).await?;
-                Ok(LoadedBatch { cursor, batch })
-            }
+            async move { load(&loader, &order, sharding, cursor).await }
         })
         .buffered(prefetch);
     Box::pin(batches)
+}
+
+/// The batch at `cursor` of a rank's slice (`sharding`) of `order`.
+///
+/// # Errors
+/// When packets cannot be read or a frame cannot be decoded.
+pub async fn load(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cursor) -> Result<LoadedBatch> {
+    let draws: Vec<_> = sharding.positions(order.epoch_len(), cursor.step).map(|p| order.draw(cursor.epoch, p)).collect();
+    let batch = loader.batch(&draws).await?;
+    Ok(LoadedBatch { cursor, batch })
 }

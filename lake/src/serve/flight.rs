@@ -11,7 +11,11 @@ use arrow_flight::{
 use futures::{Stream, StreamExt, TryStreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Refusal, SampleRequest, Service, refusal};
+use super::{
+    Refusal, SampleRequest, Service,
+    flight_sql::{LakeFlightSql, is_flight_sql},
+    refusal,
+};
 use crate::Error;
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -20,12 +24,13 @@ type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 #[derive(Debug, Clone)]
 pub struct LakeFlight {
     service: Arc<Service>,
+    sql: LakeFlightSql,
 }
 
 impl LakeFlight {
     /// Flight over `service`.
     pub fn new(service: Arc<Service>) -> Self {
-        Self { service }
+        Self { sql: LakeFlightSql::new(service.clone()), service }
     }
 
     fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
@@ -34,7 +39,8 @@ impl LakeFlight {
     }
 }
 
-fn status(e: &Error) -> Status {
+/// The gRPC status answering a failed request.
+pub(super) fn status(e: &Error) -> Status {
     let (kind, message) = refusal(e);
     match kind {
         Refusal::BadRequest => Status::invalid_argument(message),
@@ -86,6 +92,9 @@ impl FlightService for LakeFlight {
     /// over the same lake can serve it).
     async fn get_flight_info(&self, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
         self.check(&request)?;
+        if is_flight_sql(&request.get_ref().cmd) {
+            return self.sql.get_flight_info(request).await;
+        }
         let descriptor = request.into_inner();
         let sample = self.request_of(&descriptor.cmd)?;
         let plan = self.service.describe(&sample).await.map_err(|e| status(&e))?;
@@ -106,6 +115,10 @@ impl FlightService for LakeFlight {
 
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
         self.check(&request)?;
+        if is_flight_sql(&request.get_ref().cmd) {
+            let info = self.sql.get_flight_info(request).await?.into_inner();
+            return Ok(Response::new(SchemaResult { schema: info.schema }));
+        }
         let sample = self.request_of(&request.get_ref().cmd)?;
         let schema = self.service.describe(&sample).await.map_err(|e| status(&e))?.schema;
         let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
@@ -117,6 +130,9 @@ impl FlightService for LakeFlight {
     /// The ticket's request → its batches, streamed as they are made.
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         self.check(&request)?;
+        if is_flight_sql(&request.get_ref().ticket) {
+            return self.sql.do_get(request).await;
+        }
         let sample = self.request_of(&request.get_ref().ticket)?;
         let (schema, batches) = self.service.batches(&sample).await.map_err(|e| status(&e))?;
         let batches = batches.map_err(|e| FlightError::Tonic(Box::new(status(&e))));
@@ -138,11 +154,14 @@ impl FlightService for LakeFlight {
         Err(Status::unimplemented("DoExchange is not offered"))
     }
 
-    async fn do_action(&self, _: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
-        Err(Status::unimplemented("no actions are offered"))
+    /// Flight SQL's actions (prepared statements).
+    async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
+        self.check(&request)?;
+        self.sql.do_action(request).await
     }
 
-    async fn list_actions(&self, _: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
-        Ok(Response::new(futures::stream::empty().boxed()))
+    async fn list_actions(&self, request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.check(&request)?;
+        self.sql.list_actions(request).await
     }
 }

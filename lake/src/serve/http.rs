@@ -66,7 +66,7 @@ async fn auth(State(service): State<Arc<Service>>, request: Request, next: Next)
 }
 
 async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.prometheus())
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.prometheus().await)
 }
 
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
@@ -158,7 +158,7 @@ async fn sample(State(service): State<Arc<Service>>, body: Bytes) -> Result<Resp
 
 async fn sql(State(service): State<Arc<Service>>, headers: HeaderMap, body: Bytes) -> Result<Response, Refused> {
     let query = std::str::from_utf8(&body).map_err(|_| Refused(StatusCode::BAD_REQUEST, "the body must be a UTF-8 SQL query".into()))?;
-    let session = LakeSql::open(service.lake()).await?;
+    let session = LakeSql::open(service.lake()).await?.read_only();
     let wants_json = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("application/json"));
     if wants_json {
         let (_, batches) = session.query(query).await?;

@@ -24,14 +24,19 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
+    task::Poll,
     time::Instant,
 };
 
-use arrow::{array::RecordBatch, datatypes::SchemaRef};
+use arrow::{
+    array::RecordBatch,
+    datatypes::{DataType, SchemaRef},
+};
 use futures::{Stream, StreamExt};
-use lake_loader::{Cursor, Loader, LoaderOptions, Order, Sharding, StreamRequest, Windows};
+use lake_loader::{Cursor, DecodeStats, Loader, LoaderOptions, Order, Resources, Sharding, StreamRequest, Windows};
 use lake_store::Lake;
 use serde::{Deserialize, Serialize};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{Error, Result, views};
 
@@ -178,10 +183,14 @@ pub struct Plan {
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// Loader settings (decode threads, frame cache budget, frame table use).
+    /// Loader settings: decode threads and decoded-frame cache bytes, both shared by every
+    /// request the server serves, and frame table use.
     pub loader: LoaderOptions,
-    /// Batches prepared ahead of each client.
-    pub prefetch: usize,
+    /// Bytes of batches each stream prepares ahead of its client (at least one batch).
+    pub prefetch_bytes: u64,
+    /// Bytes of batches all streams together may hold (being made, ready, or being sent);
+    /// streams wait for room beyond it, and a request whose one batch exceeds it is refused.
+    pub memory_bytes: u64,
     /// Bearer tokens accepted; empty: no authentication.
     pub tokens: Vec<String>,
     /// Opened loaders kept for reuse by later requests.
@@ -190,8 +199,27 @@ pub struct ServeOptions {
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        Self { loader: LoaderOptions::default(), prefetch: 2, tokens: Vec::new(), max_loaders: 8 }
+        Self { loader: LoaderOptions::default(), prefetch_bytes: 64 << 20, memory_bytes: 1 << 30, tokens: Vec::new(), max_loaders: 8 }
     }
+}
+
+/// Budget accounting unit: the semaphore counts KiB.
+const UNIT: u64 = 1024;
+
+/// The Arrow bytes one row of `data_type` takes (strings and binaries estimated at 64 bytes).
+fn value_bytes(data_type: &DataType) -> u64 {
+    match data_type {
+        DataType::FixedSizeList(item, n) => *n as u64 * value_bytes(item.data_type()),
+        DataType::Utf8 | DataType::Binary => 4 + 64,
+        DataType::LargeUtf8 | DataType::LargeBinary => 8 + 64,
+        DataType::Boolean => 1,
+        other => other.primitive_width().unwrap_or(64) as u64,
+    }
+}
+
+/// The bytes a batch of `rows` samples of `schema` takes.
+pub fn batch_bytes(schema: &SchemaRef, rows: usize) -> u64 {
+    schema.fields().iter().map(|f| value_bytes(f.data_type())).sum::<u64>() * rows as u64
 }
 
 /// Counters exported at `/metrics`.
@@ -213,6 +241,10 @@ pub struct Metrics {
     pub stream_errors: AtomicU64,
     /// Nanoseconds spent producing batches.
     pub batch_ns: AtomicU64,
+    /// Streams waiting for room in the memory budget now.
+    pub waiting_for_memory: AtomicU64,
+    /// Batches made and not yet taken by their client.
+    pub ready_batches: AtomicU64,
 }
 
 struct Prepared {
@@ -225,6 +257,10 @@ struct Prepared {
 pub struct Service {
     lake: Lake,
     options: ServeOptions,
+    resources: Resources,
+    memory: Arc<Semaphore>,
+    /// Decode counters of loaders no longer kept.
+    retired: Mutex<DecodeStats>,
     stopping: tokio::sync::watch::Sender<bool>,
     prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
     /// Counters.
@@ -240,20 +276,55 @@ impl std::fmt::Debug for Service {
 /// Batches of one request, in order.
 pub type Batches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
 
-/// Decrements the active-stream gauge when a stream ends or its client goes away.
-struct ActiveGuard(Arc<Service>);
+/// One unit of a gauge, given back when dropped (a stream that ends, a client that goes away).
+struct Gauge {
+    service: Arc<Service>,
+    pick: fn(&Metrics) -> &AtomicU64,
+}
 
-impl Drop for ActiveGuard {
+impl Gauge {
+    fn up(service: Arc<Service>, pick: fn(&Metrics) -> &AtomicU64) -> Self {
+        pick(&service.metrics).fetch_add(1, Ordering::Relaxed);
+        Self { service, pick }
+    }
+}
+
+impl Drop for Gauge {
     fn drop(&mut self) {
-        self.0.metrics.active_streams.fetch_sub(1, Ordering::Relaxed);
+        (self.pick)(&self.service.metrics).fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn add_stats(a: &DecodeStats, b: &DecodeStats) -> DecodeStats {
+    DecodeStats {
+        groups: a.groups + b.groups,
+        packets: a.packets + b.packets,
+        frames: a.frames + b.frames,
+        decode_ns: a.decode_ns + b.decode_ns,
+        packet_bytes: a.packet_bytes + b.packet_bytes,
+        fetch_ns: a.fetch_ns + b.fetch_ns,
     }
 }
 
 impl Service {
     /// A service over `lake`.
-    pub fn new(lake: Lake, options: ServeOptions) -> Arc<Self> {
+    ///
+    /// # Errors
+    /// When the decode threads cannot be started.
+    pub fn new(lake: Lake, options: ServeOptions) -> Result<Arc<Self>> {
         let (stopping, _) = tokio::sync::watch::channel(false);
-        Arc::new(Self { lake, options, stopping, prepared: tokio::sync::Mutex::new(HashMap::new()), metrics: Metrics::default() })
+        let resources = Resources::new(options.loader.threads, options.loader.cache_bytes)?;
+        let permits = usize::try_from((options.memory_bytes / UNIT).max(1)).unwrap_or(Semaphore::MAX_PERMITS).min(Semaphore::MAX_PERMITS);
+        Ok(Arc::new(Self {
+            lake,
+            options,
+            resources,
+            memory: Arc::new(Semaphore::new(permits)),
+            retired: Mutex::new(DecodeStats::default()),
+            stopping,
+            prepared: tokio::sync::Mutex::new(HashMap::new()),
+            metrics: Metrics::default(),
+        }))
     }
 
     /// Begins a graceful shutdown: every open stream ends after the batch it is sending, so the
@@ -285,13 +356,20 @@ impl Service {
             return Ok(p.clone());
         }
         let sampling = views::open_sampling(&self.lake, &request.spec()).await?;
-        let loader = Arc::new(Loader::new(sampling.datasets, &request.windows()?, self.options.loader)?);
+        let loader = Arc::new(Loader::with_resources(
+            sampling.datasets,
+            &request.windows()?,
+            self.options.loader.frame_table,
+            self.resources.clone(),
+        )?);
         let order = Arc::new(Order::new(request.seed, sampling.sources)?);
         let p = Arc::new(Prepared { loader, order, last_used: Mutex::new(Instant::now()) });
         if prepared.len() >= self.options.max_loaders.max(1)
             && let Some(oldest) = prepared.iter().min_by_key(|(_, p)| *p.last_used.lock().expect("not poisoned")).map(|(k, _)| k.clone())
+            && let Some(evicted) = prepared.remove(&oldest)
         {
-            prepared.remove(&oldest);
+            let (old, mut retired) = (evicted.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
+            *retired = add_stats(&retired, &old);
         }
         prepared.insert(key, p.clone());
         Ok(p)
@@ -339,28 +417,72 @@ impl Service {
                 prepared.order.epoch_len()
             )));
         }
+        let schema = prepared.loader.schema();
+        let need = batch_bytes(&schema, request.batch_size as usize).div_ceil(UNIT).max(1);
+        if need > (self.options.memory_bytes / UNIT).max(1) {
+            self.count_bad();
+            return Err(Error::Invalid(format!(
+                "one batch of {} samples takes {} MiB, more than the server's memory budget of {} MiB; ask for smaller batches",
+                request.batch_size,
+                (need * UNIT) >> 20,
+                self.options.memory_bytes >> 20
+            )));
+        }
+        // Batches prepared ahead: as many as fit in the per-stream prefetch bytes (at least one).
+        let ahead = (self.options.prefetch_bytes / (need * UNIT)).clamp(1, 16) as usize;
+        let need = u32::try_from(need).unwrap_or(u32::MAX);
         let stream_request = StreamRequest {
             order: prepared.order.clone(),
             sharding,
             start: Cursor { epoch: request.epoch, step: request.start_step },
             limit: request.limit_batches,
-            prefetch: self.options.prefetch,
+            prefetch: ahead,
         };
-        let schema = prepared.loader.schema();
-        self.metrics.active_streams.fetch_add(1, Ordering::Relaxed);
-        let guard = ActiveGuard(self.clone());
+        let guard = Gauge::up(self.clone(), |m| &m.active_streams);
         let service = self.clone();
         let mut last = Instant::now();
         let mut stopping = self.stopping.subscribe();
         let stop = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        let batches = lake_loader::stream(prepared.loader.clone(), stream_request).take_until(stop).map(move |item| {
+        // Room for each batch is taken, in order, before it is made, and given back when the
+        // client asks for the batch after it (by then the encoder is done with it): prepared,
+        // ready and in-transit batches of all streams stay within the budget, and a slow client
+        // holds at most its own prefetch.
+        let (loader, order, memory, counted) = (prepared.loader.clone(), prepared.order.clone(), self.memory.clone(), self.clone());
+        let made = futures::stream::iter(lake_loader::cursors(&stream_request))
+            .then(move |cursor| {
+                let (memory, service) = (memory.clone(), counted.clone());
+                async move {
+                    let waiting = Gauge::up(service, |m| &m.waiting_for_memory);
+                    let permit = memory.acquire_many_owned(need).await.expect("the budget semaphore is never closed");
+                    drop(waiting);
+                    (cursor, permit)
+                }
+            })
+            .map(move |(cursor, permit)| {
+                let (loader, order, service) = (loader.clone(), order.clone(), service.clone());
+                async move {
+                    let loaded = lake_loader::load(&loader, &order, sharding, cursor).await;
+                    (loaded, permit, Gauge::up(service, |m| &m.ready_batches))
+                }
+            })
+            .buffered(ahead);
+        let service = self.clone();
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        let mut made = Box::pin(made.take_until(stop));
+        let batches = futures::stream::poll_fn(move |cx| {
             let _alive = &guard;
+            // The client asks for another batch: the one it had is sent, its room is free. (Given
+            // back here, not when the next batch arrives: a stream waiting for room holds none.)
+            drop(held.take());
+            let Some((item, permit, ready)) = std::task::ready!(made.poll_next_unpin(cx)) else { return Poll::Ready(None) };
+            held = Some(permit);
+            drop(ready);
             let m = &service.metrics;
             m.batch_ns.fetch_add(last.elapsed().as_nanos() as u64, Ordering::Relaxed);
             last = Instant::now();
-            match item {
+            Poll::Ready(Some(match item {
                 Ok(loaded) => {
                     m.batches.fetch_add(1, Ordering::Relaxed);
                     m.samples.fetch_add(loaded.batch.num_rows() as u64, Ordering::Relaxed);
@@ -372,24 +494,60 @@ impl Service {
                     tracing::error!("stream failed: {e}");
                     Err(Error::Loader(e))
                 }
-            }
+            }))
         });
         Ok((schema, Box::pin(batches)))
     }
 
+    /// Decode counters of every loader the server has used.
+    pub async fn decode_stats(&self) -> DecodeStats {
+        let mut total = *self.retired.lock().expect("not poisoned");
+        for p in self.prepared.lock().await.values() {
+            total = add_stats(&total, &p.loader.decode_stats());
+        }
+        total
+    }
+
     /// The metrics in Prometheus' text format.
-    pub fn prometheus(&self) -> String {
+    pub async fn prometheus(&self) -> String {
         let m = &self.metrics;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        let seconds = |ns: u64| format!("{:.6}", ns as f64 / 1e9);
+        let decode = self.decode_stats().await;
+        let cache = self.resources.cache_stats();
+        let budget = (self.options.memory_bytes / UNIT).max(1) * UNIT;
+        let free = self.memory.available_permits() as u64 * UNIT;
         let mut out = String::new();
         for (name, kind, help, value) in [
             ("lake_batches_total", "counter", "Batches sent.", g(&m.batches)),
             ("lake_samples_total", "counter", "Samples sent.", g(&m.samples)),
             ("lake_bytes_total", "counter", "Arrow bytes of the batches sent.", g(&m.bytes)),
             ("lake_active_streams", "gauge", "Batch streams open now.", g(&m.active_streams)),
-            ("lake_batch_seconds_total", "counter", "Time spent waiting for batches, summed over streams.", 0),
+            (
+                "lake_batch_seconds_total",
+                "counter",
+                "Time between batches, summed over streams.",
+                seconds(m.batch_ns.load(Ordering::Relaxed)),
+            ),
+            ("lake_ready_batches", "gauge", "Batches made and waiting for their client (queue depth).", g(&m.ready_batches)),
+            ("lake_streams_waiting_for_memory", "gauge", "Streams waiting for room in the memory budget.", g(&m.waiting_for_memory)),
+            ("lake_memory_budget_bytes", "gauge", "Bytes all streams' batches may hold.", budget.to_string()),
+            (
+                "lake_memory_used_bytes",
+                "gauge",
+                "Bytes held by batches being made, ready or sent.",
+                budget.saturating_sub(free).to_string(),
+            ),
+            ("lake_decode_seconds_total", "counter", "Decode worker time.", seconds(decode.decode_ns)),
+            ("lake_decoded_frames_total", "counter", "Frames decoded or read from frame tables.", decode.frames.to_string()),
+            ("lake_packet_bytes_total", "counter", "Compressed packet bytes read.", decode.packet_bytes.to_string()),
+            ("lake_frame_cache_hits_total", "counter", "Decoded-frame cache hits.", cache.hits.to_string()),
+            ("lake_frame_cache_misses_total", "counter", "Decoded-frame cache misses.", cache.misses.to_string()),
+            ("lake_frame_cache_hit_ratio", "gauge", "Hits over lookups since start.", format!("{:.6}", cache.hit_rate())),
+            ("lake_frame_cache_bytes", "gauge", "Bytes of frames cached.", cache.bytes.to_string()),
+            ("lake_frame_cache_budget_bytes", "gauge", "The cache's byte budget.", cache.budget.to_string()),
+            ("lake_decode_threads", "gauge", "Threads of the decode pool.", self.resources.threads().to_string()),
         ] {
-            let value = if name == "lake_batch_seconds_total" { format!("{:.6}", g(&m.batch_ns) as f64 / 1e9) } else { value.to_string() };
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
         }
         out.push_str("# HELP lake_errors_total Requests refused or failed, by kind.\n# TYPE lake_errors_total counter\n");
@@ -401,6 +559,7 @@ impl Service {
 }
 
 pub mod flight;
+pub mod flight_sql;
 pub mod http;
 
 /// How a failed request is answered.

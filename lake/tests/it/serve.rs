@@ -1,6 +1,6 @@
 //! `lake serve` as a real process on free loopback ports: batches over Flight and HTTP equal the
 //! in-process loader's, ranks are disjoint, resuming replays, bad requests get their specific
-//! errors, tokens are required, and SQL over HTTP answers as `lake sql` does.
+//! errors, tokens are required, and SQL over HTTP and Flight SQL answers as `lake sql` does.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -11,7 +11,7 @@ use std::{
 
 use arrow::{array::RecordBatch, ipc::reader::StreamReader};
 use arrow_flight::{FlightClient, FlightDescriptor};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use lake_testkit::testdata;
 use serde_json::{Value, json};
 
@@ -86,7 +86,7 @@ fn arrow_batches(body: &[u8]) -> Vec<RecordBatch> {
 /// The same request through the loader in-process.
 async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
     let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-    let service = lake::serve::Service::new(lake, Default::default());
+    let service = lake::serve::Service::new(lake, Default::default()).expect("service");
     let request = lake::serve::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid");
     let (_, batches) = service.batches(&request).await.expect("batches");
     batches.try_collect().await.expect("all batches")
@@ -230,6 +230,136 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     let batches: f64 = metrics.lines().find_map(|l| l.strip_prefix("lake_batches_total ")).expect("counter").parse().expect("number");
     assert!(batches >= 12.0, "{metrics}");
     assert!(metrics.contains("lake_errors_total{kind=\"unauthorized\"}"), "{metrics}");
+}
+
+/// A gauge or counter from Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or_else(|| panic!("no {name}: {text}")).parse().expect("number")
+}
+
+#[test]
+fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_refused() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let request = |seed: u64, batch: u64| {
+            let r = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": batch, "seed": seed, "limit_batches": 4});
+            lake::serve::SampleRequest::from_json(r.to_string().as_bytes()).expect("valid")
+        };
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let probe = lake::serve::Service::new(lake.clone(), Default::default()).expect("service");
+        let schema = probe.describe(&request(0, 4)).await.expect("plan").schema;
+        let batch = lake::serve::batch_bytes(&schema, 4);
+        // Room for two batches in all; each stream would like 16 ahead.
+        let options = lake::serve::ServeOptions { memory_bytes: 2 * batch + 4096, prefetch_bytes: 16 * batch, ..Default::default() };
+        let service = lake::serve::Service::new(lake, options).expect("service");
+        let streams = (0..3u64).map(|seed| {
+            let service = service.clone();
+            let req = request(seed, 4);
+            async move {
+                let (_, mut batches) = service.batches(&req).await.expect("stream");
+                let mut got = Vec::new();
+                while let Some(b) = batches.next().await {
+                    got.push(b.expect("batch"));
+                    let text = service.prometheus().await;
+                    assert!(metric(&text, "lake_memory_used_bytes") <= metric(&text, "lake_memory_budget_bytes"), "{text}");
+                }
+                got
+            }
+        });
+        let got = futures::future::join_all(streams).await;
+        for (seed, batches) in got.iter().enumerate() {
+            let (_, expected) = probe.batches(&request(seed as u64, 4)).await.expect("stream");
+            let expected: Vec<RecordBatch> = expected.try_collect().await.expect("batches");
+            same_rows(batches, &expected, "within the budget");
+        }
+        let text = service.prometheus().await;
+        assert_eq!(metric(&text, "lake_memory_used_bytes"), 0.0, "every batch's room is given back: {text}");
+        assert_eq!(metric(&text, "lake_active_streams"), 0.0, "{text}");
+
+        // A batch that cannot fit at all is refused with the sizes.
+        let e = service.batches(&request(0, 16)).await.err().expect("refused");
+        assert!(e.to_string().contains("memory budget"), "{e}");
+    });
+}
+
+/// Flight SQL rows as JSON objects, written as `lake sql --format json` writes them.
+fn json_rows(batches: &[RecordBatch]) -> Vec<serde_json::Map<String, Value>> {
+    let mut writer = arrow::json::ArrayWriter::new(Vec::new());
+    for b in batches {
+        writer.write(b).expect("json");
+    }
+    writer.finish().expect("json");
+    let bytes = writer.into_inner();
+    if bytes.is_empty() { Vec::new() } else { serde_json::from_slice(&bytes).expect("rows") }
+}
+
+async fn flight_sql_rows(
+    client: &mut arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel>,
+    info: arrow_flight::FlightInfo,
+) -> Vec<RecordBatch> {
+    let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+    client.do_get(ticket).await.expect("do_get").try_collect().await.expect("batches")
+}
+
+#[test]
+fn flight_sql_answers_as_lake_sql_does_and_refuses_what_is_not_a_query() {
+    use arrow_flight::sql::{CommandGetTables, SqlInfo, client::FlightSqlServiceClient};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let server = start(&root);
+    let query = "SELECT task_index, count(*) AS steps, min(action[1]) AS lo FROM steps GROUP BY task_index ORDER BY task_index";
+    let expected = sql_rows(&root, query);
+    assert!(!expected.is_empty());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
+        let mut client = FlightSqlServiceClient::new(channel.clone());
+        client.set_header("authorization", format!("Bearer {TOKEN}"));
+
+        // A statement, and the same as a prepared statement.
+        let info = client.execute(query.to_string(), None).await.expect("statement");
+        assert_eq!(json_rows(&flight_sql_rows(&mut client, info).await), expected, "statement");
+        let mut prepared = client.prepare(query.to_string(), None).await.expect("prepare");
+        assert_eq!(prepared.dataset_schema().expect("schema").fields().len(), 3);
+        let info = prepared.execute().await.expect("prepared");
+        assert_eq!(json_rows(&flight_sql_rows(&mut client, info).await), expected, "prepared statement");
+        prepared.close().await.expect("close");
+
+        // Catalog calls: the stacked tables and each dataset's own, with their schemas.
+        let tables = CommandGetTables { table_name_filter_pattern: Some("steps".into()), include_schema: true, ..Default::default() };
+        let info = client.get_tables(tables).await.expect("tables");
+        let listed = flight_sql_rows(&mut client, info).await;
+        let rows = json_rows(&listed);
+        let schemas: Vec<&str> = rows.iter().map(|r| r["db_schema_name"].as_str().expect("schema name")).collect();
+        assert_eq!(schemas, ["public", "v30-av1-small"], "{rows:?}");
+        assert!(rows.iter().all(|r| r["catalog_name"] == "lake" && r["table_name"] == "steps"), "{rows:?}");
+        assert!(listed[0].column_by_name("table_schema").is_some());
+        let info = client.get_sql_info(vec![SqlInfo::FlightSqlServerName, SqlInfo::FlightSqlServerReadOnly]).await.expect("sql info");
+        assert_eq!(flight_sql_rows(&mut client, info).await.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+        let info = client.get_catalogs().await.expect("catalogs");
+        assert_eq!(json_rows(&flight_sql_rows(&mut client, info).await)[0]["catalog_name"], "lake");
+
+        // Bad SQL: DataFusion's message with the position. Statements that would read or write
+        // files on the server are refused.
+        let e = client.execute("SELEC 1".into(), None).await.expect_err("bad sql");
+        assert!(e.to_string().contains("invalid argument") && e.to_string().contains("Line: 1"), "{e}");
+        let e = client.execute("SELECT * FROM nope.steps".into(), None).await.expect_err("missing dataset");
+        assert!(e.to_string().contains("no dataset `nope`"), "{e}");
+        for statement in ["COPY (SELECT 1) TO '/tmp/lake-flight-sql.csv'", "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/hostname'"]
+        {
+            let e = client.execute(statement.into(), None).await.expect_err("not a query");
+            assert!(e.to_string().contains("invalid argument") && e.to_string().contains("not supported"), "{statement}: {e}");
+        }
+
+        // Without the token: refused.
+        let mut anonymous = FlightSqlServiceClient::new(channel);
+        let e = anonymous.execute(query.to_string(), None).await.expect_err("needs a token");
+        assert!(e.to_string().contains("bearer token"), "{e}");
+    });
 }
 
 /// The Python to run the Python client's tests with: `$LAKE_PYTHON` (scripts/test.sh sets it

@@ -1,0 +1,209 @@
+//! `lake serve` under load, on loopback: the same ~10k-step dataset as the loader bench
+//! (`v30-av1-small` repeated: 2 cameras, AV1 GOP 2, 480×640 + 96×128), `act` preset, 32 samples
+//! per stream per batch. First the in-process figure (`lake bench`, same cache), then a real
+//! `lake serve` child process read by 1, 8 and 64 concurrent Flight streams for a fixed time
+//! each (stream `r` of `n` is rank `r` of a world of `n`, so together they read one global
+//! order). Prints samples/s, bytes/s, batch latency p50/p99, the server's peak RSS for that
+//! level (against its memory budget plus cache budget) and errors.
+//!
+//! ```text
+//! cargo bench -p lake --bench serve                      # 17 repeats, 20 s per level, 1 8 64 streams
+//! cargo bench -p lake --bench serve -- 17 30 1 8 64 128  # repeats, seconds per level, stream counts
+//! LAKE_BENCH_DIR=/tmp cargo bench -p lake --bench serve  # keep the generated data and lake
+//! ```
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a bench binary prints its table
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use arrow_flight::{FlightClient, FlightDescriptor};
+use futures::StreamExt;
+use lake_testkit::{repeat_dataset, testdata};
+
+const BATCH: u64 = 32;
+const CACHE_MB: u64 = 512;
+const MEMORY_MB: u64 = 1024;
+
+fn lake(root: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_lake")).arg("--lake").arg(root).args(args).output().expect("run lake");
+    assert!(out.status.success(), "lake {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// A `lake serve` child, killed when dropped.
+struct Server {
+    child: Child,
+    flight: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(root: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lake"))
+            .arg("--lake")
+            .arg(root)
+            .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(["--cache-mb", &CACHE_MB.to_string(), "--memory-mb", &MEMORY_MB.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start lake serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
+        let addr = line.split_whitespace().find_map(|w| w.strip_prefix("grpc://")).unwrap_or_else(|| panic!("{line}")).to_string();
+        Self { child, flight: format!("http://{addr}") }
+    }
+
+    /// Peak resident memory (MiB) since the last reset.
+    fn peak_rss_mb(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(f64::NAN);
+        kb / 1024.0
+    }
+
+    /// Starts a new peak-RSS measurement (Linux: writing 5 to `clear_refs` resets VmHWM).
+    fn reset_peak(&self) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5");
+    }
+}
+
+/// What one stream saw.
+#[derive(Default)]
+struct Seen {
+    samples: u64,
+    bytes: u64,
+    latencies_ms: Vec<f64>,
+    errors: u64,
+}
+
+/// Reads rank `rank` of `world` until `deadline`, then hangs up.
+async fn read_stream(flight: String, rank: u64, world: u64, deadline: Instant) -> Seen {
+    let mut seen = Seen::default();
+    let channel = match tonic::transport::Channel::from_shared(flight).expect("url").connect().await {
+        Ok(c) => c,
+        Err(_) => {
+            seen.errors += 1;
+            return seen;
+        }
+    };
+    let inner = arrow_flight::flight_service_client::FlightServiceClient::new(channel).max_decoding_message_size(usize::MAX);
+    let mut client = FlightClient::new_from_inner(inner);
+    let request =
+        serde_json::json!({"datasets": ["bench"], "preset": "act", "batch_size": BATCH, "seed": 0, "rank": rank, "world_size": world});
+    let mut asked = Instant::now();
+    let stream = async {
+        let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await?;
+        let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+        client.do_get(ticket).await
+    };
+    let mut batches = match stream.await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("stream {rank}/{world}: {e}");
+            seen.errors += 1;
+            return seen;
+        }
+    };
+    loop {
+        let next = tokio::time::timeout_at(deadline.into(), batches.next()).await;
+        match next {
+            Err(_) | Ok(None) => break,
+            Ok(Some(Ok(batch))) => {
+                seen.latencies_ms.push(asked.elapsed().as_secs_f64() * 1e3);
+                seen.samples += batch.num_rows() as u64;
+                seen.bytes += batch.get_array_memory_size() as u64;
+                asked = Instant::now();
+            }
+            Ok(Some(Err(e))) => {
+                eprintln!("stream {rank}/{world}: {e}");
+                seen.errors += 1;
+                break;
+            }
+        }
+    }
+    seen
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn main() {
+    let numbers: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let repeats = numbers.first().copied().unwrap_or(17) as usize;
+    let seconds = numbers.get(1).copied().unwrap_or(20);
+    let levels: Vec<u64> = if numbers.len() > 2 { numbers[2..].to_vec() } else { vec![1, 8, 64] };
+    let (_guard, work) = lake_testkit::bench_workdir();
+    let src = work.join(format!("av1-small-x{repeats}"));
+    repeat_dataset(&testdata("v30-av1-small"), &src, repeats);
+    let root = work.join("lake");
+    lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "bench"]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+
+    // The in-process figure: the same loader, cache and batch size, no network.
+    let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache", "on", "--batches", "100", "--json"]);
+    let reference: serde_json::Value = serde_json::from_str(&json).expect("bench json");
+    let in_process = reference["samples_per_s"].as_f64().unwrap_or(f64::NAN);
+
+    println!(
+        "lake serve under load: {} steps (v30-av1-small x{repeats}), act preset, {BATCH} samples per stream batch, {seconds} s per level, {cores} cores, loopback",
+        600 * repeats
+    );
+    println!("server: --cache-mb {CACHE_MB} --memory-mb {MEMORY_MB}; in-process `lake bench` (cache on): {in_process:.1} samples/s");
+    println!(
+        "{:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
+        "streams", "samples/s", "MB/s", "% in-proc", "p50 ms", "p99 ms", "server peak", "budget", "errors"
+    );
+    let server = Server::start(&root);
+    let idle_mb = server.peak_rss_mb();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    for n in levels {
+        server.reset_peak();
+        let began = Instant::now();
+        let deadline = began + Duration::from_secs(seconds);
+        let seen: Vec<Seen> = runtime.block_on(async {
+            let tasks: Vec<_> = (0..n).map(|r| tokio::spawn(read_stream(server.flight.clone(), r, n, deadline))).collect();
+            futures::future::join_all(tasks).await.into_iter().map(|t| t.expect("stream task")).collect()
+        });
+        let elapsed = began.elapsed().as_secs_f64();
+        let samples: u64 = seen.iter().map(|s| s.samples).sum();
+        let bytes: u64 = seen.iter().map(|s| s.bytes).sum();
+        let errors: u64 = seen.iter().map(|s| s.errors).sum();
+        let mut latencies: Vec<f64> = seen.iter().flat_map(|s| s.latencies_ms.iter().copied()).collect();
+        latencies.sort_by(f64::total_cmp);
+        let rate = samples as f64 / elapsed;
+        let peak = server.peak_rss_mb();
+        let ceiling = idle_mb + (CACHE_MB + MEMORY_MB) as f64;
+        println!(
+            "{:>7} {:>10.1} {:>10.1} {:>11.0}% {:>9.1} {:>9.1} {:>11.0} MB {:>8} {:>7}",
+            n,
+            rate,
+            bytes as f64 / elapsed / 1e6,
+            rate / in_process * 100.0,
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            peak,
+            if peak <= ceiling { "within" } else { "OVER" },
+            errors
+        );
+        // Let the server notice the hang-ups and drain before the next level.
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    println!("budget: peak RSS within idle RSS ({idle_mb:.0} MB) + cache ({CACHE_MB} MB) + memory budget ({MEMORY_MB} MB)");
+}
