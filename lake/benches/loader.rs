@@ -12,25 +12,19 @@
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a bench binary prints its table
 
-use std::{path::Path, process::Command};
+use std::path::Path;
 
-use lake_testkit::{repeat_dataset, testdata};
+use lake_testkit::{bench_lake, run_lake};
 
 fn lake(root: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_lake")).arg("--lake").arg(root).args(args).output().expect("run lake");
-    assert!(out.status.success(), "lake {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).expect("utf-8")
+    run_lake(Path::new(env!("CARGO_BIN_EXE_lake")), root, args)
 }
 
 fn main() {
     let numbers: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let repeats = numbers.first().copied().unwrap_or(17) as usize;
     let batches = numbers.get(1).copied().unwrap_or(100);
-    let (_guard, work) = lake_testkit::bench_workdir();
-    let src = work.join(format!("av1-small-x{repeats}"));
-    repeat_dataset(&testdata("v30-av1-small"), &src, repeats);
-    let root = work.join("lake");
-    lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "bench"]);
+    let (_guard, root) = bench_lake(Path::new(env!("CARGO_BIN_EXE_lake")), repeats);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "lake loader throughput: {} steps (v30-av1-small x{repeats}: AV1 GOP 2, 480x640 + 96x128), batch 32, {batches} batches after the first, {cores} cores",

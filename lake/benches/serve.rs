@@ -10,6 +10,7 @@
 //! cargo bench -p lake --bench serve                      # 17 repeats, 20 s per level, 1 8 64 streams
 //! cargo bench -p lake --bench serve -- 17 30 1 8 64 128  # repeats, seconds per level, stream counts
 //! LAKE_BENCH_DIR=/tmp cargo bench -p lake --bench serve  # keep the generated data and lake
+//! LAKE_BENCH_MEMORY_MB=2048 LAKE_BENCH_CACHE_MB=0 cargo bench -p lake --bench serve  # server budgets
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a bench binary prints its table
 
@@ -22,16 +23,17 @@ use std::{
 
 use arrow_flight::{FlightClient, FlightDescriptor};
 use futures::StreamExt;
-use lake_testkit::{repeat_dataset, testdata};
+use lake_testkit::{bench_lake, run_lake};
 
 const BATCH: u64 = 32;
-const CACHE_MB: u64 = 512;
-const MEMORY_MB: u64 = 1024;
+
+/// A server setting in MiB from the environment, or its default.
+fn setting_mb(var: &str, default: u64) -> u64 {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
 
 fn lake(root: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_lake")).arg("--lake").arg(root).args(args).output().expect("run lake");
-    assert!(out.status.success(), "lake {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).expect("utf-8")
+    run_lake(Path::new(env!("CARGO_BIN_EXE_lake")), root, args)
 }
 
 /// A `lake serve` child, killed when dropped.
@@ -48,12 +50,12 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn start(root: &Path) -> Self {
+    fn start(root: &Path, cache_mb: u64, memory_mb: u64) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lake"))
             .arg("--lake")
             .arg(root)
             .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .args(["--cache-mb", &CACHE_MB.to_string(), "--memory-mb", &MEMORY_MB.to_string()])
+            .args(["--cache-mb", &cache_mb.to_string(), "--memory-mb", &memory_mb.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("start lake serve");
@@ -92,7 +94,7 @@ struct Seen {
 /// Reads rank `rank` of `world` until `deadline`, then hangs up.
 async fn read_stream(flight: String, rank: u64, world: u64, deadline: Instant) -> Seen {
     let mut seen = Seen::default();
-    let channel = match tonic::transport::Channel::from_shared(flight).expect("url").connect().await {
+    let channel = match lake_loader::flight_endpoint(&flight).expect("url").connect().await {
         Ok(c) => c,
         Err(_) => {
             seen.errors += 1;
@@ -124,7 +126,8 @@ async fn read_stream(flight: String, rank: u64, world: u64, deadline: Instant) -
             Ok(Some(Ok(batch))) => {
                 seen.latencies_ms.push(asked.elapsed().as_secs_f64() * 1e3);
                 seen.samples += batch.num_rows() as u64;
-                seen.bytes += batch.get_array_memory_size() as u64;
+                // The bytes of the values (a decoded batch's buffers share the message's memory).
+                seen.bytes += batch.columns().iter().map(|c| c.to_data().get_slice_memory_size().unwrap_or(0) as u64).sum::<u64>();
                 asked = Instant::now();
             }
             Ok(Some(Err(e))) => {
@@ -149,11 +152,8 @@ fn main() {
     let repeats = numbers.first().copied().unwrap_or(17) as usize;
     let seconds = numbers.get(1).copied().unwrap_or(20);
     let levels: Vec<u64> = if numbers.len() > 2 { numbers[2..].to_vec() } else { vec![1, 8, 64] };
-    let (_guard, work) = lake_testkit::bench_workdir();
-    let src = work.join(format!("av1-small-x{repeats}"));
-    repeat_dataset(&testdata("v30-av1-small"), &src, repeats);
-    let root = work.join("lake");
-    lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "bench"]);
+    let (cache_mb, memory_mb) = (setting_mb("LAKE_BENCH_CACHE_MB", 512), setting_mb("LAKE_BENCH_MEMORY_MB", 1024));
+    let (_guard, root) = bench_lake(Path::new(env!("CARGO_BIN_EXE_lake")), repeats);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
     // The in-process figure: the same loader, cache and batch size, no network.
@@ -165,12 +165,12 @@ fn main() {
         "lake serve under load: {} steps (v30-av1-small x{repeats}), act preset, {BATCH} samples per stream batch, {seconds} s per level, {cores} cores, loopback",
         600 * repeats
     );
-    println!("server: --cache-mb {CACHE_MB} --memory-mb {MEMORY_MB}; in-process `lake bench` (cache on): {in_process:.1} samples/s");
+    println!("server: --cache-mb {cache_mb} --memory-mb {memory_mb}; in-process `lake bench` (cache on): {in_process:.1} samples/s");
     println!(
         "{:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
         "streams", "samples/s", "MB/s", "% in-proc", "p50 ms", "p99 ms", "server peak", "budget", "errors"
     );
-    let server = Server::start(&root);
+    let server = Server::start(&root, cache_mb, memory_mb);
     let idle_mb = server.peak_rss_mb();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     for n in levels {
@@ -189,7 +189,7 @@ fn main() {
         latencies.sort_by(f64::total_cmp);
         let rate = samples as f64 / elapsed;
         let peak = server.peak_rss_mb();
-        let ceiling = idle_mb + (CACHE_MB + MEMORY_MB) as f64;
+        let ceiling = idle_mb + (cache_mb + memory_mb) as f64;
         println!(
             "{:>7} {:>10.1} {:>10.1} {:>11.0}% {:>9.1} {:>9.1} {:>11.0} MB {:>8} {:>7}",
             n,
@@ -205,5 +205,5 @@ fn main() {
         // Let the server notice the hang-ups and drain before the next level.
         std::thread::sleep(Duration::from_secs(1));
     }
-    println!("budget: peak RSS within idle RSS ({idle_mb:.0} MB) + cache ({CACHE_MB} MB) + memory budget ({MEMORY_MB} MB)");
+    println!("budget: peak RSS within idle RSS ({idle_mb:.0} MB) + cache ({cache_mb} MB) + memory budget ({memory_mb} MB)");
 }

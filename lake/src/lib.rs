@@ -30,6 +30,9 @@ pub enum Error {
     /// No dataset or view of that name.
     #[error("{0}")]
     NotFound(String),
+    /// The server has no room for another stream now (its memory budget is taken).
+    #[error("{0}")]
+    Busy(String),
     /// A request is not valid (e.g. a view's query lacks a column).
     #[error("{0}")]
     Invalid(String),

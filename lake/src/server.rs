@@ -27,17 +27,48 @@ pub struct ServeArgs {
     /// Decoded-frame cache budget in MiB, shared by every stream.
     #[arg(long, default_value_t = 512)]
     cache_mb: u64,
-    /// MiB of batches each stream prepares ahead of its client (at least one batch).
-    #[arg(long, default_value_t = 64)]
+    /// MiB of batches each stream prepares ahead of its client (at least one batch; a batch
+    /// counts twice, for its encoded copy).
+    #[arg(long, default_value_t = 128)]
     prefetch_mb: u64,
-    /// MiB all streams' batches may hold together (being made, ready or being sent); streams
-    /// wait beyond it. The server's memory is about this plus the cache plus the open datasets.
-    #[arg(long, default_value_t = 1024)]
+    /// MiB all streams may hold together: each open stream's send buffer (one encoded batch)
+    /// and the batches being made, ready or being sent (two encoded sizes each). Streams wait
+    /// for room for their next batch; a stream that cannot get its send buffer is refused
+    /// (RESOURCE_EXHAUSTED / 503). The server's memory is about this plus the cache plus the
+    /// open datasets.
+    #[arg(long, default_value_t = 4096)]
     memory_mb: u64,
+}
+
+/// How long freed pages stay with the process while serving, in ms (ingest's 10 s would keep
+/// hundreds of MB of freed batch buffers: the server frees batches at hundreds of MB/s).
+const SERVE_PAGE_DECAY_MS: isize = 1000;
+
+/// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs).
+fn set_page_decay(ms: isize) {
+    // New arenas take the default; the one made so far is set directly.
+    for name in [c"arenas.dirty_decay_ms", c"arena.0.dirty_decay_ms"] {
+        let mut value = ms;
+        // SAFETY: each name is a NUL-terminated mallctl name whose value is an `ssize_t`, and
+        // `value` outlives the call.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                (&raw mut value).cast(),
+                std::mem::size_of::<isize>(),
+            )
+        };
+        if rc != 0 {
+            tracing::warn!("jemalloc {name:?} = {ms}: error {rc}");
+        }
+    }
 }
 
 /// `lake serve`.
 pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    set_page_decay(SERVE_PAGE_DECAY_MS);
     let lake = Lake::open(root)?;
     let mut tokens: Vec<String> =
         args.tokens.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect();
@@ -73,6 +104,10 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut flight_stop = stop_tx.subscribe();
     let mut http_stop = stop_tx.subscribe();
     let flight = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(32 << 20)
+        .initial_connection_window_size(64 << 20)
+        .max_frame_size((1 << 24) - 1)
         .add_service(arrow_flight::flight_service_server::FlightServiceServer::new(LakeFlight::new(service.clone())))
         .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(flight_listener), async move {
             let _ = flight_stop.recv().await;

@@ -39,17 +39,28 @@ fn remote(e: FlightError) -> Error {
     }
 }
 
+/// A gRPC endpoint set up for training batches: HTTP/2 receive windows and frames sized for
+/// messages of tens of MB (the defaults, a 64 KB window and 16 KB frames, cut a loopback stream's
+/// throughput several times over), and no Nagle delay.
+///
+/// # Errors
+/// When `url` is not a valid URI.
+pub fn flight_endpoint(url: &str) -> Result<tonic::transport::Endpoint> {
+    Ok(tonic::transport::Channel::from_shared(url.to_string())
+        .map_err(|e| Error::Request(format!("{url}: {e}")))?
+        .initial_stream_window_size(32 << 20)
+        .initial_connection_window_size(64 << 20)
+        .max_frame_size((1 << 24) - 1)
+        .tcp_nodelay(true))
+}
+
 impl RemoteLoader {
     /// Connects to `url` (`http://host:port`), sending `token` as a bearer token when given.
     ///
     /// # Errors
     /// When the server cannot be reached.
     pub async fn connect(url: &str, token: Option<String>) -> Result<Self> {
-        let channel = tonic::transport::Channel::from_shared(url.to_string())
-            .map_err(|e| Error::Request(format!("{url}: {e}")))?
-            .connect()
-            .await
-            .map_err(|e| Error::Request(format!("{url}: {e}")))?;
+        let channel = flight_endpoint(url)?.connect().await.map_err(|e| Error::Request(format!("{url}: {e}")))?;
         Ok(Self { channel, token })
     }
 

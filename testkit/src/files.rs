@@ -126,3 +126,28 @@ pub fn bench_workdir() -> (Option<tempfile::TempDir>, PathBuf) {
         }
     }
 }
+
+/// Runs the `lake` binary `bin` on the lake at `root` and returns what it printed.
+///
+/// # Panics
+/// When it cannot start or fails (with its stderr).
+pub fn run_lake(bin: &Path, root: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin).arg("--lake").arg(root).args(args).output().expect("run lake");
+    assert!(out.status.success(), "lake {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// A benchmark's lake (in [`bench_workdir`]) holding the bundled `v30-av1-small` sample repeated
+/// `repeats` times (600 steps each), ingested by `bin` as dataset `bench`. Returns the work
+/// directory's guard and the lake root.
+///
+/// # Panics
+/// When the data cannot be made or ingested.
+pub fn bench_lake(bin: &Path, repeats: usize) -> (Option<tempfile::TempDir>, PathBuf) {
+    let (guard, work) = bench_workdir();
+    let src = work.join(format!("av1-small-x{repeats}"));
+    crate::repeat_dataset(&testdata("v30-av1-small"), &src, repeats);
+    let root = work.join("lake");
+    run_lake(bin, &root, &["ingest", src.to_str().expect("utf-8"), "--name", "bench"]);
+    (guard, root)
+}

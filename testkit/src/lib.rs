@@ -10,5 +10,5 @@ mod files;
 pub use crate::{
     decode::{FrameHash, PacketDecoder, sequential_frames, sequential_rgb},
     derive::{read_parquet, repeat_dataset, write_parquet},
-    files::{bench_workdir, committed_snapshot, copy_dir, ffmpeg, shared_dir, snapshot, testdata, workspace_root},
+    files::{bench_lake, bench_workdir, committed_snapshot, copy_dir, ffmpeg, run_lake, shared_dir, snapshot, testdata, workspace_root},
 };

@@ -45,6 +45,7 @@ pub(super) fn status(e: &Error) -> Status {
     match kind {
         Refusal::BadRequest => Status::invalid_argument(message),
         Refusal::NotFound => Status::not_found(message),
+        Refusal::Busy => Status::resource_exhausted(message),
         Refusal::Internal => Status::internal(message),
     }
 }

@@ -50,6 +50,7 @@ impl From<Error> for Refused {
         let code = match kind {
             Refusal::BadRequest => StatusCode::BAD_REQUEST,
             Refusal::NotFound => StatusCode::NOT_FOUND,
+            Refusal::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(code, message)

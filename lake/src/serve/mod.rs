@@ -191,6 +191,8 @@ pub struct ServeOptions {
     /// Bytes of batches all streams together may hold (being made, ready, or being sent);
     /// streams wait for room beyond it, and a request whose one batch exceeds it is refused.
     pub memory_bytes: u64,
+    /// How long a new stream waits for room in the memory budget before it is refused.
+    pub admission_wait: std::time::Duration,
     /// Bearer tokens accepted; empty: no authentication.
     pub tokens: Vec<String>,
     /// Opened loaders kept for reuse by later requests.
@@ -199,7 +201,14 @@ pub struct ServeOptions {
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        Self { loader: LoaderOptions::default(), prefetch_bytes: 64 << 20, memory_bytes: 1 << 30, tokens: Vec::new(), max_loaders: 8 }
+        Self {
+            loader: LoaderOptions::default(),
+            prefetch_bytes: 128 << 20,
+            memory_bytes: 4 << 30,
+            admission_wait: std::time::Duration::from_secs(10),
+            tokens: Vec::new(),
+            max_loaders: 8,
+        }
     }
 }
 
@@ -241,10 +250,12 @@ pub struct Metrics {
     pub stream_errors: AtomicU64,
     /// Nanoseconds spent producing batches.
     pub batch_ns: AtomicU64,
-    /// Streams waiting for room in the memory budget now.
+    /// Streams waiting for room in the memory budget now (to start, or for their next batch).
     pub waiting_for_memory: AtomicU64,
     /// Batches made and not yet taken by their client.
     pub ready_batches: AtomicU64,
+    /// Streams refused because the memory budget had no room for them.
+    pub busy: AtomicU64,
 }
 
 struct Prepared {
@@ -418,16 +429,36 @@ impl Service {
             )));
         }
         let schema = prepared.loader.schema();
-        let need = batch_bytes(&schema, request.batch_size as usize).div_ceil(UNIT).max(1);
-        if need > (self.options.memory_bytes / UNIT).max(1) {
+        // What a stream costs: its gRPC / HTTP send buffer keeps one encoded batch for as long as
+        // the stream is open, taken when it starts (a stream that cannot have it is refused, not
+        // left waiting); each batch it makes counts twice, the Arrow batch and its encoding.
+        let one = batch_bytes(&schema, request.batch_size as usize).div_ceil(UNIT).max(1);
+        let need = 2 * one;
+        let budget = (self.options.memory_bytes / UNIT).max(1);
+        if one + need > budget {
             self.count_bad();
             return Err(Error::Invalid(format!(
-                "one batch of {} samples takes {} MiB, more than the server's memory budget of {} MiB; ask for smaller batches",
+                "one batch of {} samples takes {} MiB, and a stream needs room for three (the batch, its encoding and the send buffer): more than the server's memory budget of {} MiB; ask for smaller batches",
                 request.batch_size,
-                (need * UNIT) >> 20,
+                (one * UNIT) >> 20,
                 self.options.memory_bytes >> 20
             )));
         }
+        // Room frees as clients take their batches, so a new stream waits a little for it (in
+        // line with the streams' own requests) before it is refused.
+        let waiting = Gauge::up(self.clone(), |m| &m.waiting_for_memory);
+        let units = u32::try_from(one).unwrap_or(u32::MAX);
+        let admitted = tokio::time::timeout(self.options.admission_wait, self.memory.clone().acquire_many_owned(units)).await;
+        drop(waiting);
+        let Ok(Ok(transport)) = admitted else {
+            self.metrics.busy.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Busy(format!(
+                "the server's memory budget of {} MiB is taken by the streams open now (a stream of {} samples needs {} MiB to start); retry later",
+                self.options.memory_bytes >> 20,
+                request.batch_size,
+                ((one + need) * UNIT) >> 20
+            )));
+        };
         // Batches prepared ahead: as many as fit in the per-stream prefetch bytes (at least one).
         let ahead = (self.options.prefetch_bytes / (need * UNIT)).clamp(1, 16) as usize;
         let need = u32::try_from(need).unwrap_or(u32::MAX);
@@ -472,7 +503,7 @@ impl Service {
         let mut held: Option<OwnedSemaphorePermit> = None;
         let mut made = Box::pin(made.take_until(stop));
         let batches = futures::stream::poll_fn(move |cx| {
-            let _alive = &guard;
+            let _alive = (&guard, &transport);
             // The client asks for another batch: the one it had is sent, its room is free. (Given
             // back here, not when the next batch arrives: a stream waiting for room holds none.)
             drop(held.take());
@@ -551,7 +582,12 @@ impl Service {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
         }
         out.push_str("# HELP lake_errors_total Requests refused or failed, by kind.\n# TYPE lake_errors_total counter\n");
-        for (kind, v) in [("bad_request", g(&m.bad_requests)), ("unauthorized", g(&m.unauthorized)), ("stream", g(&m.stream_errors))] {
+        for (kind, v) in [
+            ("bad_request", g(&m.bad_requests)),
+            ("busy", g(&m.busy)),
+            ("unauthorized", g(&m.unauthorized)),
+            ("stream", g(&m.stream_errors)),
+        ] {
             out.push_str(&format!("lake_errors_total{{kind=\"{kind}\"}} {v}\n"));
         }
         out
@@ -569,6 +605,9 @@ pub enum Refusal {
     BadRequest,
     /// It names something the lake does not have (404, `NOT_FOUND`).
     NotFound,
+    /// The server's memory budget has no room for another stream now (503,
+    /// `RESOURCE_EXHAUSTED`); retry later, or serve with a larger `--memory-mb`.
+    Busy,
     /// The server failed (500, `INTERNAL`); the message does not show internals.
     Internal,
 }
@@ -580,6 +619,7 @@ pub fn refusal(e: &Error) -> (Refusal, String) {
     use lake_store::Error as S;
     let kind = match e {
         Error::Invalid(_) | Error::Query(_) | Error::Loader(L::Request(_)) => Refusal::BadRequest,
+        Error::Busy(_) => Refusal::Busy,
         Error::NotFound(_) | Error::Store(S::NotFound { .. } | S::View { .. }) | Error::Loader(L::Store(S::NotFound { .. })) => {
             Refusal::NotFound
         }

@@ -252,8 +252,9 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         let probe = lake::serve::Service::new(lake.clone(), Default::default()).expect("service");
         let schema = probe.describe(&request(0, 4)).await.expect("plan").schema;
         let batch = lake::serve::batch_bytes(&schema, 4);
-        // Room for two batches in all; each stream would like 16 ahead.
-        let options = lake::serve::ServeOptions { memory_bytes: 2 * batch + 4096, prefetch_bytes: 16 * batch, ..Default::default() };
+        // Room for three streams' send buffers and two batches (each counted with its
+        // encoding) in all; each stream would like 16 ahead.
+        let options = lake::serve::ServeOptions { memory_bytes: 7 * batch + 4096, prefetch_bytes: 32 * batch, ..Default::default() };
         let service = lake::serve::Service::new(lake, options).expect("service");
         let streams = (0..3u64).map(|seed| {
             let service = service.clone();
@@ -281,7 +282,27 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
 
         // A batch that cannot fit at all is refused with the sizes.
         let e = service.batches(&request(0, 16)).await.err().expect("refused");
-        assert!(e.to_string().contains("memory budget"), "{e}");
+        assert!(e.to_string().contains("memory budget") && matches!(lake::serve::refusal(&e).0, lake::serve::Refusal::BadRequest), "{e}");
+
+        // Room for one stream's send buffer and batch only: while three streams are open, a
+        // fourth waits, then is refused as busy; once they close, streams run again.
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let wait = std::time::Duration::from_millis(200);
+        let options = lake::serve::ServeOptions { memory_bytes: 3 * batch + 4096, admission_wait: wait, ..Default::default() };
+        let small = lake::serve::Service::new(lake, options).expect("service");
+        let open: Vec<_> = futures::future::try_join_all((0..3).map(|seed| {
+            let small = small.clone();
+            async move { small.batches(&request(seed, 4)).await }
+        }))
+        .await
+        .expect("three streams fit");
+        let e = small.batches(&request(3, 4)).await.err().expect("busy");
+        assert_eq!(lake::serve::refusal(&e).0, lake::serve::Refusal::Busy, "{e}");
+        assert!(e.to_string().contains("retry later"), "{e}");
+        drop(open);
+        let (_, batches) = small.batches(&request(0, 4)).await.expect("room again");
+        assert_eq!(batches.try_collect::<Vec<_>>().await.expect("batches").len(), 4);
+        assert!(metric(&small.prometheus().await, "lake_errors_total{kind=\"busy\"}") >= 1.0);
     });
 }
 
