@@ -3,11 +3,12 @@
 //! per stream per batch. First the in-process figure (`lake bench`, same cache), then a real
 //! `lake serve` child process read by 1, 8 and 64 concurrent Flight streams for a fixed time
 //! each (stream `r` of `n` is rank `r` of a world of `n`, so together they read one global
-//! order). Prints samples/s, bytes/s, batch latency p50/p99, the server's peak RSS for that
-//! level (against its memory budget plus cache budget) and errors.
+//! order). Prints the steady-state samples/s and bytes/s (batches received after the first
+//! third of each level), batch latency p50/p99 (time a client waits for its next batch), the
+//! server's peak RSS for that level (against its memory budget plus cache budget) and errors.
 //!
 //! ```text
-//! cargo bench -p lake --bench serve                      # 17 repeats, 20 s per level, 1 8 64 streams
+//! cargo bench -p lake --bench serve                      # 17 repeats, 30 s per level, 1 8 64 streams
 //! cargo bench -p lake --bench serve -- 17 30 1 8 64 128  # repeats, seconds per level, stream counts
 //! LAKE_BENCH_DIR=/tmp cargo bench -p lake --bench serve  # keep the generated data and lake
 //! LAKE_BENCH_MEMORY_MB=2048 LAKE_BENCH_CACHE_MB=0 cargo bench -p lake --bench serve  # server budgets
@@ -82,12 +83,18 @@ impl Server {
     }
 }
 
+/// One batch a stream received.
+struct Arrival {
+    at: Instant,
+    samples: u64,
+    bytes: u64,
+    latency_ms: f64,
+}
+
 /// What one stream saw.
 #[derive(Default)]
 struct Seen {
-    samples: u64,
-    bytes: u64,
-    latencies_ms: Vec<f64>,
+    batches: Vec<Arrival>,
     errors: u64,
 }
 
@@ -124,10 +131,13 @@ async fn read_stream(flight: String, rank: u64, world: u64, deadline: Instant) -
         match next {
             Err(_) | Ok(None) => break,
             Ok(Some(Ok(batch))) => {
-                seen.latencies_ms.push(asked.elapsed().as_secs_f64() * 1e3);
-                seen.samples += batch.num_rows() as u64;
-                // The bytes of the values (a decoded batch's buffers share the message's memory).
-                seen.bytes += batch.columns().iter().map(|c| c.to_data().get_slice_memory_size().unwrap_or(0) as u64).sum::<u64>();
+                seen.batches.push(Arrival {
+                    at: Instant::now(),
+                    samples: batch.num_rows() as u64,
+                    // The bytes of the values (a decoded batch's buffers share the message's memory).
+                    bytes: batch.columns().iter().map(|c| c.to_data().get_slice_memory_size().unwrap_or(0) as u64).sum(),
+                    latency_ms: asked.elapsed().as_secs_f64() * 1e3,
+                });
                 asked = Instant::now();
             }
             Ok(Some(Err(e))) => {
@@ -150,9 +160,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 fn main() {
     let numbers: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let repeats = numbers.first().copied().unwrap_or(17) as usize;
-    let seconds = numbers.get(1).copied().unwrap_or(20);
+    let seconds = numbers.get(1).copied().unwrap_or(30);
     let levels: Vec<u64> = if numbers.len() > 2 { numbers[2..].to_vec() } else { vec![1, 8, 64] };
-    let (cache_mb, memory_mb) = (setting_mb("LAKE_BENCH_CACHE_MB", 512), setting_mb("LAKE_BENCH_MEMORY_MB", 1024));
+    let (cache_mb, memory_mb) = (setting_mb("LAKE_BENCH_CACHE_MB", 512), setting_mb("LAKE_BENCH_MEMORY_MB", 6144));
     let (_guard, root) = bench_lake(Path::new(env!("CARGO_BIN_EXE_lake")), repeats);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
@@ -181,11 +191,16 @@ fn main() {
             let tasks: Vec<_> = (0..n).map(|r| tokio::spawn(read_stream(server.flight.clone(), r, n, deadline))).collect();
             futures::future::join_all(tasks).await.into_iter().map(|t| t.expect("stream task")).collect()
         });
-        let elapsed = began.elapsed().as_secs_f64();
-        let samples: u64 = seen.iter().map(|s| s.samples).sum();
-        let bytes: u64 = seen.iter().map(|s| s.bytes).sum();
+        // Steady state: what arrived after the first third of the level (streams starting and
+        // their first prefetch filling), over that time. Batches still being made when the
+        // level ends are not counted, and no longer bias the rate.
+        let window_start = began + Duration::from_secs_f64(seconds as f64 / 3.0);
+        let elapsed = deadline.saturating_duration_since(window_start).as_secs_f64();
+        let in_window = || seen.iter().flat_map(|s| s.batches.iter()).filter(|a| a.at >= window_start);
+        let samples: u64 = in_window().map(|a| a.samples).sum();
+        let bytes: u64 = in_window().map(|a| a.bytes).sum();
         let errors: u64 = seen.iter().map(|s| s.errors).sum();
-        let mut latencies: Vec<f64> = seen.iter().flat_map(|s| s.latencies_ms.iter().copied()).collect();
+        let mut latencies: Vec<f64> = in_window().map(|a| a.latency_ms).collect();
         latencies.sort_by(f64::total_cmp);
         let rate = samples as f64 / elapsed;
         let peak = server.peak_rss_mb();

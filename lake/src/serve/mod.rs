@@ -430,8 +430,10 @@ impl Service {
         }
         let schema = prepared.loader.schema();
         // What a stream costs: its gRPC / HTTP send buffer keeps one encoded batch for as long as
-        // the stream is open, taken when it starts (a stream that cannot have it is refused, not
-        // left waiting); each batch it makes counts twice, the Arrow batch and its encoding.
+        // the stream is open, and each batch it makes counts twice, the Arrow batch and its
+        // encoding. A stream reserves its send buffer and room for one batch when it starts, so
+        // it always makes progress; batches prepared beyond that use free room only when there
+        // is some, never waiting for it, so they cannot crowd out streams waiting to start.
         let one = batch_bytes(&schema, request.batch_size as usize).div_ceil(UNIT).max(1);
         let need = 2 * one;
         let budget = (self.options.memory_bytes / UNIT).max(1);
@@ -444,13 +446,13 @@ impl Service {
                 self.options.memory_bytes >> 20
             )));
         }
-        // Room frees as clients take their batches, so a new stream waits a little for it (in
-        // line with the streams' own requests) before it is refused.
+        // Room frees as clients take prefetched batches, so a new stream waits a little for it
+        // before it is refused.
         let waiting = Gauge::up(self.clone(), |m| &m.waiting_for_memory);
-        let units = u32::try_from(one).unwrap_or(u32::MAX);
+        let units = u32::try_from(one + need).unwrap_or(u32::MAX);
         let admitted = tokio::time::timeout(self.options.admission_wait, self.memory.clone().acquire_many_owned(units)).await;
         drop(waiting);
-        let Ok(Ok(transport)) = admitted else {
+        let Ok(Ok(reserved)) = admitted else {
             self.metrics.busy.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Busy(format!(
                 "the server's memory budget of {} MiB is taken by the streams open now (a stream of {} samples needs {} MiB to start); retry later",
@@ -476,17 +478,21 @@ impl Service {
         let stop = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        // Room for each batch is taken, in order, before it is made, and given back when the
-        // client asks for the batch after it (by then the encoder is done with it): prepared,
-        // ready and in-transit batches of all streams stay within the budget, and a slow client
-        // holds at most its own prefetch.
+        // Room for each batch is taken, in order, before it is made (free room of the budget if
+        // there is some, else the stream's own), and given back when the client asks for the
+        // batch after it (by then the encoder is done with it): prepared, ready and in-transit
+        // batches of all streams stay within the budget.
+        let own = Arc::new(Semaphore::new(need as usize));
         let (loader, order, memory, counted) = (prepared.loader.clone(), prepared.order.clone(), self.memory.clone(), self.clone());
         let made = futures::stream::iter(lake_loader::cursors(&stream_request))
             .then(move |cursor| {
-                let (memory, service) = (memory.clone(), counted.clone());
+                let (memory, own, service) = (memory.clone(), own.clone(), counted.clone());
                 async move {
+                    if let Ok(free) = memory.try_acquire_many_owned(need) {
+                        return (cursor, free);
+                    }
                     let waiting = Gauge::up(service, |m| &m.waiting_for_memory);
-                    let permit = memory.acquire_many_owned(need).await.expect("the budget semaphore is never closed");
+                    let permit = own.acquire_many_owned(need).await.expect("a stream's room is never closed");
                     drop(waiting);
                     (cursor, permit)
                 }
@@ -503,7 +509,7 @@ impl Service {
         let mut held: Option<OwnedSemaphorePermit> = None;
         let mut made = Box::pin(made.take_until(stop));
         let batches = futures::stream::poll_fn(move |cx| {
-            let _alive = (&guard, &transport);
+            let _alive = (&guard, &reserved);
             // The client asks for another batch: the one it had is sent, its room is free. (Given
             // back here, not when the next batch arrives: a stream waiting for room holds none.)
             drop(held.take());

@@ -252,9 +252,9 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         let probe = lake::serve::Service::new(lake.clone(), Default::default()).expect("service");
         let schema = probe.describe(&request(0, 4)).await.expect("plan").schema;
         let batch = lake::serve::batch_bytes(&schema, 4);
-        // Room for three streams' send buffers and two batches (each counted with its
-        // encoding) in all; each stream would like 16 ahead.
-        let options = lake::serve::ServeOptions { memory_bytes: 7 * batch + 4096, prefetch_bytes: 32 * batch, ..Default::default() };
+        // Room for three streams (send buffer and one batch with its encoding each) and two
+        // batches more; each stream would like 16 ahead.
+        let options = lake::serve::ServeOptions { memory_bytes: 13 * batch + 4096, prefetch_bytes: 32 * batch, ..Default::default() };
         let service = lake::serve::Service::new(lake, options).expect("service");
         let streams = (0..3u64).map(|seed| {
             let service = service.clone();
@@ -281,14 +281,14 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         assert_eq!(metric(&text, "lake_active_streams"), 0.0, "{text}");
 
         // A batch that cannot fit at all is refused with the sizes.
-        let e = service.batches(&request(0, 16)).await.err().expect("refused");
+        let e = service.batches(&request(0, 32)).await.err().expect("refused");
         assert!(e.to_string().contains("memory budget") && matches!(lake::serve::refusal(&e).0, lake::serve::Refusal::BadRequest), "{e}");
 
-        // Room for one stream's send buffer and batch only: while three streams are open, a
-        // fourth waits, then is refused as busy; once they close, streams run again.
+        // Room for three streams: while they are open, a fourth waits, then is refused as busy;
+        // once they close, streams run again.
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
         let wait = std::time::Duration::from_millis(200);
-        let options = lake::serve::ServeOptions { memory_bytes: 3 * batch + 4096, admission_wait: wait, ..Default::default() };
+        let options = lake::serve::ServeOptions { memory_bytes: 9 * batch + 16 * 1024, admission_wait: wait, ..Default::default() };
         let small = lake::serve::Service::new(lake, options).expect("service");
         let open: Vec<_> = futures::future::try_join_all((0..3).map(|seed| {
             let small = small.clone();
