@@ -166,19 +166,19 @@ fn main() {
     let (_guard, root) = bench_lake(Path::new(env!("CARGO_BIN_EXE_lake")), repeats);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
-    // The in-process figure: the same loader, cache and batch size, no network.
-    let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache", "on", "--batches", "100", "--json"]);
-    let reference: serde_json::Value = serde_json::from_str(&json).expect("bench json");
-    let in_process = reference["samples_per_s"].as_f64().unwrap_or(f64::NAN);
-
+    // The in-process figure (the same loader, cache and batch size, no network), before the
+    // server levels and again after them: this machine's speed drifts with its neighbours'
+    // load, and the ratio uses the mean of the two.
+    let in_process_rate = || {
+        let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache", "on", "--batches", "100", "--json"]);
+        let reference: serde_json::Value = serde_json::from_str(&json).expect("bench json");
+        reference["samples_per_s"].as_f64().unwrap_or(f64::NAN)
+    };
+    let before = in_process_rate();
+    let mut rows = Vec::new();
     println!(
         "lake serve under load: {} steps (v30-av1-small x{repeats}), act preset, {BATCH} samples per stream batch, {seconds} s per level, {cores} cores, loopback",
         600 * repeats
-    );
-    println!("server: --cache-mb {cache_mb} --memory-mb {memory_mb}; in-process `lake bench` (cache on): {in_process:.1} samples/s");
-    println!(
-        "{:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
-        "streams", "samples/s", "MB/s", "% in-proc", "p50 ms", "p99 ms", "server peak", "budget", "errors"
     );
     let server = Server::start(&root, cache_mb, memory_mb);
     let idle_mb = server.peak_rss_mb();
@@ -205,20 +205,34 @@ fn main() {
         let rate = samples as f64 / elapsed;
         let peak = server.peak_rss_mb();
         let ceiling = idle_mb + (cache_mb + memory_mb) as f64;
-        println!(
-            "{:>7} {:>10.1} {:>10.1} {:>11.0}% {:>9.1} {:>9.1} {:>11.0} MB {:>8} {:>7}",
+        rows.push((
             n,
             rate,
             bytes as f64 / elapsed / 1e6,
-            rate / in_process * 100.0,
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99),
             peak,
             if peak <= ceiling { "within" } else { "OVER" },
-            errors
-        );
+            errors,
+        ));
         // Let the server notice the hang-ups and drain before the next level.
         std::thread::sleep(Duration::from_secs(1));
+    }
+    drop(server);
+    let after = in_process_rate();
+    let in_process = (before + after) / 2.0;
+    println!(
+        "server: --cache-mb {cache_mb} --memory-mb {memory_mb}; in-process `lake bench` (cache on): {before:.1} samples/s before, {after:.1} after"
+    );
+    println!(
+        "{:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
+        "streams", "samples/s", "MB/s", "% in-proc", "p50 ms", "p99 ms", "server peak", "budget", "errors"
+    );
+    for (n, rate, mb_s, p50, p99, peak, within, errors) in rows {
+        println!(
+            "{n:>7} {rate:>10.1} {mb_s:>10.1} {:>11.0}% {p50:>9.1} {p99:>9.1} {peak:>11.0} MB {within:>8} {errors:>7}",
+            rate / in_process * 100.0
+        );
     }
     println!("budget: peak RSS within idle RSS ({idle_mb:.0} MB) + cache ({cache_mb} MB) + memory budget ({memory_mb} MB)");
 }

@@ -145,6 +145,11 @@ fn encode(
     Response::new(data.boxed())
 }
 
+/// The flight of a catalog call: its fixed schema, and the command itself as the ticket.
+fn listing(schema: SchemaRef, query: &impl ProstMessageExt, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+    Ok(Response::new(info(&schema, ticket_of(query), request.into_inner())?))
+}
+
 fn one_batch(batch: RecordBatch) -> Response<<LakeFlightSql as FlightService>::DoGetStream> {
     encode(batch.schema(), futures::stream::once(async { Ok(batch) }))
 }
@@ -217,8 +222,7 @@ impl FlightSqlService for LakeFlightSql {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.into_builder().schema();
-        Ok(Response::new(info(&schema, ticket_of(&query), request.into_inner())?))
+        listing(query.into_builder().schema(), &query, request)
     }
 
     async fn do_get_catalogs(
@@ -236,8 +240,7 @@ impl FlightSqlService for LakeFlightSql {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(info(&schema, ticket_of(&query), request.into_inner())?))
+        listing(query.clone().into_builder().schema(), &query, request)
     }
 
     async fn do_get_schemas(
@@ -259,8 +262,7 @@ impl FlightSqlService for LakeFlightSql {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(info(&schema, ticket_of(&query), request.into_inner())?))
+        listing(query.clone().into_builder().schema(), &query, request)
     }
 
     async fn do_get_tables(
@@ -276,8 +278,7 @@ impl FlightSqlService for LakeFlightSql {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.into_builder().schema();
-        Ok(Response::new(info(&schema, ticket_of(&query), request.into_inner())?))
+        listing(query.into_builder().schema(), &query, request)
     }
 
     async fn do_get_table_types(
@@ -297,8 +298,7 @@ impl FlightSqlService for LakeFlightSql {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(&self.info).schema();
-        Ok(Response::new(info(&schema, ticket_of(&query), request.into_inner())?))
+        listing(query.clone().into_builder(&self.info).schema(), &query, request)
     }
 
     async fn do_get_sql_info(
