@@ -52,7 +52,7 @@ enum Command {
     Sample(sample::SampleArgs),
     /// Measure loader throughput: samples/s, CPU per sample, first-batch latency, peak RSS.
     Bench(sample::BenchArgs),
-    /// Decode every frame of a dataset version once and store it losslessly (zstd RGB) beside
+    /// Decode every frame of a dataset version once and store it losslessly (RGB) beside
     /// it; the loader then reads frames instead of decoding them.
     Cache(sample::CacheArgs),
     /// Query the lake with SQL (DataFusion): `datasets`, `steps`, `episodes`, `tasks`, `stats`,

@@ -10,7 +10,7 @@ use std::{
 use anyhow::Context;
 use arrow::ipc::writer::FileWriter;
 use futures::StreamExt;
-use lake_loader::{Cursor, Draw, Loader, LoaderDataset, LoaderOptions, Order, Sharding, StreamRequest, Windows};
+use lake_loader::{Cursor, Draw, FrameStorage, Loader, LoaderDataset, LoaderOptions, Order, Sharding, StreamRequest, Windows};
 use lake_store::Lake;
 
 /// How samples are windowed, shared by `sample` and `bench`.
@@ -70,6 +70,18 @@ pub struct CacheArgs {
     /// Streams decoded in parallel [default: number of cores].
     #[arg(long)]
     threads: Option<usize>,
+    /// How frames are stored: `plain` RGB (fastest to read; 3 bytes per pixel on disk) or
+    /// `zstd`-compressed RGB (about a third of the disk on camera footage, but every read
+    /// decompresses, which costs about as much as the rest of a sample).
+    #[arg(long, value_enum, default_value_t = Storage::Plain)]
+    storage: Storage,
+}
+
+/// `lake cache --storage`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Storage {
+    Plain,
+    Zstd,
 }
 
 /// `lake cache`: decode every frame once and store it losslessly beside the dataset version.
@@ -78,14 +90,19 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
     let ds = LoaderDataset::open(&lake, &args.dataset).await?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
     let began = Instant::now();
-    let report = lake_loader::write_frame_table(&lake, ds.clone(), threads).await?;
+    let storage = match args.storage {
+        Storage::Plain => FrameStorage::Plain,
+        Storage::Zstd => FrameStorage::Zstd,
+    };
+    let report = lake_loader::write_frame_table(&lake, ds.clone(), threads, storage).await?;
     let secs = began.elapsed().as_secs_f64();
     println!(
-        "stored {} decoded frames of {} ({:.1} MB of RGB as {:.1} MB, zstd) in {:.1} s ({:.0} frames/s)",
+        "stored {} decoded frames of {} ({:.1} MB of RGB as {:.1} MB, {}) in {:.1} s ({:.0} frames/s)",
         report.frames,
         ds.label,
         report.raw_bytes as f64 / 1e6,
         report.stored_bytes as f64 / 1e6,
+        storage.name(),
         secs,
         report.frames as f64 / secs.max(1e-9)
     );

@@ -31,6 +31,7 @@ use crate::{
     cache::{CacheStats, Frame, FrameCache},
     dataset::LoaderDataset,
     decode::StreamDecoder,
+    frames::FrameStorage,
     sampler::Draw,
     spec::{DatasetKeys, Window, Windows, resolve_windows},
 };
@@ -408,18 +409,34 @@ impl Loader {
         if self.frame_table && ds.has_frame_table() && !missing.is_empty() {
             let rows: Vec<u64> = missing.into_iter().collect();
             let fetch_began = Instant::now();
-            let stored = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
+            let (storage, stored) = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
             self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let sizes: Vec<usize> = rows.iter().map(|&r| ds.frame_bytes_of_row(r)).collect();
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.pool.spawn(move || {
-                let frames: Vec<std::io::Result<Vec<u8>>> =
-                    stored.par_iter().zip(sizes).map(|(c, n)| zstd::bulk::decompress(c, n)).collect();
-                let _ = tx.send(frames);
-            });
-            let frames = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
-            for (row, frame) in rows.into_iter().zip(frames) {
-                let frame = Arc::new(frame.map_err(|e| Error::layout(&ds.label, format!("frame table row {row}: {e}")))?);
+            let frames: Vec<std::io::Result<Frame>> = match storage {
+                // Slices of what Lance read; a cached frame is copied out so that it does not
+                // keep the whole read alive (the budget counts frames, not reads).
+                FrameStorage::Plain => {
+                    stored.into_iter().map(|f| Ok(if self.cache.enabled() { Frame::copy_from_slice(&f) } else { f })).collect()
+                }
+                FrameStorage::Zstd => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let sizes = sizes.clone();
+                    self.pool.spawn(move || {
+                        let frames: Vec<std::io::Result<Frame>> =
+                            stored.par_iter().zip(sizes.par_iter()).map(|(c, &n)| zstd::bulk::decompress(c, n).map(Frame::from)).collect();
+                        let _ = tx.send(frames);
+                    });
+                    rx.await.map_err(|_| Error::request("the decode pool stopped"))?
+                }
+            };
+            for ((row, frame), size) in rows.into_iter().zip(frames).zip(sizes) {
+                let frame = frame.map_err(|e| Error::layout(&ds.label, format!("frame table row {row}: {e}")))?;
+                if frame.len() != size {
+                    return Err(Error::layout(
+                        &ds.label,
+                        format!("frame table row {row}: {} bytes, expected {size}; run `lake cache` again", frame.len()),
+                    ));
+                }
                 self.counters.frames.fetch_add(1, Ordering::Relaxed);
                 self.cache.insert((slot, row), frame.clone());
                 found.insert(row, frame);
@@ -513,7 +530,7 @@ fn decode_group(
     counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);
     counters.frames.fetch_add(frames.len() as u64, Ordering::Relaxed);
     counters.decode_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    Ok(targets.iter().zip(frames).map(|(&row, f)| (row, Arc::new(f.data))).collect())
+    Ok(targets.iter().zip(frames).map(|(&row, f)| (row, Frame::from(f.data))).collect())
 }
 
 /// One GOP decode: packet rows `start..=last target` of a stream, for the frames of `targets`.

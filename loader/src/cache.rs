@@ -3,14 +3,15 @@
 //! may share one (a server's loaders do), so the budget holds for all of them together.
 
 use std::sync::{
-    Arc, Mutex,
+    Mutex,
     atomic::{AtomicU64, Ordering},
 };
 
 use lru::LruCache;
 
-/// A cached frame: packed RGB24 bytes shared by every sample that shows it.
-pub type Frame = Arc<Vec<u8>>;
+/// A frame: packed RGB24 bytes shared by every sample that shows it (cheap to clone; frames
+/// read from an uncompressed frame table are slices of what Lance read, not copies).
+pub type Frame = bytes::Bytes;
 
 /// Cache key: the dataset version's [`cache_id`](crate::LoaderDataset::cache_id) and the
 /// `packets` row of the frame.
@@ -92,6 +93,11 @@ impl FrameCache {
         inner.frames.put(key, frame);
     }
 
+    /// Whether it caches anything (a budget above zero).
+    pub fn enabled(&self) -> bool {
+        self.budget > 0
+    }
+
     /// The counters.
     pub fn stats(&self) -> CacheStats {
         let inner = self.lock();
@@ -118,7 +124,7 @@ mod tests {
     #[test]
     fn budget_is_never_exceeded_and_lru_goes_first() {
         let cache = FrameCache::new(1000);
-        let frame = |n: usize| Arc::new(vec![0u8; n]);
+        let frame = |n: usize| Frame::from(vec![0u8; n]);
         let mut sizes = [300usize, 450, 120, 999, 1, 700, 260, 333, 1000, 50].iter().cycle();
         for i in 0..200u64 {
             cache.insert((0, i), frame(*sizes.next().unwrap()));

@@ -15,7 +15,7 @@ use lake_schemas::{
 };
 use lake_store::{Lake, deps::lance};
 
-use crate::{Error, Result, decode::StreamConfig};
+use crate::{Error, Result, decode::StreamConfig, frames::FrameStorage};
 
 /// A step column served in samples.
 #[derive(Debug, Clone)]
@@ -101,8 +101,8 @@ pub struct LoaderDataset {
     packets_table: lance::Dataset,
     /// Identifies this dataset version's frames in a frame cache shared by several loaders.
     pub cache_id: u64,
-    /// The decoded-frame table, when `lake cache` made one.
-    frames_table: Option<lance::Dataset>,
+    /// The decoded-frame table, when `lake cache` made one, and how it stores frames.
+    frames_table: Option<(lance::Dataset, FrameStorage)>,
 }
 
 impl LoaderDataset {
@@ -155,8 +155,10 @@ impl LoaderDataset {
         let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
         let frames_uri = lake.uri(&record.tables.path(crate::frames::FRAMES));
         let frames_table = if std::path::Path::new(&frames_uri).is_dir() {
-            match lance::Dataset::open(&frames_uri).await {
-                Ok(table) if table.count_rows(None).await.ok() == Some(packets.stream.len()) => Some(table),
+            let opened = lance::Dataset::open(&frames_uri).await.ok();
+            let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
+            match (opened, storage) {
+                (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(packets.stream.len()) => Some((table, storage)),
                 _ => {
                     tracing::warn!(dataset = %label, "ignoring an unreadable or incomplete frame table at {frames_uri}; run `lake cache` again");
                     None
@@ -232,19 +234,29 @@ impl LoaderDataset {
         self.frames_table.is_some()
     }
 
-    /// Reads the stored (zstd-compressed RGB) frames of packet rows (sorted, distinct), in that
-    /// order, or `None` without a frame table.
+    /// Reads the stored frames of packet rows (sorted, distinct), in that order, and how they
+    /// are stored, or `None` without a frame table.
     ///
     /// # Errors
     /// When Lance cannot read them.
-    pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<Vec<bytes::Bytes>>> {
-        let Some(table) = &self.frames_table else { return Ok(None) };
-        take_binary(&self.label, table, crate::frames::FRAMES, "rgb_zstd", rows).await.map(Some)
+    pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<(FrameStorage, Vec<bytes::Bytes>)>> {
+        let Some((table, storage)) = &self.frames_table else { return Ok(None) };
+        let frames = take_binary(&self.label, table, crate::frames::FRAMES, storage.column(), rows).await?;
+        Ok(Some((*storage, frames)))
     }
 
     /// Bytes of the RGB frame of packet row `row`.
     pub fn frame_bytes_of_row(&self, row: u64) -> usize {
         self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.width as usize * s.height as usize * 3)
+    }
+}
+
+/// An Arrow buffer as the owner of [`bytes::Bytes`].
+struct OwnedBuffer(arrow::buffer::Buffer);
+
+impl AsRef<[u8]> for OwnedBuffer {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
     }
 }
 
@@ -257,7 +269,8 @@ async fn take_binary(label: &str, table: &lance::Dataset, name: &str, column: &s
     if data.len() != rows.len() {
         return Err(Error::layout(label, format!("asked {name} for {} rows, got {}", rows.len(), data.len())));
     }
-    let buffer = bytes::Bytes::from(data.values().to_vec());
+    // The values as they came from Lance, shared (not copied) by the returned slices.
+    let buffer = bytes::Bytes::from_owner(OwnedBuffer(data.values().clone()));
     let offsets = data.value_offsets();
     Ok((0..data.len()).map(|i| buffer.slice(offsets[i] as usize..offsets[i + 1] as usize)).collect())
 }

@@ -1,7 +1,10 @@
 //! The persistent decoded-frame table: every frame of every stream of a dataset version,
-//! decoded once and stored losslessly (zstd-compressed RGB24, exactly the bytes the loader's
-//! decode path returns) in `frames.lance` beside the version's other tables, one row per
-//! `packets` row. The loader reads frames from it when it exists instead of decoding.
+//! decoded once and stored losslessly (RGB24, exactly the bytes the loader's decode path
+//! returns; plain, or zstd-compressed to save disk) in `frames.lance` beside the version's
+//! other tables, one row per `packets` row. The loader reads frames from it when it exists
+//! instead of decoding. Plain frames cost a read and nothing else: the loader hands out slices
+//! of what Lance read. zstd frames take about a third of the disk on camera footage but cost a
+//! decompression (about 1 ms per 480×640 frame on one core), which is most of a sample's time.
 //!
 //! The table is written under a temporary name and renamed into place when complete, so a
 //! failed or killed `lake cache` leaves no table readers could pick up.
@@ -32,9 +35,42 @@ const BATCH: usize = 32;
 /// Packet rows read from the lake at a time.
 const READ_ROWS: u64 = 256;
 
-/// Schema of `frames`: the packet row, and its frame as zstd-compressed RGB24 (HWC).
-pub fn frames_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new("row", DataType::UInt64, false), Field::new("rgb_zstd", DataType::LargeBinary, false)]))
+/// How frames are stored in the table (its frame column's name says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FrameStorage {
+    /// RGB24 bytes as they are: the fastest to read.
+    #[default]
+    Plain,
+    /// zstd-compressed RGB24: smaller, slower to read.
+    Zstd,
+}
+
+impl FrameStorage {
+    /// Name of the frame column.
+    pub fn column(self) -> &'static str {
+        match self {
+            Self::Plain => "rgb",
+            Self::Zstd => "rgb_zstd",
+        }
+    }
+
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Zstd => "zstd",
+        }
+    }
+
+    /// The storage a frame column name stands for.
+    pub fn of_column(name: &str) -> Option<Self> {
+        [Self::Plain, Self::Zstd].into_iter().find(|s| s.column() == name)
+    }
+}
+
+/// Schema of `frames`: the packet row, and its frame as RGB24 (HWC), stored as `storage` says.
+pub fn frames_schema(storage: FrameStorage) -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("row", DataType::UInt64, false), Field::new(storage.column(), DataType::LargeBinary, false)]))
 }
 
 /// What [`write_frame_table`] did.
@@ -61,11 +97,12 @@ fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
 }
 
 /// Decodes every frame of `ds` (streams in parallel, `threads` at a time) and stores them as
-/// the version's `frames` table. Replaces an existing table only once the new one is complete.
+/// the version's `frames` table, as `storage` says. Replaces an existing table only once the new
+/// one is complete.
 ///
 /// # Errors
 /// When a frame cannot be decoded or the table cannot be written.
-pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usize) -> Result<FrameTableReport> {
+pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usize, storage: FrameStorage) -> Result<FrameTableReport> {
     let final_rel = ds.record.tables.path(FRAMES);
     let tmp_rel = format!("{}/.{FRAMES}-{}.lance", ds.record.tables.dir, uuid::Uuid::new_v4().simple());
     let tmp_uri = lake.uri(&tmp_rel);
@@ -77,9 +114,9 @@ pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usi
                 let uri = tmp_uri.clone();
                 async move {
                     let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-                    let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, first, end, &tx));
+                    let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, first, end, storage, &tx));
                     let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
-                    let part = lake_store::write_uncommitted(uri, frames_schema(), batches).await;
+                    let part = lake_store::write_uncommitted(uri, frames_schema(storage), batches).await;
                     let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))??;
                     Ok::<_, Error>((part?, report))
                 }
@@ -96,7 +133,7 @@ pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usi
             report.stored_bytes += r.stored_bytes;
             ordered.push(part);
         }
-        lake_store::commit_parts(&tmp_uri, frames_schema(), ordered).await?;
+        lake_store::commit_parts(&tmp_uri, frames_schema(storage), ordered).await?;
         Ok::<_, Error>(report)
     }
     .await;
@@ -120,9 +157,10 @@ pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usi
 /// Rows of one stream on their way into the table, in row order.
 struct RowWriter<'a> {
     tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    storage: FrameStorage,
     rows: UInt64Builder,
     data: LargeBinaryBuilder,
-    /// Frames that came out before a row preceding them (B-frames): row → compressed frame.
+    /// Frames that came out before a row preceding them (B-frames): row → stored frame.
     pending: BTreeMap<u64, Vec<u8>>,
     next: u64,
     report: FrameTableReport,
@@ -130,19 +168,22 @@ struct RowWriter<'a> {
 
 impl RowWriter<'_> {
     fn add(&mut self, row: u64, rgb: &[u8]) -> std::io::Result<()> {
-        let compressed = zstd::bulk::compress(rgb, LEVEL)?;
+        let stored = match self.storage {
+            FrameStorage::Plain => rgb.to_vec(),
+            FrameStorage::Zstd => zstd::bulk::compress(rgb, LEVEL)?,
+        };
         self.report.raw_bytes += rgb.len() as u64;
-        self.pending.insert(row, compressed);
+        self.pending.insert(row, stored);
         Ok(())
     }
 
     /// Writes every pending frame whose predecessors are all written.
     fn flush_ready(&mut self) -> Result<()> {
-        while let Some(compressed) = self.pending.remove(&self.next) {
+        while let Some(stored) = self.pending.remove(&self.next) {
             self.report.frames += 1;
-            self.report.stored_bytes += compressed.len() as u64;
+            self.report.stored_bytes += stored.len() as u64;
             self.rows.append_value(self.next);
-            self.data.append_value(&compressed);
+            self.data.append_value(&stored);
             self.next += 1;
             if self.rows.len() >= BATCH {
                 self.send()?;
@@ -152,7 +193,7 @@ impl RowWriter<'_> {
     }
 
     fn send(&mut self) -> Result<()> {
-        let batch = RecordBatch::try_new(frames_schema(), vec![Arc::new(self.rows.finish()), Arc::new(self.data.finish())])?;
+        let batch = RecordBatch::try_new(frames_schema(self.storage), vec![Arc::new(self.rows.finish()), Arc::new(self.data.finish())])?;
         self.tx.blocking_send(Ok(batch)).map_err(|_| Error::request("the frame table writer stopped"))
     }
 }
@@ -164,6 +205,7 @@ fn decode_stream(
     stream: u32,
     first: u64,
     end: u64,
+    storage: FrameStorage,
     tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
 ) -> Result<FrameTableReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
@@ -183,6 +225,7 @@ fn decode_stream(
         if intra_only { HashMap::new() } else { (first..end).map(|r| (index.pts[r as usize], r)).collect() };
     let mut out = RowWriter {
         tx,
+        storage,
         rows: UInt64Builder::new(),
         data: LargeBinaryBuilder::new(),
         pending: BTreeMap::new(),

@@ -31,7 +31,7 @@ pub use crate::{
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
-    frames::{FRAMES, FrameTableReport, frames_schema, write_frame_table},
+    frames::{FRAMES, FrameStorage, FrameTableReport, frames_schema, write_frame_table},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
     stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, stream},

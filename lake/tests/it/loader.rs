@@ -126,6 +126,11 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
         for preset in ["act", "diffusion"] {
             check_preset(&root, name, preset);
         }
+        // And from a zstd-compressed table.
+        let run = lake(&root, &["cache", name, "--storage", "zstd"]);
+        assert_eq!(run.code, 0, "{run:#?}");
+        assert!(run.stdout.contains(", zstd)"), "{run:#?}");
+        check_preset(&root, name, "act");
     }
 }
 
