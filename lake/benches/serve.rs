@@ -22,7 +22,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use arrow_flight::{FlightClient, FlightDescriptor};
 use futures::StreamExt;
 use lake_testkit::{bench_lake, run_lake};
 
@@ -101,23 +100,11 @@ struct Seen {
 /// Reads rank `rank` of `world` until `deadline`, then hangs up.
 async fn read_stream(flight: String, rank: u64, world: u64, deadline: Instant) -> Seen {
     let mut seen = Seen::default();
-    let channel = match lake_loader::flight_endpoint(&flight).expect("url").connect().await {
-        Ok(c) => c,
-        Err(_) => {
-            seen.errors += 1;
-            return seen;
-        }
-    };
-    let inner = arrow_flight::flight_service_client::FlightServiceClient::new(channel).max_decoding_message_size(usize::MAX);
-    let mut client = FlightClient::new_from_inner(inner);
     let request =
         serde_json::json!({"datasets": ["bench"], "preset": "act", "batch_size": BATCH, "seed": 0, "rank": rank, "world_size": world});
     let mut asked = Instant::now();
-    let stream = async {
-        let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await?;
-        let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
-        client.do_get(ticket).await
-    };
+    // lake's Rust client (the same Flight stream any client reads).
+    let stream = async { lake_loader::RemoteLoader::connect(&flight, None).await?.stream(&request.to_string()).await };
     let mut batches = match stream.await {
         Ok(s) => s,
         Err(e) => {

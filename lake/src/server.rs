@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, process::ExitCode};
 
 use anyhow::Context;
-use lake::serve::{ServeOptions, Service, flight::LakeFlight, http};
+use lake::serve::{ServeOptions, Service, do_get, flight::LakeFlight, http};
 use lake_store::Lake;
 
 /// Arguments of `lake serve`.
@@ -66,6 +66,16 @@ fn set_page_decay(ms: isize) {
     }
 }
 
+/// The Flight service, with `DoGet` answered by lake's own route (batches leave without being
+/// copied; see [`lake::serve::do_get`]).
+fn flight_routes(flight: LakeFlight) -> tonic::service::Routes {
+    let generated = arrow_flight::flight_service_server::FlightServiceServer::new(flight.clone());
+    let router = tonic::service::Routes::new(generated)
+        .into_axum_router()
+        .route(do_get::DO_GET_PATH, axum::routing::post(move |request| do_get::do_get(flight.clone(), request)));
+    tonic::service::Routes::from(router)
+}
+
 /// `lake serve`.
 pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     set_page_decay(SERVE_PAGE_DECAY_MS);
@@ -108,7 +118,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .initial_stream_window_size(32 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size((1 << 24) - 1)
-        .add_service(arrow_flight::flight_service_server::FlightServiceServer::new(LakeFlight::new(service.clone())))
+        .add_routes(flight_routes(LakeFlight::new(service.clone())))
         .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(flight_listener), async move {
             let _ = flight_stop.recv().await;
         });

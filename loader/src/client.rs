@@ -14,11 +14,16 @@
 //! # Ok(()) }
 //! ```
 
-use std::pin::Pin;
+use std::{collections::HashMap, pin::Pin, sync::Arc};
 
-use arrow::array::RecordBatch;
-use arrow_flight::{FlightClient, FlightDescriptor, error::FlightError, flight_service_client::FlightServiceClient};
-use futures::{Stream, TryStreamExt};
+use arrow::{
+    array::RecordBatch,
+    buffer::Buffer,
+    datatypes::{Schema, SchemaRef},
+    ipc::{MessageHeader, reader::read_record_batch, root_as_message},
+};
+use arrow_flight::{FlightClient, FlightData, FlightDescriptor, error::FlightError, flight_service_client::FlightServiceClient};
+use futures::Stream;
 
 use crate::{Error, Result};
 
@@ -34,9 +39,13 @@ pub struct RemoteLoader {
 
 fn remote(e: FlightError) -> Error {
     match e {
-        FlightError::Tonic(status) => Error::Request(format!("server: {} ({:?})", status.message(), status.code())),
+        FlightError::Tonic(status) => refused(&status),
         other => Error::Request(format!("server: {other}")),
     }
+}
+
+fn refused(status: &tonic::Status) -> Error {
+    Error::Request(format!("server: {} ({:?})", status.message(), status.code()))
 }
 
 /// A gRPC endpoint set up for training batches: HTTP/2 receive windows and frames sized for
@@ -64,10 +73,14 @@ impl RemoteLoader {
         Ok(Self { channel, token })
     }
 
+    /// The generated client; a training batch is one message, larger than gRPC's default 4 MB
+    /// limit.
+    fn inner(&self) -> FlightServiceClient<tonic::transport::Channel> {
+        FlightServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX)
+    }
+
     fn client(&self) -> Result<FlightClient> {
-        // A training batch is one message, larger than gRPC's default 4 MB limit.
-        let inner = FlightServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX);
-        let mut client = FlightClient::new_from_inner(inner);
+        let mut client = FlightClient::new_from_inner(self.inner());
         if let Some(token) = &self.token {
             client.add_header("authorization", &format!("Bearer {token}")).map_err(remote)?;
         }
@@ -83,7 +96,40 @@ impl RemoteLoader {
         let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.map_err(remote)?;
         let ticket =
             info.endpoint.first().and_then(|e| e.ticket.clone()).ok_or_else(|| Error::Request("the server sent no ticket".into()))?;
-        let batches = client.do_get(ticket).await.map_err(remote)?;
-        Ok(Box::pin(batches.map_err(remote)))
+        let mut request = tonic::Request::new(ticket);
+        if let Some(token) = &self.token {
+            let value = format!("Bearer {token}").parse().map_err(|_| Error::Request("the token is not a valid header value".into()))?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        let messages = self.inner().do_get(request).await.map_err(|s| refused(&s))?.into_inner();
+        Ok(decode(messages))
     }
+}
+
+/// Flight messages → record batches whose buffers are slices of the message bodies as received.
+/// (arrow-flight's decoder copies each body once more before decoding it: for training batches,
+/// a full copy of every frame.)
+fn decode(messages: tonic::Streaming<FlightData>) -> RemoteBatches {
+    let bad = |what: String| Error::Request(format!("server: {what}"));
+    let batches = futures::stream::try_unfold((messages, None::<SchemaRef>), move |(mut messages, mut schema)| async move {
+        loop {
+            let Some(data) = messages.message().await.map_err(|s| refused(&s))? else { return Ok(None) };
+            let message = root_as_message(&data.data_header).map_err(|e| bad(format!("a Flight message that is not Arrow IPC: {e}")))?;
+            match message.header_type() {
+                MessageHeader::Schema => {
+                    schema = Some(Arc::new(Schema::try_from(&data).map_err(|e| bad(format!("a bad schema: {e}")))?));
+                }
+                MessageHeader::RecordBatch => {
+                    let header = message.header_as_record_batch().ok_or_else(|| bad("a record batch message without its header".into()))?;
+                    let of = schema.clone().ok_or_else(|| bad("a record batch before the schema".into()))?;
+                    let version = message.version();
+                    let batch = read_record_batch(&Buffer::from(data.data_body), header, of, &HashMap::new(), None, &version)
+                        .map_err(|e| bad(format!("an unreadable record batch: {e}")))?;
+                    return Ok(Some((batch, (messages, schema))));
+                }
+                other => return Err(bad(format!("an unexpected {other:?} message"))),
+            }
+        }
+    });
+    Box::pin(batches)
 }

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{
     Refusal, SampleRequest, Service,
+    do_get::Answer,
     flight_sql::{LakeFlightSql, is_flight_sql},
     refusal,
 };
@@ -34,8 +35,22 @@ impl LakeFlight {
     }
 
     fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let token = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        self.authorize(request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")))
+    }
+
+    /// Refuses a missing or wrong bearer token when the server has tokens.
+    pub(super) fn authorize(&self, token: Option<&str>) -> Result<(), Status> {
         if self.service.authorized(token) { Ok(()) } else { Err(Status::unauthenticated("a valid bearer token is required")) }
+    }
+
+    /// What a `DoGet` ticket asks for: a sampling request's batches, or a Flight SQL result.
+    pub(super) async fn ticket_batches(&self, ticket: Ticket) -> Result<Answer, Status> {
+        if is_flight_sql(&ticket.ticket) {
+            return Ok(Answer::Messages(self.sql.do_get(Request::new(ticket)).await?.into_inner()));
+        }
+        let sample = self.request_of(&ticket.ticket)?;
+        let (schema, batches) = self.service.batches(&sample).await.map_err(|e| status(&e))?;
+        Ok(Answer::Batches(schema, batches.map_err(|e| status(&e)).boxed()))
     }
 }
 
@@ -128,19 +143,22 @@ impl FlightService for LakeFlight {
         Ok(Response::new(result))
     }
 
-    /// The ticket's request → its batches, streamed as they are made.
+    /// The ticket's request → its batches, streamed as they are made. `lake serve` answers
+    /// `DoGet` on its own route ([`super::do_get`]), without copying batches; this is the same
+    /// answer through Arrow's encoder, for hosts that mount only the generated service.
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         self.check(&request)?;
-        if is_flight_sql(&request.get_ref().ticket) {
-            return self.sql.do_get(request).await;
-        }
-        let sample = self.request_of(&request.get_ref().ticket)?;
-        let (schema, batches) = self.service.batches(&sample).await.map_err(|e| status(&e))?;
-        let batches = batches.map_err(|e| FlightError::Tonic(Box::new(status(&e))));
+        let (schema, batches) = match self.ticket_batches(request.into_inner()).await? {
+            Answer::Messages(messages) => return Ok(Response::new(messages)),
+            Answer::Batches(schema, batches) => (schema, batches),
+        };
         // One training batch is one Flight message (the encoder would otherwise split it into
         // 2 MB pieces); clients raise their receive limit accordingly.
-        let data =
-            FlightDataEncoderBuilder::new().with_max_flight_data_size(usize::MAX).with_schema(schema).build(batches).map_err(|e| match e {
+        let data = FlightDataEncoderBuilder::new()
+            .with_max_flight_data_size(usize::MAX)
+            .with_schema(schema)
+            .build(batches.map_err(|s| FlightError::Tonic(Box::new(s))))
+            .map_err(|e| match e {
                 FlightError::Tonic(s) => *s,
                 other => Status::internal(other.to_string()),
             });

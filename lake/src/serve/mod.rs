@@ -600,6 +600,7 @@ impl Service {
     }
 }
 
+pub mod do_get;
 pub mod flight;
 pub mod flight_sql;
 pub mod http;
