@@ -231,31 +231,12 @@ impl Body {
         let buffers = data.buffers();
         match data.data_type() {
             DataType::Boolean => self.push(&buffers[0], 0..len.div_ceil(8)),
-            DataType::Utf8 | DataType::Binary => {
-                let offsets: &[i32] = buffers[0].typed_data();
-                let (first, end) = (*offsets.first()?, *offsets.get(len)?);
-                (first == 0).then_some(())?;
-                self.push(&buffers[0], 0..(len + 1) * 4)?;
-                self.push(&buffers[1], 0..usize::try_from(end).ok()?)
-            }
-            DataType::LargeUtf8 | DataType::LargeBinary => {
-                let offsets: &[i64] = buffers[0].typed_data();
-                let (first, end) = (*offsets.first()?, *offsets.get(len)?);
-                (first == 0).then_some(())?;
-                self.push(&buffers[0], 0..(len + 1) * 8)?;
-                self.push(&buffers[1], 0..usize::try_from(end).ok()?)
+            DataType::Utf8 | DataType::Binary | DataType::LargeUtf8 | DataType::LargeBinary => {
+                let end = self.push_offsets(&buffers[0], len, matches!(data.data_type(), DataType::LargeUtf8 | DataType::LargeBinary))?;
+                self.push(&buffers[1], 0..end)
             }
             DataType::List(_) | DataType::LargeList(_) => {
-                let (width, end) = if matches!(data.data_type(), DataType::List(_)) {
-                    let offsets: &[i32] = buffers[0].typed_data();
-                    (offsets.first() == Some(&0)).then_some(())?;
-                    (4, usize::try_from(*offsets.get(len)?).ok()?)
-                } else {
-                    let offsets: &[i64] = buffers[0].typed_data();
-                    (offsets.first() == Some(&0)).then_some(())?;
-                    (8, usize::try_from(*offsets.get(len)?).ok()?)
-                };
-                self.push(&buffers[0], 0..(len + 1) * width)?;
+                let end = self.push_offsets(&buffers[0], len, matches!(data.data_type(), DataType::LargeList(_)))?;
                 self.push_child(&data.child_data()[0], end)
             }
             DataType::FixedSizeList(_, size) => self.push_child(&data.child_data()[0], len * usize::try_from(*size).ok()?),
@@ -264,6 +245,21 @@ impl Body {
             t if t.is_primitive() => self.push(&buffers[0], 0..len * t.primitive_width()?),
             _ => None,
         }
+    }
+
+    /// Appends the `len + 1` offsets (`i64` when `large`, else `i32`) of a variable-size array
+    /// whose first offset is 0, and returns the last: how many values the array uses.
+    fn push_offsets(&mut self, offsets: &Buffer, len: usize, large: bool) -> Option<usize> {
+        let (first, end, width) = if large {
+            let o: &[i64] = offsets.typed_data();
+            (*o.first()?, *o.get(len)?, 8)
+        } else {
+            let o: &[i32] = offsets.typed_data();
+            (i64::from(*o.first()?), i64::from(*o.get(len)?), 4)
+        };
+        (first == 0).then_some(())?;
+        self.push(offsets, 0..(len + 1) * width)?;
+        usize::try_from(end).ok()
     }
 
     /// A child array cut to the `len` values its parent uses.
