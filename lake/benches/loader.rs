@@ -2,8 +2,8 @@
 //! steps made by repeating the bundled `v30-av1-small` sample (2 cameras, AV1 GOP 2, 480×640 +
 //! 96×128, 30 fps), for the `act` and `diffusion` presets: frames decoded from packets (the
 //! cold path) with the in-memory frame cache off and on, then frames read from the stored frame
-//! table that `lake cache` writes. Prints one table, with the decode-bound limit measured in
-//! the same run by `lake bench` itself.
+//! table that `lake cache` writes, stored plain and then zstd-compressed. Prints one table, with
+//! the decode-bound limit measured in the same run by `lake bench` itself.
 //!
 //! ```text
 //! cargo bench -p lake --bench loader                 # 17 repeats (10 200 steps), 100 batches of 32
@@ -34,27 +34,44 @@ fn main() {
         "{:<10} {:>5} {:>10} {:>13} {:>15} {:>12} {:>10} {:>11} {:>9} {:>9}",
         "preset", "cache", "samples/s", "CPU ms/sample", "bound ms/sample", "% of bound", "first ms", "copy ms/s.", "hit rate", "peak RSS"
     );
+    let row = |preset: &str, cache: &str, label: &str| {
+        let json = lake(
+            &root,
+            &["bench", "--dataset", "bench", "--preset", preset, "--cache", cache, "--batches", &batches.to_string(), "--json"],
+        );
+        let r: serde_json::Value = serde_json::from_str(&json).expect("bench json");
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:<10} {:>5} {:>10.1} {:>13.3} {:>15.3} {:>11.0}% {:>10.1} {:>11.4} {:>8.1}% {:>6.0} MB",
+            preset,
+            label,
+            f("samples_per_s"),
+            f("cpu_ms_per_sample"),
+            f("bound_cpu_ms_per_sample"),
+            f("bound_fraction") * 100.0,
+            f("first_batch_ms"),
+            f("copy_ms_per_sample"),
+            f("cache_hit_rate") * 100.0,
+            f("peak_rss_mb"),
+        );
+    };
     for preset in ["act", "diffusion"] {
         for cache in ["off", "on"] {
-            let json = lake(
-                &root,
-                &["bench", "--dataset", "bench", "--preset", preset, "--cache", cache, "--batches", &batches.to_string(), "--json"],
-            );
-            let r: serde_json::Value = serde_json::from_str(&json).expect("bench json");
-            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-            println!(
-                "{:<10} {:>5} {:>10.1} {:>13.3} {:>15.3} {:>11.0}% {:>10.1} {:>11.4} {:>8.1}% {:>6.0} MB",
-                preset,
-                cache,
-                f("samples_per_s"),
-                f("cpu_ms_per_sample"),
-                f("bound_cpu_ms_per_sample"),
-                f("bound_fraction") * 100.0,
-                f("first_batch_ms"),
-                f("copy_ms_per_sample"),
-                f("cache_hit_rate") * 100.0,
-                f("peak_rss_mb"),
-            );
+            row(preset, cache, cache);
         }
+    }
+    // Frames read from the stored frame table (`lake cache`), plain and then zstd-compressed;
+    // the in-memory cache off, so every frame is read from the table.
+    let mut notes = Vec::new();
+    for storage in ["plain", "zstd"] {
+        let stored = lake(&root, &["cache", "bench", "--storage", storage]);
+        notes.push(format!("{storage}: {}", stored.trim()));
+        for preset in if storage == "plain" { &["act", "diffusion"][..] } else { &["act"][..] } {
+            row(preset, "off", storage);
+        }
+    }
+    println!("frame table (`lake cache --storage plain|zstd`; rows `plain` / `zstd` read every frame from it):");
+    for note in notes {
+        println!("  {note}");
     }
 }
