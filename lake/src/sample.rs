@@ -70,10 +70,10 @@ pub struct CacheArgs {
     /// Streams decoded in parallel [default: number of cores].
     #[arg(long)]
     threads: Option<usize>,
-    /// How frames are stored: `plain` RGB (fastest to read; 3 bytes per pixel on disk) or
-    /// `zstd`-compressed RGB (about a third of the disk on camera footage, but every read
-    /// decompresses, which costs about as much as the rest of a sample).
-    #[arg(long, value_enum, default_value_t = Storage::Plain)]
+    /// How frames are stored: `zstd`-compressed RGB (about a third of the disk on camera
+    /// footage; reading costs about the same CPU as plain, since Lance's read dominates) or
+    /// `plain` RGB (3 bytes per pixel on disk; no decompression).
+    #[arg(long, value_enum, default_value_t = Storage::Zstd)]
     storage: Storage,
 }
 

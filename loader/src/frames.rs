@@ -3,8 +3,9 @@
 //! returns; plain, or zstd-compressed to save disk) in `frames.lance` beside the version's
 //! other tables, one row per `packets` row. The loader reads frames from it when it exists
 //! instead of decoding. Plain frames cost a read and nothing else: the loader hands out slices
-//! of what Lance read. zstd frames take about a third of the disk on camera footage but cost a
-//! decompression (about 1 ms per 480×640 frame on one core), which is most of a sample's time.
+//! of what Lance read. zstd frames take about a third of the disk on camera footage and cost a
+//! decompression, which measured about as much CPU per sample as plain (Lance's read dominates)
+//! and, with less to read, a higher rate where the table does not stay in the page cache.
 //!
 //! The table is written under a temporary name and renamed into place when complete, so a
 //! failed or killed `lake cache` leaves no table readers could pick up.
@@ -38,10 +39,11 @@ const READ_ROWS: u64 = 256;
 /// How frames are stored in the table (its frame column's name says which).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FrameStorage {
-    /// RGB24 bytes as they are: the fastest to read.
-    #[default]
+    /// RGB24 bytes as they are: no decompression, 3 bytes per pixel on disk.
     Plain,
-    /// zstd-compressed RGB24: smaller, slower to read.
+    /// zstd-compressed RGB24: about a third of the disk on camera footage, for about the same
+    /// CPU per read (Lance's read costs more than decompression).
+    #[default]
     Zstd,
 }
 
