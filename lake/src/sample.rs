@@ -70,10 +70,10 @@ pub struct CacheArgs {
     /// Streams decoded in parallel [default: number of cores].
     #[arg(long)]
     threads: Option<usize>,
-    /// How frames are stored: `zstd`-compressed RGB (about a third of the disk on camera
-    /// footage; reading costs about the same CPU as plain, since Lance's read dominates) or
-    /// `plain` RGB (3 bytes per pixel on disk; no decompression).
-    #[arg(long, value_enum, default_value_t = Storage::Zstd)]
+    /// How frames are stored: `plain` RGB (3 bytes per pixel on disk; a read is all a frame
+    /// costs) or `zstd`-compressed RGB (less disk, by how much depends on the footage: a third
+    /// on smooth camera images, little on noisy ones; costs a decompression per frame read).
+    #[arg(long, value_enum, default_value_t = Storage::Plain)]
     storage: Storage,
 }
 

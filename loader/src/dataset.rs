@@ -102,7 +102,7 @@ pub struct LoaderDataset {
     /// Identifies this dataset version's frames in a frame cache shared by several loaders.
     pub cache_id: u64,
     /// The decoded-frame table, when `lake cache` made one, and how it stores frames.
-    frames_table: Option<(lance::Dataset, FrameStorage)>,
+    frames_table: Option<(Arc<lance::Dataset>, FrameStorage)>,
 }
 
 impl LoaderDataset {
@@ -158,7 +158,9 @@ impl LoaderDataset {
             let opened = lance::Dataset::open(&frames_uri).await.ok();
             let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
             match (opened, storage) {
-                (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(packets.stream.len()) => Some((table, storage)),
+                (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(packets.stream.len()) => {
+                    Some((Arc::new(table), storage))
+                }
                 _ => {
                     tracing::warn!(dataset = %label, "ignoring an unreadable or incomplete frame table at {frames_uri}; run `lake cache` again");
                     None
@@ -241,7 +243,15 @@ impl LoaderDataset {
     /// When Lance cannot read them.
     pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<(FrameStorage, Vec<bytes::Bytes>)>> {
         let Some((table, storage)) = &self.frames_table else { return Ok(None) };
-        let frames = take_binary(&self.label, table, crate::frames::FRAMES, storage.column(), rows).await?;
+        let frames = if crate::frames::is_blob_table(table) {
+            crate::frames::read_frames(table, storage.column(), rows).await.map_err(|source| Error::Lance {
+                dataset: self.label.clone(),
+                table: crate::frames::FRAMES.into(),
+                source: Box::new(source),
+            })?
+        } else {
+            take_binary(&self.label, table, crate::frames::FRAMES, storage.column(), rows).await?
+        };
         Ok(Some((*storage, frames)))
     }
 
@@ -261,18 +271,53 @@ impl AsRef<[u8]> for OwnedBuffer {
 }
 
 /// A binary column of `rows` (sorted, distinct) of a Lance table, in that order.
+/// Reads `column` (large binary) of `rows` (sorted, distinct) of a table, in that order, as
+/// slices of what Lance read.
+///
+/// Each fragment is read by its own take, all at once: a take over the whole table would copy
+/// every fragment's values once more to join them into one array, which for frames is most of
+/// the cost of a read.
 async fn take_binary(label: &str, table: &lance::Dataset, name: &str, column: &str, rows: &[u64]) -> Result<Vec<bytes::Bytes>> {
     let lance_err = |source| Error::Lance { dataset: label.to_string(), table: name.into(), source: Box::new(source) };
     let projection = table.schema().project(&[column]).map_err(lance_err)?;
-    let batch = table.take(rows, projection).await.map_err(lance_err)?;
-    let data = batch.column(0).as_binary::<i64>();
-    if data.len() != rows.len() {
-        return Err(Error::layout(label, format!("asked {name} for {} rows, got {}", rows.len(), data.len())));
+    let fragments = table.get_fragments();
+    // With deletions (lake never deletes from these tables) a fragment's offsets are not its
+    // rows: let Lance resolve them.
+    let sizes: Option<Vec<u64>> =
+        fragments.iter().map(|f| f.metadata().physical_rows.filter(|_| f.metadata().deletion_file.is_none()).map(|n| n as u64)).collect();
+    let batches = match sizes {
+        Some(sizes) => {
+            let mut takes = Vec::new();
+            let (mut first, mut rest) = (0u64, rows);
+            for (fragment, size) in fragments.iter().zip(sizes) {
+                let end = first + size;
+                let n = rest.partition_point(|&r| r < end);
+                if n > 0 {
+                    let offsets: Vec<u32> = rest[..n].iter().map(|&r| (r - first) as u32).collect();
+                    let projection = &projection;
+                    takes.push(async move { fragment.take(&offsets, projection).await });
+                }
+                (first, rest) = (end, &rest[n..]);
+            }
+            if !rest.is_empty() {
+                return Err(Error::layout(label, format!("{name} has {first} rows; asked for row {}", rest[0])));
+            }
+            futures::future::try_join_all(takes).await.map_err(lance_err)?
+        }
+        None => vec![table.take(rows, projection).await.map_err(lance_err)?],
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for batch in &batches {
+        let data = batch.column(0).as_binary::<i64>();
+        // The values as they came from Lance, shared (not copied) by the returned slices.
+        let buffer = bytes::Bytes::from_owner(OwnedBuffer(data.values().clone()));
+        let offsets = data.value_offsets();
+        out.extend((0..data.len()).map(|i| buffer.slice(offsets[i] as usize..offsets[i + 1] as usize)));
     }
-    // The values as they came from Lance, shared (not copied) by the returned slices.
-    let buffer = bytes::Bytes::from_owner(OwnedBuffer(data.values().clone()));
-    let offsets = data.value_offsets();
-    Ok((0..data.len()).map(|i| buffer.slice(offsets[i] as usize..offsets[i + 1] as usize)).collect())
+    if out.len() != rows.len() {
+        return Err(Error::layout(label, format!("asked {name} for {} rows, got {}", rows.len(), out.len())));
+    }
+    Ok(out)
 }
 
 async fn episode_spans(label: &str, steps: &RecordBatch, lake: &Lake, record: &CommitRecord) -> Result<(Vec<EpisodeSpan>, Vec<u32>)> {

@@ -2,10 +2,10 @@
 //! decoded once and stored losslessly (RGB24, exactly the bytes the loader's decode path
 //! returns; plain, or zstd-compressed to save disk) in `frames.lance` beside the version's
 //! other tables, one row per `packets` row. The loader reads frames from it when it exists
-//! instead of decoding. Plain frames cost a read and nothing else: the loader hands out slices
-//! of what Lance read. zstd frames take about a third of the disk on camera footage and cost a
-//! decompression, which measured about as much CPU per sample as plain (Lance's read dominates)
-//! and, with less to read, a higher rate where the table does not stay in the page cache.
+//! instead of decoding. The frame column is a Lance blob column, so reading a frame is one
+//! positioned read of its bytes. Plain frames cost that read and nothing else; zstd frames
+//! take less disk (a third on smooth camera footage, little on noisy footage) and cost a
+//! decompression, several times the CPU of the read.
 //!
 //! The table is written under a temporary name and renamed into place when complete, so a
 //! failed or killed `lake cache` leaves no table readers could pick up.
@@ -20,7 +20,7 @@ use arrow::{
     datatypes::{DataType, Field, Schema, SchemaRef},
 };
 use futures::StreamExt;
-use lake_store::Lake;
+use lake_store::{Lake, deps::lance};
 
 use crate::{Error, Result, dataset::LoaderDataset, decode::StreamDecoder};
 
@@ -29,6 +29,12 @@ pub const FRAMES: &str = "frames";
 
 /// zstd level of stored frames: fast to write, and reading does not depend on it.
 const LEVEL: i32 = 1;
+
+/// Field metadata key with which Lance takes a column's compression scheme.
+const LANCE_COMPRESSION: &str = "lance-encoding:compression";
+
+/// Field metadata key that makes a large binary column a Lance blob column.
+const LANCE_BLOB: &str = "lance-encoding:blob";
 
 /// Frames per written batch.
 const BATCH: usize = 32;
@@ -39,11 +45,11 @@ const READ_ROWS: u64 = 256;
 /// How frames are stored in the table (its frame column's name says which).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FrameStorage {
-    /// RGB24 bytes as they are: no decompression, 3 bytes per pixel on disk.
-    Plain,
-    /// zstd-compressed RGB24: about a third of the disk on camera footage, for about the same
-    /// CPU per read (Lance's read costs more than decompression).
+    /// RGB24 bytes as they are: a read is all a frame costs; 3 bytes per pixel on disk.
     #[default]
+    Plain,
+    /// zstd-compressed RGB24: less disk (how much depends on the footage), for a
+    /// decompression per frame read.
     Zstd,
 }
 
@@ -71,8 +77,38 @@ impl FrameStorage {
 }
 
 /// Schema of `frames`: the packet row, and its frame as RGB24 (HWC), stored as `storage` says.
+///
+/// The frame column is a Lance blob column: each frame is stored as it is, out of line, and a
+/// read of a frame is one positioned read of its bytes (see [`read_frames`]). As an ordinary
+/// binary column Lance would zstd-compress every value over 32 KiB (a decompression per read,
+/// and for zstd frames a second compression for nothing) and copy the values three more times
+/// while decoding a take.
 pub fn frames_schema(storage: FrameStorage) -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new("row", DataType::UInt64, false), Field::new(storage.column(), DataType::LargeBinary, false)]))
+    let frame = Field::new(storage.column(), DataType::LargeBinary, false)
+        .with_metadata([(LANCE_BLOB.to_string(), "true".to_string()), (LANCE_COMPRESSION.to_string(), "none".to_string())].into());
+    Arc::new(Schema::new(vec![Field::new("row", DataType::UInt64, false), frame]))
+}
+
+/// Whether a frame table's frame column is a blob column (tables written before it was are
+/// read as ordinary binary columns).
+pub fn is_blob_table(table: &lance::Dataset) -> bool {
+    table.schema().fields.get(1).is_some_and(|f| f.is_blob())
+}
+
+/// Reads the frames of `rows` (sorted, distinct) from a blob frame table, in that order: one
+/// positioned read per frame, all at once.
+///
+/// # Errors
+/// When Lance cannot locate or read a frame.
+pub async fn read_frames(table: &Arc<lance::Dataset>, column: &str, rows: &[u64]) -> lance::Result<Vec<bytes::Bytes>> {
+    let blobs = table.take_blobs_by_indices(rows, column).await?;
+    let reads = blobs.into_iter().zip(rows).map(|(blob, row)| async move {
+        match blob {
+            Some(blob) => blob.read().await,
+            None => Err(lance::Error::invalid_input(format!("frame table row {row} holds no frame"))),
+        }
+    });
+    futures::future::try_join_all(reads).await
 }
 
 /// What [`write_frame_table`] did.
@@ -119,8 +155,11 @@ pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usi
                     let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, first, end, storage, &tx));
                     let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
                     let part = lake_store::write_uncommitted(uri, frames_schema(storage), batches).await;
-                    let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))??;
-                    Ok::<_, Error>((part?, report))
+                    let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))?;
+                    // When the writer failed, the decoder only saw its channel close: the
+                    // writer's error is the cause.
+                    let part = part?;
+                    Ok::<_, Error>((part, report?))
                 }
             })
             .buffered(threads.max(1))
@@ -272,4 +311,20 @@ fn decode_stream(
         out.send()?;
     }
     Ok(out.report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_columns_are_uncompressed_lance_blobs() {
+        for storage in [FrameStorage::Plain, FrameStorage::Zstd] {
+            let schema = lance::datatypes::Schema::try_from(frames_schema(storage).as_ref()).expect("a Lance schema");
+            let frame = schema.field(storage.column()).expect("the frame column");
+            assert!(frame.is_blob(), "{}: {:?}", storage.name(), frame.metadata);
+            assert_eq!(frame.metadata.get(LANCE_COMPRESSION).map(String::as_str), Some("none"));
+            assert_eq!(FrameStorage::of_column(storage.column()), Some(storage));
+        }
+    }
 }

@@ -120,14 +120,14 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
     }
     if frame_table {
         // Frames stored by `lake cache` are the decoded frames, byte for byte.
-        let run = lake(&root, &["cache", name, "--storage", "plain"]);
+        let run = lake(&root, &["cache", name]);
         assert_eq!(run.code, 0, "{run:#?}");
-        assert!(run.stdout.contains(", plain)"), "{run:#?}");
+        assert!(run.stdout.contains(", plain)"), "plain is the default storage: {run:#?}");
         for preset in ["act", "diffusion"] {
             check_preset(&root, name, preset);
         }
-        // And from a zstd-compressed table (the default).
-        let run = lake(&root, &["cache", name]);
+        // And from a zstd-compressed table.
+        let run = lake(&root, &["cache", name, "--storage", "zstd"]);
         assert_eq!(run.code, 0, "{run:#?}");
         assert!(run.stdout.contains(", zstd)"), "{run:#?}");
         check_preset(&root, name, "act");
