@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing lake needs on Debian 12: FFmpeg 5.1 development headers
-# (ffmpeg-next binds them), clang (bindgen), make and gcc (jemalloc), protoc (Lance), the ffmpeg
+# (ffmpeg-next binds them), clang (bindgen), make and gcc (jemalloc), protoc and the protobuf
+# well-known types (Lance's build imports google/protobuf/empty.proto), the ffmpeg
 # tool (tests make media with it), python3 with venv (the Python client's tests; see
 # scripts/python-env.sh), and the rustfmt/clippy components. Safe to run again: it only installs
 # what is missing.
 set -euo pipefail
 
-packages=(pkg-config make gcc clang libclang-dev protobuf-compiler ffmpeg python3 python3-venv
+packages=(pkg-config make gcc clang libclang-dev protobuf-compiler libprotobuf-dev ffmpeg python3 python3-venv
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libavfilter-dev libavdevice-dev)
 
