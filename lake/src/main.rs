@@ -17,14 +17,17 @@ mod server;
 // camera files although the live heap stays under 30 MB (valgrind massif). The loader frees and
 // reallocates decoded frames and batch buffers every few milliseconds; handing pages back
 // sooner (200 ms was tried) made it page-fault its frames in again and cost ~20 % of its CPU
-// time, for no lower peak RSS.
+// time, for no lower peak RSS. Allocations of 8 MiB and more (a batch's frame column is tens
+// of MB) stay in those arenas under the same decay: jemalloc's default puts them in an arena of
+// their own that hands their pages back at once, so each batch would fault its column in anew.
+// `lake serve` keeps freed pages while it is busy (see server.rs).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The configuration jemalloc reads at start-up (see above).
 #[allow(non_upper_case_globals)] // the symbol name jemalloc reads its configuration from
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:10000,muzzy_decay_ms:0,narenas:2\0";
+pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:10000,muzzy_decay_ms:0,narenas:2,oversize_threshold:0\0";
 
 /// lake: a data lake and streaming dataloader for robot-learning data (LeRobot format).
 #[derive(Debug, Parser)]

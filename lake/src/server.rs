@@ -40,14 +40,18 @@ pub struct ServeArgs {
     memory_mb: u64,
 }
 
-/// How long freed pages stay with the process while serving, in ms (ingest's 10 s would keep
-/// hundreds of MB of freed batch buffers: the server frees batches at hundreds of MB/s).
-const SERVE_PAGE_DECAY_MS: isize = 1000;
-
-/// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs).
+/// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs):
+/// `-1` keeps freed pages until [`return_pages`].
 fn set_page_decay(ms: isize) {
-    // New arenas take the default; the one made so far is set directly.
-    for name in [c"arenas.dirty_decay_ms", c"arena.0.dirty_decay_ms"] {
+    let mut narenas: u32 = 0;
+    let mut len = std::mem::size_of::<u32>();
+    // SAFETY: "arenas.narenas" is an `unsigned` read into `narenas`, whose size is in `len`.
+    unsafe { tikv_jemalloc_sys::mallctl(c"arenas.narenas".as_ptr(), (&raw mut narenas).cast(), &raw mut len, std::ptr::null_mut(), 0) };
+    // New arenas take the default; those made so far are set one by one (an arena not made yet
+    // refuses, and will take the default).
+    let names = std::iter::once("arenas.dirty_decay_ms".to_string()).chain((0..narenas).map(|i| format!("arena.{i}.dirty_decay_ms")));
+    for (i, name) in names.enumerate() {
+        let name = std::ffi::CString::new(name).expect("no NUL in a mallctl name");
         let mut value = ms;
         // SAFETY: each name is a NUL-terminated mallctl name whose value is an `ssize_t`, and
         // `value` outlives the call.
@@ -60,8 +64,44 @@ fn set_page_decay(ms: isize) {
                 std::mem::size_of::<isize>(),
             )
         };
-        if rc != 0 {
+        if rc != 0 && i == 0 {
             tracing::warn!("jemalloc {name:?} = {ms}: error {rc}");
+        }
+    }
+}
+
+/// Hands every arena's freed pages back to the system.
+fn return_pages() {
+    // SAFETY: "arena.<MALLCTL_ARENAS_ALL>.purge" takes no value.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(c"arena.4096.purge".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0)
+    };
+    if rc != 0 {
+        tracing::warn!("jemalloc arena purge: error {rc}");
+    }
+}
+
+/// Seconds the number of open streams must stay at or below half its peak before the freed
+/// pages are handed back.
+const CALM_SECONDS: u32 = 10;
+
+/// While serving, freed pages stay with the process: the server frees and reallocates tens of
+/// MB of batch buffers per batch, and handing freed pages back (jemalloc's decay, even at 10 s)
+/// made it fault every batch's buffers in again (zeroed by the kernel), a fifth of the
+/// machine's CPU at 64 streams. What it keeps is what its streams used at their peak, within
+/// the memory budget. Once the open streams have stayed at or below half their peak for
+/// [`CALM_SECONDS`] (or all closed), the pages go back.
+async fn keep_pages_under_load(service: std::sync::Arc<Service>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let (mut peak, mut calm) = (0u64, 0u32);
+    loop {
+        tick.tick().await;
+        let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
+        peak = peak.max(open);
+        calm = if peak > 0 && open * 2 <= peak { calm + 1 } else { 0 };
+        if calm >= CALM_SECONDS {
+            return_pages();
+            (peak, calm) = (open, 0);
         }
     }
 }
@@ -78,7 +118,7 @@ fn flight_routes(flight: LakeFlight) -> tonic::service::Routes {
 
 /// `lake serve`.
 pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
-    set_page_decay(SERVE_PAGE_DECAY_MS);
+    set_page_decay(-1);
     let lake = Lake::open(root)?;
     let mut tokens: Vec<String> =
         args.tokens.iter().flat_map(|t| t.split(',')).map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect();
@@ -99,6 +139,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     let service = Service::new(lake, options)?;
+    tokio::spawn(keep_pages_under_load(service.clone()));
     let flight_listener = tokio::net::TcpListener::bind(args.flight).await.with_context(|| format!("binding {}", args.flight))?;
     let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);

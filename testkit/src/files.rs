@@ -4,10 +4,12 @@ use std::{
     process::Command,
 };
 
-/// The workspace root (the directory holding `Cargo.lock`).
+/// The workspace root (the directory holding `Cargo.lock`): the parent of the crate under test
+/// (cargo names it to tests and benches when they run), else of the directory this crate was
+/// built in (a clone that reuses another clone's build directory would find that one's files).
 pub fn workspace_root() -> PathBuf {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.parent().expect("testkit sits in the workspace").to_path_buf()
+    let here = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    here.parent().expect("every crate sits one level below the workspace root").to_path_buf()
 }
 
 /// A bundled sample dataset under `testdata/lerobot/`.

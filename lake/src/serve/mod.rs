@@ -252,8 +252,15 @@ pub struct Metrics {
     pub batch_ns: AtomicU64,
     /// Streams waiting for room in the memory budget now (to start, or for their next batch).
     pub waiting_for_memory: AtomicU64,
+    /// Streams waiting for room to start now (open streams prepare no batches in free room
+    /// meanwhile).
+    pub waiting_to_start: AtomicU64,
     /// Batches made and not yet taken by their client.
     pub ready_batches: AtomicU64,
+    /// Batches being made now.
+    pub batches_in_progress: AtomicU64,
+    /// Batches made in free room of the memory budget, lent beyond their stream's own.
+    pub lent_batches: AtomicU64,
     /// Streams refused because the memory budget had no room for them.
     pub busy: AtomicU64,
 }
@@ -448,7 +455,7 @@ impl Service {
         }
         // Room frees as clients take prefetched batches, so a new stream waits a little for it
         // before it is refused.
-        let waiting = Gauge::up(self.clone(), |m| &m.waiting_for_memory);
+        let waiting = (Gauge::up(self.clone(), |m| &m.waiting_for_memory), Gauge::up(self.clone(), |m| &m.waiting_to_start));
         let units = u32::try_from(one + need).unwrap_or(u32::MAX);
         let admitted = tokio::time::timeout(self.options.admission_wait, self.memory.clone().acquire_many_owned(units)).await;
         drop(waiting);
@@ -478,35 +485,51 @@ impl Service {
         let stop = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        // Room for each batch is taken, in order, before it is made (free room of the budget if
-        // there is some, else the stream's own), and given back when the client asks for the
-        // batch after it (by then the encoder is done with it): prepared, ready and in-transit
-        // batches of all streams stay within the budget.
+        // Room for each batch is taken, in order, before it is made, and given back when the
+        // client asks for the batch after it (by then the encoder is done with it): prepared,
+        // ready and in-transit batches of all streams stay within the budget. The room is the
+        // stream's own if it is free; else free room of the budget, lent for at most twice as
+        // many batches as there are decode threads server-wide and only while no stream waits
+        // to start; else the stream waits for its own. Preparing ahead hides a lone stream's
+        // latency; with enough work queued it only holds memory, and it must not keep new
+        // streams out (with free room taken whenever there was some, 64 streams opened at once
+        // found the budget full and some were refused, although their own room fits).
+        let lendable = 2 * self.resources.threads() as u64;
         let own = Arc::new(Semaphore::new(need as usize));
         let (loader, order, memory, counted) = (prepared.loader.clone(), prepared.order.clone(), self.memory.clone(), self.clone());
         let made = futures::stream::iter(lake_loader::cursors(&stream_request))
             .then(move |cursor| {
                 let (memory, own, service) = (memory.clone(), own.clone(), counted.clone());
                 async move {
-                    if let Ok(free) = memory.try_acquire_many_owned(need) {
-                        return (cursor, free);
+                    if let Ok(mine) = own.clone().try_acquire_many_owned(need) {
+                        return (cursor, (mine, None));
+                    }
+                    if service.metrics.waiting_to_start.load(Ordering::Relaxed) == 0 {
+                        let lent = Gauge::up(service.clone(), |m| &m.lent_batches);
+                        if service.metrics.lent_batches.load(Ordering::Relaxed) <= lendable
+                            && let Ok(free) = memory.try_acquire_many_owned(need)
+                        {
+                            return (cursor, (free, Some(lent)));
+                        }
                     }
                     let waiting = Gauge::up(service, |m| &m.waiting_for_memory);
                     let permit = own.acquire_many_owned(need).await.expect("a stream's room is never closed");
                     drop(waiting);
-                    (cursor, permit)
+                    (cursor, (permit, None))
                 }
             })
             .map(move |(cursor, permit)| {
                 let (loader, order, service) = (loader.clone(), order.clone(), service.clone());
                 async move {
+                    let making = Gauge::up(service.clone(), |m| &m.batches_in_progress);
                     let loaded = lake_loader::load(&loader, &order, sharding, cursor).await;
+                    drop(making);
                     (loaded, permit, Gauge::up(service, |m| &m.ready_batches))
                 }
             })
             .buffered(ahead);
         let service = self.clone();
-        let mut held: Option<OwnedSemaphorePermit> = None;
+        let mut held: Option<(OwnedSemaphorePermit, Option<Gauge>)> = None;
         let mut made = Box::pin(made.take_until(stop));
         let batches = futures::stream::poll_fn(move |cx| {
             let _alive = (&guard, &reserved);
@@ -567,7 +590,10 @@ impl Service {
                 seconds(m.batch_ns.load(Ordering::Relaxed)),
             ),
             ("lake_ready_batches", "gauge", "Batches made and waiting for their client (queue depth).", g(&m.ready_batches)),
+            ("lake_batches_in_progress", "gauge", "Batches being made.", g(&m.batches_in_progress)),
+            ("lake_lent_batches", "gauge", "Batches held in room lent beyond their stream's own.", g(&m.lent_batches)),
             ("lake_streams_waiting_for_memory", "gauge", "Streams waiting for room in the memory budget.", g(&m.waiting_for_memory)),
+            ("lake_streams_waiting_to_start", "gauge", "Streams waiting for room in the memory budget to start.", g(&m.waiting_to_start)),
             ("lake_memory_budget_bytes", "gauge", "Bytes all streams' batches may hold.", budget.to_string()),
             (
                 "lake_memory_used_bytes",

@@ -284,6 +284,35 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         let e = service.batches(&request(0, 32)).await.err().expect("refused");
         assert!(e.to_string().contains("memory budget") && matches!(lake::serve::refusal(&e).0, lake::serve::Refusal::BadRequest), "{e}");
 
+        // A stream whose client keeps its first batch is lent free room for a few batches
+        // ahead (twice the decode threads), not all of it: streams opened after it still start.
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let options = lake::serve::ServeOptions {
+            loader: lake_loader::LoaderOptions { threads: 1, ..Default::default() },
+            memory_bytes: 3 * 3 * batch + 2 * 2 * batch + 16 * 1024,
+            prefetch_bytes: 64 * batch,
+            admission_wait: std::time::Duration::from_millis(500),
+            ..Default::default()
+        };
+        let lending = lake::serve::Service::new(lake, options).expect("service");
+        let (_, mut first) = lending.batches(&request(0, 4)).await.expect("first stream");
+        first.next().await.expect("a batch").expect("batch");
+        let text = lending.prometheus().await;
+        assert_eq!(metric(&text, "lake_lent_batches"), 2.0, "{text}");
+        let later = futures::future::try_join_all((1..3).map(|seed| {
+            let lending = lending.clone();
+            async move { lending.batches(&request(seed, 4)).await }
+        }))
+        .await
+        .expect("streams opened later start");
+        let text = lending.prometheus().await;
+        assert!(metric(&text, "lake_memory_used_bytes") <= metric(&text, "lake_memory_budget_bytes"), "{text}");
+        for (_, batches) in later {
+            assert_eq!(batches.try_collect::<Vec<_>>().await.expect("batches").len(), 4);
+        }
+        assert_eq!(first.try_collect::<Vec<_>>().await.expect("batches").len(), 3);
+        assert_eq!(metric(&lending.prometheus().await, "lake_lent_batches"), 0.0);
+
         // Room for three streams: while they are open, a fourth waits, then is refused as busy;
         // once they close, streams run again.
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
