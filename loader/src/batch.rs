@@ -32,6 +32,7 @@ use crate::{
     dataset::LoaderDataset,
     decode::StreamDecoder,
     frames::FrameStorage,
+    lookahead::{Ahead, FrameRef},
     sampler::Draw,
     spec::{DatasetKeys, Window, Windows, resolve_windows},
 };
@@ -219,6 +220,44 @@ impl Loader {
         self.cache.stats()
     }
 
+    pub(crate) fn cache(&self) -> &FrameCache {
+        &self.cache
+    }
+
+    /// Whether frames of `ds` are read from its frame table rather than decoded.
+    fn reads_frame_table(&self, ds: &LoaderDataset) -> bool {
+        self.frame_table && ds.has_frame_table()
+    }
+
+    /// Whether some dataset's frames are decoded from packets.
+    pub(crate) fn decodes_any(&self) -> bool {
+        self.datasets.iter().any(|ds| !ds.cameras.is_empty() && !self.reads_frame_table(ds))
+    }
+
+    /// The distinct frames `draws` show that are decoded from packets (not read from a frame
+    /// table), as `(source, packets row)`.
+    pub(crate) fn decoded_frames(&self, draws: &[Draw]) -> Vec<FrameRef> {
+        let mut by_source: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for d in draws {
+            by_source.entry(d.source).or_default().push(d.row);
+        }
+        let mut out = Vec::new();
+        for (source, rows) in by_source {
+            if self.reads_frame_table(&self.datasets[source]) {
+                continue;
+            }
+            let rows: BTreeSet<u64> = self.camera_rows(source, &rows).0.into_iter().flatten().collect();
+            out.extend(rows.into_iter().map(|r| (source, r)));
+        }
+        out
+    }
+
+    /// The stream of a packets row of dataset `source` and the row of the keyframe it depends on.
+    pub(crate) fn gop_of(&self, source: usize, row: u64) -> (u32, u64) {
+        let packets = &self.datasets[source].packets;
+        (packets.stream[row as usize], row - u64::from(packets.keyframe_offset[row as usize]))
+    }
+
     /// Decode counters.
     pub fn decode_stats(&self) -> DecodeStats {
         let c = &self.counters;
@@ -237,6 +276,15 @@ impl Loader {
     /// # Errors
     /// When packets cannot be read or a frame cannot be decoded.
     pub async fn batch(&self, draws: &[Draw]) -> Result<RecordBatch> {
+        self.batch_with(draws, &Ahead::default()).await
+    }
+
+    /// The samples of `draws`, taking frames from `ahead` (kept for this batch by its stream's
+    /// [`Lookahead`](crate::Lookahead)) first, and keeping decoded frames later batches show.
+    ///
+    /// # Errors
+    /// As [`Loader::batch`].
+    pub async fn batch_with(&self, draws: &[Draw], ahead: &Ahead) -> Result<RecordBatch> {
         if draws.is_empty() {
             return Ok(RecordBatch::new_empty(self.schema.clone()));
         }
@@ -246,13 +294,13 @@ impl Loader {
         }
         if by_source.len() == 1 {
             let (source, rows) = by_source.into_iter().next().expect("one source");
-            return self.assemble(source, &rows).await;
+            return self.assemble(source, &rows, ahead).await;
         }
         let mut parts = Vec::with_capacity(by_source.len());
         let mut slot_of = HashMap::new();
         for (source, rows) in &by_source {
             slot_of.insert(*source, parts.len());
-            parts.push(self.assemble(*source, rows).await?);
+            parts.push(self.assemble(*source, rows, ahead).await?);
         }
         let mut next = vec![0usize; parts.len()];
         let order: Vec<(usize, usize)> = draws
@@ -267,7 +315,7 @@ impl Loader {
         Ok(interleave_record_batch(&refs, &order)?)
     }
 
-    async fn assemble(&self, source: usize, rows: &[u64]) -> Result<RecordBatch> {
+    async fn assemble(&self, source: usize, rows: &[u64], ahead: &Ahead) -> Result<RecordBatch> {
         let ds = &self.datasets[source];
         let windows = &self.windows[source];
         let window_of = |key: &str| windows.iter().find(|w| w.key == key);
@@ -291,7 +339,7 @@ impl Loader {
         }
 
         let (wanted, shown_by) = self.camera_rows(source, rows);
-        let frames = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by).await?;
+        let frames = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by, ahead).await?;
         for (camera, packet_rows) in ds.cameras.iter().zip(&wanted) {
             let size = camera.frame_bytes();
             let mut out = Vec::with_capacity(packet_rows.len() * size);
@@ -394,13 +442,24 @@ impl Loader {
         Ok(bound)
     }
 
-    /// The RGB frames of `packet_rows` of dataset `source`, from the cache or decoded.
-    async fn frames(&self, source: usize, packet_rows: BTreeSet<u64>, shown_by: &HashMap<u64, u64>) -> Result<HashMap<u64, Frame>> {
+    /// The RGB frames of `packet_rows` of dataset `source`: kept ahead for this batch, cached,
+    /// or decoded.
+    async fn frames(
+        &self,
+        source: usize,
+        packet_rows: BTreeSet<u64>,
+        shown_by: &HashMap<u64, u64>,
+        ahead: &Ahead,
+    ) -> Result<HashMap<u64, Frame>> {
         let ds = self.datasets[source].clone();
         let slot = ds.cache_id;
         let mut found = HashMap::with_capacity(packet_rows.len());
         let mut missing = BTreeSet::new();
         for row in packet_rows {
+            if let Some(frame) = ahead.frames.get(&(source, row)) {
+                found.insert(row, frame.clone());
+                continue;
+            }
             match self.cache.get((slot, row)) {
                 Some(frame) => drop(found.insert(row, frame)),
                 None => drop(missing.insert(row)),
@@ -447,7 +506,26 @@ impl Loader {
         if groups.is_empty() {
             return Ok(found);
         }
-        let needed: BTreeSet<u64> = groups.iter().flat_map(|((_, start), targets)| *start..=*targets.last().expect("non-empty")).collect();
+        // Each GOP's own frames, and with them the frames of the same GOP that later batches of
+        // the stream show and will keep (decoded now, once, instead of again from the keyframe).
+        let lookahead = ahead.lookahead.as_deref();
+        let mut kept_for_later: BTreeSet<u64> = BTreeSet::new();
+        let jobs: Vec<GopTargets> = groups
+            .into_iter()
+            .map(|((stream, start), own)| {
+                let mut all = own.clone();
+                if let Some(l) = lookahead {
+                    let frame_bytes =
+                        ds.streams.get(&stream).and_then(|c| ds.cameras.iter().find(|k| k.key == c.camera)).map_or(0, |c| c.frame_bytes());
+                    let later = l.wanted_with(ahead.ordinal, source, stream, start, &own, frame_bytes);
+                    kept_for_later.extend(&later);
+                    all.extend(later);
+                    all.sort_unstable();
+                }
+                GopTargets { stream, start, own, all }
+            })
+            .collect();
+        let needed: BTreeSet<u64> = jobs.iter().flat_map(|j| j.start..=*j.all.last().expect("non-empty")).collect();
         let needed: Vec<u64> = needed.into_iter().collect();
         let fetch_began = Instant::now();
         let bytes = ds.packet_bytes(&needed).await?;
@@ -455,13 +533,20 @@ impl Loader {
         self.counters.packet_bytes.fetch_add(bytes.iter().map(|b| b.len() as u64).sum(), Ordering::Relaxed);
         let data: HashMap<u64, bytes::Bytes> = needed.into_iter().zip(bytes).collect();
 
-        let jobs: Vec<((u32, u64), Vec<u64>)> = groups.into_iter().collect();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (decoders, counters, ds2) = (self.decoders.clone(), self.counters.clone(), ds.clone());
         self.pool.spawn(move || {
             let result: Vec<GroupResult> = jobs
                 .par_iter()
-                .map(|((stream, start), targets)| decode_group(&ds2, source, *stream, *start, targets, &data, &decoders, &counters))
+                .map(|j| {
+                    let decode = |targets: &[u64]| decode_group(&ds2, source, j.stream, j.start, targets, &data, &decoders, &counters);
+                    match decode(&j.all) {
+                        // A frame decoded for a later batch must not fail this one: its own
+                        // frames again, alone (a later batch reports that frame's error).
+                        Err(_) if j.all.len() > j.own.len() => decode(&j.own),
+                        result => result,
+                    }
+                })
                 .collect();
             let _ = tx.send(result);
         });
@@ -470,7 +555,18 @@ impl Loader {
             match r {
                 Ok(frames) => {
                     for (row, frame) in frames {
-                        self.cache.insert((slot, row), frame.clone());
+                        // A stream that plans ahead keeps what its later batches show and caches
+                        // nothing else: under its horizon an LRU entry would be gone long before
+                        // the stream came back to it.
+                        match lookahead {
+                            Some(l) => {
+                                l.keep(ahead.ordinal, (source, row), &frame);
+                                if kept_for_later.contains(&row) {
+                                    continue;
+                                }
+                            }
+                            None => self.cache.insert((slot, row), frame.clone()),
+                        }
                         found.insert(row, frame);
                     }
                 }
@@ -531,6 +627,15 @@ fn decode_group(
     counters.frames.fetch_add(frames.len() as u64, Ordering::Relaxed);
     counters.decode_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
     Ok(targets.iter().zip(frames).map(|(&row, f)| (row, Frame::from(f.data))).collect())
+}
+
+/// A GOP a batch decodes: the rows it shows, and with them those kept for later batches.
+struct GopTargets {
+    stream: u32,
+    start: u64,
+    own: Vec<u64>,
+    /// `own` and the rows kept for later, ascending.
+    all: Vec<u64>,
 }
 
 /// One GOP decode: packet rows `start..=last target` of a stream, for the frames of `targets`.

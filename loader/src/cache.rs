@@ -1,6 +1,10 @@
 //! The decoded-frame cache: RGB frames keyed by `(dataset version, packet row)`, least recently
 //! used out first, bounded in bytes (never above its budget, whatever the frame sizes). Loaders
 //! may share one (a server's loaders do), so the budget holds for all of them together.
+//!
+//! Part of the budget can be reserved: a stream that knows which frames it will show later
+//! ([`Lookahead`](crate::Lookahead)) keeps them in room it reserved here, so those frames and
+//! the cache's own never hold more than the budget together.
 
 use std::sync::{
     Mutex,
@@ -24,12 +28,14 @@ pub struct FrameCache {
     inner: Mutex<Inner>,
     hits: AtomicU64,
     misses: AtomicU64,
+    ahead_hits: AtomicU64,
 }
 
 #[derive(Debug)]
 struct Inner {
     frames: LruCache<FrameKey, Frame>,
     bytes: u64,
+    reserved: u64,
 }
 
 /// Counters of a cache.
@@ -45,6 +51,10 @@ pub struct CacheStats {
     pub frames: u64,
     /// The budget.
     pub budget: u64,
+    /// Bytes reserved by streams for frames they decoded ahead (part of the budget).
+    pub reserved: u64,
+    /// Frames shown from what a stream decoded ahead for them (counted in `hits` too).
+    pub ahead_hits: u64,
 }
 
 impl CacheStats {
@@ -60,10 +70,43 @@ impl FrameCache {
     pub fn new(budget: u64) -> Self {
         Self {
             budget,
-            inner: Mutex::new(Inner { frames: LruCache::unbounded(), bytes: 0 }),
+            inner: Mutex::new(Inner { frames: LruCache::unbounded(), bytes: 0, reserved: 0 }),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            ahead_hits: AtomicU64::new(0),
         }
+    }
+
+    /// The budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Reserves `bytes` of the budget, evicting cached frames to make room; false (and nothing
+    /// evicted) when the reservations would exceed the budget.
+    pub fn reserve(&self, bytes: u64) -> bool {
+        let mut inner = self.lock();
+        if inner.reserved + bytes > self.budget {
+            return false;
+        }
+        inner.reserved += bytes;
+        while inner.bytes + inner.reserved > self.budget {
+            let Some((_, evicted)) = inner.frames.pop_lru() else { break };
+            inner.bytes -= evicted.len() as u64;
+        }
+        true
+    }
+
+    /// Gives back `bytes` reserved with [`FrameCache::reserve`].
+    pub fn release(&self, bytes: u64) {
+        let mut inner = self.lock();
+        inner.reserved = inner.reserved.saturating_sub(bytes);
+    }
+
+    /// Counts a lookup answered from frames a stream decoded ahead.
+    pub(crate) fn count_ahead_hits(&self, n: u64) {
+        self.hits.fetch_add(n, Ordering::Relaxed);
+        self.ahead_hits.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The frame, if cached (and marks it recently used).
@@ -78,14 +121,14 @@ impl FrameCache {
     /// frame larger than the whole budget is not cached.
     pub fn insert(&self, key: FrameKey, frame: Frame) {
         let size = frame.len() as u64;
-        if size > self.budget {
+        let mut inner = self.lock();
+        if size + inner.reserved > self.budget {
             return;
         }
-        let mut inner = self.lock();
         if let Some(old) = inner.frames.pop(&key) {
             inner.bytes -= old.len() as u64;
         }
-        while inner.bytes + size > self.budget {
+        while inner.bytes + inner.reserved + size > self.budget {
             let Some((_, evicted)) = inner.frames.pop_lru() else { break };
             inner.bytes -= evicted.len() as u64;
         }
@@ -107,6 +150,8 @@ impl FrameCache {
             bytes: inner.bytes,
             frames: inner.frames.len() as u64,
             budget: self.budget,
+            reserved: inner.reserved,
+            ahead_hits: self.ahead_hits.load(Ordering::Relaxed),
         }
     }
 
@@ -146,5 +191,30 @@ mod tests {
         let s = cache.stats();
         assert_eq!((s.hits, s.misses, s.frames, s.bytes), (3, 2, 2, 800));
         assert!(FrameCache::new(0).get((0, 0)).is_none());
+    }
+
+    #[test]
+    fn reservations_and_cached_frames_share_the_budget() {
+        let cache = FrameCache::new(1000);
+        let frame = |n: usize| Frame::from(vec![0u8; n]);
+        for i in 0..3 {
+            cache.insert((0, i), frame(300));
+        }
+        assert!(cache.reserve(500), "room is made by evicting cached frames");
+        let s = cache.stats();
+        assert_eq!((s.frames, s.bytes, s.reserved), (1, 300, 500));
+        assert!(cache.get((0, 2)).is_some(), "the most recent frame stays");
+        assert!(!cache.reserve(501), "reservations alone may not exceed the budget");
+        assert_eq!(cache.stats().frames, 1, "a refused reservation evicts nothing");
+        cache.insert((0, 9), frame(400));
+        let s = cache.stats();
+        assert!(s.bytes + s.reserved <= 1000, "{s:?}");
+        cache.insert((0, 10), frame(600));
+        assert!(cache.get((0, 10)).is_none(), "larger than the unreserved budget: not cached");
+        cache.release(500);
+        assert!(cache.reserve(1000) && !cache.reserve(1));
+        assert_eq!(cache.stats().bytes, 0);
+        cache.release(1000);
+        assert_eq!(cache.stats().reserved, 0);
     }
 }

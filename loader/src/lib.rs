@@ -5,7 +5,8 @@
 //!        ▲                    │  plan: windows clamped per episode, frames grouped by GOP
 //!  Order (seed, epoch)        │  fetch: packet bytes by row from Lance (one take per batch)
 //!  Sharding (rank, world)     │  decode: a decoder per stream, reused, on the decode pool
-//!                             ▼  cache: RGB frames, LRU bounded in bytes
+//!                             ▼  cache: RGB frames, LRU bounded in bytes, and frames a
+//!                                stream decoded ahead for its own later batches (Lookahead)
 //! ```
 //!
 //! A sample is what LeRobot's `LeRobotDataset.__getitem__` returns for the same step and
@@ -20,6 +21,7 @@ mod dataset;
 mod decode;
 mod error;
 mod frames;
+mod lookahead;
 mod sampler;
 mod spec;
 mod stream;
@@ -32,7 +34,8 @@ pub use crate::{
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
     frames::{FRAMES, FrameStorage, FrameTableReport, frames_schema, write_frame_table},
+    lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
-    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, stream},
+    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_with, stream},
 };

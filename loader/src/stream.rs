@@ -1,5 +1,6 @@
 //! Batches as a stream: a rank's slice of the deterministic order, from a cursor on, with the
-//! next batches prepared while the current one is consumed.
+//! next batches prepared while the current one is consumed, and frames that later batches show
+//! kept when they are decoded anyway ([`Lookahead`]).
 
 use std::{pin::Pin, sync::Arc};
 
@@ -8,6 +9,7 @@ use futures::{Stream, StreamExt};
 
 use crate::{
     Loader, Result,
+    lookahead::{Ahead, Lookahead},
     sampler::{Cursor, Order, Sharding},
 };
 
@@ -36,6 +38,16 @@ pub struct StreamRequest {
     pub limit: Option<u64>,
     /// Batches prepared ahead of the consumer (at least 1).
     pub prefetch: usize,
+    /// Draws planned ahead to keep frames later batches show (0: none; see [`Lookahead`]).
+    /// Kept frames live in room reserved in the loader's frame cache, at most all of it.
+    pub lookahead: u64,
+}
+
+impl StreamRequest {
+    /// The lookahead of this request over `loader`, keeping at most `cap` bytes of frames.
+    pub fn lookahead_over(&self, loader: &Arc<Loader>, cap: u64) -> Option<Arc<Lookahead>> {
+        Lookahead::new(loader.clone(), self.order.clone(), self.sharding, cursors(self), self.lookahead, cap)
+    }
 }
 
 /// The cursors a request visits, in order. Without `drop_last`, a rank whose slice of an
@@ -58,10 +70,12 @@ pub fn stream(loader: Arc<Loader>, request: StreamRequest) -> BatchStream {
     let order = request.order.clone();
     let sharding = request.sharding;
     let prefetch = request.prefetch.max(1);
+    let lookahead = request.lookahead_over(&loader, loader.cache_stats().budget);
     let batches = futures::stream::iter(cursors(&request))
         .map(move |cursor| {
             let (loader, order) = (loader.clone(), order.clone());
-            async move { load(&loader, &order, sharding, cursor).await }
+            let ahead = lookahead.as_ref().map(|l| l.begin(cursor)).unwrap_or_default();
+            async move { load_with(&loader, &order, sharding, cursor, &ahead).await }
         })
         .buffered(prefetch);
     Box::pin(batches)
@@ -72,7 +86,15 @@ pub fn stream(loader: Arc<Loader>, request: StreamRequest) -> BatchStream {
 /// # Errors
 /// When packets cannot be read or a frame cannot be decoded.
 pub async fn load(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cursor) -> Result<LoadedBatch> {
+    load_with(loader, order, sharding, cursor, &Ahead::default()).await
+}
+
+/// [`load`] with the frames a [`Lookahead`] kept for this batch ([`Lookahead::begin`]).
+///
+/// # Errors
+/// As [`load`].
+pub async fn load_with(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cursor, ahead: &Ahead) -> Result<LoadedBatch> {
     let draws: Vec<_> = sharding.positions(order.epoch_len(), cursor.step).map(|p| order.draw(cursor.epoch, p)).collect();
-    let batch = loader.batch(&draws).await?;
+    let batch = loader.batch_with(&draws, ahead).await?;
     Ok(LoadedBatch { cursor, batch })
 }

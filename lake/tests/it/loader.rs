@@ -178,8 +178,10 @@ fn bad_sample_requests_are_refused_clearly() {
     assert!(run.stderr.contains("no dataset or view `nope`"), "{run:#?}");
 }
 
-/// Batches through the stream API: the same with the frame cache on and off, the cache within
-/// its budget, and the rows those the sampler drew.
+/// Batches through the stream API: the same with the frame cache on and off, and with frames
+/// decoded ahead for later batches (with room for all of them, and with room for two, where
+/// kept frames must give way); cache and kept frames within the budget together, and the rows
+/// those the sampler drew.
 #[test]
 fn cached_and_uncached_streams_are_identical() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -192,38 +194,59 @@ fn cached_and_uncached_streams_are_identical() {
         let eligible = Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), 0, 0);
         let order = Arc::new(Order::new(5, vec![Source { eligible, weight: 1.0 }]).expect("order"));
         let sharding = Sharding::new(16, 0, 1, true).expect("sharding");
-        let budget = 8 << 20;
-        let run = |cache_bytes: u64| {
+        let front = ds.cameras.iter().map(|c| c.frame_bytes() as u64).max().expect("cameras");
+        let run = |cache_bytes: u64, lookahead: u64, preset: Preset| {
             let loader = Arc::new(
-                Loader::new(
-                    vec![ds.clone()],
-                    &Windows::Preset(Preset::Diffusion),
-                    LoaderOptions { threads: 2, cache_bytes, frame_table: false },
-                )
-                .expect("loader"),
+                Loader::new(vec![ds.clone()], &Windows::Preset(preset), LoaderOptions { threads: 2, cache_bytes, frame_table: false })
+                    .expect("loader"),
             );
-            let request =
-                StreamRequest { order: order.clone(), sharding, start: Cursor { epoch: 0, step: 30 }, limit: Some(12), prefetch: 2 };
+            let request = StreamRequest {
+                order: order.clone(),
+                sharding,
+                start: Cursor { epoch: 0, step: 30 },
+                limit: Some(12),
+                prefetch: 2,
+                lookahead,
+            };
             let loader2 = loader.clone();
             async move {
                 let mut stream = lake_loader::stream(loader2, request);
                 let mut out = Vec::new();
                 while let Some(b) = stream.next().await {
                     let b = b.expect("batch");
-                    assert!(loader.cache_stats().bytes <= budget, "cache over budget: {:?}", loader.cache_stats());
+                    let s = loader.cache_stats();
+                    assert!(s.bytes + s.reserved <= cache_bytes, "cache over budget: {s:?}");
                     out.push(b);
                 }
-                (out, loader.cache_stats())
+                drop(stream);
+                (out, loader.cache_stats(), loader.decode_stats())
             }
         };
-        let (cached, stats) = run(budget).await;
-        let (uncached, off) = run(0).await;
+        let budget = 8 << 20;
+        let (cached, stats, _) = run(budget, 0, Preset::Diffusion).await;
+        let (uncached, off, _) = run(0, 0, Preset::Diffusion).await;
+        let (ahead, kept, _) = run(budget, 4096, Preset::Diffusion).await;
+        let (tight, tight_stats, _) = run(2 * front + 1, 4096, Preset::Diffusion).await;
         assert_eq!(cached.len(), 12);
         assert!(stats.hits > 0, "a diffusion window reuses frames across batches: {stats:?}");
         assert_eq!(off.hits, 0);
-        for (a, b) in cached.iter().zip(&uncached) {
+        assert!(kept.ahead_hits > 0, "frames decoded ahead are shown: {kept:?}");
+        assert!(tight_stats.ahead_hits > 0, "{tight_stats:?}");
+        assert_eq!((kept.reserved, tight_stats.reserved), (0, 0), "a finished stream gives its room back");
+        for ((a, b), (c, d)) in cached.iter().zip(&uncached).zip(ahead.iter().zip(&tight)) {
             assert_eq!(a.cursor, b.cursor);
             assert_eq!(a.batch, b.batch, "cache on and off give the same batch at {:?}", a.cursor);
+            assert_eq!(a.batch, c.batch, "frames decoded ahead give the same batch at {:?}", a.cursor);
+            assert_eq!(a.batch, d.batch, "with little room for them too, at {:?}", a.cursor);
+        }
+        // With one frame per camera and sample (`act`) and GOP 2, frames are shown once per
+        // epoch: every hit is a frame decoded ahead, and each saves decoding its GOP again.
+        let (act_cold, _, cold_decode) = run(0, 0, Preset::Act).await;
+        let (act_ahead, act_stats, ahead_decode) = run(budget, 4096, Preset::Act).await;
+        assert!(act_stats.ahead_hits > 0 && act_stats.ahead_hits == act_stats.hits, "{act_stats:?}");
+        assert!(ahead_decode.packets < cold_decode.packets, "{ahead_decode:?} vs {cold_decode:?}");
+        for (a, b) in act_cold.iter().zip(&act_ahead) {
+            assert_eq!(a.batch, b.batch, "act batches at {:?}", a.cursor);
         }
         // The stream crosses into epoch 1 after step 36 (600 steps / 16 per step, last dropped).
         assert_eq!(cached.last().expect("batches").cursor, Cursor { epoch: 1, step: 4 });
