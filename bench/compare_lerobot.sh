@@ -2,7 +2,7 @@
 # Side by side: LeRobot's own loader and `lake bench` on the same LeRobot dataset, on this
 # machine, in one run.
 #
-#   bench/compare_lerobot.sh                     # ~10 000-frame fixture, 30 LeRobot / 100 lake batches
+#   bench/compare_lerobot.sh                     # ~10 000-frame fixture, 30 LeRobot batches, a lake epoch
 #   bench/compare_lerobot.sh --frames 1500       # a small fixture, for a quick check
 #   LAKE_BIN=/path/to/lake bench/compare_lerobot.sh --json results.json
 #
@@ -33,7 +33,8 @@
 # Options (environment variable in brackets):
 #   --frames N            fixture size in frames [LAKE_BENCH_FRAMES, 10000]
 #   --lerobot-batches N   LeRobot batches timed after the first [LAKE_BENCH_LEROBOT_BATCHES, 30]
-#   --lake-batches N      lake batches timed after the first [LAKE_BENCH_LAKE_BATCHES, 100]
+#   --lake-batches N      lake batches timed after the first [LAKE_BENCH_LAKE_BATCHES, the rest
+#                         of the epoch: a stream's frames decoded ahead pay off over an epoch]
 #   --batch-size N        samples per batch [32]
 #   --workers N           LeRobot DataLoader workers, and lake decode threads [number of cores]
 #   --seed N              fixture and sampler seed [0]
@@ -56,7 +57,7 @@ py_dir="$here/lerobot"
 
 frames="${LAKE_BENCH_FRAMES:-10000}"
 lerobot_batches="${LAKE_BENCH_LEROBOT_BATCHES:-30}"
-lake_batches="${LAKE_BENCH_LAKE_BATCHES:-100}"
+lake_batches="${LAKE_BENCH_LAKE_BATCHES:-epoch}"
 batch_size=32
 workers="$(nproc)"
 seed=0
@@ -89,7 +90,9 @@ if [ "$lerobot_batches" -gt "$max_batches" ]; then
   log "$frames frames hold $max_batches batches after the first: timing $max_batches LeRobot batches"
   lerobot_batches="$max_batches"
 fi
-if [ "$lake_batches" -gt "$max_batches" ]; then
+if [ "$lake_batches" = epoch ]; then
+  lake_batches="$max_batches"
+elif [ "$lake_batches" -gt "$max_batches" ]; then
   log "$frames frames hold $max_batches batches after the first: timing $max_batches lake batches"
   lake_batches="$max_batches"
 fi
@@ -160,7 +163,7 @@ lake_bench() {
 }
 log "lake: $lake_batches batches of $batch_size after the first, $workers threads, cache off"
 lake_bench --cache off "${frame_table_off[@]}" >"$work/lake-cold.json"
-log "lake: cache on"
+log "lake: cache on (frames decoded ahead kept in it)"
 lake_bench --cache on "${frame_table_off[@]}" >"$work/lake-cache.json"
 report_args=(--lake-cold "$work/lake-cold.json" --lake-cache "$work/lake-cache.json")
 if "$LAKE_BIN" cache --help >/dev/null 2>&1; then

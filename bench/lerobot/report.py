@@ -55,7 +55,7 @@ def main() -> None:
     rows = [(f"LeRobot {lr_ver} ({lr['num_workers']} workers)", "lerobot", lr)]
     for label, key, path in (
         ("lake, cold (packets)", "lake_cold", args.lake_cold),
-        ("lake, cache on", "lake_cache_on", args.lake_cache),
+        ("lake, cache on (ahead)", "lake_cache_on", args.lake_cache),
         ("lake, frame table", "lake_frame_table", args.lake_frame_table),
     ):
         if path:
