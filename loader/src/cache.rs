@@ -97,6 +97,11 @@ impl FrameCache {
         true
     }
 
+    /// Bytes of the budget no one has reserved.
+    pub fn unreserved(&self) -> u64 {
+        self.budget.saturating_sub(self.lock().reserved)
+    }
+
     /// Gives back `bytes` reserved with [`FrameCache::reserve`].
     pub fn release(&self, bytes: u64) {
         let mut inner = self.lock();

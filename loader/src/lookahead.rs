@@ -194,8 +194,11 @@ impl Lookahead {
         if !self.room_for(&st, size, due) {
             return false;
         }
-        while st.reserved + size > self.cap {
-            let &(later, victim) = st.by_due.last().expect("room_for found frames needed later");
+        while st.reserved + size > self.cap || self.loader.cache().unreserved() < size {
+            let Some(&(later, victim)) = st.by_due.last() else { return false };
+            if later <= due {
+                return false;
+            }
             st.by_due.remove(&(later, victim));
             let (evicted, _) = st.kept.remove(&victim).expect("by_due and kept agree");
             self.unreserve(&mut st, evicted.len() as u64);
@@ -219,7 +222,8 @@ impl Lookahead {
         if size > self.cap {
             return false;
         }
-        let mut free = self.cap - st.reserved;
+        // Room of its own, within what other streams left unreserved in the shared cache.
+        let mut free = (self.cap - st.reserved).min(self.loader.cache().unreserved());
         for (later, key) in st.by_due.iter().rev() {
             if free >= size || *later <= due {
                 break;
