@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// open datasets.
     #[arg(long, default_value_t = 4096)]
     memory_mb: u64,
+    /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
+    /// to keep frames a decode yields for the rank that shows them next, in the frame cache's
+    /// room (0: off).
+    #[arg(long, default_value_t = lake_loader::DEFAULT_HORIZON)]
+    lookahead: u64,
 }
 
 /// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs):
@@ -135,6 +140,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         loader: lake_loader::LoaderOptions { threads: args.threads.unwrap_or(0), cache_bytes: args.cache_mb << 20, frame_table: true },
         prefetch_bytes: args.prefetch_mb << 20,
         memory_bytes: args.memory_mb << 20,
+        lookahead: args.lookahead,
         tokens,
         ..Default::default()
     };

@@ -517,7 +517,7 @@ impl Loader {
                 if let Some(l) = lookahead {
                     let frame_bytes =
                         ds.streams.get(&stream).and_then(|c| ds.cameras.iter().find(|k| k.key == c.camera)).map_or(0, |c| c.frame_bytes());
-                    let later = l.wanted_with(ahead.ordinal, source, stream, start, &own, frame_bytes);
+                    let later = l.wanted_with(source, stream, start, &own, frame_bytes);
                     kept_for_later.extend(&later);
                     all.extend(later);
                     all.sort_unstable();
@@ -560,7 +560,7 @@ impl Loader {
                         // the stream came back to it.
                         match lookahead {
                             Some(l) => {
-                                l.keep(ahead.ordinal, (source, row), &frame);
+                                l.keep((source, row), &frame);
                                 if kept_for_later.contains(&row) {
                                     continue;
                                 }

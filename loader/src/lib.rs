@@ -6,7 +6,8 @@
 //!  Order (seed, epoch)        │  fetch: packet bytes by row from Lance (one take per batch)
 //!  Sharding (rank, world)     │  decode: a decoder per stream, reused, on the decode pool
 //!                             ▼  cache: RGB frames, LRU bounded in bytes, and frames a
-//!                                stream decoded ahead for its own later batches (Lookahead)
+//!                                stream decoded ahead for later batches (Lookahead: its own,
+//!                                or those of every rank of its order, as a server shares it)
 //! ```
 //!
 //! A sample is what LeRobot's `LeRobotDataset.__getitem__` returns for the same step and
@@ -34,8 +35,8 @@ pub use crate::{
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
     frames::{FRAMES, FrameStorage, FrameTableReport, frames_schema, write_frame_table},
-    lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead},
+    lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, Member},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
-    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_with, stream},
+    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_with, stream, stream_with},
 };

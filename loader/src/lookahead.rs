@@ -1,15 +1,20 @@
-//! Frames decoded ahead: a stream keeps the frames its own later batches will show.
+//! Frames decoded ahead: streams keep the frames their later batches will show.
 //!
 //! The sample order is a pure function of `(seed, epoch)`, so a stream knows every batch it will
 //! make. With LeRobot's default encoding (GOP 2) a uniformly drawn step whose frame is not a
 //! keyframe costs two decodes, the keyframe's and its own, and the keyframe's picture is thrown
 //! away; the step showing that keyframe comes later in the same epoch and decodes it again. A
-//! [`Lookahead`] plans the stream's next batches (up to a horizon of draws). When a batch decodes
-//! a GOP, the frames of that GOP that a planned batch will show are converted too (decoding on to
-//! them where they come after the batch's own) and kept, in room reserved in the frame cache,
-//! until that batch takes them: a GOP whose frames are drawn close together is decoded once. When
-//! the room is full the frames needed soonest are kept (Belady's rule, exact here because the
-//! future is known). Frames are byte-identical however they were made, so batches are too.
+//! [`Lookahead`] plans the next batches of the streams that joined it (up to a horizon of draws
+//! shared between them). When a batch decodes a GOP, the frames of that GOP that a planned batch
+//! will show are converted too (decoding on to them where they come after the batch's own) and
+//! kept, in room reserved in the frame cache, until that batch takes them: a GOP whose frames
+//! are drawn close together is decoded once. When the room is full the frames needed soonest are
+//! kept (Belady's rule, exact here because the future is known). Frames are byte-identical
+//! however they were made, so batches are too.
+//!
+//! The streams of one lookahead are ranks reading one order with one global batch (a server's
+//! clients of one training job): a frame one rank decoded is kept for the rank that shows it
+//! next. Batches are numbered by global step, so the ranks' plans share one clock.
 
 use std::{
     collections::{BTreeSet, HashMap, VecDeque},
@@ -25,146 +30,154 @@ use crate::{
 /// A frame of a stream: `(source, packets row)`.
 pub type FrameRef = (usize, u64);
 
-/// Draws a stream plans ahead by default.
+/// Draws the streams of a lookahead plan ahead together by default.
 pub const DEFAULT_HORIZON: u64 = 8192;
 
-/// What one stream knows about its next batches, and the frames it decoded for them.
+/// The plans of the streams that joined, and the frames decoded for them.
 pub struct Lookahead {
     loader: Arc<Loader>,
     order: Arc<Order>,
-    sharding: Sharding,
-    /// Bytes of frames this stream may keep (reserved in the loader's cache as they are kept).
+    /// Global batch and steps per epoch every member shares.
+    global_batch: u64,
+    steps_per_epoch: u64,
+    /// Draws planned ahead by all members together.
+    horizon: u64,
+    /// Bytes of frames kept (reserved in the loader's cache as they are kept).
     cap: u64,
-    horizon_batches: usize,
     state: Mutex<State>,
 }
 
 impl std::fmt::Debug for Lookahead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lookahead").field("cap", &self.cap).field("horizon_batches", &self.horizon_batches).finish_non_exhaustive()
+        f.debug_struct("Lookahead").field("cap", &self.cap).field("horizon", &self.horizon).finish_non_exhaustive()
     }
 }
 
-struct State {
+/// One member's plan.
+struct Plan {
+    sharding: Sharding,
     /// Cursors not planned yet.
     ahead: Box<dyn Iterator<Item = Cursor> + Send>,
-    /// Planned batches, the next to begin first, with the frames each shows.
-    planned: VecDeque<(Cursor, Vec<FrameRef>)>,
-    /// Ordinal of the next batch to begin (`planned[i]` is `next + i`).
-    next: u64,
-    /// For every frame a planned batch shows: the ordinals of those batches, ascending.
-    needs: HashMap<FrameRef, VecDeque<u64>>,
+    /// Planned batches, the next to begin first: cursor, ordinal and the frames it shows.
+    planned: VecDeque<(Cursor, u64, Vec<FrameRef>)>,
+}
+
+/// A batch that will show a frame: `(ordinal, member)`.
+type Need = (u64, u64);
+
+#[derive(Default)]
+struct State {
+    members: HashMap<u64, Plan>,
+    next_member: u64,
+    /// For every frame a planned batch shows: those batches, soonest first.
+    needs: HashMap<FrameRef, BTreeSet<Need>>,
     /// Frames with needs, by GOP `(source, stream, keyframe row)`.
     gops: HashMap<(usize, u32, u64), BTreeSet<u64>>,
-    /// Kept frames and the ordinal of the batch they are kept for.
+    /// Kept frames and the ordinal of the soonest batch they are kept for.
     kept: HashMap<FrameRef, (Frame, u64)>,
     by_due: BTreeSet<(u64, FrameRef)>,
     /// Bytes reserved in the cache for `kept`.
     reserved: u64,
 }
 
+/// A stream's place in a [`Lookahead`]: its batches begin through it, and its plan is dropped
+/// with it.
+pub struct Member {
+    lookahead: Arc<Lookahead>,
+    id: u64,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
 /// The frames kept for one batch, taken when the batch began.
 #[derive(Debug, Default)]
 pub struct Ahead {
     pub(crate) lookahead: Option<Arc<Lookahead>>,
-    pub(crate) ordinal: u64,
     pub(crate) frames: HashMap<FrameRef, Frame>,
 }
 
 impl Lookahead {
-    /// A lookahead over the batches `cursors` will visit (the stream's own, in order), planning
-    /// `horizon` draws ahead and keeping at most `cap` bytes of frames; `None` when either is
-    /// zero or the loader has no cache to reserve room in.
-    pub fn new(
-        loader: Arc<Loader>,
-        order: Arc<Order>,
-        sharding: Sharding,
-        cursors: impl Iterator<Item = Cursor> + Send + 'static,
-        horizon: u64,
-        cap: u64,
-    ) -> Option<Arc<Self>> {
+    /// A lookahead for streams reading `order` in global batches of `sharding` (any rank),
+    /// planning `horizon` draws ahead between them and keeping at most `cap` bytes of frames;
+    /// `None` when either is zero or the loader has no cache to reserve room in.
+    pub fn new(loader: Arc<Loader>, order: Arc<Order>, sharding: Sharding, horizon: u64, cap: u64) -> Option<Arc<Self>> {
         if horizon == 0 || cap == 0 || !loader.cache().enabled() || !loader.decodes_any() {
             return None;
         }
-        let horizon_batches = (horizon / sharding.per_rank().max(1)).max(1) as usize;
-        let state = State {
-            ahead: Box::new(cursors),
-            planned: VecDeque::new(),
-            next: 0,
-            needs: HashMap::new(),
-            gops: HashMap::new(),
-            kept: HashMap::new(),
-            by_due: BTreeSet::new(),
-            reserved: 0,
-        };
         let cap = cap.min(loader.cache().budget());
-        Some(Arc::new(Self { loader, order, sharding, cap, horizon_batches, state: Mutex::new(state) }))
+        let steps_per_epoch = sharding.steps_per_epoch(order.epoch_len());
+        Some(Arc::new(Self {
+            loader,
+            order,
+            global_batch: sharding.global_batch,
+            steps_per_epoch,
+            horizon,
+            cap,
+            state: Mutex::new(State::default()),
+        }))
     }
 
-    /// Begins the batch at `cursor` (call in the stream's order, once per batch): plans further
-    /// ahead and hands over the frames kept for this batch.
-    pub fn begin(self: &Arc<Self>, cursor: Cursor) -> Ahead {
-        let mut st = self.lock();
-        self.plan(&mut st);
-        let Some((planned, shown)) = st.planned.pop_front() else { return Ahead::default() };
-        if planned != cursor {
-            // Not the order this lookahead was made for: plan nothing more, keep nothing.
-            debug_assert_eq!(planned, cursor, "a lookahead's batches begin in its stream's order");
-            st.planned.clear();
-            st.ahead = Box::new(std::iter::empty());
-            self.forget_all(&mut st);
-            return Ahead::default();
+    /// A stream of rank `sharding` that will visit `cursors` (in order) joins; `None` when its
+    /// global batch or epochs differ from this lookahead's.
+    pub fn join(self: &Arc<Self>, sharding: Sharding, cursors: impl Iterator<Item = Cursor> + Send + 'static) -> Option<Member> {
+        if sharding.global_batch != self.global_batch || sharding.steps_per_epoch(self.order.epoch_len()) != self.steps_per_epoch {
+            return None;
         }
-        let ordinal = st.next;
-        st.next += 1;
-        for &key in &shown {
-            self.fulfil(&mut st, key, ordinal);
+        let mut st = self.lock();
+        let id = st.next_member;
+        st.next_member += 1;
+        st.members.insert(id, Plan { sharding, ahead: Box::new(cursors), planned: VecDeque::new() });
+        Some(Member { lookahead: self.clone(), id })
+    }
+
+    /// Streams joined now.
+    pub fn members(&self) -> usize {
+        self.lock().members.len()
+    }
+
+    /// Bytes held in kept frames.
+    pub fn kept_bytes(&self) -> u64 {
+        self.lock().reserved
+    }
+
+    fn ordinal(&self, cursor: Cursor) -> u64 {
+        cursor.epoch * self.steps_per_epoch + cursor.step
+    }
+
+    fn begin(self: &Arc<Self>, id: u64, cursor: Cursor) -> Ahead {
+        let mut st = self.lock();
+        self.plan(&mut st, id);
+        let Some((planned, ordinal, shown)) = st.members.get_mut(&id).and_then(|m| m.planned.pop_front()) else {
+            return Ahead::default();
+        };
+        if planned != cursor {
+            // Not the order this member joined with: plan nothing more for it.
+            debug_assert_eq!(planned, cursor, "a member's batches begin in its stream's order");
+            self.forget(&mut st, id);
+            if let Some(m) = st.members.get_mut(&id) {
+                m.ahead = Box::new(std::iter::empty());
+            }
+            return Ahead::default();
         }
         let mut frames = HashMap::new();
         for key in shown {
-            if let Some((frame, due)) = st.kept.remove(&key) {
-                st.by_due.remove(&(due, key));
-                match st.needs.get(&key).and_then(|n| n.front().copied()) {
-                    Some(later) => {
-                        st.by_due.insert((later, key));
-                        st.kept.insert(key, (frame.clone(), later));
-                    }
-                    None => self.unreserve(&mut st, frame.len() as u64),
-                }
-                frames.insert(key, frame);
+            if let Some((frame, _)) = st.kept.get(&key) {
+                frames.insert(key, frame.clone());
             }
-        }
-        // Frames kept for a batch that began before they were decoded (batches are made
-        // concurrently): kept on for a later batch that shows them, or let go.
-        while let Some(&(due, key)) = st.by_due.first()
-            && due <= ordinal
-        {
-            st.by_due.remove(&(due, key));
-            let (frame, _) = st.kept.remove(&key).expect("by_due and kept agree");
-            match st.needs.get(&key).and_then(|n| n.front().copied()) {
-                Some(later) => {
-                    st.by_due.insert((later, key));
-                    st.kept.insert(key, (frame, later));
-                }
-                None => self.unreserve(&mut st, frame.len() as u64),
-            }
+            self.fulfil(&mut st, key, (ordinal, id));
         }
         drop(st);
         self.loader.cache().count_ahead_hits(frames.len() as u64);
-        Ahead { lookahead: Some(self.clone()), ordinal, frames }
+        Ahead { lookahead: Some(self.clone()), frames }
     }
 
-    /// Rows of the GOP `(source, stream, start)` that a later batch than `ordinal` shows, that
-    /// are not among `targets` and that would be kept if decoded now.
-    pub(crate) fn wanted_with(
-        &self,
-        ordinal: u64,
-        source: usize,
-        stream: u32,
-        start: u64,
-        targets: &[u64],
-        frame_bytes: usize,
-    ) -> Vec<u64> {
+    /// Rows of the GOP `(source, stream, start)` that a batch not begun yet shows, that are not
+    /// among `targets` and that would be kept if decoded now.
+    pub(crate) fn wanted_with(&self, source: usize, stream: u32, start: u64, targets: &[u64], frame_bytes: usize) -> Vec<u64> {
         let st = self.lock();
         let Some(rows) = st.gops.get(&(source, stream, start)) else { return vec![] };
         let mut out = Vec::new();
@@ -173,7 +186,7 @@ impl Lookahead {
             if targets.binary_search(&row).is_ok() || st.kept.contains_key(&(source, row)) {
                 continue;
             }
-            let Some(&due) = st.needs.get(&(source, row)).and_then(|n| n.iter().find(|&&o| o > ordinal)) else { continue };
+            let Some(&(due, _)) = st.needs.get(&(source, row)).and_then(BTreeSet::first) else { continue };
             if self.room_for(&st, frame_bytes as u64 + taken, due) {
                 taken += frame_bytes as u64;
                 out.push(row);
@@ -182,14 +195,14 @@ impl Lookahead {
         out
     }
 
-    /// Keeps `frame` of `key` (decoded by batch `ordinal`) when a later batch shows it and there
-    /// is room, or room can be made by letting go of frames needed later than it.
-    pub(crate) fn keep(&self, ordinal: u64, key: FrameRef, frame: &Frame) -> bool {
+    /// Keeps `frame` of `key` when a batch not begun yet shows it and there is room, or room can
+    /// be made by letting go of frames needed later than it.
+    pub(crate) fn keep(&self, key: FrameRef, frame: &Frame) -> bool {
         let mut st = self.lock();
         if st.kept.contains_key(&key) {
             return true;
         }
-        let Some(&due) = st.needs.get(&key).and_then(|n| n.iter().find(|&&o| o > ordinal)) else { return false };
+        let Some(&(due, _)) = st.needs.get(&key).and_then(BTreeSet::first) else { return false };
         let size = frame.len() as u64;
         if !self.room_for(&st, size, due) {
             return false;
@@ -212,17 +225,12 @@ impl Lookahead {
         true
     }
 
-    /// Bytes held in kept frames.
-    pub fn kept_bytes(&self) -> u64 {
-        self.lock().reserved
-    }
-
     /// Whether `size` more bytes fit, counting frames needed later than `due` as room.
     fn room_for(&self, st: &State, size: u64, due: u64) -> bool {
         if size > self.cap {
             return false;
         }
-        // Room of its own, within what other streams left unreserved in the shared cache.
+        // Room of its own, within what others left unreserved in the shared cache.
         let mut free = (self.cap - st.reserved).min(self.loader.cache().unreserved());
         for (later, key) in st.by_due.iter().rev() {
             if free >= size || *later <= due {
@@ -233,30 +241,49 @@ impl Lookahead {
         free >= size
     }
 
-    fn plan(&self, st: &mut State) {
-        while st.planned.len() < self.horizon_batches {
-            let Some(cursor) = st.ahead.next() else { break };
-            let ordinal = st.next + st.planned.len() as u64;
+    /// Plans member `id` ahead: its share of the horizon (divided between the members), at
+    /// least one batch.
+    fn plan(&self, st: &mut State, id: u64) {
+        let members = st.members.len().max(1) as u64;
+        let Some(m) = st.members.get_mut(&id) else { return };
+        let batches = (self.horizon / (m.sharding.per_rank().max(1) * members)).max(1) as usize;
+        let mut added = Vec::new();
+        while m.planned.len() < batches {
+            let Some(cursor) = m.ahead.next() else { break };
+            let ordinal = self.ordinal(cursor);
             let draws: Vec<_> =
-                self.sharding.positions(self.order.epoch_len(), cursor.step).map(|p| self.order.draw(cursor.epoch, p)).collect();
+                m.sharding.positions(self.order.epoch_len(), cursor.step).map(|p| self.order.draw(cursor.epoch, p)).collect();
             let shown = self.loader.decoded_frames(&draws);
-            for &(source, row) in &shown {
-                let needs = st.needs.entry((source, row)).or_default();
-                needs.push_back(ordinal);
+            added.push((ordinal, shown.clone()));
+            m.planned.push_back((cursor, ordinal, shown));
+        }
+        for (ordinal, shown) in added {
+            for key in shown {
+                let needs = st.needs.entry(key).or_default();
+                needs.insert((ordinal, id));
                 if needs.len() == 1 {
-                    let gop = self.loader.gop_of(source, row);
-                    st.gops.entry((source, gop.0, gop.1)).or_default().insert(row);
+                    let gop = self.loader.gop_of(key.0, key.1);
+                    st.gops.entry((key.0, gop.0, gop.1)).or_default().insert(key.1);
+                }
+                // A kept frame now wanted sooner keeps its place by the sooner batch.
+                if let Some((_, due)) = st.kept.get_mut(&key)
+                    && ordinal < *due
+                {
+                    st.by_due.remove(&(*due, key));
+                    st.by_due.insert((ordinal, key));
+                    *due = ordinal;
                 }
             }
-            st.planned.push_back((cursor, shown));
         }
     }
 
-    /// Batch `ordinal` shows `key`: it no longer needs it.
-    fn fulfil(&self, st: &mut State, key: FrameRef, ordinal: u64) {
+    /// `need` no longer wants `key` (its batch began, or its member left): the frame is kept on
+    /// for the next batch that shows it, or let go.
+    fn fulfil(&self, st: &mut State, key: FrameRef, need: Need) {
         let Some(needs) = st.needs.get_mut(&key) else { return };
-        needs.retain(|&o| o > ordinal);
-        if needs.is_empty() {
+        needs.remove(&need);
+        let next = needs.first().map(|&(o, _)| o);
+        if next.is_none() {
             st.needs.remove(&key);
             let (stream, start) = self.loader.gop_of(key.0, key.1);
             if let Some(rows) = st.gops.get_mut(&(key.0, stream, start)) {
@@ -266,6 +293,32 @@ impl Lookahead {
                 }
             }
         }
+        let Some((_, due)) = st.kept.get(&key) else { return };
+        let due = *due;
+        if next == Some(due) {
+            return;
+        }
+        st.by_due.remove(&(due, key));
+        match next {
+            Some(later) => {
+                st.by_due.insert((later, key));
+                st.kept.get_mut(&key).expect("kept").1 = later;
+            }
+            None => {
+                let (frame, _) = st.kept.remove(&key).expect("kept");
+                self.unreserve(st, frame.len() as u64);
+            }
+        }
+    }
+
+    /// Drops member `id`'s planned batches (it left, or its order went astray).
+    fn forget(&self, st: &mut State, id: u64) {
+        let planned = st.members.get_mut(&id).map(|m| std::mem::take(&mut m.planned)).unwrap_or_default();
+        for (_, ordinal, shown) in planned {
+            for key in shown {
+                self.fulfil(st, key, (ordinal, id));
+            }
+        }
     }
 
     fn unreserve(&self, st: &mut State, bytes: u64) {
@@ -273,19 +326,31 @@ impl Lookahead {
         self.loader.cache().release(bytes);
     }
 
-    fn forget_all(&self, st: &mut State) {
-        st.kept.clear();
-        st.by_due.clear();
-        st.needs.clear();
-        st.gops.clear();
-        let reserved = std::mem::take(&mut st.reserved);
-        self.loader.cache().release(reserved);
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Every update leaves the maps consistent before it can panic, so a poisoned lock is
         // still usable.
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Member {
+    /// Begins this stream's batch at `cursor` (call in the stream's order, once per batch):
+    /// plans further ahead and hands over the frames kept for this batch.
+    pub fn begin(&self, cursor: Cursor) -> Ahead {
+        self.lookahead.begin(self.id, cursor)
+    }
+
+    /// The lookahead joined.
+    pub fn lookahead(&self) -> &Arc<Lookahead> {
+        &self.lookahead
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let mut st = self.lookahead.lock();
+        self.lookahead.forget(&mut st, self.id);
+        st.members.remove(&self.id);
     }
 }
 

@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt};
 
 use crate::{
     Loader, Result,
-    lookahead::{Ahead, Lookahead},
+    lookahead::{Ahead, Lookahead, Member},
     sampler::{Cursor, Order, Sharding},
 };
 
@@ -44,9 +44,10 @@ pub struct StreamRequest {
 }
 
 impl StreamRequest {
-    /// The lookahead of this request over `loader`, keeping at most `cap` bytes of frames.
-    pub fn lookahead_over(&self, loader: &Arc<Loader>, cap: u64) -> Option<Arc<Lookahead>> {
-        Lookahead::new(loader.clone(), self.order.clone(), self.sharding, cursors(self), self.lookahead, cap)
+    /// A lookahead of this request's own over `loader` (keeping at most `cap` bytes of frames),
+    /// joined by it.
+    pub fn lookahead_over(&self, loader: &Arc<Loader>, cap: u64) -> Option<Member> {
+        Lookahead::new(loader.clone(), self.order.clone(), self.sharding, self.lookahead, cap)?.join(self.sharding, cursors(self))
     }
 }
 
@@ -65,12 +66,20 @@ pub fn cursors(request: &StreamRequest) -> impl Iterator<Item = Cursor> + Send +
     .take(limit.map_or(usize::MAX, |l| l as usize))
 }
 
-/// Streams `request` through `loader`.
+/// Streams `request` through `loader`, with a lookahead of its own (`request.lookahead` draws,
+/// with the whole frame cache for room).
 pub fn stream(loader: Arc<Loader>, request: StreamRequest) -> BatchStream {
+    let lookahead = request.lookahead_over(&loader, loader.cache_stats().budget);
+    stream_with(loader, request, lookahead)
+}
+
+/// Streams `request` through `loader` as `member` of a lookahead (shared with the other ranks of
+/// its order, say), or without one.
+pub fn stream_with(loader: Arc<Loader>, request: StreamRequest, member: Option<Member>) -> BatchStream {
     let order = request.order.clone();
     let sharding = request.sharding;
     let prefetch = request.prefetch.max(1);
-    let lookahead = request.lookahead_over(&loader, loader.cache_stats().budget);
+    let lookahead = member;
     let batches = futures::stream::iter(cursors(&request))
         .map(move |cursor| {
             let (loader, order) = (loader.clone(), order.clone());
@@ -89,7 +98,7 @@ pub async fn load(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cu
     load_with(loader, order, sharding, cursor, &Ahead::default()).await
 }
 
-/// [`load`] with the frames a [`Lookahead`] kept for this batch ([`Lookahead::begin`]).
+/// [`load`] with the frames a [`Lookahead`] kept for this batch ([`Member::begin`]).
 ///
 /// # Errors
 /// As [`load`].

@@ -21,7 +21,7 @@ use std::{
     collections::HashMap,
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, Weak,
         atomic::{AtomicU64, Ordering},
     },
     task::Poll,
@@ -33,7 +33,7 @@ use arrow::{
     datatypes::{DataType, SchemaRef},
 };
 use futures::{Stream, StreamExt};
-use lake_loader::{Cursor, DecodeStats, Loader, LoaderOptions, Order, Resources, Sharding, StreamRequest, Windows};
+use lake_loader::{Cursor, DecodeStats, Loader, LoaderOptions, Lookahead, Member, Order, Resources, Sharding, StreamRequest, Windows};
 use lake_store::Lake;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -197,6 +197,10 @@ pub struct ServeOptions {
     pub tokens: Vec<String>,
     /// Opened loaders kept for reuse by later requests.
     pub max_loaders: usize,
+    /// Draws planned ahead, together, by the streams of one order and global batch (the ranks
+    /// of a training job), to keep the frames a decode yields for the rank that shows them
+    /// next (0: none; see [`lake_loader::Lookahead`]).
+    pub lookahead: u64,
 }
 
 impl Default for ServeOptions {
@@ -208,6 +212,7 @@ impl Default for ServeOptions {
             admission_wait: std::time::Duration::from_secs(10),
             tokens: Vec::new(),
             max_loaders: 8,
+            lookahead: lake_loader::DEFAULT_HORIZON,
         }
     }
 }
@@ -269,6 +274,29 @@ struct Prepared {
     loader: Arc<Loader>,
     order: Arc<Order>,
     last_used: Mutex<Instant>,
+    /// The lookahead the open streams of each global batch and `drop_last` share (the ranks
+    /// of one job): alive while one of them is.
+    lookaheads: Mutex<HashMap<(u64, bool), Weak<Lookahead>>>,
+}
+
+impl Prepared {
+    /// The lookahead of the streams of `sharding`'s global batch, joined by a stream that will
+    /// visit `cursors`.
+    fn join(&self, sharding: Sharding, cursors: impl Iterator<Item = Cursor> + Send + 'static, horizon: u64) -> Option<Member> {
+        let mut shared = self.lookaheads.lock().expect("not poisoned");
+        shared.retain(|_, l| l.strong_count() > 0);
+        let key = (sharding.global_batch, sharding.drop_last);
+        let lookahead = match shared.get(&key).and_then(Weak::upgrade) {
+            Some(l) => l,
+            None => {
+                let budget = self.loader.cache_stats().budget;
+                let l = Lookahead::new(self.loader.clone(), self.order.clone(), sharding, horizon, budget)?;
+                shared.insert(key, Arc::downgrade(&l));
+                l
+            }
+        };
+        lookahead.join(sharding, cursors)
+    }
 }
 
 /// The state shared by the Flight and HTTP services.
@@ -381,7 +409,7 @@ impl Service {
             self.resources.clone(),
         )?);
         let order = Arc::new(Order::new(request.seed, sampling.sources)?);
-        let p = Arc::new(Prepared { loader, order, last_used: Mutex::new(Instant::now()) });
+        let p = Arc::new(Prepared { loader, order, last_used: Mutex::new(Instant::now()), lookaheads: Mutex::default() });
         if prepared.len() >= self.options.max_loaders.max(1)
             && let Some(oldest) = prepared.iter().min_by_key(|(_, p)| *p.last_used.lock().expect("not poisoned")).map(|(k, _)| k.clone())
             && let Some(evicted) = prepared.remove(&oldest)
@@ -477,10 +505,14 @@ impl Service {
             start: Cursor { epoch: request.epoch, step: request.start_step },
             limit: request.limit_batches,
             prefetch: ahead,
-            // Served streams do not decode ahead: each is one rank's slice of an order, so a GOP's
-            // other frame is mostly drawn by another rank, and with 64 streams sharing the cache
-            // the serving bench made 469-477 samples/s with it against 568-570 without.
-            lookahead: 0,
+            lookahead: self.options.lookahead,
+        };
+        // A GOP's other frames are mostly shown by other ranks of the same order, so the ranks
+        // plan ahead together: each keeps what it decodes for whichever rank shows it next.
+        let member = if stream_request.lookahead > 0 {
+            prepared.join(sharding, lake_loader::cursors(&stream_request), stream_request.lookahead)
+        } else {
+            None
         };
         let guard = Gauge::up(self.clone(), |m| &m.active_streams);
         let service = self.clone();
@@ -524,9 +556,10 @@ impl Service {
             })
             .map(move |(cursor, permit)| {
                 let (loader, order, service) = (loader.clone(), order.clone(), service.clone());
+                let ahead = member.as_ref().map(|m| m.begin(cursor)).unwrap_or_default();
                 async move {
                     let making = Gauge::up(service.clone(), |m| &m.batches_in_progress);
-                    let loaded = lake_loader::load(&loader, &order, sharding, cursor).await;
+                    let loaded = lake_loader::load_with(&loader, &order, sharding, cursor, &ahead).await;
                     drop(making);
                     (loaded, permit, Gauge::up(service, |m| &m.ready_batches))
                 }
@@ -615,13 +648,13 @@ impl Service {
             (
                 "lake_frame_cache_ahead_hits_total",
                 "counter",
-                "Frames shown from those a stream decoded ahead for its later batches (counted in the hits).",
+                "Frames shown from those decoded ahead for a later batch of the same order (counted in the hits).",
                 cache.ahead_hits.to_string(),
             ),
             (
                 "lake_frame_cache_ahead_bytes",
                 "gauge",
-                "Bytes of the cache's budget holding frames streams decoded ahead.",
+                "Bytes of the cache's budget holding frames decoded ahead for later batches.",
                 cache.reserved.to_string(),
             ),
             ("lake_frame_cache_budget_bytes", "gauge", "The cache's byte budget.", cache.budget.to_string()),

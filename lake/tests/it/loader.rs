@@ -11,7 +11,9 @@ use arrow::{
     datatypes::{DataType, Float32Type, Float64Type, Int64Type},
 };
 use futures::StreamExt;
-use lake_loader::{Cursor, Eligible, Loader, LoaderDataset, LoaderOptions, Order, Preset, Sharding, Source, StreamRequest, Windows};
+use lake_loader::{
+    Cursor, Eligible, Loader, LoaderDataset, LoaderOptions, Lookahead, Order, Preset, Sharding, Source, StreamRequest, Windows,
+};
 use lake_testkit::{shared_dir, testdata};
 use sha2::{Digest, Sha256};
 
@@ -180,8 +182,8 @@ fn bad_sample_requests_are_refused_clearly() {
 
 /// Batches through the stream API: the same with the frame cache on and off, and with frames
 /// decoded ahead for later batches (with room for all of them, and with room for two, where
-/// kept frames must give way); cache and kept frames within the budget together, and the rows
-/// those the sampler drew.
+/// kept frames must give way; a stream's own, and shared by two ranks); cache and kept frames
+/// within the budget together, and the rows those the sampler drew.
 #[test]
 fn cached_and_uncached_streams_are_identical() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -248,6 +250,69 @@ fn cached_and_uncached_streams_are_identical() {
         for (a, b) in act_cold.iter().zip(&act_ahead) {
             assert_eq!(a.batch, b.batch, "act batches at {:?}", a.cursor);
         }
+        // Two ranks of one order, read in turns (one batch each): with a lookahead each, a rank
+        // keeps only what its own later batches show; sharing one, a GOP one rank decodes is
+        // kept for the other too. Same batches as decoding everything, fewer packets decoded.
+        let ranks = |cache_bytes: u64, shared: Option<u64>| {
+            let loader = Arc::new(
+                Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Act), LoaderOptions { threads: 2, cache_bytes, frame_table: false })
+                    .expect("loader"),
+            );
+            let request = |rank: u64| StreamRequest {
+                order: order.clone(),
+                sharding: Sharding::new(16, rank, 2, true).expect("sharding"),
+                start: Cursor { epoch: 0, step: 3 },
+                limit: Some(20),
+                prefetch: 1,
+                lookahead: 4096,
+            };
+            let lookahead = shared.and_then(|h| Lookahead::new(loader.clone(), order.clone(), request(0).sharding, h, cache_bytes));
+            let mut streams: Vec<_> = (0..2)
+                .map(|r| match &lookahead {
+                    Some(l) => {
+                        let member = l.join(request(r).sharding, lake_loader::cursors(&request(r)));
+                        assert!(member.is_some(), "a rank of the same global batch joins");
+                        lake_loader::stream_with(loader.clone(), request(r), member)
+                    }
+                    None => lake_loader::stream(loader.clone(), request(r)),
+                })
+                .collect();
+            async move {
+                let mut out = vec![Vec::new(), Vec::new()];
+                for _ in 0..20 {
+                    for (r, s) in streams.iter_mut().enumerate() {
+                        out[r].push(s.next().await.expect("a batch").expect("batch").batch);
+                        let c = loader.cache_stats();
+                        assert!(c.bytes + c.reserved <= cache_bytes, "cache over budget: {c:?}");
+                    }
+                }
+                assert!(streams[0].next().await.is_none(), "20 batches");
+                drop(streams);
+                drop(lookahead);
+                (out, loader.cache_stats(), loader.decode_stats())
+            }
+        };
+        let (cold, _, cold_decode) = ranks(0, None).await;
+        let (own, own_stats, _) = ranks(budget, None).await;
+        let (together, together_stats, together_decode) = ranks(budget, Some(4096)).await;
+        assert_eq!((own, together), (cold.clone(), cold), "ranks' batches do not depend on what was decoded ahead");
+        assert!(together_stats.ahead_hits > own_stats.ahead_hits, "shared: {together_stats:?}, each its own: {own_stats:?}");
+        assert_eq!(together_stats.reserved, 0, "the room is given back when the ranks are done");
+        assert!(together_decode.packets < cold_decode.packets, "{together_decode:?} vs {cold_decode:?}");
+        let other = Lookahead::new(
+            Arc::new(Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Act), LoaderOptions::default()).expect("loader")),
+            order.clone(),
+            sharding,
+            4096,
+            budget,
+        )
+        .expect("a lookahead");
+        assert!(
+            other.join(Sharding::new(32, 0, 2, true).expect("sharding"), std::iter::empty()).is_none(),
+            "a stream of another global batch reads another sequence and does not join"
+        );
+        assert_eq!(other.members(), 0);
+
         // The stream crosses into epoch 1 after step 36 (600 steps / 16 per step, last dropped).
         assert_eq!(cached.last().expect("batches").cursor, Cursor { epoch: 1, step: 4 });
         let index = ds.steps.column_by_name("index").expect("index").as_primitive::<Int64Type>().clone();
