@@ -12,6 +12,7 @@
 //! cargo bench -p lake --bench serve -- 17 30 1 8 64 128  # repeats, seconds per level, stream counts
 //! LAKE_BENCH_DIR=/tmp cargo bench -p lake --bench serve  # keep the generated data and lake
 //! LAKE_BENCH_MEMORY_MB=2048 LAKE_BENCH_CACHE_MB=0 cargo bench -p lake --bench serve  # server budgets
+//! LAKE_BENCH_LOOKAHEAD=0 cargo bench -p lake --bench serve  # served streams do not decode ahead
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a bench binary prints its table
 
@@ -39,8 +40,8 @@ pub static malloc_conf: &[u8] = b"dirty_decay_ms:-1,muzzy_decay_ms:-1,narenas:2,
 
 const BATCH: u64 = 32;
 
-/// A server setting in MiB from the environment, or its default.
-fn setting_mb(var: &str, default: u64) -> u64 {
+/// A server setting (a number) from the environment, or its default.
+fn setting(var: &str, default: u64) -> u64 {
     std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
@@ -62,12 +63,13 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn start(root: &Path, cache_mb: u64, memory_mb: u64) -> Self {
+    fn start(root: &Path, cache_mb: u64, memory_mb: u64, lookahead: u64) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lake"))
             .arg("--lake")
             .arg(root)
             .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0"])
             .args(["--cache-mb", &cache_mb.to_string(), "--memory-mb", &memory_mb.to_string()])
+            .args(["--lookahead", &lookahead.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("start lake serve");
@@ -171,7 +173,8 @@ fn main() {
     let repeats = numbers.first().copied().unwrap_or(17) as usize;
     let seconds = numbers.get(1).copied().unwrap_or(30);
     let levels: Vec<u64> = if numbers.len() > 2 { numbers[2..].to_vec() } else { vec![1, 8, 64] };
-    let (cache_mb, memory_mb) = (setting_mb("LAKE_BENCH_CACHE_MB", 512), setting_mb("LAKE_BENCH_MEMORY_MB", 6144));
+    let (cache_mb, memory_mb) = (setting("LAKE_BENCH_CACHE_MB", 512), setting("LAKE_BENCH_MEMORY_MB", 6144));
+    let lookahead = setting("LAKE_BENCH_LOOKAHEAD", lake_loader::DEFAULT_HORIZON);
     let (_guard, root) = bench_lake(Path::new(env!("CARGO_BIN_EXE_lake")), repeats);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
@@ -189,7 +192,7 @@ fn main() {
         "lake serve under load: {} steps (v30-av1-small x{repeats}), act preset, {BATCH} samples per stream batch, {seconds} s per level, {cores} cores, loopback",
         600 * repeats
     );
-    let server = Server::start(&root, cache_mb, memory_mb);
+    let server = Server::start(&root, cache_mb, memory_mb, lookahead);
     let idle_mb = server.peak_rss_mb();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     for n in levels {
@@ -235,7 +238,7 @@ fn main() {
     let after = in_process_rate();
     let in_process = (before + after) / 2.0;
     println!(
-        "server: --cache-mb {cache_mb} --memory-mb {memory_mb}; in-process `lake bench` (cache on): {before:.1} samples/s before, {after:.1} after"
+        "server: --cache-mb {cache_mb} --memory-mb {memory_mb} --lookahead {lookahead}; in-process `lake bench` (cache on): {before:.1} samples/s before, {after:.1} after"
     );
     println!(
         "{:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
