@@ -178,11 +178,13 @@ fn main() {
     let (_guard, root) = bench_lake(Path::new(env!("CARGO_BIN_EXE_lake")), repeats);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
-    // The in-process figure (the same loader, cache and batch size, no network), before the
-    // server levels and again after them: this machine's speed drifts with its neighbours'
-    // load, and the ratio uses the mean of the two.
+    // The in-process figure (the same loader, cache and batch size, no network; a whole epoch,
+    // as the served levels read more than one), before the server levels and again after them:
+    // this machine's speed drifts with its neighbours' load, and the ratio uses the mean of the
+    // two.
     let in_process_rate = || {
-        let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache", "on", "--batches", "100", "--json"]);
+        let batches = (600 * repeats as u64 / BATCH).to_string();
+        let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache", "on", "--batches", &batches, "--json"]);
         let reference: serde_json::Value = serde_json::from_str(&json).expect("bench json");
         reference["samples_per_s"].as_f64().unwrap_or(f64::NAN)
     };
