@@ -37,7 +37,6 @@ use lake_loader::{Cursor, DecodeStats, Loader, LoaderOptions, Lookahead, Member,
 use lake_store::Lake;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::task::AbortOnDropHandle;
 
 use crate::{Error, Result, views};
 
@@ -327,6 +326,23 @@ impl std::fmt::Debug for Service {
 /// Batches of one request, in order.
 pub type Batches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
 
+/// A spawned task, aborted when dropped (the batch of a stream whose client went away).
+struct Spawned<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Spawned<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for Spawned<T> {
+    type Output = std::result::Result<T, tokio::task::JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
 /// One unit of a gauge, given back when dropped (a stream that ends, a client that goes away).
 struct Gauge {
     service: Arc<Service>,
@@ -573,7 +589,7 @@ impl Service {
                 // Made on its own task: a batch that holds a making slot finishes whether or not
                 // its client reads (a slow reader must not keep the slot from other streams),
                 // and is abandoned when the stream is dropped.
-                let made = AbortOnDropHandle::new(tokio::spawn({
+                let made = Spawned(tokio::spawn({
                     let service = service.clone();
                     async move {
                         let queued = Gauge::up(service.clone(), |m| &m.batches_queued);
