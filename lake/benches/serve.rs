@@ -1,9 +1,9 @@
 //! `lake serve` under load, on loopback: the same ~10k-step dataset as the loader bench
 //! (`v30-av1-small` repeated: 2 cameras, AV1 GOP 2, 480×640 + 96×128), `act` preset, 32 samples
 //! per stream per batch. First the in-process figure (`lake bench`, same cache), then a real
-//! `lake serve` child process read by 1, 8 and 64 concurrent Flight streams for a fixed time
-//! each (stream `r` of `n` is rank `r` of a world of `n`, so together they read one global
-//! order). Prints the steady-state samples/s and bytes/s (batches received after the first
+//! `lake serve` child process read by 1, 8 and 64 concurrent streams for a fixed time each
+//! (stream `r` of `n` is rank `r` of a world of `n`, so together they read one global order),
+//! over Flight (loopback TCP) and then as local streams (shared memory, `serve --local`). Prints the steady-state samples/s and bytes/s (batches received after the first
 //! third of each level), batch latency p50/p99 (time a client waits for its next batch), the
 //! server's peak RSS for that level (against its memory budget plus cache budget) and errors.
 //!
@@ -13,6 +13,7 @@
 //! LAKE_BENCH_DIR=/tmp cargo bench -p lake --bench serve  # keep the generated data and lake
 //! LAKE_BENCH_MEMORY_MB=2048 LAKE_BENCH_CACHE_MB=0 cargo bench -p lake --bench serve  # server budgets
 //! LAKE_BENCH_LOOKAHEAD=0 cargo bench -p lake --bench serve  # served streams do not decode ahead
+//! LAKE_BENCH_TRANSPORTS=flight cargo bench -p lake --bench serve  # only Flight (or only local)
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a bench binary prints its table
 
@@ -53,6 +54,7 @@ fn lake(root: &Path, args: &[&str]) -> String {
 struct Server {
     child: Child,
     flight: String,
+    local: std::path::PathBuf,
 }
 
 impl Drop for Server {
@@ -70,13 +72,15 @@ impl Server {
             .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0"])
             .args(["--cache-mb", &cache_mb.to_string(), "--memory-mb", &memory_mb.to_string()])
             .args(["--lookahead", &lookahead.to_string()])
+            .arg("--local")
+            .arg(root.with_file_name("serve.sock"))
             .stdout(Stdio::piped())
             .spawn()
             .expect("start lake serve");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
         let addr = line.split_whitespace().find_map(|w| w.strip_prefix("grpc://")).unwrap_or_else(|| panic!("{line}")).to_string();
-        Self { child, flight: format!("http://{addr}") }
+        Self { child, flight: format!("http://{addr}"), local: root.with_file_name("serve.sock") }
     }
 
     /// A memory figure of the server's `/proc/PID/status` in MiB.
@@ -121,14 +125,39 @@ struct Seen {
     errors: u64,
 }
 
+/// How a stream reaches the server.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Transport {
+    /// Arrow Flight over loopback TCP.
+    Flight,
+    /// A local stream: batches in shared memory.
+    Local,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Flight => "flight",
+            Self::Local => "local",
+        }
+    }
+}
+
 /// Reads rank `rank` of `world` until `deadline`, then hangs up.
-async fn read_stream(flight: String, rank: u64, world: u64, deadline: Instant) -> Seen {
+async fn read_stream(server: (String, std::path::PathBuf), transport: Transport, rank: u64, world: u64, deadline: Instant) -> Seen {
     let mut seen = Seen::default();
     let request =
         serde_json::json!({"datasets": ["bench"], "preset": "act", "batch_size": BATCH, "seed": 0, "rank": rank, "world_size": world});
     let mut asked = Instant::now();
-    // lake's Rust client (the same Flight stream any client reads).
-    let stream = async { lake_loader::RemoteLoader::connect(&flight, None).await?.stream(&request.to_string()).await };
+    // lake's Rust clients (the same Flight stream any client reads; local streams' batches are
+    // views of the server's shared memory).
+    let (flight, local) = server;
+    let stream = async {
+        match transport {
+            Transport::Flight => lake_loader::RemoteLoader::connect(&flight, None).await?.stream(&request.to_string()).await,
+            Transport::Local => lake_loader::LocalLoader::new(&local, None).stream(&request.to_string()).await,
+        }
+    };
     let mut batches = match stream.await {
         Ok(s) => s,
         Err(e) => {
@@ -175,6 +204,15 @@ fn main() {
     let levels: Vec<u64> = if numbers.len() > 2 { numbers[2..].to_vec() } else { vec![1, 8, 64] };
     let (cache_mb, memory_mb) = (setting("LAKE_BENCH_CACHE_MB", 512), setting("LAKE_BENCH_MEMORY_MB", 6144));
     let lookahead = setting("LAKE_BENCH_LOOKAHEAD", lake_loader::DEFAULT_HORIZON);
+    let transports: Vec<Transport> = std::env::var("LAKE_BENCH_TRANSPORTS")
+        .unwrap_or_else(|_| "flight,local".into())
+        .split(',')
+        .map(|t| match t.trim() {
+            "flight" => Transport::Flight,
+            "local" => Transport::Local,
+            other => panic!("LAKE_BENCH_TRANSPORTS: {other:?} is neither flight nor local"),
+        })
+        .collect();
     let (_guard, root) = bench_lake(Path::new(env!("CARGO_BIN_EXE_lake")), repeats);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
@@ -197,12 +235,13 @@ fn main() {
     let server = Server::start(&root, cache_mb, memory_mb, lookahead);
     let idle_mb = server.peak_rss_mb();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    for n in levels {
+    for (transport, n) in transports.iter().flat_map(|&t| levels.iter().map(move |&n| (t, n))) {
         server.reset_peak();
         let began = Instant::now();
         let deadline = began + Duration::from_secs(seconds);
         let seen: Vec<Seen> = runtime.block_on(async {
-            let tasks: Vec<_> = (0..n).map(|r| tokio::spawn(read_stream(server.flight.clone(), r, n, deadline))).collect();
+            let at = (server.flight.clone(), server.local.clone());
+            let tasks: Vec<_> = (0..n).map(|r| tokio::spawn(read_stream(at.clone(), transport, r, n, deadline))).collect();
             futures::future::join_all(tasks).await.into_iter().map(|t| t.expect("stream task")).collect()
         });
         // Steady state: what arrived after the first third of the level (streams starting and
@@ -220,6 +259,7 @@ fn main() {
         let peak = server.peak_rss_mb();
         let ceiling = idle_mb + (cache_mb + memory_mb) as f64;
         rows.push((
+            transport.name(),
             n,
             rate,
             bytes as f64 / elapsed / 1e6,
@@ -243,12 +283,12 @@ fn main() {
         "server: --cache-mb {cache_mb} --memory-mb {memory_mb} --lookahead {lookahead}; in-process `lake bench` (cache on): {before:.1} samples/s before, {after:.1} after"
     );
     println!(
-        "{:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
-        "streams", "samples/s", "MB/s", "% in-proc", "p50 ms", "p99 ms", "server peak", "budget", "errors"
+        "{:<9} {:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
+        "transport", "streams", "samples/s", "MB/s", "% in-proc", "p50 ms", "p99 ms", "server peak", "budget", "errors"
     );
-    for (n, rate, mb_s, p50, p99, peak, within, errors) in rows {
+    for (transport, n, rate, mb_s, p50, p99, peak, within, errors) in rows {
         println!(
-            "{n:>7} {rate:>10.1} {mb_s:>10.1} {:>11.0}% {p50:>9.1} {p99:>9.1} {peak:>11.0} MB {within:>8} {errors:>7}",
+            "{transport:<9} {n:>7} {rate:>10.1} {mb_s:>10.1} {:>11.0}% {p50:>9.1} {p99:>9.1} {peak:>11.0} MB {within:>8} {errors:>7}",
             rate / in_process * 100.0
         );
     }

@@ -43,6 +43,11 @@ pub struct ServeArgs {
     /// room (0: off).
     #[arg(long, default_value_t = lake_loader::DEFAULT_HORIZON)]
     lookahead: u64,
+    /// Also serve batch streams to trainers on this machine on a Unix socket at PATH, their
+    /// batches written once into shared memory instead of through TCP (lake_loader's
+    /// LocalLoader reads them); tokens apply as on the other endpoints.
+    #[arg(long, value_name = "PATH")]
+    local: Option<std::path::PathBuf>,
 }
 
 /// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs):
@@ -148,8 +153,13 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     tokio::spawn(keep_pages_under_load(service.clone()));
     let flight_listener = tokio::net::TcpListener::bind(args.flight).await.with_context(|| format!("binding {}", args.flight))?;
     let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
+    let local_listener = match &args.local {
+        Some(path) => Some(lake::serve::local::bind(path).await.with_context(|| format!("binding {}", path.display()))?),
+        None => None,
+    };
     let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);
-    println!("lake serving {root}: flight grpc://{flight_addr} http://{http_addr}");
+    let local = args.local.as_ref().map(|p| format!(" local {}", p.display())).unwrap_or_default();
+    println!("lake serving {root}: flight grpc://{flight_addr} http://{http_addr}{local}");
     use std::io::Write;
     std::io::stdout().flush()?;
 
@@ -174,10 +184,20 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     });
     let flight = tokio::spawn(flight);
     let http = tokio::spawn(async move { http.await });
+    let local = local_listener.map(|listener| {
+        let mut local_stop = stop_tx.subscribe();
+        tokio::spawn(lake::serve::local::serve(service.clone(), listener, async move {
+            let _ = local_stop.recv().await;
+        }))
+    });
     shutdown.await;
     service.shut_down();
     let _ = stop_tx.send(());
     flight.await?.context("the Flight server failed")?;
     http.await?.context("the HTTP server failed")?;
+    if let (Some(local), Some(path)) = (local, &args.local) {
+        local.await?;
+        let _ = std::fs::remove_file(path);
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -120,11 +120,8 @@ fn decode(messages: tonic::Streaming<FlightData>) -> RemoteBatches {
                     schema = Some(Arc::new(Schema::try_from(&data).map_err(|e| bad(format!("a bad schema: {e}")))?));
                 }
                 MessageHeader::RecordBatch => {
-                    let header = message.header_as_record_batch().ok_or_else(|| bad("a record batch message without its header".into()))?;
-                    let of = schema.clone().ok_or_else(|| bad("a record batch before the schema".into()))?;
-                    let version = message.version();
-                    let batch = read_record_batch(&Buffer::from(data.data_body), header, of, &HashMap::new(), None, &version)
-                        .map_err(|e| bad(format!("an unreadable record batch: {e}")))?;
+                    let of = schema.as_ref().ok_or_else(|| bad("a record batch before the schema".into()))?;
+                    let batch = batch_from_ipc(&data.data_header, &Buffer::from(data.data_body), of)?;
                     return Ok(Some((batch, (messages, schema))));
                 }
                 other => return Err(bad(format!("an unexpected {other:?} message"))),
@@ -132,4 +129,13 @@ fn decode(messages: tonic::Streaming<FlightData>) -> RemoteBatches {
         }
     });
     Box::pin(batches)
+}
+
+/// A record batch from its IPC `Message` and its body, the arrays viewing the body in place.
+pub(crate) fn batch_from_ipc(header: &[u8], body: &Buffer, schema: &SchemaRef) -> Result<RecordBatch> {
+    let bad = |what: String| Error::Request(format!("server: {what}"));
+    let message = root_as_message(header).map_err(|e| bad(format!("a message that is not Arrow IPC: {e}")))?;
+    let batch = message.header_as_record_batch().ok_or_else(|| bad("a record batch message without its header".into()))?;
+    read_record_batch(body, batch, schema.clone(), &HashMap::new(), None, &message.version())
+        .map_err(|e| bad(format!("an unreadable record batch: {e}")))
 }

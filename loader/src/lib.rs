@@ -22,6 +22,7 @@ mod dataset;
 mod decode;
 mod error;
 mod frames;
+pub mod local;
 mod lookahead;
 mod sampler;
 mod spec;
@@ -35,6 +36,7 @@ pub use crate::{
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
     frames::{FRAMES, FrameStorage, FrameTableReport, frames_schema, write_frame_table},
+    local::LocalLoader,
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, Member},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

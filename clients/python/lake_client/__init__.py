@@ -5,7 +5,8 @@ and turns them into LeRobot-style dicts of numpy arrays. `LakeIterableDataset` i
 `torch.utils.data.IterableDataset` over the same stream for existing PyTorch trainers: it reads
 its rank and world size from `torch.distributed` (or the `RANK` / `WORLD_SIZE` environment
 variables), yields dict batches (uint8 frames as tensors), and resumes exactly from
-`state_dict()`.
+`state_dict()`. `LocalClient` reads the same batches from `lake serve --local PATH` on the same
+machine: they arrive in shared memory and are read in place (`local=PATH` in the dataset).
 
     from lake_client import LakeIterableDataset
     ds = LakeIterableDataset("grpc://127.0.0.1:50051", datasets=["my_dataset"], preset="act",
@@ -18,14 +19,18 @@ variables), yields dict batches (uint8 frames as tensors), and resumes exactly f
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import socket
+import struct
+import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-__all__ = ["LakeClient", "LakeIterableDataset", "batch_to_numpy"]
+__all__ = ["LakeClient", "LocalClient", "LakeError", "LakeIterableDataset", "batch_to_numpy"]
 
 DatasetSpec = Union[str, Dict[str, Any]]
 
@@ -89,6 +94,149 @@ class LakeClient:
             yield chunk.data
 
 
+class LakeError(Exception):
+    """A local stream the server refused or that failed: `code` (`bad_request`, `not_found`,
+    `busy`, `unauthorized`, `internal`) and the server's message."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{message} ({code})")
+        self.code = code
+
+
+def _frame(kind: bytes, payload: bytes = b"") -> bytes:
+    return struct.pack("<I", 1 + len(payload)) + kind + payload
+
+
+class _Slot:
+    """Owns one slot of a local stream while any array of its batch is alive; gives it back
+    to the server when the last one goes (Arrow holds this object as the buffer's base)."""
+
+    def __init__(self, give_back, segment: int, slot: int, memory):
+        self._give_back, self._segment, self._slot, self._memory = give_back, segment, slot, memory
+
+    def __del__(self):
+        self._give_back(self._segment, self._slot)
+
+
+class _LocalStream:
+    """The messages of one local stream, and the descriptors that come with them."""
+
+    MAX_MESSAGE = 16 << 20
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buf, self.fds = sock, bytearray(), []
+        # Re-entrant: a slot's finaliser may run inside another's send (a collection there).
+        self.lock = threading.RLock()
+        self.closed = False
+
+    def next(self):
+        while True:
+            if len(self.buf) >= 5:
+                (length,) = struct.unpack_from("<I", self.buf)
+                if not 0 < length <= self.MAX_MESSAGE:
+                    raise LakeError("protocol", f"a message of {length} bytes from the server")
+                if len(self.buf) >= 4 + length:
+                    kind, payload = bytes(self.buf[4:5]), bytes(self.buf[5 : 4 + length])
+                    del self.buf[: 4 + length]
+                    return kind, payload
+            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
+            if not data:
+                raise LakeError("protocol", "the server closed the stream")
+            self.buf += data
+            self.fds += fds
+
+    def give_back(self, segment: int, slot: int) -> None:
+        message = _frame(b"R", struct.pack("<II", segment, slot))
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                self.sock.sendall(message)
+            except OSError:
+                self.closed = True
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.sock.close()
+
+
+def _encapsulated(metadata: bytes) -> bytes:
+    """An IPC message (metadata only) as the stream format frames it."""
+    padded = (8 + len(metadata) + 63) // 64 * 64
+    return b"\xff\xff\xff\xff" + struct.pack("<i", padded - 8) + metadata + bytes(padded - 8 - len(metadata))
+
+
+class LocalClient:
+    """Local streams of `lake serve --local PATH`, for trainers on the server's machine.
+
+    The same requests, tokens and batches as `LakeClient.batches`, but each batch is written once
+    into shared memory (a slot the server maps to this process) and its arrays are read in
+    place. A slot goes back to the server when the last array of its batch is garbage; a stream
+    has `slots` (default 2) and waits while all are held, so keep at most that many batches (or
+    copy them, as `batch_to_numpy(...)` + `np.array` does).
+    """
+
+    def __init__(self, path: str, token: Optional[str] = None, slots: int = 2):
+        if not 1 <= slots <= 16:
+            raise ValueError(f"a stream has 1 to 16 slots, not {slots}")
+        self.path, self.token, self.slots = path, token, slots
+
+    def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        """The request's batches, in order; raises `LakeError` when the server refuses it."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.path)
+        stream = _LocalStream(sock)
+        try:
+            token = (self.token or "").encode()
+            hello = struct.pack("<II", self.slots, len(token)) + token + json.dumps(request).encode()
+            sock.sendall(_frame(b"H", hello))
+            kind, payload = stream.next()
+            if kind == b"E":
+                raise self._refused(payload)
+            if kind != b"S":
+                raise LakeError("protocol", f"an unexpected message {kind!r} before the schema")
+            schema = pa.ipc.read_schema(pa.py_buffer(_encapsulated(payload)))
+            segment = None
+            while True:
+                kind, payload = stream.next()
+                if kind == b"M":
+                    ident, slots, slot_bytes = struct.unpack("<IIQ", payload)
+                    if not stream.fds:
+                        raise LakeError("protocol", "a segment without its descriptor")
+                    fd = stream.fds.pop(0)
+                    try:
+                        memory = mmap.mmap(fd, slots * slot_bytes, prot=mmap.PROT_READ)
+                    finally:
+                        os.close(fd)
+                    # Batches still alive in an older segment keep it mapped through their slots.
+                    segment = (ident, slot_bytes, pa.py_buffer(memory))
+                elif kind == b"B":
+                    ident, slot, length = struct.unpack("<IIQ", payload)
+                    if segment is None or segment[0] != ident or (slot + 1) * segment[1] > segment[2].size or length > segment[1]:
+                        raise LakeError("protocol", f"a batch in slot {slot} of segment {ident}, which it did not send")
+                    owner = _Slot(stream.give_back, ident, slot, segment[2])
+                    message = pa.ipc.read_message(pa.foreign_buffer(segment[2].address + slot * segment[1], length, base=owner))
+                    del owner
+                    batch = pa.ipc.read_record_batch(message, schema)
+                    del message
+                    yield batch
+                    del batch
+                elif kind == b"D":
+                    return
+                elif kind == b"E":
+                    raise self._refused(payload)
+                else:
+                    raise LakeError("protocol", f"an unexpected message {kind!r}")
+        finally:
+            stream.close()
+
+    @staticmethod
+    def _refused(payload: bytes) -> LakeError:
+        error = json.loads(payload or b"{}")
+        return LakeError(error.get("code", "unknown"), error.get("message", "no message"))
+
+
 def _rank_and_world() -> tuple:
     try:
         import torch.distributed as dist
@@ -111,7 +259,9 @@ except ImportError:  # the numpy client works without torch
 class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     """Batches from `lake serve` as a PyTorch `IterableDataset` of ready-made dict batches.
 
-    Use it with `DataLoader(ds, batch_size=None)` (or iterate it directly). Every rank gets its
+    Use it with `DataLoader(ds, batch_size=None)` (or iterate it directly). With `local=PATH`
+    (the server's `--local` socket, same machine) the batches arrive in shared memory; the
+    request's shape is still asked over Flight at `location`. Every rank gets its
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
@@ -129,12 +279,13 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         token: Optional[str] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        local: Optional[str] = None,
         **request: Any,
     ):
         if torch is None:
             raise ImportError("LakeIterableDataset needs torch; LakeClient works without it")
         super().__init__()
-        self.location, self.token = location, token
+        self.location, self.token, self.local = location, token, local
         detected = _rank_and_world()
         self.rank = detected[0] if rank is None else rank
         self.world_size = detected[1] if world_size is None else world_size
@@ -156,7 +307,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             if remaining <= 0:
                 return
             request["limit_batches"] = remaining
-        for batch in client.batches(request):
+        source = LocalClient(self.local, self.token) if self.local else client
+        for batch in source.batches(request):
             self.step += 1
             if self.step >= steps_per_epoch:
                 self.epoch, self.step = self.epoch + 1, 0

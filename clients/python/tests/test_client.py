@@ -1,5 +1,5 @@
 """The Python client against a running `lake serve` (started by lake's integration tests, which
-set LAKE_FLIGHT, LAKE_TOKEN, LAKE_DATASET and LAKE_REFERENCE_DIR).
+set LAKE_FLIGHT, LAKE_LOCAL, LAKE_TOKEN, LAKE_DATASET and LAKE_REFERENCE_DIR).
 
 A full epoch read through the client holds every step once, and its samples equal LeRobot's own
 reference dumps (every value bit for bit, every frame's SHA-256); the torch dataset resumes
@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from lake_client import LakeClient, batch_to_numpy
+from lake_client import LakeClient, LakeError, LocalClient, batch_to_numpy
 
 try:
     import torch  # noqa: F401
@@ -24,6 +24,7 @@ except ImportError:
     HAVE_TORCH = False
 
 LOCATION = os.environ.get("LAKE_FLIGHT", "grpc://127.0.0.1:50051")
+LOCAL = os.environ.get("LAKE_LOCAL")
 TOKEN = os.environ.get("LAKE_TOKEN")
 DATASET = os.environ.get("LAKE_DATASET", "v30-av1-small")
 REFERENCE_DIR = os.environ.get("LAKE_REFERENCE_DIR", "")
@@ -81,6 +82,30 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
         self.assertIn(DATASET, [d["name"].split("@")[0] for d in self.client.datasets()])
 
 
+@unittest.skipUnless(LOCAL, "the server has no local socket (LAKE_LOCAL)")
+class LocalStreams(unittest.TestCase):
+    def test_an_epoch_in_shared_memory_equals_flights(self):
+        _, over_flight = read_epoch(LakeClient(LOCATION, TOKEN), "act")
+        request = {"datasets": [DATASET], "preset": "act", "batch_size": 50, "seed": 11, "drop_last": False,
+                   "limit_batches": len(over_flight)}
+        read = 0
+        # Each batch is compared and let go (its slot goes back) before the next; one slot.
+        for batch in LocalClient(LOCAL, TOKEN, slots=1).batches(request):
+            self.assertTrue(batch.equals(over_flight[read]), f"batch {read}")
+            read += 1
+            del batch
+        self.assertEqual(read, len(over_flight))
+
+    def test_refusals_name_their_reason(self):
+        with self.assertRaises(LakeError) as refused:
+            next(LocalClient(LOCAL, TOKEN).batches({"datasets": ["nope"]}))
+        self.assertEqual(refused.exception.code, "not_found")
+        self.assertIn("nope", str(refused.exception))
+        with self.assertRaises(LakeError) as refused:
+            next(LocalClient(LOCAL, None).batches({"datasets": [DATASET]}))
+        self.assertEqual(refused.exception.code, "unauthorized")
+
+
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchDataset(unittest.TestCase):
     def make(self, **kw):
@@ -103,6 +128,8 @@ class TorchDataset(unittest.TestCase):
         rest.load_state_dict(state)
         seen += [b["index"].tolist() for b in rest]
         self.assertEqual(seen, whole)
+        if LOCAL:
+            self.assertEqual([b["index"].tolist() for b in self.make(local=LOCAL)], whole)
         frames = next(iter(self.make()))["observation.images.front"]
         self.assertEqual(frames.dtype, torch.uint8)
         self.assertEqual(tuple(frames.shape[1:]), (480, 640, 3))

@@ -130,43 +130,47 @@ fn message_frame(message: &impl Message) -> Bytes {
     buf.freeze()
 }
 
+/// A batch as Arrow IPC: its record batch `Message` (flatbuffer), then its body as chunks (the
+/// batch's own buffers, shared, not copied, with their alignment padding) and the body's length.
+/// Batches whose layout this encoder does not write (sliced arrays, dictionaries, views, unions)
+/// go through Arrow's IPC writer instead, which copies.
+///
+/// # Errors
+/// When Arrow cannot encode the batch.
+pub fn ipc_parts(batch: &RecordBatch) -> Result<(Vec<u8>, Vec<Bytes>, usize), Status> {
+    if let Some(body) = shared_body(batch) {
+        return Ok((record_batch_header(batch.num_rows(), &body), body.chunks, body.len));
+    }
+    let mut tracker = ipc::writer::DictionaryTracker::new(false);
+    let (dictionaries, encoded) = ipc::writer::IpcDataGenerator::default()
+        .encode(batch, &mut tracker, &IpcWriteOptions::default(), &mut ipc::writer::CompressionContext::default())
+        .map_err(|e| Status::internal(format!("encoding a batch: {e}")))?;
+    if !dictionaries.is_empty() {
+        return Err(Status::internal("dictionary-encoded columns are not served"));
+    }
+    let len = encoded.arrow_data.len();
+    Ok((encoded.ipc_message, vec![Bytes::from(encoded.arrow_data)], len))
+}
+
 /// A batch as the chunks of one gRPC frame holding a `FlightData` record batch message: the
-/// prefixes, then the batch's buffers (shared, not copied) with their alignment padding. Batches
-/// whose layout this encoder does not write (sliced arrays, dictionaries, views, unions) go
-/// through Arrow's IPC writer instead, which copies.
+/// prefixes, then the body's chunks from [`ipc_parts`].
 ///
 /// # Errors
 /// When the message would exceed gRPC's 4 GiB frame limit, or Arrow cannot encode the batch.
 pub fn encode_batch(batch: &RecordBatch) -> Result<Vec<Bytes>, Status> {
-    let (header, body) = match shared_body(batch) {
-        Some(body) => (record_batch_header(batch.num_rows(), &body), body),
-        None => {
-            let mut tracker = ipc::writer::DictionaryTracker::new(false);
-            let (dictionaries, encoded) = ipc::writer::IpcDataGenerator::default()
-                .encode(batch, &mut tracker, &IpcWriteOptions::default(), &mut ipc::writer::CompressionContext::default())
-                .map_err(|e| Status::internal(format!("encoding a batch: {e}")))?;
-            if !dictionaries.is_empty() {
-                return Err(Status::internal("dictionary-encoded columns are not served"));
-            }
-            let len = encoded.arrow_data.len();
-            (encoded.ipc_message, Body { chunks: vec![Bytes::from(encoded.arrow_data)], len, ..Body::default() })
-        }
-    };
+    let (header, chunks, body_len) = ipc_parts(batch)?;
     let head = FlightData { data_header: header.into(), ..Default::default() };
     let mut prefix = BytesMut::with_capacity(5 + head.encoded_len() + 16);
-    let body_key = prost::encoding::key_len(1000) + prost::encoding::encoded_len_varint(body.len as u64);
-    let len = u32::try_from(head.encoded_len() + body_key + body.len)
+    let body_key = prost::encoding::key_len(1000) + prost::encoding::encoded_len_varint(body_len as u64);
+    let len = u32::try_from(head.encoded_len() + body_key + body_len)
         .map_err(|_| Status::resource_exhausted("a batch larger than 4 GiB cannot be one gRPC message; ask for smaller batches"))?;
     prefix.put_u8(0);
     prefix.put_u32(len);
     head.encode(&mut prefix).expect("the buffer has room");
     // FlightData.data_body is field 1000, length-delimited.
     prost::encoding::encode_key(1000, prost::encoding::WireType::LengthDelimited, &mut prefix);
-    prost::encoding::encode_varint(body.len as u64, &mut prefix);
-    let mut chunks = Vec::with_capacity(body.chunks.len() + 1);
-    chunks.push(prefix.freeze());
-    chunks.extend(body.chunks);
-    Ok(chunks)
+    prost::encoding::encode_varint(body_len as u64, &mut prefix);
+    Ok(std::iter::once(prefix.freeze()).chain(chunks).collect())
 }
 
 /// An IPC message body being laid out: buffer descriptors, field nodes and the chunks.

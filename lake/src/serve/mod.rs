@@ -217,6 +217,30 @@ impl Default for ServeOptions {
     }
 }
 
+/// What a stream's transport holds of its batches, counted in the memory budget in batch sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct Footprint {
+    /// Batches held for as long as the stream is open.
+    pub held: u64,
+    /// Sizes each batch takes while it is made, ready or being sent.
+    pub per_batch: u64,
+    /// What they are, for the message that refuses a stream too large for the budget.
+    pub what: &'static str,
+}
+
+impl Footprint {
+    /// gRPC and HTTP: the send buffer keeps one encoded batch, and each batch is held twice, as
+    /// Arrow arrays and encoded.
+    pub const ENCODED: Self = Self { held: 1, per_batch: 2, what: "the batch, its encoding and the send buffer" };
+
+    /// Local streams: their slots of shared memory, and each batch once until it is copied into
+    /// a slot.
+    #[must_use]
+    pub fn shared_memory(slots: u32) -> Self {
+        Self { held: u64::from(slots), per_batch: 1, what: "the batch being made and the stream's slots of shared memory" }
+    }
+}
+
 /// Budget accounting unit: the semaphore counts KiB.
 const UNIT: u64 = 1024;
 
@@ -327,7 +351,7 @@ impl std::fmt::Debug for Service {
 pub type Batches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
 
 /// A spawned task, aborted when dropped (the batch of a stream whose client went away).
-struct Spawned<T>(tokio::task::JoinHandle<T>);
+pub(crate) struct Spawned<T>(pub(crate) tokio::task::JoinHandle<T>);
 
 impl<T> Drop for Spawned<T> {
     fn drop(&mut self) {
@@ -482,6 +506,14 @@ impl Service {
     /// When the request is not valid for the lake (unknown dataset, impossible window, rank
     /// outside the world, …).
     pub async fn batches(self: &Arc<Self>, request: &SampleRequest) -> Result<(SchemaRef, Batches)> {
+        self.batches_held(request, Footprint::ENCODED).await
+    }
+
+    /// [`Service::batches`] for a transport that holds `footprint` of the stream's batches.
+    ///
+    /// # Errors
+    /// As [`Service::batches`].
+    pub async fn batches_held(self: &Arc<Self>, request: &SampleRequest, footprint: Footprint) -> Result<(SchemaRef, Batches)> {
         let prepared = self.prepare(request).await.inspect_err(|_| self.count_bad())?;
         let global = request.batch_size * request.world_size;
         let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last).inspect_err(|_| self.count_bad())?;
@@ -493,27 +525,31 @@ impl Service {
             )));
         }
         let schema = prepared.loader.schema();
-        // What a stream costs: its gRPC / HTTP send buffer keeps one encoded batch for as long as
-        // the stream is open, and each batch it makes counts twice, the Arrow batch and its
-        // encoding. A stream reserves its send buffer and room for one batch when it starts, so
-        // it always makes progress; batches prepared beyond that use free room only when there
-        // is some, never waiting for it, so they cannot crowd out streams waiting to start.
+        // What a stream costs (see `Footprint`): over gRPC / HTTP its send buffer keeps one
+        // encoded batch for as long as the stream is open, and each batch it makes counts twice,
+        // the Arrow batch and its encoding. A stream reserves what its transport holds and room
+        // for one batch when it starts, so it always makes progress; batches prepared beyond that
+        // use free room only when there is some, never waiting for it, so they cannot crowd out
+        // streams waiting to start.
         let one = batch_bytes(&schema, request.batch_size as usize).div_ceil(UNIT).max(1);
-        let need = 2 * one;
+        let need = footprint.per_batch.max(1) * one;
+        let held = footprint.held * one;
         let budget = (self.options.memory_bytes / UNIT).max(1);
-        if one + need > budget {
+        if held + need > budget {
             self.count_bad();
             return Err(Error::Invalid(format!(
-                "one batch of {} samples takes {} MiB, and a stream needs room for three (the batch, its encoding and the send buffer): more than the server's memory budget of {} MiB; ask for smaller batches",
+                "one batch of {} samples takes {} MiB, and a stream needs room for {} of them ({}): more than the server's memory budget of {} MiB; ask for smaller batches",
                 request.batch_size,
                 (one * UNIT) >> 20,
+                footprint.held + footprint.per_batch.max(1),
+                footprint.what,
                 self.options.memory_bytes >> 20
             )));
         }
         // Room frees as clients take prefetched batches, so a new stream waits a little for it
         // before it is refused.
         let waiting = (Gauge::up(self.clone(), |m| &m.waiting_for_memory), Gauge::up(self.clone(), |m| &m.waiting_to_start));
-        let units = u32::try_from(one + need).unwrap_or(u32::MAX);
+        let units = u32::try_from(held + need).unwrap_or(u32::MAX);
         let admitted = tokio::time::timeout(self.options.admission_wait, self.memory.clone().acquire_many_owned(units)).await;
         drop(waiting);
         let Ok(Ok(reserved)) = admitted else {
@@ -522,7 +558,7 @@ impl Service {
                 "the server's memory budget of {} MiB is taken by the streams open now (a stream of {} samples needs {} MiB to start); retry later",
                 self.options.memory_bytes >> 20,
                 request.batch_size,
-                ((one + need) * UNIT) >> 20
+                ((held + need) * UNIT) >> 20
             )));
         };
         // Batches prepared ahead: as many as fit in the per-stream prefetch bytes (at least one).
@@ -720,6 +756,7 @@ pub mod do_get;
 pub mod flight;
 pub mod flight_sql;
 pub mod http;
+pub mod local;
 
 /// How a failed request is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

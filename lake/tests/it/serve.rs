@@ -24,6 +24,8 @@ struct Server {
     child: Child,
     flight: String,
     http: String,
+    /// The Unix socket of local (shared-memory) streams.
+    local: std::path::PathBuf,
 }
 
 impl Drop for Server {
@@ -34,8 +36,10 @@ impl Drop for Server {
 }
 
 fn start(root: &Path) -> Server {
+    let local = root.with_file_name("serve.sock");
     let mut child = lake_cmd(root)
-        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2"])
+        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--local"])
+        .arg(&local)
         .env("LAKE_TOKENS", TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -44,7 +48,8 @@ fn start(root: &Path) -> Server {
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
     let addr = |prefix: &str| line.split_whitespace().find_map(|w| w.strip_prefix(prefix)).unwrap_or_else(|| panic!("{line}")).to_string();
-    Server { flight: format!("http://{}", addr("grpc://")), http: addr("http://"), child }
+    assert!(line.contains(&format!("local {}", local.display())), "{line}");
+    Server { flight: format!("http://{}", addr("grpc://")), http: addr("http://"), child, local }
 }
 
 /// One HTTP/1.1 request; returns the status and the body (chunked bodies decoded).
@@ -178,6 +183,36 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         same_rows(&got, &expected, "rust client");
         let refused = remote.stream(r#"{"datasets": ["nope"]}"#).await.err().expect("refused");
         assert!(refused.to_string().contains("nope") && refused.to_string().contains("NotFound"), "{refused}");
+
+        // Local streams (shared memory) get the same batches, also when the trainer must give
+        // each slot back before the next batch fits (one slot; two ranks read at once).
+        let local = lake_loader::LocalLoader::new(&server.local, Some(TOKEN.into()));
+        // Three batches kept at once: three slots.
+        let all = local.clone().with_slots(3);
+        let got: Vec<RecordBatch> = all.stream(&request.to_string()).await.expect("local stream").try_collect().await.expect("batches");
+        same_rows(&got, &expected, "local stream");
+        let one_slot = local.clone().with_slots(1);
+        let read_one_by_one = |r: usize| {
+            let (one_slot, request, whole) = (one_slot.clone(), rank(r as u64), &whole);
+            async move {
+                let mut batches = one_slot.stream(&request.to_string()).await.expect("local stream");
+                let mut read = 0;
+                // Each batch is checked and dropped (its slot goes back) before the next.
+                while let Some(batch) = batches.next().await {
+                    let half = whole[read].slice(8 * r, 8);
+                    same_rows(&[batch.expect("batch")], &[half], &format!("local rank {r} of 2, one slot, batch {read}"));
+                    read += 1;
+                }
+                read
+            }
+        };
+        assert_eq!(futures::join!(read_one_by_one(0), read_one_by_one(1)), (12, 12));
+        let refused = local.stream(r#"{"datasets": ["nope"]}"#).await.err().expect("refused");
+        assert!(refused.to_string().contains("nope") && refused.to_string().contains("not_found"), "{refused}");
+        let refused = local.clone().with_slots(1).stream(r#"{"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}"#).await;
+        assert!(refused.err().expect("refused").to_string().contains("outside a world"));
+        let anonymous = lake_loader::LocalLoader::new(&server.local, None).stream(&request.to_string()).await;
+        assert!(anonymous.err().expect("needs a token").to_string().contains("unauthorized"));
 
         let flights: Vec<_> = client.list_flights(Vec::<u8>::new()).await.expect("list").try_collect().await.expect("flights");
         assert_eq!(flights.len(), 1);
@@ -441,6 +476,7 @@ fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
         .current_dir(&client_dir)
         .env("PYTHONPATH", &client_dir)
         .env("LAKE_FLIGHT", server.flight.replace("http://", "grpc://"))
+        .env("LAKE_LOCAL", &server.local)
         .env("LAKE_TOKEN", TOKEN)
         .env("LAKE_DATASET", "v30-av1-small")
         .env("LAKE_REFERENCE_DIR", lake_testkit::shared_dir().join("fixtures/reference"))

@@ -1,0 +1,545 @@
+//! Batches for trainers on the machine that runs `lake serve`, through shared memory.
+//!
+//! Over loopback TCP every byte of a batch is copied three times after the server has made it:
+//! into the kernel, out of it, and into gRPC's message buffer. At ~1 GB/s of frames that is a
+//! sizeable share of a machine whose cores also decode. `lake serve --local PATH` listens on a
+//! Unix socket as well; a stream opened there has its batches written once into a few slots of
+//! shared memory (a memfd the server hands over with the first batch), and the client's record
+//! batches are views of those slots. A slot holds one Arrow IPC message as the IPC stream format
+//! frames it (continuation marker, metadata length, `Message` flatbuffer padded to 64 bytes,
+//! body), so any Arrow implementation that maps the segment reads the batch in place. A slot goes back to the server when the last array of its
+//! batch is dropped, so the slots also bound how far the server runs ahead of its trainer.
+//!
+//! The protocol, over a stream socket: every message is `[len: u32 LE][kind: u8][payload]`,
+//! `len` counting the kind and the payload; integers are little-endian.
+//!
+//! | from | kind | payload |
+//! |---|---|---|
+//! | client | `H` hello | `slots: u32`, `token_len: u32`, the bearer token, the JSON sampling request |
+//! | client | `R` release | `segment: u32`, `slot: u32` |
+//! | server | `S` schema | the Arrow IPC `Message` flatbuffer of the batches' schema |
+//! | server | `M` segment | `id: u32`, `slots: u32`, `slot_bytes: u64`; the memfd rides along (`SCM_RIGHTS`) |
+//! | server | `B` batch | `segment: u32`, `slot: u32`, `len: u64`: the slot's first `len` bytes hold an IPC record batch message |
+//! | server | `D` done | nothing: the stream reached its limit, or the server is shutting down |
+//! | server | `E` error | JSON `{"code": …, "message": …}`: the request was refused, or the stream failed |
+//!
+//! A server uses only its newest segment; it sends a larger one when a batch outgrows the
+//! slots, and the client unmaps an older one once no batch of it is alive.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+    path::{Path, PathBuf},
+    ptr::NonNull,
+    sync::Arc,
+};
+
+use arrow::{
+    array::RecordBatch,
+    buffer::Buffer,
+    datatypes::{Schema, SchemaRef},
+};
+use arrow_flight::FlightData;
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::{io::Interest, net::UnixStream, sync::mpsc};
+
+use crate::{Error, Result, client::RemoteBatches};
+
+/// Message kinds and framing shared by the client and `lake serve`.
+pub mod wire {
+    /// Client: the request.
+    pub const HELLO: u8 = b'H';
+    /// Client: a slot is free again.
+    pub const RELEASE: u8 = b'R';
+    /// Server: the batches' schema.
+    pub const SCHEMA: u8 = b'S';
+    /// Server: a new segment of slots (its memfd attached).
+    pub const SEGMENT: u8 = b'M';
+    /// Server: a batch in a slot.
+    pub const BATCH: u8 = b'B';
+    /// Server: the stream ended.
+    pub const DONE: u8 = b'D';
+    /// Server: refused or failed.
+    pub const ERROR: u8 = b'E';
+    /// Largest message either side accepts (a hello holds the request; a batch message its IPC
+    /// metadata).
+    pub const MAX_MESSAGE: usize = 16 << 20;
+    /// Slots a client asks for unless told otherwise: one batch in the trainer's hands, one
+    /// being written (the server prepares further batches in its own memory meanwhile). A
+    /// stream then holds as much of the server's memory budget as a Flight stream.
+    pub const DEFAULT_SLOTS: u32 = 2;
+    /// Most slots a stream may ask for.
+    pub const MAX_SLOTS: u32 = 16;
+
+    /// One message: length, kind, then the parts of the payload back to back.
+    #[must_use]
+    pub fn frame(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+        let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut out = Vec::with_capacity(4 + len);
+        out.extend_from_slice(&u32::try_from(len).expect("messages stay far below 4 GiB").to_le_bytes());
+        out.push(kind);
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        out
+    }
+
+    /// IPC's continuation marker, before each message's metadata length.
+    const CONTINUATION: [u8; 4] = [0xff; 4];
+    /// Where the body of an encapsulated message starts: its prefix and metadata are padded to
+    /// this (Arrow's writer pads to 64 bytes too).
+    const ALIGN: usize = 64;
+
+    /// The prefix of an encapsulated IPC message: continuation marker, metadata length, the
+    /// `Message` flatbuffer, padding; the body follows it.
+    #[must_use]
+    pub fn message_prefix(header: &[u8]) -> Vec<u8> {
+        let padded = (8 + header.len()).next_multiple_of(ALIGN);
+        let mut out = Vec::with_capacity(padded);
+        out.extend_from_slice(&CONTINUATION);
+        out.extend_from_slice(&i32::try_from(padded - 8).expect("metadata stays far below 2 GiB").to_le_bytes());
+        out.extend_from_slice(header);
+        out.resize(padded, 0);
+        out
+    }
+
+    /// Where an encapsulated IPC message keeps its metadata and its body.
+    #[must_use]
+    pub fn split_message(message: &[u8]) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+        if message.get(..4)? != CONTINUATION {
+            return None;
+        }
+        let meta = usize::try_from(i32::from_le_bytes(message.get(4..8)?.try_into().ok()?)).ok()?;
+        let body = 8usize.checked_add(meta).filter(|&b| b <= message.len())?;
+        Some((8..body, body..message.len()))
+    }
+
+    /// The refusal or failure message.
+    #[must_use]
+    pub fn error(code: &str, message: &str) -> Vec<u8> {
+        frame(ERROR, &[serde_json::json!({"code": code, "message": message}).to_string().as_bytes()])
+    }
+}
+
+/// A shared memory segment mapped into this process: a memfd, created here (read-write) or
+/// received from the server (read-only). Unmapped when dropped.
+#[derive(Debug)]
+pub struct SharedMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; writes go through `write_at`, whose
+// callers own the range they write (a slot the client has given back).
+unsafe impl Send for SharedMemory {}
+// SAFETY: as above; `&SharedMemory` only reads, or writes ranges no reader is using.
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// A new segment of `len` bytes (zeroed), mapped read-write.
+    ///
+    /// # Errors
+    /// When the kernel refuses the memfd or the mapping.
+    pub fn create(len: usize) -> io::Result<Self> {
+        // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"lake-batches".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new descriptor this function owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(len).map_err(|_| io::Error::other("segment too large"))?;
+        // SAFETY: `fd` is an open memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Self::map(fd, len, true)
+    }
+
+    /// Maps `len` bytes of a segment received from the server, read-only.
+    ///
+    /// # Errors
+    /// When the descriptor is smaller than `len` or cannot be mapped.
+    pub fn open(fd: OwnedFd, len: usize) -> io::Result<Self> {
+        // SAFETY: `stat` is plain data filled by fstat on an open descriptor.
+        let size = unsafe {
+            let mut stat: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &raw mut stat) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            stat.st_size
+        };
+        if usize::try_from(size).ok().is_none_or(|s| s < len) {
+            return Err(io::Error::other(format!("a segment of {size} bytes announced as {len}")));
+        }
+        Self::map(fd, len, false)
+    }
+
+    fn map(fd: OwnedFd, len: usize, writable: bool) -> io::Result<Self> {
+        if len == 0 {
+            return Err(io::Error::other("an empty segment"));
+        }
+        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        // SAFETY: a fresh shared mapping of an open descriptor at least `len` bytes long; the
+        // result is checked.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { ptr: NonNull::new(ptr.cast()).expect("mmap does not return null on success"), len, fd })
+    }
+
+    /// The segment's descriptor (to hand to a client).
+    #[must_use]
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the segment is empty (never: segments have at least one byte).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `chunks` back to back from `offset` on; false when they do not fit.
+    ///
+    /// The caller owns the range: no batch a client holds lies in it.
+    #[must_use]
+    pub fn write_at(&self, offset: usize, chunks: &[Bytes]) -> bool {
+        let total: usize = chunks.iter().map(Bytes::len).sum();
+        if offset.checked_add(total).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        let mut at = offset;
+        for c in chunks {
+            // SAFETY: `at + c.len() <= self.len` (checked above), the mapping is writable on
+            // the server, and a chunk (heap memory) never overlaps the mapping.
+            unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), self.ptr.as_ptr().add(at), c.len()) };
+            at += c.len();
+        }
+        true
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`, which nothing borrows any more (the
+        // buffers that view it hold an `Arc` of this value).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Sends `bytes` with `pass` attached as `SCM_RIGHTS`; returns how many bytes went.
+fn send_with_fd(socket: RawFd, bytes: &[u8], pass: RawFd) -> io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr().cast_mut().cast(), iov_len: bytes.len() };
+    // u64s keep the control buffer aligned for `cmsghdr`.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer set below points at live locals, the control
+    // buffer (64 bytes) holds one cmsghdr with one descriptor, and sendmsg's result is checked.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), pass);
+        let n = libc::sendmsg(socket, &raw const msg, libc::MSG_NOSIGNAL);
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    }
+}
+
+/// Receives into `buf`'s spare room, keeping any descriptors that come along in `fds`.
+fn recv_with_fds(socket: RawFd, buf: &mut BytesMut, fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
+    buf.reserve(64 << 10);
+    let spare = buf.spare_capacity_mut();
+    let mut iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() };
+    let mut control = [0u64; 32];
+    // SAFETY: msghdr is plain data pointing at live locals; recvmsg writes at most `iov_len`
+    // bytes into the spare capacity (then counted with set_len) and at most `msg_controllen`
+    // into `control`; the control messages are walked with the CMSG macros within that length,
+    // and each received descriptor is owned from here on.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let n = libc::recvmsg(socket, &raw mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<libc::c_int>();
+                for i in 0..count {
+                    fds.push_back(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::other("the server sent more descriptors than expected"));
+        }
+        buf.set_len(buf.len() + n as usize);
+        Ok(n as usize)
+    }
+}
+
+/// Writes one message with `pass` attached to its first bytes.
+///
+/// # Errors
+/// When the socket fails (the peer went away).
+pub async fn send_message_with_fd(socket: &UnixStream, message: &[u8], pass: BorrowedFd<'_>) -> io::Result<()> {
+    let sent = loop {
+        socket.writable().await?;
+        match socket.try_io(Interest::WRITABLE, || send_with_fd(socket.as_raw_fd(), message, pass.as_raw_fd())) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    };
+    write_all(socket, &message[sent..]).await
+}
+
+/// Writes all of `bytes` through a shared reference to the socket.
+async fn write_all(socket: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        socket.writable().await?;
+        match socket.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Messages received from the server, and the descriptors that came with them.
+#[derive(Default)]
+struct Inbox {
+    buf: BytesMut,
+    fds: VecDeque<OwnedFd>,
+}
+
+impl Inbox {
+    /// The next whole message in the buffer.
+    fn take(&mut self) -> io::Result<Option<(u8, Bytes)>> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
+        if len == 0 || len > wire::MAX_MESSAGE {
+            return Err(io::Error::other(format!("a message of {len} bytes from the server")));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        self.buf.advance(4);
+        let mut message = self.buf.split_to(len).freeze();
+        let kind = message.get_u8();
+        Ok(Some((kind, message)))
+    }
+
+    /// The next message. Cancel-safe: what was read stays in the inbox.
+    async fn next(&mut self, socket: &UnixStream) -> io::Result<(u8, Bytes)> {
+        loop {
+            if let Some(m) = self.take()? {
+                return Ok(m);
+            }
+            socket.readable().await?;
+            match socket.try_io(Interest::READABLE, || recv_with_fds(socket.as_raw_fd(), &mut self.buf, &mut self.fds)) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A slot of a segment, owned by the arrays of the batch in it; given back when dropped.
+struct Slot {
+    _memory: Arc<SharedMemory>,
+    segment: u32,
+    slot: u32,
+    release: std::panic::AssertUnwindSafe<mpsc::UnboundedSender<(u32, u32)>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // The stream may be gone; then the server is too, and nothing waits for the slot.
+        let _ = self.release.send((self.segment, self.slot));
+    }
+}
+
+/// A connection to `lake serve --local PATH`: batch streams for trainers on the same machine,
+/// in shared memory.
+///
+/// ```no_run
+/// # async fn demo() -> lake_loader::Result<()> {
+/// use futures::StreamExt;
+/// let local = lake_loader::LocalLoader::new("/run/lake/serve.sock", None);
+/// let request = r#"{"datasets": ["my_dataset"], "preset": "act", "batch_size": 32, "limit_batches": 10}"#;
+/// let mut batches = local.stream(request).await?;
+/// while let Some(batch) = batches.next().await {
+///     let batch = batch?; // its frames are views of the server's shared memory
+/// #   let _ = batch;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LocalLoader {
+    path: PathBuf,
+    token: Option<String>,
+    slots: u32,
+}
+
+fn refused(payload: &[u8]) -> Error {
+    let value: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
+    let code = value["code"].as_str().unwrap_or("unknown");
+    let message = value["message"].as_str().unwrap_or("no message");
+    Error::Request(format!("server: {message} ({code})"))
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl LocalLoader {
+    /// A client of the server listening at `path`, sending `token` when given.
+    pub fn new(path: impl AsRef<Path>, token: Option<String>) -> Self {
+        Self { path: path.as_ref().to_path_buf(), token, slots: wire::DEFAULT_SLOTS }
+    }
+
+    /// Slots of shared memory per stream (1 to 16; default 2): batches the trainer may hold at
+    /// once. The stream waits while the trainer holds them all, so a trainer that keeps every
+    /// batch it reads (as `try_collect` does) needs as many slots as batches, or must copy them.
+    #[must_use]
+    pub fn with_slots(mut self, slots: u32) -> Self {
+        self.slots = slots.clamp(1, wire::MAX_SLOTS);
+        self
+    }
+
+    /// Streams the batches of a JSON sampling request (see `lake serve`), in order: the same
+    /// batches as over Flight.
+    ///
+    /// # Errors
+    /// When the socket cannot be reached, or the server's refusal (unknown dataset, bad request,
+    /// missing token) with its message.
+    pub async fn stream(&self, request: &str) -> Result<RemoteBatches> {
+        let at = |e: io::Error| Error::Request(format!("{}: {e}", self.path.display()));
+        let socket = UnixStream::connect(&self.path).await.map_err(at)?;
+        let token = self.token.as_deref().unwrap_or("");
+        let hello = wire::frame(
+            wire::HELLO,
+            &[&self.slots.to_le_bytes(), &(token.len() as u32).to_le_bytes(), token.as_bytes(), request.as_bytes()],
+        );
+        write_all(&socket, &hello).await.map_err(at)?;
+        let mut inbox = Inbox::default();
+        let schema = match inbox.next(&socket).await.map_err(at)? {
+            (wire::SCHEMA, header) => {
+                let data = FlightData { data_header: header, ..Default::default() };
+                Arc::new(Schema::try_from(&data).map_err(|e| Error::Request(format!("server: a bad schema: {e}")))?)
+            }
+            (wire::ERROR, payload) => return Err(refused(&payload)),
+            (kind, _) => return Err(Error::Request(format!("server: an unexpected message {kind} before the schema"))),
+        };
+        let (batches, received) = mpsc::channel(self.slots as usize + 1);
+        tokio::spawn(receive(socket, inbox, schema, batches));
+        Ok(Box::pin(futures::stream::unfold(received, |mut r| async move { r.recv().await.map(|b| (b, r)) })))
+    }
+}
+
+/// Reads the server's messages, sends the batches on, and gives slots back as their batches
+/// are dropped; ends with the stream, or when its reader goes away.
+async fn receive(socket: UnixStream, mut inbox: Inbox, schema: SchemaRef, batches: mpsc::Sender<Result<RecordBatch>>) {
+    let (release, mut released) = mpsc::unbounded_channel::<(u32, u32)>();
+    let mut segments: HashMap<u32, (Arc<SharedMemory>, u64)> = HashMap::new();
+    let failed = |what: String| Err(Error::Request(format!("server: {what}")));
+    loop {
+        let message = tokio::select! {
+            m = inbox.next(&socket) => m,
+            Some((segment, slot)) = released.recv() => {
+                let message = wire::frame(wire::RELEASE, &[&segment.to_le_bytes(), &slot.to_le_bytes()]);
+                if write_all(&socket, &message).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            () = batches.closed() => return,
+        };
+        let item = match message {
+            Ok((wire::SEGMENT, m)) if m.len() == 16 => {
+                let (id, slots, slot_bytes) = (le_u32(&m, 0), le_u32(&m, 4), le_u64(&m, 8));
+                let len = usize::try_from(slot_bytes).ok().and_then(|b| b.checked_mul(slots as usize));
+                let mapped = match (inbox.fds.pop_front(), len) {
+                    (Some(fd), Some(len)) => SharedMemory::open(fd, len).map_err(|e| format!("mapping its shared memory: {e}")),
+                    (None, _) => Err("a segment without its descriptor".to_string()),
+                    (_, None) => Err(format!("a segment of {slots} slots of {slot_bytes} bytes")),
+                };
+                match mapped {
+                    Ok(memory) => {
+                        // The server writes only into its newest segment; batches still alive
+                        // in older ones keep theirs mapped.
+                        segments.clear();
+                        segments.insert(id, (Arc::new(memory), slot_bytes));
+                        continue;
+                    }
+                    Err(what) => failed(what),
+                }
+            }
+            Ok((wire::BATCH, m)) if m.len() == 16 => {
+                let (segment, slot, len) = (le_u32(&m, 0), le_u32(&m, 4), le_u64(&m, 8));
+                match segments.get(&segment) {
+                    Some((memory, slot_bytes)) if len <= *slot_bytes && (u64::from(slot) + 1) * slot_bytes <= memory.len() as u64 => {
+                        let offset = (u64::from(slot) * slot_bytes) as usize;
+                        let owner = Slot { _memory: memory.clone(), segment, slot, release: std::panic::AssertUnwindSafe(release.clone()) };
+                        // SAFETY: `offset + len` lies within the mapping (checked above), which
+                        // `owner` keeps alive for as long as the buffer; the server leaves the
+                        // slot alone until `owner` is dropped and gives it back.
+                        let message = unsafe {
+                            Buffer::from_custom_allocation(
+                                NonNull::new(memory.ptr.as_ptr().add(offset)).expect("inside a mapping"),
+                                len as usize,
+                                Arc::new(owner),
+                            )
+                        };
+                        match wire::split_message(&message) {
+                            Some((header, body)) => {
+                                crate::client::batch_from_ipc(&message[header], &message.slice_with_length(body.start, body.len()), &schema)
+                            }
+                            None => failed(format!("slot {slot} of segment {segment} does not hold an IPC message")),
+                        }
+                    }
+                    _ => failed(format!("a batch in slot {slot} of segment {segment}, which it did not send")),
+                }
+            }
+            Ok((wire::DONE, _)) => return,
+            Ok((wire::ERROR, payload)) => Err(refused(&payload)),
+            Ok((kind, _)) => failed(format!("an unexpected message {kind}")),
+            Err(e) => failed(format!("the connection failed: {e}")),
+        };
+        let end = item.is_err();
+        if batches.send(item).await.is_err() || end {
+            return;
+        }
+    }
+}
