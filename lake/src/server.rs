@@ -32,7 +32,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 128)]
     prefetch_mb: u64,
     /// MiB all streams may hold together: each open stream's send buffer (one encoded batch)
-    /// and the batches being made, ready or being sent (two encoded sizes each). Streams wait
+    /// and the batches being made, ready or being sent (two encoded sizes each); a local
+    /// stream's slots of shared memory and its batches (one size each). Streams wait
     /// for room for their next batch; a stream that cannot get its send buffer is refused
     /// (RESOURCE_EXHAUSTED / 503). The server's memory is about this plus the cache plus the
     /// open datasets.

@@ -543,3 +543,53 @@ async fn receive(socket: UnixStream, mut inbox: Inbox, schema: SchemaRef, batche
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_written_here_reads_back_through_its_descriptor() {
+        let memory = SharedMemory::create(3 << 12).expect("memfd");
+        let chunks = [Bytes::from_static(b"lake"), Bytes::from(vec![7u8; 5000])];
+        assert!(memory.write_at(4096, &chunks));
+        assert!(!memory.write_at((3 << 12) - 4, &chunks), "a write past the end is refused");
+        let fd = memory.fd().try_clone_to_owned().expect("dup");
+        let seen = SharedMemory::open(fd, 3 << 12).expect("mapped again");
+        // SAFETY: both mappings are 12 KiB long and nothing writes while this reads.
+        let bytes = unsafe { std::slice::from_raw_parts(seen.ptr.as_ptr(), seen.len()) };
+        assert_eq!(&bytes[4096..4100], b"lake");
+        assert!(bytes[4100..9100].iter().all(|&b| b == 7) && bytes[..4096].iter().all(|&b| b == 0));
+        let fd = memory.fd().try_clone_to_owned().expect("dup");
+        assert!(SharedMemory::open(fd, 4 << 12).is_err(), "a segment announced larger than it is");
+    }
+
+    #[test]
+    fn encapsulated_messages_split_into_metadata_and_a_64_byte_aligned_body() {
+        let header = vec![1u8; 100];
+        let mut message = wire::message_prefix(&header);
+        assert_eq!(message.len() % 64, 0);
+        message.extend_from_slice(b"body");
+        let (meta, body) = wire::split_message(&message).expect("a message");
+        assert_eq!(&message[meta][..100], &header[..]);
+        assert_eq!((body.start % 64, &message[body]), (0, &b"body"[..]));
+        assert!(wire::split_message(b"not a message").is_none());
+        let mut short = wire::message_prefix(&header);
+        short.truncate(40);
+        assert!(wire::split_message(&short).is_none(), "metadata running past the end");
+    }
+
+    #[test]
+    fn the_inbox_takes_whole_messages_only() {
+        let mut inbox = Inbox::default();
+        let one = wire::frame(wire::BATCH, &[b"abc"]);
+        inbox.buf.extend_from_slice(&one[..5]);
+        assert!(inbox.take().expect("ok").is_none());
+        inbox.buf.extend_from_slice(&one[5..]);
+        inbox.buf.extend_from_slice(&wire::frame(wire::DONE, &[]));
+        assert_eq!(inbox.take().expect("ok"), Some((wire::BATCH, Bytes::from_static(b"abc"))));
+        assert_eq!(inbox.take().expect("ok"), Some((wire::DONE, Bytes::new())));
+        inbox.buf.extend_from_slice(&[0, 0, 0, 0, 0]);
+        assert!(inbox.take().is_err(), "a message of no bytes");
+    }
+}

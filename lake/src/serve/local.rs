@@ -24,8 +24,9 @@ use super::{Footprint, Refusal, Service, Spawned, refusal};
 /// How long a new connection may take to send its request.
 const HELLO_WAIT: Duration = Duration::from_secs(10);
 
-/// Slot sizes are rounded up to this (and get an eighth more room than the batch that made
-/// them, for batches whose strings run longer).
+/// Slot sizes are rounded up to this: room for later batches whose strings run a little
+/// longer (a batch that outgrows it gets a new segment), and little beyond the batch size the
+/// memory budget counts.
 const SLOT_ROUNDING: usize = 1 << 20;
 
 /// How long a shutdown waits for open streams to send their last batch.
@@ -182,7 +183,7 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
         let len = prefix.len() + body_len;
         let chunks: Vec<bytes::Bytes> = std::iter::once(bytes::Bytes::from(prefix)).chain(body).collect();
         if ring.as_ref().is_none_or(|r| r.slot_bytes < len) {
-            let slot_bytes = (len + len / 8).next_multiple_of(SLOT_ROUNDING).max(SLOT_ROUNDING);
+            let slot_bytes = (len + 1).next_multiple_of(SLOT_ROUNDING);
             let memory = SharedMemory::create(slot_bytes * slots as usize)?;
             segments += 1;
             let announce = wire::frame(wire::SEGMENT, &[&segments.to_le_bytes(), &slots.to_le_bytes(), &(slot_bytes as u64).to_le_bytes()]);

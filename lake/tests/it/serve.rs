@@ -191,6 +191,14 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let all = local.clone().with_slots(3);
         let got: Vec<RecordBatch> = all.stream(&request.to_string()).await.expect("local stream").try_collect().await.expect("batches");
         same_rows(&got, &expected, "local stream");
+        // An epoch's short last batch, then full ones: the slots outgrow their segment, and
+        // the stream moves to a larger one while the short batch is still held.
+        let growing = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 7, "seed": 3, "drop_last": false,
+            "start_step": 85, "limit_batches": 3});
+        let want = in_process(&root, &growing).await;
+        assert_eq!(want.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(), [5, 7, 7]);
+        let got: Vec<RecordBatch> = all.stream(&growing.to_string()).await.expect("local stream").try_collect().await.expect("batches");
+        same_rows(&got, &want, "local stream across segments");
         let one_slot = local.clone().with_slots(1);
         let read_one_by_one = |r: usize| {
             let (one_slot, request, whole) = (one_slot.clone(), rank(r as u64), &whole);
