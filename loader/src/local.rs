@@ -237,19 +237,27 @@ impl Drop for SharedMemory {
     }
 }
 
+/// A `msghdr` over one buffer and the first `control_len` bytes of a control buffer (u64s keep
+/// it aligned for `cmsghdr`).
+fn msghdr(iov: &mut libc::iovec, control: &mut [u64], control_len: usize) -> libc::msghdr {
+    debug_assert!(control_len <= std::mem::size_of_val(control));
+    // SAFETY: msghdr is plain data, for which all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control_len as _;
+    msg
+}
+
 /// Sends `bytes` with `pass` attached as `SCM_RIGHTS`; returns how many bytes went.
 fn send_with_fd(socket: RawFd, bytes: &[u8], pass: RawFd) -> io::Result<usize> {
     let mut iov = libc::iovec { iov_base: bytes.as_ptr().cast_mut().cast(), iov_len: bytes.len() };
-    // u64s keep the control buffer aligned for `cmsghdr`.
     let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain data; every pointer set below points at live locals, the control
-    // buffer (64 bytes) holds one cmsghdr with one descriptor, and sendmsg's result is checked.
+    // SAFETY: the header points at live locals, the control buffer (64 bytes) holds one cmsghdr
+    // with one descriptor, and sendmsg's result is checked.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+        let msg = msghdr(&mut iov, &mut control, libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize);
         let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
@@ -266,16 +274,13 @@ fn recv_with_fds(socket: RawFd, buf: &mut BytesMut, fds: &mut VecDeque<OwnedFd>)
     let spare = buf.spare_capacity_mut();
     let mut iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() };
     let mut control = [0u64; 32];
-    // SAFETY: msghdr is plain data pointing at live locals; recvmsg writes at most `iov_len`
-    // bytes into the spare capacity (then counted with set_len) and at most `msg_controllen`
-    // into `control`; the control messages are walked with the CMSG macros within that length,
-    // and each received descriptor is owned from here on.
+    let control_len = std::mem::size_of_val(&control);
+    // SAFETY: the header points at live locals; recvmsg writes at most `iov_len` bytes into the
+    // spare capacity (then counted with set_len) and at most `msg_controllen` into `control`;
+    // the control messages are walked with the CMSG macros within that length, and each
+    // received descriptor is owned from here on.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let mut msg = msghdr(&mut iov, &mut control, control_len);
         let n = libc::recvmsg(socket, &raw mut msg, libc::MSG_CMSG_CLOEXEC);
         if n < 0 {
             return Err(io::Error::last_os_error());
