@@ -31,7 +31,7 @@ use crate::{
     cache::{CacheStats, Frame, FrameCache},
     dataset::LoaderDataset,
     decode::StreamDecoder,
-    frames::FrameStorage,
+    frames::{FrameExtent, FrameStorage},
     lookahead::{Ahead, FrameRef},
     sampler::Draw,
     spec::{DatasetKeys, Window, Windows, resolve_windows},
@@ -339,13 +339,28 @@ impl Loader {
         }
 
         let (wanted, shown_by) = self.camera_rows(source, rows);
-        let frames = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by, ahead).await?;
-        for (camera, packet_rows) in ds.cameras.iter().zip(&wanted) {
-            let size = camera.frame_bytes();
-            let mut out = Vec::with_capacity(packet_rows.len() * size);
-            for p in packet_rows {
-                out.extend_from_slice(&frames[p]);
+        let found = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by, ahead).await?;
+        let cameras: Vec<(usize, Vec<u64>)> = ds.cameras.iter().map(|c| c.frame_bytes()).zip(wanted).collect();
+        let frame_columns = if found.stored.is_empty() {
+            fill_frame_columns(&cameras, &found).expect("frames in memory are copied, not read")
+        } else {
+            // Frames read from the table straight into the batch, on the pool, in parallel.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let read_began = Instant::now();
+            self.pool.spawn(move || {
+                let columns = fill_frame_columns(&cameras, &found);
+                let _ = tx.send((columns, cameras, found));
+            });
+            let (columns, cameras, found) = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
+            self.counters.fetch_ns.fetch_add(read_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let columns =
+                columns.map_err(|(row, e)| Error::layout(&ds.label, format!("frame table row {row}: {e}; run `lake cache` again")))?;
+            if self.cache.enabled() {
+                self.cache_stored(ds.cache_id, &cameras, &columns, &found.stored);
             }
+            columns
+        };
+        for (camera, out) in ds.cameras.iter().zip(frame_columns) {
             let field = self.schema.field_with_name(&camera.key)?;
             let DataType::FixedSizeList(item, per_sample) = field.data_type() else { unreachable!("camera columns are fixed-size lists") };
             let values = Arc::new(UInt8Array::new(Buffer::from_vec(out).into(), None));
@@ -442,15 +457,22 @@ impl Loader {
         Ok(bound)
     }
 
+    /// Puts the frames a batch read from the frame table into the in-memory cache, copied out
+    /// of the batch's columns (a frame's first slot).
+    fn cache_stored(&self, cache_id: u64, cameras: &[(usize, Vec<u64>)], columns: &[Vec<u8>], stored: &HashMap<u64, FrameExtent>) {
+        let mut cached = BTreeSet::new();
+        for ((size, rows), column) in cameras.iter().zip(columns) {
+            for (frame, row) in column.chunks_exact(*size).zip(rows) {
+                if stored.contains_key(row) && cached.insert(*row) {
+                    self.cache.insert((cache_id, *row), Frame::copy_from_slice(frame));
+                }
+            }
+        }
+    }
+
     /// The RGB frames of `packet_rows` of dataset `source`: kept ahead for this batch, cached,
-    /// or decoded.
-    async fn frames(
-        &self,
-        source: usize,
-        packet_rows: BTreeSet<u64>,
-        shown_by: &HashMap<u64, u64>,
-        ahead: &Ahead,
-    ) -> Result<HashMap<u64, Frame>> {
+    /// decoded, or to be read from the frame table.
+    async fn frames(&self, source: usize, packet_rows: BTreeSet<u64>, shown_by: &HashMap<u64, u64>, ahead: &Ahead) -> Result<Found> {
         let ds = self.datasets[source].clone();
         let slot = ds.cache_id;
         let mut found = HashMap::with_capacity(packet_rows.len());
@@ -468,6 +490,22 @@ impl Loader {
         if self.frame_table && ds.has_frame_table() && !missing.is_empty() {
             let rows: Vec<u64> = missing.into_iter().collect();
             let fetch_began = Instant::now();
+            if let Some(extents) = ds.locate_stored_frames(&rows).await? {
+                self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                let mut stored = HashMap::with_capacity(rows.len());
+                for (row, extent) in rows.into_iter().zip(extents) {
+                    let size = ds.frame_bytes_of_row(row);
+                    if extent.len() != size {
+                        return Err(Error::layout(
+                            &ds.label,
+                            format!("frame table row {row}: {} bytes, expected {size}; run `lake cache` again", extent.len()),
+                        ));
+                    }
+                    self.counters.frames.fetch_add(1, Ordering::Relaxed);
+                    stored.insert(row, extent);
+                }
+                return Ok(Found { ready: found, stored });
+            }
             let (storage, stored) = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
             self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let sizes: Vec<usize> = rows.iter().map(|&r| ds.frame_bytes_of_row(r)).collect();
@@ -500,11 +538,11 @@ impl Loader {
                 self.cache.insert((slot, row), frame.clone());
                 found.insert(row, frame);
             }
-            return Ok(found);
+            return Ok(Found::ready(found));
         }
         let groups = group_by_gop(&ds, missing);
         if groups.is_empty() {
-            return Ok(found);
+            return Ok(Found::ready(found));
         }
         // Each GOP's own frames, and with them the frames of the same GOP that later batches of
         // the stream show and will keep (decoded now, once, instead of again from the keyframe).
@@ -590,8 +628,45 @@ impl Loader {
                 }
             }
         }
-        Ok(found)
+        Ok(Found::ready(found))
     }
+}
+
+/// The frames a batch shows: in memory, or to be read from the frame table into the batch.
+struct Found {
+    ready: HashMap<u64, Frame>,
+    stored: HashMap<u64, FrameExtent>,
+}
+
+impl Found {
+    fn ready(ready: HashMap<u64, Frame>) -> Self {
+        Self { ready, stored: HashMap::new() }
+    }
+}
+
+/// The frame column values of each camera (`(frame bytes, packet row of each slot)`): every
+/// slot filled from a frame in memory, or read from the frame table straight into place (in
+/// parallel when on a pool; a frame shown in two slots is read twice, which costs what a copy
+/// would). A failed read names the row.
+fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::result::Result<Vec<Vec<u8>>, (u64, std::io::Error)> {
+    let mut columns: Vec<Vec<u8>> = cameras.iter().map(|(size, rows)| Vec::with_capacity(size * rows.len())).collect();
+    let mut reads = Vec::new();
+    for ((size, rows), column) in cameras.iter().zip(columns.iter_mut()) {
+        let values = &mut column.spare_capacity_mut()[..size * rows.len()];
+        for (slot, row) in values.chunks_exact_mut(*size).zip(rows) {
+            match (found.ready.get(row), found.stored.get(row)) {
+                (Some(frame), _) => drop(slot.write_copy_of_slice(frame)),
+                (None, Some(extent)) => reads.push((*row, extent, slot)),
+                (None, None) => unreachable!("every frame a batch shows is found or stored"),
+            }
+        }
+    }
+    reads.into_par_iter().try_for_each(|(row, extent, slot)| extent.read_into(slot).map_err(|e| (row, e)))?;
+    for ((size, rows), column) in cameras.iter().zip(columns.iter_mut()) {
+        // SAFETY: every slot of the first `size * rows.len()` bytes was written above.
+        unsafe { column.set_len(size * rows.len()) };
+    }
+    Ok(columns)
 }
 
 #[allow(clippy::too_many_arguments)] // one GOP job: its inputs are distinct things

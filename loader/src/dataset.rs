@@ -103,6 +103,8 @@ pub struct LoaderDataset {
     pub cache_id: u64,
     /// The decoded-frame table, when `lake cache` made one, and how it stores frames.
     frames_table: Option<(Arc<lance::Dataset>, FrameStorage)>,
+    /// The frame table's open data files.
+    frame_files: crate::frames::FrameFiles,
 }
 
 impl LoaderDataset {
@@ -188,6 +190,7 @@ impl LoaderDataset {
             packets_table,
             cache_id,
             frames_table,
+            frame_files: crate::frames::FrameFiles::default(),
         }))
     }
 
@@ -244,15 +247,37 @@ impl LoaderDataset {
     pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<(FrameStorage, Vec<bytes::Bytes>)>> {
         let Some((table, storage)) = &self.frames_table else { return Ok(None) };
         let frames = if crate::frames::is_blob_table(table) {
-            crate::frames::read_frames(table, storage.column(), rows).await.map_err(|source| Error::Lance {
-                dataset: self.label.clone(),
-                table: crate::frames::FRAMES.into(),
-                source: Box::new(source),
-            })?
+            crate::frames::read_frames(table, storage.column(), rows).await.map_err(|e| self.frame_table_error(table, e))?
         } else {
             take_binary(&self.label, table, crate::frames::FRAMES, storage.column(), rows).await?
         };
         Ok(Some((*storage, frames)))
+    }
+
+    /// Where the stored frames of packet rows (sorted, distinct) lie, in that order, for reading
+    /// them straight into a batch: `None` unless the frame table stores plain frames in a blob
+    /// column on the local filesystem (then [`stored_frames`](Self::stored_frames) reads them).
+    ///
+    /// # Errors
+    /// When Lance cannot locate them or a file cannot be opened.
+    pub async fn locate_stored_frames(&self, rows: &[u64]) -> Result<Option<Vec<crate::frames::FrameExtent>>> {
+        let Some((table, storage)) = &self.frames_table else { return Ok(None) };
+        if *storage != FrameStorage::Plain || !crate::frames::is_blob_table(table) {
+            return Ok(None);
+        }
+        crate::frames::locate_frames(table, storage.column(), rows, &self.frame_files).await.map_err(|e| self.frame_table_error(table, e))
+    }
+
+    /// A failed frame table read: a missing data file is named, with what to do about it.
+    fn frame_table_error(&self, table: &lance::Dataset, source: lance::Error) -> Error {
+        match source {
+            lance::Error::NotFound { uri, .. } => {
+                // Lance names local files by their path without the leading `/`.
+                let path = if table.uri().starts_with('/') && !uri.starts_with('/') { format!("/{uri}") } else { uri };
+                Error::layout(&self.label, format!("the frame table's file {path} is missing; run `lake cache {}` again", self.record.name))
+            }
+            source => Error::Lance { dataset: self.label.clone(), table: crate::frames::FRAMES.into(), source: Box::new(source) },
+        }
     }
 
     /// Bytes of the RGB frame of packet row `row`.

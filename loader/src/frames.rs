@@ -12,6 +12,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    mem::MaybeUninit,
     sync::Arc,
 };
 
@@ -109,6 +110,120 @@ pub async fn read_frames(table: &Arc<lance::Dataset>, column: &str, rows: &[u64]
         }
     });
     futures::future::try_join_all(reads).await
+}
+
+/// Where a stored frame lies in a file on the local filesystem: what a read straight into its
+/// place in a batch needs (see [`locate_frames`]).
+#[derive(Debug, Clone)]
+pub struct FrameExtent {
+    file: Arc<FrameFile>,
+    offset: u64,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct FrameFile {
+    path: String,
+    file: std::fs::File,
+}
+
+impl FrameExtent {
+    /// Bytes of the stored frame.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the stored frame has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads the frame into `dst` (exactly [`len`](Self::len) bytes) with positioned reads,
+    /// the kernel copying from the page cache straight into it.
+    ///
+    /// # Errors
+    /// When the read fails or the file ends inside the frame (both name the file).
+    pub fn read_into(&self, dst: &mut [MaybeUninit<u8>]) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        assert_eq!(dst.len(), self.len, "a frame is read into a slot of its size");
+        let fd = self.file.file.as_raw_fd();
+        let mut done = 0usize;
+        while done < self.len {
+            let at = libc::off_t::try_from(self.offset + done as u64).map_err(std::io::Error::other)?;
+            // SAFETY: the destination is `len - done` writable bytes of `dst`; the kernel
+            // writes at most that many, and uninitialised memory is a valid read target.
+            let n = unsafe { libc::pread(fd, dst[done..].as_mut_ptr().cast(), self.len - done, at) };
+            match n {
+                0 => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("{} ends inside a frame (at byte {} of {} from {})", self.file.path, done, self.len, self.offset),
+                    ));
+                }
+                n if n < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(std::io::Error::new(e.kind(), format!("{}: {e}", self.file.path)));
+                    }
+                }
+                n => done += n as usize,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The open data files of a frame table (a table's files never change once written).
+#[derive(Debug, Default)]
+pub struct FrameFiles(std::sync::Mutex<HashMap<String, Arc<FrameFile>>>);
+
+impl FrameFiles {
+    fn open(&self, path: String) -> std::io::Result<Arc<FrameFile>> {
+        let mut files = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(f) = files.get(&path) {
+            return Ok(f.clone());
+        }
+        let file = std::fs::File::open(&path).map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}")))?;
+        let f = Arc::new(FrameFile { path: path.clone(), file });
+        files.insert(path, f.clone());
+        Ok(f)
+    }
+}
+
+/// Where the frames of `rows` (sorted, distinct) of a blob frame table lie, in that order, or
+/// `None` when the table is not on the local filesystem (then [`read_frames`] reads them).
+///
+/// Lance locates each blob (its data file, offset and size); the loader then reads it straight
+/// into the batch, saving the copy out of a buffer Lance would read it into.
+///
+/// # Errors
+/// When Lance cannot locate a frame or its file cannot be opened.
+pub async fn locate_frames(
+    table: &Arc<lance::Dataset>,
+    column: &str,
+    rows: &[u64],
+    files: &FrameFiles,
+) -> lance::Result<Option<Vec<FrameExtent>>> {
+    use lance::datatypes::BlobKind;
+    if !table.object_store(None).await?.has_direct_local_paths() {
+        return Ok(None);
+    }
+    let blobs = table.take_blobs_by_indices(rows, column).await?;
+    let mut extents = Vec::with_capacity(blobs.len());
+    for (blob, row) in blobs.into_iter().zip(rows) {
+        let blob = blob.ok_or_else(|| lance::Error::invalid_input(format!("frame table row {row} holds no frame")))?;
+        if !matches!(blob.kind(), BlobKind::Inline | BlobKind::Packed | BlobKind::Dedicated) {
+            return Ok(None);
+        }
+        let file = files.open(format!("/{}", blob.data_path())).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => lance::Error::not_found(blob.data_path().to_string()),
+            _ => lance::Error::io(e.to_string()),
+        })?;
+        let len = usize::try_from(blob.size())
+            .map_err(|_| lance::Error::invalid_input(format!("frame table row {row}: {} bytes", blob.size())))?;
+        extents.push(FrameExtent { file, offset: blob.position(), len });
+    }
+    Ok(Some(extents))
 }
 
 /// What [`write_frame_table`] did.

@@ -143,3 +143,18 @@ pub fn sql_rows(root: &Path, query: &str) -> Vec<serde_json::Map<String, serde_j
 pub fn num(row: &serde_json::Map<String, serde_json::Value>, key: &str) -> f64 {
     row.get(key).and_then(serde_json::Value::as_f64).unwrap_or_else(|| panic!("row {row:?} has no number `{key}`"))
 }
+
+/// Every file under `dir` (none when it does not exist), sorted.
+pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}

@@ -31,17 +31,7 @@ struct SourceStep {
 }
 
 fn parquet_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(parquet_files(&p));
-        } else if p.extension().is_some_and(|x| x == "parquet") {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
+    crate::common::files_under(dir).into_iter().filter(|p| p.extension().is_some_and(|x| x == "parquet")).collect()
 }
 
 /// Source steps per episode, read straight from the data parquet files.

@@ -17,7 +17,7 @@ use lake_loader::{
 use lake_testkit::{shared_dir, testdata};
 use sha2::{Digest, Sha256};
 
-use crate::common::{ingest_ok, lake, read_arrow};
+use crate::common::{files_under, ingest_ok, lake, read_arrow};
 
 fn reference(name: &str, preset: &str) -> RecordBatch {
     read_arrow(&shared_dir().join(format!("fixtures/reference/{name}.{preset}.arrow")))
@@ -178,6 +178,72 @@ fn bad_sample_requests_are_refused_clearly() {
     }
     let run = lake(&root, &["sample", "--dataset", "nope", "--indices", "1", "--out", out]);
     assert!(run.stderr.contains("no dataset or view `nope`"), "{run:#?}");
+}
+
+/// Frames read from the stored frame table straight into batches: the same batches as
+/// decoding, with the in-memory cache off and on (frames the table gave are cached, and a
+/// diffusion window shows them again), nothing decoded; and a table whose data files are gone is
+/// reported by file, not read as something else.
+#[test]
+fn frame_table_batches_equal_decoded_ones() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let name = "v30-av1-small";
+    ingest_ok(&root, &testdata(name), &[]);
+    let run = lake(&root, &["cache", name]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let ds = LoaderDataset::open(&lake, name).await.expect("open");
+        assert!(ds.has_frame_table());
+        let eligible = Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), 0, 0);
+        let order = Arc::new(Order::new(9, vec![Source { eligible, weight: 1.0 }]).expect("order"));
+        let run = |frame_table: bool, cache_bytes: u64| {
+            let loader = Arc::new(
+                Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Diffusion), LoaderOptions { threads: 2, cache_bytes, frame_table })
+                    .expect("loader"),
+            );
+            let request = StreamRequest {
+                order: order.clone(),
+                sharding: Sharding::new(24, 0, 1, true).expect("sharding"),
+                start: Cursor { epoch: 0, step: 0 },
+                limit: Some(10),
+                prefetch: 2,
+                lookahead: 0,
+            };
+            async move {
+                let batches: Vec<RecordBatch> =
+                    lake_loader::stream(loader.clone(), request).map(|b| b.expect("batch").batch).collect().await;
+                (batches, loader.cache_stats(), loader.decode_stats())
+            }
+        };
+        let (decoded, _, from_packets) = run(false, 0).await;
+        let (table, _, plain) = run(true, 0).await;
+        let (table_cached, cached, _) = run(true, 8 << 20).await;
+        assert_eq!(decoded.len(), 10);
+        assert!(from_packets.packets > 0);
+        assert_eq!((plain.packets, plain.groups), (0, 0), "frames come from the table, none decoded: {plain:?}");
+        assert!(plain.frames > 0, "{plain:?}");
+        assert!(cached.hits > 0, "frames read from the table are cached and shown again: {cached:?}");
+        assert!(decoded == table, "frames read from the table differ from decoded ones");
+        assert!(decoded == table_cached, "with the in-memory cache on too");
+    });
+
+    // The table's data files gone: sampling fails and names one.
+    let files: Vec<std::path::PathBuf> =
+        files_under(&root).into_iter().filter(|p| p.to_string_lossy().contains("frames.lance/data/")).collect();
+    assert!(!files.is_empty(), "the frame table has data files under {}", root.display());
+    for f in &files {
+        std::fs::remove_file(f).expect("remove");
+    }
+    let out = tmp.path().join("x.arrow");
+    let run = lake(&root, &["sample", "--dataset", name, "--indices", "0,7,300", "--preset", "act", "--out", out.to_str().expect("utf-8")]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(files.iter().any(|f| run.stderr.contains(f.to_str().expect("utf-8"))), "the error names the missing file: {run:#?}");
+    assert!(run.stderr.contains(&format!("run `lake cache {name}` again")), "{run:#?}");
+    assert!(!run.stderr.contains(".rs:"), "no source locations: {run:#?}");
+    assert!(!out.exists(), "no output file on error");
 }
 
 /// Batches through the stream API: the same with the frame cache on and off, and with frames
