@@ -369,11 +369,14 @@ impl RgbConverter {
     /// When FFmpeg fails.
     pub fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
         let (w, h) = (self.key.width as usize, self.key.height as usize);
-        let mut data = vec![0u8; w * h * 3];
+        // Every byte is written below (rows of exactly `w * 3` bytes), so the frame is not
+        // zeroed first.
+        let mut data = Vec::with_capacity(w * h * 3);
+        let out = &mut data.spare_capacity_mut()[..w * h * 3];
         match &mut self.how {
-            Conversion::Copy => copy_rows(frame.data(0), frame.stride(0), &mut data, w * 3, h),
+            Conversion::Copy => copy_rows(frame.data(0), frame.stride(0), out, w * 3, h),
             Conversion::Swscale(ctx) => {
-                let dst = [data.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
+                let dst = [out.as_mut_ptr().cast::<u8>(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
                 let dst_stride = [(w * 3) as i32, 0, 0, 0];
                 // SAFETY: the source planes and strides come from a decoded frame of the size
                 // and format the context was made for; the destination holds h rows of w*3.
@@ -387,18 +390,20 @@ impl RgbConverter {
             }
             Conversion::Graph(graph) => {
                 graph.get("in").expect("source").source().add(frame).map_err(ff("filter graph input"))?;
-                let mut out = ffmpeg::frame::Video::empty();
-                graph.get("out").expect("sink").sink().frame(&mut out).map_err(ff("filter graph output"))?;
-                copy_rows(out.data(0), out.stride(0), &mut data, w * 3, h);
+                let mut converted = ffmpeg::frame::Video::empty();
+                graph.get("out").expect("sink").sink().frame(&mut converted).map_err(ff("filter graph output"))?;
+                copy_rows(converted.data(0), converted.stride(0), out, w * 3, h);
             }
         }
+        // SAFETY: the conversion wrote all `h` rows of `w * 3` bytes (swscale reported `h` rows).
+        unsafe { data.set_len(w * h * 3) };
         Ok(RgbFrame { width: w as u32, height: h as u32, data })
     }
 }
 
-fn copy_rows(src: &[u8], stride: usize, dst: &mut [u8], row: usize, rows: usize) {
-    for y in 0..rows {
-        dst[y * row..(y + 1) * row].copy_from_slice(&src[y * stride..y * stride + row]);
+fn copy_rows(src: &[u8], stride: usize, dst: &mut [std::mem::MaybeUninit<u8>], row: usize, rows: usize) {
+    for (y, out) in dst.chunks_exact_mut(row).take(rows).enumerate() {
+        out.write_copy_of_slice(&src[y * stride..y * stride + row]);
     }
 }
 
