@@ -30,6 +30,28 @@ use crate::{Error, Result};
 /// Batches from a server.
 pub type RemoteBatches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
 
+/// What a server plans for a sampling request: its batches' schema and the shape of its epochs,
+/// with which a trainer keeps its `(epoch, step)` cursor for exact resumption.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamPlan {
+    /// The batches' schema.
+    pub schema: SchemaRef,
+    /// Samples in an epoch (eligible steps of every dataset).
+    pub epoch_len: u64,
+    /// Global steps in an epoch.
+    pub steps_per_epoch: u64,
+}
+
+impl StreamPlan {
+    /// The plan from the server's JSON shape (`{"epoch_len": …, "steps_per_epoch": …}`).
+    pub(crate) fn from_json(schema: SchemaRef, shape: &[u8]) -> Result<Self> {
+        let bad = || Error::Request(format!("server: a plan that is not an epoch shape: {}", String::from_utf8_lossy(shape)));
+        let value: serde_json::Value = serde_json::from_slice(shape).map_err(|_| bad())?;
+        let field = |name: &str| value[name].as_u64().ok_or_else(bad);
+        Ok(Self { schema, epoch_len: field("epoch_len")?, steps_per_epoch: field("steps_per_epoch")? })
+    }
+}
+
 /// A connection to `lake serve`'s Flight endpoint.
 #[derive(Debug, Clone)]
 pub struct RemoteLoader {
@@ -85,6 +107,17 @@ impl RemoteLoader {
             client.add_header("authorization", &format!("Bearer {token}")).map_err(remote)?;
         }
         Ok(client)
+    }
+
+    /// The schema of a JSON sampling request's batches and the shape of its epochs
+    /// (`GetFlightInfo`).
+    ///
+    /// # Errors
+    /// The server's refusal (unknown dataset, bad request, missing token) with its message.
+    pub async fn describe(&self, request: &str) -> Result<StreamPlan> {
+        let info = self.client()?.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.map_err(remote)?;
+        let schema = info.clone().try_decode_schema().map_err(|e| Error::Request(format!("server: a bad schema: {e}")))?;
+        StreamPlan::from_json(Arc::new(schema), &info.app_metadata)
     }
 
     /// Streams the batches of a JSON sampling request (see `lake serve`), in order.

@@ -31,7 +31,7 @@ mod stream;
 pub use crate::{
     batch::{DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, Resources, SHAPE},
     cache::{CacheStats, Frame, FrameCache, FrameKey},
-    client::{RemoteBatches, RemoteLoader, flight_endpoint},
+    client::{RemoteBatches, RemoteLoader, StreamPlan, flight_endpoint},
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},

@@ -17,11 +17,15 @@
 //! |---|---|---|
 //! | client | `H` hello | `slots: u32`, `token_len: u32`, the bearer token, the JSON sampling request |
 //! | client | `R` release | `segment: u32`, `slot: u32` |
+//! | client | `Q` describe | `token_len: u32`, the bearer token, the JSON sampling request (instead of a hello) |
 //! | server | `S` schema | the Arrow IPC `Message` flatbuffer of the batches' schema |
+//! | server | `P` plan | JSON `{"epoch_len": …, "steps_per_epoch": …}`: the answer to a describe, after the schema |
 //! | server | `M` segment | `id: u32`, `slots: u32`, `slot_bytes: u64`; the memfd rides along (`SCM_RIGHTS`) |
 //! | server | `B` batch | `segment: u32`, `slot: u32`, `len: u64`: the slot's first `len` bytes hold an IPC record batch message |
 //! | server | `D` done | nothing: the stream reached its limit, or the server is shutting down |
 //! | server | `E` error | JSON `{"code": …, "message": …}`: the request was refused, or the stream failed |
+//!
+//! A describe is answered with the schema and the plan, or an error, and the connection closes.
 //!
 //! A server uses only its newest segment; it sends a larger one when a batch outgrows the
 //! slots, and the client unmaps an older one once no batch of it is alive.
@@ -44,7 +48,10 @@ use arrow_flight::FlightData;
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::{io::Interest, net::UnixStream, sync::mpsc};
 
-use crate::{Error, Result, client::RemoteBatches};
+use crate::{
+    Error, Result,
+    client::{RemoteBatches, StreamPlan},
+};
 
 /// Message kinds and framing shared by the client and `lake serve`.
 pub mod wire {
@@ -52,8 +59,12 @@ pub mod wire {
     pub const HELLO: u8 = b'H';
     /// Client: a slot is free again.
     pub const RELEASE: u8 = b'R';
+    /// Client: describe a request instead of streaming it.
+    pub const DESCRIBE: u8 = b'Q';
     /// Server: the batches' schema.
     pub const SCHEMA: u8 = b'S';
+    /// Server: the shape of a described request's epochs.
+    pub const PLAN: u8 = b'P';
     /// Server: a new segment of slots (its memfd attached).
     pub const SEGMENT: u8 = b'M';
     /// Server: a batch in a slot.
@@ -443,6 +454,27 @@ impl LocalLoader {
         self
     }
 
+    /// The schema of a JSON sampling request's batches and the shape of its epochs, as the
+    /// server plans it (what [`RemoteLoader::describe`](crate::RemoteLoader::describe) gives
+    /// over Flight).
+    ///
+    /// # Errors
+    /// As [`stream`](Self::stream).
+    pub async fn describe(&self, request: &str) -> Result<StreamPlan> {
+        let at = |e: io::Error| Error::Request(format!("{}: {e}", self.path.display()));
+        let socket = UnixStream::connect(&self.path).await.map_err(at)?;
+        let token = self.token.as_deref().unwrap_or("");
+        let describe = wire::frame(wire::DESCRIBE, &[&(token.len() as u32).to_le_bytes(), token.as_bytes(), request.as_bytes()]);
+        write_all(&socket, &describe).await.map_err(at)?;
+        let mut inbox = Inbox::default();
+        let schema = read_schema(&mut inbox, &socket).await.map_err(at)??;
+        match inbox.next(&socket).await.map_err(at)? {
+            (wire::PLAN, payload) => StreamPlan::from_json(schema, &payload),
+            (wire::ERROR, payload) => Err(refused(&payload)),
+            (kind, _) => Err(Error::Request(format!("server: an unexpected message {kind} instead of the plan"))),
+        }
+    }
+
     /// Streams the batches of a JSON sampling request (see `lake serve`), in order: the same
     /// batches as over Flight.
     ///
@@ -459,18 +491,23 @@ impl LocalLoader {
         );
         write_all(&socket, &hello).await.map_err(at)?;
         let mut inbox = Inbox::default();
-        let schema = match inbox.next(&socket).await.map_err(at)? {
-            (wire::SCHEMA, header) => {
-                let data = FlightData { data_header: header, ..Default::default() };
-                Arc::new(Schema::try_from(&data).map_err(|e| Error::Request(format!("server: a bad schema: {e}")))?)
-            }
-            (wire::ERROR, payload) => return Err(refused(&payload)),
-            (kind, _) => return Err(Error::Request(format!("server: an unexpected message {kind} before the schema"))),
-        };
+        let schema = read_schema(&mut inbox, &socket).await.map_err(at)??;
         let (batches, received) = mpsc::channel(self.slots as usize + 1);
         tokio::spawn(receive(socket, inbox, schema, batches));
         Ok(Box::pin(futures::stream::unfold(received, |mut r| async move { r.recv().await.map(|b| (b, r)) })))
     }
+}
+
+/// The server's first answer: the schema, or its refusal.
+async fn read_schema(inbox: &mut Inbox, socket: &UnixStream) -> io::Result<Result<SchemaRef>> {
+    Ok(match inbox.next(socket).await? {
+        (wire::SCHEMA, header) => {
+            let data = FlightData { data_header: header, ..Default::default() };
+            Schema::try_from(&data).map(Arc::new).map_err(|e| Error::Request(format!("server: a bad schema: {e}")))
+        }
+        (wire::ERROR, payload) => Err(refused(&payload)),
+        (kind, _) => Err(Error::Request(format!("server: an unexpected message {kind} before the schema"))),
+    })
 }
 
 /// Reads the server's messages, sends the batches on, and gives slots back as their batches

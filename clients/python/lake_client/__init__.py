@@ -182,21 +182,46 @@ class LocalClient:
             raise ValueError(f"a stream has 1 to 16 slots, not {slots}")
         self.path, self.token, self.slots = path, token, slots
 
-    def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
-        """The request's batches, in order; raises `LakeError` when the server refuses it."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(self.path)
-        stream = _LocalStream(sock)
+    def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """Schema and epoch shape (`epoch_len`, `steps_per_epoch`) of a sampling request, as
+        `LakeClient.info` gives them over Flight; raises `LakeError` when the server refuses it."""
+        stream = self._connect()
         try:
-            token = (self.token or "").encode()
-            hello = struct.pack("<II", self.slots, len(token)) + token + json.dumps(request).encode()
-            sock.sendall(_frame(b"H", hello))
+            schema = self._open(stream, b"Q", b"", request)
             kind, payload = stream.next()
             if kind == b"E":
                 raise self._refused(payload)
-            if kind != b"S":
-                raise LakeError("protocol", f"an unexpected message {kind!r} before the schema")
-            schema = pa.ipc.read_schema(pa.py_buffer(_encapsulated(payload)))
+            if kind != b"P":
+                raise LakeError("protocol", f"an unexpected message {kind!r} instead of the plan")
+            return {"schema": schema, **json.loads(payload)}
+        finally:
+            stream.close()
+
+    def _connect(self) -> _LocalStream:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        return _LocalStream(sock)
+
+    def _open(self, stream: _LocalStream, kind: bytes, prefix: bytes, request: Dict[str, Any]) -> pa.Schema:
+        """Sends the opening message (`H` hello or `Q` describe) and reads the schema back."""
+        token = (self.token or "").encode()
+        stream.sock.sendall(_frame(kind, prefix + struct.pack("<I", len(token)) + token + json.dumps(request).encode()))
+        kind, payload = stream.next()
+        if kind == b"E":
+            raise self._refused(payload)
+        if kind != b"S":
+            raise LakeError("protocol", f"an unexpected message {kind!r} before the schema")
+        return pa.ipc.read_schema(pa.py_buffer(_encapsulated(payload)))
+
+    def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        """The request's batches, in order; raises `LakeError` when the server refuses it."""
+        stream = self._connect()
+        try:
+            schema = self._open(stream, b"H", struct.pack("<I", self.slots), request)
             segment = None
             while True:
                 kind, payload = stream.next()
@@ -260,8 +285,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     """Batches from `lake serve` as a PyTorch `IterableDataset` of ready-made dict batches.
 
     Use it with `DataLoader(ds, batch_size=None)` (or iterate it directly). With `local=PATH`
-    (the server's `--local` socket, same machine) the batches arrive in shared memory; the
-    request's shape is still asked over Flight at `location`. Every rank gets its
+    (the server's `--local` socket, same machine) the batches arrive in shared memory and
+    `location` (Flight) may be `None`. Every rank gets its
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
@@ -269,7 +294,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
 
     def __init__(
         self,
-        location: str,
+        location: Optional[str],
         datasets: Sequence[DatasetSpec],
         preset: str = "none",
         delta_timestamps: Optional[Dict[str, List[float]]] = None,
@@ -284,6 +309,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     ):
         if torch is None:
             raise ImportError("LakeIterableDataset needs torch; LakeClient works without it")
+        if location is None and local is None:
+            raise ValueError("give the server's Flight `location`, its `local` socket, or both")
         super().__init__()
         self.location, self.token, self.local = location, token, local
         detected = _rank_and_world()
@@ -299,15 +326,14 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         return {**self.request, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch, "start_step": self.step}
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        client = LakeClient(self.location, self.token)
+        source = LocalClient(self.local, self.token) if self.local else LakeClient(self.location, self.token)
         request = self._full_request()
-        steps_per_epoch = client.info(request)["steps_per_epoch"]
+        steps_per_epoch = source.info(request)["steps_per_epoch"]
         if self.epochs is not None:
             remaining = (self.epochs - self.epoch) * steps_per_epoch - self.step
             if remaining <= 0:
                 return
             request["limit_batches"] = remaining
-        source = LocalClient(self.local, self.token) if self.local else client
         for batch in source.batches(request):
             self.step += 1
             if self.step >= steps_per_epoch:

@@ -96,6 +96,20 @@ class LocalStreams(unittest.TestCase):
             del batch
         self.assertEqual(read, len(over_flight))
 
+    def test_a_request_is_described_as_over_flight(self):
+        request = {"datasets": [DATASET], "preset": "act", "batch_size": 50, "seed": 11, "drop_last": False,
+                   "rank": 1, "world_size": 3}
+        local, flight = LocalClient(LOCAL, TOKEN).info(request), LakeClient(LOCATION, TOKEN).info(request)
+        self.assertTrue(local["schema"].equals(flight["schema"], check_metadata=True))
+        self.assertEqual((local["epoch_len"], local["steps_per_epoch"]), (flight["epoch_len"], flight["steps_per_epoch"]))
+        self.assertGreater(local["steps_per_epoch"], 0)
+        with self.assertRaises(LakeError) as refused:
+            LocalClient(LOCAL, TOKEN).info({"datasets": [DATASET], "rank": 3, "world_size": 3})
+        self.assertEqual(refused.exception.code, "bad_request")
+        with self.assertRaises(LakeError) as refused:
+            LocalClient(LOCAL, "wrong").info(request)
+        self.assertEqual(refused.exception.code, "unauthorized")
+
     def test_refusals_name_their_reason(self):
         with self.assertRaises(LakeError) as refused:
             next(LocalClient(LOCAL, TOKEN).batches({"datasets": ["nope"]}))
@@ -108,12 +122,12 @@ class LocalStreams(unittest.TestCase):
 
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchDataset(unittest.TestCase):
-    def make(self, **kw):
+    def make(self, location=LOCATION, **kw):
         from lake_client import LakeIterableDataset
 
         args = dict(datasets=[DATASET], preset="none", batch_size=40, seed=5, epochs=1, token=TOKEN, rank=0, world_size=1)
         args.update(kw)
-        return LakeIterableDataset(LOCATION, **args)
+        return LakeIterableDataset(location, **args)
 
     def test_resume_from_state_dict_replays_exactly(self):
         whole = [b["index"].tolist() for b in self.make()]
@@ -130,6 +144,7 @@ class TorchDataset(unittest.TestCase):
         self.assertEqual(seen, whole)
         if LOCAL:
             self.assertEqual([b["index"].tolist() for b in self.make(local=LOCAL)], whole)
+            self.assertEqual([b["index"].tolist() for b in self.make(location=None, local=LOCAL)], whole)
         frames = next(iter(self.make()))["observation.images.front"]
         self.assertEqual(frames.dtype, torch.uint8)
         self.assertEqual(tuple(frames.shape[1:]), (480, 640, 3))

@@ -114,14 +114,12 @@ impl FlightService for LakeFlight {
         let descriptor = request.into_inner();
         let sample = self.request_of(&descriptor.cmd)?;
         let plan = self.service.describe(&sample).await.map_err(|e| status(&e))?;
-        // Clients keep their (epoch, step) cursor with this, for exact resumption.
-        let shape = serde_json::json!({"epoch_len": plan.epoch_len, "steps_per_epoch": plan.steps_per_epoch});
         let info = FlightInfo::new()
             .try_with_schema(&plan.schema)
             .map_err(|e| Status::internal(e.to_string()))?
             .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(descriptor.cmd.clone())))
             .with_descriptor(descriptor)
-            .with_app_metadata(shape.to_string());
+            .with_app_metadata(plan.shape_json());
         Ok(Response::new(info))
     }
 

@@ -88,9 +88,36 @@ async fn read_message(reader: &mut OwnedReadHalf) -> std::io::Result<(u8, Vec<u8
 /// The request in a hello (kind `H`): slots, token, JSON.
 fn hello(message: &[u8]) -> Option<(u32, &[u8], &[u8])> {
     let slots = u32::from_le_bytes(message.get(..4)?.try_into().ok()?);
-    let token_len = u32::from_le_bytes(message.get(4..8)?.try_into().ok()?) as usize;
-    let token = message.get(8..8 + token_len)?;
-    Some((slots, token, message.get(8 + token_len..)?))
+    let (token, request) = token_and_request(message.get(4..)?)?;
+    Some((slots, token, request))
+}
+
+/// The token and JSON request of a hello (after its slots) or a describe.
+fn token_and_request(message: &[u8]) -> Option<(&[u8], &[u8])> {
+    let token_len = u32::from_le_bytes(message.get(..4)?.try_into().ok()?) as usize;
+    Some((message.get(4..4 + token_len)?, message.get(4 + token_len..)?))
+}
+
+/// Answers a describe (kind `Q`): the schema and the epoch shape, as `GetFlightInfo` does.
+async fn describe(service: &Service, message: &[u8], writer: &mut tokio::net::unix::OwnedWriteHalf) -> std::io::Result<()> {
+    let Some((token, request)) = token_and_request(message) else {
+        service.metrics.bad_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return writer.write_all(&wire::error("bad_request", "a describe holds a token and a request")).await;
+    };
+    if !service.authorized(std::str::from_utf8(token).ok().filter(|t| !t.is_empty())) {
+        return writer.write_all(&wire::error("unauthorized", "a valid bearer token is required")).await;
+    }
+    let plan = match service.parse_request(request) {
+        Ok(request) => service.describe(&request).await,
+        Err(e) => Err(e),
+    };
+    let plan = match plan {
+        Ok(plan) => plan,
+        Err(e) => return writer.write_all(&error_message(&e)).await,
+    };
+    let head: FlightData = SchemaAsIpc::new(&plan.schema, &IpcWriteOptions::default()).into();
+    writer.write_all(&wire::frame(wire::SCHEMA, &[&head.data_header])).await?;
+    writer.write_all(&wire::frame(wire::PLAN, &[plan.shape_json().as_bytes()])).await
 }
 
 /// The slots of a stream: its newest segment and which of its slots the client has free.
@@ -117,12 +144,15 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
     let (kind, message) = tokio::time::timeout(HELLO_WAIT, read_message(&mut reader))
         .await
         .map_err(|_| std::io::Error::other("no request within 10 s"))??;
+    if kind == wire::DESCRIBE {
+        return describe(&service, &message, &mut writer).await;
+    }
     let refuse = |what: &str| {
         service.metrics.bad_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         wire::error("bad_request", what)
     };
     let Some((slots, token, request)) = hello(&message).filter(|_| kind == wire::HELLO) else {
-        return writer.write_all(&refuse("the first message must be a hello with the request")).await;
+        return writer.write_all(&refuse("the first message must be a hello or a describe with the request")).await;
     };
     if !(1..=wire::MAX_SLOTS).contains(&slots) {
         return writer.write_all(&refuse(&format!("a stream has 1 to {} slots, not {slots}", wire::MAX_SLOTS))).await;

@@ -180,6 +180,14 @@ pub struct Plan {
     pub steps_per_epoch: u64,
 }
 
+impl Plan {
+    /// The epoch shape clients keep their `(epoch, step)` cursor with, as JSON (Flight's
+    /// `app_metadata`, a local stream's plan message).
+    pub fn shape_json(&self) -> String {
+        serde_json::json!({"epoch_len": self.epoch_len, "steps_per_epoch": self.steps_per_epoch}).to_string()
+    }
+}
+
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {

@@ -221,6 +221,13 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert!(refused.err().expect("refused").to_string().contains("outside a world"));
         let anonymous = lake_loader::LocalLoader::new(&server.local, None).stream(&request.to_string()).await;
         assert!(anonymous.err().expect("needs a token").to_string().contains("unauthorized"));
+        // A request described over either transport: the batches' schema and the epoch shape.
+        let described = local.describe(&request.to_string()).await.expect("describe");
+        assert_eq!(described, remote.describe(&request.to_string()).await.expect("describe over Flight"));
+        assert_eq!(described.schema, expected[0].schema());
+        assert_eq!((described.epoch_len, described.steps_per_epoch), (600, 600 / 8));
+        let refused = local.describe(r#"{"datasets": ["nope"]}"#).await.err().expect("refused");
+        assert!(refused.to_string().contains("not_found"), "{refused}");
 
         let flights: Vec<_> = client.list_flights(Vec::<u8>::new()).await.expect("list").try_collect().await.expect("flights");
         assert_eq!(flights.len(), 1);
