@@ -226,7 +226,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert_eq!(described, remote.describe(&request.to_string()).await.expect("describe over Flight"));
         assert_eq!(described.schema, expected[0].schema());
         assert_eq!((described.epoch_len, described.steps_per_epoch), (600, 600 / 8));
-        let refused = local.describe(r#"{"datasets": ["nope"]}"#).await.err().expect("refused");
+        let refused = local.describe(r#"{"datasets": ["nope"]}"#).await.expect_err("refused");
         assert!(refused.to_string().contains("not_found"), "{refused}");
 
         let flights: Vec<_> = client.list_flights(Vec::<u8>::new()).await.expect("list").try_collect().await.expect("flights");
