@@ -36,7 +36,11 @@ use std::{
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
     path::{Path, PathBuf},
     ptr::NonNull,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
 };
 
 use arrow::{
@@ -393,14 +397,20 @@ struct Slot {
     segment: u32,
     slot: u32,
     release: std::panic::AssertUnwindSafe<mpsc::UnboundedSender<(u32, u32)>>,
+    /// Slots of the stream whose batches are alive.
+    held: Arc<AtomicU32>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
         // The stream may be gone; then the server is too, and nothing waits for the slot.
         let _ = self.release.send((self.segment, self.slot));
     }
 }
+
+/// How long a stream waits with every slot held by the trainer before it says so, by default.
+const STALL_WARNING: Duration = Duration::from_secs(10);
 
 /// A connection to `lake serve --local PATH`: batch streams for trainers on the same machine,
 /// in shared memory.
@@ -422,6 +432,7 @@ pub struct LocalLoader {
     path: PathBuf,
     token: Option<String>,
     slots: u32,
+    stall_warning: Duration,
 }
 
 fn refused(payload: &[u8]) -> Error {
@@ -442,15 +453,24 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 impl LocalLoader {
     /// A client of the server listening at `path`, sending `token` when given.
     pub fn new(path: impl AsRef<Path>, token: Option<String>) -> Self {
-        Self { path: path.as_ref().to_path_buf(), token, slots: wire::DEFAULT_SLOTS }
+        Self { path: path.as_ref().to_path_buf(), token, slots: wire::DEFAULT_SLOTS, stall_warning: STALL_WARNING }
     }
 
     /// Slots of shared memory per stream (1 to 16; default 2): batches the trainer may hold at
     /// once. The stream waits while the trainer holds them all, so a trainer that keeps every
-    /// batch it reads (as `try_collect` does) needs as many slots as batches, or must copy them.
+    /// batch it reads (as `try_collect` does) needs as many slots as batches, or must copy them
+    /// (a stream waiting so logs a warning, see [`with_stall_warning`](Self::with_stall_warning)).
     #[must_use]
     pub fn with_slots(mut self, slots: u32) -> Self {
         self.slots = slots.clamp(1, wire::MAX_SLOTS);
+        self
+    }
+
+    /// How long a stream may wait for its next batch while the trainer holds a batch in every
+    /// slot (so the server cannot write one) before it logs a warning saying so (default 10 s).
+    #[must_use]
+    pub fn with_stall_warning(mut self, after: Duration) -> Self {
+        self.stall_warning = after;
         self
     }
 
@@ -493,7 +513,14 @@ impl LocalLoader {
         let mut inbox = Inbox::default();
         let schema = read_schema(&mut inbox, &socket).await.map_err(at)??;
         let (batches, received) = mpsc::channel(self.slots as usize + 1);
-        tokio::spawn(receive(socket, inbox, schema, batches));
+        // The stream's task logs to the subscriber of the task that opened it.
+        tokio::spawn(tracing::instrument::WithSubscriber::with_current_subscriber(receive(
+            socket,
+            inbox,
+            schema,
+            batches,
+            (self.slots, self.stall_warning),
+        )));
         Ok(Box::pin(futures::stream::unfold(received, |mut r| async move { r.recv().await.map(|b| (b, r)) })))
     }
 }
@@ -512,8 +539,16 @@ async fn read_schema(inbox: &mut Inbox, socket: &UnixStream) -> io::Result<Resul
 
 /// Reads the server's messages, sends the batches on, and gives slots back as their batches
 /// are dropped; ends with the stream, or when its reader goes away.
-async fn receive(socket: UnixStream, mut inbox: Inbox, schema: SchemaRef, batches: mpsc::Sender<Result<RecordBatch>>) {
+async fn receive(
+    socket: UnixStream,
+    mut inbox: Inbox,
+    schema: SchemaRef,
+    batches: mpsc::Sender<Result<RecordBatch>>,
+    (slots, stall_warning): (u32, Duration),
+) {
     let (release, mut released) = mpsc::unbounded_channel::<(u32, u32)>();
+    let held = Arc::new(AtomicU32::new(0));
+    let mut warned = false;
     let mut segments: HashMap<u32, (Arc<SharedMemory>, u64)> = HashMap::new();
     let failed = |what: String| Err(Error::Request(format!("server: {what}")));
     loop {
@@ -527,6 +562,19 @@ async fn receive(socket: UnixStream, mut inbox: Inbox, schema: SchemaRef, batche
                 continue;
             }
             () = batches.closed() => return,
+            // Nothing for a while: stalled if the trainer holds a batch in every slot and has
+            // taken every batch sent (the server cannot write the next one until it drops one).
+            () = tokio::time::sleep(stall_warning), if !warned => {
+                if held.load(Ordering::Relaxed) < slots || batches.capacity() < batches.max_capacity() {
+                    continue;
+                }
+                warned = true;
+                tracing::warn!(
+                    "a local stream has waited {stall_warning:?} for its next batch while the trainer holds a batch in each of its \
+                     {slots} slots: drop a batch (or copy it) before asking for the next, or ask for more slots"
+                );
+                continue;
+            }
         };
         let item = match message {
             Ok((wire::SEGMENT, m)) if m.len() == 16 => {
@@ -553,7 +601,14 @@ async fn receive(socket: UnixStream, mut inbox: Inbox, schema: SchemaRef, batche
                 match segments.get(&segment) {
                     Some((memory, slot_bytes)) if len <= *slot_bytes && (u64::from(slot) + 1) * slot_bytes <= memory.len() as u64 => {
                         let offset = (u64::from(slot) * slot_bytes) as usize;
-                        let owner = Slot { _memory: memory.clone(), segment, slot, release: std::panic::AssertUnwindSafe(release.clone()) };
+                        held.fetch_add(1, Ordering::Relaxed);
+                        let owner = Slot {
+                            _memory: memory.clone(),
+                            segment,
+                            slot,
+                            release: std::panic::AssertUnwindSafe(release.clone()),
+                            held: held.clone(),
+                        };
                         // SAFETY: `offset + len` lies within the mapping (checked above), which
                         // `owner` keeps alive for as long as the buffer; the server leaves the
                         // slot alone until `owner` is dropped and gives it back.

@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import threading
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
@@ -107,15 +109,21 @@ def _frame(kind: bytes, payload: bytes = b"") -> bytes:
     return struct.pack("<I", 1 + len(payload)) + kind + payload
 
 
+# Seconds a local stream waits for its next batch, with every slot held by a batch still alive,
+# before it warns that the trainer must drop (or copy) a batch first.
+STALL_WARNING_S = 10.0
+
+
 class _Slot:
     """Owns one slot of a local stream while any array of its batch is alive; gives it back
     to the server when the last one goes (Arrow holds this object as the buffer's base)."""
 
-    def __init__(self, give_back, segment: int, slot: int, memory):
-        self._give_back, self._segment, self._slot, self._memory = give_back, segment, slot, memory
+    def __init__(self, stream: "_LocalStream", segment: int, slot: int, memory):
+        self._stream, self._segment, self._slot, self._memory = stream, segment, slot, memory
+        stream.hold()
 
     def __del__(self):
-        self._give_back(self._segment, self._slot)
+        self._stream.give_back(self._segment, self._slot)
 
 
 class _LocalStream:
@@ -123,11 +131,32 @@ class _LocalStream:
 
     MAX_MESSAGE = 16 << 20
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, slots: int = 0):
         self.sock, self.buf, self.fds = sock, bytearray(), []
         # Re-entrant: a slot's finaliser may run inside another's send (a collection there).
         self.lock = threading.RLock()
         self.closed = False
+        # Slots whose batches are alive, of `slots` (0: not a batch stream).
+        self.slots, self.held, self.warned = slots, 0, False
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held += 1
+
+    def _wait_for_data(self) -> None:
+        """Warns once when the server cannot send: every slot holds a batch still alive."""
+        if self.warned or not self.slots or self.held < self.slots:
+            return
+        ready, _, _ = select.select([self.sock], [], [], STALL_WARNING_S)
+        if not ready and self.held >= self.slots:
+            self.warned = True
+            warnings.warn(
+                f"a local stream has waited {STALL_WARNING_S:g} s for its next batch while {self.held} batches hold "
+                f"all {self.slots} of its slots: drop a batch (or copy it) before asking for the next, or ask for "
+                "more slots",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def next(self):
         while True:
@@ -139,6 +168,7 @@ class _LocalStream:
                     kind, payload = bytes(self.buf[4:5]), bytes(self.buf[5 : 4 + length])
                     del self.buf[: 4 + length]
                     return kind, payload
+            self._wait_for_data()
             data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
             if not data:
                 raise LakeError("protocol", "the server closed the stream")
@@ -148,6 +178,7 @@ class _LocalStream:
     def give_back(self, segment: int, slot: int) -> None:
         message = _frame(b"R", struct.pack("<II", segment, slot))
         with self.lock:
+            self.held -= 1
             if self.closed:
                 return
             try:
@@ -174,7 +205,8 @@ class LocalClient:
     into shared memory (a slot the server maps to this process) and its arrays are read in
     place. A slot goes back to the server when the last array of its batch is garbage; a stream
     has `slots` (default 2) and waits while all are held, so keep at most that many batches (or
-    copy them, as `batch_to_numpy(...)` + `np.array` does).
+    copy them, as `batch_to_numpy(...)` + `np.array` does); after `STALL_WARNING_S` (10 s) of
+    waiting so it warns (`RuntimeWarning`).
     """
 
     def __init__(self, path: str, token: Optional[str] = None, slots: int = 2):
@@ -197,14 +229,14 @@ class LocalClient:
         finally:
             stream.close()
 
-    def _connect(self) -> _LocalStream:
+    def _connect(self, slots: int = 0) -> _LocalStream:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.path)
         except OSError:
             sock.close()
             raise
-        return _LocalStream(sock)
+        return _LocalStream(sock, slots)
 
     def _open(self, stream: _LocalStream, kind: bytes, prefix: bytes, request: Dict[str, Any]) -> pa.Schema:
         """Sends the opening message (`H` hello or `Q` describe) and reads the schema back."""
@@ -219,7 +251,7 @@ class LocalClient:
 
     def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
         """The request's batches, in order; raises `LakeError` when the server refuses it."""
-        stream = self._connect()
+        stream = self._connect(self.slots)
         try:
             schema = self._open(stream, b"H", struct.pack("<I", self.slots), request)
             segment = None
@@ -240,7 +272,7 @@ class LocalClient:
                     ident, slot, length = struct.unpack("<IIQ", payload)
                     if segment is None or segment[0] != ident or (slot + 1) * segment[1] > segment[2].size or length > segment[1]:
                         raise LakeError("protocol", f"a batch in slot {slot} of segment {ident}, which it did not send")
-                    owner = _Slot(stream.give_back, ident, slot, segment[2])
+                    owner = _Slot(stream, ident, slot, segment[2])
                     message = pa.ipc.read_message(pa.foreign_buffer(segment[2].address + slot * segment[1], length, base=owner))
                     del owner
                     batch = pa.ipc.read_record_batch(message, schema)

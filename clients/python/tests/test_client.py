@@ -8,7 +8,9 @@ exactly from its state_dict and splits ranks disjointly (skipped without torch).
 
 import hashlib
 import os
+import threading
 import unittest
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -109,6 +111,28 @@ class LocalStreams(unittest.TestCase):
         with self.assertRaises(LakeError) as refused:
             LocalClient(LOCAL, "wrong").info(request)
         self.assertEqual(refused.exception.code, "unauthorized")
+
+    def test_a_stream_whose_slots_are_all_held_says_so(self):
+        import lake_client
+
+        request = {"datasets": [DATASET], "preset": "act", "batch_size": 8, "seed": 2, "limit_batches": 2}
+        batches = LocalClient(LOCAL, TOKEN, slots=1).batches(request)
+        held = [next(batches)]
+        # The one slot is held; a second later the trainer drops its batch and the stream goes on.
+        timer = threading.Timer(1.0, held.clear)
+        saved, lake_client.STALL_WARNING_S = lake_client.STALL_WARNING_S, 0.2
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                timer.start()
+                second = next(batches)
+        finally:
+            lake_client.STALL_WARNING_S = saved
+            timer.cancel()
+        self.assertEqual(second.num_rows, 8)
+        self.assertTrue(any("all 1 of its slots" in str(w.message) for w in caught), [str(w.message) for w in caught])
+        del second
+        self.assertEqual(list(batches), [])
 
     def test_refusals_name_their_reason(self):
         with self.assertRaises(LakeError) as refused:

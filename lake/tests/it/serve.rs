@@ -35,6 +35,35 @@ impl Drop for Server {
     }
 }
 
+/// Log lines written by a `tracing` subscriber, for tests that check what was logged.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
 fn start(root: &Path) -> Server {
     let local = root.with_file_name("serve.sock");
     let mut child = lake_cmd(root)
@@ -221,6 +250,24 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert!(refused.err().expect("refused").to_string().contains("outside a world"));
         let anonymous = lake_loader::LocalLoader::new(&server.local, None).stream(&request.to_string()).await;
         assert!(anonymous.err().expect("needs a token").to_string().contains("unauthorized"));
+        // A trainer holding a batch in its only slot while it waits for the next is told so.
+        let logs = Captured::default();
+        let subscriber = tracing_subscriber::fmt().with_writer(logs.clone()).with_ansi(false).finish();
+        let stalled = {
+            let _logging = tracing::subscriber::set_default(subscriber);
+            let stalling = local.clone().with_slots(1).with_stall_warning(std::time::Duration::from_millis(200));
+            let two = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "limit_batches": 2});
+            let mut batches = stalling.stream(&two.to_string()).await.expect("local stream");
+            let first = batches.next().await.expect("a batch").expect("batch");
+            let waited = tokio::time::timeout(std::time::Duration::from_secs(1), batches.next()).await;
+            assert!(waited.is_err(), "the second batch waits for the slot the first holds");
+            drop(first);
+            let second = batches.next().await.expect("a batch once the slot is free").expect("batch");
+            assert_eq!(second.num_rows(), 8);
+            logs.text()
+        };
+        assert!(stalled.contains("holds a batch in each of its 1 slots"), "{stalled}");
+
         // A request described over either transport: the batches' schema and the epoch shape.
         let described = local.describe(&request.to_string()).await.expect("describe");
         assert_eq!(described, remote.describe(&request.to_string()).await.expect("describe over Flight"));
