@@ -50,6 +50,10 @@ pub struct LoaderArgs {
     /// off (decode from packets).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     frame_table: String,
+    /// Every camera's frames at WIDTHxHEIGHT, read from the dataset's frame table of that size
+    /// (`lake cache NAME --size WxH`) instead of at their recorded size.
+    #[arg(long, value_name = "WxH")]
+    frame_size: Option<lake_loader::FrameSize>,
 }
 
 impl LoaderArgs {
@@ -75,6 +79,10 @@ pub struct CacheArgs {
     /// on smooth camera images, little on noisy ones; costs a decompression per frame read).
     #[arg(long, value_enum, default_value_t = Storage::Plain)]
     storage: Storage,
+    /// Store every camera's frames resized to WIDTHxHEIGHT (swscale, area averaging) in a table
+    /// of their own, which `--frame-size WxH` reads, instead of at their recorded size.
+    #[arg(long, value_name = "WxH")]
+    size: Option<lake_loader::FrameSize>,
 }
 
 /// `lake cache --storage`.
@@ -94,7 +102,7 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
         Storage::Plain => FrameStorage::Plain,
         Storage::Zstd => FrameStorage::Zstd,
     };
-    let report = lake_loader::write_frame_table(&lake, ds.clone(), threads, storage).await?;
+    let report = lake_loader::write_frame_table(&lake, ds.clone(), threads, storage, args.size).await?;
     let secs = began.elapsed().as_secs_f64();
     println!(
         "stored {} decoded frames of {} ({:.1} MB of RGB as {:.1} MB, {}) in {:.1} s ({:.0} frames/s)",
@@ -180,7 +188,7 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
             many.iter().map(|s| s.dataset.as_str()).collect::<Vec<_>>().join(", ")
         ),
     };
-    let ds = LoaderDataset::open(&lake, &selection.dataset).await?;
+    let ds = LoaderDataset::open_sized(&lake, &selection.dataset, args.loader.frame_size).await?;
     let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
     let draws = args.indices.iter().map(|&i| Ok(Draw { source: 0, row: ds.row_of_index(i)? })).collect::<anyhow::Result<Vec<_>>>()?;
     if let Some(episodes) = &selection.episodes {
@@ -230,6 +238,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         episodes: args.episodes.clone(),
         drop_n_first_frames: args.drop_n_first_frames,
         drop_n_last_frames: args.drop_n_last_frames,
+        frame_size: args.loader.frame_size,
     };
     let lake::views::Sampling { datasets, sources } = lake::views::open_sampling(&lake, &spec).await?;
     let labels: Vec<String> = datasets.iter().map(|d| d.label.clone()).collect();

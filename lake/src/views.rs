@@ -160,6 +160,9 @@ pub struct SamplingSpec {
     pub drop_n_first_frames: u64,
     /// Never sample the last N steps of an episode (LeRobot's `drop_n_last_frames`).
     pub drop_n_last_frames: u64,
+    /// Every camera's frames at this size, from each dataset's frame table of that size
+    /// (`lake cache NAME --size WxH`); `None`: as recorded.
+    pub frame_size: Option<lake_loader::FrameSize>,
 }
 
 /// The loader's view of a [`SamplingSpec`]: the datasets, opened, and per dataset its eligible
@@ -195,7 +198,7 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
     }
     let mut out = Sampling { datasets: Vec::new(), sources: Vec::new() };
     for selection in selections {
-        let ds = lake_loader::LoaderDataset::open(lake, &selection.dataset).await?;
+        let ds = lake_loader::LoaderDataset::open_sized(lake, &selection.dataset, spec.frame_size).await?;
         if let Some(e) = spec.episodes.iter().find(|e| !ds.episodes.iter().any(|s| s.episode_index == **e)) {
             let (first, last) = (ds.episodes[0].episode_index, ds.episodes[ds.episodes.len() - 1].episode_index);
             return Err(Error::Invalid(format!("{}: no episode {e} (episodes {first}..={last})", ds.label)));

@@ -167,6 +167,12 @@ impl Loader {
         let mut resolved = Vec::with_capacity(datasets.len());
         let mut schema: Option<SchemaRef> = None;
         for ds in &datasets {
+            if let Some(size) = ds.frame_size().filter(|_| !frame_table) {
+                return Err(Error::request(format!(
+                    "{}: frames at {size} come only from its frame table of that size, which this loader is told not to read",
+                    ds.label
+                )));
+            }
             let features: Vec<String> = ds.keys().into_iter().filter(|k| k != TASK).collect();
             let cameras: Vec<String> = ds.cameras.iter().map(|c| c.key.clone()).collect();
             let keys = DatasetKeys { fps: ds.fps(), features: &features, cameras: &cameras, tolerance_s: ds.record.options.tolerance_s };
@@ -353,8 +359,8 @@ impl Loader {
             });
             let (columns, cameras, found) = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
             self.counters.fetch_ns.fetch_add(read_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let columns =
-                columns.map_err(|(row, e)| Error::layout(&ds.label, format!("frame table row {row}: {e}; run `lake cache` again")))?;
+            let columns = columns
+                .map_err(|(row, e)| Error::layout(&ds.label, format!("frame table row {row}: {e}; run `{}` again", ds.cache_command())))?;
             if self.cache.enabled() {
                 self.cache_stored(ds.cache_id, &cameras, &columns, &found.stored);
             }
@@ -498,7 +504,7 @@ impl Loader {
                     if extent.len() != size {
                         return Err(Error::layout(
                             &ds.label,
-                            format!("frame table row {row}: {} bytes, expected {size}; run `lake cache` again", extent.len()),
+                            format!("frame table row {row}: {} bytes, expected {size}; run `{}` again", extent.len(), ds.cache_command()),
                         ));
                     }
                     self.counters.frames.fetch_add(1, Ordering::Relaxed);
@@ -531,7 +537,7 @@ impl Loader {
                 if frame.len() != size {
                     return Err(Error::layout(
                         &ds.label,
-                        format!("frame table row {row}: {} bytes, expected {size}; run `lake cache` again", frame.len()),
+                        format!("frame table row {row}: {} bytes, expected {size}; run `{}` again", frame.len(), ds.cache_command()),
                     ));
                 }
                 self.counters.frames.fetch_add(1, Ordering::Relaxed);

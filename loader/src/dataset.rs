@@ -105,6 +105,9 @@ pub struct LoaderDataset {
     frames_table: Option<(Arc<lance::Dataset>, FrameStorage)>,
     /// The frame table's open data files.
     frame_files: crate::frames::FrameFiles,
+    /// The size every camera's frames are read at, from a resized frame table (`None`: as
+    /// recorded).
+    frame_size: Option<crate::frames::FrameSize>,
 }
 
 impl LoaderDataset {
@@ -113,6 +116,15 @@ impl LoaderDataset {
     /// # Errors
     /// When the dataset does not exist or its tables are not shaped as ingest writes them.
     pub async fn open(lake: &Lake, spec: &str) -> Result<Arc<Self>> {
+        Self::open_sized(lake, spec, None).await
+    }
+
+    /// Opens `spec` with every camera's frames at `size`, read from the version's frame table
+    /// of that size (`lake cache NAME --size WxH`); `None` is [`open`](Self::open).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open), and when there is no frame table of that size.
+    pub async fn open_sized(lake: &Lake, spec: &str, frame_size: Option<crate::frames::FrameSize>) -> Result<Arc<Self>> {
         let record = lake.resolve(spec).await?;
         let label = format!("{}@{}", record.name, record.version);
         let bad = |m: String| Error::layout(&label, m);
@@ -155,7 +167,7 @@ impl LoaderDataset {
         }
         let packets = read_packet_index(lake, &record).await?;
         let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
-        let frames_uri = lake.uri(&record.tables.path(crate::frames::FRAMES));
+        let frames_uri = lake.uri(&record.tables.path(&crate::frames::frame_table_name(frame_size)));
         let frames_table = if std::path::Path::new(&frames_uri).is_dir() {
             let opened = lance::Dataset::open(&frames_uri).await.ok();
             let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
@@ -171,10 +183,21 @@ impl LoaderDataset {
         } else {
             None
         };
+        if let Some(size) = frame_size {
+            if frames_table.is_none() {
+                return Err(Error::request(format!(
+                    "{label}: no frame table of {size} frames: make one with `lake cache {} --size {size}`",
+                    record.name
+                )));
+            }
+            for camera in &mut cameras {
+                (camera.height, camera.width) = (size.height, size.width);
+            }
+        }
         let cache_id = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (packets_table.uri(), &label).hash(&mut h);
+            (packets_table.uri(), &label, frame_size).hash(&mut h);
             h.finish()
         };
         Ok(Arc::new(Self {
@@ -191,6 +214,7 @@ impl LoaderDataset {
             cache_id,
             frames_table,
             frame_files: crate::frames::FrameFiles::default(),
+            frame_size,
         }))
     }
 
@@ -274,14 +298,30 @@ impl LoaderDataset {
             lance::Error::NotFound { uri, .. } => {
                 // Lance names local files by their path without the leading `/`.
                 let path = if table.uri().starts_with('/') && !uri.starts_with('/') { format!("/{uri}") } else { uri };
-                Error::layout(&self.label, format!("the frame table's file {path} is missing; run `lake cache {}` again", self.record.name))
+                Error::layout(&self.label, format!("the frame table's file {path} is missing; run `{}` again", self.cache_command()))
             }
             source => Error::Lance { dataset: self.label.clone(), table: crate::frames::FRAMES.into(), source: Box::new(source) },
         }
     }
 
+    /// The command that (re)writes the frame table this dataset reads.
+    pub fn cache_command(&self) -> String {
+        match self.frame_size {
+            Some(size) => format!("lake cache {} --size {size}", self.record.name),
+            None => format!("lake cache {}", self.record.name),
+        }
+    }
+
+    /// The size every camera's frames are read at, when they come from a resized frame table.
+    pub fn frame_size(&self) -> Option<crate::frames::FrameSize> {
+        self.frame_size
+    }
+
     /// Bytes of the RGB frame of packet row `row`.
     pub fn frame_bytes_of_row(&self, row: u64) -> usize {
+        if let Some(size) = self.frame_size {
+            return size.width as usize * size.height as usize * 3;
+        }
         self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.width as usize * s.height as usize * 3)
     }
 }

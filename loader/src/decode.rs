@@ -401,6 +401,75 @@ impl RgbConverter {
     }
 }
 
+/// Resizes packed RGB24 frames with swscale's area averaging (each output pixel the mean of the
+/// input pixels it covers; bilinear when enlarging), for frame tables stored at another size.
+pub struct RgbResizer {
+    ctx: *mut ffi::SwsContext,
+    from: (u32, u32),
+    to: (u32, u32),
+}
+
+impl Drop for RgbResizer {
+    fn drop(&mut self) {
+        // SAFETY: the context was made by sws_getContext and is freed once, here.
+        unsafe { ffi::sws_freeContext(self.ctx) };
+    }
+}
+
+impl RgbResizer {
+    /// A resizer of `(width, height)` RGB24 frames to `to`.
+    ///
+    /// # Errors
+    /// When swscale cannot scale between those sizes.
+    pub fn new(from: (u32, u32), to: (u32, u32)) -> DecodeResult<Self> {
+        let rgb24 = ffi::AVPixelFormat::AV_PIX_FMT_RGB24;
+        let size = |v: u32| i32::try_from(v).map_err(|_| DecodeError(format!("a frame size of {v} pixels")));
+        // SAFETY: a plain constructor call; a null result is an error.
+        let ctx = unsafe {
+            ffi::sws_getContext(
+                size(from.0)?,
+                size(from.1)?,
+                rgb24,
+                size(to.0)?,
+                size(to.1)?,
+                rgb24,
+                ffi::SWS_AREA,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null(),
+            )
+        };
+        if ctx.is_null() {
+            return Err(DecodeError(format!("swscale cannot resize {}x{} frames to {}x{}", from.0, from.1, to.0, to.1)));
+        }
+        Ok(Self { ctx, from, to })
+    }
+
+    /// `rgb` (a frame of the size this resizer was made for) at the new size.
+    ///
+    /// # Errors
+    /// When `rgb` is not a frame of that size, or swscale fails.
+    pub fn resize(&mut self, rgb: &[u8]) -> DecodeResult<Vec<u8>> {
+        let ((w, h), (tw, th)) = ((self.from.0 as usize, self.from.1 as usize), (self.to.0 as usize, self.to.1 as usize));
+        if rgb.len() != w * h * 3 {
+            return Err(DecodeError(format!("a frame of {} bytes, not {w}x{h} RGB", rgb.len())));
+        }
+        let mut out = Vec::with_capacity(tw * th * 3);
+        let dst = [out.spare_capacity_mut().as_mut_ptr().cast::<u8>(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
+        let src = [rgb.as_ptr(), std::ptr::null(), std::ptr::null(), std::ptr::null()];
+        let (src_stride, dst_stride) = ([(w * 3) as i32, 0, 0, 0], [(tw * 3) as i32, 0, 0, 0]);
+        // SAFETY: the source is h rows of w*3 bytes (checked above), the destination has room
+        // for th rows of tw*3 bytes, and the context scales exactly these sizes.
+        let rows = unsafe { ffi::sws_scale(self.ctx, src.as_ptr(), src_stride.as_ptr(), 0, h as i32, dst.as_ptr(), dst_stride.as_ptr()) };
+        if rows != th as i32 {
+            return Err(DecodeError(format!("swscale produced {rows} rows of {th}")));
+        }
+        // SAFETY: swscale wrote all `th` rows of `tw * 3` bytes.
+        unsafe { out.set_len(tw * th * 3) };
+        Ok(out)
+    }
+}
+
 fn copy_rows(src: &[u8], stride: usize, dst: &mut [std::mem::MaybeUninit<u8>], row: usize, rows: usize) {
     for (y, out) in dst.chunks_exact_mut(row).take(rows).enumerate() {
         out.write_copy_of_slice(&src[y * stride..y * stride + row]);

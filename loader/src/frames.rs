@@ -25,8 +25,58 @@ use lake_store::{Lake, deps::lance};
 
 use crate::{Error, Result, dataset::LoaderDataset, decode::StreamDecoder};
 
-/// Name of the table in a version's directory.
+/// Name of the table in a version's directory (frames at their recorded size; a table of
+/// resized frames is `frames-WxH`).
 pub const FRAMES: &str = "frames";
+
+/// The size frames of a resized frame table are stored at (every camera's), `WIDTHxHEIGHT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct FrameSize {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+}
+
+impl std::str::FromStr for FrameSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let bad = || format!("frame size `{s}`: expected WIDTHxHEIGHT with each 1 to 8192, e.g. 224x224");
+        let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+        let (width, height) = (w.trim().parse::<u32>().map_err(|_| bad())?, h.trim().parse::<u32>().map_err(|_| bad())?);
+        if !(1..=8192).contains(&width) || !(1..=8192).contains(&height) {
+            return Err(bad());
+        }
+        Ok(Self { width, height })
+    }
+}
+
+impl TryFrom<String> for FrameSize {
+    type Error = String;
+
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<FrameSize> for String {
+    fn from(size: FrameSize) -> Self {
+        size.to_string()
+    }
+}
+
+impl std::fmt::Display for FrameSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.width, self.height)
+    }
+}
+
+/// The name of the frame table holding frames at `size` (`None`: as recorded).
+pub fn frame_table_name(size: Option<FrameSize>) -> String {
+    size.map_or_else(|| FRAMES.to_string(), |s| format!("{FRAMES}-{s}"))
+}
 
 /// zstd level of stored frames: fast to write, and reading does not depend on it.
 const LEVEL: i32 = 1;
@@ -250,14 +300,22 @@ fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
 }
 
 /// Decodes every frame of `ds` (streams in parallel, `threads` at a time) and stores them as
-/// the version's `frames` table, as `storage` says. Replaces an existing table only once the new
-/// one is complete.
+/// the version's `frames` table, as `storage` says, or, with `size`, resized to it (every
+/// camera; [`RgbResizer`](crate::RgbResizer)) as its `frames-WxH` table. Replaces an existing
+/// table only once the new one is complete.
 ///
 /// # Errors
 /// When a frame cannot be decoded or the table cannot be written.
-pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usize, storage: FrameStorage) -> Result<FrameTableReport> {
-    let final_rel = ds.record.tables.path(FRAMES);
-    let tmp_rel = format!("{}/.{FRAMES}-{}.lance", ds.record.tables.dir, uuid::Uuid::new_v4().simple());
+pub async fn write_frame_table(
+    lake: &Lake,
+    ds: Arc<LoaderDataset>,
+    threads: usize,
+    storage: FrameStorage,
+    size: Option<FrameSize>,
+) -> Result<FrameTableReport> {
+    let name = frame_table_name(size);
+    let final_rel = ds.record.tables.path(&name);
+    let tmp_rel = format!("{}/.{name}-{}.lance", ds.record.tables.dir, uuid::Uuid::new_v4().simple());
     let tmp_uri = lake.uri(&tmp_rel);
     let result = async {
         let runs = stream_runs(&ds);
@@ -267,7 +325,7 @@ pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usi
                 let uri = tmp_uri.clone();
                 async move {
                     let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-                    let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, first, end, storage, &tx));
+                    let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, (first, end), (storage, size), &tx));
                     let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
                     let part = lake_store::write_uncommitted(uri, frames_schema(storage), batches).await;
                     let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))?;
@@ -314,6 +372,8 @@ pub async fn write_frame_table(lake: &Lake, ds: Arc<LoaderDataset>, threads: usi
 struct RowWriter<'a> {
     tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
     storage: FrameStorage,
+    /// Resizes frames to the table's size, when it has one.
+    resizer: Option<crate::RgbResizer>,
     rows: UInt64Builder,
     data: LargeBinaryBuilder,
     /// Frames that came out before a row preceding them (B-frames): row → stored frame.
@@ -324,6 +384,14 @@ struct RowWriter<'a> {
 
 impl RowWriter<'_> {
     fn add(&mut self, row: u64, rgb: &[u8]) -> std::io::Result<()> {
+        let resized;
+        let rgb = match &mut self.resizer {
+            Some(r) => {
+                resized = r.resize(rgb).map_err(|e| std::io::Error::other(e.0))?;
+                &resized[..]
+            }
+            None => rgb,
+        };
         let stored = match self.storage {
             FrameStorage::Plain => rgb.to_vec(),
             FrameStorage::Zstd => zstd::bulk::compress(rgb, LEVEL)?,
@@ -359,9 +427,8 @@ impl RowWriter<'_> {
 fn decode_stream(
     ds: &LoaderDataset,
     stream: u32,
-    first: u64,
-    end: u64,
-    storage: FrameStorage,
+    (first, end): (u64, u64),
+    (storage, size): (FrameStorage, Option<FrameSize>),
     tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
 ) -> Result<FrameTableReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
@@ -379,16 +446,21 @@ fn decode_stream(
     let intra_only = config.kind == "image";
     let row_of_pts: HashMap<i64, u64> =
         if intra_only { HashMap::new() } else { (first..end).map(|r| (index.pts[r as usize], r)).collect() };
+    let resizer = match size {
+        Some(s) => Some(crate::RgbResizer::new((config.width, config.height), (s.width, s.height)).map_err(|e| decode_err(first, e.0))?),
+        None => None,
+    };
     let mut out = RowWriter {
         tx,
         storage,
+        resizer,
         rows: UInt64Builder::new(),
         data: LargeBinaryBuilder::new(),
         pending: BTreeMap::new(),
         next: first,
         report: FrameTableReport::default(),
     };
-    let zstd_err = |e: std::io::Error| Error::layout(&ds.label, format!("zstd: {e}"));
+    let zstd_err = |e: std::io::Error| Error::layout(&ds.label, format!("storing a frame: {e}"));
     let mut chunk = first;
     while chunk < end {
         let chunk_end = (chunk + READ_ROWS).min(end);

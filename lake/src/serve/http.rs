@@ -197,7 +197,8 @@ pub fn openapi_document() -> Value {
                     "rank": {"type": "integer"}, "world_size": {"type": "integer", "minimum": 1},
                     "limit_batches": {"type": "integer"}, "drop_last": {"type": "boolean"},
                     "episodes": {"type": "array", "items": {"type": "integer"}},
-                    "drop_n_first_frames": {"type": "integer"}, "drop_n_last_frames": {"type": "integer"}}}
+                    "drop_n_first_frames": {"type": "integer"}, "drop_n_last_frames": {"type": "integer"},
+                    "frame_size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"}}}
             }
         },
         "security": [{"bearer": []}],

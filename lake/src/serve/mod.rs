@@ -8,7 +8,7 @@
 //!  "preset": "act", "delta_timestamps": {"action": [0.0, 0.033]},
 //!  "batch_size": 32, "seed": 0, "epoch": 0, "start_step": 0, "rank": 0, "world_size": 1,
 //!  "limit_batches": 100, "drop_last": true, "episodes": [0, 3],
-//!  "drop_n_first_frames": 0, "drop_n_last_frames": 0}
+//!  "drop_n_first_frames": 0, "drop_n_last_frames": 0, "frame_size": "224x224"}
 //! ```
 //!
 //! `batch_size` is what each rank receives; the global batch is `batch_size × world_size`, and
@@ -113,6 +113,10 @@ pub struct SampleRequest {
     /// Never sample the last N steps of an episode.
     #[serde(default)]
     pub drop_n_last_frames: u64,
+    /// Every camera's frames at `"WxH"`, from each dataset's frame table of that size (`lake
+    /// cache NAME --size WxH`); absent: as recorded.
+    #[serde(default)]
+    pub frame_size: Option<lake_loader::FrameSize>,
 }
 
 impl SampleRequest {
@@ -144,6 +148,7 @@ impl SampleRequest {
             episodes: self.episodes.clone(),
             drop_n_first_frames: self.drop_n_first_frames,
             drop_n_last_frames: self.drop_n_last_frames,
+            frame_size: self.frame_size,
         }
     }
 

@@ -246,6 +246,80 @@ fn frame_table_batches_equal_decoded_ones() {
     assert!(!out.exists(), "no output file on error");
 }
 
+/// A frame table of resized frames (`lake cache --size`): samples read at that size have every
+/// frame equal to the recorded frame resized (area averaging keeps each channel's mean), every
+/// other column equal to the recorded samples', and the shape in the field metadata; a size
+/// without its table, or with the frame table turned off, is refused with what to do.
+#[test]
+fn resized_frame_tables_serve_resized_samples() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let name = "v30-av1-small";
+    ingest_ok(&root, &testdata(name), &[]);
+    let run = lake(&root, &["cache", name, "--size", "64x48"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let sample = |extra: &[&str]| {
+        let out = tmp.path().join(format!("s{}.arrow", extra.len()));
+        let mut args = vec!["sample", "--dataset", name, "--indices", "0,7,300,599", "--preset", "diffusion", "--out"];
+        args.push(out.to_str().expect("utf-8"));
+        args.extend(extra);
+        let run = lake(&root, &args);
+        assert_eq!(run.code, 0, "{run:#?}");
+        read_arrow(&out)
+    };
+    let native = sample(&[]);
+    let resized = sample(&["--frame-size", "64x48"]);
+    assert_eq!(native.schema().fields().len(), resized.schema().fields().len());
+    let mut cameras = 0;
+    for (field, column) in resized.schema().fields().iter().zip(resized.columns()) {
+        let recorded = native.column_by_name(field.name()).expect("same columns");
+        let Some(shape) = field.metadata().get(lake_loader::SHAPE).filter(|_| field.metadata().contains_key(lake_loader::LAYOUT)) else {
+            assert_eq!(column, recorded, "{} is not a frame column and does not change", field.name());
+            continue;
+        };
+        cameras += 1;
+        assert_eq!(shape, "[2,48,64,3]", "{}", field.name());
+        let shape: Vec<usize> =
+            serde_json::from_str(&native.schema().field_with_name(field.name()).expect("field").metadata()[lake_loader::SHAPE])
+                .expect("shape");
+        let (h, w) = (shape[1], shape[2]);
+        let mut resizer = lake_loader::RgbResizer::new((w as u32, h as u32), (64, 48)).expect("resizer");
+        let (got, want) = (column.as_fixed_size_list(), recorded.as_fixed_size_list());
+        for row in 0..got.len() {
+            let (got, want) = (got.value(row), want.value(row));
+            let (got, want) =
+                (got.as_primitive::<arrow::datatypes::UInt8Type>().values(), want.as_primitive::<arrow::datatypes::UInt8Type>().values());
+            for (slot, (g, n)) in got.chunks_exact(64 * 48 * 3).zip(want.chunks_exact(w * h * 3)).enumerate() {
+                assert!(
+                    g == &resizer.resize(n).expect("resize")[..],
+                    "{} row {row} slot {slot}: not the recorded frame resized",
+                    field.name()
+                );
+                let mean = |px: &[u8], c: usize| px.iter().skip(c).step_by(3).map(|&v| f64::from(v)).sum::<f64>() / (px.len() / 3) as f64;
+                for c in 0..3 {
+                    assert!((mean(g, c) - mean(n, c)).abs() < 2.0, "{} row {row}: channel {c} mean moved", field.name());
+                }
+            }
+        }
+    }
+    assert_eq!(cameras, 2);
+
+    let out = tmp.path().join("x.arrow");
+    let out = out.to_str().expect("utf-8");
+    for (extra, says) in [
+        (vec!["--frame-size", "32x32"], format!("no frame table of 32x32 frames: make one with `lake cache {name} --size 32x32`")),
+        (vec!["--frame-size", "64x48", "--frame-table", "off"], "come only from its frame table of that size".to_string()),
+        (vec!["--frame-size", "64by48"], "expected WIDTHxHEIGHT".to_string()),
+    ] {
+        let mut args = vec!["sample", "--dataset", name, "--indices", "1", "--out", out];
+        args.extend(extra);
+        let run = lake(&root, &args);
+        assert_eq!(run.code, 2, "{run:#?}");
+        assert!(run.stderr.contains(&says), "expected `{says}` in {}", run.stderr);
+        assert!(!Path::new(out).exists(), "no output file on error");
+    }
+}
+
 /// Batches through the stream API: the same with the frame cache on and off, and with frames
 /// decoded ahead for later batches (with room for all of them, and with room for two, where
 /// kept frames must give way; a stream's own, and shared by two ranks); cache and kept frames

@@ -9,7 +9,10 @@ use std::{
     process::{Child, Stdio},
 };
 
-use arrow::{array::RecordBatch, ipc::reader::StreamReader};
+use arrow::{
+    array::{AsArray, RecordBatch},
+    ipc::reader::StreamReader,
+};
 use arrow_flight::{FlightClient, FlightDescriptor};
 use futures::{StreamExt, TryStreamExt};
 use lake_testkit::testdata;
@@ -195,9 +198,21 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let resume = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "seed": 3, "start_step": 2, "limit_batches": 1});
         same_rows(&over_flight(&mut client, &resume).await.expect("resumed"), &expected[2..], "resume");
 
+        // Every camera's frames at another size, from the dataset's frame table of that size
+        // (written while the server runs).
+        let run = crate::common::lake(&root, &["cache", "v30-av1-small", "--size", "32x24"]);
+        assert_eq!(run.code, 0, "{run:#?}");
+        let small = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "seed": 3, "limit_batches": 2, "frame_size": "32x24"});
+        let want = in_process(&root, &small).await;
+        let front = want[0].column_by_name("observation.images.front").expect("front").as_fixed_size_list().value_length();
+        assert_eq!(front, 24 * 32 * 3);
+        same_rows(&over_flight(&mut client, &small).await.expect("resized"), &want, "resized frames");
+
         // Bad requests: each gets its code and says why.
         for (bad, code, says) in [
             (json!({"datasets": ["nope"]}), tonic::Code::NotFound, "nope"),
+            (json!({"datasets": ["v30-av1-small"], "frame_size": "big"}), tonic::Code::InvalidArgument, "expected WIDTHxHEIGHT"),
+            (json!({"datasets": ["v30-av1-small"], "frame_size": "16x16"}), tonic::Code::InvalidArgument, "no frame table of 16x16 frames"),
             (json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}), tonic::Code::InvalidArgument, "outside a world"),
             (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [0.01]}}), tonic::Code::InvalidArgument, "action"),
             (json!({"datasets": ["v30-av1-small"], "batch_sise": 3}), tonic::Code::InvalidArgument, "batch_sise"),
