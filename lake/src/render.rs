@@ -113,6 +113,7 @@ pub struct InspectTables {
     episodes: Vec<RecordBatch>,
     tasks: Vec<RecordBatch>,
     findings: Vec<RecordBatch>,
+    frame_tables: Vec<lake_loader::FrameTableInfo>,
 }
 
 struct CameraInfo {
@@ -137,6 +138,7 @@ impl InspectTables {
             episodes: lake_store::read_table(lake, record, tables::EPISODES).await?,
             tasks: lake_store::read_table(lake, record, tables::TASKS).await?,
             findings: lake_store::read_table(lake, record, tables::FINDINGS).await?,
+            frame_tables: lake_loader::frame_tables(lake, record).await,
         })
     }
 
@@ -244,6 +246,7 @@ impl InspectTables {
             "episodes": self.episode_rows().iter().map(|(i, l, t)| serde_json::json!({"episode_index": i, "length": l, "tasks": t})).collect::<Vec<_>>(),
             "tasks": self.task_rows().iter().map(|(i, t)| serde_json::json!({"task_index": i, "task": t})).collect::<Vec<_>>(),
             "findings": self.finding_rows(),
+            "frame_tables": self.frame_tables,
         })
     }
 }
@@ -285,6 +288,17 @@ pub fn inspect(
         if record.counts.skipped_episodes > 0 { format!(", {} episodes skipped", record.counts.skipped_episodes) } else { String::new() }
     )?;
     writeln!(out, "tables    {}/{{{}}}.lance", record.tables.dir, record.tables.tables.join(","))?;
+    if t.frame_tables.is_empty() {
+        writeln!(out, "frames    decoded from packets (`lake cache {}` stores them decoded)", record.name)?;
+    }
+    for (i, f) in t.frame_tables.iter().enumerate() {
+        let size = f.size.map_or_else(|| "recorded size".to_string(), |s| s.to_string());
+        let what = match (f.storage, f.frames) {
+            (Some(storage), Some(frames)) => format!("{frames} frames, {storage}, {}", bytes(f.bytes)),
+            _ => format!("unreadable, {} (run `lake cache` again)", bytes(f.bytes)),
+        };
+        writeln!(out, "{:<10}{size}: {what}", if i == 0 { "frames" } else { "" })?;
+    }
 
     writeln!(out, "\nfeatures")?;
     let features: Vec<Feature> = InfoJson::parse(&record.info.to_string()).ok().and_then(|i| i.parsed_features().ok()).unwrap_or_default();

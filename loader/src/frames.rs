@@ -276,6 +276,65 @@ pub async fn locate_frames(
     Ok(Some(extents))
 }
 
+/// A frame table of a dataset version, as `lake inspect` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FrameTableInfo {
+    /// The size its frames are stored at (`None`: as recorded).
+    pub size: Option<FrameSize>,
+    /// How its frames are stored (`None`: the table cannot be read).
+    pub storage: Option<&'static str>,
+    /// Frames it holds (`None`: the table cannot be read).
+    pub frames: Option<usize>,
+    /// Bytes on disk.
+    pub bytes: u64,
+}
+
+/// The frame tables of a dataset version (`frames.lance`, `frames-WxH.lance`), recorded size
+/// first, then by size; none when the lake is not on the local filesystem.
+pub async fn frame_tables(lake: &Lake, record: &lake_schemas::CommitRecord) -> Vec<FrameTableInfo> {
+    let dir = std::path::PathBuf::from(lake.uri(&record.tables.dir));
+    let mut found: Vec<(Option<FrameSize>, std::path::PathBuf)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let table = name.strip_suffix(".lance")?;
+            let size = match table.strip_prefix(FRAMES)? {
+                "" => None,
+                rest => Some(rest.strip_prefix('-')?.parse().ok()?),
+            };
+            Some((size, e.path()))
+        })
+        .collect();
+    found.sort_by_key(|(size, _)| size.map(|s| (s.width, s.height)));
+    let mut out = Vec::with_capacity(found.len());
+    for (size, path) in found {
+        let opened = lance::Dataset::open(&path.to_string_lossy()).await.ok();
+        let storage =
+            opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name))).map(FrameStorage::name);
+        let frames = match &opened {
+            Some(t) => t.count_rows(None).await.ok(),
+            None => None,
+        };
+        out.push(FrameTableInfo { size, storage, frames, bytes: dir_bytes(&path) });
+    }
+    out
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 /// What [`write_frame_table`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FrameTableReport {

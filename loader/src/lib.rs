@@ -35,7 +35,9 @@ pub use crate::{
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, RgbResizer, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
-    frames::{FRAMES, FrameSize, FrameStorage, FrameTableReport, frame_table_name, frames_schema, write_frame_table},
+    frames::{
+        FRAMES, FrameSize, FrameStorage, FrameTableInfo, FrameTableReport, frame_table_name, frame_tables, frames_schema, write_frame_table,
+    },
     local::LocalLoader,
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, Member},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},

@@ -256,8 +256,16 @@ fn resized_frame_tables_serve_resized_samples() {
     let root = tmp.path().join("lake");
     let name = "v30-av1-small";
     ingest_ok(&root, &testdata(name), &[]);
+    let run = lake(&root, &["inspect", name]);
+    assert!(run.stdout.contains("frames    decoded from packets"), "{run:#?}");
     let run = lake(&root, &["cache", name, "--size", "64x48"]);
     assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&root, &["inspect", name]);
+    assert!(run.stdout.contains("frames    64x48: 1200 frames, plain, "), "inspect lists the table: {run:#?}");
+    let run = lake(&root, &["inspect", name, "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    assert_eq!(json["frame_tables"][0]["size"], "64x48");
+    assert_eq!(json["frame_tables"][0]["frames"], 1200);
     let sample = |extra: &[&str]| {
         let out = tmp.path().join(format!("s{}.arrow", extra.len()));
         let mut args = vec!["sample", "--dataset", name, "--indices", "0,7,300,599", "--preset", "diffusion", "--out"];
