@@ -2,7 +2,8 @@
 //! steps made by repeating the bundled `v30-av1-small` sample (2 cameras, AV1 GOP 2, 480×640 +
 //! 96×128, 30 fps), for the `act` and `diffusion` presets: frames decoded from packets (the
 //! cold path) with the in-memory frame cache off and on, then frames read from the stored frame
-//! table that `lake cache` writes, stored plain and then zstd-compressed. Prints one table, with
+//! table that `lake cache` writes, stored plain and then zstd-compressed, and (`act`) from a table
+//! of frames resized to 224×224 (`lake cache --size`). Prints one table, with
 //! the decode-bound limit measured in the same run by `lake bench` itself.
 //!
 //! ```text
@@ -34,11 +35,11 @@ fn main() {
         "{:<10} {:>5} {:>10} {:>13} {:>15} {:>12} {:>10} {:>11} {:>9} {:>9}",
         "preset", "cache", "samples/s", "CPU ms/sample", "bound ms/sample", "% of bound", "first ms", "copy ms/s.", "hit rate", "peak RSS"
     );
-    let row = |preset: &str, cache: &str, label: &str| {
-        let json = lake(
-            &root,
-            &["bench", "--dataset", "bench", "--preset", preset, "--cache", cache, "--batches", &batches.to_string(), "--json"],
-        );
+    let row = |preset: &str, cache: &str, label: &str, extra: &[&str]| {
+        let batches = batches.to_string();
+        let mut args = vec!["bench", "--dataset", "bench", "--preset", preset, "--cache", cache, "--batches", &batches, "--json"];
+        args.extend(extra);
+        let json = lake(&root, &args);
         let r: serde_json::Value = serde_json::from_str(&json).expect("bench json");
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         println!(
@@ -57,7 +58,7 @@ fn main() {
     };
     for preset in ["act", "diffusion"] {
         for cache in ["off", "on"] {
-            row(preset, cache, cache);
+            row(preset, cache, cache, &[]);
         }
     }
     // Frames read from the stored frame table (`lake cache`), plain and then zstd-compressed;
@@ -67,10 +68,16 @@ fn main() {
         let stored = lake(&root, &["cache", "bench", "--storage", storage]);
         notes.push(format!("{storage}: {}", stored.trim()));
         for preset in if storage == "plain" { &["act", "diffusion"][..] } else { &["act"][..] } {
-            row(preset, "off", storage);
+            row(preset, "off", storage, &[]);
         }
     }
-    println!("frame table (`lake cache --storage plain|zstd`; rows `plain` / `zstd` read every frame from it):");
+    // Every camera's frames resized to 224x224, from their own table (`lake cache --size`).
+    let stored = lake(&root, &["cache", "bench", "--size", "224x224"]);
+    notes.push(format!("224x224: {}", stored.trim()));
+    row("act", "off", "224px", &["--frame-size", "224x224"]);
+    println!(
+        "frame table (`lake cache --storage plain|zstd`, `--size 224x224`; rows `plain` / `zstd` / `224px` read every frame from it):"
+    );
     for note in notes {
         println!("  {note}");
     }
