@@ -1,7 +1,7 @@
 //! `lake sample` and `lake bench`: the loader from the command line.
 
 use std::{
-    io::Write,
+    io::{IsTerminal, Write},
     process::ExitCode,
     sync::Arc,
     time::{Duration, Instant},
@@ -102,7 +102,35 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
         Storage::Plain => FrameStorage::Plain,
         Storage::Zstd => FrameStorage::Zstd,
     };
-    let report = lake_loader::write_frame_table(&lake, ds.clone(), threads, storage, args.size).await?;
+    let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ticker = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(ds.packets.stream.len() as u64),
+            indicatif::ProgressDrawTarget::stderr_with_hz(4),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} storing frames {bar:20} {pos}/{len} {msg}").expect("valid template"),
+        );
+        let (shown, stored, total) = (bar.clone(), stored.clone(), ds.packets.stream.len() as u64);
+        let task = tokio::spawn(async move {
+            let began = Instant::now();
+            loop {
+                let done = stored.load(std::sync::atomic::Ordering::Relaxed);
+                let rate = done as f64 / began.elapsed().as_secs_f64().max(1e-3);
+                let eta = if rate > 0.0 { format!(", ETA {:.0} s", total.saturating_sub(done) as f64 / rate) } else { String::new() };
+                shown.set_position(done);
+                shown.set_message(format!("({rate:.0} frames/s{eta})"));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        (bar, task)
+    });
+    let report = lake_loader::write_frame_table(&lake, ds.clone(), threads, storage, args.size, &stored).await;
+    if let Some((bar, task)) = ticker {
+        task.abort();
+        bar.finish_and_clear();
+    }
+    let report = report?;
     let secs = began.elapsed().as_secs_f64();
     println!(
         "stored {} decoded frames of {} ({:.1} MB of RGB as {:.1} MB, {}) in {:.1} s ({:.0} frames/s)",

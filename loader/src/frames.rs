@@ -361,7 +361,8 @@ fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
 /// Decodes every frame of `ds` (streams in parallel, `threads` at a time) and stores them as
 /// the version's `frames` table, as `storage` says, or, with `size`, resized to it (every
 /// camera; [`RgbResizer`](crate::RgbResizer)) as its `frames-WxH` table. Replaces an existing
-/// table only once the new one is complete.
+/// table only once the new one is complete. `stored` counts the frames stored so far (for
+/// progress reports; the table has one per `packets` row).
 ///
 /// # Errors
 /// When a frame cannot be decoded or the table cannot be written.
@@ -371,6 +372,7 @@ pub async fn write_frame_table(
     threads: usize,
     storage: FrameStorage,
     size: Option<FrameSize>,
+    stored: &Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<FrameTableReport> {
     let name = frame_table_name(size);
     let final_rel = ds.record.tables.path(&name);
@@ -382,9 +384,11 @@ pub async fn write_frame_table(
             .map(|(stream, first, end)| {
                 let ds = ds.clone();
                 let uri = tmp_uri.clone();
+                let stored = stored.clone();
                 async move {
                     let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-                    let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, (first, end), (storage, size), &tx));
+                    let producer =
+                        tokio::task::spawn_blocking(move || decode_stream(&ds, stream, (first, end), (storage, size), &tx, &stored));
                     let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
                     let part = lake_store::write_uncommitted(uri, frames_schema(storage), batches).await;
                     let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))?;
@@ -433,6 +437,8 @@ struct RowWriter<'a> {
     storage: FrameStorage,
     /// Resizes frames to the table's size, when it has one.
     resizer: Option<crate::RgbResizer>,
+    /// Frames stored by every writer of the table.
+    stored: &'a std::sync::atomic::AtomicU64,
     rows: UInt64Builder,
     data: LargeBinaryBuilder,
     /// Frames that came out before a row preceding them (B-frames): row → stored frame.
@@ -464,6 +470,7 @@ impl RowWriter<'_> {
     fn flush_ready(&mut self) -> Result<()> {
         while let Some(stored) = self.pending.remove(&self.next) {
             self.report.frames += 1;
+            self.stored.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.report.stored_bytes += stored.len() as u64;
             self.rows.append_value(self.next);
             self.data.append_value(&stored);
@@ -489,6 +496,7 @@ fn decode_stream(
     (first, end): (u64, u64),
     (storage, size): (FrameStorage, Option<FrameSize>),
     tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    stored: &std::sync::atomic::AtomicU64,
 ) -> Result<FrameTableReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
     let decode_err = |row: u64, message: String| Error::Decode {
@@ -513,6 +521,7 @@ fn decode_stream(
         tx,
         storage,
         resizer,
+        stored,
         rows: UInt64Builder::new(),
         data: LargeBinaryBuilder::new(),
         pending: BTreeMap::new(),
