@@ -102,7 +102,9 @@ pub struct LoaderDataset {
     /// Identifies this dataset version's frames in a frame cache shared by several loaders.
     pub cache_id: u64,
     /// The decoded-frame table, when `lake cache` made one, and how it stores frames.
-    frames_table: Option<(Arc<lance::Dataset>, FrameStorage)>,
+    frames_table: std::sync::RwLock<Option<FrameTable>>,
+    /// Where the frame table is (or would be).
+    frames_uri: String,
     /// The frame table's open data files.
     frame_files: crate::frames::FrameFiles,
     /// The size every camera's frames are read at, from a resized frame table (`None`: as
@@ -168,21 +170,7 @@ impl LoaderDataset {
         let packets = read_packet_index(lake, &record).await?;
         let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
         let frames_uri = lake.uri(&record.tables.path(&crate::frames::frame_table_name(frame_size)));
-        let frames_table = if std::path::Path::new(&frames_uri).is_dir() {
-            let opened = lance::Dataset::open(&frames_uri).await.ok();
-            let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
-            match (opened, storage) {
-                (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(packets.stream.len()) => {
-                    Some((Arc::new(table), storage))
-                }
-                _ => {
-                    tracing::warn!(dataset = %label, "ignoring an unreadable or incomplete frame table at {frames_uri}; run `lake cache` again");
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let frames_table = open_frame_table(&frames_uri, packets.stream.len(), &label).await;
         if let Some(size) = frame_size {
             if frames_table.is_none() {
                 return Err(Error::request(format!(
@@ -212,7 +200,8 @@ impl LoaderDataset {
             streams,
             packets_table,
             cache_id,
-            frames_table,
+            frames_table: std::sync::RwLock::new(frames_table),
+            frames_uri,
             frame_files: crate::frames::FrameFiles::default(),
             frame_size,
         }))
@@ -260,7 +249,28 @@ impl LoaderDataset {
 
     /// Whether a decoded-frame table exists for this version.
     pub fn has_frame_table(&self) -> bool {
-        self.frames_table.is_some()
+        self.frame_table().is_some()
+    }
+
+    fn frame_table(&self) -> Option<FrameTable> {
+        self.frames_table.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// After a read of `stale` found one of its files gone: whether `lake cache` has replaced
+    /// the table since this dataset opened it (then the new one is read from now on, the old
+    /// one's open files let go).
+    async fn reopen_frame_table(&self, stale: &lance::Dataset) -> bool {
+        let files = |t: &lance::Dataset| -> Vec<String> {
+            t.get_fragments().iter().flat_map(|f| f.metadata().files.iter().map(|d| d.path.clone()).collect::<Vec<_>>()).collect()
+        };
+        let Some(fresh) = open_frame_table(&self.frames_uri, self.packets.stream.len(), &self.label).await else { return false };
+        if files(&fresh.0) == files(stale) {
+            return false;
+        }
+        tracing::info!(dataset = %self.label, "reading the frame table `lake cache` wrote since it was opened");
+        *self.frames_table.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fresh);
+        self.frame_files.clear();
+        true
     }
 
     /// Reads the stored frames of packet rows (sorted, distinct), in that order, and how they
@@ -269,13 +279,18 @@ impl LoaderDataset {
     /// # Errors
     /// When Lance cannot read them.
     pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<(FrameStorage, Vec<bytes::Bytes>)>> {
-        let Some((table, storage)) = &self.frames_table else { return Ok(None) };
-        let frames = if crate::frames::is_blob_table(table) {
-            crate::frames::read_frames(table, storage.column(), rows).await.map_err(|e| self.frame_table_error(table, e))?
-        } else {
-            take_binary(&self.label, table, crate::frames::FRAMES, storage.column(), rows).await?
-        };
-        Ok(Some((*storage, frames)))
+        let mut reopened = false;
+        loop {
+            let Some((table, storage)) = self.frame_table() else { return Ok(None) };
+            if !crate::frames::is_blob_table(&table) {
+                return Ok(Some((storage, take_binary(&self.label, &table, crate::frames::FRAMES, storage.column(), rows).await?)));
+            }
+            match crate::frames::read_frames(&table, storage.column(), rows).await {
+                Ok(frames) => return Ok(Some((storage, frames))),
+                Err(e) if e.is_not_found() && !reopened && self.reopen_frame_table(&table).await => reopened = true,
+                Err(e) => return Err(self.frame_table_error(&table, e)),
+            }
+        }
     }
 
     /// Where the stored frames of packet rows (sorted, distinct) lie, in that order, for reading
@@ -285,11 +300,18 @@ impl LoaderDataset {
     /// # Errors
     /// When Lance cannot locate them or a file cannot be opened.
     pub async fn locate_stored_frames(&self, rows: &[u64]) -> Result<Option<Vec<crate::frames::FrameExtent>>> {
-        let Some((table, storage)) = &self.frames_table else { return Ok(None) };
-        if *storage != FrameStorage::Plain || !crate::frames::is_blob_table(table) {
-            return Ok(None);
+        let mut reopened = false;
+        loop {
+            let Some((table, storage)) = self.frame_table() else { return Ok(None) };
+            if storage != FrameStorage::Plain || !crate::frames::is_blob_table(&table) {
+                return Ok(None);
+            }
+            match crate::frames::locate_frames(&table, storage.column(), rows, &self.frame_files).await {
+                Ok(extents) => return Ok(extents),
+                Err(e) if e.is_not_found() && !reopened && self.reopen_frame_table(&table).await => reopened = true,
+                Err(e) => return Err(self.frame_table_error(&table, e)),
+            }
         }
-        crate::frames::locate_frames(table, storage.column(), rows, &self.frame_files).await.map_err(|e| self.frame_table_error(table, e))
     }
 
     /// A failed frame table read: a missing data file is named, with what to do about it.
@@ -323,6 +345,26 @@ impl LoaderDataset {
             return size.width as usize * size.height as usize * 3;
         }
         self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.width as usize * s.height as usize * 3)
+    }
+}
+
+/// A frame table and how it stores frames.
+type FrameTable = (Arc<lance::Dataset>, FrameStorage);
+
+/// The frame table at `uri`, when there is one holding a frame for each of `rows` packet rows
+/// (an unreadable or incomplete one is ignored, with a warning).
+async fn open_frame_table(uri: &str, rows: usize, label: &str) -> Option<FrameTable> {
+    if !std::path::Path::new(uri).is_dir() {
+        return None;
+    }
+    let opened = lance::Dataset::open(uri).await.ok();
+    let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
+    match (opened, storage) {
+        (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(rows) => Some((Arc::new(table), storage)),
+        _ => {
+            tracing::warn!(dataset = %label, "ignoring an unreadable or incomplete frame table at {uri}; run `lake cache` again");
+            None
+        }
     }
 }
 

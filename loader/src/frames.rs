@@ -228,6 +228,11 @@ impl FrameExtent {
 pub struct FrameFiles(std::sync::Mutex<HashMap<String, Arc<FrameFile>>>);
 
 impl FrameFiles {
+    /// Lets go of every open file (reads under way keep theirs).
+    pub(crate) fn clear(&self) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+
     fn open(&self, path: String) -> std::io::Result<Arc<FrameFile>> {
         let mut files = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(f) = files.get(&path) {

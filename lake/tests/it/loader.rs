@@ -228,6 +228,15 @@ fn frame_table_batches_equal_decoded_ones() {
         assert!(cached.hits > 0, "frames read from the table are cached and shown again: {cached:?}");
         assert!(decoded == table, "frames read from the table differ from decoded ones");
         assert!(decoded == table_cached, "with the in-memory cache on too");
+        // `lake cache` replaces the table (its files with new ones) while the dataset is open,
+        // as under a running server: the new table is read, zstd and then plain again.
+        for storage in ["zstd", "plain"] {
+            let cached = crate::common::lake(&root, &["cache", name, "--storage", storage]);
+            assert_eq!(cached.code, 0, "{cached:#?}");
+            let (again, _, stats) = run(true, 0).await;
+            assert_eq!(stats.packets, 0, "{stats:?}");
+            assert!(decoded == again, "frames read from the {storage} table that replaced the open one");
+        }
     });
 
     // The table's data files gone: sampling fails and names one.
