@@ -480,6 +480,9 @@ impl Loader {
     /// decoded, or to be read from the frame table.
     async fn frames(&self, source: usize, packet_rows: BTreeSet<u64>, shown_by: &HashMap<u64, u64>, ahead: &Ahead) -> Result<Found> {
         let ds = self.datasets[source].clone();
+        if self.frame_table {
+            ds.discover_frame_table().await;
+        }
         let slot = ds.cache_id;
         let mut found = HashMap::with_capacity(packet_rows.len());
         let mut missing = BTreeSet::new();

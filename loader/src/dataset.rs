@@ -105,6 +105,9 @@ pub struct LoaderDataset {
     frames_table: std::sync::RwLock<Option<FrameTable>>,
     /// Where the frame table is (or would be).
     frames_uri: String,
+    /// The modification time of a frame table directory that could not be opened (it is not
+    /// tried again, nor warned about again, until it changes).
+    frames_unreadable: tokio::sync::Mutex<Option<std::time::SystemTime>>,
     /// The frame table's open data files.
     frame_files: crate::frames::FrameFiles,
     /// The size every camera's frames are read at, from a resized frame table (`None`: as
@@ -171,6 +174,7 @@ impl LoaderDataset {
         let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
         let frames_uri = lake.uri(&record.tables.path(&crate::frames::frame_table_name(frame_size)));
         let frames_table = open_frame_table(&frames_uri, packets.stream.len(), &label).await;
+        let frames_unreadable = if frames_table.is_none() { modified(&frames_uri) } else { None };
         if let Some(size) = frame_size {
             if frames_table.is_none() {
                 return Err(Error::request(format!(
@@ -202,6 +206,7 @@ impl LoaderDataset {
             cache_id,
             frames_table: std::sync::RwLock::new(frames_table),
             frames_uri,
+            frames_unreadable: tokio::sync::Mutex::new(frames_unreadable),
             frame_files: crate::frames::FrameFiles::default(),
             frame_size,
         }))
@@ -250,6 +255,35 @@ impl LoaderDataset {
     /// Whether a decoded-frame table exists for this version.
     pub fn has_frame_table(&self) -> bool {
         self.frame_table().is_some()
+    }
+
+    /// Picks up a frame table `lake cache` made after this dataset was opened, so that the
+    /// streams of a running server read it from their next batch on instead of decoding; true
+    /// when there is one. While there is none this costs one `stat`.
+    pub async fn discover_frame_table(&self) -> bool {
+        if self.has_frame_table() {
+            return true;
+        }
+        let Some(changed) = modified(&self.frames_uri) else { return false };
+        // One attempt at a time: the others wait for its outcome rather than decode meanwhile.
+        let mut unreadable = self.frames_unreadable.lock().await;
+        if self.has_frame_table() {
+            return true;
+        }
+        if *unreadable == Some(changed) {
+            return false;
+        }
+        match open_frame_table(&self.frames_uri, self.packets.stream.len(), &self.label).await {
+            Some(table) => {
+                tracing::info!(dataset = %self.label, "reading the frame table `lake cache` made since the dataset was opened");
+                *self.frames_table.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(table);
+                true
+            }
+            None => {
+                *unreadable = Some(changed);
+                false
+            }
+        }
     }
 
     fn frame_table(&self) -> Option<FrameTable> {
@@ -346,6 +380,11 @@ impl LoaderDataset {
         }
         self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.width as usize * s.height as usize * 3)
     }
+}
+
+/// When the directory at `uri` (a local path) last changed, if there is one.
+fn modified(uri: &str) -> Option<std::time::SystemTime> {
+    std::fs::metadata(uri).ok().filter(std::fs::Metadata::is_dir).and_then(|m| m.modified().ok())
 }
 
 /// A frame table and how it stores frames.

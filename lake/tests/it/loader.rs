@@ -182,7 +182,8 @@ fn bad_sample_requests_are_refused_clearly() {
 
 /// Frames read from the stored frame table straight into batches: the same batches as
 /// decoding, with the in-memory cache off and on (frames the table gave are cached, and a
-/// diffusion window shows them again), nothing decoded; and a table whose data files are gone is
+/// diffusion window shows them again), nothing decoded; a dataset opened before `lake cache`
+/// made or replaced the table reads the new one; and a table whose data files are gone is
 /// reported by file, not read as something else.
 #[test]
 fn frame_table_batches_equal_decoded_ones() {
@@ -190,13 +191,12 @@ fn frame_table_batches_equal_decoded_ones() {
     let root = tmp.path().join("lake");
     let name = "v30-av1-small";
     ingest_ok(&root, &testdata(name), &[]);
-    let run = lake(&root, &["cache", name]);
-    assert_eq!(run.code, 0, "{run:#?}");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        // Opened before `lake cache` ran, as under a running server.
         let ds = LoaderDataset::open(&lake, name).await.expect("open");
-        assert!(ds.has_frame_table());
+        assert!(!ds.has_frame_table());
         let eligible = Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), 0, 0);
         let order = Arc::new(Order::new(9, vec![Source { eligible, weight: 1.0 }]).expect("order"));
         let run = |frame_table: bool, cache_bytes: u64| {
@@ -218,8 +218,12 @@ fn frame_table_batches_equal_decoded_ones() {
                 (batches, loader.cache_stats(), loader.decode_stats())
             }
         };
-        let (decoded, _, from_packets) = run(false, 0).await;
+        let (decoded, _, from_packets) = run(true, 0).await;
+        let cached = crate::common::lake(&root, &["cache", name]);
+        assert_eq!(cached.code, 0, "{cached:#?}");
+        // The open dataset finds the table at its next batch.
         let (table, _, plain) = run(true, 0).await;
+        assert!(ds.has_frame_table());
         let (table_cached, cached, _) = run(true, 8 << 20).await;
         assert_eq!(decoded.len(), 10);
         assert!(from_packets.packets > 0);
