@@ -36,9 +36,32 @@ pub struct IngestArgs {
     /// Camera files demuxed in parallel [default: number of cores].
     #[arg(long)]
     threads: Option<usize>,
+    /// Then store the version's decoded frames for the loader, as `lake cache` does: `native`
+    /// at their recorded size, `WxH` resized (read with `--frame-size WxH`); repeat for
+    /// several. A table already there with the same storage is kept.
+    #[arg(long, value_name = "native|WxH")]
+    frame_cache: Vec<FrameCacheSize>,
+    /// How `--frame-cache` stores frames (see `lake cache --storage`).
+    #[arg(long, value_enum, default_value_t = crate::sample::Storage::Plain, requires = "frame_cache")]
+    frame_storage: crate::sample::Storage,
     /// Print the commit record and report as JSON instead of the summary.
     #[arg(long)]
     json: bool,
+}
+
+/// A `--frame-cache` value: `native` (the recorded size) or `WxH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameCacheSize(Option<lake_loader::FrameSize>);
+
+impl std::str::FromStr for FrameCacheSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("native") {
+            return Ok(Self(None));
+        }
+        s.parse().map(|size| Self(Some(size))).map_err(|e| format!("{e}, or `native`"))
+    }
 }
 
 /// Arguments of `lake ls`.
@@ -95,19 +118,20 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match result {
         Ok(Outcome::Committed { record, report }) => {
-            if args.json {
-                serde_json::to_writer_pretty(&mut out, &serde_json::json!({"outcome": "committed", "record": record, "report": report}))?;
-                writeln!(out)?;
-            } else {
+            if !args.json {
                 render::ingest_summary(&mut out, &record, &report, root)?;
             }
-            Ok(ExitCode::SUCCESS)
+            let cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json).await;
+            if args.json {
+                let mut json = serde_json::json!({"outcome": "committed", "record": record, "report": report});
+                cached.add_to(&mut json);
+                serde_json::to_writer_pretty(&mut out, &json)?;
+                writeln!(out)?;
+            }
+            cached.exit_code(&record)
         }
         Ok(Outcome::Unchanged { record, reason }) => {
-            if args.json {
-                serde_json::to_writer_pretty(&mut out, &serde_json::json!({"outcome": "unchanged", "reason": reason, "record": record}))?;
-                writeln!(out)?;
-            } else {
+            if !args.json {
                 writeln!(
                     out,
                     "{}@{} is up to date: {reason} (checked in {:.2} s); nothing written",
@@ -116,7 +140,14 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                     started.elapsed().as_secs_f64()
                 )?;
             }
-            Ok(ExitCode::SUCCESS)
+            let cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json).await;
+            if args.json {
+                let mut json = serde_json::json!({"outcome": "unchanged", "reason": reason, "record": record});
+                cached.add_to(&mut json);
+                serde_json::to_writer_pretty(&mut out, &json)?;
+                writeln!(out)?;
+            }
+            cached.exit_code(&record)
         }
         Err(lake_ingest::Error::Refused(report)) => {
             if args.json {
@@ -132,6 +163,92 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", args.source)),
     }
+}
+
+/// What `lake ingest --frame-cache` did after the ingest: the tables written or kept, and the
+/// error that stopped it.
+#[derive(Debug, Default)]
+struct FrameCaches {
+    tables: Vec<serde_json::Value>,
+    error: Option<(Option<lake_loader::FrameSize>, String)>,
+}
+
+impl FrameCaches {
+    fn add_to(&self, json: &mut serde_json::Value) {
+        if !self.tables.is_empty() || self.error.is_some() {
+            json["frame_tables"] = serde_json::Value::Array(self.tables.clone());
+        }
+        if let Some((_, e)) = &self.error {
+            json["frame_cache_error"] = serde_json::Value::String(e.clone());
+        }
+    }
+
+    /// Success, or (the version stays ingested) the error and the command that finishes the job.
+    fn exit_code(&self, record: &lake_schemas::CommitRecord) -> anyhow::Result<ExitCode> {
+        let Some((size, e)) = &self.error else { return Ok(ExitCode::SUCCESS) };
+        let again = size.map(|s| format!(" --size {s}")).unwrap_or_default();
+        anyhow::bail!(
+            "{}@{} is in the lake, but storing its frames failed: {e}; run `lake cache {}{again}` to store them",
+            record.name,
+            record.version,
+            record.name
+        )
+    }
+}
+
+/// Stores the frame tables `sizes` asks for of the version `record` (those already there with
+/// the same storage are kept), printing a line per table unless `json`.
+async fn frame_caches(
+    lake: &Lake,
+    record: &lake_schemas::CommitRecord,
+    sizes: &[FrameCacheSize],
+    storage: lake_loader::FrameStorage,
+    threads: Option<usize>,
+    json: bool,
+) -> FrameCaches {
+    let mut done = FrameCaches::default();
+    if sizes.is_empty() {
+        return done;
+    }
+    let spec = format!("{}@{}", record.name, record.version);
+    let ds = match lake_loader::LoaderDataset::open(lake, &spec).await {
+        Ok(ds) => ds,
+        Err(e) => {
+            done.error = Some((sizes[0].0, e.to_string()));
+            return done;
+        }
+    };
+    let existing = lake_loader::frame_tables(lake, record).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for FrameCacheSize(size) in sizes.iter().copied().filter(|s| seen.insert(s.0.map(|s| (s.width, s.height)))) {
+        let at = size.map(|s| format!(" at {s}")).unwrap_or_default();
+        let kept =
+            existing.iter().find(|t| t.size == size && t.storage == Some(storage.name()) && t.frames == Some(ds.packets.stream.len()));
+        if let Some(t) = kept {
+            if !json {
+                println!("{spec}: frames{at} already stored ({}, {:.1} MB); kept", storage.name(), t.bytes as f64 / 1e6);
+            }
+            done.tables.push(
+                serde_json::json!({"dataset": spec, "size": size, "storage": storage.name(), "frames": t.frames, "stored_bytes": t.bytes, "written": false}),
+            );
+            continue;
+        }
+        match crate::sample::store_frames(lake, ds.clone(), threads, storage, size).await {
+            Ok(stored) => {
+                if !json {
+                    println!("{}", stored.summary());
+                }
+                let mut entry = serde_json::to_value(&stored).expect("serializable");
+                entry["written"] = serde_json::Value::Bool(true);
+                done.tables.push(entry);
+            }
+            Err(e) => {
+                done.error = Some((size, format!("{e:#}")));
+                break;
+            }
+        }
+    }
+    done
 }
 
 fn spawn_progress(progress: Arc<Progress>) -> (indicatif::ProgressBar, tokio::task::JoinHandle<()>) {

@@ -85,23 +85,81 @@ pub struct CacheArgs {
     size: Option<lake_loader::FrameSize>,
 }
 
-/// `lake cache --storage`.
+/// `lake cache --storage`, `lake ingest --frame-storage`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum Storage {
+pub enum Storage {
     Plain,
     Zstd,
+}
+
+impl From<Storage> for FrameStorage {
+    fn from(s: Storage) -> Self {
+        match s {
+            Storage::Plain => FrameStorage::Plain,
+            Storage::Zstd => FrameStorage::Zstd,
+        }
+    }
 }
 
 /// `lake cache`: decode every frame once and store it losslessly beside the dataset version.
 pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let ds = LoaderDataset::open(&lake, &args.dataset).await?;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
+    let stored = store_frames(&lake, ds, args.threads, args.storage.into(), args.size).await?;
+    println!("{}", stored.summary());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What [`store_frames`] did.
+#[derive(Debug, serde::Serialize)]
+pub struct StoredFrames {
+    /// The dataset version.
+    pub dataset: String,
+    /// The size frames were stored at (`None`: as recorded).
+    pub size: Option<lake_loader::FrameSize>,
+    /// `plain` or `zstd`.
+    pub storage: &'static str,
+    /// Frames stored.
+    pub frames: u64,
+    /// Bytes of RGB.
+    pub raw_bytes: u64,
+    /// Bytes written.
+    pub stored_bytes: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+impl StoredFrames {
+    /// The line `lake cache` prints.
+    pub fn summary(&self) -> String {
+        let at = self.size.map(|s| format!(" at {s}")).unwrap_or_default();
+        format!(
+            "stored {} decoded frames of {}{at} ({:.1} MB of RGB as {:.1} MB, {}) in {:.1} s ({:.0} frames/s)",
+            self.frames,
+            self.dataset,
+            self.raw_bytes as f64 / 1e6,
+            self.stored_bytes as f64 / 1e6,
+            self.storage,
+            self.seconds,
+            self.frames as f64 / self.seconds.max(1e-9)
+        )
+    }
+}
+
+/// Decodes every frame of `ds` and stores it (resized to `size`) in the version's frame table,
+/// replacing the one there, with a progress bar on stderr when it is a terminal.
+///
+/// # Errors
+/// When a frame cannot be decoded or the table cannot be written (nothing is replaced then).
+pub async fn store_frames(
+    lake: &Lake,
+    ds: Arc<LoaderDataset>,
+    threads: Option<usize>,
+    storage: FrameStorage,
+    size: Option<lake_loader::FrameSize>,
+) -> anyhow::Result<StoredFrames> {
+    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
     let began = Instant::now();
-    let storage = match args.storage {
-        Storage::Plain => FrameStorage::Plain,
-        Storage::Zstd => FrameStorage::Zstd,
-    };
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let ticker = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::with_draw_target(
@@ -125,24 +183,21 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
         });
         (bar, task)
     });
-    let report = lake_loader::write_frame_table(&lake, ds.clone(), threads, storage, args.size, &stored).await;
+    let report = lake_loader::write_frame_table(lake, ds.clone(), threads, storage, size, &stored).await;
     if let Some((bar, task)) = ticker {
         task.abort();
         bar.finish_and_clear();
     }
     let report = report?;
-    let secs = began.elapsed().as_secs_f64();
-    println!(
-        "stored {} decoded frames of {} ({:.1} MB of RGB as {:.1} MB, {}) in {:.1} s ({:.0} frames/s)",
-        report.frames,
-        ds.label,
-        report.raw_bytes as f64 / 1e6,
-        report.stored_bytes as f64 / 1e6,
-        storage.name(),
-        secs,
-        report.frames as f64 / secs.max(1e-9)
-    );
-    Ok(ExitCode::SUCCESS)
+    Ok(StoredFrames {
+        dataset: ds.label.clone(),
+        size,
+        storage: storage.name(),
+        frames: report.frames,
+        raw_bytes: report.raw_bytes,
+        stored_bytes: report.stored_bytes,
+        seconds: began.elapsed().as_secs_f64(),
+    })
 }
 
 /// Arguments of `lake sample`.

@@ -259,6 +259,53 @@ fn frame_table_batches_equal_decoded_ones() {
     assert!(!out.exists(), "no output file on error");
 }
 
+/// `lake ingest --frame-cache native --frame-cache WxH` ingests and stores both frame tables
+/// (what `lake cache` would); a re-ingest of the same source keeps them untouched; another
+/// storage asked for rewrites that table; `--frame-storage` alone is a usage error.
+#[test]
+fn ingest_stores_frame_tables_when_asked() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let name = "v30-av1-small";
+    let source = testdata(name);
+    let source = source.to_str().expect("utf-8");
+    let run = ingest_ok(&root, &testdata(name), &["--frame-cache", "native", "--frame-cache", "32x24"]);
+    assert!(run.stdout.contains(&format!("stored 1200 decoded frames of {name}@1 at 32x24")), "{run:#?}");
+    let tables = |root: &Path| {
+        let run = lake(root, &["inspect", name, "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+        json["frame_tables"]
+            .as_array()
+            .expect("frame tables")
+            .iter()
+            .map(|t| (t["size"].clone(), t["storage"].clone(), t["frames"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let plain = serde_json::json!("plain");
+    assert_eq!(tables(&root), vec![(serde_json::Value::Null, plain.clone(), 1200.into()), ("32x24".into(), plain.clone(), 1200.into())]);
+    let files = files_under(&root);
+
+    let run = lake(&root, &["ingest", source, "--frame-cache", "32x24", "--frame-cache", "native", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    assert_eq!(json["outcome"], "unchanged");
+    let written: Vec<_> = json["frame_tables"].as_array().expect("frame tables").iter().map(|t| t["written"].clone()).collect();
+    assert_eq!(written, vec![serde_json::Value::Bool(false); 2], "{json:#}");
+    assert_eq!(files_under(&root), files, "nothing rewritten");
+
+    let run = lake(&root, &["ingest", source, "--frame-cache", "32x24", "--frame-storage", "zstd"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(tables(&root)[1], ("32x24".into(), "zstd".into(), 1200.into()));
+    let out = tmp.path().join("s.arrow");
+    let run =
+        lake(&root, &["sample", "--dataset", name, "--indices", "0,599", "--frame-size", "32x24", "--out", out.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+
+    let run = lake(&root, &["ingest", source, "--frame-storage", "zstd"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("--frame-cache"), "{run:#?}");
+}
+
 /// A frame table of resized frames (`lake cache --size`): samples read at that size have every
 /// frame equal to the recorded frame resized (area averaging keeps each channel's mean), every
 /// other column equal to the recorded samples', and the shape in the field metadata; a size
