@@ -282,7 +282,7 @@ fn ingest_stores_frame_tables_when_asked() {
             .collect::<Vec<_>>()
     };
     let plain = serde_json::json!("plain");
-    assert_eq!(tables(&root), vec![(serde_json::Value::Null, plain.clone(), 1200.into()), ("32x24".into(), plain.clone(), 1200.into())]);
+    assert_eq!(tables(&root), vec![(serde_json::Value::Null, plain.clone(), 1200.into()), ("32x24".into(), plain, 1200.into())]);
     let files = files_under(&root);
 
     let run = lake(&root, &["ingest", source, "--frame-cache", "32x24", "--frame-cache", "native", "--json"]);
