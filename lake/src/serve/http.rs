@@ -103,10 +103,11 @@ async fn dataset(State(service): State<Arc<Service>>, Path(name): Path<String>) 
             .map_err(Error::from)?;
     let cameras = batches_json(&streams)?;
     let stats = crate::stats::stats_json(lake, &record).await.ok();
+    let frame_tables = lake_loader::frame_tables(lake, &record).await;
     Ok(Json(json!({
         "name": record.name, "version": record.version, "fps": record.fps,
         "features": record.info.get("features"), "cameras": cameras, "episodes": list, "stats": stats,
-        "counts": record.counts, "source": record.source,
+        "counts": record.counts, "source": record.source, "frame_tables": frame_tables,
     })))
 }
 
@@ -207,7 +208,7 @@ pub fn openapi_document() -> Value {
             "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text format"}}}},
             "/v1/datasets": {"get": {"responses": {"200": {"description": "the datasets"}}}},
             "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "features, cameras, episodes, stats"}, "404": error}}},
+                "responses": {"200": {"description": "features, cameras, episodes, stats, frame tables (the sizes `frame_size` may ask for)"}, "404": error}}},
             "/v1/sample": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
                 "responses": {"200": arrow, "400": error, "404": error, "401": error}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},

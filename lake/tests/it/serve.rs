@@ -333,6 +333,8 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert_eq!(code, 200);
     let info: Value = serde_json::from_slice(&body).expect("json");
     assert_eq!(info["episodes"].as_array().map(Vec::len), Some(6));
+    assert_eq!(info["frame_tables"][0]["size"], "32x24", "the frame table sizes a request may ask for: {info:#}");
+    assert_eq!(info["frame_tables"][0]["frames"], 1200);
     let (code, body) = http(&server.http, "GET", "/v1/openapi.json", &[("Authorization", auth.as_str())], b"");
     assert_eq!(code, 200);
     assert!(serde_json::from_slice::<Value>(&body).expect("json")["paths"]["/v1/sample"].is_object());
