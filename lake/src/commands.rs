@@ -115,54 +115,49 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         task.abort();
         bar.finish_and_clear();
     }
-    let mut out = std::io::stdout().lock();
-    match result {
+    let (record, mut json) = match result {
         Ok(Outcome::Committed { record, report }) => {
             if !args.json {
-                render::ingest_summary(&mut out, &record, &report, root)?;
+                render::ingest_summary(&mut std::io::stdout().lock(), &record, &report, root)?;
             }
-            let cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json).await;
-            if args.json {
-                let mut json = serde_json::json!({"outcome": "committed", "record": record, "report": report});
-                cached.add_to(&mut json);
-                serde_json::to_writer_pretty(&mut out, &json)?;
-                writeln!(out)?;
-            }
-            cached.exit_code(&record)
+            let json = serde_json::json!({"outcome": "committed", "record": record, "report": report});
+            (record, json)
         }
         Ok(Outcome::Unchanged { record, reason }) => {
             if !args.json {
-                writeln!(
-                    out,
+                println!(
                     "{}@{} is up to date: {reason} (checked in {:.2} s); nothing written",
                     record.name,
                     record.version,
                     started.elapsed().as_secs_f64()
-                )?;
+                );
             }
-            let cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json).await;
-            if args.json {
-                let mut json = serde_json::json!({"outcome": "unchanged", "reason": reason, "record": record});
-                cached.add_to(&mut json);
-                serde_json::to_writer_pretty(&mut out, &json)?;
-                writeln!(out)?;
-            }
-            cached.exit_code(&record)
+            let json = serde_json::json!({"outcome": "unchanged", "reason": reason, "record": record});
+            (record, json)
         }
         Err(lake_ingest::Error::Refused(report)) => {
             if args.json {
+                let mut out = std::io::stdout().lock();
                 serde_json::to_writer_pretty(&mut out, &serde_json::json!({"outcome": "refused", "report": report}))?;
                 writeln!(out)?;
             }
             eprintln!("error: {}", report.refusal());
-            Ok(ExitCode::from(1))
+            return Ok(ExitCode::from(1));
         }
         Err(lake_ingest::Error::Cancelled) => {
             eprintln!("cancelled; the lake is unchanged");
-            Ok(ExitCode::from(130))
+            return Ok(ExitCode::from(130));
         }
-        Err(e) => Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", args.source)),
+        Err(e) => return Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", args.source)),
+    };
+    let cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json).await;
+    if args.json {
+        cached.add_to(&mut json);
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &json)?;
+        writeln!(out)?;
     }
+    cached.exit_code(&record)
 }
 
 /// What `lake ingest --frame-cache` did after the ingest: the tables written or kept, and the
