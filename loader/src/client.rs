@@ -40,15 +40,21 @@ pub struct StreamPlan {
     pub epoch_len: u64,
     /// Global steps in an epoch.
     pub steps_per_epoch: u64,
+    /// The request's `datasets` (JSON) with every dataset name pinned to the version the server
+    /// reads (`NAME@VERSION`): later requests that carry it (a resume) read the same versions
+    /// whatever is ingested meanwhile.
+    pub datasets: serde_json::Value,
 }
 
 impl StreamPlan {
-    /// The plan from the server's JSON shape (`{"epoch_len": …, "steps_per_epoch": …}`).
+    /// The plan from the server's JSON shape (`{"epoch_len": …, "steps_per_epoch": …,
+    /// "datasets": […]}`).
     pub(crate) fn from_json(schema: SchemaRef, shape: &[u8]) -> Result<Self> {
         let bad = || Error::Request(format!("server: a plan that is not an epoch shape: {}", String::from_utf8_lossy(shape)));
         let value: serde_json::Value = serde_json::from_slice(shape).map_err(|_| bad())?;
         let field = |name: &str| value[name].as_u64().ok_or_else(bad);
-        Ok(Self { schema, epoch_len: field("epoch_len")?, steps_per_epoch: field("steps_per_epoch")? })
+        let datasets = value.get("datasets").filter(|d| d.is_array()).cloned().ok_or_else(bad)?;
+        Ok(Self { schema, epoch_len: field("epoch_len")?, steps_per_epoch: field("steps_per_epoch")?, datasets })
     }
 }
 

@@ -19,7 +19,7 @@
 //! | client | `R` release | `segment: u32`, `slot: u32` |
 //! | client | `Q` describe | `token_len: u32`, the bearer token, the JSON sampling request (instead of a hello) |
 //! | server | `S` schema | the Arrow IPC `Message` flatbuffer of the batches' schema |
-//! | server | `P` plan | JSON `{"epoch_len": …, "steps_per_epoch": …}`: the answer to a describe, after the schema |
+//! | server | `P` plan | JSON `{"epoch_len": …, "steps_per_epoch": …, "datasets": […]}` (the request's datasets pinned to `NAME@VERSION`): the answer to a describe, after the schema |
 //! | server | `M` segment | `id: u32`, `slots: u32`, `slot_bytes: u64`; the memfd rides along (`SCM_RIGHTS`) |
 //! | server | `B` batch | `segment: u32`, `slot: u32`, `len: u64`: the slot's first `len` bytes hold an IPC record batch message |
 //! | server | `D` done | nothing: the stream reached its limit, or the server is shutting down |

@@ -82,7 +82,9 @@ class LakeClient:
         return out
 
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        """Schema and epoch shape (`epoch_len`, `steps_per_epoch`) of a sampling request."""
+        """Schema and epoch shape (`epoch_len`, `steps_per_epoch`) of a sampling request, and
+        its `datasets` pinned to the versions the server reads (`name@version`): a request
+        that carries them reads the same versions whatever is ingested later."""
         descriptor = flight.FlightDescriptor.for_command(json.dumps(request).encode())
         info = self._client.get_flight_info(descriptor, self._options)
         shape = json.loads(info.app_metadata or b"{}")
@@ -215,8 +217,9 @@ class LocalClient:
         self.path, self.token, self.slots = path, token, slots
 
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        """Schema and epoch shape (`epoch_len`, `steps_per_epoch`) of a sampling request, as
-        `LakeClient.info` gives them over Flight; raises `LakeError` when the server refuses it."""
+        """Schema, epoch shape (`epoch_len`, `steps_per_epoch`) and pinned `datasets` of a
+        sampling request, as `LakeClient.info` gives them over Flight; raises `LakeError` when
+        the server refuses it."""
         stream = self._connect()
         try:
             schema = self._open(stream, b"Q", b"", request)
@@ -360,7 +363,10 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         source = LocalClient(self.local, self.token) if self.local else LakeClient(self.location, self.token)
         request = self._full_request()
-        steps_per_epoch = source.info(request)["steps_per_epoch"]
+        info = source.info(request)
+        steps_per_epoch = info["steps_per_epoch"]
+        # From now on (later epochs, a resume from state_dict) the versions read first.
+        self.request["datasets"] = request["datasets"] = info["datasets"]
         if self.epochs is not None:
             remaining = (self.epochs - self.epoch) * steps_per_epoch - self.step
             if remaining <= 0:
@@ -377,15 +383,33 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             yield out
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the stream stands: the next batch is global step `step` of `epoch`."""
+        """Where the stream stands: the next batch is global step `step` of `epoch`, of the
+        dataset versions in `datasets` (pinned once the stream has started)."""
         return {"epoch": self.epoch, "step": self.step, "seed": self.request["seed"],
-                "global_batch": self.request["batch_size"] * self.world_size}
+                "global_batch": self.request["batch_size"] * self.world_size,
+                "datasets": self.request["datasets"]}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes at `state`'s cursor; the global batch must match (resizing the world keeps
-        the sample sequence only when `batch_size * world_size` is unchanged)."""
+        """Resumes at `state`'s cursor, on the dataset versions it read (a version ingested
+        since is not mixed in); the global batch must match (resizing the world keeps the
+        sample sequence only when `batch_size * world_size` is unchanged), and the datasets
+        must be the same names."""
         if state["global_batch"] != self.request["batch_size"] * self.world_size:
             raise ValueError(f"global batch {self.request['batch_size'] * self.world_size} differs from the saved {state['global_batch']}")
         if state["seed"] != self.request["seed"]:
             raise ValueError(f"seed {self.request['seed']} differs from the saved {state['seed']}")
+        saved = state.get("datasets")
+        if saved is not None:
+            if _dataset_names(saved) != _dataset_names(self.request["datasets"]):
+                raise ValueError(f"datasets {self.request['datasets']} differ from the saved {saved}")
+            self.request["datasets"] = saved
         self.epoch, self.step = state["epoch"], state["step"]
+
+
+def _dataset_names(datasets: Sequence[DatasetSpec]) -> List[str]:
+    """The names of a request's datasets, without versions and weights."""
+    names = []
+    for d in datasets:
+        name = d["name"] if isinstance(d, dict) else d
+        names.append(name.split("@", 1)[0].split("=", 1)[0])
+    return names

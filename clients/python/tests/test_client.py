@@ -104,6 +104,8 @@ class LocalStreams(unittest.TestCase):
         local, flight = LocalClient(LOCAL, TOKEN).info(request), LakeClient(LOCATION, TOKEN).info(request)
         self.assertTrue(local["schema"].equals(flight["schema"], check_metadata=True))
         self.assertEqual((local["epoch_len"], local["steps_per_epoch"]), (flight["epoch_len"], flight["steps_per_epoch"]))
+        self.assertEqual(local["datasets"], [f"{DATASET}@1"], "the plan pins the version read")
+        self.assertEqual(flight["datasets"], local["datasets"])
         self.assertGreater(local["steps_per_epoch"], 0)
         with self.assertRaises(LakeError) as refused:
             LocalClient(LOCAL, TOKEN).info({"datasets": [DATASET], "rank": 3, "world_size": 3})
@@ -162,8 +164,11 @@ class TorchDataset(unittest.TestCase):
             if i == 4:
                 break
         state = first.state_dict()
+        self.assertEqual(state["datasets"], [f"{DATASET}@1"], "the versions read are saved")
         rest = self.make()
         rest.load_state_dict(state)
+        with self.assertRaises(ValueError):
+            self.make(datasets=["another"]).load_state_dict(state)
         seen += [b["index"].tolist() for b in rest]
         self.assertEqual(seen, whole)
         if LOCAL:

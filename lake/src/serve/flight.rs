@@ -114,10 +114,13 @@ impl FlightService for LakeFlight {
         let descriptor = request.into_inner();
         let sample = self.request_of(&descriptor.cmd)?;
         let plan = self.service.describe(&sample).await.map_err(|e| status(&e))?;
+        // The ticket reads the versions planned, whatever is ingested before it is redeemed.
+        let pinned = SampleRequest { datasets: plan.datasets.clone(), ..sample };
+        let ticket = serde_json::to_vec(&pinned).map_err(|e| Status::internal(e.to_string()))?;
         let info = FlightInfo::new()
             .try_with_schema(&plan.schema)
             .map_err(|e| Status::internal(e.to_string()))?
-            .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(descriptor.cmd.clone())))
+            .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
             .with_descriptor(descriptor)
             .with_app_metadata(plan.shape_json());
         Ok(Response::new(info))

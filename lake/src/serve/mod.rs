@@ -176,6 +176,9 @@ impl SampleRequest {
 /// What a request will stream.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The request's datasets with every dataset name pinned to the version served
+    /// (`NAME@VERSION`); a request that names these reads the same versions after a later ingest.
+    pub datasets: Vec<DatasetRef>,
     /// Schema of the batches.
     pub schema: SchemaRef,
     /// Eligible steps per epoch.
@@ -189,7 +192,7 @@ impl Plan {
     /// The epoch shape clients keep their `(epoch, step)` cursor with, as JSON (Flight's
     /// `app_metadata`, a local stream's plan message).
     pub fn shape_json(&self) -> String {
-        serde_json::json!({"epoch_len": self.epoch_len, "steps_per_epoch": self.steps_per_epoch}).to_string()
+        serde_json::json!({"epoch_len": self.epoch_len, "steps_per_epoch": self.steps_per_epoch, "datasets": self.datasets}).to_string()
     }
 }
 
@@ -310,6 +313,8 @@ pub struct Metrics {
 }
 
 struct Prepared {
+    /// The request's datasets, pinned to the versions the loader reads.
+    datasets: Vec<DatasetRef>,
     loader: Arc<Loader>,
     order: Arc<Order>,
     last_used: Mutex<Instant>,
@@ -459,8 +464,27 @@ impl Service {
         ok
     }
 
+    /// `request` with every dataset it names by name alone pinned to that dataset's latest
+    /// version (views and `NAME@VERSION` as they are), so that a later ingest makes a new loader
+    /// for new requests while streams already open keep their version.
+    async fn pinned(&self, request: &SampleRequest) -> Result<SampleRequest> {
+        let mut pinned = request.clone();
+        for d in &mut pinned.datasets {
+            let name = match d {
+                DatasetRef::Name(name) | DatasetRef::Weighted { name, .. } => name,
+            };
+            if !name.contains('@')
+                && let Some(record) = self.lake.latest(name).await?
+            {
+                *name = format!("{}@{}", record.name, record.version);
+            }
+        }
+        Ok(pinned)
+    }
+
     async fn prepare(&self, request: &SampleRequest) -> Result<Arc<Prepared>> {
         request.check()?;
+        let request = &self.pinned(request).await?;
         let key = request.key();
         let mut prepared = self.prepared.lock().await;
         if let Some(p) = prepared.get(&key) {
@@ -475,7 +499,13 @@ impl Service {
             self.resources.clone(),
         )?);
         let order = Arc::new(Order::new(request.seed, sampling.sources)?);
-        let p = Arc::new(Prepared { loader, order, last_used: Mutex::new(Instant::now()), lookaheads: Mutex::default() });
+        let p = Arc::new(Prepared {
+            datasets: request.datasets.clone(),
+            loader,
+            order,
+            last_used: Mutex::new(Instant::now()),
+            lookaheads: Mutex::default(),
+        });
         if prepared.len() >= self.options.max_loaders.max(1)
             && let Some(oldest) = prepared.iter().min_by_key(|(_, p)| *p.last_used.lock().expect("not poisoned")).map(|(k, _)| k.clone())
             && let Some(evicted) = prepared.remove(&oldest)
@@ -496,7 +526,12 @@ impl Service {
         let global = request.batch_size * request.world_size;
         let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last)?;
         let epoch_len = prepared.order.epoch_len();
-        Ok(Plan { schema: prepared.loader.schema(), epoch_len, steps_per_epoch: sharding.steps_per_epoch(epoch_len) })
+        Ok(Plan {
+            datasets: prepared.datasets.clone(),
+            schema: prepared.loader.schema(),
+            epoch_len,
+            steps_per_epoch: sharding.steps_per_epoch(epoch_len),
+        })
     }
 
     /// Parses a sampling request, counting malformed ones.

@@ -288,6 +288,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert_eq!(described, remote.describe(&request.to_string()).await.expect("describe over Flight"));
         assert_eq!(described.schema, expected[0].schema());
         assert_eq!((described.epoch_len, described.steps_per_epoch), (600, 600 / 8));
+        assert_eq!(described.datasets, json!(["v30-av1-small@1"]), "the plan pins the version read");
         let refused = local.describe(r#"{"datasets": ["nope"]}"#).await.expect_err("refused");
         assert!(refused.to_string().contains("not_found"), "{refused}");
 
@@ -345,6 +346,24 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert!(metric(&metrics, "lake_frame_cache_ahead_hits_total") > 0.0, "frames decoded ahead were shown: {metrics}");
     assert_eq!(metric(&metrics, "lake_frame_cache_ahead_bytes"), 0.0, "no stream is open: {metrics}");
     assert!(metrics.contains("lake_errors_total{kind=\"unauthorized\"}"), "{metrics}");
+
+    // A new version ingested under the same name (another recording) while the server runs: new
+    // requests read it; a ticket planned before reads the version it was planned on.
+    rt.block_on(async {
+        let mut client = flight_client(&server).await;
+        let plan = |info: &arrow_flight::FlightInfo| serde_json::from_slice::<Value>(&info.app_metadata).expect("plan json");
+        let before = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.expect("info");
+        assert_eq!(plan(&before)["datasets"], json!(["v30-av1-small@1"]));
+        ingest_ok(&root, &testdata("v30-h264-multifile"), &["--name", "v30-av1-small"]);
+        let after = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.expect("info");
+        assert_eq!(plan(&after)["datasets"], json!(["v30-av1-small@2"]));
+        assert_ne!(plan(&after)["epoch_len"], plan(&before)["epoch_len"]);
+        let newer = over_flight(&mut client, &request).await.expect("the new version");
+        same_rows(&newer, &in_process(&root, &request).await, "the new version");
+        let ticket = before.endpoint[0].ticket.clone().expect("a ticket");
+        let planned: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("batches");
+        same_rows(&planned, &expected, "a ticket planned before the new version");
+    });
 }
 
 /// A gauge or counter from Prometheus text.
@@ -539,7 +558,7 @@ fn client_python() -> Option<std::path::PathBuf> {
 }
 
 #[test]
-#[allow(clippy::print_stderr)] // says why the Python client was not tested
+#[allow(clippy::print_stderr)] // says why the Python client was not tested, or what ran
 fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
     let Some(python) = client_python() else {
         eprintln!("skipped: no Python with pyarrow (run scripts/python-env.sh, or set LAKE_PYTHON)");
@@ -564,4 +583,6 @@ fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
     let report = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the Python client's tests failed:\n{report}");
     assert!(report.contains("OK"), "{report}");
+    // unittest's summary: how many ran, and how many were skipped (the torch ones without torch).
+    eprintln!("python client: {}", report.lines().filter(|l| l.starts_with("Ran ") || l.starts_with("OK")).collect::<Vec<_>>().join("; "));
 }
