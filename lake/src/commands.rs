@@ -234,7 +234,7 @@ async fn frame_caches(
                     println!("{}", stored.summary());
                 }
                 let mut entry = serde_json::to_value(&stored).expect("serializable");
-                entry["written"] = serde_json::Value::Bool(true);
+                entry["written"] = serde_json::Value::Bool(stored.frames > 0);
                 done.tables.push(entry);
             }
             Err(e) => {

@@ -132,6 +132,9 @@ pub struct StoredFrames {
 impl StoredFrames {
     /// The line `lake cache` prints.
     pub fn summary(&self) -> String {
+        if self.frames == 0 {
+            return format!("{} has no camera frames; nothing stored", self.dataset);
+        }
         let at = self.size.map(|s| format!(" at {s}")).unwrap_or_default();
         format!(
             "stored {} decoded frames of {}{at} ({:.1} MB of RGB as {:.1} MB, {}) in {:.1} s ({:.0} frames/s)",
@@ -158,8 +161,21 @@ pub async fn store_frames(
     storage: FrameStorage,
     size: Option<lake_loader::FrameSize>,
 ) -> anyhow::Result<StoredFrames> {
-    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
     let began = Instant::now();
+    if ds.packets.stream.is_empty() {
+        // No camera (or every one left out at ingest): no table, which readers would open for nothing.
+        let seconds = began.elapsed().as_secs_f64();
+        return Ok(StoredFrames {
+            dataset: ds.label.clone(),
+            size,
+            storage: storage.name(),
+            frames: 0,
+            raw_bytes: 0,
+            stored_bytes: 0,
+            seconds,
+        });
+    }
+    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let ticker = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::with_draw_target(

@@ -261,7 +261,8 @@ fn frame_table_batches_equal_decoded_ones() {
 
 /// `lake ingest --frame-cache native --frame-cache WxH` ingests and stores both frame tables
 /// (what `lake cache` would); a re-ingest of the same source keeps them untouched; another
-/// storage asked for rewrites that table; `--frame-storage` alone is a usage error.
+/// storage asked for rewrites that table; `--frame-storage` alone is a usage error; a dataset
+/// without cameras gets no table.
 #[test]
 fn ingest_stores_frame_tables_when_asked() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -304,6 +305,14 @@ fn ingest_stores_frame_tables_when_asked() {
     let run = lake(&root, &["ingest", source, "--frame-storage", "zstd"]);
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("--frame-cache"), "{run:#?}");
+
+    // A dataset without cameras (every one left out): nothing to store, and no table.
+    let cameraless = shared_dir().join("lerobot-real/so101-record-test-v30");
+    let run = ingest_ok(&root, &cameraless, &["--drop-missing-cameras", "--frame-cache", "native"]);
+    assert!(run.stdout.contains("so101-record-test-v30@1 has no camera frames; nothing stored"), "{run:#?}");
+    assert!(
+        !files_under(&root).iter().any(|p| p.to_string_lossy().contains("so101-record-test-v30") && p.to_string_lossy().contains("frames"))
+    );
 }
 
 /// A frame table of resized frames (`lake cache --size`): samples read at that size have every
