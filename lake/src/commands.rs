@@ -165,7 +165,8 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
 #[derive(Debug, Default)]
 struct FrameCaches {
     tables: Vec<serde_json::Value>,
-    error: Option<(Option<lake_loader::FrameSize>, String)>,
+    /// Why storing stopped, and the `lake cache` commands that store what is still missing.
+    error: Option<(String, Vec<String>)>,
 }
 
 impl FrameCaches {
@@ -173,21 +174,31 @@ impl FrameCaches {
         if !self.tables.is_empty() || self.error.is_some() {
             json["frame_tables"] = serde_json::Value::Array(self.tables.clone());
         }
-        if let Some((_, e)) = &self.error {
-            json["frame_cache_error"] = serde_json::Value::String(e.clone());
+        if let Some((e, commands)) = &self.error {
+            json["frame_cache_error"] = serde_json::json!({"message": e, "commands": commands});
         }
     }
 
-    /// Success, or (the version stays ingested) the error and the command that finishes the job.
+    /// Success, or (the version stays ingested) the error and the commands that finish the job.
     fn exit_code(&self, record: &lake_schemas::CommitRecord) -> anyhow::Result<ExitCode> {
-        let Some((size, e)) = &self.error else { return Ok(ExitCode::SUCCESS) };
-        let again = size.map(|s| format!(" --size {s}")).unwrap_or_default();
+        let Some((e, commands)) = &self.error else { return Ok(ExitCode::SUCCESS) };
+        let commands: Vec<String> = commands.iter().map(|c| format!("`{c}`")).collect();
         anyhow::bail!(
-            "{}@{} is in the lake, but storing its frames failed: {e}; run `lake cache {}{again}` to store them",
+            "{}@{} is in the lake, but storing its frames failed: {e}; run {} to store them",
             record.name,
             record.version,
-            record.name
+            commands.join(" and ")
         )
+    }
+
+    /// Storing stopped at `sizes[0]` because of `e`: the commands for it and the rest.
+    fn fail(&mut self, e: String, spec: &str, sizes: &[Option<lake_loader::FrameSize>], storage: lake_loader::FrameStorage) {
+        let storage = if storage == lake_loader::FrameStorage::Plain { String::new() } else { format!(" --storage {}", storage.name()) };
+        let commands = sizes
+            .iter()
+            .map(|size| format!("lake cache {spec}{}{storage}", size.map(|s| format!(" --size {s}")).unwrap_or_default()))
+            .collect();
+        self.error = Some((e, commands));
     }
 }
 
@@ -202,6 +213,9 @@ async fn frame_caches(
     json: bool,
 ) -> FrameCaches {
     let mut done = FrameCaches::default();
+    let mut seen = std::collections::BTreeSet::new();
+    let sizes: Vec<Option<lake_loader::FrameSize>> =
+        sizes.iter().map(|s| s.0).filter(|s| seen.insert(s.map(|s| (s.width, s.height)))).collect();
     if sizes.is_empty() {
         return done;
     }
@@ -209,13 +223,12 @@ async fn frame_caches(
     let ds = match lake_loader::LoaderDataset::open(lake, &spec).await {
         Ok(ds) => ds,
         Err(e) => {
-            done.error = Some((sizes[0].0, e.to_string()));
+            done.fail(e.to_string(), &spec, &sizes, storage);
             return done;
         }
     };
     let existing = lake_loader::frame_tables(lake, record).await;
-    let mut seen = std::collections::BTreeSet::new();
-    for FrameCacheSize(size) in sizes.iter().copied().filter(|s| seen.insert(s.0.map(|s| (s.width, s.height)))) {
+    for (i, &size) in sizes.iter().enumerate() {
         let at = size.map(|s| format!(" at {s}")).unwrap_or_default();
         let kept =
             existing.iter().find(|t| t.size == size && t.storage == Some(storage.name()) && t.frames == Some(ds.packets.stream.len()));
@@ -238,7 +251,7 @@ async fn frame_caches(
                 done.tables.push(entry);
             }
             Err(e) => {
-                done.error = Some((size, format!("{e:#}")));
+                done.fail(format!("{e:#}"), &spec, &sizes[i..], storage);
                 break;
             }
         }

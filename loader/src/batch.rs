@@ -618,22 +618,9 @@ impl Loader {
                     }
                 }
                 Err((row, message)) => {
-                    let step = shown_by.get(&row).copied().unwrap_or_default() as usize;
-                    let int = |name: &str| {
-                        ds.steps
-                            .column_by_name(name)
-                            .and_then(|c| cast(c, &DataType::Int64).ok())
-                            .map_or(-1, |c| c.as_primitive::<arrow::datatypes::Int64Type>().value(step))
-                    };
+                    let (episode, frame) = ds.episode_and_frame(shown_by.get(&row).copied().unwrap_or_default() as usize);
                     let camera = ds.streams.get(&ds.packets.stream[row as usize]).map(|s| s.camera.clone()).unwrap_or_default();
-                    return Err(Error::Decode {
-                        dataset: ds.label.clone(),
-                        camera,
-                        episode: int("episode_index"),
-                        frame: int("frame_index"),
-                        row,
-                        message,
-                    });
+                    return Err(Error::Decode { dataset: ds.label.clone(), camera, episode, frame, row, message });
                 }
             }
         }

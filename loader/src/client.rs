@@ -42,7 +42,7 @@ pub struct StreamPlan {
     pub steps_per_epoch: u64,
     /// The request's `datasets` (JSON) with every dataset name pinned to the version the server
     /// reads (`NAME@VERSION`): later requests that carry it (a resume) read the same versions
-    /// whatever is ingested meanwhile.
+    /// whatever is ingested meanwhile. `null` from a server that does not pin.
     pub datasets: serde_json::Value,
 }
 
@@ -53,7 +53,8 @@ impl StreamPlan {
         let bad = || Error::Request(format!("server: a plan that is not an epoch shape: {}", String::from_utf8_lossy(shape)));
         let value: serde_json::Value = serde_json::from_slice(shape).map_err(|_| bad())?;
         let field = |name: &str| value[name].as_u64().ok_or_else(bad);
-        let datasets = value.get("datasets").filter(|d| d.is_array()).cloned().ok_or_else(bad)?;
+        // Absent from an older server's plans.
+        let datasets = value.get("datasets").cloned().unwrap_or(serde_json::Value::Null);
         Ok(Self { schema, epoch_len: field("epoch_len")?, steps_per_epoch: field("steps_per_epoch")?, datasets })
     }
 }

@@ -105,9 +105,9 @@ pub struct LoaderDataset {
     frames_table: std::sync::RwLock<Option<FrameTable>>,
     /// Where the frame table is (or would be).
     frames_uri: String,
-    /// The modification time of a frame table directory that could not be opened (it is not
-    /// tried again, nor warned about again, until it changes).
-    frames_unreadable: tokio::sync::Mutex<Option<std::time::SystemTime>>,
+    /// The inode and modification time of a frame table directory that could not be opened (it
+    /// is not tried again, nor warned about again, until it changes).
+    frames_unreadable: tokio::sync::Mutex<Option<(u64, std::time::SystemTime)>>,
     /// The frame table's open data files.
     frame_files: crate::frames::FrameFiles,
     /// The size every camera's frames are read at, from a resized frame table (`None`: as
@@ -252,6 +252,24 @@ impl LoaderDataset {
         take_binary(&self.label, &self.packets_table, tables::PACKETS, "data", rows).await
     }
 
+    /// The episode and frame index of step row `step`, for messages.
+    pub fn episode_and_frame(&self, step: usize) -> (i64, i64) {
+        let int = |name: &str| {
+            self.steps
+                .column_by_name(name)
+                .and_then(|c| cast(c, &DataType::Int64).ok())
+                .map_or(-1, |c| c.as_primitive::<Int64Type>().value(step))
+        };
+        (int("episode_index"), int("frame_index"))
+    }
+
+    /// The first step row that shows packet row `row` (its camera's frame), if one does.
+    pub fn step_showing(&self, row: u64) -> Option<usize> {
+        let camera = &self.streams.get(&self.packets.stream[row as usize])?.camera;
+        let rows = &self.cameras.iter().find(|c| &c.key == camera)?.packet_rows;
+        rows.values().iter().position(|&r| r == row)
+    }
+
     /// Whether a decoded-frame table exists for this version.
     pub fn has_frame_table(&self) -> bool {
         self.frame_table().is_some()
@@ -382,9 +400,12 @@ impl LoaderDataset {
     }
 }
 
-/// When the directory at `uri` (a local path) last changed, if there is one.
-fn modified(uri: &str) -> Option<std::time::SystemTime> {
-    std::fs::metadata(uri).ok().filter(std::fs::Metadata::is_dir).and_then(|m| m.modified().ok())
+/// Which directory is at `uri` (a local path), if one is, and when it last changed: a table
+/// published in its place (a new directory) differs even within the clock's resolution.
+fn modified(uri: &str) -> Option<(u64, std::time::SystemTime)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(uri).ok().filter(std::fs::Metadata::is_dir)?;
+    Some((m.ino(), m.modified().ok()?))
 }
 
 /// A frame table and how it stores frames.

@@ -504,13 +504,9 @@ fn decode_stream(
     stored: &std::sync::atomic::AtomicU64,
 ) -> Result<FrameTableReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
-    let decode_err = |row: u64, message: String| Error::Decode {
-        dataset: ds.label.clone(),
-        camera: config.camera.clone(),
-        episode: -1,
-        frame: -1,
-        row,
-        message,
+    let decode_err = |row: u64, message: String| {
+        let (episode, frame) = ds.step_showing(row).map_or((-1, -1), |step| ds.episode_and_frame(step));
+        Error::Decode { dataset: ds.label.clone(), camera: config.camera.clone(), episode, frame, row, message }
     };
     let mut decoder = StreamDecoder::open(config).map_err(|e| decode_err(first, e.0))?;
     let rt = tokio::runtime::Handle::current();

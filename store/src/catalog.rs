@@ -173,10 +173,7 @@ impl Lake {
     /// # Errors
     /// When the catalog cannot be read.
     pub async fn versions(&self, name: &str) -> Result<Vec<CommitRecord>> {
-        validate_name(name)?;
-        let mut paths: Vec<Path> =
-            self.list(&format!("{CATALOG}/{name}")).await?.into_iter().filter(|p| p.as_ref().ends_with(".json")).collect();
-        paths.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
+        let paths = self.version_paths(name).await?;
         let mut out = Vec::with_capacity(paths.len());
         for p in &paths {
             out.push(self.read_record(p).await?);
@@ -184,12 +181,25 @@ impl Lake {
         Ok(out)
     }
 
-    /// The latest version of `name`, if any.
+    /// The commit records of `name`, oldest first (their names order them).
+    async fn version_paths(&self, name: &str) -> Result<Vec<Path>> {
+        validate_name(name)?;
+        let mut paths: Vec<Path> =
+            self.list(&format!("{CATALOG}/{name}")).await?.into_iter().filter(|p| p.as_ref().ends_with(".json")).collect();
+        paths.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
+        Ok(paths)
+    }
+
+    /// The latest version of `name`, if any (one listing and one record read, whatever the
+    /// number of versions).
     ///
     /// # Errors
     /// When the catalog cannot be read.
     pub async fn latest(&self, name: &str) -> Result<Option<CommitRecord>> {
-        Ok(self.versions(name).await?.pop())
+        match self.version_paths(name).await?.last() {
+            Some(p) => Ok(Some(self.read_record(p).await?)),
+            None => Ok(None),
+        }
     }
 
     /// Resolves `name` or `name@version` to a committed version.

@@ -308,6 +308,22 @@ def _rank_and_world() -> tuple:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _agreed(datasets: List[Any]) -> List[Any]:
+    """Rank 0's pinned datasets on every rank when `torch.distributed` is initialised (and this
+    is not a DataLoader worker), so that a version ingested while the ranks start cannot split
+    them; the ranks' own pins otherwise."""
+    try:
+        import torch.distributed as dist
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return datasets
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1 or get_worker_info() is not None:
+        return datasets
+    box = [datasets]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 try:
     import torch
     from torch.utils.data import IterableDataset as _IterableDataset
@@ -356,6 +372,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             self.request["delta_timestamps"] = delta_timestamps
         self.epochs = epochs
         self.epoch, self.step = 0, 0
+        self._pinned = False
 
     def _full_request(self) -> Dict[str, Any]:
         return {**self.request, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch, "start_step": self.step}
@@ -364,9 +381,15 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         source = LocalClient(self.local, self.token) if self.local else LakeClient(self.location, self.token)
         request = self._full_request()
         info = source.info(request)
+        if not self._pinned:
+            # From now on (later epochs, a resume from state_dict) the versions read first, the
+            # same on every rank. (A server that does not pin sends none.)
+            pinned = _agreed(info.get("datasets", request["datasets"]))
+            if pinned != info.get("datasets", request["datasets"]):
+                info = source.info({**request, "datasets": pinned})
+            self.request["datasets"] = request["datasets"] = pinned
+            self._pinned = True
         steps_per_epoch = info["steps_per_epoch"]
-        # From now on (later epochs, a resume from state_dict) the versions read first.
-        self.request["datasets"] = request["datasets"] = info["datasets"]
         if self.epochs is not None:
             remaining = (self.epochs - self.epoch) * steps_per_epoch - self.step
             if remaining <= 0:
@@ -390,10 +413,10 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
                 "datasets": self.request["datasets"]}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes at `state`'s cursor, on the dataset versions it read (a version ingested
-        since is not mixed in); the global batch must match (resizing the world keeps the
-        sample sequence only when `batch_size * world_size` is unchanged), and the datasets
-        must be the same names."""
+        """Resumes at `state`'s cursor, on the dataset versions (and mixture weights) it read, so
+        a version ingested since is not mixed in; the global batch must match (resizing the world
+        keeps the sample sequence only when `batch_size * world_size` is unchanged), and the
+        datasets must be the same names."""
         if state["global_batch"] != self.request["batch_size"] * self.world_size:
             raise ValueError(f"global batch {self.request['batch_size'] * self.world_size} differs from the saved {state['global_batch']}")
         if state["seed"] != self.request["seed"]:
@@ -402,7 +425,10 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         if saved is not None:
             if _dataset_names(saved) != _dataset_names(self.request["datasets"]):
                 raise ValueError(f"datasets {self.request['datasets']} differ from the saved {saved}")
+            # The saved entries, versions and mixture weights both: the sequence resumed is the
+            # one saved.
             self.request["datasets"] = saved
+            self._pinned = True
         self.epoch, self.step = state["epoch"], state["step"]
 
 

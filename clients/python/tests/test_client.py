@@ -178,12 +178,57 @@ class TorchDataset(unittest.TestCase):
         self.assertEqual(frames.dtype, torch.uint8)
         self.assertEqual(tuple(frames.shape[1:]), (480, 640, 3))
 
+    def test_ranks_agree_on_the_versions_read(self):
+        # Two ranks in a real gloo group; rank 1's server answers as if a version 0 were the
+        # latest (an ingest between the ranks' starts): both read rank 0's.
+        import socket as sockets
+
+        import torch.multiprocessing as mp
+
+        with sockets.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_rank_main, args=(r, port, LOCATION, TOKEN, DATASET, results)) for r in range(2)]
+        for p in procs:
+            p.start()
+        got = dict(results.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(timeout=60)
+            self.assertEqual(p.exitcode, 0)
+        self.assertEqual(got, {0: [f"{DATASET}@1"], 1: [f"{DATASET}@1"]})
+
     def test_ranks_split_each_global_batch(self):
         whole = [b["index"].tolist() for b in self.make()]
         halves = [[b["index"].tolist() for b in self.make(batch_size=20, rank=r, world_size=2)] for r in range(2)]
         for step, batch in enumerate(whole):
             self.assertEqual(sorted(halves[0][step] + halves[1][step]), sorted(batch))
             self.assertFalse(set(halves[0][step]) & set(halves[1][step]))
+
+
+def _rank_main(rank, port, location, token, dataset, results):
+    import torch.distributed as dist
+
+    import lake_client
+
+    if rank == 1:
+        planned = lake_client.LakeClient.info
+
+        def stale(self, request):
+            info = planned(self, request)
+            if "@" not in str(request["datasets"]):
+                info["datasets"] = [f"{dataset}@0"]
+            return info
+
+        lake_client.LakeClient.info = stale
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ds = lake_client.LakeIterableDataset(location, datasets=[dataset], preset="none", batch_size=10, seed=5, token=token)
+        next(iter(ds))
+        results.put((rank, ds.state_dict()["datasets"]))
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -467,24 +467,33 @@ impl Service {
     /// `request` with every dataset it names by name alone pinned to that dataset's latest
     /// version (views and `NAME@VERSION` as they are), so that a later ingest makes a new loader
     /// for new requests while streams already open keep their version.
-    async fn pinned(&self, request: &SampleRequest) -> Result<SampleRequest> {
+    async fn pinned(&self, request: &SampleRequest) -> SampleRequest {
         let mut pinned = request.clone();
         for d in &mut pinned.datasets {
-            let name = match d {
+            let entry = match d {
                 DatasetRef::Name(name) | DatasetRef::Weighted { name, .. } => name,
             };
-            if !name.contains('@')
-                && let Some(record) = self.lake.latest(name).await?
-            {
-                *name = format!("{}@{}", record.name, record.version);
+            // `NAME=WEIGHT` is a name with its weight, as on the command line.
+            let (name, weight) = match entry.rsplit_once('=') {
+                Some((name, weight)) => (name, Some(weight)),
+                None => (entry.as_str(), None),
+            };
+            // Anything but a dataset (a view, a bad or unknown name) is left for opening to
+            // resolve or refuse with the lake's list.
+            if name.contains('@') || lake_store::validate_name(name).is_err() {
+                continue;
+            }
+            if let Some(record) = self.lake.latest(name).await.ok().flatten() {
+                let weight = weight.map(|w| format!("={w}")).unwrap_or_default();
+                *entry = format!("{}@{}{weight}", record.name, record.version);
             }
         }
-        Ok(pinned)
+        pinned
     }
 
     async fn prepare(&self, request: &SampleRequest) -> Result<Arc<Prepared>> {
         request.check()?;
-        let request = &self.pinned(request).await?;
+        let request = &self.pinned(request).await;
         let key = request.key();
         let mut prepared = self.prepared.lock().await;
         if let Some(p) = prepared.get(&key) {

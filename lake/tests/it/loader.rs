@@ -262,7 +262,8 @@ fn frame_table_batches_equal_decoded_ones() {
 /// `lake ingest --frame-cache native --frame-cache WxH` ingests and stores both frame tables
 /// (what `lake cache` would); a re-ingest of the same source keeps them untouched; another
 /// storage asked for rewrites that table; `--frame-storage` alone is a usage error; a dataset
-/// without cameras gets no table.
+/// without cameras gets no table; frames that cannot be decoded leave the version ingested and
+/// an error naming episode, frame and the `lake cache` commands that finish the job.
 #[test]
 fn ingest_stores_frame_tables_when_asked() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -313,6 +314,29 @@ fn ingest_stores_frame_tables_when_asked() {
     assert!(
         !files_under(&root).iter().any(|p| p.to_string_lossy().contains("so101-record-test-v30") && p.to_string_lossy().contains("frames"))
     );
+
+    // Frames that cannot be decoded (bytes inside a packet overwritten; demuxing still works):
+    // the version stays ingested, the error names episode and frame and the commands to run.
+    let broken = tmp.path().join("broken");
+    lake_testkit::copy_dir(&testdata(name), &broken);
+    let video = files_under(&broken).into_iter().find(|p| p.to_string_lossy().contains("wrist")).expect("the wrist camera's file");
+    let mut bytes = std::fs::read(&video).expect("read");
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle..middle + 3000] {
+        *b = b.wrapping_mul(7).wrapping_add(13);
+    }
+    std::fs::write(&video, bytes).expect("write");
+    let broken_source = broken.to_str().expect("utf-8");
+    let run = lake(&root, &["ingest", broken_source, "--frame-cache", "32x24", "--frame-cache", "native", "--frame-storage", "zstd"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("broken@1 is in the lake, but storing its frames failed"), "{run:#?}");
+    assert!(run.stderr.contains("camera observation.images.wrist, episode ") && !run.stderr.contains("episode -1"), "{run:#?}");
+    assert!(
+        run.stderr.contains("run `lake cache broken@1 --size 32x24 --storage zstd` and `lake cache broken@1 --storage zstd`"),
+        "{run:#?}"
+    );
+    assert!(lake(&root, &["ls"]).stdout.contains("broken"), "the ingested version stays");
+    assert!(!files_under(&root).iter().any(|p| p.to_string_lossy().contains("/broken/") && p.to_string_lossy().contains("frames")));
 }
 
 /// A frame table of resized frames (`lake cache --size`): samples read at that size have every

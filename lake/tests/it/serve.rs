@@ -289,6 +289,10 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert_eq!(described.schema, expected[0].schema());
         assert_eq!((described.epoch_len, described.steps_per_epoch), (600, 600 / 8));
         assert_eq!(described.datasets, json!(["v30-av1-small@1"]), "the plan pins the version read");
+        let weighted = local.describe(r#"{"datasets": ["v30-av1-small=2", {"name": "v30-av1-small", "weight": 1}]}"#).await.expect("weighted");
+        assert_eq!(weighted.datasets, json!(["v30-av1-small@1=2", {"name": "v30-av1-small@1", "weight": 1.0}]));
+        let refused = local.describe(r#"{"datasets": ["no such!"]}"#).await.expect_err("refused");
+        assert!(refused.to_string().contains("no dataset or view `no such!`"), "{refused}");
         let refused = local.describe(r#"{"datasets": ["nope"]}"#).await.expect_err("refused");
         assert!(refused.to_string().contains("not_found"), "{refused}");
 
