@@ -311,7 +311,7 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
             writeln!(out, "\nviews (lake view show NAME):")?;
             for v in views {
                 let on: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
-                writeln!(out, "  {:<28} {:>6} episodes  from {}", v.name, v.episode_count(), on.join(", "))?;
+                writeln!(out, "  {:<28} {:>6} episodes  from {}", format!("{}@{}", v.name, v.version), v.episode_count(), on.join(", "))?;
             }
         }
     }

@@ -300,18 +300,19 @@ pub enum ViewCommand {
         name: String,
         /// The SELECT that picks episodes, e.g. "SELECT dataset, episode_index FROM episodes WHERE length > 100".
         query: String,
-        /// Overwrite a view of the same name.
+        /// Replace a view of the same name: the query becomes its next version (streams that
+        /// pinned an earlier version keep reading that one).
         #[arg(long)]
         replace: bool,
     },
-    /// List the views.
+    /// List the views (current versions).
     Ls,
     /// Show one view: its query, the dataset versions it is pinned to and its episodes.
     Show {
-        /// View name.
+        /// View name, or `NAME@VERSION` for an earlier version.
         name: String,
     },
-    /// Remove a view.
+    /// Remove a view (its versions stay readable as `NAME@VERSION` by streams pinned to them).
     Drop {
         /// View name.
         name: String,
@@ -326,7 +327,7 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             let v = views::create(&lake, &name, &query, replace).await?;
             let parts: Vec<String> =
                 v.datasets.iter().map(|d| format!("{}@{}: {} episodes", d.name, d.version, d.episodes.len())).collect();
-            println!("view {} created: {} episodes ({})", v.name, v.episode_count(), parts.join("; "));
+            println!("view {}@{} created: {} episodes ({})", v.name, v.version, v.episode_count(), parts.join("; "));
         }
         ViewCommand::Ls => {
             let all = lake.views().await?;
@@ -337,7 +338,7 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
                 let parts: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
                 println!(
                     "{:<24} {:>6} episodes  {:<40} {}",
-                    v.name,
+                    format!("{}@{}", v.name, v.version),
                     v.episode_count(),
                     parts.join(","),
                     v.created_at.format("%Y-%m-%d %H:%M")
@@ -345,7 +346,12 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             }
         }
         ViewCommand::Show { name } => {
-            let v = lake.view(&name).await?.ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
+            let (base, version) = match name.rsplit_once('@') {
+                Some((base, version)) => (base, Some(version)),
+                None => (name.as_str(), None),
+            };
+            let v =
+                views::view(&lake, base, version).await?.ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
         ViewCommand::Drop { name } => {

@@ -385,11 +385,12 @@ fn datasets_batch(datasets: &[CommitRecord]) -> RecordBatch {
     RecordBatch::try_new(schema, columns).expect("datasets columns match their schema")
 }
 
-/// The `views` table: one row per (view, dataset it selects from).
+/// The `views` table: one row per (view's current version, dataset it selects from).
 fn views_batch(views: &[ViewRecord]) -> RecordBatch {
     let utc = Some("UTC".into());
     let schema = Arc::new(Schema::new(vec![
         Field::new("view", DataType::Utf8, false),
+        Field::new("view_version", DataType::UInt64, false),
         Field::new("dataset", DataType::Utf8, false),
         Field::new("version", DataType::UInt64, false),
         Field::new("weight", DataType::Float64, false),
@@ -400,6 +401,7 @@ fn views_batch(views: &[ViewRecord]) -> RecordBatch {
     let rows: Vec<(&ViewRecord, &lake_schemas::ViewDataset)> = views.iter().flat_map(|v| v.datasets.iter().map(move |d| (v, d))).collect();
     let columns: Vec<ArrayRef> = vec![
         Arc::new(rows.iter().map(|(v, _)| Some(v.name.as_str())).collect::<StringArray>()),
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|(v, _)| v.version))),
         Arc::new(rows.iter().map(|(_, d)| Some(d.name.as_str())).collect::<StringArray>()),
         Arc::new(UInt64Array::from_iter_values(rows.iter().map(|(_, d)| d.version))),
         Arc::new(Float64Array::from_iter_values(rows.iter().map(|(_, d)| d.weight))),

@@ -103,14 +103,16 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
             episodes: wanted.into_iter().collect(),
         });
     }
-    let view = ViewRecord {
+    let mut view = ViewRecord {
         name: name.to_string(),
+        version: 0,
+        dropped: false,
         sql: query.to_string(),
         created_at: chrono::Utc::now(),
         lake_versions: datasets.iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
         datasets: selected,
     };
-    lake.put_view(&view, replace).await?;
+    view.version = lake.put_view(&view, replace).await?;
     Ok(view)
 }
 
@@ -126,17 +128,23 @@ pub struct Selection {
     pub weight: f64,
 }
 
-/// Resolves a dataset spec (`NAME`, `NAME@VERSION`) or a view name to what to sample.
+/// Resolves a dataset spec (`NAME`, `NAME@VERSION`) or a view (`VIEW`, `VIEW@VERSION`) to
+/// what to sample.
 ///
 /// # Errors
-/// When neither a dataset nor a view has that name (the message lists both).
+/// When neither a dataset nor a view has that name (the message lists both), or a view has
+/// no such version (the message lists its versions).
 pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
-    if spec.contains('@') || lake.latest(spec).await.ok().flatten().is_some() {
+    let (name, version) = match spec.rsplit_once('@') {
+        Some((name, v)) => (name, Some(v)),
+        None => (spec, None),
+    };
+    let valid = lake_store::validate_name(name).is_ok();
+    if valid && lake.latest(name).await.ok().flatten().is_some() {
+        // Opening it resolves the version, or refuses with the dataset's versions.
         return Ok(vec![Selection { dataset: spec.to_string(), episodes: None, weight: 1.0 }]);
     }
-    if lake_store::validate_name(spec).is_ok()
-        && let Some(view) = lake.view(spec).await?
-    {
+    if valid && let Some(view) = view(lake, name, version).await? {
         return Ok(view
             .datasets
             .into_iter()
@@ -147,6 +155,30 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
     let views: Vec<String> = lake.views().await?.into_iter().map(|v| v.name).collect();
     let list = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
     Err(Error::NotFound(format!("no dataset or view `{spec}` in the lake (datasets: {}; views: {})", list(&datasets), list(&views))))
+}
+
+/// The view `name` at `version` (`None`: its current version), or `None` when no view has the
+/// name at all.
+///
+/// # Errors
+/// When the view exists but not in that version (the message lists its versions), or the
+/// version is not a number.
+pub async fn view(lake: &Lake, name: &str, version: Option<&str>) -> Result<Option<ViewRecord>> {
+    let Some(version) = version else {
+        return Ok(lake.view(name).await?);
+    };
+    let versions = lake.view_versions(name).await?;
+    if versions.is_empty() {
+        return Ok(None);
+    }
+    let wanted = version.trim_start_matches('v').parse::<u64>().ok();
+    match versions.iter().find(|v| Some(v.version) == wanted) {
+        Some(v) => Ok(Some(v.clone())),
+        None => Err(Error::NotFound(format!(
+            "view `{name}` has no version {version} (versions: {})",
+            versions.iter().map(|v| v.version.to_string()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
 }
 
 /// What to sample, as `lake bench` and the serving layer take it.

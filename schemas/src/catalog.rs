@@ -115,11 +115,21 @@ pub struct ViewDataset {
 }
 
 /// A named training set: the episodes a SQL query selected, pinned to the dataset versions
-/// current when it ran. Stored as `views/<name>.json`.
+/// current when it ran. Every `lake view create` (and `--replace`) of a name stores a new
+/// version, `views/<name>/v00000001.json` and on; older versions stay readable as
+/// `NAME@VERSION`, so a stream that pinned one keeps drawing what it drew.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ViewRecord {
     /// View name (same rules as dataset names; never the name of a dataset).
     pub name: String,
+    /// Version of this view (1 for the first `lake view create` of the name); set by the
+    /// store from the record's path.
+    #[serde(default)]
+    pub version: u64,
+    /// A removal (`lake view drop`): the view has no current version, yet its number is not
+    /// given again, so `NAME@VERSION` never comes to mean another selection.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dropped: bool,
     /// The query that made it.
     pub sql: String,
     /// When it was made.

@@ -6,7 +6,7 @@
 //!   catalog/<name>/v00000001.json   commit records; a version exists once its record does
 //!   datasets/<name>/<id>/<table>.lance
 //!   staging/<id>.json               lease of an ingest in flight (removed on commit or abort)
-//!   views/<name>.json               named training sets (`lake view create`)
+//!   views/<name>/v00000001.json     named training sets (`lake view create`), one record per version
 //! ```
 //!
 //! A version's tables are written into a fresh `datasets/<name>/<id>/` directory nobody reads,
@@ -232,74 +232,155 @@ impl Lake {
         }
     }
 
-    /// Every view, sorted by name.
+    /// Every view's current version, sorted by name (dropped views left out).
     ///
     /// # Errors
     /// When the views cannot be listed or a record cannot be parsed.
     pub async fn views(&self) -> Result<Vec<ViewRecord>> {
-        let mut paths: Vec<Path> = self.list(VIEWS).await?.into_iter().filter(|p| p.as_ref().ends_with(".json")).collect();
-        paths.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
-        let mut out = Vec::with_capacity(paths.len());
-        for p in &paths {
-            out.push(self.get_json(p).await?);
+        let mut names = std::collections::BTreeSet::new();
+        for p in self.list(VIEWS).await? {
+            let parts: Vec<_> = p.parts().collect();
+            match parts.as_slice() {
+                [_, file] => names.extend(file.as_ref().strip_suffix(".json").map(str::to_string)),
+                [_, name, file] if file.as_ref().ends_with(".json") => {
+                    names.insert(name.as_ref().to_string());
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for name in names.iter().filter(|n| validate_name(n).is_ok()) {
+            out.extend(self.view(name).await?);
         }
         Ok(out)
     }
 
-    /// The view `name`, if there is one.
+    /// The current version of the view `name`, if there is one (and it was not dropped).
     ///
     /// # Errors
     /// When the name is not valid or the record cannot be read.
     pub async fn view(&self, name: &str) -> Result<Option<ViewRecord>> {
-        validate_name(name)?;
-        let path = Path::from(format!("{VIEWS}/{name}.json"));
-        match self.store.head(&path).await {
-            Ok(_) => Ok(Some(self.get_json(&path).await?)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Error::store(path.to_string())(e)),
+        match self.view_paths(name).await?.pop() {
+            Some((version, path)) => Ok(Some(self.read_view(version, &path).await?).filter(|v| !v.dropped)),
+            None => Ok(None),
         }
     }
 
-    /// Stores `view`; with `replace` an existing view of that name is overwritten, else it is an
-    /// error. A view never takes the name of a dataset.
+    /// Version `version` of the view `name`, if there is one; a version stays readable after
+    /// the view is replaced or dropped.
     ///
     /// # Errors
-    /// [`Error::View`] when the name is taken, or the record cannot be written.
-    pub async fn put_view(&self, view: &ViewRecord, replace: bool) -> Result<()> {
+    /// When the name is not valid or the record cannot be read.
+    pub async fn view_version(&self, name: &str, version: u64) -> Result<Option<ViewRecord>> {
+        match self.view_paths(name).await?.into_iter().find(|(v, _)| *v == version) {
+            Some((version, path)) => Ok(Some(self.read_view(version, &path).await?).filter(|v| !v.dropped)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every version of the view `name`, oldest first (drops left out).
+    ///
+    /// # Errors
+    /// When the name is not valid or a record cannot be read.
+    pub async fn view_versions(&self, name: &str) -> Result<Vec<ViewRecord>> {
+        let mut out = Vec::new();
+        for (version, path) in self.view_paths(name).await? {
+            out.push(self.read_view(version, &path).await?);
+        }
+        out.retain(|v| !v.dropped);
+        Ok(out)
+    }
+
+    /// Stores `view` as the next version of its name and returns that version; without
+    /// `replace` the name must have no current version. A view never takes the name of a
+    /// dataset.
+    ///
+    /// # Errors
+    /// [`Error::View`] when the name is taken, another `lake view` wrote the same version at
+    /// the same moment, or the record cannot be written.
+    pub async fn put_view(&self, view: &ViewRecord, replace: bool) -> Result<u64> {
         validate_name(&view.name)?;
         if !self.versions(&view.name).await?.is_empty() {
             return Err(Error::View { name: view.name.clone(), message: "a dataset has this name; choose another".into() });
         }
-        let path = Path::from(format!("{VIEWS}/{}.json", view.name));
+        if !replace && self.view(&view.name).await?.is_some() {
+            return Err(Error::View { name: view.name.clone(), message: "already exists (use --replace to overwrite it)".into() });
+        }
+        let version = self.view_paths(&view.name).await?.last().map_or(1, |(v, _)| v + 1);
+        self.put_view_version(&ViewRecord { version, ..view.clone() }).await?;
+        Ok(version)
+    }
+
+    /// Drops the view `name`: it has no current version afterwards, while its versions stay
+    /// readable as `NAME@VERSION` for streams that pinned them, and a view made later under
+    /// the name continues their numbering.
+    ///
+    /// # Errors
+    /// [`Error::View`] when there is no such view, or it cannot be dropped.
+    pub async fn drop_view(&self, name: &str) -> Result<()> {
+        let Some(current) = self.view(name).await? else {
+            return Err(Error::View { name: name.to_string(), message: "no such view".into() });
+        };
+        let tombstone = ViewRecord {
+            version: current.version + 1,
+            dropped: true,
+            sql: String::new(),
+            created_at: Utc::now(),
+            lake_versions: Vec::new(),
+            datasets: Vec::new(),
+            ..current
+        };
+        self.put_view_version(&tombstone).await
+    }
+
+    async fn put_view_version(&self, view: &ViewRecord) -> Result<()> {
+        let path = Path::from(format!("{VIEWS}/{}/v{:08}.json", view.name, view.version));
         let body = serde_json::to_vec_pretty(view).expect("view serialises");
-        let mode = if replace { PutMode::Overwrite } else { PutMode::Create };
-        match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode, ..Default::default() }).await {
+        match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await {
             Ok(_) => Ok(()),
-            Err(object_store::Error::AlreadyExists { .. }) => {
-                Err(Error::View { name: view.name.clone(), message: "already exists (use --replace to overwrite it)".into() })
-            }
+            Err(object_store::Error::AlreadyExists { .. }) => Err(Error::View {
+                name: view.name.clone(),
+                message: format!("another `lake view` wrote version {} at the same moment; run this one again", view.version),
+            }),
             Err(e) => Err(Error::store(path.to_string())(e)),
         }
     }
 
-    /// Removes the view `name`.
-    ///
-    /// # Errors
-    /// [`Error::View`] when there is no such view, or it cannot be removed.
-    pub async fn drop_view(&self, name: &str) -> Result<()> {
-        if self.view(name).await?.is_none() {
-            return Err(Error::View { name: name.to_string(), message: "no such view".into() });
+    /// The records of view `name` with their versions, oldest first: `views/<name>/v*.json`,
+    /// and `views/<name>.json` (how views were stored before they had versions) as version 1.
+    async fn view_paths(&self, name: &str) -> Result<Vec<(u64, Path)>> {
+        validate_name(name)?;
+        let mut out = Vec::new();
+        let unversioned = Path::from(format!("{VIEWS}/{name}.json"));
+        match self.store.head(&unversioned).await {
+            Ok(_) => out.push((1, unversioned)),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store(unversioned.to_string())(e)),
         }
-        let path = Path::from(format!("{VIEWS}/{name}.json"));
-        self.store.delete(&path).await.map_err(Error::store(path.to_string()))
+        for path in self.list(&format!("{VIEWS}/{name}")).await? {
+            let version = path.filename().and_then(|f| f.strip_prefix('v')?.strip_suffix(".json")?.parse::<u64>().ok());
+            out.extend(version.map(|v| (v, path)));
+        }
+        out.sort_by_key(|(v, _)| *v);
+        Ok(out)
+    }
+
+    async fn read_view(&self, version: u64, path: &Path) -> Result<ViewRecord> {
+        Ok(ViewRecord { version, ..self.get_json(path).await? })
     }
 
     /// Starts writing a new version of `name`: reserves a fresh directory and records a lease.
     ///
     /// # Errors
-    /// When the name is not valid or the lease cannot be written.
+    /// When the name is not valid or a view's, or the lease cannot be written.
     pub async fn begin(&self, name: &str) -> Result<PendingVersion> {
         validate_name(name)?;
+        if self.view(name).await?.is_some() {
+            return Err(Error::View {
+                name: name.to_string(),
+                message: "is a view; a dataset cannot take its name (choose another with --name, or `lake view drop` it)".into(),
+            });
+        }
         let id = format!("{}-{}", Utc::now().format("%Y%m%dT%H%M%S"), &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let dir = format!("{DATASETS}/{name}/{id}");
         let lease = Lease { name: name.to_string(), dir: dir.clone(), pid: std::process::id(), host: hostname(), started_at: Utc::now() };
@@ -684,5 +765,45 @@ mod lifecycle_tests {
         write_file(&lake, &format!("{}/t", live.dir()));
         assert!(lake.collect_garbage().await.unwrap().removed_dirs.is_empty());
         live.abort().await.unwrap();
+    }
+
+    fn view(name: &str, sql: &str) -> ViewRecord {
+        ViewRecord {
+            name: name.into(),
+            version: 0,
+            dropped: false,
+            sql: sql.into(),
+            created_at: Utc::now(),
+            lake_versions: vec![],
+            datasets: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn views_keep_every_version() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().to_str().unwrap()).unwrap();
+        // A view stored before views had versions is version 1.
+        let mut old = serde_json::to_value(view("old", "q1")).unwrap();
+        old.as_object_mut().unwrap().remove("version");
+        std::fs::create_dir_all(lake.root.join(VIEWS)).unwrap();
+        std::fs::write(lake.root.join("views/old.json"), serde_json::to_vec(&old).unwrap()).unwrap();
+        assert_eq!(lake.view("old").await.unwrap().unwrap().version, 1);
+        assert!(lake.put_view(&view("old", "q2"), false).await.unwrap_err().to_string().contains("already exists"));
+        assert_eq!(lake.put_view(&view("old", "q2"), true).await.unwrap(), 2);
+        assert_eq!(lake.view("old").await.unwrap().unwrap().sql, "q2");
+        assert_eq!(lake.view_version("old", 1).await.unwrap().unwrap().sql, "q1");
+
+        lake.drop_view("old").await.unwrap();
+        assert!(lake.view("old").await.unwrap().is_none());
+        assert!(lake.views().await.unwrap().is_empty());
+        assert!(lake.view_version("old", 3).await.unwrap().is_none(), "a drop is no version of the view");
+        assert_eq!(lake.view_versions("old").await.unwrap().iter().map(|v| v.version).collect::<Vec<_>>(), [1, 2]);
+        assert!(lake.drop_view("old").await.is_err());
+        assert_eq!(lake.put_view(&view("old", "q4"), false).await.unwrap(), 4);
+        assert_eq!(lake.put_view(&view("new", "q"), false).await.unwrap(), 1);
+        let names: Vec<_> = lake.views().await.unwrap().into_iter().map(|v| (v.name, v.version)).collect();
+        assert_eq!(names, [("new".to_string(), 1), ("old".to_string(), 4)]);
+        assert!(lake.begin("new").await.unwrap_err().to_string().contains("is a view"));
     }
 }

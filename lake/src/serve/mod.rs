@@ -464,9 +464,9 @@ impl Service {
         ok
     }
 
-    /// `request` with every dataset it names by name alone pinned to that dataset's latest
-    /// version (views and `NAME@VERSION` as they are), so that a later ingest makes a new loader
-    /// for new requests while streams already open keep their version.
+    /// `request` with every dataset and view it names by name alone pinned to its latest
+    /// version (`NAME@VERSION` as it is), so that a later ingest or `lake view create --replace`
+    /// makes a new loader for new requests while streams already open keep their version.
     async fn pinned(&self, request: &SampleRequest) -> SampleRequest {
         let mut pinned = request.clone();
         for d in &mut pinned.datasets {
@@ -478,14 +478,17 @@ impl Service {
                 Some((name, weight)) => (name, Some(weight)),
                 None => (entry.as_str(), None),
             };
-            // Anything but a dataset (a view, a bad or unknown name) is left for opening to
-            // resolve or refuse with the lake's list.
+            // A bad or unknown name is left for opening to refuse with the lake's list.
             if name.contains('@') || lake_store::validate_name(name).is_err() {
                 continue;
             }
-            if let Some(record) = self.lake.latest(name).await.ok().flatten() {
+            let version = match self.lake.latest(name).await.ok().flatten() {
+                Some(record) => Some(record.version),
+                None => self.lake.view(name).await.ok().flatten().map(|v| v.version),
+            };
+            if let Some(version) = version {
                 let weight = weight.map(|w| format!("={w}")).unwrap_or_default();
-                *entry = format!("{}@{}{weight}", record.name, record.version);
+                *entry = format!("{name}@{version}{weight}");
             }
         }
         pinned

@@ -18,7 +18,7 @@ use futures::{StreamExt, TryStreamExt};
 use lake_testkit::testdata;
 use serde_json::{Value, json};
 
-use crate::common::{ingest_ok, lake_cmd, sql_rows};
+use crate::common::{ingest_ok, lake, lake_cmd, sql_rows};
 
 const TOKEN: &str = "s3cret-token";
 
@@ -367,7 +367,36 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let ticket = before.endpoint[0].ticket.clone().expect("a ticket");
         let planned: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("batches");
         same_rows(&planned, &expected, "a ticket planned before the new version");
+
+        // So does a view replaced by another selection while the server runs.
+        let view = json!({"datasets": ["early"], "preset": "act", "batch_size": 8, "seed": 5, "limit_batches": 3});
+        let create = |query: &str, extra: &[&str]| {
+            let run = lake(&root, &[&["view", "create", "early", query], extra].concat());
+            assert_eq!(run.code, 0, "{run:#?}");
+        };
+        create("SELECT dataset, episode_index FROM episodes WHERE episode_index < 2", &[]);
+        let before = client.get_flight_info(FlightDescriptor::new_cmd(view.to_string())).await.expect("info");
+        assert_eq!(plan(&before)["datasets"], json!(["early@1"]));
+        let first = in_process(&root, &view).await;
+        create("SELECT dataset, episode_index FROM episodes WHERE episode_index >= 2", &["--replace"]);
+        let after = client.get_flight_info(FlightDescriptor::new_cmd(view.to_string())).await.expect("info");
+        assert_eq!(plan(&after)["datasets"], json!(["early@2"]));
+        let replaced = in_process(&root, &view).await;
+        assert_ne!(episodes_of(&replaced), episodes_of(&first), "the replaced view draws other episodes");
+        same_rows(&over_flight(&mut client, &view).await.expect("the new selection"), &replaced, "the replaced view");
+        let ticket = before.endpoint[0].ticket.clone().expect("a ticket");
+        let planned: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("batches");
+        same_rows(&planned, &first, "a ticket planned before the view was replaced");
+        assert!(episodes_of(&planned).iter().all(|e| *e < 2), "{:?}", episodes_of(&planned));
     });
+}
+
+/// The `episode_index` of every row of `batches`.
+fn episodes_of(batches: &[RecordBatch]) -> Vec<i64> {
+    let column = |b: &RecordBatch| {
+        b.column_by_name("episode_index").expect("episode_index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()
+    };
+    batches.iter().flat_map(column).collect()
 }
 
 /// A gauge or counter from Prometheus text.

@@ -202,16 +202,53 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
     // Ingesting other data (and a new version of nothing the view reads) leaves it as it was.
     ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
     assert_eq!(epoch_episodes(&root, "long"), draws, "the view samples the same sequence after another ingest");
-    let rows = sql_rows(&root, "SELECT view, dataset, version, episodes FROM views");
+    let rows = sql_rows(&root, "SELECT view, view_version, dataset, version, episodes FROM views");
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!((rows[0]["dataset"].as_str(), num(&rows[0], "version"), num(&rows[0], "episodes")), (Some("v30-av1-small"), 1.0, 3.0));
+    assert_eq!(num(&rows[0], "view_version"), 1.0);
     let show = lake(&root, &["view", "show", "long"]);
     let record: Value = serde_json::from_str(&show.stdout).expect("view record");
     assert_eq!(record["lake_versions"], serde_json::json!(["v30-av1-small@1", "v30-h264-multifile@1"]));
 
+    // Replacing a view makes its next version; the first stays readable as `long@1` (what a
+    // stream that pinned it keeps drawing).
+    let run = lake(
+        &root,
+        &[
+            "view",
+            "create",
+            "long",
+            "SELECT dataset, episode_index FROM episodes WHERE dataset = 'v30-h264-multifile' AND episode_index = 0",
+            "--replace",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("view long@2 created"), "{}", run.stdout);
+    assert_eq!(epoch_episodes(&root, "long@1"), draws, "version 1 draws as it did");
+    let replaced = epoch_episodes(&root, "long");
+    let steps =
+        num(&sql_rows(&root, "SELECT sum(length) AS n FROM episodes WHERE dataset = 'v30-h264-multifile' AND episode_index = 0")[0], "n");
+    assert_eq!(replaced.len() as f64, steps, "version 2 draws episode 0 of the other dataset");
+    assert!(replaced.iter().all(|e| *e == 0));
+    assert_eq!(epoch_episodes(&root, "long@2"), replaced);
+    let show = lake(&root, &["view", "show", "long@1"]);
+    assert_eq!(serde_json::from_str::<Value>(&show.stdout).expect("view record")["version"], 1, "{show:#?}");
+    let run = lake(&root, &["view", "show", "long@7"]);
+    assert!(run.code != 0 && run.stderr.contains("view `long` has no version 7 (versions: 1, 2)"), "{run:#?}");
+    let run = lake(&root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8"), "--name", "long"]);
+    assert!(run.code != 0 && run.stderr.contains("is a view"), "a dataset cannot take a view's name: {run:#?}");
+
+    // Dropping it leaves no current version, keeps the old ones, and a view made later under
+    // the name continues their numbering (`long@1` never means another selection).
     let run = lake(&root, &["view", "drop", "long"]);
     assert_eq!(run.code, 0, "{run:#?}");
     assert!(sql_rows(&root, "SELECT * FROM views").is_empty());
+    assert!(lake(&root, &["view", "ls"]).stdout.contains("no views"));
+    assert_eq!(epoch_episodes(&root, "long@1"), draws, "a dropped view's versions stay readable");
+    let run = lake(&root, &["bench", "--dataset", "long", "--batch-size", "4", "--batches", "1"]);
+    assert!(run.code != 0 && run.stderr.contains("no dataset or view `long`"), "{run:#?}");
+    let run = lake(&root, &["view", "create", "long", "SELECT dataset, episode_index FROM episodes WHERE episode_index = 0"]);
+    assert!(run.stdout.contains("view long@4 created"), "{run:#?}");
 }
 
 /// The episode of every draw of epoch 0 of sampling `spec`, in order.
