@@ -193,7 +193,7 @@ pub fn normalize_numeric(col: &ArrayRef, feature: &Feature) -> std::result::Resu
         if let Some(row) = (0..col.len()).find(|r| col.is_null(*r)) {
             return Err((row, "null value".into()));
         }
-        return cast(col, &dtype).map_err(|e| (0, e.to_string()));
+        return cast_exact(col, &dtype, &feature.dtype, |i| i);
     }
     if let Some(row) = (0..col.len()).find(|r| col.is_null(*r)) {
         return Err((row, "null value".into()));
@@ -212,10 +212,46 @@ pub fn normalize_numeric(col: &ArrayRef, feature: &Feature) -> std::result::Resu
         let row = (0..col.len()).find(|r| (offsets[*r]..offsets[r + 1]).any(|i| leaves.is_null(i - start))).unwrap_or(0);
         return Err((row, "null element".into()));
     }
-    let leaves = cast(&leaves, &dtype).map_err(|e| (0, e.to_string()))?;
+    let row_of = |i: usize| offsets.partition_point(|o| *o <= i + start).saturating_sub(1);
+    let leaves = cast_exact(&leaves, &dtype, &feature.dtype, row_of)?;
     let field = Arc::new(Field::new("item", dtype, false));
     let size = i32::try_from(numel).map_err(|_| (0, "too many values per row".to_string()))?;
     FixedSizeListArray::try_new(field, size, leaves, None).map(|a| Arc::new(a) as ArrayRef).map_err(|e| (0, e.to_string()))
+}
+
+/// `values` as `dtype` (LeRobot's `declared` name for it), refusing a cast that would change a
+/// value: a fraction or an out-of-range number made an integer, anything but 0 and 1 made a
+/// bool (what LeRobot's own reader, a checked pyarrow cast, refuses too). Narrowing between
+/// floating-point types rounds, as LeRobot's does.
+///
+/// # Errors
+/// `(row, message)` for the first value that would change (`row_of` maps a value's position to
+/// its row).
+fn cast_exact(
+    values: &ArrayRef,
+    dtype: &DataType,
+    declared: &str,
+    row_of: impl Fn(usize) -> usize,
+) -> std::result::Result<ArrayRef, (usize, String)> {
+    let from = values.data_type();
+    if from == dtype {
+        return Ok(values.clone());
+    }
+    let checked = arrow::compute::CastOptions { safe: false, ..Default::default() };
+    let cast = arrow::compute::cast_with_options(values, dtype, &checked).map_err(|e| (0, format!("as {declared}: {e}")))?;
+    if dtype.is_floating() || (dtype.is_integer() && from.is_integer()) {
+        // Integers widen or fail on overflow above; floats take any number.
+        return Ok(cast);
+    }
+    let back = arrow::compute::cast_with_options(&cast, from, &checked).map_err(|e| (0, format!("as {declared}: {e}")))?;
+    let changed = arrow::compute::kernels::cmp::distinct(values, &back).map_err(|e| (0, e.to_string()))?;
+    match changed.values().set_indices().next() {
+        None => Ok(cast),
+        Some(i) => {
+            let value = arrow::util::display::array_value_to_string(values, i).unwrap_or_default();
+            Err((row_of(i), format!("holds {value} ({from}), which {declared} (the dtype info.json declares) cannot hold")))
+        }
+    }
 }
 
 /// The encoded bytes of an image column's rows (HF `Image` struct `{bytes, path}` or binary).
@@ -537,6 +573,25 @@ mod tests {
         assert_eq!(row, 1);
         assert!(message.contains("holds 1 values"), "{message}");
         let scalars: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
+        // A declared dtype that cannot hold the values is refused, naming the row.
+        let fractions: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(vec![
+            Some(vec![Some(1.0), Some(2.0)]),
+            Some(vec![Some(3.0), Some(4.5)]),
+        ]));
+        let as_int = Feature { dtype: "int64".into(), ..feature(vec![2]) };
+        let (row, message) = normalize_numeric(&fractions, &as_int).unwrap_err();
+        assert_eq!(row, 1);
+        assert!(message.contains("holds 4.5 (Float64), which int64"), "{message}");
+        let as_bool = Feature { dtype: "bool".into(), ..feature(vec![2]) };
+        assert_eq!(normalize_numeric(&fractions, &as_bool).unwrap_err().0, 0, "2.0 is no bool");
+        let whole: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 300.0]));
+        let as_int = Feature { dtype: "int64".into(), ..feature(vec![1]) };
+        assert_eq!(normalize_numeric(&whole, &as_int).unwrap().as_primitive::<Int64Type>().values(), &[1, 300]);
+        let as_byte = Feature { dtype: "uint8".into(), ..feature(vec![1]) };
+        assert!(normalize_numeric(&whole, &as_byte).unwrap_err().1.contains("uint8"), "300 overflows a byte");
+        let wide: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![1, 1 << 40]));
+        assert!(normalize_numeric(&wide, &Feature { dtype: "int32".into(), ..feature(vec![1]) }).is_err());
+        assert_eq!(normalize_numeric(&wide, &feature(vec![1])).unwrap().data_type(), &DataType::Float32, "any number is a float");
         assert!(normalize_numeric(&scalars, &feature(vec![3])).is_err());
         assert_eq!(normalize_numeric(&scalars, &feature(vec![1])).unwrap().data_type(), &DataType::Float32);
     }

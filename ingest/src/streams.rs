@@ -134,9 +134,10 @@ pub async fn run(ctx: StreamContext, job: StreamJob) -> Result<StreamOutcome> {
         return Err(Error::Cancelled);
     }
     let part = written?;
-    // A file that failed part-way leaves an incomplete part: its rows are not published, and its
+    // The frames of a file that breaks off part-way are published up to the break (steps in the
+    // rest are errors); a file that could not be read at all leaves an incomplete part, whose
     // data files are removed when the table is committed.
-    if !outcome.findings.iter().any(|f| matches!(f.kind, FindingKind::CorruptFile | FindingKind::MissingFile)) {
+    if outcome.facts.is_some() && outcome.packets > 0 {
         outcome.part = Some(part);
     } else {
         outcome.orphan = Some(part);
@@ -267,6 +268,8 @@ fn demux(
     let mut undecodable: BTreeMap<u64, i64> = BTreeMap::new();
     let mut last_key = None;
     let tol = ctx.tolerance_s;
+    // Why the file ends before its last frame, when it does.
+    let mut broken: Option<String> = None;
     loop {
         if ctx.cancel.load(Ordering::Relaxed) {
             return out;
@@ -275,9 +278,8 @@ fn demux(
             Ok(Some(p)) => p,
             Ok(None) => break,
             Err(e) => {
-                out.findings.extend(episode_error(FindingKind::CorruptFile, &e.0));
-                out.facts = Some(facts);
-                return out;
+                broken = Some(e.0);
+                break;
             }
         };
         let pos = out.packets;
@@ -347,12 +349,48 @@ fn demux(
     drop(tx);
     out.facts = Some(facts.clone());
 
-    if facts.nb_frames > 0 && facts.nb_frames != out.packets {
-        out.findings.extend(episode_error(
-            FindingKind::CorruptFile,
-            &format!("the container lists {} frames but only {} could be read (truncated?)", facts.nb_frames, out.packets),
-        ));
-        return out;
+    if broken.is_none() && facts.nb_frames > 0 && facts.nb_frames != out.packets {
+        broken = Some(format!("the container lists {} frames but only {} could be read (truncated?)", facts.nb_frames, out.packets));
+    }
+    // Episodes (or their ends) in the part of the file that cannot be read; the frames before it
+    // are sound, and their episodes are kept when bad episodes are skipped.
+    let readable_until = broken.as_ref().map(|_| all_pts.iter().max().map_or(f64::NEG_INFINITY, |p| seconds(*p)) + tol);
+    if let (Some(message), Some(until)) = (&broken, readable_until) {
+        let mut cut: BTreeMap<i64, Query> = BTreeMap::new();
+        for (qi, q) in job.queries.iter().enumerate() {
+            if out.positions[qi].is_none() && q.t > until {
+                cut.entry(q.episode)
+                    .and_modify(|first| {
+                        if q.frame < first.frame {
+                            *first = *q
+                        }
+                    })
+                    .or_insert(*q);
+            }
+        }
+        let read = match all_pts.iter().max() {
+            Some(p) => format!("the file breaks off after {} readable frames (the last at {:.3} s)", out.packets, seconds(*p)),
+            None => "no frame of the file can be read".to_string(),
+        };
+        if cut.is_empty() {
+            out.findings.push(
+                Finding::warning(FindingKind::CorruptFile, format!("{message}; {read}; every step's frame lies before the break"))
+                    .with_file(&job.file.path)
+                    .with_camera(&job.camera),
+            );
+        }
+        for (episode, q) in cut {
+            out.findings.push(
+                Finding::error(
+                    FindingKind::CorruptFile,
+                    format!("{message}; {read}; this episode's frames from {} on are missing", q.frame),
+                )
+                .with_file(&job.file.path)
+                .with_episode(episode)
+                .with_camera(&job.camera)
+                .with_frame(q.frame),
+            );
+        }
     }
     if flag_mismatches > 0 {
         out.findings.push(
@@ -366,7 +404,8 @@ fn demux(
             .with_camera(&job.camera),
         );
     }
-    report_unresolved(job, &out.positions, &all_pts, seconds, tol, &mut out.findings);
+    report_unresolved(job, &out.positions, &all_pts, &seconds, tol, readable_until, &mut out.findings);
+    report_foreign_frames(job, &mut out.positions, &all_pts, &seconds, tol, &mut out.findings);
     // A step whose frame cannot be decoded from any keyframe is as bad as a missing frame.
     for (qi, q) in job.queries.iter().enumerate() {
         if let Some(pos) = out.positions[qi]
@@ -414,20 +453,22 @@ fn demux(
 }
 
 /// One error per episode for the steps whose query time matches no frame, naming the first
-/// such frame and the nearest frame the file has.
+/// such frame and the nearest frame the file has (steps after `readable_until`, in a part of
+/// the file that cannot be read, are reported as such already).
 fn report_unresolved(
     job: &StreamJob,
     positions: &[Option<u64>],
     all_pts: &[i64],
     seconds: impl Fn(i64) -> f64,
     tol: f64,
+    readable_until: Option<f64>,
     findings: &mut Vec<Finding>,
 ) {
     let mut sorted = all_pts.to_vec();
     sorted.sort_unstable();
     let mut per_episode: BTreeMap<i64, (Query, u64)> = BTreeMap::new();
     for (q, p) in job.queries.iter().zip(positions) {
-        if p.is_none() {
+        if p.is_none() && readable_until.is_none_or(|until| q.t <= until) {
             let entry = per_episode.entry(q.episode).or_insert((*q, 0));
             if q.frame < entry.0.frame {
                 entry.0 = *q;
@@ -462,6 +503,58 @@ fn report_unresolved(
                     q.t,
                     q.from_timestamp,
                     q.t - q.from_timestamp,
+                ),
+            )
+            .with_file(&job.file.path)
+            .with_episode(episode)
+            .with_camera(&job.camera)
+            .with_frame(q.frame),
+        );
+    }
+}
+
+/// One error per episode for the steps whose frame lies in another episode's part of the file
+/// (before its own `from_timestamp`, or from the next episode's on): a timestamp or
+/// `from_timestamp` that points past the episode. Their frames are unresolved afterwards.
+fn report_foreign_frames(
+    job: &StreamJob,
+    positions: &mut [Option<u64>],
+    all_pts: &[i64],
+    seconds: impl Fn(i64) -> f64,
+    tol: f64,
+    findings: &mut Vec<Finding>,
+) {
+    let mut starts: Vec<(f64, i64)> = job.episodes.iter().map(|(e, from, ..)| (*from, *e)).collect();
+    starts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let owner = |t: f64| starts.iter().rev().find(|(from, _)| *from <= t + tol).map(|(_, e)| *e);
+    let mut per_episode: BTreeMap<i64, (Query, f64, u64)> = BTreeMap::new();
+    for (q, p) in job.queries.iter().zip(positions.iter_mut()) {
+        let Some(pos) = *p else { continue };
+        let Some(t) = all_pts.get(pos as usize).map(|pts| seconds(*pts)) else { continue };
+        let from = q.from_timestamp;
+        let next = starts.iter().map(|(f, _)| *f).find(|f| *f > from + tol);
+        if t >= from - tol && next.is_none_or(|next| t < next - tol) {
+            continue;
+        }
+        *p = None;
+        let entry = per_episode.entry(q.episode).or_insert((*q, t, 0));
+        if q.frame < entry.0.frame {
+            (entry.0, entry.1) = (*q, t);
+        }
+        entry.2 += 1;
+    }
+    for (episode, (q, t, count)) in per_episode {
+        let whose = match owner(t) {
+            Some(other) if other != episode => format!("episode {other}'s part of the file"),
+            _ => "no episode's part of the file".to_string(),
+        };
+        findings.push(
+            Finding::error(
+                FindingKind::FrameUnresolved,
+                format!(
+                    "{count} steps show a frame outside the episode: first, timestamp {:.6} (from_timestamp {:.6}) picks the frame at {t:.6} s, in {whose}",
+                    q.t - q.from_timestamp,
+                    q.from_timestamp,
                 ),
             )
             .with_file(&job.file.path)

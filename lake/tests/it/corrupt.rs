@@ -44,7 +44,57 @@ fn truncated_mp4() {
     let len = std::fs::metadata(&video).expect("video").len();
     let f = std::fs::OpenOptions::new().write(true).open(&video).expect("open");
     f.set_len(len * 6 / 10).expect("truncate");
-    refused(&root, &src, 1, &["videos/observation.images.front/chunk-000/file-000.mp4", "corrupt-file", "episode 5", "truncated"]);
+    let err = refused(
+        &root,
+        &src,
+        1,
+        &[
+            "videos/observation.images.front/chunk-000/file-000.mp4",
+            "corrupt-file",
+            "episode 5",
+            "truncated",
+            "frames from 0 on are missing",
+        ],
+    );
+    assert!(!err.contains("episode 0,"), "episode 0 lies before the break: {err}");
+    // The frames before the break are sound: with --skip-bad-episodes their episodes go in.
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    let skipped = out["report"]["skipped"].as_object().expect("skipped episodes");
+    assert!(!skipped.contains_key("0") && skipped.contains_key("5"), "{skipped:?}");
+    assert_eq!(out["record"]["counts"]["episodes"].as_u64(), Some(6 - skipped.len() as u64));
+}
+
+#[test]
+fn declared_dtype_that_cannot_hold_the_values() {
+    let (_t, root, src) = setup("v30-av1-small");
+    let info = src.join("meta/info.json");
+    let mut meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&info).expect("info")).expect("json");
+    meta["features"]["action"]["dtype"] = "int64".into();
+    std::fs::write(&info, serde_json::to_vec_pretty(&meta).expect("json")).expect("write");
+    refused(
+        &root,
+        &src,
+        1,
+        &["data/chunk-000/file-000.parquet", "episode 0", "frame 0", "column `action` holds", "int64 (the dtype info.json declares)"],
+    );
+}
+
+#[test]
+fn timestamp_pointing_into_another_episode() {
+    let (_t, root, src) = setup("v30-av1-small");
+    // Row 150 (episode 1, frame 51) says 3 s later: a frame exists there, in episode 2's part.
+    let data = src.join("data/chunk-000/file-000.parquet");
+    let batches = read_parquet(&data);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let ts = all.column_by_name("timestamp").expect("ts").as_primitive::<Float32Type>();
+    let moved: Float32Array = (0..all.num_rows()).map(|i| Some(ts.value(i) + if i == 150 { 3.0 } else { 0.0 })).collect();
+    let i = all.schema().index_of("timestamp").expect("ts");
+    let mut cols = all.columns().to_vec();
+    cols[i] = std::sync::Arc::new(moved);
+    write_parquet(&data, &[RecordBatch::try_new(all.schema(), cols).expect("batch")]);
+    refused(&root, &src, 1, &["chunk-000/file-000.mp4", "episode 1", "frame 51", "outside the episode", "in episode 2's part of the file"]);
 }
 
 #[test]
