@@ -404,8 +404,8 @@ fn demux(
             .with_camera(&job.camera),
         );
     }
-    report_unresolved(job, &out.positions, &all_pts, &seconds, tol, readable_until, &mut out.findings);
-    report_foreign_frames(job, &mut out.positions, &all_pts, &seconds, tol, &mut out.findings);
+    report_unresolved(job, &out.positions, &all_pts, seconds, tol, readable_until, &mut out.findings);
+    report_foreign_frames(job, &mut out.positions, &all_pts, seconds, tol, &mut out.findings);
     // A step whose frame cannot be decoded from any keyframe is as bad as a missing frame.
     for (qi, q) in job.queries.iter().enumerate() {
         if let Some(pos) = out.positions[qi]
