@@ -146,7 +146,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     progress.set_phase("reading metadata");
     lake.collect_garbage().await?;
     let meta = DatasetMeta::load(&source).await?;
-    let mut plan = Plan::new(&source, &meta, options).await?;
+    let mut plan = Plan::new(&name, &source, &meta, options).await?;
     let record_options = lake_schemas::IngestOptions {
         tolerance_s: options.tolerance_s,
         skip_bad_episodes: options.skip_bad_episodes,
@@ -194,7 +194,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     plan.report.seconds = started.elapsed().as_secs_f64();
     plan.report.bytes_read = source.bytes_read();
     let source_record = SourceRecord {
-        url: location.to_string(),
+        url: lake_store::absolute_location(location),
         codebase_version: meta.info.codebase_version.clone(),
         content_hash,
         fingerprint,
@@ -244,8 +244,9 @@ struct Plan {
 }
 
 impl Plan {
-    async fn new(source: &Source, meta: &DatasetMeta, options: &IngestOptions) -> Result<Self> {
+    async fn new(name: &str, source: &Source, meta: &DatasetMeta, options: &IngestOptions) -> Result<Self> {
         let mut report = Report {
+            dataset: name.to_string(),
             source: source.display().to_string(),
             codebase_version: meta.info.codebase_version.clone(),
             episodes_total: meta.episodes.len() as u64,

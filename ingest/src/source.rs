@@ -56,6 +56,12 @@ impl Source {
         } else {
             std::path::PathBuf::from(location)
         };
+        if path.is_file() {
+            return Err(Error::Metadata {
+                path: location.to_string(),
+                message: "is a file; give the dataset's directory (the one holding meta/info.json)".into(),
+            });
+        }
         if !path.is_dir() {
             return Err(Error::Missing { path: location.to_string(), what: "dataset directory".into() });
         }

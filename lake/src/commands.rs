@@ -89,7 +89,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     if !(args.tolerance_s > 0.0 && args.tolerance_s.is_finite()) {
         anyhow::bail!("--tolerance-s must be a positive number of seconds, got {}", args.tolerance_s);
     }
-    let lake = Lake::create(root)?;
+    let lake = NewLake::create(root)?;
     let mut options = IngestOptions {
         name: args.name,
         tolerance_s: args.tolerance_s,
@@ -114,6 +114,9 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     if let Some((bar, task)) = ticker {
         task.abort();
         bar.finish_and_clear();
+    }
+    if result.is_err() {
+        lake.forget_if_new();
     }
     let (record, mut json) = match result {
         Ok(Outcome::Committed { record, report }) => {
@@ -148,7 +151,14 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
             eprintln!("cancelled; the lake is unchanged");
             return Ok(ExitCode::from(130));
         }
-        Err(e) => return Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", args.source)),
+        Err(e) => {
+            if args.json {
+                let mut out = std::io::stdout().lock();
+                serde_json::to_writer_pretty(&mut out, &serde_json::json!({"outcome": "failed", "error": format!("{e}")}))?;
+                writeln!(out)?;
+            }
+            return Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", args.source));
+        }
     };
     let cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json).await;
     if args.json {
@@ -158,6 +168,46 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         writeln!(out)?;
     }
     cached.exit_code(&record)
+}
+
+/// The lake an ingest writes into, and whether this ingest made it: a failed first ingest
+/// takes back the lake directory (or, in a directory that was empty, the files) it created.
+struct NewLake {
+    lake: Lake,
+    made: Option<(std::path::PathBuf, bool)>,
+}
+
+impl NewLake {
+    fn create(root: &str) -> anyhow::Result<Self> {
+        let path = std::path::absolute(root.strip_prefix("file://").unwrap_or(root))?;
+        let made = (!path.join("lake.json").exists()).then(|| (path.clone(), path.exists()));
+        Ok(Self { lake: Lake::create(root)?, made })
+    }
+
+    fn forget_if_new(&self) {
+        let Some((path, existed)) = &self.made else { return };
+        // Another ingest may have started in the lake meanwhile: then it stays.
+        let empty = |dir: &str| std::fs::read_dir(path.join(dir)).map_or(true, |mut d| d.next().is_none());
+        if !(empty("catalog") && empty("staging")) {
+            return;
+        }
+        if !existed {
+            let _ = std::fs::remove_dir_all(path);
+        } else if let Ok(entries) = std::fs::read_dir(path) {
+            for entry in entries.flatten() {
+                let p = entry.path();
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for NewLake {
+    type Target = Lake;
+
+    fn deref(&self) -> &Lake {
+        &self.lake
+    }
 }
 
 /// What `lake ingest --frame-cache` did after the ingest: the tables written or kept, and the

@@ -100,7 +100,9 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
 /// Writes batches in one format as they arrive (the text table collects them first, to align).
 enum Sink<'a> {
     Table(Vec<RecordBatch>, SchemaRef, &'a mut (dyn Write + Send)),
-    Csv(arrow::csv::Writer<&'a mut (dyn Write + Send)>),
+    /// The writer, and the schema until a batch is written (an empty result still gets its
+    /// header row).
+    Csv(arrow::csv::Writer<&'a mut (dyn Write + Send)>, Option<SchemaRef>),
     Json(arrow::json::ArrayWriter<&'a mut (dyn Write + Send)>),
     Ndjson(arrow::json::LineDelimitedWriter<&'a mut (dyn Write + Send)>),
     ArrowFile(FileWriter<&'a mut (dyn Write + Send)>),
@@ -112,7 +114,7 @@ impl<'a> Sink<'a> {
     fn new(format: Format, schema: SchemaRef, to_file: bool, out: &'a mut (dyn Write + Send)) -> anyhow::Result<Self> {
         Ok(match format {
             Format::Table => Self::Table(Vec::new(), schema, out),
-            Format::Csv => Self::Csv(arrow::csv::WriterBuilder::new().with_header(true).build(out)),
+            Format::Csv => Self::Csv(arrow::csv::WriterBuilder::new().with_header(true).build(out), Some(schema)),
             Format::Json => Self::Json(arrow::json::ArrayWriter::new(out)),
             Format::Ndjson => Self::Ndjson(arrow::json::LineDelimitedWriter::new(out)),
             Format::Arrow if to_file => Self::ArrowFile(FileWriter::try_new(out, &schema)?),
@@ -129,7 +131,10 @@ impl<'a> Sink<'a> {
     fn write(&mut self, batch: RecordBatch) -> anyhow::Result<()> {
         match self {
             Self::Table(batches, ..) => batches.push(batch),
-            Self::Csv(w) => w.write(&flat_for_csv(&batch)?)?,
+            Self::Csv(w, unwritten) => {
+                w.write(&flat_for_csv(&batch)?)?;
+                *unwritten = None;
+            }
             Self::Json(w) => w.write(&batch)?,
             Self::Ndjson(w) => w.write(&batch)?,
             Self::ArrowFile(w) => w.write(&batch)?,
@@ -149,7 +154,11 @@ impl<'a> Sink<'a> {
                 };
                 writeln!(out, "{text}")?;
             }
-            Self::Csv(_) => {}
+            Self::Csv(mut w, unwritten) => {
+                if let Some(schema) = unwritten {
+                    w.write(&flat_for_csv(&RecordBatch::new_empty(schema))?)?;
+                }
+            }
             Self::Json(mut w) => w.finish()?,
             Self::Ndjson(mut w) => w.finish()?,
             Self::ArrowFile(mut w) => w.finish()?,

@@ -610,8 +610,33 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Turns a source directory name into a valid dataset name (invalid characters become `_`).
+/// A source location as the catalog records it: a local path (or `file://` URL) made absolute,
+/// with `.` and `..` taken out lexically (symbolic links are kept as given); URLs of other
+/// schemes as they are.
+pub fn absolute_location(location: &str) -> String {
+    let path = match location.strip_prefix("file://") {
+        Some(rest) => rest,
+        None if location.contains("://") => return location.to_string(),
+        None => location,
+    };
+    let Ok(abs) = std::path::absolute(path) else { return location.to_string() };
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out.to_string_lossy().into_owned()
+}
+
+/// Turns a source directory name into a valid dataset name (invalid characters become `_`);
+/// `.`, `..` and relative paths are named after the directory they lead to.
 pub fn default_name(source: &str) -> String {
+    let source = &absolute_location(source);
     let base = source.trim_end_matches('/').rsplit('/').next().unwrap_or("dataset");
     let mut name: String = base.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
     while name.starts_with(['.', '-']) {
@@ -643,6 +668,13 @@ mod tests {
         }
         assert_eq!(default_name("../shared/fixtures/v30-av1-small/"), "v30-av1-small");
         assert_eq!(default_name("/data/my set"), "my_set");
+        let here = std::env::current_dir().unwrap();
+        let dir = here.file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(default_name("."), default_name(&dir));
+        assert_eq!(default_name("./"), default_name(&dir));
+        assert_eq!(default_name(&format!("../{dir}/./")), default_name(&dir));
+        assert_eq!(absolute_location("s3://bucket/x/"), "s3://bucket/x/");
+        assert_eq!(absolute_location("file:///data/a/../b/"), "/data/b");
     }
 
     #[test]

@@ -58,6 +58,29 @@ fn reingest_is_a_noop_and_a_changed_source_is_a_new_version() {
     assert!(missing.stderr.contains("no dataset `multi@9`") && missing.stderr.contains("multi@3"), "{}", missing.stderr);
 }
 
+#[test]
+fn a_failed_first_ingest_leaves_no_lake_and_dot_is_named_after_its_directory() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let run = lake(&root, &["ingest", tmp.path().join("no-such-dataset").to_str().expect("utf-8"), "--json"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json even when it fails");
+    assert_eq!(out["outcome"], "failed");
+    assert!(out["error"].as_str().expect("error").contains("no-such-dataset"), "{out}");
+    assert!(!root.exists(), "the lake directory it would have made is not left behind");
+    std::fs::create_dir(&root).expect("empty dir");
+    let run = lake(&root, &["ingest", testdata("v30-av1-small").join("meta/info.json").to_str().expect("utf-8")]);
+    assert!(run.code != 0 && run.stderr.contains("is a file; give the dataset's directory"), "{run:#?}");
+    assert_eq!(std::fs::read_dir(&root).expect("dir").count(), 0, "an empty directory stays empty");
+
+    let run = lake_cmd(&root).args(["ingest", "."]).current_dir(testdata("v30-images-tiny")).output().expect("run");
+    assert!(run.status.success(), "{run:?}");
+    assert!(String::from_utf8_lossy(&run.stdout).contains("as v30-images-tiny@1"), "{run:?}");
+    let ls = lake(&root, &["ls", "--json"]);
+    let records: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
+    assert_eq!(records[0]["source"]["url"], testdata("v30-images-tiny").to_str().expect("utf-8"), "the source is recorded absolute");
+}
+
 /// Starts an ingest of a dataset big enough to take a while and returns once it is writing
 /// packet data.
 fn start_long_ingest(root: &Path, src: &Path) -> std::process::Child {

@@ -102,6 +102,8 @@ fn every_output_format_writes_the_same_rows() {
         })
         .collect();
     assert_eq!(got, want, "csv");
+    let empty = lake(&root, &["sql", "--format", "csv", "SELECT episode_index, length FROM episodes WHERE length < 0"]);
+    assert_eq!(empty.stdout, "episode_index,length\n", "an empty result keeps its header row");
 
     let ndjson = lake(&root, &["sql", "--format", "ndjson", query]);
     let got: Vec<(i64, i64)> = ndjson
