@@ -317,6 +317,9 @@ pub struct FileScan {
     pub findings: Vec<Finding>,
     /// The column plan (absent when the file could not be read).
     pub plan: Option<ColumnPlan>,
+    /// Per (column, episode): the first frame holding a NaN or infinite value, and how many
+    /// values are.
+    non_finite: std::collections::BTreeMap<(String, i64), (i64, u64)>,
 }
 
 /// First pass over one data file: reads every row, checks it against the metadata, and keeps
@@ -404,8 +407,48 @@ pub async fn scan_file(
             );
         }
     }
+    for ((column, episode), (frame, count)) in std::mem::take(&mut scan.non_finite) {
+        scan.findings.push(
+            Finding::warning(
+                FindingKind::NonFinite,
+                format!(
+                    "column `{column}` holds {count} NaN or infinite values (the first at frame {frame}); its statistics over them are NaN, as numpy's"
+                ),
+            )
+            .with_file(&file.path)
+            .with_episode(episode)
+            .with_frame(frame),
+        );
+    }
     scan.plan = Some(plan);
     Ok(scan)
+}
+
+/// Counts the NaN and infinite values of a normalised numeric column, per episode.
+fn note_non_finite(
+    name: &str,
+    values: &ArrayRef,
+    episode: &[Option<i64>],
+    frame: &[Option<i64>],
+    found: &mut std::collections::BTreeMap<(String, i64), (i64, u64)>,
+) {
+    let (leaves, width) = match values.data_type() {
+        DataType::FixedSizeList(_, n) => (values.as_fixed_size_list().values().clone(), *n as usize),
+        _ => (values.clone(), 1),
+    };
+    if !leaves.data_type().is_floating() {
+        return;
+    }
+    let Ok(leaves) = cast(&leaves, &DataType::Float64) else { return };
+    for (i, v) in leaves.as_primitive::<arrow::datatypes::Float64Type>().values().iter().enumerate() {
+        if !v.is_finite() {
+            let row = i / width.max(1);
+            let (Some(ep), Some(fr)) = (episode[row], frame[row]) else { continue };
+            let entry = found.entry((name.to_string(), ep)).or_insert((fr, 0));
+            entry.0 = entry.0.min(fr);
+            entry.1 += 1;
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // one call site; the pieces are the scan's own state
@@ -445,11 +488,10 @@ fn check_batch(
     let mut images: Vec<(&Feature, Vec<&[u8]>)> = Vec::new();
     for ((name, role), col) in plan.columns.iter().zip(batch.columns()) {
         match role {
-            Role::Numeric(f) => {
-                if let Err((row, m)) = normalize_numeric(col, f) {
-                    row_errors.push((row, FindingKind::ShapeMismatch, format!("column `{name}` {m}")));
-                }
-            }
+            Role::Numeric(f) => match normalize_numeric(col, f) {
+                Ok(values) => note_non_finite(name, &values, &episode, &frame, &mut scan.non_finite),
+                Err((row, m)) => row_errors.push((row, FindingKind::ShapeMismatch, format!("column `{name}` {m}"))),
+            },
             Role::Image(f) => match image_bytes(col) {
                 Ok(b) => images.push((f, b)),
                 Err((row, m)) => row_errors.push((row, FindingKind::ShapeMismatch, format!("column `{name}`: {m}"))),

@@ -47,6 +47,11 @@ pub fn summarise(values: &mut [f64]) -> Option<Summary> {
     if values.is_empty() {
         return None;
     }
+    if values.iter().any(|v| v.is_nan()) {
+        // As numpy's: a NaN makes every statistic NaN (a sort would put it at one end).
+        let nan = f64::NAN;
+        return Some(Summary { count: values.len() as i64, min: nan, max: nan, mean: nan, std: nan, quantiles: [nan; QUANTILES.len()] });
+    }
     values.sort_unstable_by(f64::total_cmp);
     let n = values.len() as f64;
     let mean = values.iter().sum::<f64>() / n;
@@ -201,6 +206,9 @@ mod tests {
             assert!((got - want).abs() < 1e-12, "{got} vs {want}");
         }
         assert_eq!((s.count, s.min, s.max, s.mean), (4, 1.0, 4.0, 2.5));
+        let s = summarise(&mut [1.0, f64::NAN, 3.0]).unwrap();
+        assert_eq!(s.count, 3);
+        assert!(s.min.is_nan() && s.max.is_nan() && s.mean.is_nan() && s.quantiles.iter().all(|q| q.is_nan()), "{s:?}");
         assert!((s.std - 1.25f64.sqrt()).abs() < 1e-12);
         assert_eq!(summarise(&mut [7.0]).expect("one value").quantiles, [7.0; 5]);
         assert!(summarise(&mut []).is_none());

@@ -63,6 +63,8 @@ pub enum FindingKind {
     EpisodeSkipped,
     /// A camera left out by `--drop-missing-cameras`.
     CameraDropped,
+    /// A numeric feature holds NaN or infinite values.
+    NonFinite,
 }
 
 impl FindingKind {
@@ -85,6 +87,7 @@ impl FindingKind {
             Self::UndeclaredColumn => "undeclared-column",
             Self::EpisodeSkipped => "episode-skipped",
             Self::CameraDropped => "camera-dropped",
+            Self::NonFinite => "non-finite",
         }
     }
 }

@@ -193,3 +193,34 @@ fn timestamps_drifting_beyond_tolerance() {
     assert_eq!(out["record"]["counts"]["skipped_episodes"], 1);
     assert!(out["report"]["skipped"]["2"].as_str().expect("reason").contains("frame-unresolved"));
 }
+
+#[test]
+fn nan_actions_are_a_warning_and_make_their_statistics_nan() {
+    let (_t, root, src) = setup("v30-av1-small");
+    // Row 150 (episode 1, frame 51): action dimension 2 becomes NaN.
+    let data = src.join("data/chunk-000/file-000.parquet");
+    let batches = read_parquet(&data);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let i = all.schema().index_of("action").expect("action");
+    let action = all.column(i).as_fixed_size_list();
+    let mut values: Vec<f32> = action.values().as_primitive::<Float32Type>().values().to_vec();
+    let width = action.value_length() as usize;
+    values[150 * width + 2] = f32::NAN;
+    let field = match all.schema().field(i).data_type() {
+        arrow::datatypes::DataType::FixedSizeList(f, _) => f.clone(),
+        other => panic!("action is {other}"),
+    };
+    let nan = arrow::array::FixedSizeListArray::new(field, width as i32, std::sync::Arc::new(Float32Array::from(values)), None);
+    let mut cols = all.columns().to_vec();
+    cols[i] = std::sync::Arc::new(nan);
+    write_parquet(&data, &[RecordBatch::try_new(all.schema(), cols).expect("batch")]);
+    let run = ingest_ok(&root, &src, &[]);
+    assert!(run.stdout.contains("warning[non-finite]") && run.stdout.contains("episode 1, frame 51"), "{run:#?}");
+    let rows = crate::common::sql_rows(
+        &root,
+        "SELECT min, max, mean, q50 FROM feature_stats WHERE dataset = 'v30-av1-small' AND feature = 'action' AND dim = 2 AND episode_index IS NULL",
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    // JSON has no NaN: every statistic of the dimension is null there, none a number.
+    assert!(rows[0].values().all(|v| !v.is_number()), "{rows:?}");
+}
