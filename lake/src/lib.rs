@@ -36,6 +36,9 @@ pub enum Error {
     /// A request is not valid (e.g. a view's query lacks a column).
     #[error("{0}")]
     Invalid(String),
+    /// The server is shutting down; a stream it ended resumes at its next step elsewhere.
+    #[error("the server is shutting down; resume from the next step (epoch and step of the batch after the last one read)")]
+    ShuttingDown,
 }
 
 /// Result with lake's [`Error`].

@@ -352,6 +352,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         sharding,
         start: Cursor { epoch: 0, step: 0 },
         limit: Some(args.batches + 1),
+        stride: 1,
         prefetch: args.prefetch,
         lookahead: args.lookahead,
     };

@@ -137,6 +137,11 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         tokens.extend(text.lines().map(str::trim).filter(|t| !t.is_empty() && !t.starts_with('#')).map(String::from));
     }
+    if tokens.is_empty() && (args.token_file.is_some() || args.tokens.is_some()) {
+        anyhow::bail!(
+            "--token-file / --tokens / LAKE_TOKENS hold no token (blank lines and # comments are skipped); refusing to serve without the authentication asked for"
+        );
+    }
     for addr in [args.flight, args.http] {
         if tokens.is_empty() && !addr.ip().is_loopback() {
             eprintln!("warning: serving on {addr} without tokens: anyone who can reach it can read the lake (use --token-file)");
@@ -164,8 +169,13 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     std::io::stdout().flush()?;
 
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // Ctrl-C, or SIGTERM (what service managers and container runtimes send).
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
         eprintln!("shutting down: finishing the batches in flight");
     };
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);

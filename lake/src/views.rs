@@ -241,6 +241,12 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
         };
         let spans = ds.episodes.iter().filter(|s| wanted(s.episode_index)).map(|s| (s.first_row, s.len));
         let eligible = lake_loader::Eligible::new(spans, spec.drop_n_first_frames, spec.drop_n_last_frames);
+        if eligible.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{}: no step is eligible (drop_n_first_frames {} and drop_n_last_frames {} leave nothing of the episodes selected)",
+                ds.label, spec.drop_n_first_frames, spec.drop_n_last_frames
+            )));
+        }
         out.sources.push(lake_loader::Source { eligible, weight: selection.weight });
         out.datasets.push(ds);
     }

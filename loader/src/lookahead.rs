@@ -145,7 +145,7 @@ impl Lookahead {
     }
 
     fn ordinal(&self, cursor: Cursor) -> u64 {
-        cursor.epoch * self.steps_per_epoch + cursor.step
+        cursor.epoch.saturating_mul(self.steps_per_epoch).saturating_add(cursor.step)
     }
 
     fn begin(self: &Arc<Self>, id: u64, cursor: Cursor) -> Ahead {

@@ -100,7 +100,7 @@ impl Eligible {
         let mut out = Self::default();
         let mut total = 0;
         for (start, len) in episodes {
-            let keep = len.saturating_sub(drop_first + drop_last);
+            let keep = len.saturating_sub(drop_first.saturating_add(drop_last));
             if keep > 0 {
                 out.starts.push(start + drop_first);
                 total += keep;

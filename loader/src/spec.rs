@@ -187,6 +187,9 @@ pub fn resolve_windows(delta: &[(String, Vec<f64>)], keys: &DatasetKeys<'_>) -> 
                     keys.fps, keys.tolerance_s
                 )));
             }
+            if frames.abs() > f64::from(i32::MAX) {
+                return Err(Error::request(format!("delta_timestamps.{key}: {d} s is further from a step than any episode is long")));
+            }
             offsets.push(frames as i64);
         }
         out.push(Window { key: key.clone(), offsets });

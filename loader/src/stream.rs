@@ -36,6 +36,9 @@ pub struct StreamRequest {
     pub start: Cursor,
     /// How many batches (None: indefinitely, across epochs).
     pub limit: Option<u64>,
+    /// Global steps from one batch to the next (1: every step; `n`: one of `n` readers taking
+    /// turns, such as a rank's DataLoader workers, each from its own start).
+    pub stride: u64,
     /// Batches prepared ahead of the consumer (at least 1).
     pub prefetch: usize,
     /// Draws planned ahead to keep frames later batches show (0: none; see [`Lookahead`]).
@@ -57,10 +60,10 @@ impl StreamRequest {
 pub fn cursors(request: &StreamRequest) -> impl Iterator<Item = Cursor> + Send + 'static {
     let (sharding, epoch_len) = (request.sharding, request.order.epoch_len());
     let mut cursor = Some(request.start);
-    let limit = request.limit;
+    let (limit, stride) = (request.limit, request.stride.max(1));
     std::iter::from_fn(move || {
         let c = cursor?;
-        cursor = Some(sharding.next(epoch_len, c));
+        cursor = Some((0..stride).fold(c, |c, _| sharding.next(epoch_len, c)));
         Some(c)
     })
     .take(limit.map_or(usize::MAX, |l| l as usize))

@@ -61,6 +61,7 @@ pub(super) fn status(e: &Error) -> Status {
         Refusal::BadRequest => Status::invalid_argument(message),
         Refusal::NotFound => Status::not_found(message),
         Refusal::Busy => Status::resource_exhausted(message),
+        Refusal::Unavailable => Status::unavailable(message),
         Refusal::Internal => Status::internal(message),
     }
 }

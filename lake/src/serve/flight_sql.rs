@@ -89,15 +89,19 @@ impl LakeFlightSql {
 
     /// A flight for `query`: its result schema, and one endpoint whose ticket is `ticket`.
     async fn statement_info(&self, query: &str, ticket: Vec<u8>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
-        let schema = self.session().await?.schema(query).await.map_err(|e| status(&e))?;
+        let schema = self.session().await?.schema(query).await.map_err(|e| status(&e)).inspect_err(|_| self.service.count_sql_error())?;
         info(&schema, ticket, descriptor)
     }
 
     /// Runs `query` and streams its result.
     async fn run(&self, query: &str) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let stream = self.session().await?.stream(query).await.map_err(|e| status(&e))?;
+        let stream = self.session().await?.stream(query).await.map_err(|e| status(&e)).inspect_err(|_| self.service.count_sql_error())?;
         let schema = stream.schema();
-        let batches = stream.map_err(|e| FlightError::Tonic(Box::new(status(&Error::Query(e.strip_backtrace())))));
+        let service = self.service.clone();
+        let batches = stream.map_err(move |e| {
+            service.count_sql_error();
+            FlightError::Tonic(Box::new(status(&Error::Query(e.strip_backtrace()))))
+        });
         Ok(encode(schema, batches))
     }
 

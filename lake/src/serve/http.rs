@@ -32,7 +32,11 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/sql", post(sql))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(service.clone(), auth));
-    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(api).with_state(service)
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(api)
+        .fallback(|| async { Refused(StatusCode::NOT_FOUND, "no such endpoint (see /v1/openapi.json)".into()) })
+        .with_state(service)
 }
 
 /// A refused request: status and a JSON body `{"error": message}`.
@@ -40,7 +44,16 @@ struct Refused(StatusCode, String);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": self.1}))).into_response()
+        let mut response = (self.0, Json(json!({"error": self.1}))).into_response();
+        let extra = match self.0 {
+            StatusCode::UNAUTHORIZED => Some((header::WWW_AUTHENTICATE, "Bearer")),
+            StatusCode::SERVICE_UNAVAILABLE => Some((header::RETRY_AFTER, "1")),
+            _ => None,
+        };
+        if let Some((name, value)) = extra {
+            response.headers_mut().insert(name, header::HeaderValue::from_static(value));
+        }
+        response
     }
 }
 
@@ -50,7 +63,7 @@ impl From<Error> for Refused {
         let code = match kind {
             Refusal::BadRequest => StatusCode::BAD_REQUEST,
             Refusal::NotFound => StatusCode::NOT_FOUND,
-            Refusal::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Busy | Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(code, message)
@@ -58,7 +71,14 @@ impl From<Error> for Refused {
 }
 
 async fn auth(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
-    let token = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // The scheme is case-insensitive (RFC 9110).
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     if service.authorized(token) {
         next.run(request).await
     } else {
@@ -72,6 +92,7 @@ async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
 
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
     let records = service.lake().datasets().await.map_err(Error::from)?;
+    let views: Vec<Value> = service.lake().views().await.map_err(Error::from)?.iter().map(view_json).collect();
     let list: Vec<Value> = records
         .iter()
         .map(|r| {
@@ -80,11 +101,30 @@ async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Re
                    "robot_type": r.robot_type})
         })
         .collect();
-    Ok(Json(json!({ "datasets": list })))
+    Ok(Json(json!({ "datasets": list, "views": views })))
+}
+
+/// A view as the API shows it: what a request naming it samples.
+fn view_json(v: &lake_schemas::ViewRecord) -> Value {
+    let selects: Vec<Value> = v
+        .datasets
+        .iter()
+        .map(|d| json!({"dataset": format!("{}@{}", d.name, d.version), "weight": d.weight, "episodes": d.episodes}))
+        .collect();
+    json!({"name": v.name, "version": v.version, "kind": "view", "sql": v.sql, "created_at": v.created_at,
+           "episodes": v.episode_count(), "selects": selects})
 }
 
 async fn dataset(State(service): State<Arc<Service>>, Path(name): Path<String>) -> Result<Json<Value>, Refused> {
     let lake = service.lake();
+    let (base, version) = match name.rsplit_once('@') {
+        Some((base, version)) => (base, Some(version)),
+        None => (name.as_str(), None),
+    };
+    let is_dataset = lake_store::validate_name(base).is_err() || lake.latest(base).await.ok().flatten().is_some();
+    if !is_dataset && let Some(view) = crate::views::view(lake, base, version).await? {
+        return Ok(Json(view_json(&view)));
+    }
     let record = lake.resolve(&name).await.map_err(Error::from)?;
     let episodes =
         lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index", "length"]).await.map_err(Error::from)?;
@@ -151,24 +191,61 @@ fn ipc_stream(
     Ok(futures::stream::once(async move { Ok(header) }).chain(body))
 }
 
-async fn sample(State(service): State<Arc<Service>>, body: Bytes) -> Result<Response, Refused> {
+/// The request body, or a JSON refusal (a body over the 2 MiB limit: 413).
+fn body(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Bytes, Refused> {
+    body.map_err(|e| Refused(e.status(), e.body_text()))
+}
+
+async fn sample(
+    State(service): State<Arc<Service>>,
+    body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, Refused> {
+    let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
     let request = service.parse_request(&body)?;
     let (schema, batches) = service.batches(&request).await?;
     let body = Body::from_stream(ipc_stream(schema, batches)?);
     Ok(([(header::CONTENT_TYPE, ARROW_STREAM)], body).into_response())
 }
 
-async fn sql(State(service): State<Arc<Service>>, headers: HeaderMap, body: Bytes) -> Result<Response, Refused> {
-    let query = std::str::from_utf8(&body).map_err(|_| Refused(StatusCode::BAD_REQUEST, "the body must be a UTF-8 SQL query".into()))?;
+async fn sql(
+    State(service): State<Arc<Service>>,
+    headers: HeaderMap,
+    body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, Refused> {
+    let answer = match body(body_bytes) {
+        Ok(body) => sql_answer(&service, &headers, &body).await,
+        Err(refused) => Err(refused),
+    };
+    if answer.is_err() {
+        service.count_sql_error();
+    }
+    answer
+}
+
+async fn sql_answer(service: &Arc<Service>, headers: &HeaderMap, body: &[u8]) -> Result<Response, Refused> {
+    let query = std::str::from_utf8(body).map_err(|_| Refused(StatusCode::BAD_REQUEST, "the body must be a UTF-8 SQL query".into()))?;
     let session = LakeSql::open(service.lake()).await?.read_only();
     let wants_json = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("application/json"));
     if wants_json {
         let (_, batches) = session.query(query).await?;
         return Ok(Json(batches_json(&batches)?).into_response());
     }
-    let stream = session.stream(query).await?;
+    let mut stream = session.stream(query).await?;
     let schema = stream.schema();
-    let batches = stream.map(|b| b.map_err(|e| Error::Query(e.strip_backtrace())));
+    // Most errors of a running query come with its first batch: those are still a 400. One
+    // later breaks the body off (no end-of-stream marker), and is logged and counted.
+    let first = match stream.next().await {
+        Some(Err(e)) => return Err(Error::Query(e.strip_backtrace()).into()),
+        first => first,
+    };
+    let counted = service.clone();
+    let batches = futures::stream::iter(first).chain(stream).map(move |b| {
+        b.map_err(|e| {
+            counted.count_sql_error();
+            tracing::warn!("SQL query failed while streaming its result: {e}");
+            Error::Query(e.strip_backtrace())
+        })
+    });
     Ok(([(header::CONTENT_TYPE, ARROW_STREAM)], Body::from_stream(ipc_stream(schema, batches)?)).into_response())
 }
 
@@ -178,42 +255,80 @@ async fn openapi() -> Json<Value> {
 
 /// The OpenAPI 3.1 description of the HTTP API.
 pub fn openapi_document() -> Value {
-    let error = json!({"description": "refused", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    let error =
+        |why: &str| json!({"description": why, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
+    let unauthorized = error("no bearer token, or a wrong one (when the server has tokens)");
     let arrow = json!({"description": "Arrow IPC stream", "content": {ARROW_STREAM: {}}});
+    let count = |description: &str| json!({"type": "integer", "minimum": 0, "description": description});
+    let nullable = |t: &str, description: &str| json!({"type": [t, "null"], "minimum": 0, "description": description});
+    let dataset_entry = json!({"oneOf": [
+        {"type": "string", "description": "NAME (its latest version, pinned when the request arrives), NAME@VERSION, a view (VIEW or VIEW@VERSION), or any of these with =WEIGHT"},
+        {"type": "object", "additionalProperties": false, "required": ["name", "weight"],
+         "properties": {"name": {"type": "string"}, "weight": {"type": "number", "exclusiveMinimum": 0}}}]});
     json!({
         "openapi": "3.1.0",
         "info": {"title": "lake", "version": env!("CARGO_PKG_VERSION"),
-                 "description": "Step-granular LeRobot samples and SQL over a lake."},
+                 "description": "Step-granular LeRobot samples and SQL over a lake. Request bodies may be up to 2 MiB."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
                 "SampleRequest": {"type": "object", "required": ["datasets"], "additionalProperties": false, "properties": {
-                    "datasets": {"type": "array", "items": {"oneOf": [{"type": "string"},
-                        {"type": "object", "properties": {"name": {"type": "string"}, "weight": {"type": "number"}}, "required": ["name", "weight"]}]}},
-                    "preset": {"type": "string", "enum": ["act", "diffusion", "none"]},
-                    "delta_timestamps": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "number"}}},
-                    "batch_size": {"type": "integer", "minimum": 1, "description": "samples per batch for each rank"},
-                    "seed": {"type": "integer"}, "epoch": {"type": "integer"}, "start_step": {"type": "integer"},
-                    "rank": {"type": "integer"}, "world_size": {"type": "integer", "minimum": 1},
-                    "limit_batches": {"type": "integer"}, "drop_last": {"type": "boolean"},
-                    "episodes": {"type": "array", "items": {"type": "integer"}},
-                    "drop_n_first_frames": {"type": "integer"}, "drop_n_last_frames": {"type": "integer"},
-                    "frame_size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"}}}
+                    "datasets": {"type": "array", "minItems": 1, "items": dataset_entry,
+                                 "description": "datasets or views to sample from; more than one is a mixture by weight"},
+                    "preset": {"type": "string", "enum": ["act", "diffusion", "none"], "default": "none",
+                               "description": "window preset; ignored when delta_timestamps is given"},
+                    "delta_timestamps": {"type": ["object", "null"], "additionalProperties": {"type": "array", "items": {"type": "number"}},
+                                         "description": "LeRobot's delta_timestamps: feature → offsets in seconds (multiples of 1/fps)"},
+                    "batch_size": {"type": "integer", "minimum": 1, "maximum": super::MAX_BATCH_SIZE, "default": 32,
+                                   "description": "samples per batch for each rank"},
+                    "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "sampler seed"},
+                    "epoch": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0, "description": "epoch to start in"},
+                    "start_step": count("global step to start at within the epoch (below the epoch's steps)"),
+                    "rank": count("this trainer's rank (below world_size)"),
+                    "world_size": {"type": "integer", "minimum": 1, "maximum": super::MAX_WORLD_SIZE, "default": 1},
+                    "limit_batches": nullable("integer", "batches to send; absent or null: indefinitely, across epochs"),
+                    "step_stride": {"type": "integer", "minimum": 1, "maximum": super::MAX_WORLD_SIZE, "default": 1,
+                                    "description": "global steps from one batch to the next (n readers of one rank taking turns)"},
+                    "drop_last": {"type": "boolean", "default": true, "description": "drop each epoch's short last global batch"},
+                    "episodes": {"type": "array", "items": {"type": "integer"}, "description": "only these episodes (of every dataset)"},
+                    "drop_n_first_frames": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0},
+                    "drop_n_last_frames": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0},
+                    "frame_size": {"type": ["string", "null"], "pattern": "^[1-9][0-9]*x[1-9][0-9]*$",
+                                   "description": "WIDTHxHEIGHT of a frame table of every dataset (lake cache NAME --size WxH)"}}},
+                "Datasets": {"type": "object", "properties": {
+                    "datasets": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"}, "version": {"type": "integer"}, "episodes": {"type": "integer"}, "steps": {"type": "integer"},
+                        "cameras": {"type": "integer"}, "fps": {"type": "integer"}, "codebase_version": {"type": "string"},
+                        "robot_type": {"type": ["string", "null"]}}}},
+                    "views": {"type": "array", "items": {"$ref": "#/components/schemas/View"}}}},
+                "View": {"type": "object", "properties": {
+                    "name": {"type": "string"}, "version": {"type": "integer"}, "kind": {"const": "view"}, "sql": {"type": "string"},
+                    "created_at": {"type": "string", "format": "date-time"}, "episodes": {"type": "integer"},
+                    "selects": {"type": "array", "items": {"type": "object", "properties": {
+                        "dataset": {"type": "string"}, "weight": {"type": "number"}, "episodes": {"type": "array", "items": {"type": "integer"}}}}}}}
             }
         },
         "security": [{"bearer": []}],
         "paths": {
             "/healthz": {"get": {"security": [], "responses": {"200": {"description": "serving"}}}},
-            "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text format"}}}},
-            "/v1/datasets": {"get": {"responses": {"200": {"description": "the datasets"}}}},
-            "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "features, cameras, episodes, stats, frame tables (the sizes `frame_size` may ask for)"}, "404": error}}},
+            "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text format"}, "401": unauthorized}}},
+            "/v1/openapi.json": {"get": {"responses": {"200": {"description": "this document"}, "401": unauthorized}}},
+            "/v1/datasets": {"get": {"responses": {
+                "200": {"description": "the datasets (latest versions) and views",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Datasets"}}}},
+                "401": unauthorized}}},
+            "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"},
+                    "description": "NAME, NAME@VERSION, VIEW or VIEW@VERSION"}],
+                "responses": {"200": {"description": "a dataset's features, cameras, episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view"},
+                    "400": error("not a valid name"), "401": unauthorized, "404": error("no such dataset, version or view")}}},
             "/v1/sample": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
-                "responses": {"200": arrow, "400": error, "404": error, "401": error}}},
+                "responses": {"200": arrow, "400": error("not a valid request for the lake"), "401": unauthorized,
+                    "404": error("no such dataset, version or view"),
+                    "503": error("the memory budget has no room for another stream now (retry after the Retry-After seconds)")}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
-                "responses": {"200": {"description": "Arrow IPC stream, or JSON rows with Accept: application/json",
-                    "content": {ARROW_STREAM: {}, "application/json": {}}}, "400": error, "401": error}}}
+                "responses": {"200": {"description": "Arrow IPC stream, or JSON rows with Accept: application/json (an error while the stream runs breaks it off before its end marker)",
+                    "content": {ARROW_STREAM: {}, "application/json": {}}}, "400": error("bad SQL, or the query failed"), "401": unauthorized}}}
         }
     })
 }

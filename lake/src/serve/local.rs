@@ -68,6 +68,7 @@ fn error_message(e: &crate::Error) -> Vec<u8> {
         Refusal::BadRequest => "bad_request",
         Refusal::NotFound => "not_found",
         Refusal::Busy => "busy",
+        Refusal::Unavailable => "unavailable",
         Refusal::Internal => "internal",
     };
     wire::error(code, &message)

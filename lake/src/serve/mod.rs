@@ -41,7 +41,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::{Error, Result, views};
 
 /// A dataset in a request: a name, or a name with a mixture weight.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum DatasetRef {
     /// A dataset (`NAME`, `NAME@VERSION`) or view.
@@ -55,6 +55,34 @@ pub enum DatasetRef {
     },
 }
 
+impl<'de> Deserialize<'de> for DatasetRef {
+    /// A string (`NAME`, `NAME@VERSION`, `NAME=WEIGHT`), or exactly `{"name": …, "weight": …}`;
+    /// anything else is refused saying which.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        const EXPECTED: &str = r#"a dataset entry is a name ("NAME", "NAME@VERSION", "NAME=WEIGHT") or {"name": NAME, "weight": WEIGHT}"#;
+        match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::String(name) => Ok(Self::Name(name)),
+            serde_json::Value::Object(entry) => {
+                if let Some(other) = entry.keys().find(|k| !matches!(k.as_str(), "name" | "weight")) {
+                    return Err(D::Error::custom(format!("unknown field `{other}` in a dataset entry; {EXPECTED}")));
+                }
+                let name = match entry.get("name") {
+                    Some(serde_json::Value::String(n)) => n.clone(),
+                    Some(_) => return Err(D::Error::custom(format!("`name` must be a string; {EXPECTED}"))),
+                    None => return Err(D::Error::custom(format!("`name` is missing; {EXPECTED}"))),
+                };
+                let weight = match entry.get("weight") {
+                    Some(w) => w.as_f64().ok_or_else(|| D::Error::custom(format!("dataset `{name}`: `weight` must be a number")))?,
+                    None => return Err(D::Error::custom(format!("dataset `{name}`: `weight` is missing; {EXPECTED}"))),
+                };
+                Ok(Self::Weighted { name, weight })
+            }
+            other => Err(D::Error::custom(format!("{other} is not a dataset entry; {EXPECTED}"))),
+        }
+    }
+}
+
 fn default_batch_size() -> u64 {
     32
 }
@@ -64,9 +92,20 @@ fn default_world_size() -> u64 {
 fn default_true() -> bool {
     true
 }
+fn default_stride() -> u64 {
+    1
+}
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
 fn default_preset() -> String {
     "none".into()
 }
+
+/// Most samples per rank's batch a request may ask for.
+pub const MAX_BATCH_SIZE: u64 = 1 << 20;
+/// Most ranks a request may name.
+pub const MAX_WORLD_SIZE: u64 = 1 << 16;
 
 /// A sampling request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,6 +140,11 @@ pub struct SampleRequest {
     /// Batches to send (none: indefinitely, across epochs).
     #[serde(default)]
     pub limit_batches: Option<u64>,
+    /// Global steps from one batch to the next: 1 sends every step from `start_step` on; `n`
+    /// sends every `n`-th, so that `n` readers of one rank (a DataLoader's workers) starting at
+    /// consecutive steps take turns.
+    #[serde(default = "default_stride", skip_serializing_if = "is_one")]
+    pub step_stride: u64,
     /// Drop each epoch's short last global batch.
     #[serde(default = "default_true")]
     pub drop_last: bool,
@@ -155,7 +199,8 @@ impl SampleRequest {
     /// What identifies the loader and order a request needs (not its position or rank).
     fn key(&self) -> String {
         let mut shape = self.clone();
-        (shape.epoch, shape.start_step, shape.rank, shape.world_size, shape.limit_batches, shape.batch_size) = (0, 0, 0, 1, None, 0);
+        (shape.epoch, shape.start_step, shape.rank, shape.world_size, shape.limit_batches, shape.batch_size, shape.step_stride) =
+            (0, 0, 0, 1, None, 0, 1);
         serde_json::to_string(&shape).expect("requests serialise")
     }
 
@@ -163,12 +208,42 @@ impl SampleRequest {
         if self.datasets.is_empty() {
             return Err(Error::Invalid("the request names no dataset".into()));
         }
+        for d in &self.datasets {
+            let (name, weight) = match d {
+                DatasetRef::Name(entry) => match entry.rsplit_once('=') {
+                    Some((name, w)) => (name, Some(w.to_string())),
+                    None => (entry.as_str(), None),
+                },
+                DatasetRef::Weighted { name, weight } => (name.as_str(), Some(weight.to_string())),
+            };
+            if let Some(w) = weight.filter(|w| !w.parse::<f64>().is_ok_and(|w| w.is_finite() && w > 0.0)) {
+                return Err(Error::Invalid(format!("dataset `{name}`: the weight {w} is not a positive number")));
+            }
+        }
+        let at_most = |field: &str, value: u64, max: u64| {
+            if value > max { Err(Error::Invalid(format!("{field} is {value}; it may be at most {max}"))) } else { Ok(()) }
+        };
         if self.batch_size == 0 {
             return Err(Error::Invalid("batch_size must be at least 1".into()));
         }
-        if self.world_size == 0 || self.rank >= self.world_size {
-            return Err(Error::Invalid(format!("rank {} is outside a world of {}", self.rank, self.world_size)));
+        at_most("batch_size", self.batch_size, MAX_BATCH_SIZE)?;
+        if self.world_size == 0 {
+            return Err(Error::Invalid("world_size must be at least 1".into()));
         }
+        at_most("world_size", self.world_size, MAX_WORLD_SIZE)?;
+        if self.rank >= self.world_size {
+            return Err(Error::Invalid(format!(
+                "rank {} is outside a world of {} (ranks 0..{})",
+                self.rank, self.world_size, self.world_size
+            )));
+        }
+        if self.step_stride == 0 {
+            return Err(Error::Invalid("step_stride must be at least 1".into()));
+        }
+        at_most("step_stride", self.step_stride, MAX_WORLD_SIZE)?;
+        at_most("epoch", self.epoch, u64::from(u32::MAX))?;
+        at_most("drop_n_first_frames", self.drop_n_first_frames, u64::from(u32::MAX))?;
+        at_most("drop_n_last_frames", self.drop_n_last_frames, u64::from(u32::MAX))?;
         Ok(())
     }
 }
@@ -289,6 +364,12 @@ pub struct Metrics {
     pub active_streams: AtomicU64,
     /// Requests refused as invalid.
     pub bad_requests: AtomicU64,
+    /// Requests for a dataset, version or view the lake does not have.
+    pub not_found: AtomicU64,
+    /// SQL queries refused or failed (bad SQL, a missing table, an error while running).
+    pub sql_errors: AtomicU64,
+    /// Requests that failed inside the server.
+    pub internal_errors: AtomicU64,
     /// Requests refused for a missing or wrong token.
     pub unauthorized: AtomicU64,
     /// Streams that failed after starting.
@@ -457,7 +538,9 @@ impl Service {
 
     /// Whether `token` (the value after `Bearer `) is accepted.
     pub fn authorized(&self, token: Option<&str>) -> bool {
-        let ok = self.options.tokens.is_empty() || token.is_some_and(|t| self.options.tokens.iter().any(|k| k == t));
+        // Compared in constant time: how long a refusal takes says nothing about a token.
+        let same = |k: &String, t: &str| k.len() == t.len() && k.bytes().zip(t.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0;
+        let ok = self.options.tokens.is_empty() || token.is_some_and(|t| self.options.tokens.iter().fold(false, |hit, k| hit | same(k, t)));
         if !ok {
             self.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
         }
@@ -534,7 +617,7 @@ impl Service {
     /// # Errors
     /// When the request is not valid for the lake.
     pub async fn describe(&self, request: &SampleRequest) -> Result<Plan> {
-        let prepared = self.prepare(request).await.inspect_err(|_| self.count_bad())?;
+        let prepared = self.prepare(request).await.inspect_err(|e| self.count_refusal(e))?;
         let global = request.batch_size * request.world_size;
         let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last)?;
         let epoch_len = prepared.order.epoch_len();
@@ -554,8 +637,24 @@ impl Service {
         SampleRequest::from_json(bytes).inspect_err(|_| self.count_bad())
     }
 
-    fn count_bad(&self) {
+    pub(crate) fn count_bad(&self) {
         self.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refused request by its kind.
+    fn count_refusal(&self, e: &Error) {
+        let counter = match refusal_kind(e) {
+            Refusal::BadRequest => &self.metrics.bad_requests,
+            Refusal::NotFound => &self.metrics.not_found,
+            Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
+            Refusal::Internal => &self.metrics.internal_errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a SQL query that was refused or failed.
+    pub fn count_sql_error(&self) {
+        self.metrics.sql_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The batches of `request` for its rank, from its start on. The work stops when the returned
@@ -574,14 +673,22 @@ impl Service {
     /// # Errors
     /// As [`Service::batches`].
     pub async fn batches_held(self: &Arc<Self>, request: &SampleRequest, footprint: Footprint) -> Result<(SchemaRef, Batches)> {
-        let prepared = self.prepare(request).await.inspect_err(|_| self.count_bad())?;
+        let prepared = self.prepare(request).await.inspect_err(|e| self.count_refusal(e))?;
         let global = request.batch_size * request.world_size;
         let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last).inspect_err(|_| self.count_bad())?;
-        if sharding.steps_per_epoch(prepared.order.epoch_len()) == 0 {
+        let steps = sharding.steps_per_epoch(prepared.order.epoch_len());
+        if steps == 0 {
             self.count_bad();
             return Err(Error::Invalid(format!(
                 "the global batch of {global} is larger than the {} eligible steps",
                 prepared.order.epoch_len()
+            )));
+        }
+        if request.start_step >= steps {
+            self.count_bad();
+            return Err(Error::Invalid(format!(
+                "start_step {} is past the epoch's last step ({} steps of {global} samples per epoch: 0..{steps})",
+                request.start_step, steps
             )));
         }
         let schema = prepared.loader.schema();
@@ -629,6 +736,7 @@ impl Service {
             sharding,
             start: Cursor { epoch: request.epoch, step: request.start_step },
             limit: request.limit_batches,
+            stride: request.step_stride,
             prefetch: ahead,
             lookahead: self.options.lookahead,
         };
@@ -703,12 +811,20 @@ impl Service {
             .buffered(ahead);
         let service = self.clone();
         let mut held: Option<(OwnedSemaphorePermit, Option<Gauge>)> = None;
-        let mut made = Box::pin(made.take_until(stop));
+        let mut made = Box::pin(made);
+        // A shutdown ends the stream after the batch being sent, with an error (not the end of
+        // a stream that was asked for), so that its client resumes from the next step.
+        let mut stop = Some(Box::pin(stop));
         let batches = futures::stream::poll_fn(move |cx| {
             let _alive = (&guard, &reserved);
             // The client asks for another batch: the one it had is sent, its room is free. (Given
             // back here, not when the next batch arrives: a stream waiting for room holds none.)
             drop(held.take());
+            let Some(stopping) = stop.as_mut() else { return Poll::Ready(None) };
+            if stopping.as_mut().poll(cx).is_ready() {
+                stop = None;
+                return Poll::Ready(Some(Err(Error::ShuttingDown)));
+            }
             let Some((item, permit, ready)) = std::task::ready!(made.poll_next_unpin(cx)) else { return Poll::Ready(None) };
             held = Some(permit);
             drop(ready);
@@ -802,6 +918,9 @@ impl Service {
         out.push_str("# HELP lake_errors_total Requests refused or failed, by kind.\n# TYPE lake_errors_total counter\n");
         for (kind, v) in [
             ("bad_request", g(&m.bad_requests)),
+            ("not_found", g(&m.not_found)),
+            ("sql", g(&m.sql_errors)),
+            ("internal", g(&m.internal_errors)),
             ("busy", g(&m.busy)),
             ("unauthorized", g(&m.unauthorized)),
             ("stream", g(&m.stream_errors)),
@@ -830,6 +949,9 @@ pub enum Refusal {
     Busy,
     /// The server failed (500, `INTERNAL`); the message does not show internals.
     Internal,
+    /// The server is shutting down (a stream it ended: gRPC `UNAVAILABLE`, an HTTP body broken
+    /// off); resume from the next step.
+    Unavailable,
 }
 
 /// The answer to a failed request: its kind and the message the client sees. Internal errors
@@ -837,18 +959,30 @@ pub enum Refusal {
 pub fn refusal(e: &Error) -> (Refusal, String) {
     use lake_loader::Error as L;
     use lake_store::Error as S;
-    let kind = match e {
+    let kind = refusal_kind(e);
+    if kind == Refusal::Internal {
+        tracing::error!("request failed: {e}");
+        return (kind, "internal error; the server log has the details".into());
+    }
+    // The lake's path on the server's disk is no business of its clients.
+    if let Error::Store(S::NotFound { name, available, .. }) | Error::Loader(L::Store(S::NotFound { name, available, .. })) = e {
+        let has = if available.is_empty() { "the lake is empty".to_string() } else { format!("it has: {}", available.join(", ")) };
+        return (kind, format!("no dataset `{name}` in the lake ({has})"));
+    }
+    (kind, e.to_string())
+}
+
+fn refusal_kind(e: &Error) -> Refusal {
+    use lake_loader::Error as L;
+    use lake_store::Error as S;
+    match e {
         Error::Invalid(_) | Error::Query(_) | Error::Loader(L::Request(_)) => Refusal::BadRequest,
         Error::Busy(_) => Refusal::Busy,
+        Error::ShuttingDown => Refusal::Unavailable,
         Error::NotFound(_) | Error::Store(S::NotFound { .. } | S::View { .. }) | Error::Loader(L::Store(S::NotFound { .. })) => {
             Refusal::NotFound
         }
         Error::Store(S::BadName { .. }) | Error::Loader(L::Store(S::BadName { .. })) => Refusal::BadRequest,
         _ => Refusal::Internal,
-    };
-    if kind == Refusal::Internal {
-        tracing::error!("request failed: {e}");
-        return (kind, "internal error; the server log has the details".into());
     }
-    (kind, e.to_string())
 }

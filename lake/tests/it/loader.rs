@@ -209,6 +209,7 @@ fn frame_table_batches_equal_decoded_ones() {
                 sharding: Sharding::new(24, 0, 1, true).expect("sharding"),
                 start: Cursor { epoch: 0, step: 0 },
                 limit: Some(10),
+                stride: 1,
                 prefetch: 2,
                 lookahead: 0,
             };
@@ -448,6 +449,7 @@ fn cached_and_uncached_streams_are_identical() {
                 sharding,
                 start: Cursor { epoch: 0, step: 30 },
                 limit: Some(12),
+                stride: 1,
                 prefetch: 2,
                 lookahead,
             };
@@ -504,6 +506,7 @@ fn cached_and_uncached_streams_are_identical() {
                 sharding: Sharding::new(16, rank, 2, true).expect("sharding"),
                 start: Cursor { epoch: 0, step: 3 },
                 limit: Some(20),
+                stride: 1,
                 prefetch: 1,
                 lookahead: 4096,
             };

@@ -216,6 +216,18 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}), tonic::Code::InvalidArgument, "outside a world"),
             (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [0.01]}}), tonic::Code::InvalidArgument, "action"),
             (json!({"datasets": ["v30-av1-small"], "batch_sise": 3}), tonic::Code::InvalidArgument, "batch_sise"),
+            // Numbers too large for any lake are refused, never wrapped.
+            (json!({"datasets": ["v30-av1-small"], "batch_size": 4294967296u64, "world_size": 4294967296u64}), tonic::Code::InvalidArgument, "batch_size is 4294967296; it may be at most"),
+            (json!({"datasets": ["v30-av1-small"], "world_size": 0}), tonic::Code::InvalidArgument, "world_size must be at least 1"),
+            (json!({"datasets": ["v30-av1-small"], "epoch": u64::MAX}), tonic::Code::InvalidArgument, "epoch is"),
+            (json!({"datasets": ["v30-av1-small"], "drop_n_first_frames": u64::MAX, "drop_n_last_frames": u64::MAX}), tonic::Code::InvalidArgument, "drop_n_first_frames is"),
+            (json!({"datasets": ["v30-av1-small"], "start_step": u64::MAX}), tonic::Code::InvalidArgument, "past the epoch's last step"),
+            (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [1e300]}}), tonic::Code::InvalidArgument, "further from a step"),
+            (json!({"datasets": ["v30-av1-small"], "step_stride": 0}), tonic::Code::InvalidArgument, "step_stride must be at least 1"),
+            (json!({"datasets": [{"name": "v30-av1-small"}]}), tonic::Code::InvalidArgument, "dataset `v30-av1-small`: `weight` is missing"),
+            (json!({"datasets": [{"name": "v30-av1-small", "weight": 1, "foo": 3}]}), tonic::Code::InvalidArgument, "unknown field `foo`"),
+            (json!({"datasets": [{"name": "v30-av1-small", "weight": -1}]}), tonic::Code::InvalidArgument, "dataset `v30-av1-small`: the weight -1 is not"),
+            (json!({"datasets": ["v30-av1-small"], "drop_n_first_frames": 1000}), tonic::Code::InvalidArgument, "v30-av1-small@1: no step is eligible"),
         ] {
             let e = over_flight(&mut client, &bad).await.expect_err("refused");
             assert_eq!(e.code(), code, "{bad}: {e:?}");
@@ -320,6 +332,14 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert_eq!(code, 401);
     let (code, _) = http(&server.http, "GET", "/v1/datasets", &[], b"");
     assert_eq!(code, 401, "tokens are required everywhere but /healthz");
+    let lower = format!("bearer {TOKEN}");
+    assert_eq!(
+        http(&server.http, "GET", "/v1/datasets", &[("Authorization", lower.as_str())], b"").0,
+        200,
+        "the scheme is case-insensitive"
+    );
+    let (code, body) = http(&server.http, "GET", "/v1/nothing", &[("Authorization", auth.as_str())], b"");
+    assert_eq!((code, serde_json::from_slice::<Value>(&body).expect("a JSON error")["error"].is_string()), (404, true));
     assert_eq!(http(&server.http, "GET", "/healthz", &[], b"").0, 200);
 
     // SQL over HTTP answers as lake sql does; bad SQL is a 400 with DataFusion's message.
@@ -332,8 +352,16 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELEC 1");
     assert_eq!(code, 400);
     assert!(String::from_utf8_lossy(&body).contains("Line: 1"), "{}", String::from_utf8_lossy(&body));
+    // An error of the running query is still a 400 when it comes with the first batch.
+    let (code, body) =
+        http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELECT 1 / (episode_index - 3) FROM steps");
+    assert_eq!(code, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("Divide by zero"), "{}", String::from_utf8_lossy(&body));
 
     // Datasets, OpenAPI and metrics.
+    let (code, body) = http(&server.http, "GET", "/v1/datasets/nope", &[("Authorization", auth.as_str())], b"");
+    let message = String::from_utf8_lossy(&body);
+    assert!(code == 404 && message.contains("no dataset `nope`") && !message.contains(root.to_str().expect("utf-8")), "{message}");
     let (code, body) = http(&server.http, "GET", "/v1/datasets/v30-av1-small", &[("Authorization", auth.as_str())], b"");
     assert_eq!(code, 200);
     let info: Value = serde_json::from_slice(&body).expect("json");
@@ -350,6 +378,8 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert!(metric(&metrics, "lake_frame_cache_ahead_hits_total") > 0.0, "frames decoded ahead were shown: {metrics}");
     assert_eq!(metric(&metrics, "lake_frame_cache_ahead_bytes"), 0.0, "no stream is open: {metrics}");
     assert!(metrics.contains("lake_errors_total{kind=\"unauthorized\"}"), "{metrics}");
+    assert!(metric(&metrics, "lake_errors_total{kind=\"sql\"}") >= 2.0, "bad SQL is counted: {metrics}");
+    assert!(metric(&metrics, "lake_errors_total{kind=\"not_found\"}") >= 1.0, "unknown datasets are counted: {metrics}");
 
     // A new version ingested under the same name (another recording) while the server runs: new
     // requests read it; a ticket planned before reads the version it was planned on.
@@ -381,6 +411,13 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         create("SELECT dataset, episode_index FROM episodes WHERE episode_index >= 2", &["--replace"]);
         let after = client.get_flight_info(FlightDescriptor::new_cmd(view.to_string())).await.expect("info");
         assert_eq!(plan(&after)["datasets"], json!(["early@2"]));
+        let auth = format!("Bearer {TOKEN}");
+        let (code, body) = http(&server.http, "GET", "/v1/datasets", &[("Authorization", auth.as_str())], b"");
+        let listed: Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!((code, &listed["views"][0]["name"], &listed["views"][0]["version"]), (200, &json!("early"), &json!(2)), "{listed}");
+        let (code, body) = http(&server.http, "GET", "/v1/datasets/early@1", &[("Authorization", auth.as_str())], b"");
+        let shown: Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!((code, &shown["kind"], &shown["version"]), (200, &json!("view"), &json!(1)), "{shown}");
         let replaced = in_process(&root, &view).await;
         assert_ne!(episodes_of(&replaced), episodes_of(&first), "the replaced view draws other episodes");
         same_rows(&over_flight(&mut client, &view).await.expect("the new selection"), &replaced, "the replaced view");
@@ -397,6 +434,58 @@ fn episodes_of(batches: &[RecordBatch]) -> Vec<i64> {
         b.column_by_name("episode_index").expect("episode_index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()
     };
     batches.iter().flat_map(column).collect()
+}
+
+#[test]
+fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    // A token file without tokens is refused, not read as "no authentication".
+    let empty = tmp.path().join("tokens");
+    std::fs::write(&empty, "# tokens\n\n").expect("write");
+    let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--token-file", empty.to_str().expect("utf-8")]);
+    assert!(run.code != 0 && run.stderr.contains("hold no token"), "{run:#?}");
+
+    let mut server = start(&root);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut client = flight_client(&server).await;
+        // Two readers of one rank (a DataLoader's workers) taking turns: every other step each.
+        let every =
+            json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 4, "seed": 9, "start_step": 146, "limit_batches": 6});
+        let want = in_process(&root, &every).await;
+        let turn = |first: u64| {
+            let mut r = every.clone();
+            (r["start_step"], r["step_stride"], r["limit_batches"]) = ((146 + first).into(), 2.into(), 3.into());
+            r
+        };
+        let (even, odd) = (over_flight(&mut client, &turn(0)).await.expect("even"), over_flight(&mut client, &turn(1)).await.expect("odd"));
+        let taking_turns: Vec<RecordBatch> = even.into_iter().zip(odd).flat_map(|(a, b)| [a, b]).collect();
+        // Steps 146..152 cross the end of the epoch (600 / 4 = 150 steps) into the next.
+        same_rows(&taking_turns, &want, "two readers taking turns");
+
+        // An endless stream; SIGTERM ends it after the batch in flight, with UNAVAILABLE, and
+        // the server drains and exits.
+        let endless = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 4, "seed": 9});
+        let info = client.get_flight_info(FlightDescriptor::new_cmd(endless.to_string())).await.expect("info");
+        let mut stream = client.do_get(info.endpoint[0].ticket.clone().expect("ticket")).await.expect("do_get");
+        stream.next().await.expect("a batch").expect("batch");
+        let kill = std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().expect("kill");
+        assert!(kill.success());
+        let ended = loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(20), stream.next()).await.expect("the stream ends") {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => break status(e),
+                None => panic!("the stream ended as if it were complete"),
+            }
+        };
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+        assert!(ended.message().contains("shutting down"), "{ended:?}");
+    });
+    let exited = server.child.wait().expect("the server exits");
+    assert!(exited.success(), "{exited:?}");
+    assert!(!server.local.exists(), "the local socket is removed");
 }
 
 /// A gauge or counter from Prometheus text.
