@@ -54,6 +54,9 @@ pub struct SqlArgs {
 pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let session = LakeSql::open(&lake).await?;
+    for (spec, why) in session.unreadable() {
+        eprintln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
+    }
     match &args.query {
         Some(query) => {
             run(&session, query, args.format, args.output.as_deref()).await?;

@@ -11,7 +11,8 @@
 //!   cannot be reconciled (`packet_row` of datasets with different cameras) is left out there and
 //!   stays in each dataset's own table.
 //! - `"<dataset>".<table>`: one dataset's table with its own exact types, in a schema named after
-//!   the dataset (quote names holding `-` or `.`, e.g. `"v30-av1-small".steps`).
+//!   the dataset (quote names holding `-` or `.`, e.g. `"v30-av1-small".steps`);
+//!   `"<dataset>@<version>".<table>` reads an earlier version.
 //!
 //! Columns carry LeRobot's keys (`"observation.state"`, quoted because of the dot); vectors are
 //! `FixedSizeList`s usable with DataFusion's array functions (`action[1]` is the first element).
@@ -72,7 +73,10 @@ fn query_error(e: datafusion::error::DataFusionError) -> Error {
 /// it was opened).
 pub struct LakeSql {
     ctx: SessionContext,
+    lake: Lake,
     datasets: Vec<CommitRecord>,
+    /// Datasets whose tables could not be opened (`NAME@VERSION`, why): left out of the session.
+    unreadable: Vec<(String, String)>,
     options: SQLOptions,
 }
 
@@ -109,15 +113,25 @@ impl LakeSql {
         let catalog = ctx.catalog(CATALOG).expect("the default catalog exists");
 
         // Per-dataset schemas: the tables under their own names, columns renamed to LeRobot keys.
-        let opened = futures::future::try_join_all(datasets.iter().map(|record| open_dataset(lake, record))).await?;
+        // A dataset whose tables cannot be opened is left out (and named when a query asks for
+        // it), so that one damaged dataset does not take the others' SQL with it.
+        let opened = futures::future::join_all(datasets.iter().map(|record| open_dataset(lake, record))).await;
         let mut stacked: BTreeMap<&str, Vec<(String, LogicalPlan)>> = BTreeMap::new();
+        let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
         for (record, tables) in datasets.iter().zip(opened) {
-            let schema = Arc::new(MemorySchemaProvider::new());
+            let tables = match tables {
+                Ok(tables) => tables,
+                Err(e) => {
+                    let spec = format!("{}@{}", record.name, record.version);
+                    unreadable.push((spec, without_source_locations(&e.to_string())));
+                    continue;
+                }
+            };
+            catalog.register_schema(&record.name, dataset_schema(&tables)?).map_err(query_error)?;
             for (table, plan) in tables {
-                schema.register_table(table.to_string(), Arc::new(ViewTable::new(plan.clone(), None))).map_err(query_error)?;
                 stacked.entry(table).or_default().push((record.name.clone(), plan));
             }
-            catalog.register_schema(&record.name, schema).map_err(query_error)?;
+            readable.push(record.clone());
         }
 
         // Tables spanning every dataset.
@@ -131,7 +145,7 @@ impl LakeSql {
         }
         public.register_table("datasets".into(), Arc::new(mem_table(datasets_batch(&datasets))?)).map_err(query_error)?;
         public.register_table("views".into(), Arc::new(mem_table(views_batch(&views))?)).map_err(query_error)?;
-        Ok(Self { ctx, datasets, options: SQLOptions::new() })
+        Ok(Self { ctx, lake: lake.clone(), datasets: readable, unreadable, options: SQLOptions::new() })
     }
 
     /// Refuses every statement but queries: no DDL (`CREATE EXTERNAL TABLE` would read any file
@@ -152,6 +166,11 @@ impl LakeSql {
         &self.datasets
     }
 
+    /// The datasets whose tables could not be opened (`NAME@VERSION`, why), left out.
+    pub fn unreadable(&self) -> &[(String, String)] {
+        &self.unreadable
+    }
+
     /// Plans `query` and streams its result.
     ///
     /// # Errors
@@ -170,7 +189,28 @@ impl LakeSql {
     }
 
     async fn plan(&self, query: &str) -> Result<DataFrame> {
+        self.open_versions(query).await?;
         self.ctx.sql_with_options(query, self.options).await.map_err(|e| self.explain_error(e))
+    }
+
+    /// Registers the schema of every earlier version the query names (`"NAME@VERSION".steps`)
+    /// that the session has not opened yet. A query that does not parse is left for planning
+    /// to refuse with its position.
+    async fn open_versions(&self, query: &str) -> Result<()> {
+        let state = self.ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let Ok(statement) = state.sql_to_statement(query, &dialect) else { return Ok(()) };
+        let Ok(references) = state.resolve_table_references(&statement) else { return Ok(()) };
+        let catalog = self.ctx.catalog(CATALOG).expect("the default catalog exists");
+        for schema in references.iter().filter_map(TableReference::schema).filter(|s| s.contains('@')) {
+            if catalog.schema(schema).is_some() {
+                continue;
+            }
+            let record = self.lake.resolve(schema).await?;
+            let tables = open_dataset(&self.lake, &record).await?;
+            catalog.register_schema(schema, dataset_schema(&tables)?).map_err(query_error)?;
+        }
+        Ok(())
     }
 
     /// Runs `query` and collects its result.
@@ -212,6 +252,9 @@ impl LakeSql {
         {
             let reference = rest.split('\'').next().unwrap_or_default();
             let parts: Vec<&str> = reference.split('.').collect();
+            if let Some((spec, why)) = self.unreadable.iter().find(|(spec, _)| spec.split('@').next() == Some(parts[1])) {
+                return Error::Query(format!("dataset {spec} cannot be read: {why}"));
+            }
             if parts.len() == 3 && parts[1] != SCHEMA && !self.datasets.iter().any(|d| d.name == parts[1]) {
                 let have: Vec<&str> = self.datasets.iter().map(|d| d.name.as_str()).collect();
                 let have = if have.is_empty() { "none yet".to_string() } else { have.join(", ") };
@@ -220,6 +263,20 @@ impl LakeSql {
         }
         Error::Query(message)
     }
+}
+
+/// `message` without the source file locations some libraries' errors carry (`, /…/x.rs:12:5`).
+fn without_source_locations(message: &str) -> String {
+    message.split(", ").filter(|part| !(part.starts_with('/') && part.contains(".rs:"))).collect::<Vec<_>>().join(", ")
+}
+
+/// A schema holding one version's tables.
+fn dataset_schema(tables: &[(&'static str, LogicalPlan)]) -> Result<Arc<MemorySchemaProvider>> {
+    let schema = Arc::new(MemorySchemaProvider::new());
+    for (table, plan) in tables {
+        schema.register_table(table.to_string(), Arc::new(ViewTable::new(plan.clone(), None))).map_err(query_error)?;
+    }
+    Ok(schema)
 }
 
 /// Opens the tables of one version and returns, per table, a plan that renames stored columns to

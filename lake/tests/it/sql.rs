@@ -336,3 +336,27 @@ fn stats_export_has_lerobot_layout_exact_numbers_and_the_sources_camera_stats() 
     assert_eq!(ours["index"]["max"], serde_json::json!([599.0]));
     assert_eq!(ours["index"]["q50"], serde_json::json!([299.5]));
 }
+
+#[test]
+fn earlier_versions_are_queryable_and_a_damaged_dataset_leaves_the_others_readable() {
+    let (_tmp, root) = lake_with(&["v30-av1-small", "v30-images-tiny"]);
+    ingest_ok(&root, &testdata("v30-h264-multifile"), &["--name", "v30-av1-small"]);
+    let count = |query: &str| num(&sql_rows(&root, query)[0], "n");
+    assert_eq!(count("SELECT count(*) AS n FROM \"v30-av1-small@1\".steps"), 600.0, "version 1: the AV1 recording");
+    let latest = count("SELECT count(*) AS n FROM \"v30-av1-small\".steps");
+    assert_eq!(count("SELECT count(*) AS n FROM \"v30-av1-small@2\".steps"), latest);
+    assert_ne!(latest, 600.0);
+    let run = lake(&root, &["sql", "SELECT count(*) FROM \"v30-av1-small@7\".steps"]);
+    assert!(run.code != 0 && run.stderr.contains("no dataset `v30-av1-small@7`") && run.stderr.contains("v30-av1-small@2"), "{run:#?}");
+
+    // One dataset's steps table lost: the others stay queryable, and the damaged one is named.
+    let version_dir =
+        std::fs::read_dir(root.join("datasets/v30-images-tiny")).expect("dir").next().expect("a version").expect("entry").path();
+    std::fs::remove_dir_all(version_dir.join("steps.lance")).expect("remove");
+    let run = lake(&root, &["sql", "--format", "json", "SELECT count(*) AS n FROM steps"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stderr.contains("warning: dataset v30-images-tiny@1 cannot be read"), "{run:#?}");
+    assert!(!run.stderr.contains(".rs:"), "no source locations: {}", run.stderr);
+    let run = lake(&root, &["sql", "SELECT count(*) FROM \"v30-images-tiny\".steps"]);
+    assert!(run.code != 0 && run.stderr.contains("error: dataset v30-images-tiny@1 cannot be read"), "{run:#?}");
+}
