@@ -175,7 +175,12 @@ async fn write_parquet_tables(
     let columns: Vec<ArrayRef> =
         ds.steps.columns().iter().map(|c| take(c, &rows, None)).collect::<Result<_, _>>().map_err(arrow_err("selecting steps"))?;
     let steps = RecordBatch::try_new(ds.steps.schema(), columns).map_err(arrow_err("selecting steps"))?;
+    // Packets: every stream the selected steps show, in stream order (a GOP may begin in another
+    // episode's part of a file); the steps' packet rows are renumbered to point into them.
+    let renumber = PacketRenumbering::new(ds, &rows);
+    let steps = renumber.steps(&steps)?;
     write_parquet(&dir.join("steps.parquet"), &with_lerobot_names(&steps, &[])?)?;
+    write_packets(lake, ds, &renumber, &dir.join("packets.parquet")).await?;
     let keep: Vec<i64> = episodes.iter().map(|e| e.episode_index).collect();
     for table in [tables::EPISODES, tables::TASKS, tables::STATS, tables::FEATURE_STATS, tables::FINDINGS, tables::STREAMS] {
         if !ds.record.tables.tables.iter().any(|t| t == table) {
@@ -194,6 +199,89 @@ async fn write_parquet_tables(
         write_parquet(&dir.join(format!("{table}.parquet")), &with_lerobot_names(&batch, &[])?)?;
     }
     Ok(())
+}
+
+/// Where the packets of the streams an export keeps land in its `packets` table.
+struct PacketRenumbering {
+    /// Kept streams, ascending, with their first row in the lake's table and in the export's.
+    streams: Vec<(u32, u64, u64)>,
+}
+
+impl PacketRenumbering {
+    /// The streams that `rows` of the steps show.
+    fn new(ds: &LoaderDataset, rows: &UInt64Array) -> Self {
+        let stream = &ds.packets.stream;
+        let mut kept = std::collections::BTreeSet::new();
+        for camera in &ds.cameras {
+            for row in rows.values() {
+                if let Some(&s) = camera.packet_rows.values().get(*row as usize).and_then(|p| stream.get(*p as usize)) {
+                    kept.insert(s);
+                }
+            }
+        }
+        let (mut streams, mut next) = (Vec::new(), 0);
+        for s in kept {
+            let first = stream.partition_point(|x| *x < s) as u64;
+            let len = stream.partition_point(|x| *x <= s) as u64 - first;
+            streams.push((s, first, next));
+            next += len;
+        }
+        Self { streams }
+    }
+
+    /// `steps` with every `packet_row` pointing into the export's packets.
+    fn steps(&self, steps: &RecordBatch) -> Result<RecordBatch> {
+        let Some(index) = steps.schema().index_of(PACKET_ROW).ok() else { return Ok(steps.clone()) };
+        let rows = steps.column(index).as_struct();
+        let moved: Vec<ArrayRef> = rows
+            .columns()
+            .iter()
+            .map(|column| {
+                let column = column.as_primitive::<arrow::datatypes::UInt64Type>();
+                Arc::new(column.unary::<_, arrow::datatypes::UInt64Type>(|row| self.row(row))) as ArrayRef
+            })
+            .collect();
+        let moved =
+            StructArray::try_new(rows.fields().clone(), moved, rows.nulls().cloned()).map_err(arrow_err("renumbering packet rows"))?;
+        let mut columns = steps.columns().to_vec();
+        columns[index] = Arc::new(moved);
+        RecordBatch::try_new(steps.schema(), columns).map_err(arrow_err("renumbering packet rows"))
+    }
+
+    /// A lake packet row's row in the export.
+    fn row(&self, row: u64) -> u64 {
+        let i = self.streams.partition_point(|(_, first, _)| *first <= row).saturating_sub(1);
+        self.streams.get(i).map_or(row, |(_, first, to)| row - first + to)
+    }
+}
+
+/// The kept streams' packets, read and written batch by batch (they hold every frame's bytes).
+async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbering, path: &Path) -> Result<()> {
+    use futures::TryStreamExt;
+    let table = lake_store::open_table(lake, &ds.record, tables::PACKETS).await?;
+    let mut scan = table.scan();
+    scan.scan_in_order(true);
+    let wanted: Vec<String> = renumber.streams.iter().map(|(s, ..)| s.to_string()).collect();
+    let filter = if wanted.is_empty() { "false".to_string() } else { format!("stream IN ({})", wanted.join(", ")) };
+    let lance = |e: lance::Error| invalid(format!("reading the packets of {}: {e}", ds.label));
+    scan.filter(&filter).map_err(lance)?;
+    let mut batches = scan.try_into_stream().await.map_err(lance)?;
+    let file = std::fs::File::create(path).map_err(io(path))?;
+    let props = parquet::file::properties::WriterProperties::builder().build();
+    let schema = plain_schema(&tables::packets_schema());
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    while let Some(batch) = batches.try_next().await.map_err(lance)? {
+        let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(arrow_err("reading packets"))?;
+        writer.write(&batch).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    }
+    writer.close().map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+    Ok(())
+}
+
+/// `schema` without metadata.
+fn plain_schema(schema: &Schema) -> SchemaRef {
+    Arc::new(Schema::new(schema.fields().iter().map(|f| f.as_ref().clone().with_metadata(Default::default())).collect::<Vec<_>>()))
 }
 
 /// The output file of each camera stream the episodes use: `(camera, stream) → k`, numbered per

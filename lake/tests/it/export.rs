@@ -105,9 +105,49 @@ fn parquet_export_writes_the_tables_with_lerobot_keys() {
     let steps = lake_testkit::read_parquet(&out.join("steps.parquet"));
     assert_eq!(steps.iter().map(|b| b.num_rows()).sum::<usize>(), 300);
     assert!(steps[0].schema().column_with_name("observation.state").is_some(), "{:?}", steps[0].schema());
-    for t in ["episodes", "tasks", "stats", "feature_stats", "streams"] {
+    for t in ["episodes", "tasks", "stats", "feature_stats", "streams", "packets"] {
         assert!(out.join(format!("{t}.parquet")).is_file(), "{t}.parquet");
     }
+    let all = packet_rows_point_at_their_frames(&out, 300);
+
+    // A view's export keeps the streams its episodes show, and renumbers the rows into them.
+    let run = lake(&root, &["view", "create", "later", "SELECT episode_index FROM episodes WHERE episode_index >= 1"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out = tmp.path().join("later");
+    let run = export(&root, "later", "parquet", &out);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let later = crate::common::sql_rows(&root, "SELECT sum(length) AS n FROM episodes WHERE episode_index >= 1");
+    let kept = packet_rows_point_at_their_frames(&out, crate::common::num(&later[0], "n") as usize);
+    assert!(kept <= all, "{kept} packets of {all}");
+}
+
+/// Checks that every step's packet row in an exported `steps.parquet` is a packet of
+/// `packets.parquet` showing that step's episode and frame; returns the packets' count.
+fn packet_rows_point_at_their_frames(out: &Path, steps_expected: usize) -> usize {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Int64Type, UInt64Type};
+    let steps = lake_testkit::read_parquet(&out.join("steps.parquet"));
+    let packets = lake_testkit::read_parquet(&out.join("packets.parquet"));
+    let (episode, frame) = (ints(&packets, "episode_index"), ints(&packets, "frame_index"));
+    let mut checked = 0;
+    for b in &steps {
+        let rows = b.column_by_name(lake_schemas::tables::PACKET_ROW).expect("packet_row").as_struct();
+        let (ep, fr) = (b.column_by_name("episode_index").expect("ep"), b.column_by_name("frame_index").expect("fr"));
+        let (ep, fr) = (ep.as_primitive::<Int64Type>(), fr.as_primitive::<Int64Type>());
+        for camera in rows.columns() {
+            for (r, row) in camera.as_primitive::<UInt64Type>().values().iter().enumerate() {
+                let row = *row as usize;
+                assert!(row < episode.len(), "packet row {row} of {}", episode.len());
+                assert_eq!((episode[row], frame[row]), (ep.value(r), fr.value(r)), "step {r}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(
+        checked,
+        steps_expected * steps[0].column_by_name(lake_schemas::tables::PACKET_ROW).expect("rows").as_struct().num_columns()
+    );
+    episode.len()
 }
 
 #[test]
