@@ -118,11 +118,15 @@ impl DatasetMeta {
         files.push(info_file);
         let info_value: Value =
             serde_json::from_slice(&info_bytes).map_err(|source| Error::Json { path: INFO.into(), line: None, source })?;
-        let info =
-            InfoJson::parse(std::str::from_utf8(&info_bytes).unwrap_or_default()).map_err(|e| Error::metadata(INFO, e.to_string()))?;
-        let version = info.version().map_err(|e| Error::metadata(INFO, e.to_string()))?;
-        let fps = info.fps_int().map_err(|e| Error::metadata(INFO, e.to_string()))?;
-        let features = info.parsed_features().map_err(|e| Error::metadata(INFO, e.to_string()))?;
+        // The schema's errors name the file already.
+        let from_info = |e: lake_schemas::Error| {
+            let message = e.to_string();
+            Error::metadata(INFO, message.strip_prefix(&format!("{INFO}: ")).unwrap_or(&message))
+        };
+        let info = InfoJson::parse(std::str::from_utf8(&info_bytes).unwrap_or_default()).map_err(from_info)?;
+        let version = info.version().map_err(from_info)?;
+        let fps = info.fps_int().map_err(from_info)?;
+        let features = info.parsed_features().map_err(from_info)?;
         if features.iter().any(|f| f.kind() == FeatureKind::Video) && info.video_path.is_none() {
             return Err(Error::metadata(INFO, "declares video features but `video_path` is null"));
         }

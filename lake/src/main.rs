@@ -121,7 +121,14 @@ fn main() -> ExitCode {
             {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e:#}");
+            // The chain of causes, each once: some errors' messages already hold their cause.
+            let mut message = String::new();
+            for cause in e.chain().map(ToString::to_string) {
+                if !message.contains(&cause) {
+                    message += &if message.is_empty() { cause } else { format!(": {cause}") };
+                }
+            }
+            eprintln!("error: {message}");
             ExitCode::from(2)
         }
     }

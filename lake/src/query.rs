@@ -58,6 +58,9 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
         eprintln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
     }
     match &args.query {
+        Some(query) if query.trim_start().starts_with('\\') => {
+            Ok(if meta_command(&session, query.trim()).await? { ExitCode::SUCCESS } else { ExitCode::from(2) })
+        }
         Some(query) => {
             run(&session, query, args.format, args.output.as_deref()).await?;
             Ok(ExitCode::SUCCESS)
@@ -230,18 +233,10 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
         let trimmed = line.trim();
         if statement.is_empty() && trimmed.starts_with('\\') {
             let _ = editor.add_history_entry(trimmed);
-            match trimmed.split_whitespace().collect::<Vec<_>>().as_slice() {
-                ["\\q"] => break,
-                ["\\d"] => print!("{}", describe_tables(&session.tables().await?)),
-                ["\\d", name] => match find_table(&session.tables().await?, name) {
-                    Some(t) => print!("{}", describe_columns(t)),
-                    None => {
-                        eprintln!("error: no table `{name}` (\\d lists them)");
-                        failed = true;
-                    }
-                },
-                _ => eprintln!("commands: \\d (tables), \\d NAME (columns), \\q (quit)"),
+            if trimmed == "\\q" {
+                break;
             }
+            failed |= !meta_command(session, trimmed).await?;
             continue;
         }
         if trimmed.is_empty() && statement.is_empty() {
@@ -283,6 +278,22 @@ fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> 
         let unquoted = name.replace('"', "");
         (t.schema == lake::sql::SCHEMA && t.name == unquoted) || format!("{}.{}", t.schema, t.name) == unquoted
     })
+}
+
+/// Runs a `\\` command (`\\d`, `\\d NAME`); false when it named no table.
+async fn meta_command(session: &LakeSql, command: &str) -> anyhow::Result<bool> {
+    match command.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["\\d"] => print!("{}", describe_tables(&session.tables().await?)),
+        ["\\d", name] => match find_table(&session.tables().await?, name) {
+            Some(t) => print!("{}", describe_columns(t)),
+            None => {
+                eprintln!("error: no table `{name}` (\\d lists them)");
+                return Ok(false);
+            }
+        },
+        _ => eprintln!("commands: \\d (tables), \\d NAME (columns), \\q (quit)"),
+    }
+    Ok(true)
 }
 
 fn describe_tables(tables: &[TableInfo]) -> String {

@@ -20,14 +20,25 @@ pub fn bytes(n: u64) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
 }
 
+/// `n` and `noun`, plural unless `n` is 1 (`1 task`, `3 tasks`).
+fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
 pub fn ingest_summary(out: &mut impl Write, record: &CommitRecord, report: &Report, root: &str) -> std::io::Result<()> {
     let secs = report.seconds.max(1e-9);
     let frames: u64 = report.cameras.iter().map(|c| c.packets).sum();
     writeln!(out, "ingested {} as {}@{} into {root}", report.source, record.name, record.version)?;
     writeln!(
         out,
-        "  {} of {} episodes, {} steps ({:.1} s of recording at {} fps), {} tasks",
-        report.episodes, report.episodes_total, report.steps, report.recorded_seconds, record.fps, record.counts.tasks
+        "  {} of {} episodes, {} steps ({:.1} s of recording at {} fps), {}",
+        report.episodes,
+        report.episodes_total,
+        report.steps,
+        report.recorded_seconds,
+        record.fps,
+        count(record.counts.tasks, "task")
     )?;
     for c in &report.cameras {
         let declared = match &c.declared_codec {
@@ -36,8 +47,15 @@ pub fn ingest_summary(out: &mut impl Write, record: &CommitRecord, report: &Repo
         };
         writeln!(
             out,
-            "  camera {}: {} {} {}x{}{declared}, {} file(s), {} frames, max GOP {}",
-            c.name, c.kind, c.codec, c.width, c.height, c.streams, c.packets, c.max_gop
+            "  camera {}: {} {} {}x{}{declared}, {}, {} frames, max GOP {}",
+            c.name,
+            c.kind,
+            c.codec,
+            c.width,
+            c.height,
+            count(c.streams, "file"),
+            c.packets,
+            c.max_gop
         )?;
     }
     writeln!(
@@ -278,17 +296,17 @@ pub fn inspect(
     writeln!(out, "robot     {}, {} fps", record.robot_type.as_deref().unwrap_or("unknown"), record.fps)?;
     writeln!(
         out,
-        "contents  {} episodes, {} steps ({:.1} s), {} tasks, {} packets in {} streams{}",
-        record.counts.episodes,
+        "contents  {}, {} steps ({:.1} s), {}, {} packets in {}{}",
+        count(record.counts.episodes, "episode"),
         record.counts.steps,
         record.counts.steps as f64 / f64::from(record.fps.max(1)),
-        record.counts.tasks,
+        count(record.counts.tasks, "task"),
         record.counts.packets,
-        record.counts.streams,
+        count(record.counts.streams, "stream"),
         if record.counts.skipped_episodes > 0 { format!(", {} episodes skipped", record.counts.skipped_episodes) } else { String::new() }
     )?;
     writeln!(out, "tables    {}/{{{}}}.lance", record.tables.dir, record.tables.tables.join(","))?;
-    if t.frame_tables.is_empty() {
+    if t.frame_tables.is_empty() && record.counts.cameras > 0 {
         writeln!(out, "frames    decoded from packets (`lake cache {}` stores them decoded)", record.name)?;
     }
     for (i, f) in t.frame_tables.iter().enumerate() {
@@ -319,13 +337,12 @@ pub fn inspect(
             };
             writeln!(
                 out,
-                "  {name}: {} {}{declared} {} {} {}, {} file(s), {} frames, {} keyframes, max GOP {}{}, {}",
+                "  {name}: {} {}{declared} {} {}, {}, {} frames, {} keyframes, max GOP {}{}, {}",
                 c.kind,
                 c.codec,
                 c.size,
-                c.pix_fmt,
-                c.colour,
-                c.files,
+                [c.pix_fmt.as_str(), c.colour.as_str()].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(" "),
+                count(c.files, "file"),
                 c.packets,
                 c.keyframes,
                 c.max_gop,

@@ -132,6 +132,11 @@ fn every_output_format_writes_the_same_rows() {
 #[test]
 fn the_shell_reads_statements_and_lists_tables() {
     let (_tmp, root) = lake_with(&["v30-images-tiny"]);
+    // The listing commands work as one-shot queries too.
+    let run = lake(&root, &["sql", "\\d episodes"]);
+    assert!(run.code == 0 && run.stdout.contains("episode_index"), "{run:#?}");
+    let run = lake(&root, &["sql", "\\d nope"]);
+    assert!(run.code == 2 && run.stderr.contains("no table `nope`"), "{run:#?}");
     let mut child = lake_cmd(&root)
         .arg("sql")
         .env("LAKE_HISTORY", root.join("history"))
