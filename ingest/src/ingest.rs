@@ -191,6 +191,19 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
         }
     };
     progress.set_phase("committing");
+    // Another ingest of the same source may have committed while this one ran: then this one
+    // is the no-op it would have been had it started later.
+    if let Some(now) = lake.latest(&name).await?
+        && latest.as_ref().is_none_or(|l| l.version != now.version)
+        && now.options == record_options
+        && now.source.content_hash == content_hash
+    {
+        pending.abort().await?;
+        return Ok(Outcome::Unchanged {
+            record: Box::new(now),
+            reason: "another ingest committed the same content while this one ran".into(),
+        });
+    }
     plan.report.seconds = started.elapsed().as_secs_f64();
     plan.report.bytes_read = source.bytes_read();
     let source_record = SourceRecord {
@@ -203,6 +216,8 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     };
     let dir = pending.dir().to_string();
     let seconds = plan.report.seconds;
+    let same = (record_options.clone(), source_record.content_hash.clone());
+    let is_same = move |now: &CommitRecord| now.options == same.0 && now.source.content_hash == same.1;
     let record = pending
         .commit(|version| CommitRecord {
             format_version: LAKE_FORMAT_VERSION,
@@ -218,7 +233,19 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
             robot_type: meta.info.robot_type.clone(),
             info: meta.info_value.clone(),
         })
-        .await?;
+        .await;
+    let record = match record {
+        Ok(record) => record,
+        // The same race, decided at the commit record: the other ingest won.
+        Err(lake_store::Error::Conflict { .. }) if lake.latest(&name).await?.as_ref().is_some_and(&is_same) => {
+            let now = lake.latest(&name).await?.expect("checked above");
+            return Ok(Outcome::Unchanged {
+                record: Box::new(now),
+                reason: "another ingest committed the same content while this one ran".into(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(Outcome::Committed { record: Box::new(record), report: Box::new(plan.report) })
 }
 

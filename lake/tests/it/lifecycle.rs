@@ -81,6 +81,21 @@ fn a_failed_first_ingest_leaves_no_lake_and_dot_is_named_after_its_directory() {
     assert_eq!(records[0]["source"]["url"], testdata("v30-images-tiny").to_str().expect("utf-8"), "the source is recorded absolute");
 }
 
+#[test]
+fn two_ingests_of_one_source_at_once_make_one_version() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let src = testdata("v30-av1-small");
+    let start = || lake_cmd(&root).args(["ingest", src.to_str().expect("utf-8")]).stdout(Stdio::piped()).spawn().expect("ingest");
+    let (a, b) = (start(), start());
+    for run in [a.wait_with_output().expect("a"), b.wait_with_output().expect("b")] {
+        assert!(run.status.success(), "{run:?}");
+    }
+    let ls = lake(&root, &["ls"]);
+    assert!(ls.stdout.contains("v30-av1-small@1") && !ls.stdout.contains("v30-av1-small@2"), "{}", ls.stdout);
+}
+
 /// Starts an ingest of a dataset big enough to take a while and returns once it is writing
 /// packet data.
 fn start_long_ingest(root: &Path, src: &Path) -> std::process::Child {
