@@ -631,6 +631,7 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
             height: feature.info_f64("video.height").map(|v| v as u32).or(hwc.map(|h| h.0 as u32)),
             width: feature.info_f64("video.width").map(|v| v as u32).or(hwc.map(|h| h.1 as u32)),
             pix_fmt: feature.info_str("video.pix_fmt").map(str::to_string),
+            shape: hwc.map(|(h, w, _)| (h as u32, w as u32)),
         };
         let first = jobs.len();
         for e in &plan.kept {

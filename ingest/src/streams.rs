@@ -53,6 +53,8 @@ pub struct Declared {
     pub width: Option<u32>,
     /// `video.pix_fmt`.
     pub pix_fmt: Option<String>,
+    /// The feature's `shape`, as height and width.
+    pub shape: Option<(u32, u32)>,
 }
 
 /// One camera file to demux.
@@ -256,7 +258,7 @@ fn demux(
         }
     };
     let facts = demuxer.facts().clone();
-    check_declared(job, &facts, &mut out.findings);
+    check_declared(job, &facts, ctx.fps, &mut out.findings);
     let (tb_num, tb_den) = facts.time_base;
     let seconds = |pts: i64| pts as f64 * (f64::from(tb_num) / f64::from(tb_den));
 
@@ -565,7 +567,7 @@ fn report_foreign_frames(
     }
 }
 
-fn check_declared(job: &StreamJob, facts: &StreamFacts, findings: &mut Vec<Finding>) {
+fn check_declared(job: &StreamJob, facts: &StreamFacts, fps: f64, findings: &mut Vec<Finding>) {
     let warn = |kind, message: String| Finding::warning(kind, message).with_file(&job.file.path).with_camera(&job.camera);
     if let Some(codec) = &job.declared.codec
         && !same_codec(codec, &facts.codec)
@@ -580,6 +582,24 @@ fn check_declared(job: &StreamJob, facts: &StreamFacts, findings: &mut Vec<Findi
     {
         findings
             .push(warn(FindingKind::FormatMismatch, format!("info.json declares {w}x{h}, the file is {}x{}", facts.width, facts.height)));
+    }
+    if let Some((h, w)) = job.declared.shape
+        && (w != facts.width || h != facts.height)
+        && (job.declared.width, job.declared.height) != (Some(w), Some(h))
+    {
+        findings.push(warn(
+            FindingKind::FormatMismatch,
+            format!("info.json declares shape {h}x{w} (height x width), the file is {}x{}", facts.height, facts.width),
+        ));
+    }
+    if let Some(rate) = facts.avg_frame_rate
+        && fps > 0.0
+        && (rate - fps).abs() > 0.01 * fps
+    {
+        findings.push(warn(
+            FindingKind::FormatMismatch,
+            format!("info.json declares {fps} fps, the file's frames come at {rate:.2} per second"),
+        ));
     }
     if let (Some(d), Some(a)) = (&job.declared.pix_fmt, &facts.pix_fmt)
         && d != a

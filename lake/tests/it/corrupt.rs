@@ -224,3 +224,25 @@ fn nan_actions_are_a_warning_and_make_their_statistics_nan() {
     // JSON has no NaN: every statistic of the dimension is null there, none a number.
     assert!(rows[0].values().all(|v| !v.is_number()), "{rows:?}");
 }
+
+#[test]
+fn declared_shape_and_fps_that_disagree_with_the_files_are_warnings() {
+    let (_t, root, src) = setup("v30-av1-small");
+    let info = src.join("meta/info.json");
+    let mut meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&info).expect("info")).expect("json");
+    let wrist = &mut meta["features"]["observation.images.wrist"];
+    // `video.height` / `video.width` stay right: the shape policies read is what is wrong.
+    wrist["shape"] = serde_json::json!([100, 100, 3]);
+    meta["fps"] = 15.into();
+    std::fs::write(&info, serde_json::to_vec_pretty(&meta).expect("json")).expect("write");
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "declared", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    let findings = out["report"]["findings"].to_string();
+    for says in [
+        "info.json declares shape 100x100 (height x width), the file is 96x128",
+        "info.json declares 15 fps, the file's frames come at 30.00 per second",
+    ] {
+        assert!(findings.contains(says), "{says}: {findings}");
+    }
+}
