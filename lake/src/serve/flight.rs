@@ -118,11 +118,18 @@ impl FlightService for LakeFlight {
         // The ticket reads the versions planned, whatever is ingested before it is redeemed.
         let pinned = SampleRequest { datasets: plan.datasets.clone(), ..sample };
         let ticket = serde_json::to_vec(&pinned).map_err(|e| Status::internal(e.to_string()))?;
+        // Known up front when every batch is whole (an endless stream, or a short last batch
+        // within the limit, leave it unknown: -1).
+        let records = match pinned.limit_batches {
+            Some(limit) if pinned.drop_last => i64::try_from(limit.saturating_mul(pinned.batch_size)).unwrap_or(-1),
+            _ => -1,
+        };
         let info = FlightInfo::new()
             .try_with_schema(&plan.schema)
             .map_err(|e| Status::internal(e.to_string()))?
             .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
             .with_descriptor(descriptor)
+            .with_total_records(records)
             .with_app_metadata(plan.shape_json());
         Ok(Response::new(info))
     }

@@ -388,6 +388,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let plan = |info: &arrow_flight::FlightInfo| serde_json::from_slice::<Value>(&info.app_metadata).expect("plan json");
         let before = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.expect("info");
         assert_eq!(plan(&before)["datasets"], json!(["v30-av1-small@1"]));
+        assert_eq!(before.total_records, 3 * 8, "3 whole batches of 8");
         ingest_ok(&root, &testdata("v30-h264-multifile"), &["--name", "v30-av1-small"]);
         let after = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.expect("info");
         assert_eq!(plan(&after)["datasets"], json!(["v30-av1-small@2"]));
