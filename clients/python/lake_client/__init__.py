@@ -24,6 +24,7 @@ import os
 import select
 import socket
 import struct
+import sys
 import threading
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -64,10 +65,22 @@ def batch_to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
     return out
 
 
+# The process that made a Flight (gRPC) client, if any: gRPC does not survive a fork, so a
+# DataLoader worker forked from it may hang on its first call.
+_FLIGHT_PID: Optional[int] = None
+
+
 class LakeClient:
-    """A connection to `lake serve`'s Flight endpoint."""
+    """A connection to `lake serve`'s Flight endpoint.
+
+    gRPC, which Flight runs on, is not fork-safe: in a process forked after this one made a
+    client (the default start of `torch.utils.data.DataLoader` workers on Linux), a call can
+    hang. Start such workers with `multiprocessing_context="spawn"` (or `"forkserver"`), or read
+    a local socket (`LocalClient`), which is."""
 
     def __init__(self, location: str = "grpc://127.0.0.1:50051", token: Optional[str] = None):
+        global _FLIGHT_PID
+        _FLIGHT_PID = os.getpid()
         self.location = location
         self._client = flight.FlightClient(location, generic_options=[("grpc.max_receive_message_length", -1)])
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
@@ -332,6 +345,53 @@ except ImportError:  # the numpy client works without torch
     _IterableDataset = object
 
 
+def worker_cursor(
+    epoch: int, step: int, worker: int, workers: int, steps_per_epoch: int, epochs: Optional[int] = None
+) -> tuple:
+    """Where DataLoader worker `worker` of `workers` starts and how many batches it asks for.
+
+    `(epoch, step)` is the next global step of the rank's sequence (the dataset's cursor); the
+    worker starts `worker` steps after it (epochs wrap every `steps_per_epoch` steps) and takes
+    every `workers`-th step from there, so the DataLoader's round robin over the workers yields
+    the single-process sequence. Returns `(epoch, step, limit_batches)`: the limit is `None`
+    without `epochs`, else this worker's share of the steps left before epoch `epochs`
+    (0: nothing left for it). A worker resuming from its own cursor passes `worker=0`.
+    """
+    if workers < 1 or not 0 <= worker < workers:
+        raise ValueError(f"worker {worker} of {workers}")
+    if steps_per_epoch <= 0:
+        return epoch, step, 0
+    start = epoch * steps_per_epoch + step + worker
+    start_epoch, start_step = divmod(start, steps_per_epoch)
+    if epochs is None:
+        return start_epoch, start_step, None
+    remaining = epochs * steps_per_epoch - start
+    return start_epoch, start_step, max(0, -(-remaining // workers))
+
+
+def _under_stateful_dataloader() -> bool:
+    """Whether this call comes from torchdata's `StatefulDataLoader` (its worker loop or
+    iterator is on the stack): it saves and restores each worker's state itself."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("torchdata.stateful_dataloader"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+# Whether this process has warned that its DataLoader workers' progress is not in the main
+# process's state_dict(), and that it was forked after a Flight client was made.
+_WARNED_WORKER_STATE = False
+_WARNED_FORKED_FLIGHT = False
+
+
+def _worker() -> tuple:
+    """`(id, num_workers)` of this DataLoader worker, `(0, 1)` outside one."""
+    info = torch.utils.data.get_worker_info() if torch is not None else None
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
 class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     """Batches from `lake serve` as a PyTorch `IterableDataset` of ready-made dict batches.
 
@@ -341,6 +401,28 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
+
+    DataLoader workers (`num_workers=W`) share the rank's sequence: worker `w` reads global
+    steps `cursor + w`, `cursor + w + W`, … (the request's `step_stride`), so the DataLoader's
+    round robin yields exactly the batches, in the order, that `num_workers=0` yields, and
+    `epochs` still bounds the whole. Each worker keeps its own cursor, in its own process:
+
+    - With a plain `torch.utils.data.DataLoader` and workers, the main process's `state_dict()`
+      does not see the workers' progress (it stays where iteration started), so it cannot
+      resume the run, and iterating the loader again starts from there again (unless
+      `persistent_workers=True`). Use `num_workers=0` (the server decodes and assembles the
+      batches, so workers add little), or torchdata's `StatefulDataLoader`, which calls
+      `state_dict()` / `load_state_dict()` in each worker. Worker 0 warns once about this
+      (except under `StatefulDataLoader`).
+    - In a worker, `state_dict()` is that worker's own next step plus `"worker"` and
+      `"workers"`; `load_state_dict()` of it in the same worker (of as many workers) resumes
+      that worker's stride exactly. A state saved without workers (or before a worker started)
+      starts worker `w` at its cursor + `w`, so a single-process checkpoint resumes under
+      workers too.
+    - Over Flight, start the workers with `multiprocessing_context="spawn"` (or `"forkserver"`)
+      when this process has made a Flight client (iterated a dataset, called `LakeClient`):
+      gRPC is not fork-safe, and a forked worker's first call can hang (it warns). Local
+      streams (`local=PATH`) are plain sockets and fork safely.
     """
 
     def __init__(
@@ -372,12 +454,43 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             self.request["delta_timestamps"] = delta_timestamps
         self.epochs = epochs
         self.epoch, self.step = 0, 0
+        # `(worker, workers)` once `(epoch, step)` is that DataLoader worker's own next step
+        # (every `workers`-th); None while it is the rank's cursor, shared by all workers.
+        self._own: Optional[tuple] = None
         self._pinned = False
 
     def _full_request(self) -> Dict[str, Any]:
         return {**self.request, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch, "start_step": self.step}
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        worker, workers = _worker()
+        if torch.utils.data.get_worker_info() is not None and worker == 0:
+            global _WARNED_WORKER_STATE
+            if not _WARNED_WORKER_STATE and not _under_stateful_dataloader():
+                _WARNED_WORKER_STATE = True
+                warnings.warn(
+                    f"LakeIterableDataset runs in {workers} DataLoader worker process(es): each keeps its own "
+                    "cursor, so the dataset's state_dict() in the main process does not move and cannot resume "
+                    "this run. Use num_workers=0 (the server decodes the batches; workers add little) or "
+                    "torchdata's StatefulDataLoader, which saves and restores each worker's state.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        global _WARNED_FORKED_FLIGHT
+        if not self.local and _FLIGHT_PID not in (None, os.getpid()) and not _WARNED_FORKED_FLIGHT:
+            _WARNED_FORKED_FLIGHT = True
+            warnings.warn(
+                "LakeIterableDataset reads Flight in a process forked after its parent made a Flight (gRPC) "
+                "client; gRPC is not fork-safe and its calls here may hang. Start DataLoader workers with "
+                "multiprocessing_context='spawn' (or 'forkserver'), or read the server's local socket (local=PATH).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if self._own is not None and self._own != (worker, workers):
+            raise ValueError(
+                f"this dataset holds the state of DataLoader worker {self._own[0]} of {self._own[1]}, but runs as "
+                f"worker {worker} of {workers}: resume with as many workers"
+            )
         source = LocalClient(self.local, self.token) if self.local else LakeClient(self.location, self.token)
         request = self._full_request()
         info = source.info(request)
@@ -390,15 +503,30 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             self.request["datasets"] = request["datasets"] = pinned
             self._pinned = True
         steps_per_epoch = info["steps_per_epoch"]
-        if self.epochs is not None:
-            remaining = (self.epochs - self.epoch) * steps_per_epoch - self.step
-            if remaining <= 0:
+        if workers == 1:
+            if self.epochs is not None:
+                remaining = (self.epochs - self.epoch) * steps_per_epoch - self.step
+                if remaining <= 0:
+                    return
+                request["limit_batches"] = remaining
+        else:
+            # This worker's stride of the rank's sequence: from the shared cursor, its own
+            # first step is `worker` steps on; from its own cursor, that cursor.
+            offset = 0 if self._own is not None else worker
+            epoch, step, limit = worker_cursor(self.epoch, self.step, offset, workers, steps_per_epoch, self.epochs)
+            self.epoch, self.step, self._own = epoch, step, (worker, workers)
+            if limit == 0:
                 return
-            request["limit_batches"] = remaining
+            request.update(epoch=epoch, start_step=step, step_stride=workers)
+            if limit is not None:
+                request["limit_batches"] = limit
         for batch in source.batches(request):
-            self.step += 1
-            if self.step >= steps_per_epoch:
-                self.epoch, self.step = self.epoch + 1, 0
+            if workers == 1:
+                self.step += 1
+                if self.step >= steps_per_epoch:
+                    self.epoch, self.step = self.epoch + 1, 0
+            else:
+                self.epoch, self.step = divmod(self.epoch * steps_per_epoch + self.step + workers, steps_per_epoch)
             out = {}
             for key, value in batch_to_numpy(batch).items():
                 # Arrow's buffers are read-only; torch wants writable memory.
@@ -407,20 +535,37 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the stream stands: the next batch is global step `step` of `epoch`, of the
-        dataset versions in `datasets` (pinned once the stream has started)."""
-        return {"epoch": self.epoch, "step": self.step, "seed": self.request["seed"],
-                "global_batch": self.request["batch_size"] * self.world_size,
-                "datasets": self.request["datasets"]}
+        dataset versions in `datasets` (pinned once the stream has started). In a DataLoader
+        worker that has started (of two or more), the worker's own next step, with `worker`
+        and `workers`."""
+        state = {"epoch": self.epoch, "step": self.step, "seed": self.request["seed"],
+                 "global_batch": self.request["batch_size"] * self.world_size,
+                 "datasets": self.request["datasets"]}
+        if self._own is not None:
+            state["worker"], state["workers"] = self._own
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at `state`'s cursor, on the dataset versions (and mixture weights) it read, so
         a version ingested since is not mixed in; the global batch must match (resizing the world
         keeps the sample sequence only when `batch_size * world_size` is unchanged), and the
-        datasets must be the same names."""
+        datasets must be the same names. A worker's state (with `worker` and `workers`) loads
+        only in that worker of as many workers (as `StatefulDataLoader` does it); a state
+        without them starts each worker `w` at its cursor + `w`."""
         if state["global_batch"] != self.request["batch_size"] * self.world_size:
             raise ValueError(f"global batch {self.request['batch_size'] * self.world_size} differs from the saved {state['global_batch']}")
         if state["seed"] != self.request["seed"]:
             raise ValueError(f"seed {self.request['seed']} differs from the saved {state['seed']}")
+        own = None
+        if state.get("workers", 1) > 1:
+            own = (state["worker"], state["workers"])
+            here = _worker()
+            if here != own:
+                where = "outside DataLoader workers" if torch.utils.data.get_worker_info() is None else f"in worker {here[0]} of {here[1]}"
+                raise ValueError(
+                    f"the state of DataLoader worker {own[0]} of {own[1]} loaded {where}: a worker's state resumes "
+                    "only in that worker of as many workers (torchdata's StatefulDataLoader loads each worker's own)"
+                )
         saved = state.get("datasets")
         if saved is not None:
             if _dataset_names(saved) != _dataset_names(self.request["datasets"]):
@@ -429,7 +574,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             # one saved.
             self.request["datasets"] = saved
             self._pinned = True
-        self.epoch, self.step = state["epoch"], state["step"]
+        self.epoch, self.step, self._own = state["epoch"], state["step"], own
 
 
 def _dataset_names(datasets: Sequence[DatasetSpec]) -> List[str]:

@@ -31,6 +31,9 @@ TOKEN = os.environ.get("LAKE_TOKEN")
 DATASET = os.environ.get("LAKE_DATASET", "v30-av1-small")
 REFERENCE_DIR = os.environ.get("LAKE_REFERENCE_DIR", "")
 
+# Three DataLoader workers on a two-core machine are what the worker tests mean to run.
+warnings.filterwarnings("ignore", message="This DataLoader will create")
+
 
 def read_epoch(client, preset, batch_size=50):
     request = {"datasets": [DATASET], "preset": preset, "batch_size": batch_size, "seed": 11, "drop_last": False}
@@ -199,12 +202,148 @@ class TorchDataset(unittest.TestCase):
             self.assertEqual(p.exitcode, 0)
         self.assertEqual(got, {0: [f"{DATASET}@1"], 1: [f"{DATASET}@1"]})
 
+    def test_dataloader_workers_yield_the_single_process_sequence(self):
+        from torch.utils.data import DataLoader
+
+        whole = [b["index"].tolist() for b in self.make()]
+        for workers in (2, 3):
+            got = [b["index"].tolist() for b in DataLoader(self.make(), batch_size=None, **workers_of(workers))]
+            self.assertEqual(got, whole, f"{workers} workers")
+        samples = [i for b in whole for i in b]
+        self.assertEqual(len(samples), len(set(samples)), "no batch twice")
+
+    def test_a_single_process_state_resumes_under_workers_across_epochs(self):
+        from torch.utils.data import DataLoader
+
+        # 15 steps an epoch; the resume at step 11 crosses into epoch 1 with 3 workers taking turns.
+        whole = [b["index"].tolist() for b in self.make(epochs=2)]
+        self.assertEqual(len(whole), 30)
+        first = self.make(epochs=2)
+        for i, _ in enumerate(first):
+            if i == 10:
+                break
+        state = first.state_dict()
+        self.assertEqual((state["epoch"], state["step"]), (0, 11))
+        rest = self.make(epochs=2)
+        rest.load_state_dict(state)
+        got = [b["index"].tolist() for b in DataLoader(rest, batch_size=None, **workers_of(3))]
+        self.assertEqual(got, whole[11:])
+
+    def test_each_worker_resumes_its_own_stride(self):
+        # As torchdata's StatefulDataLoader does it: each worker's state_dict() after each batch
+        # it makes, and load_state_dict() of it in the same worker of a new loader.
+        from torch.utils.data import DataLoader
+
+        whole = [b["index"].tolist() for b in self.make()]
+        run = list(DataLoader(_WithWorkerState(self.make()), batch_size=None, **workers_of(2)))
+        self.assertEqual([indices for indices, _ in run], whole)
+        # Cut after 6 batches (3 from each worker; the round robin goes on with worker 0).
+        states = {}
+        for _, state in run[:6]:
+            states[state["worker"]] = state
+        self.assertEqual({w: (s["epoch"], s["step"], s["workers"]) for w, s in states.items()},
+                         {0: (0, 6, 2), 1: (0, 7, 2)})
+        loader = DataLoader(self.make(), batch_size=None, **workers_of(2, states))
+        self.assertEqual([b["index"].tolist() for b in loader], whole[6:])
+        with self.assertRaises(ValueError):
+            self.make().load_state_dict(states[0])  # a worker's state, outside its worker
+
+    def test_worker_cursor_splits_the_steps_left(self):
+        from lake_client import worker_cursor
+
+        # 15 steps an epoch, 2 epochs, from step 11 of epoch 0: 19 steps for 3 workers.
+        self.assertEqual([worker_cursor(0, 11, w, 3, 15, 2) for w in range(3)], [(0, 11, 7), (0, 12, 6), (0, 13, 6)])
+        self.assertEqual(worker_cursor(0, 14, 1, 2, 15), (1, 0, None), "epochs wrap; no limit without epochs")
+        self.assertEqual([worker_cursor(0, 14, w, 3, 15, 1) for w in range(3)], [(0, 14, 1), (1, 0, 0), (1, 1, 0)])
+        self.assertEqual(worker_cursor(1, 0, 0, 2, 15, 1), (1, 0, 0))
+        # Each worker's steps, from its start on by its stride, are the steps left, once each.
+        for start, workers in ((0, 2), (7, 3), (14, 4), (29, 2)):
+            steps = []
+            for w in range(workers):
+                epoch, step, limit = worker_cursor(*divmod(start, 15), w, workers, 15, 2)
+                steps += [epoch * 15 + step + k * workers for k in range(limit)]
+            self.assertEqual(sorted(steps), list(range(start, 30)), (start, workers))
+
+    def test_worker_states_in_one_process(self):
+        # Two workers simulated in this process (torch's worker info set by hand): each worker's
+        # state resumes its stride, and worker 0 warns that the main process's state stays put.
+        import torch.utils.data._utils.worker as torch_worker
+        from torch.utils.data._utils.worker import WorkerInfo
+
+        import lake_client
+
+        whole = [b["index"].tolist() for b in self.make()]
+
+        def as_worker(w, ds, batches=None, state=None):
+            torch_worker._worker_info = WorkerInfo(id=w, num_workers=2, seed=0, dataset=ds)
+            try:
+                if state is not None:
+                    ds.load_state_dict(state)
+                out = []
+                for b in ds:
+                    out.append(b["index"].tolist())
+                    if len(out) == batches:
+                        break
+                return out, ds.state_dict()
+            finally:
+                torch_worker._worker_info = None
+
+        lake_client._WARNED_WORKER_STATE = False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            a, state_a = as_worker(0, self.make(), batches=2)
+            b, state_b = as_worker(1, self.make(), batches=3)
+            as_worker(0, self.make(), batches=1)
+        warned = [str(w.message) for w in caught if "runs in 2 DataLoader worker" in str(w.message)]
+        self.assertEqual(len(warned), 1, warned)
+        self.assertIn("StatefulDataLoader", warned[0])
+        self.assertEqual((a, b), ([whole[0], whole[2]], [whole[1], whole[3], whole[5]]))
+        self.assertEqual((state_a["worker"], state_a["step"], state_b["worker"], state_b["step"]), (0, 4, 1, 7))
+        a2, _ = as_worker(0, self.make(), state=state_a)
+        b2, _ = as_worker(1, self.make(), state=state_b)
+        self.assertEqual(a2, whole[4::2])
+        self.assertEqual(b2, whole[7::2])
+        with self.assertRaises(ValueError):
+            as_worker(1, self.make(), state=state_a)  # worker 0's state in worker 1
+
     def test_ranks_split_each_global_batch(self):
         whole = [b["index"].tolist() for b in self.make()]
         halves = [[b["index"].tolist() for b in self.make(batch_size=20, rank=r, world_size=2)] for r in range(2)]
         for step, batch in enumerate(whole):
             self.assertEqual(sorted(halves[0][step] + halves[1][step]), sorted(batch))
             self.assertFalse(set(halves[0][step]) & set(halves[1][step]))
+
+
+class _WithWorkerState(torch.utils.data.IterableDataset if HAVE_TORCH else object):
+    """Each batch's indices with the dataset's state_dict() right after it, taken in the worker
+    that made it (as StatefulDataLoader takes it)."""
+
+    def __init__(self, ds):
+        super().__init__()
+        self.ds = ds
+
+    def __iter__(self):
+        for b in self.ds:
+            yield b["index"].tolist(), self.ds.state_dict()
+
+
+def workers_of(n, states=None):
+    """DataLoader arguments for `n` workers. They start from a fork server, not by forking this
+    process: a gRPC client (Flight) used here before a fork can hang in the child."""
+    return dict(num_workers=n, multiprocessing_context="forkserver", worker_init_fn=_WorkerInit(states))
+
+
+class _WorkerInit:
+    """A worker_init_fn: silences the workers' warning about state_dict (these tests know), and
+    loads each worker's own saved state, if any, into its copy of the dataset."""
+
+    def __init__(self, states=None):
+        self.states = states
+
+    def __call__(self, worker):
+        warnings.filterwarnings("ignore", message="LakeIterableDataset runs in")
+        if self.states is not None:
+            torch.utils.data.get_worker_info().dataset.load_state_dict(self.states[worker])
 
 
 def _rank_main(rank, port, location, token, dataset, results):
