@@ -21,6 +21,25 @@ fn setup(fixture: &str) -> (tempfile::TempDir, std::path::PathBuf, std::path::Pa
     (tmp, root, src)
 }
 
+/// Rewrites the copy's `meta/info.json` through `edit`.
+fn edit_info(src: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let info = src.join("meta/info.json");
+    let mut meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&info).expect("info")).expect("json");
+    edit(&mut meta);
+    std::fs::write(&info, serde_json::to_vec_pretty(&meta).expect("json")).expect("write");
+}
+
+/// Rewrites the copy's only data file with column `name` replaced by `make(old column)`.
+fn replace_column(src: &Path, name: &str, make: impl FnOnce(&ArrayRef) -> ArrayRef) {
+    let data = src.join("data/chunk-000/file-000.parquet");
+    let batches = read_parquet(&data);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let i = all.schema().index_of(name).expect("column");
+    let mut cols = all.columns().to_vec();
+    cols[i] = make(&cols[i]);
+    write_parquet(&data, &[RecordBatch::try_new(all.schema(), cols).expect("batch")]);
+}
+
 /// Runs the ingest of the broken copy and checks the error and the untouched lake.
 fn refused(root: &Path, src: &Path, expect_code: i32, must_mention: &[&str]) -> String {
     let before = snapshot(root, &[]);
@@ -69,10 +88,7 @@ fn truncated_mp4() {
 #[test]
 fn declared_dtype_that_cannot_hold_the_values() {
     let (_t, root, src) = setup("v30-av1-small");
-    let info = src.join("meta/info.json");
-    let mut meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&info).expect("info")).expect("json");
-    meta["features"]["action"]["dtype"] = "int64".into();
-    std::fs::write(&info, serde_json::to_vec_pretty(&meta).expect("json")).expect("write");
+    edit_info(&src, |meta| meta["features"]["action"]["dtype"] = "int64".into());
     refused(
         &root,
         &src,
@@ -85,15 +101,11 @@ fn declared_dtype_that_cannot_hold_the_values() {
 fn timestamp_pointing_into_another_episode() {
     let (_t, root, src) = setup("v30-av1-small");
     // Row 150 (episode 1, frame 51) says 3 s later: a frame exists there, in episode 2's part.
-    let data = src.join("data/chunk-000/file-000.parquet");
-    let batches = read_parquet(&data);
-    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
-    let ts = all.column_by_name("timestamp").expect("ts").as_primitive::<Float32Type>();
-    let moved: Float32Array = (0..all.num_rows()).map(|i| Some(ts.value(i) + if i == 150 { 3.0 } else { 0.0 })).collect();
-    let i = all.schema().index_of("timestamp").expect("ts");
-    let mut cols = all.columns().to_vec();
-    cols[i] = std::sync::Arc::new(moved);
-    write_parquet(&data, &[RecordBatch::try_new(all.schema(), cols).expect("batch")]);
+    replace_column(&src, "timestamp", |ts| {
+        let ts = ts.as_primitive::<Float32Type>();
+        let moved: Float32Array = (0..ts.len()).map(|i| Some(ts.value(i) + if i == 150 { 3.0 } else { 0.0 })).collect();
+        std::sync::Arc::new(moved)
+    });
     refused(&root, &src, 1, &["chunk-000/file-000.mp4", "episode 1", "frame 51", "outside the episode", "in episode 2's part of the file"]);
 }
 
@@ -198,22 +210,17 @@ fn timestamps_drifting_beyond_tolerance() {
 fn nan_actions_are_a_warning_and_make_their_statistics_nan() {
     let (_t, root, src) = setup("v30-av1-small");
     // Row 150 (episode 1, frame 51): action dimension 2 becomes NaN.
-    let data = src.join("data/chunk-000/file-000.parquet");
-    let batches = read_parquet(&data);
-    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
-    let i = all.schema().index_of("action").expect("action");
-    let action = all.column(i).as_fixed_size_list();
-    let mut values: Vec<f32> = action.values().as_primitive::<Float32Type>().values().to_vec();
-    let width = action.value_length() as usize;
-    values[150 * width + 2] = f32::NAN;
-    let field = match all.schema().field(i).data_type() {
-        arrow::datatypes::DataType::FixedSizeList(f, _) => f.clone(),
-        other => panic!("action is {other}"),
-    };
-    let nan = arrow::array::FixedSizeListArray::new(field, width as i32, std::sync::Arc::new(Float32Array::from(values)), None);
-    let mut cols = all.columns().to_vec();
-    cols[i] = std::sync::Arc::new(nan);
-    write_parquet(&data, &[RecordBatch::try_new(all.schema(), cols).expect("batch")]);
+    replace_column(&src, "action", |column| {
+        let action = column.as_fixed_size_list();
+        let mut values: Vec<f32> = action.values().as_primitive::<Float32Type>().values().to_vec();
+        let width = action.value_length();
+        values[150 * width as usize + 2] = f32::NAN;
+        let field = match column.data_type() {
+            arrow::datatypes::DataType::FixedSizeList(f, _) => f.clone(),
+            other => panic!("action is {other}"),
+        };
+        std::sync::Arc::new(arrow::array::FixedSizeListArray::new(field, width, std::sync::Arc::new(Float32Array::from(values)), None))
+    });
     let run = ingest_ok(&root, &src, &[]);
     assert!(run.stdout.contains("warning[non-finite]") && run.stdout.contains("episode 1, frame 51"), "{run:#?}");
     let rows = crate::common::sql_rows(
@@ -228,13 +235,11 @@ fn nan_actions_are_a_warning_and_make_their_statistics_nan() {
 #[test]
 fn declared_shape_and_fps_that_disagree_with_the_files_are_warnings() {
     let (_t, root, src) = setup("v30-av1-small");
-    let info = src.join("meta/info.json");
-    let mut meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&info).expect("info")).expect("json");
-    let wrist = &mut meta["features"]["observation.images.wrist"];
-    // `video.height` / `video.width` stay right: the shape policies read is what is wrong.
-    wrist["shape"] = serde_json::json!([100, 100, 3]);
-    meta["fps"] = 15.into();
-    std::fs::write(&info, serde_json::to_vec_pretty(&meta).expect("json")).expect("write");
+    edit_info(&src, |meta| {
+        // `video.height` / `video.width` stay right: the shape policies read is what is wrong.
+        meta["features"]["observation.images.wrist"]["shape"] = serde_json::json!([100, 100, 3]);
+        meta["fps"] = 15.into();
+    });
     let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "declared", "--json"]);
     assert_eq!(run.code, 0, "{run:#?}");
     let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
