@@ -230,11 +230,20 @@ impl LoaderDataset {
         let e = self.episodes.partition_point(|s| s.from_index <= index);
         let span = e.checked_sub(1).map(|e| self.episodes[e]).filter(|s| index < s.from_index + s.len as i64);
         span.map(|s| s.first_row + (index - s.from_index) as u64).ok_or_else(|| {
+            // The ingested indices as ranges (skipped episodes leave gaps), the first few.
+            let mut ranges: Vec<(i64, i64)> = Vec::new();
+            for s in &self.episodes {
+                match ranges.last_mut() {
+                    Some(last) if last.1 == s.from_index => last.1 += s.len as i64,
+                    _ => ranges.push((s.from_index, s.from_index + s.len as i64)),
+                }
+            }
+            let shown: Vec<String> = ranges.iter().take(8).map(|(a, b)| format!("{a}..{b}")).collect();
+            let more = if ranges.len() > 8 { format!(" and {} more", ranges.len() - 8) } else { String::new() };
             Error::request(format!(
-                "{}: index {index} is not in any ingested episode (indices run {}..{})",
+                "{}: index {index} is not in any ingested episode (indices {}{more})",
                 self.label,
-                self.episodes.first().map_or(0, |s| s.from_index),
-                self.episodes.last().map_or(0, |s| s.from_index + s.len as i64)
+                shown.join(", ")
             ))
         })
     }
