@@ -79,21 +79,31 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
     let (tmp, mut out): (Option<PathBuf>, Box<dyn Write + Send>) = match output {
         Some(path) => {
             let tmp = path.with_extension("partial");
-            let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            let file = std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", path.display()))?;
             (Some(tmp), Box::new(std::io::BufWriter::new(file)))
         }
         None => (None, Box::new(std::io::BufWriter::new(std::io::stdout()))),
     };
-    let mut sink = Sink::new(format, schema.clone(), output.is_some(), out.as_mut())?;
-    let mut rows = 0usize;
-    while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(|e| anyhow::anyhow!("{}", e.strip_backtrace()))?;
-        rows += batch.num_rows();
-        sink.write(batch)?;
+    let written = async {
+        let mut sink = Sink::new(format, schema.clone(), output.is_some(), out.as_mut())?;
+        let mut rows = 0usize;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(|e| anyhow::anyhow!("{}", e.strip_backtrace()))?;
+            rows += batch.num_rows();
+            sink.write(batch)?;
+        }
+        sink.finish()?;
+        out.flush()?;
+        anyhow::Ok(rows)
     }
-    sink.finish()?;
-    out.flush()?;
+    .await;
     drop(out);
+    // A query that fails part-way leaves no half-written file.
+    let rows = written.inspect_err(|_| {
+        if let Some(tmp) = &tmp {
+            let _ = std::fs::remove_file(tmp);
+        }
+    })?;
     if let (Some(tmp), Some(path)) = (tmp, output) {
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {rows} rows to {}", path.display());

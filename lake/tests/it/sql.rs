@@ -104,6 +104,11 @@ fn every_output_format_writes_the_same_rows() {
     assert_eq!(got, want, "csv");
     let empty = lake(&root, &["sql", "--format", "csv", "SELECT episode_index, length FROM episodes WHERE length < 0"]);
     assert_eq!(empty.stdout, "episode_index,length\n", "an empty result keeps its header row");
+    let broken = tmp.path().join("broken.csv");
+    let run =
+        lake(&root, &["sql", "--format", "csv", "--output", broken.to_str().expect("utf-8"), "SELECT 1 / (episode_index - 3) FROM steps"]);
+    assert!(run.code != 0 && run.stderr.contains("Divide by zero"), "{run:#?}");
+    assert!(!broken.exists() && !broken.with_extension("partial").exists(), "a failed query leaves no file");
 
     let ndjson = lake(&root, &["sql", "--format", "ndjson", query]);
     let got: Vec<(i64, i64)> = ndjson
