@@ -87,11 +87,12 @@ class LakeClient:
         self._options = flight.FlightCallOptions(headers=headers)
 
     def datasets(self) -> List[Dict[str, Any]]:
-        """The datasets the server offers: name and step count."""
+        """The datasets the server offers: name, latest version and step count."""
         out = []
         for info in self._client.list_flights(options=self._options):
             request = json.loads(info.descriptor.command)
-            out.append({"name": request["datasets"][0], "steps": info.total_records})
+            name, _, version = request["datasets"][0].partition("@")
+            out.append({"name": name, "version": int(version) if version else None, "steps": info.total_records})
         return out
 
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:

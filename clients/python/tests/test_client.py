@@ -84,7 +84,9 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
         self.check_preset("act")
 
     def test_datasets_are_listed(self):
-        self.assertIn(DATASET, [d["name"].split("@")[0] for d in self.client.datasets()])
+        listed = {d["name"]: d for d in self.client.datasets()}
+        self.assertIn(DATASET, listed)
+        self.assertGreaterEqual(listed[DATASET]["version"], 1)
 
 
 @unittest.skipUnless(LOCAL, "the server has no local socket (LAKE_LOCAL)")

@@ -55,7 +55,7 @@ pub async fn do_get(flight: LakeFlight, request: axum::extract::Request) -> axum
 
 async fn answer(flight: &LakeFlight, request: axum::extract::Request) -> Result<Frames, Status> {
     let (parts, body) = request.into_parts();
-    let token = parts.headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let token = super::bearer_token(parts.headers.get("authorization").and_then(|v| v.to_str().ok()));
     flight.authorize(token)?;
     if parts.headers.get("grpc-encoding").is_some_and(|e| e.as_bytes() != b"identity") {
         return Err(Status::unimplemented("compressed requests are not accepted"));

@@ -35,7 +35,7 @@ impl LakeFlight {
     }
 
     fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        self.authorize(request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")))
+        self.authorize(super::bearer_token(request.metadata().get("authorization").and_then(|v| v.to_str().ok())))
     }
 
     /// Refuses a missing or wrong bearer token when the server has tokens.
@@ -174,11 +174,13 @@ impl FlightService for LakeFlight {
         Ok(Response::new(data.boxed()))
     }
 
-    async fn do_put(&self, _: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {
-        Err(Status::unimplemented("the lake is written by `lake ingest`, not over Flight"))
+    async fn do_put(&self, request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {
+        self.check(&request)?;
+        Err(Status::unimplemented("DoPut is not offered: the lake is written by `lake ingest`, and prepared statements take no parameters"))
     }
 
-    async fn do_exchange(&self, _: Request<Streaming<FlightData>>) -> Result<Response<Self::DoExchangeStream>, Status> {
+    async fn do_exchange(&self, request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoExchangeStream>, Status> {
+        self.check(&request)?;
         Err(Status::unimplemented("DoExchange is not offered"))
     }
 

@@ -71,14 +71,7 @@ impl From<Error> for Refused {
 }
 
 async fn auth(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
-    // The scheme is case-insensitive (RFC 9110).
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
+    let token = super::bearer_token(request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
     if service.authorized(token) {
         next.run(request).await
     } else {

@@ -954,6 +954,12 @@ pub enum Refusal {
     Unavailable,
 }
 
+/// The token of an `Authorization: Bearer <token>` header value (the scheme in any case, as RFC
+/// 9110 has it).
+pub fn bearer_token(header: Option<&str>) -> Option<&str> {
+    header.and_then(|v| v.split_once(' ')).filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, token)| token.trim())
+}
+
 /// The answer to a failed request: its kind and the message the client sees. Internal errors
 /// are logged here in full and reported without detail.
 pub fn refusal(e: &Error) -> (Refusal, String) {
