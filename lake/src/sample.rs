@@ -37,8 +37,8 @@ impl WindowArgs {
 /// Loader settings, shared by `sample` and `bench`.
 #[derive(Debug, clap::Args)]
 pub struct LoaderArgs {
-    /// Decode threads [default: number of cores].
-    #[arg(long)]
+    /// Decode threads, 1 to 256 [default: number of cores].
+    #[arg(long, value_parser = threads_in_range)]
     threads: Option<usize>,
     /// Decoded-frame cache: on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
@@ -56,6 +56,14 @@ pub struct LoaderArgs {
     frame_size: Option<lake_loader::FrameSize>,
 }
 
+/// `--threads`: 1 to 256 (more decode threads than that only contend).
+fn threads_in_range(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n @ 1..=256) => Ok(n),
+        _ => Err(format!("`{text}` is not a number of threads from 1 to 256")),
+    }
+}
+
 impl LoaderArgs {
     fn options(&self) -> LoaderOptions {
         LoaderOptions {
@@ -71,8 +79,8 @@ impl LoaderArgs {
 pub struct CacheArgs {
     /// Dataset name, optionally `NAME@VERSION`.
     dataset: String,
-    /// Streams decoded in parallel [default: number of cores].
-    #[arg(long)]
+    /// Streams decoded in parallel, 1 to 256 [default: number of cores].
+    #[arg(long, value_parser = threads_in_range)]
     threads: Option<usize>,
     /// How frames are stored: `plain` RGB (3 bytes per pixel on disk; a read is all a frame
     /// costs) or `zstd`-compressed RGB (less disk, by how much depends on the footage: a third
@@ -245,11 +253,12 @@ pub struct BenchArgs {
     windows: WindowArgs,
     #[command(flatten)]
     loader: LoaderArgs,
-    /// Samples per batch.
-    #[arg(long, default_value_t = 32)]
+    /// Samples per batch, at least 1.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
     batch_size: u64,
-    /// Batches to time (after the first, which is reported on its own as the latency).
-    #[arg(long, default_value_t = 50)]
+    /// Batches to time, at least 1: after the first (reported on its own as the latency) and
+    /// the `--prefetch` batches made ahead while it was awaited.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     batches: u64,
     /// Batches prepared ahead of the consumer.
     #[arg(long, default_value_t = 2)]
@@ -287,6 +296,9 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
             many.iter().map(|s| s.dataset.as_str()).collect::<Vec<_>>().join(", ")
         ),
     };
+    if args.out.is_dir() {
+        anyhow::bail!("--out {} is a directory; give a file name (e.g. samples.arrow)", args.out.display());
+    }
     let ds = LoaderDataset::open_sized(&lake, &selection.dataset, args.loader.frame_size).await?;
     let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
     let draws = args.indices.iter().map(|&i| Ok(Draw { source: 0, row: ds.row_of_index(i)? })).collect::<anyhow::Result<Vec<_>>>()?;
@@ -300,12 +312,19 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
     }
     let batch = loader.batch(&draws).await?;
     let tmp = args.out.with_extension("arrow.partial");
-    let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let mut writer = FileWriter::try_new(std::io::BufWriter::new(file), &batch.schema())?;
-    writer.write(&batch)?;
-    writer.finish()?;
-    writer.into_inner()?.flush()?;
-    std::fs::rename(&tmp, &args.out).with_context(|| format!("writing {}", args.out.display()))?;
+    let written = (|| -> anyhow::Result<()> {
+        let file = std::fs::File::create(&tmp)?;
+        let mut writer = FileWriter::try_new(std::io::BufWriter::new(file), &batch.schema())?;
+        writer.write(&batch)?;
+        writer.finish()?;
+        writer.into_inner()?.flush()?;
+        std::fs::rename(&tmp, &args.out)?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("writing {}", args.out.display())));
+    }
     eprintln!(
         "wrote {} samples of {} ({} columns, {:.1} MB) to {}",
         batch.num_rows(),
@@ -347,31 +366,41 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if sharding.steps_per_epoch(order.epoch_len()) == 0 {
         anyhow::bail!("the batch size {} is larger than the {} eligible steps", args.batch_size, order.epoch_len());
     }
+    // An endless stream: the first batch (its latency reported on its own), then the
+    // `prefetch` batches made ahead while the first was awaited (untimed), then the timed ones.
+    // The window so opens and closes with `prefetch` batches in the making (a stream limited
+    // to the batches timed, or timing from the first batch on, would count batches made
+    // before the window as free).
     let request = StreamRequest {
         order: order.clone(),
         sharding,
         start: Cursor { epoch: 0, step: 0 },
-        limit: Some(args.batches + 1),
+        limit: None,
         stride: 1,
         prefetch: args.prefetch,
         lookahead: args.lookahead,
     };
-    let timed_cursors: Vec<Cursor> = lake_loader::cursors(&request).skip(1).collect();
+    let warm = 1 + args.prefetch;
+    let timed_cursors: Vec<Cursor> = lake_loader::cursors(&request).skip(warm).take(args.batches as usize).collect();
     let (cpu0, _) = usage();
     let began = Instant::now();
     let mut stream = lake_loader::stream(loader.clone(), request);
     let first = stream.next().await.context("the loader produced no batch")??;
     let first_latency = began.elapsed();
+    for _ in 1..warm {
+        stream.next().await.context("the loader's stream ended")??;
+    }
     let (cpu1, _) = usage();
     let timed = Instant::now();
     let (mut samples, mut bytes) = (0u64, 0u64);
-    while let Some(batch) = stream.next().await {
-        let batch = batch?.batch;
+    for _ in 0..args.batches {
+        let batch = stream.next().await.context("the loader's stream ended")??.batch;
         samples += batch.num_rows() as u64;
         bytes += batch.get_array_memory_size() as u64;
     }
     let wall = timed.elapsed();
     let (cpu2, peak_rss_mb) = usage();
+    drop(stream);
     let cache = loader.cache_stats();
     let decode = loader.decode_stats();
 
@@ -490,7 +519,10 @@ impl BenchReport {
             if self.lookahead > 0 { format!("{} draws", self.lookahead) } else { "off".into() },
             if self.frame_table { "the frame table" } else { "packets" }
         );
-        println!("  samples            {} in {:.2?} ({} batches after the first)", self.samples, d, self.batches);
+        println!(
+            "  samples            {} in {:.2?} ({} batches after the first and those made ahead with it)",
+            self.samples, d, self.batches
+        );
         println!("  samples/s          {:.1}", self.samples_per_s);
         println!("  CPU ms/sample      {:.3}   ({:.1} samples per CPU-second)", self.cpu_ms_per_sample, self.samples_per_cpu_s);
         println!(

@@ -209,6 +209,18 @@ pub struct Sampling {
     pub sources: Vec<lake_loader::Source>,
 }
 
+/// A dataset's episode indices as ranges (`0..=2, 5, 7..=9`; skipped episodes leave gaps).
+fn episode_ranges(ds: &lake_loader::LoaderDataset) -> String {
+    let mut ranges: Vec<(i64, i64)> = Vec::new();
+    for e in ds.episodes.iter().map(|s| s.episode_index) {
+        match ranges.last_mut() {
+            Some(last) if last.1 + 1 == e => last.1 = e,
+            _ => ranges.push((e, e)),
+        }
+    }
+    ranges.iter().map(|(a, b)| if a == b { a.to_string() } else { format!("{a}..={b}") }).collect::<Vec<_>>().join(", ")
+}
+
 /// Opens what `spec` names: views expand to their pinned datasets, episodes and weights (a
 /// weight given with a view scales its datasets' weights).
 ///
@@ -234,8 +246,16 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
     for selection in selections {
         let ds = lake_loader::LoaderDataset::open_sized(lake, &selection.dataset, spec.frame_size).await?;
         if let Some(e) = spec.episodes.iter().find(|e| !ds.episodes.iter().any(|s| s.episode_index == **e)) {
-            let (first, last) = (ds.episodes[0].episode_index, ds.episodes[ds.episodes.len() - 1].episode_index);
-            return Err(Error::Invalid(format!("{}: no episode {e} (episodes {first}..={last})", ds.label)));
+            return Err(Error::Invalid(format!("{}: no episode {e} (episodes {})", ds.label, episode_ranges(&ds))));
+        }
+        if let (Some(selected), Some(e)) =
+            (&selection.episodes, spec.episodes.iter().find(|e| selection.episodes.as_ref().is_some_and(|v| v.binary_search(e).is_err())))
+        {
+            return Err(Error::Invalid(format!(
+                "{}: episode {e} is not in the view (it selects {} episodes of it)",
+                ds.label,
+                selected.len()
+            )));
         }
         let wanted = |e: i64| {
             selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e).is_ok())

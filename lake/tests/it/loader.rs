@@ -178,6 +178,20 @@ fn bad_sample_requests_are_refused_clearly() {
     }
     let run = lake(&root, &["sample", "--dataset", "nope", "--indices", "1", "--out", out]);
     assert!(run.stderr.contains("no dataset or view `nope`"), "{run:#?}");
+    let dir = tmp.path().join("d.arrow");
+    std::fs::create_dir(&dir).expect("dir");
+    let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "1", "--out", dir.to_str().expect("utf-8")]);
+    assert!(run.code == 2 && run.stderr.contains("is a directory"), "{run:#?}");
+    assert!(!dir.with_extension("arrow.partial").exists(), "no partial file is left");
+    for (args, message) in [
+        (vec!["--batches", "0"], "0 is not in 1.."),
+        (vec!["--threads", "5000"], "not a number of threads from 1 to 256"),
+        (vec!["--batch-size", "0"], "0 is not in 1.."),
+        (vec!["--episodes", "7"], "no episode 7 (episodes 0..=2)"),
+    ] {
+        let run = lake(&root, &[&["bench", "--dataset", "v30-images-tiny"], args.as_slice()].concat());
+        assert!(run.code == 2 && run.stderr.contains(message), "{args:?}: {run:#?}");
+    }
 }
 
 /// Frames read from the stored frame table straight into batches: the same batches as

@@ -197,6 +197,8 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
     assert_eq!(run.code, 0, "{run:#?}");
     let run = lake(&root, &["bench", "--dataset", "long", "--batch-size", "4", "--batches", "2", "--json"]);
     assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&root, &["bench", "--dataset", "long", "--episodes", "0", "--batches", "2"]);
+    assert!(run.code == 2 && run.stderr.contains("episode 0 is not in the view"), "{run:#?}");
 
     // Bad views are refused with the reason.
     for (name, query, reason) in [
