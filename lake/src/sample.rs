@@ -113,7 +113,14 @@ impl From<Storage> for FrameStorage {
 pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let ds = LoaderDataset::open(&lake, &args.dataset).await?;
-    let stored = store_frames(&lake, ds, args.threads, args.storage.into(), args.size).await?;
+    // Ctrl-C drops the work: the unpublished table is removed, an existing one kept.
+    let stored = tokio::select! {
+        stored = store_frames(&lake, ds, args.threads, args.storage.into(), args.size) => stored?,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("cancelled; no frame table was stored (the lake is unchanged)");
+            return Ok(ExitCode::from(130));
+        }
+    };
     println!("{}", stored.summary());
     Ok(ExitCode::SUCCESS)
 }

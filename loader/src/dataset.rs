@@ -240,11 +240,7 @@ impl LoaderDataset {
             }
             let shown: Vec<String> = ranges.iter().take(8).map(|(a, b)| format!("{a}..{b}")).collect();
             let more = if ranges.len() > 8 { format!(" and {} more", ranges.len() - 8) } else { String::new() };
-            Error::request(format!(
-                "{}: index {index} is not in any ingested episode (indices {}{more})",
-                self.label,
-                shown.join(", ")
-            ))
+            Error::request(format!("{}: index {index} is not in any ingested episode (indices {}{more})", self.label, shown.join(", ")))
         })
     }
 

@@ -381,8 +381,14 @@ pub async fn write_frame_table(
 ) -> Result<FrameTableReport> {
     let name = frame_table_name(size);
     let final_rel = ds.record.tables.path(&name);
-    let tmp_rel = format!("{}/.{name}-{}.lance", ds.record.tables.dir, uuid::Uuid::new_v4().simple());
+    // `.<table>-<pid>-<id>.lance`: the writer's pid tells the leftovers of a killed run (removed
+    // here) from the work of a live one.
+    remove_dead_writers(&std::path::PathBuf::from(lake.uri(&ds.record.tables.dir)));
+    let tmp_rel = format!("{}/.{name}-{}-{}.lance", ds.record.tables.dir, std::process::id(), uuid::Uuid::new_v4().simple());
     let tmp_uri = lake.uri(&tmp_rel);
+    // Removed when this returns or its future is dropped (a cancelled `lake cache`), unless
+    // published.
+    let mut unpublished = RemoveOnDrop(Some(std::path::PathBuf::from(&tmp_uri)));
     let result = async {
         let runs = stream_runs(&ds);
         let parts = futures::stream::iter(runs)
@@ -419,19 +425,38 @@ pub async fn write_frame_table(
         Ok::<_, Error>(report)
     }
     .await;
+    let report = result?;
     let tmp_path = std::path::PathBuf::from(&tmp_uri);
-    match result {
-        Ok(report) => {
-            let final_path = std::path::PathBuf::from(lake.uri(&final_rel));
-            lake_store::publish_dir(&tmp_path, &final_path).map_err(|e| {
-                let _ = std::fs::remove_dir_all(&tmp_path);
-                Error::layout(&ds.label, format!("publishing the frame table: {e}"))
-            })?;
-            Ok(report)
+    let final_path = std::path::PathBuf::from(lake.uri(&final_rel));
+    lake_store::publish_dir(&tmp_path, &final_path).map_err(|e| Error::layout(&ds.label, format!("publishing the frame table: {e}")))?;
+    unpublished.0 = None;
+    Ok(report)
+}
+
+/// A directory removed when dropped, unless taken out.
+struct RemoveOnDrop(Option<std::path::PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
         }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp_path);
-            Err(e)
+    }
+}
+
+/// Removes the unpublished frame tables (`.<table>-<pid>-<id>.lance`) in a version's directory
+/// whose writer no longer runs.
+fn remove_dead_writers(version_dir: &std::path::Path) {
+    for entry in std::fs::read_dir(version_dir).into_iter().flatten().flatten() {
+        let file = entry.file_name();
+        let Some(name) = file.to_str().and_then(|n| n.strip_prefix('.')).and_then(|n| n.strip_suffix(".lance")) else { continue };
+        let mut parts = name.rsplitn(3, '-');
+        let (_id, pid, table) = (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok()), parts.next());
+        if let (Some(pid), Some(table)) = (pid, table)
+            && table.starts_with(FRAMES)
+            && !lake_store::process_alive(pid)
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }

@@ -649,7 +649,8 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
 }
 
-fn process_alive(pid: u32) -> bool {
+/// Whether process `pid` exists on this machine (a writer that died leaves files that may go).
+pub fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: kill with signal 0 only checks whether the process exists.
     let rc = unsafe { libc::kill(pid, 0) };

@@ -15,7 +15,7 @@ mod error;
 mod tables;
 
 pub use crate::{
-    catalog::{GarbageReport, Lake, PendingVersion, absolute_location, default_name, validate_name},
+    catalog::{GarbageReport, Lake, PendingVersion, absolute_location, default_name, process_alive, validate_name},
     error::{Error, Result},
     tables::{
         UncommittedPart, commit_parts, open_table, publish_dir, read_columns, read_columns_at, read_table, write_table, write_uncommitted,

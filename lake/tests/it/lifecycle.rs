@@ -175,3 +175,42 @@ fn interrupted_ingest_removes_everything_it_wrote() {
     assert_eq!(out.status.code(), Some(130), "{out:?}");
     assert_eq!(snapshot(&root, &[]), before, "Ctrl-C left files behind");
 }
+
+/// `lake cache` interrupted (Ctrl-C) leaves no unpublished table behind, and the leftovers of
+/// one killed outright are removed by the next run.
+#[test]
+fn interrupted_or_killed_frame_caching_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let version = std::fs::read_dir(root.join("datasets/v30-av1-small")).expect("dir").next().expect("a version").expect("entry").path();
+    let hidden = || -> Vec<String> {
+        std::fs::read_dir(&version)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect()
+    };
+    // What a killed run leaves: an unpublished table of a process that is gone.
+    std::fs::create_dir_all(version.join(".frames-4194000-0123abcd.lance/data")).expect("leftover");
+    let mut child = lake_cmd(&root)
+        .args(["cache", "v30-av1-small", "--storage", "zstd", "--threads", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cache");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !hidden().iter().any(|n| n.contains(&format!("-{}-", child.id()))) {
+        assert!(Instant::now() < deadline && child.try_wait().expect("wait").is_none(), "the cache run never started a table");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!hidden().iter().any(|n| n.contains("4194000")), "the dead writer's table is removed");
+    let interrupt = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    assert!(interrupt.success());
+    let out = child.wait_with_output().expect("exits");
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no frame table was stored"), "{out:?}");
+    assert!(hidden().is_empty(), "{:?}", hidden());
+    assert!(!version.join("frames.lance").exists());
+}
