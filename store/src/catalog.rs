@@ -218,10 +218,21 @@ impl Lake {
             None => (spec, None),
         };
         let versions = self.versions(name).await?;
+        let any = !versions.is_empty();
         let found = match version {
             Some(v) => versions.into_iter().find(|r| r.version == v),
             None => versions.into_iter().last(),
         };
+        if found.is_none()
+            && !any
+            && let Ok(Some(view)) = self.view(name).await
+        {
+            let from: Vec<String> = view.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
+            return Err(Error::View {
+                name: name.to_string(),
+                message: format!("is a view, and this takes a dataset (the view selects from {})", from.join(", ")),
+            });
+        }
         match found {
             Some(r) => Ok(r),
             None => Err(Error::NotFound {
@@ -838,5 +849,6 @@ mod lifecycle_tests {
         let names: Vec<_> = lake.views().await.unwrap().into_iter().map(|v| (v.name, v.version)).collect();
         assert_eq!(names, [("new".to_string(), 1), ("old".to_string(), 4)]);
         assert!(lake.begin("new").await.unwrap_err().to_string().contains("is a view"));
+        assert!(lake.resolve("new").await.unwrap_err().to_string().contains("is a view, and this takes a dataset"));
     }
 }
