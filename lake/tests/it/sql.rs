@@ -331,6 +331,17 @@ fn stats_export_has_lerobot_layout_exact_numbers_and_the_sources_camera_stats() 
         let mine = &with_images[camera];
         assert_eq!(mine["count"], source[camera]["count"], "{camera}: LeRobot's subsample size");
         assert_ne!(mine["mean"], source[camera]["mean"], "{camera}: computed by lake, not copied");
+        // Close to LeRobot's means, which it took from the frames before encoding; lake's std is
+        // the pixels' and larger than LeRobot's, whose per-episode image std is 0 (its estimator
+        // squares uint8 pixels, which wrap) and whose dataset std is the episode means' spread.
+        let channels =
+            |v: &Value| -> Vec<f64> { v.as_array().expect("channels").iter().map(|c| c[0][0].as_f64().expect("number")).collect() };
+        for (m, t) in channels(&mine["mean"]).iter().zip(channels(&source[camera]["mean"])) {
+            assert!((m - t).abs() < 0.02, "{camera}: mean {m} against LeRobot's {t}");
+        }
+        for (m, t) in channels(&mine["std"]).iter().zip(channels(&source[camera]["std"])) {
+            assert!(*m > t && *m < 0.5, "{camera}: std {m} against LeRobot's {t}");
+        }
         assert_eq!(json_shape(&mine["q50"]), vec![3, 1, 1]);
     }
     let rows =
