@@ -89,17 +89,22 @@ impl FlightService for LakeFlight {
         Err(Status::unimplemented("no handshake: send `authorization: Bearer <token>` with each call"))
     }
 
-    /// One flight per dataset; its descriptor is the command sampling the whole dataset.
+    /// One flight per dataset; its descriptor is the command sampling the whole dataset (no
+    /// windows), with that command's batch schema. A dataset that cannot be opened is listed
+    /// without a schema: its `GetFlightInfo` says why.
     async fn list_flights(&self, request: Request<Criteria>) -> Result<Response<Self::ListFlightsStream>, Status> {
         self.check(&request)?;
         let datasets = self.service.lake().datasets().await.map_err(|e| status(&Error::Store(e)))?;
         let mut infos = Vec::new();
         for d in datasets {
             let cmd = serde_json::json!({"datasets": [format!("{}@{}", d.name, d.version)]}).to_string();
-            let info = FlightInfo::new()
+            let mut info = FlightInfo::new()
                 .with_descriptor(FlightDescriptor::new_cmd(cmd.clone()))
-                .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(cmd)))
+                .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(cmd.clone())))
                 .with_total_records(d.counts.steps as i64);
+            if let Ok(plan) = async { self.service.describe(&self.service.parse_request(cmd.as_bytes())?).await }.await {
+                info = info.try_with_schema(&plan.schema).map_err(|e| Status::internal(e.to_string()))?;
+            }
             infos.push(Ok(info));
         }
         Ok(Response::new(futures::stream::iter(infos).boxed()))
@@ -190,8 +195,13 @@ impl FlightService for LakeFlight {
         self.sql.do_action(request).await
     }
 
+    /// The Flight SQL actions served: prepared statements (no transactions, savepoints,
+    /// Substrait plans or query cancellation).
     async fn list_actions(&self, request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
         self.check(&request)?;
-        self.sql.list_actions(request).await
+        let offered = self.sql.list_actions(request).await?.into_inner().try_filter(|action| {
+            futures::future::ready(matches!(action.r#type.as_str(), "CreatePreparedStatement" | "ClosePreparedStatement"))
+        });
+        Ok(Response::new(offered.boxed()))
     }
 }

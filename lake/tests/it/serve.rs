@@ -310,6 +310,11 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
 
         let flights: Vec<_> = client.list_flights(Vec::<u8>::new()).await.expect("list").try_collect().await.expect("flights");
         assert_eq!(flights.len(), 1);
+        let listed = flights[0].clone().try_decode_schema().expect("a dataset's flight carries its schema");
+        assert!(listed.field_with_name("observation.images.front").is_ok() && listed.field_with_name("task").is_ok(), "{listed:?}");
+        let actions: Vec<String> =
+            client.list_actions().await.expect("actions").map_ok(|a| a.r#type).try_collect().await.expect("action types");
+        assert_eq!(actions, ["CreatePreparedStatement", "ClosePreparedStatement"], "only the actions served");
 
         // Without the token: refused.
         let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
