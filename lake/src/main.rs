@@ -113,6 +113,9 @@ fn main() -> ExitCode {
             Command::Serve(args) => server::serve(&cli.lake, args).await,
         }
     });
+    // Blocking work a command left behind (a server's streams cut at shutdown) is not waited
+    // for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(code) => code,
         Err(e) => {

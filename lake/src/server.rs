@@ -18,7 +18,7 @@ pub struct ServeArgs {
     /// File with one accepted bearer token per line; every endpoint but /healthz then needs one.
     #[arg(long)]
     token_file: Option<std::path::PathBuf>,
-    /// Accepted bearer tokens, comma-separated (alternative to --token-file).
+    /// Accepted bearer tokens, comma-separated (accepted beside those of --token-file).
     #[arg(long, env = "LAKE_TOKENS", hide_env_values = true)]
     tokens: Option<String>,
     /// Decode threads [default: number of cores].
@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// LocalLoader reads them); tokens apply as on the other endpoints.
     #[arg(long, value_name = "PATH")]
     local: Option<std::path::PathBuf>,
+    /// Seconds a shutdown (Ctrl-C, SIGTERM) waits for open streams to finish the batch they
+    /// are sending; streams whose clients stopped reading are cut after that.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    shutdown_wait: u64,
 }
 
 /// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs):
@@ -204,11 +208,27 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     shutdown.await;
     service.shut_down();
     let _ = stop_tx.send(());
-    flight.await?.context("the Flight server failed")?;
-    http.await?.context("the HTTP server failed")?;
-    if let (Some(local), Some(path)) = (local, &args.local) {
-        local.await?;
+    // Streams end after the batch they are sending; a client that stopped reading never takes
+    // it, so the drain is bounded and what is left open then is cut.
+    let wait = std::time::Duration::from_secs(args.shutdown_wait);
+    let drained = tokio::time::timeout(wait, async {
+        flight.await?.context("the Flight server failed")?;
+        http.await?.context("the HTTP server failed")?;
+        if let Some(local) = local {
+            local.await?;
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    if let Some(path) = &args.local {
         let _ = std::fs::remove_file(path);
     }
-    Ok(ExitCode::SUCCESS)
+    match drained {
+        Ok(done) => done.map(|()| ExitCode::SUCCESS),
+        Err(_) => {
+            let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
+            eprintln!("shutting down: {open} streams still open {wait:?} after the shutdown began (clients not reading); closing them");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }

@@ -29,11 +29,9 @@ const HELLO_WAIT: Duration = Duration::from_secs(10);
 /// memory budget counts.
 const SLOT_ROUNDING: usize = 1 << 20;
 
-/// How long a shutdown waits for open streams to send their last batch.
-const DRAIN_WAIT: Duration = Duration::from_secs(10);
-
 /// Accepts local streams until `stop` completes, each served on its own task, then waits for
-/// the open ones to end (the service is shutting down: each ends after the batch it is on).
+/// the open ones to end (the service is shutting down: each ends after the batch it is on;
+/// the caller bounds the wait).
 pub async fn serve(service: Arc<Service>, listener: UnixListener, stop: impl std::future::Future<Output = ()>) {
     let mut stop = std::pin::pin!(stop);
     let mut open = tokio::task::JoinSet::new();
@@ -55,10 +53,7 @@ pub async fn serve(service: Arc<Service>, listener: UnixListener, stop: impl std
         }
     }
     drop(listener);
-    let drained = tokio::time::timeout(DRAIN_WAIT, async { while open.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
-        tracing::warn!("{} local streams did not end within {DRAIN_WAIT:?} of the shutdown", open.len());
-    }
+    while open.join_next().await.is_some() {}
 }
 
 /// The message refusing or failing a stream, as its code and text.

@@ -70,7 +70,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 fn start(root: &Path) -> Server {
     let local = root.with_file_name("serve.sock");
     let mut child = lake_cmd(root)
-        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--local"])
+        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--shutdown-wait", "2", "--local"])
         .arg(&local)
         .env("LAKE_TOKENS", TOKEN)
         .stdout(Stdio::piped())
@@ -477,6 +477,18 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
         let info = client.get_flight_info(FlightDescriptor::new_cmd(endless.to_string())).await.expect("info");
         let mut stream = client.do_get(info.endpoint[0].ticket.clone().expect("ticket")).await.expect("do_get");
         stream.next().await.expect("a batch").expect("batch");
+        // And an HTTP client that stopped reading an endless stream: the shutdown does not
+        // wait for it past its bound.
+        let mut stalled = TcpStream::connect(&server.http).expect("connect");
+        let body = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 32}).to_string();
+        write!(
+            stalled,
+            "POST /v1/sample HTTP/1.1\r\nHost: lake\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        let mut first = vec![0u8; 4 << 20];
+        stalled.read_exact(&mut first).expect("the first batch arrives");
         let kill = std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().expect("kill");
         assert!(kill.success());
         let ended = loop {
@@ -488,6 +500,12 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
         };
         assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
         assert!(ended.message().contains("shutting down"), "{ended:?}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while server.child.try_wait().expect("wait").is_none() {
+            assert!(std::time::Instant::now() < deadline, "the server still runs 30 s after SIGTERM");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        drop(stalled);
     });
     let exited = server.child.wait().expect("the server exits");
     assert!(exited.success(), "{exited:?}");
