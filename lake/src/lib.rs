@@ -27,6 +27,10 @@ pub enum Error {
     /// The query is not valid or failed.
     #[error("{0}")]
     Query(String),
+    /// A query's tables could not be read (a damaged or missing file of the lake): the lake's
+    /// fault, not the query's.
+    #[error("{0}")]
+    Storage(String),
     /// No dataset or view of that name.
     #[error("{0}")]
     NotFound(String),
@@ -36,6 +40,9 @@ pub enum Error {
     /// A request is not valid (e.g. a view's query lacks a column).
     #[error("{0}")]
     Invalid(String),
+    /// Something that should not fail did (encoding an answer); the message is for the log.
+    #[error("{0}")]
+    Internal(String),
     /// The server is shutting down; a stream it ended resumes at its next step elsewhere.
     #[error("the server is shutting down; resume from the next step (epoch and step of the batch after the last one read)")]
     ShuttingDown,

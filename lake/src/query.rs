@@ -88,7 +88,7 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
         let mut sink = Sink::new(format, schema.clone(), output.is_some(), out.as_mut())?;
         let mut rows = 0usize;
         while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(|e| anyhow::anyhow!("{}", e.strip_backtrace()))?;
+            let batch = batch.map_err(|e| lake::sql::sql_error(&e))?;
             rows += batch.num_rows();
             sink.write(batch)?;
         }
@@ -131,8 +131,9 @@ impl<'a> Sink<'a> {
         Ok(match format {
             Format::Table => Self::Table(Vec::new(), schema, out),
             Format::Csv => Self::Csv(arrow::csv::WriterBuilder::new().with_header(true).build(out), Some(schema)),
-            Format::Json => Self::Json(arrow::json::ArrayWriter::new(out)),
-            Format::Ndjson => Self::Ndjson(arrow::json::LineDelimitedWriter::new(out)),
+            // Null values are written as `null`, so every row has every column.
+            Format::Json => Self::Json(arrow::json::WriterBuilder::new().with_explicit_nulls(true).build(out)),
+            Format::Ndjson => Self::Ndjson(arrow::json::WriterBuilder::new().with_explicit_nulls(true).build(out)),
             Format::Arrow if to_file => Self::ArrowFile(FileWriter::try_new(out, &schema)?),
             Format::Arrow => Self::ArrowStream(StreamWriter::try_new(out, &schema)?),
             Format::Parquet => {

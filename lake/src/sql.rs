@@ -66,7 +66,20 @@ pub const DATASET_TABLES: [&str; 9] = [
 ];
 
 fn query_error(e: datafusion::error::DataFusionError) -> Error {
-    Error::Query(e.strip_backtrace().trim().to_string())
+    sql_error(&e)
+}
+
+/// A failed query as lake's error: [`Error::Storage`] when reading the lake's files failed (an
+/// I/O, object store or Lance error at the root of the chain), [`Error::Query`] when the query
+/// itself is wrong or failed on the values (parse, plan, schema, a cast or a division by zero).
+pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
+    use datafusion::{arrow::error::ArrowError, error::DataFusionError as D};
+    let message = without_source_locations(e.strip_backtrace().trim());
+    match e.find_root() {
+        D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),
+        D::ArrowError(arrow, _) if matches!(**arrow, ArrowError::IoError(..) | ArrowError::ExternalError(_)) => Error::Storage(message),
+        _ => Error::Query(message),
+    }
 }
 
 /// A DataFusion session over one state of the lake (the latest version of every dataset when
@@ -246,6 +259,9 @@ impl LakeSql {
     /// Turns "table not found" for a `<dataset>.<table>` reference into a message naming the
     /// missing dataset and those the lake has.
     fn explain_error(&self, e: datafusion::error::DataFusionError) -> Error {
+        if let Error::Storage(message) = sql_error(&e) {
+            return Error::Storage(message);
+        }
         let message = e.strip_backtrace().trim().to_string();
         if let Some(rest) = message.split("table '").nth(1)
             && message.contains("not found")
@@ -253,7 +269,7 @@ impl LakeSql {
             let reference = rest.split('\'').next().unwrap_or_default();
             let parts: Vec<&str> = reference.split('.').collect();
             if let Some((spec, why)) = self.unreadable.iter().find(|(spec, _)| spec.split('@').next() == Some(parts[1])) {
-                return Error::Query(format!("dataset {spec} cannot be read: {why}"));
+                return Error::Storage(format!("dataset {spec} cannot be read: {why}"));
             }
             if parts.len() == 3 && parts[1] != SCHEMA && !self.datasets.iter().any(|d| d.name == parts[1]) {
                 let have: Vec<&str> = self.datasets.iter().map(|d| d.name.as_str()).collect();

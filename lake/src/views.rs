@@ -67,7 +67,7 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
             if let Some(w) = &weight {
                 let w = if w.is_null(row) { 1.0 } else { w.as_primitive::<Float64Type>().value(row) };
                 if !(w.is_finite() && w > 0.0) {
-                    return Err(invalid(name, format!("dataset `{ds}`: weight {w} is not a positive number")));
+                    return Err(invalid(name, format!("dataset `{ds}`: weight {w} is not a positive finite number")));
                 }
                 if let Some(old) = weights.insert(ds.clone(), w)
                     && old != w
@@ -225,7 +225,7 @@ fn episode_ranges(ds: &lake_loader::LoaderDataset) -> String {
 /// weight given with a view scales its datasets' weights).
 ///
 /// # Errors
-/// When a name is neither a dataset nor a view, a weight is not a positive number, or an
+/// When a name is neither a dataset nor a view, a weight is not a positive finite number, or an
 /// episode asked for does not exist.
 pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling> {
     let mut selections = Vec::new();
@@ -233,7 +233,7 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
         let (name, weight) = match item.rsplit_once('=') {
             Some((n, w)) => match w.parse::<f64>() {
                 Ok(w) if w.is_finite() && w > 0.0 => (n, w),
-                _ => return Err(Error::Invalid(format!("dataset `{item}`: the weight `{w}` is not a positive number"))),
+                _ => return Err(Error::Invalid(format!("dataset `{item}`: the weight `{w}` is not a positive finite number"))),
             },
             None => (item.as_str(), 1.0),
         };

@@ -87,20 +87,28 @@ impl LakeFlightSql {
         Ok(LakeSql::open(self.service.lake()).await.map_err(|e| status(&e))?.read_only())
     }
 
+    /// A failed query's status, counted (as a SQL error, or an internal one when the lake's
+    /// files could not be read).
+    fn failed(&self, e: &Error) -> Status {
+        self.service.count_sql_error(e);
+        status(e)
+    }
+
     /// A flight for `query`: its result schema, and one endpoint whose ticket is `ticket`.
     async fn statement_info(&self, query: &str, ticket: Vec<u8>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
-        let schema = self.session().await?.schema(query).await.map_err(|e| status(&e)).inspect_err(|_| self.service.count_sql_error())?;
+        let schema = self.session().await?.schema(query).await.map_err(|e| self.failed(&e))?;
         info(&schema, ticket, descriptor)
     }
 
     /// Runs `query` and streams its result.
     async fn run(&self, query: &str) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let stream = self.session().await?.stream(query).await.map_err(|e| status(&e)).inspect_err(|_| self.service.count_sql_error())?;
+        let stream = self.session().await?.stream(query).await.map_err(|e| self.failed(&e))?;
         let schema = stream.schema();
         let service = self.service.clone();
         let batches = stream.map_err(move |e| {
-            service.count_sql_error();
-            FlightError::Tonic(Box::new(status(&Error::Query(e.strip_backtrace()))))
+            let e = crate::sql::sql_error(&e);
+            service.count_sql_error(&e);
+            FlightError::Tonic(Box::new(status(&e)))
         });
         Ok(encode(schema, batches))
     }
@@ -207,7 +215,7 @@ impl FlightSqlService for LakeFlightSql {
         query: ActionCreatePreparedStatementRequest,
         _: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let schema = self.session().await?.schema(&query.query).await.map_err(|e| status(&e))?;
+        let schema = self.session().await?.schema(&query.query).await.map_err(|e| self.failed(&e))?;
         let IpcMessage(dataset_schema) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default()).try_into().map_err(internal)?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: query.query.into(),

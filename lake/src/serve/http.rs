@@ -36,7 +36,22 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(api)
         .fallback(|| async { Refused(StatusCode::NOT_FOUND, "no such endpoint (see /v1/openapi.json)".into()) })
+        .layer(middleware::from_fn(method_not_allowed_json))
         .with_state(service)
+}
+
+/// A 405 with a JSON body like every other error (its `Allow` header kept).
+async fn method_not_allowed_json(request: Request, next: Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let response = next.run(request).await;
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return response;
+    }
+    let mut json = Refused(StatusCode::METHOD_NOT_ALLOWED, format!("{path} does not take {method} (see /v1/openapi.json)")).into_response();
+    if let Some(value) = response.headers().get(header::ALLOW) {
+        json.headers_mut().insert(header::ALLOW, value.clone());
+    }
+    json
 }
 
 /// A refused request: status and a JSON body `{"error": message}`.
@@ -109,18 +124,22 @@ fn view_json(v: &lake_schemas::ViewRecord) -> Value {
 }
 
 async fn dataset(State(service): State<Arc<Service>>, Path(name): Path<String>) -> Result<Json<Value>, Refused> {
+    Ok(describe_dataset(&service, &name).await.map(Json).inspect_err(|e| service.count_refusal(e))?)
+}
+
+/// A dataset (features, cameras, episodes, stats, counts) or a view, as JSON.
+async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value> {
     let lake = service.lake();
     let (base, version) = match name.rsplit_once('@') {
         Some((base, version)) => (base, Some(version)),
-        None => (name.as_str(), None),
+        None => (name, None),
     };
     let is_dataset = lake_store::validate_name(base).is_err() || lake.latest(base).await.ok().flatten().is_some();
     if !is_dataset && let Some(view) = crate::views::view(lake, base, version).await? {
-        return Ok(Json(view_json(&view)));
+        return Ok(view_json(&view));
     }
-    let record = lake.resolve(&name).await.map_err(Error::from)?;
-    let episodes =
-        lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index", "length"]).await.map_err(Error::from)?;
+    let record = lake.resolve(name).await?;
+    let episodes = lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index", "length"]).await?;
     let mut list = Vec::new();
     for b in &episodes {
         let (e, l) = (b.column(0), b.column(1));
@@ -132,37 +151,64 @@ async fn dataset(State(service): State<Arc<Service>>, Path(name): Path<String>) 
     }
     let streams =
         lake_store::read_columns(lake, &record, lake_schemas::tables::STREAMS, &["camera", "kind", "codec", "width", "height", "max_gop"])
-            .await
-            .map_err(Error::from)?;
-    let cameras = batches_json(&streams)?;
+            .await?;
+    let cameras = cameras_json(batches_json(&streams)?);
     let stats = crate::stats::stats_json(lake, &record).await.ok();
     let frame_tables = lake_loader::frame_tables(lake, &record).await;
-    Ok(Json(json!({
+    Ok(json!({
         "name": record.name, "version": record.version, "fps": record.fps,
         "features": record.info.get("features"), "cameras": cameras, "episodes": list, "stats": stats,
         "counts": record.counts, "source": record.source, "frame_tables": frame_tables,
-    })))
+    }))
 }
 
-fn batches_json(batches: &[RecordBatch]) -> Result<Value, Refused> {
-    let mut writer = arrow::json::ArrayWriter::new(Vec::new());
-    for b in batches {
-        writer.write(b).map_err(|e| Refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+/// One entry per camera from the `streams` rows (one per camera and file): the first file's
+/// codec facts, the longest GOP of any, and how many files the camera has.
+fn cameras_json(streams: Value) -> Value {
+    let mut cameras: Vec<serde_json::Map<String, Value>> = Vec::new();
+    for row in streams.as_array().into_iter().flatten().filter_map(Value::as_object) {
+        let max_gop = row.get("max_gop").and_then(Value::as_i64);
+        match cameras.iter_mut().find(|c| c.get("camera") == row.get("camera")) {
+            Some(camera) => {
+                if let Some(gop) = max_gop
+                    && camera.get("max_gop").and_then(Value::as_i64).is_none_or(|g| g < gop)
+                {
+                    camera.insert("max_gop".into(), gop.into());
+                }
+                let files = camera.get("files").and_then(Value::as_u64).unwrap_or(1) + 1;
+                camera.insert("files".into(), files.into());
+            }
+            None => {
+                let mut camera = row.clone();
+                camera.insert("files".into(), 1.into());
+                cameras.push(camera);
+            }
+        }
     }
-    writer.finish().map_err(|e| Refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Value::Array(cameras.into_iter().map(Value::Object).collect())
+}
+
+/// Rows as JSON objects, every column in each (nulls as `null`).
+fn batches_json(batches: &[RecordBatch]) -> crate::Result<Value> {
+    let internal = |e: &dyn std::fmt::Display| Error::Internal(format!("writing the answer as JSON: {e}"));
+    let mut writer = arrow::json::WriterBuilder::new().with_explicit_nulls(true).build::<_, arrow::json::writer::JsonArray>(Vec::new());
+    for b in batches {
+        writer.write(b).map_err(|e| internal(&e))?;
+    }
+    writer.finish().map_err(|e| internal(&e))?;
     let bytes = writer.into_inner();
     if bytes.is_empty() {
         return Ok(json!([]));
     }
-    serde_json::from_slice(&bytes).map_err(|e| Refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+    serde_json::from_slice(&bytes).map_err(|e| internal(&e))
 }
 
 /// Encodes `batches` as one Arrow IPC stream, message by message, as they arrive.
 fn ipc_stream(
     schema: SchemaRef,
     batches: impl Stream<Item = crate::Result<RecordBatch>> + Send + 'static,
-) -> Result<impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static, Refused> {
-    let mut writer = StreamWriter::try_new(Vec::new(), &schema).map_err(|e| Refused(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+) -> crate::Result<impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static> {
+    let mut writer = StreamWriter::try_new(Vec::new(), &schema).map_err(|e| Error::Internal(format!("writing the Arrow stream: {e}")))?;
     let header = Bytes::from(std::mem::take(writer.get_mut()));
     let state = (Some(writer), Box::pin(batches));
     let body = futures::stream::unfold(state, |(writer, mut batches)| async move {
@@ -186,7 +232,10 @@ fn ipc_stream(
 
 /// The request body, or a JSON refusal (a body over the 2 MiB limit: 413).
 fn body(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Bytes, Refused> {
-    body.map_err(|e| Refused(e.status(), e.body_text()))
+    body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => Refused(StatusCode::PAYLOAD_TOO_LARGE, "the request body is over the 2 MiB limit".into()),
+        status => Refused(status, e.body_text()),
+    })
 }
 
 async fn sample(
@@ -205,18 +254,12 @@ async fn sql(
     headers: HeaderMap,
     body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Refused> {
-    let answer = match body(body_bytes) {
-        Ok(body) => sql_answer(&service, &headers, &body).await,
-        Err(refused) => Err(refused),
-    };
-    if answer.is_err() {
-        service.count_sql_error();
-    }
-    answer
+    let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
+    Ok(sql_answer(&service, &headers, &body).await.inspect_err(|e| service.count_sql_error(e))?)
 }
 
-async fn sql_answer(service: &Arc<Service>, headers: &HeaderMap, body: &[u8]) -> Result<Response, Refused> {
-    let query = std::str::from_utf8(body).map_err(|_| Refused(StatusCode::BAD_REQUEST, "the body must be a UTF-8 SQL query".into()))?;
+async fn sql_answer(service: &Arc<Service>, headers: &HeaderMap, body: &[u8]) -> Result<Response, Error> {
+    let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
     let session = LakeSql::open(service.lake()).await?.read_only();
     let wants_json = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("application/json"));
     if wants_json {
@@ -228,15 +271,16 @@ async fn sql_answer(service: &Arc<Service>, headers: &HeaderMap, body: &[u8]) ->
     // Most errors of a running query come with its first batch: those are still a 400. One
     // later breaks the body off (no end-of-stream marker), and is logged and counted.
     let first = match stream.next().await {
-        Some(Err(e)) => return Err(Error::Query(e.strip_backtrace()).into()),
+        Some(Err(e)) => return Err(crate::sql::sql_error(&e)),
         first => first,
     };
     let counted = service.clone();
     let batches = futures::stream::iter(first).chain(stream).map(move |b| {
         b.map_err(|e| {
-            counted.count_sql_error();
+            let e = crate::sql::sql_error(&e);
+            counted.count_sql_error(&e);
             tracing::warn!("SQL query failed while streaming its result: {e}");
-            Error::Query(e.strip_backtrace())
+            e
         })
     });
     Ok(([(header::CONTENT_TYPE, ARROW_STREAM)], Body::from_stream(ipc_stream(schema, batches)?)).into_response())
@@ -254,6 +298,28 @@ pub fn openapi_document() -> Value {
     let arrow = json!({"description": "Arrow IPC stream", "content": {ARROW_STREAM: {}}});
     let count = |description: &str| json!({"type": "integer", "minimum": 0, "description": description});
     let nullable = |t: &str, description: &str| json!({"type": [t, "null"], "minimum": 0, "description": description});
+    let mut document = paths_and_schemas(&error, &unauthorized, &arrow, &count, &nullable);
+    // What every operation may answer besides its own responses.
+    for (_, operations) in document["paths"].as_object_mut().expect("paths").iter_mut() {
+        for (method, operation) in operations.as_object_mut().expect("operations").iter_mut() {
+            let responses = operation["responses"].as_object_mut().expect("responses");
+            responses.insert("405".into(), error("the path does not take this method"));
+            responses.insert("500".into(), error("the server failed (a damaged lake file, say); the server log has the details"));
+            if method == "post" {
+                responses.insert("413".into(), error("the request body is over 2 MiB"));
+            }
+        }
+    }
+    document
+}
+
+fn paths_and_schemas(
+    error: &dyn Fn(&str) -> Value,
+    unauthorized: &Value,
+    arrow: &Value,
+    count: &dyn Fn(&str) -> Value,
+    nullable: &dyn Fn(&str, &str) -> Value,
+) -> Value {
     let dataset_entry = json!({"oneOf": [
         {"type": "string", "description": "NAME (its latest version, pinned when the request arrives), NAME@VERSION, a view (VIEW or VIEW@VERSION), or any of these with =WEIGHT"},
         {"type": "object", "additionalProperties": false, "required": ["name", "weight"],
@@ -313,7 +379,7 @@ pub fn openapi_document() -> Value {
                 "401": unauthorized}}},
             "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"},
                     "description": "NAME, NAME@VERSION, VIEW or VIEW@VERSION"}],
-                "responses": {"200": {"description": "a dataset's features, cameras, episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view"},
+                "responses": {"200": {"description": "a dataset's features, cameras (one entry each: codec, size, longest GOP, files), episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view"},
                     "400": error("not a valid name"), "401": unauthorized, "404": error("no such dataset, version or view")}}},
             "/v1/sample": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
                 "responses": {"200": arrow, "400": error("not a valid request for the lake"), "401": unauthorized,

@@ -173,9 +173,11 @@ impl SampleRequest {
     }
 
     fn windows(&self) -> Result<Windows> {
+        // A preset that does not exist is refused even where delta_timestamps overrides it.
+        let preset = self.preset.parse().map_err(|e: lake_loader::Error| Error::Invalid(e.to_string()))?;
         Ok(match &self.delta_timestamps {
             Some(v) => Windows::parse_delta_timestamps(&v.to_string())?,
-            None => Windows::Preset(self.preset.parse().map_err(|e: lake_loader::Error| Error::Invalid(e.to_string()))?),
+            None => Windows::Preset(preset),
         })
     }
 
@@ -217,7 +219,7 @@ impl SampleRequest {
                 DatasetRef::Weighted { name, weight } => (name.as_str(), Some(weight.to_string())),
             };
             if let Some(w) = weight.filter(|w| !w.parse::<f64>().is_ok_and(|w| w.is_finite() && w > 0.0)) {
-                return Err(Error::Invalid(format!("dataset `{name}`: the weight {w} is not a positive number")));
+                return Err(Error::Invalid(format!("dataset `{name}`: the weight {w} is not a positive finite number")));
             }
         }
         let at_most = |field: &str, value: u64, max: u64| {
@@ -652,9 +654,11 @@ impl Service {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a SQL query that was refused or failed.
-    pub fn count_sql_error(&self) {
-        self.metrics.sql_errors.fetch_add(1, Ordering::Relaxed);
+    /// Counts a SQL query that was refused or failed: as a SQL error, or as an internal one
+    /// when the lake's files could not be read.
+    pub fn count_sql_error(&self, e: &Error) {
+        let counter = if refusal_kind(e) == Refusal::Internal { &self.metrics.internal_errors } else { &self.metrics.sql_errors };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The batches of `request` for its rank, from its start on. The work stops when the returned
@@ -968,7 +972,8 @@ pub fn refusal(e: &Error) -> (Refusal, String) {
     let kind = refusal_kind(e);
     if kind == Refusal::Internal {
         tracing::error!("request failed: {e}");
-        return (kind, "internal error; the server log has the details".into());
+        let what = if matches!(e, Error::Storage(_)) { "reading the lake's files failed" } else { "internal error" };
+        return (kind, format!("{what}; the server log has the details"));
     }
     // The lake's path on the server's disk is no business of its clients.
     if let Error::Store(S::NotFound { name, available, .. }) | Error::Loader(L::Store(S::NotFound { name, available, .. })) = e {

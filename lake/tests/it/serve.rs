@@ -222,7 +222,9 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["v30-av1-small"], "epoch": u64::MAX}), tonic::Code::InvalidArgument, "epoch is"),
             (json!({"datasets": ["v30-av1-small"], "drop_n_first_frames": u64::MAX, "drop_n_last_frames": u64::MAX}), tonic::Code::InvalidArgument, "drop_n_first_frames is"),
             (json!({"datasets": ["v30-av1-small"], "start_step": u64::MAX}), tonic::Code::InvalidArgument, "past the epoch's last step"),
-            (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [1e300]}}), tonic::Code::InvalidArgument, "further from a step"),
+            (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [1e300]}}), tonic::Code::InvalidArgument, "more than 2^31 - 1 frames"),
+            (json!({"datasets": ["v30-av1-small"], "preset": "bogus", "delta_timestamps": {"action": [0.0]}}), tonic::Code::InvalidArgument, "bogus"),
+            (json!({"datasets": ["v30-av1-small=inf"]}), tonic::Code::InvalidArgument, "the weight inf is not a positive finite number"),
             (json!({"datasets": ["v30-av1-small"], "step_stride": 0}), tonic::Code::InvalidArgument, "step_stride must be at least 1"),
             (json!({"datasets": [{"name": "v30-av1-small"}]}), tonic::Code::InvalidArgument, "dataset `v30-av1-small`: `weight` is missing"),
             (json!({"datasets": [{"name": "v30-av1-small", "weight": 1, "foo": 3}]}), tonic::Code::InvalidArgument, "unknown field `foo`"),
@@ -345,6 +347,9 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     );
     let (code, body) = http(&server.http, "GET", "/v1/nothing", &[("Authorization", auth.as_str())], b"");
     assert_eq!((code, serde_json::from_slice::<Value>(&body).expect("a JSON error")["error"].is_string()), (404, true));
+    let (code, body) = http(&server.http, "GET", "/v1/sample", &[("Authorization", auth.as_str())], b"");
+    let error = serde_json::from_slice::<Value>(&body).expect("a JSON error");
+    assert_eq!((code, &error["error"]), (405, &json!("/v1/sample does not take GET (see /v1/openapi.json)")), "{error}");
     assert_eq!(http(&server.http, "GET", "/healthz", &[], b"").0, 200);
 
     // SQL over HTTP answers as lake sql does; bad SQL is a 400 with DataFusion's message.
@@ -354,6 +359,14 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
     let rows: Vec<serde_json::Map<String, Value>> = serde_json::from_slice(&body).expect("json rows");
     assert_eq!(rows, sql_rows(&root, query));
+    let (code, body) = http(
+        &server.http,
+        "POST",
+        "/v1/sql",
+        &[("Authorization", auth.as_str()), ("Accept", "application/json")],
+        b"SELECT CAST(NULL AS INT) AS x, 1 AS y",
+    );
+    assert_eq!((code, serde_json::from_slice::<Value>(&body).expect("json")), (200, json!([{"x": null, "y": 1}])), "nulls are kept");
     let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELEC 1");
     assert_eq!(code, 400);
     assert!(String::from_utf8_lossy(&body).contains("Line: 1"), "{}", String::from_utf8_lossy(&body));
@@ -398,6 +411,22 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let after = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.expect("info");
         assert_eq!(plan(&after)["datasets"], json!(["v30-av1-small@2"]));
         assert_ne!(plan(&after)["epoch_len"], plan(&before)["epoch_len"]);
+        // Its cameras once each, however many files hold them.
+        let auth = format!("Bearer {TOKEN}");
+        let (code, body) = http(&server.http, "GET", "/v1/datasets/v30-av1-small@2", &[("Authorization", auth.as_str())], b"");
+        let shown: Value = serde_json::from_slice(&body).expect("json");
+        let cameras: Vec<(&str, u64)> = shown["cameras"]
+            .as_array()
+            .expect("cameras")
+            .iter()
+            .map(|c| (c["camera"].as_str().expect("name"), c["files"].as_u64().expect("files")))
+            .collect();
+        assert_eq!(code, 200);
+        assert_eq!(
+            cameras,
+            [("observation.images.front", 3), ("observation.images.wrist", 2), ("observation.images.side", 1)],
+            "{shown:#}"
+        );
         let newer = over_flight(&mut client, &request).await.expect("the new version");
         same_rows(&newer, &in_process(&root, &request).await, "the new version");
         let ticket = before.endpoint[0].ticket.clone().expect("a ticket");
@@ -432,6 +461,23 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         same_rows(&planned, &first, "a ticket planned before the view was replaced");
         assert!(episodes_of(&planned).iter().all(|e| *e < 2), "{:?}", episodes_of(&planned));
     });
+
+    // Files of the lake lost under a running server: a query reading them is the server's
+    // failure (500, counted as internal), told without the lake's paths; the log has them.
+    for version in std::fs::read_dir(root.join("datasets/v30-av1-small")).expect("versions") {
+        for file in std::fs::read_dir(version.expect("entry").path().join("steps.lance/data")).expect("data files") {
+            std::fs::remove_file(file.expect("entry").path()).expect("remove");
+        }
+    }
+    let (_, before) = http(&server.http, "GET", "/metrics", &[("Authorization", auth.as_str())], b"");
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELECT sum(index) FROM steps");
+    let message = String::from_utf8_lossy(&body);
+    assert_eq!(code, 500, "{message}");
+    assert!(message.contains("reading the lake's files failed") && !message.contains(".lance") && !message.contains(".rs:"), "{message}");
+    let (_, after) = http(&server.http, "GET", "/metrics", &[("Authorization", auth.as_str())], b"");
+    let count = |text: &[u8], kind: &str| metric(&String::from_utf8_lossy(text), &format!("lake_errors_total{{kind=\"{kind}\"}}"));
+    assert_eq!(count(&after, "internal") - count(&before, "internal"), 1.0);
+    assert_eq!(count(&after, "sql"), count(&before, "sql"), "not the query's fault");
 }
 
 /// The `episode_index` of every row of `batches`.
