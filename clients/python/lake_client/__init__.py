@@ -114,7 +114,8 @@ class LakeClient:
 
 class LakeError(Exception):
     """A local stream the server refused or that failed: `code` (`bad_request`, `not_found`,
-    `busy`, `unauthorized`, `internal`) and the server's message."""
+    `busy`, `unauthorized`, `unavailable` (the server is shutting down: resume from the next
+    step), `internal`) and the server's message."""
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{message} ({code})")
@@ -504,6 +505,11 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             self.request["datasets"] = request["datasets"] = pinned
             self._pinned = True
         steps_per_epoch = info["steps_per_epoch"]
+        if self.step >= steps_per_epoch > 0:
+            raise ValueError(
+                f"the cursor is at step {self.step} of epoch {self.epoch}, but an epoch of this request has "
+                f"{steps_per_epoch} steps: a state saved for other datasets, episodes or batch size?"
+            )
         if workers == 1:
             if self.epochs is not None:
                 remaining = (self.epochs - self.epoch) * steps_per_epoch - self.step

@@ -176,6 +176,11 @@ class TorchDataset(unittest.TestCase):
             self.make(datasets=["another"]).load_state_dict(state)
         seen += [b["index"].tolist() for b in rest]
         self.assertEqual(seen, whole)
+        # A cursor past the epoch's steps (another batch size, say) is refused, not an empty run.
+        past = self.make()
+        past.load_state_dict({**state, "step": 10_000})
+        with self.assertRaisesRegex(ValueError, "an epoch of this request has"):
+            next(iter(past))
         if LOCAL:
             self.assertEqual([b["index"].tolist() for b in self.make(local=LOCAL)], whole)
             self.assertEqual([b["index"].tolist() for b in self.make(location=None, local=LOCAL)], whole)
