@@ -169,7 +169,14 @@ impl SampleRequest {
     /// # Errors
     /// [`Error::Invalid`] with serde's message (field and position).
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        serde_json::from_slice(bytes).map_err(|e| Error::Invalid(format!("bad sampling request: {e}")))
+        serde_json::from_slice(bytes).map_err(|e| {
+            let not_object = matches!(serde_json::from_slice::<serde_json::Value>(bytes), Ok(v) if !v.is_object());
+            if not_object {
+                Error::Invalid("bad sampling request: it must be a JSON object (`{\"datasets\": [...], ...}`)".into())
+            } else {
+                Error::Invalid(format!("bad sampling request: {e}"))
+            }
+        })
     }
 
     fn windows(&self) -> Result<Windows> {

@@ -216,6 +216,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}), tonic::Code::InvalidArgument, "outside a world"),
             (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [0.01]}}), tonic::Code::InvalidArgument, "action"),
             (json!({"datasets": ["v30-av1-small"], "batch_sise": 3}), tonic::Code::InvalidArgument, "batch_sise"),
+            (json!([]), tonic::Code::InvalidArgument, "it must be a JSON object"),
             // Numbers too large for any lake are refused, never wrapped.
             (json!({"datasets": ["v30-av1-small"], "batch_size": 4294967296u64, "world_size": 4294967296u64}), tonic::Code::InvalidArgument, "batch_size is 4294967296; it may be at most"),
             (json!({"datasets": ["v30-av1-small"], "world_size": 0}), tonic::Code::InvalidArgument, "world_size must be at least 1"),
