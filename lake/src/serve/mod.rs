@@ -398,6 +398,9 @@ pub struct Metrics {
     pub batches_queued: AtomicU64,
     /// Batches made in free room of the memory budget, lent beyond their stream's own.
     pub lent_batches: AtomicU64,
+    /// Times the room lent to a stream whose client was not reading was taken back for a
+    /// stream waiting to start.
+    pub reclaimed: AtomicU64,
     /// Streams refused because the memory budget had no room for them.
     pub busy: AtomicU64,
 }
@@ -445,8 +448,53 @@ pub struct Service {
     retired: Mutex<DecodeStats>,
     stopping: tokio::sync::watch::Sender<bool>,
     prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
+    /// Streams that may hold lent room (see [`Service::reclaim_lent`]).
+    lenders: Mutex<Vec<Weak<Making>>>,
     /// Counters.
     pub metrics: Metrics,
+}
+
+/// How long a client must have left a stream's batches untaken before the room lent to it may
+/// be taken back for a stream that waits to start.
+const IDLE_LENDER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A batch made for a stream: the loader's result, its room, and the `ready_batches` unit.
+type Made = (std::result::Result<lake_loader::LoadedBatch, lake_loader::Error>, (OwnedSemaphorePermit, Option<LentRoom>), Gauge);
+
+/// The batches a stream is making, shared with admission, which takes them back from a client
+/// that does not read while room lent to it is wanted (see [`Service::reclaim_lent`]).
+struct Making {
+    state: Mutex<MakingState>,
+    /// Batches of this stream in lent room now.
+    lent: AtomicU64,
+}
+
+struct MakingState {
+    /// The batches being made and ready, in order; `None` once taken back (made again from
+    /// `delivered` on when the client asks).
+    pipeline: Option<Pin<Box<dyn Stream<Item = Made> + Send>>>,
+    /// Batches handed to the client.
+    delivered: u64,
+    /// Whether the client waits for a batch now.
+    waiting: bool,
+    /// When the client last took a batch (or the stream started).
+    last_taken: Instant,
+}
+
+/// Room lent to a batch: the server's `lent_batches` unit and its stream's.
+struct LentRoom(#[allow(dead_code)] Gauge, Arc<Making>);
+
+impl LentRoom {
+    fn new(service: Arc<Service>, making: Arc<Making>) -> Self {
+        making.lent.fetch_add(1, Ordering::Relaxed);
+        Self(Gauge::up(service, |m| &m.lent_batches), making)
+    }
+}
+
+impl Drop for LentRoom {
+    fn drop(&mut self) {
+        self.1.lent.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Service {
@@ -530,8 +578,29 @@ impl Service {
             retired: Mutex::new(DecodeStats::default()),
             stopping,
             prepared: tokio::sync::Mutex::new(HashMap::new()),
+            lenders: Mutex::new(Vec::new()),
             metrics: Metrics::default(),
         }))
+    }
+
+    /// Takes back the room lent to streams whose clients have left their batches untaken for
+    /// [`IDLE_LENDER`] (a trainer paused to evaluate or checkpoint): the batches they were
+    /// making or had ready are dropped, and made again, in their own room, when the client
+    /// reads on. Called while a stream waits to start, so that prepared-ahead batches never
+    /// keep it out.
+    fn reclaim_lent(&self) {
+        let mut lenders = self.lenders.lock().expect("not poisoned");
+        lenders.retain(|l| l.strong_count() > 0);
+        for making in lenders.iter().filter_map(Weak::upgrade) {
+            if making.lent.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            // A stream being polled now is read: left alone.
+            let Ok(mut state) = making.state.try_lock() else { continue };
+            if !state.waiting && state.last_taken.elapsed() >= IDLE_LENDER && state.pipeline.take().is_some() {
+                self.metrics.reclaimed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Begins a graceful shutdown: every open stream ends after the batch it is sending, so the
@@ -728,7 +797,19 @@ impl Service {
         // before it is refused.
         let waiting = (Gauge::up(self.clone(), |m| &m.waiting_for_memory), Gauge::up(self.clone(), |m| &m.waiting_to_start));
         let units = u32::try_from(held + need).unwrap_or(u32::MAX);
-        let admitted = tokio::time::timeout(self.options.admission_wait, self.memory.clone().acquire_many_owned(units)).await;
+        let admission = async {
+            // Room lent to streams whose clients stopped reading is taken back while this waits.
+            let acquire = self.memory.clone().acquire_many_owned(units);
+            tokio::pin!(acquire);
+            let mut look = tokio::time::interval(IDLE_LENDER / 4);
+            loop {
+                tokio::select! {
+                    admitted = &mut acquire => break admitted,
+                    _ = look.tick() => self.reclaim_lent(),
+                }
+            }
+        };
+        let admitted = tokio::time::timeout(self.options.admission_wait, admission).await;
         drop(waiting);
         let Ok(Ok(reserved)) = admitted else {
             self.metrics.busy.fetch_add(1, Ordering::Relaxed);
@@ -759,7 +840,6 @@ impl Service {
             None
         };
         let guard = Gauge::up(self.clone(), |m| &m.active_streams);
-        let service = self.clone();
         let mut last = Instant::now();
         let mut stopping = self.stopping.subscribe();
         let stop = async move {
@@ -776,53 +856,73 @@ impl Service {
         // found the budget full and some were refused, although their own room fits).
         let lendable = 2 * self.resources.threads() as u64;
         let own = Arc::new(Semaphore::new(need as usize));
+        let making = Arc::new(Making {
+            state: Mutex::new(MakingState { pipeline: None, delivered: 0, waiting: false, last_taken: Instant::now() }),
+            lent: AtomicU64::new(0),
+        });
+        self.lenders.lock().expect("not poisoned").push(Arc::downgrade(&making));
+        // Batches begun with the lookahead (each exactly once; a batch made again after its
+        // room was taken back decodes its frames itself).
+        let begun = Arc::new(AtomicU64::new(0));
+        let member = member.map(Arc::new);
         let (loader, order, memory, counted) = (prepared.loader.clone(), prepared.order.clone(), self.memory.clone(), self.clone());
-        let made = futures::stream::iter(lake_loader::cursors(&stream_request))
-            .then(move |cursor| {
-                let (memory, own, service) = (memory.clone(), own.clone(), counted.clone());
-                async move {
-                    if let Ok(mine) = own.clone().try_acquire_many_owned(need) {
-                        return (cursor, (mine, None));
-                    }
-                    if service.metrics.waiting_to_start.load(Ordering::Relaxed) == 0 {
-                        let lent = Gauge::up(service.clone(), |m| &m.lent_batches);
-                        if service.metrics.lent_batches.load(Ordering::Relaxed) <= lendable
+        let lender = Arc::downgrade(&making);
+        let build = move |from: u64| -> Pin<Box<dyn Stream<Item = Made> + Send>> {
+            let (memory, own, counted, lender) = (memory.clone(), own.clone(), counted.clone(), lender.clone());
+            let (loader, order, member, begun) = (loader.clone(), order.clone(), member.clone(), begun.clone());
+            let lending = counted.clone();
+            let made = futures::stream::iter(lake_loader::cursors(&stream_request).zip(0u64..).skip(from as usize))
+                .then(move |(cursor, index)| {
+                    let (memory, own, service, lender) = (memory.clone(), own.clone(), lending.clone(), lender.clone());
+                    async move {
+                        if let Ok(mine) = own.clone().try_acquire_many_owned(need) {
+                            return (cursor, index, (mine, None));
+                        }
+                        if service.metrics.waiting_to_start.load(Ordering::Relaxed) == 0
+                            && service.metrics.lent_batches.load(Ordering::Relaxed) < lendable
+                            && let Some(making) = lender.upgrade()
                             && let Ok(free) = memory.try_acquire_many_owned(need)
                         {
-                            return (cursor, (free, Some(lent)));
+                            return (cursor, index, (free, Some(LentRoom::new(service, making))));
                         }
+                        let waiting = Gauge::up(service, |m| &m.waiting_for_memory);
+                        let permit = own.acquire_many_owned(need).await.expect("a stream's room is never closed");
+                        drop(waiting);
+                        (cursor, index, (permit, None))
                     }
-                    let waiting = Gauge::up(service, |m| &m.waiting_for_memory);
-                    let permit = own.acquire_many_owned(need).await.expect("a stream's room is never closed");
-                    drop(waiting);
-                    (cursor, (permit, None))
-                }
-            })
-            .map(move |(cursor, permit)| {
-                let (loader, order, service) = (loader.clone(), order.clone(), service.clone());
-                let ahead = member.as_ref().map(|m| m.begin(cursor)).unwrap_or_default();
-                // Made on its own task: a batch that holds a making slot finishes whether or not
-                // its client reads (a slow reader must not keep the slot from other streams),
-                // and is abandoned when the stream is dropped.
-                let made = Spawned(tokio::spawn({
-                    let service = service.clone();
+                })
+                .map(move |(cursor, index, permit)| {
+                    let (loader, order, service) = (loader.clone(), order.clone(), counted.clone());
+                    let ahead = match &member {
+                        Some(m) if index >= begun.load(Ordering::Relaxed) => {
+                            begun.store(index + 1, Ordering::Relaxed);
+                            m.begin(cursor)
+                        }
+                        _ => lake_loader::Ahead::default(),
+                    };
+                    // Made on its own task: a batch that holds a making slot finishes whether or
+                    // not its client reads (a slow reader must not keep the slot from other
+                    // streams), and is abandoned when the stream is dropped.
+                    let made = Spawned(tokio::spawn({
+                        let service = service.clone();
+                        async move {
+                            let queued = Gauge::up(service.clone(), |m| &m.batches_queued);
+                            let slot = service.making.clone().acquire_owned().await.expect("the making slots are never closed");
+                            drop(queued);
+                            let _making = (Gauge::up(service.clone(), |m| &m.batches_in_progress), slot);
+                            lake_loader::load_with(&loader, &order, sharding, cursor, &ahead).await
+                        }
+                    }));
                     async move {
-                        let queued = Gauge::up(service.clone(), |m| &m.batches_queued);
-                        let slot = service.making.clone().acquire_owned().await.expect("the making slots are never closed");
-                        drop(queued);
-                        let _making = (Gauge::up(service.clone(), |m| &m.batches_in_progress), slot);
-                        lake_loader::load_with(&loader, &order, sharding, cursor, &ahead).await
+                        let loaded = made.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+                        (loaded, permit, Gauge::up(service, |m| &m.ready_batches))
                     }
-                }));
-                async move {
-                    let loaded = made.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-                    (loaded, permit, Gauge::up(service, |m| &m.ready_batches))
-                }
-            })
-            .buffered(ahead);
+                })
+                .buffered(ahead);
+            Box::pin(made)
+        };
         let service = self.clone();
-        let mut held: Option<(OwnedSemaphorePermit, Option<Gauge>)> = None;
-        let mut made = Box::pin(made);
+        let mut held: Option<(OwnedSemaphorePermit, Option<LentRoom>)> = None;
         // A shutdown ends the stream after the batch being sent, with an error (not the end of
         // a stream that was asked for), so that its client resumes from the next step.
         let mut stop = Some(Box::pin(stop));
@@ -836,7 +936,18 @@ impl Service {
                 stop = None;
                 return Poll::Ready(Some(Err(Error::ShuttingDown)));
             }
-            let Some((item, permit, ready)) = std::task::ready!(made.poll_next_unpin(cx)) else { return Poll::Ready(None) };
+            let mut state = making.state.lock().expect("not poisoned");
+            let from = state.delivered;
+            let pipeline = state.pipeline.get_or_insert_with(|| build(from));
+            let Poll::Ready(next) = pipeline.poll_next_unpin(cx) else {
+                state.waiting = true;
+                return Poll::Pending;
+            };
+            state.waiting = false;
+            let Some((item, permit, ready)) = next else { return Poll::Ready(None) };
+            state.delivered += 1;
+            state.last_taken = Instant::now();
+            drop(state);
             held = Some(permit);
             drop(ready);
             let m = &service.metrics;
@@ -893,6 +1004,12 @@ impl Service {
             ("lake_batches_in_progress", "gauge", "Batches being made.", g(&m.batches_in_progress)),
             ("lake_batches_queued", "gauge", "Batches waiting for a slot to be made in.", g(&m.batches_queued)),
             ("lake_lent_batches", "gauge", "Batches held in room lent beyond their stream's own.", g(&m.lent_batches)),
+            (
+                "lake_lent_reclaimed_total",
+                "counter",
+                "Streams whose lent room was taken back (their client not reading) for a stream waiting to start.",
+                g(&m.reclaimed),
+            ),
             ("lake_streams_waiting_for_memory", "gauge", "Streams waiting for room in the memory budget.", g(&m.waiting_for_memory)),
             ("lake_streams_waiting_to_start", "gauge", "Streams waiting for room in the memory budget to start.", g(&m.waiting_to_start)),
             ("lake_memory_budget_bytes", "gauge", "Bytes all streams' batches may hold.", budget.to_string()),

@@ -640,6 +640,36 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         assert_eq!(first.try_collect::<Vec<_>>().await.expect("batches").len(), 3);
         assert_eq!(metric(&lending.prometheus().await, "lake_lent_batches"), 0.0);
 
+        // A client that stops reading (a trainer paused to evaluate) keeps its own room, but the
+        // room lent to it is taken back for a stream that waits to start; its batches are made
+        // again when it reads on, and are the same batches.
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let options = lake::serve::ServeOptions {
+            loader: lake_loader::LoaderOptions { threads: 1, ..Default::default() },
+            memory_bytes: 2 * 3 * batch + 2 * 2 * batch + 16 * 1024,
+            prefetch_bytes: 64 * batch,
+            admission_wait: std::time::Duration::from_secs(10),
+            ..Default::default()
+        };
+        let paused = lake::serve::Service::new(lake, options).expect("service");
+        let (_, mut first) = paused.batches(&request(0, 4)).await.expect("first stream");
+        let mut kept = vec![first.next().await.expect("a batch").expect("batch")];
+        assert_eq!(metric(&paused.prometheus().await, "lake_lent_batches"), 2.0);
+        let (_, second) = paused.batches(&request(1, 4)).await.expect("fits beside the lent room");
+        let (_, third) = paused.batches(&request(2, 4)).await.expect("the paused stream's lent room is taken back");
+        let text = paused.prometheus().await;
+        assert_eq!(metric(&text, "lake_lent_reclaimed_total"), 1.0, "{text}");
+        assert!(metric(&text, "lake_memory_used_bytes") <= metric(&text, "lake_memory_budget_bytes"), "{text}");
+        for (seed, batches) in [(1, second), (2, third)] {
+            let (_, expected) = probe.batches(&request(seed, 4)).await.expect("stream");
+            let expected: Vec<RecordBatch> = expected.try_collect().await.expect("batches");
+            same_rows(&batches.try_collect::<Vec<_>>().await.expect("batches"), &expected, "beside a paused stream");
+        }
+        kept.extend(first.try_collect::<Vec<_>>().await.expect("the paused stream reads on"));
+        let (_, expected) = probe.batches(&request(0, 4)).await.expect("stream");
+        same_rows(&kept, &expected.try_collect::<Vec<_>>().await.expect("batches"), "made again after its room was taken back");
+        assert_eq!(metric(&paused.prometheus().await, "lake_memory_used_bytes"), 0.0);
+
         // Room for three streams: while they are open, a fourth waits, then is refused as busy;
         // once they close, streams run again.
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
