@@ -465,8 +465,9 @@ type Made = (std::result::Result<lake_loader::LoadedBatch, lake_loader::Error>, 
 /// that does not read while room lent to it is wanted (see [`Service::reclaim_lent`]).
 struct Making {
     state: Mutex<MakingState>,
-    /// Batches of this stream in lent room now.
-    lent: AtomicU64,
+    /// Batches of this stream in lent room now (counted by [`LentRoom`], which must not hold
+    /// the `Making` its batch sits in).
+    lent: Arc<AtomicU64>,
 }
 
 struct MakingState {
@@ -482,18 +483,18 @@ struct MakingState {
 }
 
 /// Room lent to a batch: the server's `lent_batches` unit and its stream's.
-struct LentRoom(#[allow(dead_code)] Gauge, Arc<Making>);
+struct LentRoom(#[allow(dead_code)] Gauge, Arc<AtomicU64>);
 
 impl LentRoom {
-    fn new(service: Arc<Service>, making: Arc<Making>) -> Self {
-        making.lent.fetch_add(1, Ordering::Relaxed);
-        Self(Gauge::up(service, |m| &m.lent_batches), making)
+    fn new(service: Arc<Service>, stream: Arc<AtomicU64>) -> Self {
+        stream.fetch_add(1, Ordering::Relaxed);
+        Self(Gauge::up(service, |m| &m.lent_batches), stream)
     }
 }
 
 impl Drop for LentRoom {
     fn drop(&mut self) {
-        self.1.lent.fetch_sub(1, Ordering::Relaxed);
+        self.1.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -858,7 +859,7 @@ impl Service {
         let own = Arc::new(Semaphore::new(need as usize));
         let making = Arc::new(Making {
             state: Mutex::new(MakingState { pipeline: None, delivered: 0, waiting: false, last_taken: Instant::now() }),
-            lent: AtomicU64::new(0),
+            lent: Arc::new(AtomicU64::new(0)),
         });
         self.lenders.lock().expect("not poisoned").push(Arc::downgrade(&making));
         // Batches begun with the lookahead (each exactly once; a batch made again after its
@@ -866,7 +867,7 @@ impl Service {
         let begun = Arc::new(AtomicU64::new(0));
         let member = member.map(Arc::new);
         let (loader, order, memory, counted) = (prepared.loader.clone(), prepared.order.clone(), self.memory.clone(), self.clone());
-        let lender = Arc::downgrade(&making);
+        let lender = making.lent.clone();
         let build = move |from: u64| -> Pin<Box<dyn Stream<Item = Made> + Send>> {
             let (memory, own, counted, lender) = (memory.clone(), own.clone(), counted.clone(), lender.clone());
             let (loader, order, member, begun) = (loader.clone(), order.clone(), member.clone(), begun.clone());
@@ -880,10 +881,9 @@ impl Service {
                         }
                         if service.metrics.waiting_to_start.load(Ordering::Relaxed) == 0
                             && service.metrics.lent_batches.load(Ordering::Relaxed) < lendable
-                            && let Some(making) = lender.upgrade()
                             && let Ok(free) = memory.try_acquire_many_owned(need)
                         {
-                            return (cursor, index, (free, Some(LentRoom::new(service, making))));
+                            return (cursor, index, (free, Some(LentRoom::new(service, lender))));
                         }
                         let waiting = Gauge::up(service, |m| &m.waiting_for_memory);
                         let permit = own.acquire_many_owned(need).await.expect("a stream's room is never closed");

@@ -669,6 +669,13 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         let (_, expected) = probe.batches(&request(0, 4)).await.expect("stream");
         same_rows(&kept, &expected.try_collect::<Vec<_>>().await.expect("batches"), "made again after its room was taken back");
         assert_eq!(metric(&paused.prometheus().await, "lake_memory_used_bytes"), 0.0);
+        // A client that goes away while batches sit in lent room gives all of it back.
+        let (_, mut gone) = paused.batches(&request(0, 4)).await.expect("stream");
+        gone.next().await.expect("a batch").expect("batch");
+        assert_eq!(metric(&paused.prometheus().await, "lake_lent_batches"), 2.0);
+        drop(gone);
+        let text = paused.prometheus().await;
+        assert_eq!((metric(&text, "lake_lent_batches"), metric(&text, "lake_memory_used_bytes")), (0.0, 0.0), "{text}");
 
         // Room for three streams: while they are open, a fourth waits, then is refused as busy;
         // once they close, streams run again.
