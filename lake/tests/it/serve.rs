@@ -763,6 +763,11 @@ fn flight_sql_answers_as_lake_sql_does_and_refuses_what_is_not_a_query() {
         assert!(e.to_string().contains("invalid argument") && e.to_string().contains("Line: 1"), "{e}");
         let e = client.execute("SELECT * FROM nope.steps".into(), None).await.expect_err("missing dataset");
         assert!(e.to_string().contains("no dataset `nope`"), "{e}");
+        let e = client.prepare("SELEC 2".into(), None).await.expect_err("bad sql, prepared");
+        assert!(e.to_string().contains("Line: 1"), "{e}");
+        let (_, metrics) = http(&server.http, "GET", "/metrics", &[("Authorization", format!("Bearer {TOKEN}").as_str())], b"");
+        let errors = metric(&String::from_utf8_lossy(&metrics), "lake_errors_total{kind=\"sql\"}");
+        assert_eq!(errors, 3.0, "every refused statement is counted, prepared ones too");
         for statement in ["COPY (SELECT 1) TO '/tmp/lake-flight-sql.csv'", "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/hostname'"]
         {
             let e = client.execute(statement.into(), None).await.expect_err("not a query");
