@@ -461,6 +461,33 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         self._own: Optional[tuple] = None
         self._pinned = False
 
+    def _source(self):
+        return LocalClient(self.local, self.token) if self.local else LakeClient(self.location, self.token)
+
+    def _pin(self, source, info: Dict[str, Any]) -> Dict[str, Any]:
+        """From now on (later epochs, a resume from state_dict) the versions `info` planned, the
+        same on every rank (a server that does not pin sends none); returns the plan for them."""
+        request = self._full_request()
+        pinned = _agreed(info.get("datasets", request["datasets"]))
+        if pinned != info.get("datasets", request["datasets"]):
+            info = source.info({**request, "datasets": pinned})
+        self.request["datasets"] = pinned
+        self._pinned = True
+        return info
+
+    def pin(self) -> List[Any]:
+        """Pins the dataset versions now (the server's latest, or rank 0's under
+        `torch.distributed`) and returns them (`name@version`). Without it each process pins on
+        its first batch, so DataLoader workers started while a new version is ingested could
+        read different versions; call it before making the DataLoader to give every worker the
+        same ones. It asks the server: with a Flight `location`, start the workers with
+        `multiprocessing_context="spawn"` afterwards (gRPC is not fork-safe); a `local` socket
+        forks safely. Does nothing once pinned (a loaded state pins too)."""
+        if not self._pinned:
+            source = self._source()
+            self._pin(source, source.info(self._full_request()))
+        return list(self.request["datasets"])
+
     def _full_request(self) -> Dict[str, Any]:
         return {**self.request, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch, "start_step": self.step}
 
@@ -493,17 +520,12 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
                 f"this dataset holds the state of DataLoader worker {self._own[0]} of {self._own[1]}, but runs as "
                 f"worker {worker} of {workers}: resume with as many workers"
             )
-        source = LocalClient(self.local, self.token) if self.local else LakeClient(self.location, self.token)
+        source = self._source()
         request = self._full_request()
         info = source.info(request)
         if not self._pinned:
-            # From now on (later epochs, a resume from state_dict) the versions read first, the
-            # same on every rank. (A server that does not pin sends none.)
-            pinned = _agreed(info.get("datasets", request["datasets"]))
-            if pinned != info.get("datasets", request["datasets"]):
-                info = source.info({**request, "datasets": pinned})
-            self.request["datasets"] = request["datasets"] = pinned
-            self._pinned = True
+            info = self._pin(source, info)
+            request["datasets"] = self.request["datasets"]
         steps_per_epoch = info["steps_per_epoch"]
         if self.step >= steps_per_epoch > 0:
             raise ValueError(

@@ -170,6 +170,9 @@ class TorchDataset(unittest.TestCase):
                 break
         state = first.state_dict()
         self.assertEqual(state["datasets"], [f"{DATASET}@1"], "the versions read are saved")
+        pinned = self.make()
+        self.assertEqual(pinned.pin(), [f"{DATASET}@1"], "pinned before any batch")
+        self.assertEqual(pinned.state_dict()["datasets"], [f"{DATASET}@1"])
         rest = self.make()
         rest.load_state_dict(state)
         with self.assertRaises(ValueError):
