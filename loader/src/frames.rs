@@ -130,7 +130,7 @@ impl FrameStorage {
 /// Schema of `frames`: the packet row, and its frame as RGB24 (HWC), stored as `storage` says.
 ///
 /// The frame column is a Lance blob column: each frame is stored as it is, out of line, and a
-/// read of a frame is one positioned read of its bytes (see [`read_frames`]). As an ordinary
+/// read of a frame is one positioned read of its bytes (see `read_frames`). As an ordinary
 /// binary column Lance would zstd-compress every value over 32 KiB (a decompression per read,
 /// and for zstd frames a second compression for nothing) and copy the values three more times
 /// while decoding a take.
