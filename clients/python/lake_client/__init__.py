@@ -35,7 +35,7 @@ import pyarrow.flight as flight
 
 __all__ = ["LakeClient", "LocalClient", "LakeError", "LakeIterableDataset", "batch_to_numpy"]
 
-DatasetSpec = Union[str, Dict[str, Any]]
+DatasetSpec = Union[str, Dict[str, Any]]  # a name (`name` or `name@version`) or {"name", "weight"}
 
 
 def _shape(field: pa.Field) -> Optional[List[int]]:
@@ -62,6 +62,26 @@ def batch_to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
             out[field.name] = array.reshape([len(batch)] + list(dims))
         else:
             out[field.name] = column.to_numpy(zero_copy_only=False)
+    return out
+
+
+def _datasets(datasets: Union[DatasetSpec, Sequence[DatasetSpec]]) -> List[DatasetSpec]:
+    """A request's `datasets`: one name, or a list of names and `{"name", "weight"}` dicts."""
+    if isinstance(datasets, str):
+        return [datasets]
+    if isinstance(datasets, dict):
+        if "name" in datasets:
+            return [datasets]
+        raise TypeError(
+            "`datasets` takes dataset names or {\"name\": ..., \"weight\": ...} entries, not a whole "
+            "sampling request: pass its fields as keyword arguments"
+        )
+    out = list(datasets)
+    for entry in out:
+        if not isinstance(entry, (str, dict)):
+            raise TypeError(f"a `datasets` entry is a name or a {{\"name\", \"weight\"}} dict, not {type(entry).__name__}")
+    if not out:
+        raise ValueError("`datasets` names no dataset")
     return out
 
 
@@ -451,7 +471,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         detected = _rank_and_world()
         self.rank = detected[0] if rank is None else rank
         self.world_size = detected[1] if world_size is None else world_size
-        self.request = {"datasets": list(datasets), "preset": preset, "batch_size": batch_size, "seed": seed, **request}
+        self.request = {"datasets": _datasets(datasets), "preset": preset, "batch_size": batch_size, "seed": seed, **request}
         if delta_timestamps is not None:
             self.request["delta_timestamps"] = delta_timestamps
         self.epochs = epochs

@@ -160,6 +160,14 @@ class TorchDataset(unittest.TestCase):
         args.update(kw)
         return LakeIterableDataset(location, **args)
 
+    def test_datasets_take_one_name_or_a_list_and_refuse_a_whole_request(self):
+        self.assertEqual([b["index"].tolist() for b in self.make(datasets=DATASET)], [b["index"].tolist() for b in self.make()])
+        with self.assertRaises(TypeError) as refused:
+            self.make(datasets={"datasets": [DATASET], "batch_size": 4})
+        self.assertIn("keyword arguments", str(refused.exception))
+        with self.assertRaises(ValueError):
+            self.make(datasets=[])
+
     def test_resume_from_state_dict_replays_exactly(self):
         whole = [b["index"].tolist() for b in self.make()]
         first = self.make()
