@@ -423,6 +423,10 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
+    Other request fields are keyword arguments (`episodes`, `drop_last`, …); `epoch` and
+    `start_step` among them start the cursor there. `epochs` bounds a run (the stream ends
+    before epoch `epochs`); the dataset sets `step_stride` and `limit_batches` itself and
+    refuses them.
 
     DataLoader workers (`num_workers=W`) share the rank's sequence: worker `w` reads global
     steps `cursor + w`, `cursor + w + W`, … (the request's `step_stride`), so the DataLoader's
@@ -471,11 +475,21 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         detected = _rank_and_world()
         self.rank = detected[0] if rank is None else rank
         self.world_size = detected[1] if world_size is None else world_size
+        owned = sorted(set(request) & {"limit_batches", "step_stride"})
+        if owned:
+            raise ValueError(
+                f"LakeIterableDataset sets {' and '.join(owned)} itself (the stride from DataLoader workers, the "
+                "limit from `epochs`): bound a run with `epochs`, or stop iterating after the batches you want"
+            )
+        # `epoch` / `start_step` in the request are where the cursor starts.
+        start = (int(request.pop("epoch", 0)), int(request.pop("start_step", 0)))
+        if min(start) < 0:
+            raise ValueError(f"the cursor starts at epoch {start[0]}, step {start[1]}: neither may be negative")
         self.request = {"datasets": _datasets(datasets), "preset": preset, "batch_size": batch_size, "seed": seed, **request}
         if delta_timestamps is not None:
             self.request["delta_timestamps"] = delta_timestamps
         self.epochs = epochs
-        self.epoch, self.step = 0, 0
+        self.epoch, self.step = start
         # `(worker, workers)` once `(epoch, step)` is that DataLoader worker's own next step
         # (every `workers`-th); None while it is the rank's cursor, shared by all workers.
         self._own: Optional[tuple] = None

@@ -168,6 +168,18 @@ class TorchDataset(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.make(datasets=[])
 
+    def test_request_cursor_fields_start_the_cursor_and_owned_fields_are_refused(self):
+        whole = [b["index"].tolist() for b in self.make()]
+        started = self.make(start_step=3)
+        self.assertEqual([b["index"].tolist() for b in started], whole[3:])
+        self.assertEqual(started.state_dict()["epoch"], 1)
+        for field in ("limit_batches", "step_stride"):
+            with self.assertRaises(ValueError) as refused:
+                from lake_client import LakeIterableDataset
+
+                LakeIterableDataset(LOCATION, [DATASET], **{field: 1})
+            self.assertIn(field, str(refused.exception))
+
     def test_resume_from_state_dict_replays_exactly(self):
         whole = [b["index"].tolist() for b in self.make()]
         first = self.make()
