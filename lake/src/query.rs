@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::Context;
 use arrow::{
-    array::{Array, RecordBatch},
+    array::RecordBatch,
     datatypes::SchemaRef,
     ipc::writer::{FileWriter, StreamWriter},
 };
@@ -149,7 +149,7 @@ impl<'a> Sink<'a> {
         match self {
             Self::Table(batches, ..) => batches.push(batch),
             Self::Csv(w, unwritten) => {
-                w.write(&flat_for_csv(&batch)?)?;
+                w.write(&lake::sql::flat_for_csv(&batch)?)?;
                 *unwritten = None;
             }
             Self::Json(w) => w.write(&batch)?,
@@ -173,7 +173,7 @@ impl<'a> Sink<'a> {
             }
             Self::Csv(mut w, unwritten) => {
                 if let Some(schema) = unwritten {
-                    w.write(&flat_for_csv(&RecordBatch::new_empty(schema))?)?;
+                    w.write(&lake::sql::flat_for_csv(&RecordBatch::new_empty(schema))?)?;
                 }
             }
             Self::Json(mut w) => w.finish()?,
@@ -186,30 +186,6 @@ impl<'a> Sink<'a> {
         }
         Ok(())
     }
-}
-
-/// `batch` with nested columns (vectors, structs) as their text form (`[1.0, 2.0]`), which CSV
-/// cannot hold otherwise.
-fn flat_for_csv(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
-    if !batch.schema().fields().iter().any(|f| f.data_type().is_nested()) {
-        return Ok(batch.clone());
-    }
-    let options = arrow::util::display::FormatOptions::default().with_null("");
-    let mut fields = Vec::new();
-    let mut columns = Vec::new();
-    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-        if field.data_type().is_nested() {
-            let formatter = arrow::util::display::ArrayFormatter::try_new(column.as_ref(), &options)?;
-            let text: arrow::array::StringArray =
-                (0..column.len()).map(|i| (!column.is_null(i)).then(|| formatter.value(i).to_string())).collect();
-            fields.push(arrow::datatypes::Field::new(field.name(), arrow::datatypes::DataType::Utf8, true));
-            columns.push(std::sync::Arc::new(text) as arrow::array::ArrayRef);
-        } else {
-            fields.push(field.as_ref().clone());
-            columns.push(column.clone());
-        }
-    }
-    Ok(RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), columns)?)
 }
 
 /// The interactive shell.

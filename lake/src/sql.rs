@@ -595,3 +595,29 @@ impl ExecutionPlan for PlainExec {
         self.input.partition_statistics(partition)
     }
 }
+
+/// `batch` with nested columns (vectors, structs) as their text form (`[1.0, 2.0]`), which CSV
+/// cannot hold otherwise; empty for nulls.
+///
+/// # Errors
+/// When a nested column has no text form.
+pub fn flat_for_csv(batch: &RecordBatch) -> std::result::Result<RecordBatch, arrow::error::ArrowError> {
+    if !batch.schema().fields().iter().any(|f| f.data_type().is_nested()) {
+        return Ok(batch.clone());
+    }
+    let options = arrow::util::display::FormatOptions::default().with_null("");
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if field.data_type().is_nested() {
+            let formatter = arrow::util::display::ArrayFormatter::try_new(column.as_ref(), &options)?;
+            let text: StringArray = (0..column.len()).map(|i| (!column.is_null(i)).then(|| formatter.value(i).to_string())).collect();
+            fields.push(Field::new(field.name(), DataType::Utf8, true));
+            columns.push(Arc::new(text) as ArrayRef);
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}

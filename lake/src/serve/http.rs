@@ -17,7 +17,10 @@ use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
 use super::{Refusal, Service, refusal};
-use crate::{Error, sql::LakeSql};
+use crate::{
+    Error,
+    sql::{LakeSql, flat_for_csv},
+};
 
 /// The media type of Arrow IPC streams.
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
@@ -203,31 +206,126 @@ fn batches_json(batches: &[RecordBatch]) -> crate::Result<Value> {
     serde_json::from_slice(&bytes).map_err(|e| internal(&e))
 }
 
-/// Encodes `batches` as one Arrow IPC stream, message by message, as they arrive.
-fn ipc_stream(
+/// How a streamed answer is written: an Arrow IPC stream, or CSV with a header row.
+enum Encoder {
+    Arrow(StreamWriter<Vec<u8>>),
+    /// The schema, until the header row is written.
+    Csv(Option<SchemaRef>),
+}
+
+impl Encoder {
+    /// The encoder, and the bytes that open its stream.
+    fn new(answer: Answer, schema: &SchemaRef) -> crate::Result<(Self, Bytes)> {
+        let internal = |e: arrow::error::ArrowError| Error::Internal(format!("writing the answer: {e}"));
+        Ok(match answer {
+            Answer::Csv => (Self::Csv(Some(schema.clone())), Bytes::new()),
+            Answer::Arrow | Answer::Json => {
+                let mut writer = StreamWriter::try_new(Vec::new(), schema).map_err(internal)?;
+                let header = Bytes::from(std::mem::take(writer.get_mut()));
+                (Self::Arrow(writer), header)
+            }
+        })
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> Result<Bytes, arrow::error::ArrowError> {
+        match self {
+            Self::Arrow(writer) => writer.write(batch).map(|()| Bytes::from(std::mem::take(writer.get_mut()))),
+            Self::Csv(unwritten) => {
+                let mut out = Vec::new();
+                arrow::csv::WriterBuilder::new().with_header(unwritten.take().is_some()).build(&mut out).write(&flat_for_csv(batch)?)?;
+                Ok(out.into())
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<Bytes, arrow::error::ArrowError> {
+        match self {
+            Self::Arrow(writer) => writer.finish().map(|()| Bytes::from(std::mem::take(writer.get_mut()))),
+            // An empty answer still has its header row.
+            Self::Csv(Some(schema)) => {
+                let empty = RecordBatch::new_empty(schema.clone());
+                self.write(&empty)
+            }
+            Self::Csv(None) => Ok(Bytes::new()),
+        }
+    }
+}
+
+/// Encodes `batches` as `answer` (an Arrow IPC stream or CSV), batch by batch, as they arrive.
+fn encoded_stream(
+    answer: Answer,
     schema: SchemaRef,
     batches: impl Stream<Item = crate::Result<RecordBatch>> + Send + 'static,
 ) -> crate::Result<impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static> {
-    let mut writer = StreamWriter::try_new(Vec::new(), &schema).map_err(|e| Error::Internal(format!("writing the Arrow stream: {e}")))?;
-    let header = Bytes::from(std::mem::take(writer.get_mut()));
-    let state = (Some(writer), Box::pin(batches));
-    let body = futures::stream::unfold(state, |(writer, mut batches)| async move {
-        let mut writer = writer?;
+    let (encoder, header) = Encoder::new(answer, &schema)?;
+    let state = (Some(encoder), Box::pin(batches));
+    let body = futures::stream::unfold(state, |(encoder, mut batches)| async move {
+        let mut encoder = encoder?;
         let out = match batches.next().await {
-            Some(Ok(batch)) => writer.write(&batch).map(|()| Bytes::from(std::mem::take(writer.get_mut()))),
+            Some(Ok(batch)) => encoder.write(&batch),
             Some(Err(e)) => {
                 // Headers are gone; ending the body early tells the client the stream broke.
                 let (_, message) = refusal(&e);
                 return Some((Err(std::io::Error::other(message)), (None, batches)));
             }
-            None => {
-                let done = writer.finish().map(|()| Bytes::from(std::mem::take(writer.get_mut())));
-                return Some((done.map_err(std::io::Error::other), (None, batches)));
-            }
+            None => return Some((encoder.finish().map_err(std::io::Error::other), (None, batches))),
         };
-        Some((out.map_err(std::io::Error::other), (Some(writer), batches)))
+        Some((out.map_err(std::io::Error::other), (Some(encoder), batches)))
     });
     Ok(futures::stream::once(async move { Ok(header) }).chain(body))
+}
+
+/// The forms an answer can take, by media type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Arrow,
+    Json,
+    Csv,
+}
+
+impl Answer {
+    fn media_type(self) -> &'static str {
+        match self {
+            Self::Arrow => ARROW_STREAM,
+            Self::Json => "application/json",
+            Self::Csv => "text/csv",
+        }
+    }
+}
+
+/// The first of `offered` (the first is the default) that the request's `Accept` headers take,
+/// by their quality and then their order; a 406 naming the offered types when they take none.
+fn negotiate(headers: &HeaderMap, path: &str, offered: &[Answer]) -> Result<Answer, Refused> {
+    let accept: Vec<&str> = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
+    let mut ranges: Vec<(f32, String)> = Vec::new();
+    for range in accept.iter().flat_map(|v| v.split(',')) {
+        let mut parts = range.split(';');
+        let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        if media.is_empty() {
+            continue;
+        }
+        let q = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(1.0, |(_, v)| v.trim().parse::<f32>().unwrap_or(0.0));
+        ranges.push((q, media));
+    }
+    if ranges.is_empty() {
+        return Ok(offered[0]);
+    }
+    // Types refused outright (`q=0`) are not taken through a wildcard either.
+    ranges.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let refused = |a: Answer| ranges.iter().any(|(q, m)| *q <= 0.0 && m == a.media_type());
+    let chosen = ranges.iter().filter(|(q, _)| *q > 0.0).find_map(|(_, media)| {
+        offered.iter().copied().filter(|a| !refused(*a)).find(|a| {
+            let ty = a.media_type();
+            media == "*/*" || media == ty || media.strip_suffix("/*").is_some_and(|major| ty.split('/').next() == Some(major))
+        })
+    });
+    chosen.ok_or_else(|| {
+        let types: Vec<&str> = offered.iter().map(|a| a.media_type()).collect();
+        Refused(StatusCode::NOT_ACCEPTABLE, format!("{path} answers in {}, not `{}`", types.join(", "), accept.join(", ")))
+    })
 }
 
 /// The request body, or a JSON refusal (a body over the 2 MiB limit: 413).
@@ -240,12 +338,14 @@ fn body(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result
 
 async fn sample(
     State(service): State<Arc<Service>>,
+    headers: HeaderMap,
     body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Refused> {
+    negotiate(&headers, "/v1/sample", &[Answer::Arrow]).inspect_err(|_| service.count_bad())?;
     let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
     let request = service.parse_request(&body)?;
     let (schema, batches) = service.batches(&request).await?;
-    let body = Body::from_stream(ipc_stream(schema, batches)?);
+    let body = Body::from_stream(encoded_stream(Answer::Arrow, schema, batches)?);
     Ok(([(header::CONTENT_TYPE, ARROW_STREAM)], body).into_response())
 }
 
@@ -254,15 +354,15 @@ async fn sql(
     headers: HeaderMap,
     body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Refused> {
+    let answer = negotiate(&headers, "/v1/sql", &[Answer::Arrow, Answer::Json, Answer::Csv]).inspect_err(|_| service.count_bad())?;
     let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
-    Ok(sql_answer(&service, &headers, &body).await.inspect_err(|e| service.count_sql_error(e))?)
+    Ok(sql_answer(&service, answer, &body).await.inspect_err(|e| service.count_sql_error(e))?)
 }
 
-async fn sql_answer(service: &Arc<Service>, headers: &HeaderMap, body: &[u8]) -> Result<Response, Error> {
+async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Result<Response, Error> {
     let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
     let session = LakeSql::open(service.lake()).await?.read_only();
-    let wants_json = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("application/json"));
-    if wants_json {
+    if answer == Answer::Json {
         let (_, batches) = session.query(query).await?;
         return Ok(Json(batches_json(&batches)?).into_response());
     }
@@ -283,7 +383,8 @@ async fn sql_answer(service: &Arc<Service>, headers: &HeaderMap, body: &[u8]) ->
             e
         })
     });
-    Ok(([(header::CONTENT_TYPE, ARROW_STREAM)], Body::from_stream(ipc_stream(schema, batches)?)).into_response())
+    let content_type = if answer == Answer::Csv { "text/csv; charset=utf-8; header=present" } else { ARROW_STREAM };
+    Ok(([(header::CONTENT_TYPE, content_type)], Body::from_stream(encoded_stream(answer, schema, batches)?)).into_response())
 }
 
 async fn openapi() -> Json<Value> {
@@ -383,11 +484,12 @@ fn paths_and_schemas(
                     "400": error("not a valid name"), "401": unauthorized, "404": error("no such dataset, version or view")}}},
             "/v1/sample": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
                 "responses": {"200": arrow, "400": error("not a valid request for the lake"), "401": unauthorized,
-                    "404": error("no such dataset, version or view"),
+                    "404": error("no such dataset, version or view"), "406": error("the Accept header takes no Arrow stream"),
                     "503": error("the memory budget has no room for another stream now (retry after the Retry-After seconds)")}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
-                "responses": {"200": {"description": "Arrow IPC stream, or JSON rows with Accept: application/json (an error while the stream runs breaks it off before its end marker)",
-                    "content": {ARROW_STREAM: {}, "application/json": {}}}, "400": error("bad SQL, or the query failed"), "401": unauthorized}}}
+                "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), JSON rows (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`); an error while an Arrow or CSV answer streams breaks it off (an Arrow stream before its end marker)",
+                    "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, or the query failed"), "401": unauthorized,
+                    "406": error("the Accept header takes none of the answer's forms")}}}
         }
     })
 }

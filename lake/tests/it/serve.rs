@@ -368,6 +368,26 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         b"SELECT CAST(NULL AS INT) AS x, 1 AS y",
     );
     assert_eq!((code, serde_json::from_slice::<Value>(&body).expect("json")), (200, json!([{"x": null, "y": 1}])), "nulls are kept");
+    // CSV by the Accept header, as `lake sql --format csv` writes it (vectors as text); an Accept
+    // that takes none of the answer's forms is a 406 naming them.
+    let query = "SELECT episode_index, action FROM steps ORDER BY index LIMIT 5";
+    let csv = [("Authorization", auth.as_str()), ("Accept", "text/html;q=0.9, text/csv")];
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &csv, query.as_bytes());
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let cli = lake(&root, &["sql", "--format", "csv", query]);
+    assert_eq!((cli.code, String::from_utf8_lossy(&body).as_ref()), (0, cli.stdout.as_str()));
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &csv, b"SELECT 1 AS x WHERE false");
+    assert_eq!((code, String::from_utf8_lossy(&body).as_ref()), (200, "x\n"), "an empty answer keeps its header row");
+    let refused = [("Authorization", auth.as_str()), ("Accept", "application/xml, application/json;q=0")];
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &refused, query.as_bytes());
+    let error = serde_json::from_slice::<Value>(&body).expect("a JSON error");
+    assert_eq!(code, 406, "{error}");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("text/csv") && e.contains("application/xml")), "{error}");
+    let (code, _) = http(&server.http, "POST", "/v1/sample", &[refused[0], ("Accept", "text/csv")], request.to_string().as_bytes());
+    assert_eq!(code, 406, "samples are Arrow streams only");
+    let anything = [("Authorization", auth.as_str()), ("Accept", "application/*;q=0.5, */*;q=0.1")];
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &anything, query.as_bytes());
+    assert_eq!((code, arrow_batches(&body).iter().map(RecordBatch::num_rows).sum::<usize>()), (200, 5), "a wildcard gets Arrow");
     let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELEC 1");
     assert_eq!(code, 400);
     assert!(String::from_utf8_lossy(&body).contains("Line: 1"), "{}", String::from_utf8_lossy(&body));
