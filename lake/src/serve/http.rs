@@ -14,6 +14,7 @@ use axum::{
     routing::{get, post},
 };
 use futures::{Stream, StreamExt};
+use lake_loader::local::wire;
 use serde_json::{Value, json};
 
 use super::{Refusal, Service, refusal};
@@ -208,6 +209,7 @@ fn batches_json(batches: &[RecordBatch]) -> crate::Result<Value> {
 
 /// How a streamed answer is written: an Arrow IPC stream, or CSV with a header row.
 enum Encoder {
+    /// Writes the schema and the end marker; batches are framed here, their buffers shared.
     Arrow(StreamWriter<Vec<u8>>),
     /// The schema, until the header row is written.
     Csv(Option<SchemaRef>),
@@ -216,37 +218,51 @@ enum Encoder {
 impl Encoder {
     /// The encoder, and the bytes that open its stream.
     fn new(answer: Answer, schema: &SchemaRef) -> crate::Result<(Self, Bytes)> {
-        let internal = |e: arrow::error::ArrowError| Error::Internal(format!("writing the answer: {e}"));
         Ok(match answer {
             Answer::Csv => (Self::Csv(Some(schema.clone())), Bytes::new()),
             Answer::Arrow | Answer::Json => {
-                let mut writer = StreamWriter::try_new(Vec::new(), schema).map_err(internal)?;
+                let mut writer =
+                    StreamWriter::try_new(Vec::new(), schema).map_err(|e| Error::Internal(format!("writing the answer: {e}")))?;
                 let header = Bytes::from(std::mem::take(writer.get_mut()));
                 (Self::Arrow(writer), header)
             }
         })
     }
 
-    fn write(&mut self, batch: &RecordBatch) -> Result<Bytes, arrow::error::ArrowError> {
+    /// A batch's bytes: for Arrow its encapsulated IPC message, whose body is the batch's own
+    /// buffers (a training batch is tens of MB of frames; encoding it into one buffer would copy
+    /// them all).
+    fn write(&mut self, batch: &RecordBatch) -> Result<Vec<Bytes>, String> {
         match self {
-            Self::Arrow(writer) => writer.write(batch).map(|()| Bytes::from(std::mem::take(writer.get_mut()))),
+            Self::Arrow(_) => {
+                let (header, body, _) = super::do_get::ipc_parts(batch).map_err(|s| s.message().to_string())?;
+                Ok(std::iter::once(Bytes::from(wire::message_prefix(&header))).chain(body).collect())
+            }
             Self::Csv(unwritten) => {
                 let mut out = Vec::new();
-                arrow::csv::WriterBuilder::new().with_header(unwritten.take().is_some()).build(&mut out).write(&flat_for_csv(batch)?)?;
-                Ok(out.into())
+                let flat = flat_for_csv(batch).map_err(|e| e.to_string())?;
+                arrow::csv::WriterBuilder::new()
+                    .with_header(unwritten.take().is_some())
+                    .build(&mut out)
+                    .write(&flat)
+                    .map_err(|e| e.to_string())?;
+                Ok(vec![out.into()])
             }
         }
     }
 
-    fn finish(&mut self) -> Result<Bytes, arrow::error::ArrowError> {
+    fn finish(&mut self) -> Result<Vec<Bytes>, String> {
         match self {
-            Self::Arrow(writer) => writer.finish().map(|()| Bytes::from(std::mem::take(writer.get_mut()))),
+            Self::Arrow(writer) => {
+                writer.finish().map_err(|e| e.to_string())?;
+                Ok(vec![Bytes::from(std::mem::take(writer.get_mut()))])
+            }
             // An empty answer still has its header row.
             Self::Csv(Some(schema)) => {
                 let empty = RecordBatch::new_empty(schema.clone());
                 self.write(&empty)
             }
-            Self::Csv(None) => Ok(Bytes::new()),
+            Self::Csv(None) => Ok(Vec::new()),
         }
     }
 }
@@ -261,17 +277,24 @@ fn encoded_stream(
     let state = (Some(encoder), Box::pin(batches));
     let body = futures::stream::unfold(state, |(encoder, mut batches)| async move {
         let mut encoder = encoder?;
-        let out = match batches.next().await {
-            Some(Ok(batch)) => encoder.write(&batch),
+        let (out, encoder) = match batches.next().await {
+            Some(Ok(batch)) => (encoder.write(&batch), Some(encoder)),
             Some(Err(e)) => {
                 // Headers are gone; ending the body early tells the client the stream broke.
                 let (_, message) = refusal(&e);
-                return Some((Err(std::io::Error::other(message)), (None, batches)));
+                return Some((vec![Err(std::io::Error::other(message))], (None, batches)));
             }
-            None => return Some((encoder.finish().map_err(std::io::Error::other), (None, batches))),
+            None => (encoder.finish(), None),
         };
-        Some((out.map_err(std::io::Error::other), (Some(encoder), batches)))
-    });
+        Some(match out {
+            Ok(chunks) => (chunks.into_iter().map(Ok).collect(), (encoder, batches)),
+            Err(e) => {
+                tracing::error!("writing an answer failed: {e}");
+                (vec![Err(std::io::Error::other(e))], (None, batches))
+            }
+        })
+    })
+    .flat_map(futures::stream::iter);
     Ok(futures::stream::once(async move { Ok(header) }).chain(body))
 }
 
