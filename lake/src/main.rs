@@ -1,7 +1,7 @@
 //! The `lake` command line.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // the binary is where output belongs
 
-use std::process::ExitCode;
+use std::{io::IsTerminal, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
@@ -77,7 +77,7 @@ enum Command {
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
 /// errors, 130 cancelled with Ctrl-C.
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -90,7 +90,12 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lance=error")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // An empty `LAKE_ROOT` (or `--lake ""`) is the default root, not a root named "".
+    if cli.lake.trim().is_empty() {
+        cli.lake = "./lake".into();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -119,9 +124,15 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            if let Some(io) = e.downcast_ref::<std::io::Error>()
-                && io.kind() == std::io::ErrorKind::BrokenPipe
-            {
+            // A reader that stopped early (`lake ls | head -1`) is not an error of lake's.
+            // (Writers that keep only the message, CSV's and JSON's, say so in words.)
+            let broken_pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe).to_string();
+            let os_broken_pipe = std::io::Error::from_raw_os_error(32).to_string();
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                    || c.to_string().contains(&os_broken_pipe)
+                    || c.to_string().ends_with(&broken_pipe)
+            }) {
                 return ExitCode::SUCCESS;
             }
             // The chain of causes, each once: some errors' messages already hold their cause.

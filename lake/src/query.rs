@@ -36,15 +36,42 @@ pub enum Format {
     Parquet,
 }
 
+impl Format {
+    /// The format an output file's extension names; a text table for any other file.
+    fn of_file(path: &std::path::Path) -> Self {
+        let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("csv") => Self::Csv,
+            Some("json") => Self::Json,
+            Some("ndjson" | "jsonl") => Self::Ndjson,
+            Some("arrow" | "arrows" | "ipc" | "feather") => Self::Arrow,
+            Some("parquet" | "pq") => Self::Parquet,
+            _ => Self::Table,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Table => "table",
+            Self::Csv => "csv",
+            Self::Json => "json",
+            Self::Ndjson => "ndjson",
+            Self::Arrow => "arrow",
+            Self::Parquet => "parquet",
+        }
+    }
+}
+
 /// Arguments of `lake sql`.
 #[derive(Debug, clap::Args)]
 pub struct SqlArgs {
     /// The query; without one, an interactive shell (statements end with `;`, `\d` lists
     /// tables, `\d NAME` shows one, `\q` quits).
     query: Option<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
-    format: Format,
+    /// Output format [default: from the --output file's extension (.csv, .json, .ndjson,
+    /// .jsonl, .arrow, .ipc, .feather, .parquet), else a text table].
+    #[arg(long, value_enum)]
+    format: Option<Format>,
     /// Write the result to this file instead of stdout.
     #[arg(long, short)]
     output: Option<PathBuf>,
@@ -52,6 +79,11 @@ pub struct SqlArgs {
 
 /// `lake sql`.
 pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
+    let format = match (args.format, &args.output) {
+        (Some(format), _) => format,
+        (None, Some(path)) => Format::of_file(path),
+        (None, None) => Format::Table,
+    };
     let lake = Lake::open(root)?;
     let session = LakeSql::open(&lake).await?;
     for (spec, why) in session.unreadable() {
@@ -62,17 +94,17 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
             Ok(if meta_command(&session, query.trim()).await? { ExitCode::SUCCESS } else { ExitCode::from(2) })
         }
         Some(query) => {
-            run(&session, query, args.format, args.output.as_deref()).await?;
+            run(&session, query, format, args.output.as_deref()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        None => shell(&session, args.format).await,
+        None => shell(&session, format).await,
     }
 }
 
 /// Runs one statement and writes its result.
 async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std::path::Path>) -> anyhow::Result<()> {
     if matches!(format, Format::Arrow | Format::Parquet) && output.is_none() && std::io::stdout().is_terminal() {
-        anyhow::bail!("--format {format:?} is binary; give --output FILE or redirect stdout");
+        anyhow::bail!("--format {} is binary; give --output FILE or redirect stdout", format.name());
     }
     let mut stream = session.stream(query).await?;
     let schema = stream.schema();
@@ -106,7 +138,7 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
     })?;
     if let (Some(tmp), Some(path)) = (tmp, output) {
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {rows} rows to {}", path.display());
+        eprintln!("wrote {rows} row{} to {}", if rows == 1 { "" } else { "s" }, path.display());
     } else if format == Format::Table {
         eprintln!("({rows} row{})", if rows == 1 { "" } else { "s" });
     }
@@ -176,7 +208,10 @@ impl<'a> Sink<'a> {
                     w.write(&lake::sql::flat_for_csv(&RecordBatch::new_empty(schema))?)?;
                 }
             }
-            Self::Json(mut w) => w.finish()?,
+            Self::Json(mut w) => {
+                w.finish()?;
+                w.into_inner().write_all(b"\n")?;
+            }
             Self::Ndjson(mut w) => w.finish()?,
             Self::ArrowFile(mut w) => w.finish()?,
             Self::ArrowStream(mut w) => w.finish()?,
@@ -218,9 +253,11 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             Err(e) => return Err(e.into()),
         };
         let trimmed = line.trim();
-        if statement.is_empty() && trimmed.starts_with('\\') {
+        // A `\\` command is read at any point, a statement begun or not; `\\q` drops that statement.
+        if trimmed.starts_with('\\') {
             let _ = editor.add_history_entry(trimmed);
             if trimmed == "\\q" {
+                statement.clear();
                 break;
             }
             failed |= !meta_command(session, trimmed).await?;

@@ -128,7 +128,8 @@ fn every_output_format_writes_the_same_rows() {
     assert_eq!(crate::common::ints(std::slice::from_ref(&batch), "length"), want.iter().map(|w| w.1).collect::<Vec<_>>(), "arrow");
 
     let parquet_file = tmp.path().join("episodes.parquet");
-    let run = lake(&root, &["sql", "--format", "parquet", "--output", parquet_file.to_str().expect("utf-8"), query]);
+    // The format is the file's, when --format is not given.
+    let run = lake(&root, &["sql", "--output", parquet_file.to_str().expect("utf-8"), query]);
     assert_eq!(run.code, 0, "{run:#?}");
     let batches = lake_testkit::read_parquet(&parquet_file);
     assert_eq!(crate::common::ints(&batches, "episode_index"), want.iter().map(|w| w.0).collect::<Vec<_>>(), "parquet");
@@ -154,7 +155,7 @@ fn the_shell_reads_statements_and_lists_tables() {
         .stdin
         .take()
         .expect("stdin")
-        .write_all(b"\\d\nSELECT count(*) AS n\n  FROM steps;\n\\d \"v30-images-tiny\".steps\n\\q\n")
+        .write_all(b"\\d\nSELECT count(*) AS n\n  FROM steps;\n\\d \"v30-images-tiny\".steps\nSELECT 1\n\\q\n")
         .expect("write statements");
     let out = child.wait_with_output().expect("shell exits");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -162,6 +163,7 @@ fn the_shell_reads_statements_and_lists_tables() {
     assert!(stdout.contains("feature_stats") && stdout.contains("\"v30-images-tiny\".steps"), "\\d lists tables: {stdout}");
     assert!(stdout.contains("| 60 |"), "a multi-line statement runs: {stdout}");
     assert!(stdout.contains("observation.images.front"), "\\d NAME shows columns: {stdout}");
+    assert!(!stdout.contains("Int64(1)"), "\\q in a statement quits without running it: {stdout}");
 }
 
 /// Episodes of `dataset` with `length > min_len`, straight from the episodes table.
