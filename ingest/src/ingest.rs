@@ -155,7 +155,13 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
 
     let fingerprint = fingerprint(&plan.read_files);
     let latest = lake.latest(&name).await?;
+    // A latest version whose tables were lost is not one to keep: the source is ingested again.
+    let intact = match &latest {
+        Some(l) => lake.missing_tables(l).await?.is_empty(),
+        None => true,
+    };
     if let Some(l) = &latest
+        && intact
         && l.options == record_options
         && l.source.fingerprint == fingerprint
     {
@@ -168,6 +174,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     progress.bytes_total.store(plan.read_files.iter().map(|f| f.size).sum(), Ordering::Relaxed);
     let content_hash = content_hash(&source, &plan.read_files, options.threads, progress).await?;
     if let Some(l) = &latest
+        && intact
         && l.options == record_options
         && l.source.content_hash == content_hash
     {

@@ -33,8 +33,8 @@ pub struct IngestArgs {
     /// the tabular data of every episode.
     #[arg(long)]
     drop_missing_cameras: bool,
-    /// Camera files demuxed in parallel [default: number of cores].
-    #[arg(long)]
+    /// Camera files demuxed in parallel, 1 to 256 [default: number of cores].
+    #[arg(long, value_parser = crate::sample::threads_in_range)]
     threads: Option<usize>,
     /// Then store the version's decoded frames for the loader, as `lake cache` does: `native`
     /// at their recorded size, `WxH` resized (read with `--frame-size WxH`); repeat for
@@ -100,6 +100,8 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = args.threads {
         options.threads = t.max(1);
     }
+    let name = options.name.clone().unwrap_or_else(|| lake_store::default_name(&args.source));
+    let previous = lake.latest(&name).await.ok().flatten();
     let progress = Arc::new(Progress::default());
     let cancel = progress.cancel.clone();
     let ctrl_c = tokio::spawn(async move {
@@ -122,6 +124,23 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         Ok(Outcome::Committed { record, report }) => {
             if !args.json {
                 render::ingest_summary(&mut std::io::stdout().lock(), &record, &report, root)?;
+                if let Some(previous) = &previous {
+                    let missing = lake.missing_tables(previous).await.unwrap_or_default();
+                    if !missing.is_empty() {
+                        println!(
+                            "  note: replaces {}@{}, whose tables {} are missing from the lake",
+                            previous.name,
+                            previous.version,
+                            missing.join(", ")
+                        );
+                    }
+                    if previous.source.url != record.source.url {
+                        println!(
+                            "  note: {}@{} came from another source, {}; name this one with --name to keep them apart",
+                            previous.name, previous.version, previous.source.url
+                        );
+                    }
+                }
             }
             let json = serde_json::json!({"outcome": "committed", "record": record, "report": report});
             (record, json)

@@ -17,12 +17,12 @@ pub enum Error {
     #[error(transparent)]
     Loader(#[from] lake_loader::Error),
     /// A table could not be opened.
-    #[error("table {table}: {source}")]
+    #[error("table {table}: {}", lake_store::lance_message(error))]
     Open {
         /// The table's path.
         table: String,
-        /// Lance's error.
-        source: Box<lance::Error>,
+        /// Lance's error (in this one's message, without Lance's internals).
+        error: Box<lance::Error>,
     },
     /// The query is not valid or failed.
     #[error("{0}")]

@@ -56,8 +56,8 @@ pub struct LoaderArgs {
     frame_size: Option<lake_loader::FrameSize>,
 }
 
-/// `--threads`: 1 to 256 (more decode threads than that only contend).
-fn threads_in_range(text: &str) -> Result<usize, String> {
+/// `--threads`: 1 to 256 (more threads than that only contend).
+pub fn threads_in_range(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n @ 1..=256) => Ok(n),
         _ => Err(format!("`{text}` is not a number of threads from 1 to 256")),

@@ -21,8 +21,8 @@ pub struct ServeArgs {
     /// Accepted bearer tokens, comma-separated (accepted beside those of --token-file).
     #[arg(long, env = "LAKE_TOKENS", hide_env_values = true)]
     tokens: Option<String>,
-    /// Decode threads [default: number of cores].
-    #[arg(long)]
+    /// Decode threads, 1 to 256 [default: number of cores].
+    #[arg(long, value_parser = crate::sample::threads_in_range)]
     threads: Option<usize>,
     /// Decoded-frame cache budget in MiB, shared by every stream.
     #[arg(long, default_value_t = 512)]
@@ -37,7 +37,7 @@ pub struct ServeArgs {
     /// for room for their next batch; a stream that cannot get its send buffer is refused
     /// (RESOURCE_EXHAUSTED / 503). The server's memory is about this plus the cache plus the
     /// open datasets.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
     memory_mb: u64,
     /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
     /// to keep frames a decode yields for the rank that shows them next, in the frame cache's

@@ -43,7 +43,7 @@ use datafusion::{
 };
 use futures::StreamExt;
 use lake_schemas::{CommitRecord, ViewRecord, tables};
-use lake_store::Lake;
+use lake_store::{Lake, without_source_locations};
 use lance::{Dataset, datafusion::LanceTableProvider};
 
 use crate::{Error, Result};
@@ -281,11 +281,6 @@ impl LakeSql {
     }
 }
 
-/// `message` without the source file locations some libraries' errors carry (`, /…/x.rs:12:5`).
-fn without_source_locations(message: &str) -> String {
-    message.split(", ").filter(|part| !(part.starts_with('/') && part.contains(".rs:"))).collect::<Vec<_>>().join(", ")
-}
-
 /// A schema holding one version's tables.
 fn dataset_schema(tables: &[(&'static str, LogicalPlan)]) -> Result<Arc<MemorySchemaProvider>> {
     let schema = Arc::new(MemorySchemaProvider::new());
@@ -305,7 +300,7 @@ async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<Vec<(&'stati
     for table in DATASET_TABLES.into_iter().filter(|t| present(t)) {
         let path = record.tables.path(table);
         let dataset =
-            Dataset::open(&lake.uri(&path)).await.map_err(|source| Error::Open { table: path.clone(), source: Box::new(source) })?;
+            Dataset::open(&lake.uri(&path)).await.map_err(|source| Error::Open { table: path.clone(), error: Box::new(source) })?;
         let lance = Arc::new(LanceTableProvider::new(Arc::new(dataset), false, false));
         let stored = lance.schema();
         let provider = Arc::new(PlainTable::new(lance));

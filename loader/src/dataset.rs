@@ -379,7 +379,7 @@ impl LoaderDataset {
                 let path = if table.uri().starts_with('/') && !uri.starts_with('/') { format!("/{uri}") } else { uri };
                 Error::layout(&self.label, format!("the frame table's file {path} is missing; run `{}` again", self.cache_command()))
             }
-            source => Error::Lance { dataset: self.label.clone(), table: crate::frames::FRAMES.into(), source: Box::new(source) },
+            source => Error::Lance { dataset: self.label.clone(), table: crate::frames::FRAMES.into(), error: Box::new(source) },
         }
     }
 
@@ -450,7 +450,7 @@ impl AsRef<[u8]> for OwnedBuffer {
 /// every fragment's values once more to join them into one array, which for frames is most of
 /// the cost of a read.
 async fn take_binary(label: &str, table: &lance::Dataset, name: &str, column: &str, rows: &[u64]) -> Result<Vec<bytes::Bytes>> {
-    let lance_err = |source| Error::Lance { dataset: label.to_string(), table: name.into(), source: Box::new(source) };
+    let lance_err = |source| Error::Lance { dataset: label.to_string(), table: name.into(), error: Box::new(source) };
     let projection = table.schema().project(&[column]).map_err(lance_err)?;
     let fragments = table.get_fragments();
     // With deletions (lake never deletes from these tables) a fragment's offsets are not its

@@ -34,14 +34,14 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] lake_store::Error),
     /// A Lance read failed.
-    #[error("dataset {dataset}: reading {table}: {source}")]
+    #[error("dataset {dataset}: reading {table}: {}", lake_store::lance_message(error))]
     Lance {
         /// Dataset name and version.
         dataset: String,
         /// The table.
         table: String,
-        /// Lance's error.
-        source: Box<lance::Error>,
+        /// Lance's error (in this one's message, without Lance's internals).
+        error: Box<lance::Error>,
     },
     /// Arrow failed while assembling a batch.
     #[error("assembling a batch: {0}")]

@@ -145,6 +145,27 @@ impl Lake {
         &self.store
     }
 
+    /// The tables of `record` whose files are gone from the lake (no Lance version of them
+    /// left): a version damaged outside lake, which a re-ingest must replace, not keep.
+    ///
+    /// # Errors
+    /// When the store cannot be listed.
+    pub async fn missing_tables(&self, record: &CommitRecord) -> Result<Vec<String>> {
+        let mut missing = Vec::new();
+        for table in &record.tables.tables {
+            let versions = Path::from(format!("{}/_versions", record.tables.path(table)));
+            let first = match self.store.list(Some(&versions)).try_next().await {
+                Ok(first) => first,
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => return Err(Error::store(versions.to_string())(e)),
+            };
+            if first.is_none() {
+                missing.push(table.clone());
+            }
+        }
+        Ok(missing)
+    }
+
     /// The latest version of every dataset, sorted by name.
     ///
     /// # Errors

@@ -60,12 +60,13 @@ pub enum Error {
         source: object_store::Error,
     },
     /// A Lance table operation failed.
-    #[error("table {table}: {source}")]
+    #[error("table {table}: {}", lance_message(error))]
     Lance {
         /// The table's path relative to the lake root.
         table: String,
-        /// Lance's error.
-        source: Box<lance::Error>,
+        /// Lance's error (its message is in this one's, without Lance's internals; not a
+        /// `source`, so that they are not printed after it).
+        error: Box<lance::Error>,
     },
     /// Arrow failed (building or casting batches).
     #[error("table {table}: {source}")]
@@ -81,6 +82,22 @@ fn available_hint(available: &[String]) -> String {
     if available.is_empty() { " (the lake is empty)".to_string() } else { format!(" (it has: {})", available.join(", ")) }
 }
 
+/// Lance's error for users: a missing table said plainly, and without the Rust source file
+/// locations Lance appends (`, /…/src/io/commit.rs:653:26`).
+pub fn lance_message(e: &lance::Error) -> String {
+    if matches!(e, lance::Error::DatasetNotFound { .. }) {
+        return "the table's files are missing from the lake (removed or damaged); ingesting the dataset's source again makes \
+                a new, whole version"
+            .into();
+    }
+    without_source_locations(&e.to_string())
+}
+
+/// `message` without the source file locations some libraries' errors carry (`, /…/x.rs:12:5`).
+pub fn without_source_locations(message: &str) -> String {
+    message.split(", ").filter(|part| !(part.starts_with('/') && part.contains(".rs:"))).collect::<Vec<_>>().join(", ")
+}
+
 impl Error {
     pub(crate) fn store(path: impl Into<String>) -> impl FnOnce(object_store::Error) -> Self {
         let path = path.into();
@@ -89,7 +106,7 @@ impl Error {
 
     pub(crate) fn lance(table: impl Into<String>) -> impl FnOnce(lance::Error) -> Self {
         let table = table.into();
-        move |source| Self::Lance { table, source: Box::new(source) }
+        move |source| Self::Lance { table, error: Box::new(source) }
     }
 }
 

@@ -101,7 +101,7 @@ where
         }
         other => Err(E::from(Error::Lance {
             table: uri.clone(),
-            source: Box::new(lance::Error::internal(format!("unexpected uncommitted operation {}", other.name()))),
+            error: Box::new(lance::Error::internal(format!("unexpected uncommitted operation {}", other.name()))),
         })),
     }
 }
@@ -119,7 +119,7 @@ pub async fn commit_parts(uri: &str, fallback_schema: SchemaRef, parts: Vec<Unco
         if let Some(s) = &schema
             && s != &part.schema
         {
-            return Err(Error::Lance { table: uri.to_string(), source: Box::new(lance::Error::internal("parts have different schemas")) });
+            return Err(Error::Lance { table: uri.to_string(), error: Box::new(lance::Error::internal("parts have different schemas")) });
         }
         schema.get_or_insert(part.schema);
         fragments.extend(part.fragments);

@@ -56,6 +56,27 @@ fn reingest_is_a_noop_and_a_changed_source_is_a_new_version() {
     let missing = lake(&root, &["inspect", "multi@9"]);
     assert_eq!(missing.code, 2);
     assert!(missing.stderr.contains("no dataset `multi@9`") && missing.stderr.contains("multi@3"), "{}", missing.stderr);
+
+    // Another source under a taken name is a new version, with a note naming the first source.
+    let other = ingest_ok(&root, &testdata("v30-images-tiny"), &["--name", "multi"]);
+    assert!(other.stdout.contains("multi@4") && other.stdout.contains("came from another source"), "{other:#?}");
+}
+
+#[test]
+fn a_version_whose_tables_were_lost_says_so_and_a_reingest_replaces_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let steps = std::fs::read_dir(root.join("datasets/v30-images-tiny")).expect("dataset dir").next().expect("a version").expect("entry");
+    std::fs::remove_dir_all(steps.path().join("steps.lance")).expect("remove the steps table");
+    let sample = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0", "--out", "/dev/null"]);
+    assert_eq!(sample.code, 2, "{sample:#?}");
+    assert!(sample.stderr.contains("steps.lance: the table's files are missing"), "{}", sample.stderr);
+    assert!(!sample.stderr.contains(".rs:"), "no Rust source locations: {}", sample.stderr);
+    let again = ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    assert!(again.stdout.contains("v30-images-tiny@2") && again.stdout.contains("whose tables steps are missing"), "{again:#?}");
+    let sample = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0", "--out", "/dev/null"]);
+    assert_eq!(sample.code, 0, "{sample:#?}");
 }
 
 #[test]
