@@ -150,6 +150,7 @@ impl DatasetMeta {
         }
         meta.load_stats_json(source).await?;
         meta.check_totals();
+        meta.check_features();
         Ok(meta)
     }
 
@@ -412,6 +413,25 @@ impl DatasetMeta {
             }
         }
         Ok(())
+    }
+
+    /// Features lake cannot read as what they claim to be: a dtype LeRobot does not write (its
+    /// column is carried through as stored, not as a vector of that many numbers), a camera
+    /// whose shape is not (height, width, channels) in some order (the frames' own size is used).
+    fn check_features(&mut self) {
+        for f in &self.features {
+            let what = match f.kind() {
+                FeatureKind::Other => {
+                    format!("features.{}: dtype `{}` is not one LeRobot writes; its column is carried through as stored", f.name, f.dtype)
+                }
+                FeatureKind::Video | FeatureKind::Image if f.shape.len() != 3 => format!(
+                    "features.{}: shape {:?} is not a camera's (height, width, channels); the frames' own size is used",
+                    f.name, f.shape
+                ),
+                _ => continue,
+            };
+            self.findings.push(Finding::warning(FindingKind::BadMetadata, what).with_file(INFO));
+        }
     }
 
     fn check_totals(&mut self) {

@@ -73,12 +73,35 @@ fn ff(what: String) -> impl FnOnce(ffmpeg::Error) -> Error {
     move |e| invalid(format!("{what}: {e}"))
 }
 
+/// Whether `out` lies in the lake's own directory (symbolic links followed as far as `out`
+/// exists), where files lake did not write would break it.
+fn inside_lake(lake: &Lake, out: &Path) -> bool {
+    let root = std::path::PathBuf::from(lake.uri(""));
+    let root = root.canonicalize().unwrap_or(root);
+    let Ok(mut out) = std::path::absolute(out) else { return false };
+    // The nearest part of `out` that exists, resolved; the rest appended.
+    let mut rest = Vec::new();
+    while !out.exists() {
+        match (out.file_name().map(ToOwned::to_owned), out.parent().map(Path::to_path_buf)) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                out = parent;
+            }
+            _ => break,
+        }
+    }
+    let mut resolved = out.canonicalize().unwrap_or(out);
+    resolved.extend(rest.into_iter().rev());
+    resolved.starts_with(&root)
+}
+
 /// Exports `spec` (a dataset, `NAME@VERSION`, or a view over one dataset) to `out`, which must
-/// not exist yet or be an empty directory.
+/// not exist yet or be an empty directory, outside the lake.
 ///
 /// # Errors
-/// When the spec names nothing or a view over several datasets, `out` holds files, or a table,
-/// packet or file cannot be read or written (nothing is left at `out` then).
+/// When the spec names nothing or a view over several datasets, `out` holds files or lies in
+/// the lake, or a table, packet or file cannot be read or written (nothing is left at `out`
+/// then).
 pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -> Result<ExportReport> {
     let selection = match views::resolve(lake, spec).await?.as_slice() {
         [one] => one.clone(),
@@ -86,6 +109,9 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     };
     if out.exists() && std::fs::read_dir(out).map_err(io(out))?.next().is_some() {
         return Err(invalid(format!("{} exists and is not empty; choose a new directory", out.display())));
+    }
+    if inside_lake(lake, out) {
+        return Err(invalid(format!("{} is inside the lake at {}; export to a directory outside it", out.display(), lake.display_root())));
     }
     let ds = LoaderDataset::open(lake, &selection.dataset).await?;
     let episodes: Vec<&lake_loader::EpisodeSpan> =

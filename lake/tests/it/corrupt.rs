@@ -98,6 +98,19 @@ fn declared_dtype_that_cannot_hold_the_values() {
 }
 
 #[test]
+fn unknown_dtype_and_camera_shape_are_reported() {
+    let (_t, root, src) = setup("v30-av1-small");
+    edit_info(&src, |meta| {
+        meta["features"]["action"]["dtype"] = "complex128".into();
+        meta["features"]["observation.images.wrist"]["shape"] = serde_json::json!([96, 128]);
+    });
+    let run = ingest_ok(&root, &src, &[]);
+    for want in ["features.action: dtype `complex128` is not one LeRobot writes", "features.observation.images.wrist: shape [96, 128]"] {
+        assert!(run.stdout.contains(want), "{want}: {}", run.stdout);
+    }
+}
+
+#[test]
 fn timestamp_pointing_into_another_episode() {
     let (_t, root, src) = setup("v30-av1-small");
     // Row 150 (episode 1, frame 51) says 3 s later: a frame exists there, in episode 2's part.

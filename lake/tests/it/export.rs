@@ -171,6 +171,11 @@ fn failed_exports_leave_nothing_behind() {
     assert!(run.stderr.contains("spans 2 datasets"), "{}", run.stderr);
     let run = export(&root, "nothing-here", "lerobot-v3", &tmp.path().join("nothing"));
     assert_eq!(run.code, 2, "{run:#?}");
+    let before = lake_testkit::snapshot(&root, &[]);
+    let run = export(&root, "v30-images-tiny", "lerobot-v3", &root.join("catalog/../catalog/export"));
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("inside the lake"), "{}", run.stderr);
+    assert_eq!(lake_testkit::snapshot(&root, &[]), before, "the lake is untouched");
     let leftovers: Vec<PathBuf> = std::fs::read_dir(tmp.path()).expect("dir").flatten().map(|e| e.path()).collect();
     assert_eq!(leftovers.len(), 2, "no partial export directories: {leftovers:?}");
 }
