@@ -481,9 +481,9 @@ pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
     };
     let report = lake::export::export(&lake, &args.dataset, format, &args.out).await?;
     println!(
-        "exported {} ({} episodes, {} steps) to {}: {} files, {:.1} MB",
+        "exported {} ({}, {} steps) to {}: {} files, {:.1} MB",
         report.dataset,
-        report.episodes,
+        if report.episodes == 1 { "1 episode".to_string() } else { format!("{} episodes", report.episodes) },
         report.steps,
         args.out.display(),
         report.files,

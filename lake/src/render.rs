@@ -32,9 +32,9 @@ pub fn ingest_summary(out: &mut impl Write, record: &CommitRecord, report: &Repo
     writeln!(out, "ingested {} as {}@{} into {root}", report.source, record.name, record.version)?;
     writeln!(
         out,
-        "  {} of {} episodes, {} steps ({:.1} s of recording at {} fps), {}",
+        "  {} of {}, {} steps ({:.1} s of recording at {} fps), {}",
         report.episodes,
-        report.episodes_total,
+        count(report.episodes_total, "episode"),
         report.steps,
         report.recorded_seconds,
         record.fps,
@@ -303,7 +303,11 @@ pub fn inspect(
         count(record.counts.tasks, "task"),
         record.counts.packets,
         count(record.counts.streams, "stream"),
-        if record.counts.skipped_episodes > 0 { format!(", {} episodes skipped", record.counts.skipped_episodes) } else { String::new() }
+        if record.counts.skipped_episodes > 0 {
+            format!(", {} skipped", count(record.counts.skipped_episodes, "episode"))
+        } else {
+            String::new()
+        }
     )?;
     writeln!(out, "tables    {}/{{{}}}.lance", record.tables.dir, record.tables.tables.join(","))?;
     if t.frame_tables.is_empty() && record.counts.cameras > 0 {
@@ -337,11 +341,15 @@ pub fn inspect(
             };
             writeln!(
                 out,
-                "  {name}: {} {}{declared} {} {}, {}, {} frames, {} keyframes, max GOP {}{}, {}",
+                "  {name}: {} {}{declared} {}, {}, {} frames, {} keyframes, max GOP {}{}, {}",
                 c.kind,
                 c.codec,
-                c.size,
-                [c.pix_fmt.as_str(), c.colour.as_str()].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(" "),
+                [c.size.as_str(), c.pix_fmt.as_str(), c.colour.as_str()]
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(" "),
                 count(c.files, "file"),
                 c.packets,
                 c.keyframes,
@@ -379,7 +387,9 @@ pub fn inspect(
         groups.entry((f.severity, f.kind.as_str())).or_default().push(f);
     }
     for ((severity, kind), group) in &groups {
-        let episodes: Vec<String> = group.iter().filter_map(|f| f.episode).map(|e| e.to_string()).collect();
+        // Each episode once, in order (several findings of a kind may name one episode).
+        let episodes: Vec<String> =
+            group.iter().filter_map(|f| f.episode).collect::<std::collections::BTreeSet<_>>().iter().map(ToString::to_string).collect();
         let which = match episodes.len() {
             0 => String::new(),
             n if n <= 12 => format!(" (episodes {})", episodes.join(", ")),

@@ -56,6 +56,15 @@ pub struct LoaderArgs {
     frame_size: Option<lake_loader::FrameSize>,
 }
 
+/// A count that must be 1 or more (`--batch-size`, `--batches`, `--memory-mb`).
+pub fn at_least_one(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(n @ 1..) => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
 /// `--threads`: 1 to 256 (more threads than that only contend).
 pub fn threads_in_range(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -261,11 +270,11 @@ pub struct BenchArgs {
     #[command(flatten)]
     loader: LoaderArgs,
     /// Samples per batch, at least 1.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     batch_size: u64,
     /// Batches to time, at least 1: after the first (reported on its own as the latency) and
     /// the `--prefetch` batches made ahead while it was awaited.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
     batches: u64,
     /// Batches prepared ahead of the consumer.
     #[arg(long, default_value_t = 2)]
@@ -333,8 +342,9 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
         return Err(e.context(format!("writing {}", args.out.display())));
     }
     eprintln!(
-        "wrote {} samples of {} ({} columns, {:.1} MB) to {}",
+        "wrote {} sample{} of {} ({} columns, {:.1} MB) to {}",
         batch.num_rows(),
+        if batch.num_rows() == 1 { "" } else { "s" },
         ds.label,
         batch.num_columns(),
         batch.get_array_memory_size() as f64 / 1e6,
@@ -533,7 +543,7 @@ impl BenchReport {
         println!("  samples/s          {:.1}", self.samples_per_s);
         println!("  CPU ms/sample      {:.3}   ({:.1} samples per CPU-second)", self.cpu_ms_per_sample, self.samples_per_cpu_s);
         println!(
-            "  decode ms/sample   {:.3}   ({} frames from {} packets)",
+            "  decode ms/sample   {:.3}   ({} frames from {} packets; decode threads' time, batches made ahead included)",
             self.decode_ms_per_sample, self.frames_decoded, self.packets_decoded
         );
         println!("  packet read ms/s.  {:.3}   (wall time of Lance reads, overlapping decode)", self.fetch_ms_per_sample);

@@ -6,14 +6,28 @@ use anyhow::Context;
 use lake::serve::{ServeOptions, Service, do_get, flight::LakeFlight, http};
 use lake_store::Lake;
 
+/// `HOST:PORT`, the host an IP address or a name (`localhost:8080`: its first address).
+fn socket_address(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    if text.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+        return Err(format!("`{text}` is not HOST:PORT (e.g. 127.0.0.1:8080, localhost:8080, [::1]:8080)"));
+    }
+    match std::net::ToSocketAddrs::to_socket_addrs(text) {
+        Ok(mut addrs) => addrs.next().ok_or_else(|| format!("`{text}` resolves to no address")),
+        Err(e) => Err(format!("cannot resolve `{text}`: {e}")),
+    }
+}
+
 /// Arguments of `lake serve`.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Arrow Flight address (port 0 picks a free port).
-    #[arg(long, default_value = "127.0.0.1:50051")]
+    /// Arrow Flight address, `HOST:PORT` (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:50051", value_parser = socket_address)]
     flight: SocketAddr,
-    /// HTTP address (port 0 picks a free port).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    /// HTTP address, `HOST:PORT` (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_address)]
     http: SocketAddr,
     /// File with one accepted bearer token per line; every endpoint but /healthz then needs one.
     #[arg(long)]
@@ -37,7 +51,7 @@ pub struct ServeArgs {
     /// for room for their next batch; a stream that cannot get its send buffer is refused
     /// (RESOURCE_EXHAUSTED / 503). The server's memory is about this plus the cache plus the
     /// open datasets.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 4096, value_parser = crate::sample::at_least_one)]
     memory_mb: u64,
     /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
     /// to keep frames a decode yields for the rank that shows them next, in the frame cache's
