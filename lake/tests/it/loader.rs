@@ -184,9 +184,9 @@ fn bad_sample_requests_are_refused_clearly() {
     assert!(run.code == 2 && run.stderr.contains("is a directory"), "{run:#?}");
     assert!(!dir.with_extension("arrow.partial").exists(), "no partial file is left");
     for (args, message) in [
-        (vec!["--batches", "0"], "0 is not in 1.."),
+        (vec!["--batches", "0"], "must be at least 1"),
         (vec!["--threads", "5000"], "not a number of threads from 1 to 256"),
-        (vec!["--batch-size", "0"], "0 is not in 1.."),
+        (vec!["--batch-size", "0"], "must be at least 1"),
         (vec!["--episodes", "7"], "no episode 7 (episodes 0..=2)"),
     ] {
         let run = lake(&root, &[&["bench", "--dataset", "v30-images-tiny"], args.as_slice()].concat());
