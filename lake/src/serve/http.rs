@@ -207,10 +207,13 @@ fn batches_json(batches: &[RecordBatch]) -> crate::Result<Value> {
     serde_json::from_slice(&bytes).map_err(|e| internal(&e))
 }
 
-/// How a streamed answer is written: an Arrow IPC stream, or CSV with a header row.
+/// How a streamed answer is written: an Arrow IPC stream, a JSON array of row objects, or CSV
+/// with a header row.
 enum Encoder {
     /// Writes the schema and the end marker; batches are framed here, their buffers shared.
     Arrow(StreamWriter<Vec<u8>>),
+    /// Whether a row has been written (the next one follows a comma).
+    Json(bool),
     /// The schema, until the header row is written.
     Csv(Option<SchemaRef>),
 }
@@ -220,7 +223,8 @@ impl Encoder {
     fn new(answer: Answer, schema: &SchemaRef) -> crate::Result<(Self, Bytes)> {
         Ok(match answer {
             Answer::Csv => (Self::Csv(Some(schema.clone())), Bytes::new()),
-            Answer::Arrow | Answer::Json => {
+            Answer::Json => (Self::Json(false), Bytes::from_static(b"[")),
+            Answer::Arrow => {
                 let mut writer =
                     StreamWriter::try_new(Vec::new(), schema).map_err(|e| Error::Internal(format!("writing the answer: {e}")))?;
                 let header = Bytes::from(std::mem::take(writer.get_mut()));
@@ -237,6 +241,23 @@ impl Encoder {
             Self::Arrow(_) => {
                 let (header, body, _) = super::do_get::ipc_parts(batch).map_err(|s| s.message().to_string())?;
                 Ok(std::iter::once(Bytes::from(wire::message_prefix(&header))).chain(body).collect())
+            }
+            Self::Json(started) => {
+                // One object per line from Arrow's writer (nulls kept), joined into the array.
+                let mut lines =
+                    arrow::json::WriterBuilder::new().with_explicit_nulls(true).build::<_, arrow::json::writer::LineDelimited>(Vec::new());
+                lines.write(batch).map_err(|e| e.to_string())?;
+                lines.finish().map_err(|e| e.to_string())?;
+                let text = String::from_utf8(lines.into_inner()).map_err(|e| e.to_string())?;
+                let rows = text.trim_end_matches('\n');
+                if rows.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // Row objects hold no raw newlines (JSON escapes them in strings).
+                let mut out = if *started { String::from(",") } else { String::new() };
+                out.push_str(&rows.replace('\n', ","));
+                *started = true;
+                Ok(vec![out.into()])
             }
             Self::Csv(unwritten) => {
                 let mut out = Vec::new();
@@ -257,6 +278,7 @@ impl Encoder {
                 writer.finish().map_err(|e| e.to_string())?;
                 Ok(vec![Bytes::from(std::mem::take(writer.get_mut()))])
             }
+            Self::Json(_) => Ok(vec![Bytes::from_static(b"]")]),
             // An empty answer still has its header row.
             Self::Csv(Some(schema)) => {
                 let empty = RecordBatch::new_empty(schema.clone());
@@ -385,10 +407,6 @@ async fn sql(
 async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Result<Response, Error> {
     let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
     let session = LakeSql::open(service.lake()).await?.read_only();
-    if answer == Answer::Json {
-        let (_, batches) = session.query(query).await?;
-        return Ok(Json(batches_json(&batches)?).into_response());
-    }
     let mut stream = session.stream(query).await?;
     let schema = stream.schema();
     // Most errors of a running query come with its first batch: those are still a 400. One
@@ -406,7 +424,11 @@ async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Resu
             e
         })
     });
-    let content_type = if answer == Answer::Csv { "text/csv; charset=utf-8; header=present" } else { ARROW_STREAM };
+    let content_type = match answer {
+        Answer::Arrow => ARROW_STREAM,
+        Answer::Json => "application/json",
+        Answer::Csv => "text/csv; charset=utf-8; header=present",
+    };
     Ok(([(header::CONTENT_TYPE, content_type)], Body::from_stream(encoded_stream(answer, schema, batches)?)).into_response())
 }
 
@@ -474,7 +496,7 @@ fn paths_and_schemas(
                     "step_stride": {"type": "integer", "minimum": 1, "maximum": super::MAX_WORLD_SIZE, "default": 1,
                                     "description": "global steps from one batch to the next (n readers of one rank taking turns)"},
                     "drop_last": {"type": "boolean", "default": true, "description": "drop each epoch's short last global batch"},
-                    "episodes": {"type": "array", "items": {"type": "integer"}, "description": "only these episodes (of every dataset)"},
+                    "episodes": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "description": "only these episodes (of every dataset); left out, every episode"},
                     "drop_n_first_frames": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0},
                     "drop_n_last_frames": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0},
                     "frame_size": {"type": ["string", "null"], "pattern": "^[1-9][0-9]*x[1-9][0-9]*$",
@@ -510,7 +532,7 @@ fn paths_and_schemas(
                     "404": error("no such dataset, version or view"), "406": error("the Accept header takes no Arrow stream"),
                     "503": error("the memory budget has no room for another stream now (retry after the Retry-After seconds)")}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
-                "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), JSON rows (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`); an error while an Arrow or CSV answer streams breaks it off (an Arrow stream before its end marker)",
+                "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`)",
                     "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, or the query failed"), "401": unauthorized,
                     "406": error("the Accept header takes none of the answer's forms")}}}
         }

@@ -148,8 +148,9 @@ pub struct SampleRequest {
     /// Drop each epoch's short last global batch.
     #[serde(default = "default_true")]
     pub drop_last: bool,
-    /// Only these episodes (of every dataset).
-    #[serde(default)]
+    /// Only these episodes (of every dataset); left out, every episode. An empty list selects
+    /// nothing and is refused.
+    #[serde(default, deserialize_with = "some_episodes", skip_serializing_if = "Vec::is_empty")]
     pub episodes: Vec<i64>,
     /// Never sample the first N steps of an episode.
     #[serde(default)]
@@ -161,6 +162,15 @@ pub struct SampleRequest {
     /// cache NAME --size WxH`); absent: as recorded.
     #[serde(default)]
     pub frame_size: Option<lake_loader::FrameSize>,
+}
+
+/// `episodes`, refused when it is an empty list (which would otherwise read as "every episode").
+fn some_episodes<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Vec<i64>, D::Error> {
+    let episodes = <Vec<i64> as serde::Deserialize>::deserialize(deserializer)?;
+    if episodes.is_empty() {
+        return Err(serde::de::Error::custom("`episodes` is empty: it selects no episode (leave it out to sample every episode)"));
+    }
+    Ok(episodes)
 }
 
 impl SampleRequest {

@@ -336,6 +336,9 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert_eq!(code, 404, "{}", String::from_utf8_lossy(&body));
     let (code, _) = http(&server.http, "POST", "/v1/sample", &headers, b"{not json");
     assert_eq!(code, 400);
+    let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, br#"{"datasets": ["v30-av1-small"], "episodes": []}"#);
+    assert_eq!(code, 400, "an empty episode list selects nothing, not everything");
+    assert!(String::from_utf8_lossy(&body).contains("selects no episode"), "{}", String::from_utf8_lossy(&body));
     let (code, _) = http(&server.http, "POST", "/v1/sample", &[("Authorization", "Bearer wrong")], request.to_string().as_bytes());
     assert_eq!(code, 401);
     let (code, _) = http(&server.http, "GET", "/v1/datasets", &[], b"");
@@ -368,6 +371,24 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         b"SELECT CAST(NULL AS INT) AS x, 1 AS y",
     );
     assert_eq!((code, serde_json::from_slice::<Value>(&body).expect("json")), (200, json!([{"x": null, "y": 1}])), "nulls are kept");
+    // JSON rows stream batch by batch: many batches make one array.
+    let (code, body) = http(
+        &server.http,
+        "POST",
+        "/v1/sql",
+        &[("Authorization", auth.as_str()), ("Accept", "application/json")],
+        b"SELECT value FROM generate_series(1, 20000) ORDER BY value",
+    );
+    let rows = serde_json::from_slice::<Vec<Value>>(&body).expect("one JSON array");
+    assert_eq!((code, rows.len(), &rows[19999]), (200, 20000, &json!({"value": 20000})));
+    let (code, body) = http(
+        &server.http,
+        "POST",
+        "/v1/sql",
+        &[("Authorization", auth.as_str()), ("Accept", "application/json")],
+        b"SELECT 1 AS x WHERE false",
+    );
+    assert_eq!((code, serde_json::from_slice::<Value>(&body).expect("json")), (200, json!([])), "no rows: an empty array");
     // CSV by the Accept header, as `lake sql --format csv` writes it (vectors as text); an Accept
     // that takes none of the answer's forms is a 406 naming them.
     let query = "SELECT episode_index, action FROM steps ORDER BY index LIMIT 5";
