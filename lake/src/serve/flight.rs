@@ -98,13 +98,24 @@ impl FlightService for LakeFlight {
         let datasets = self.service.lake().datasets().await.map_err(|e| status(&Error::Store(e)))?;
         let mut infos = Vec::new();
         for d in datasets {
-            let cmd = serde_json::json!({"datasets": [format!("{}@{}", d.name, d.version)]}).to_string();
+            // One epoch of the dataset, every step once (the last batch short), so that a
+            // generic Flight client reading a listed flight to its end gets `total_records` rows.
+            let epoch = serde_json::json!({"datasets": [format!("{}@{}", d.name, d.version)], "drop_last": false});
+            let plan = async { self.service.describe(&self.service.parse_request(epoch.to_string().as_bytes())?).await }.await;
+            let mut cmd = epoch;
+            if let Ok(plan) = &plan {
+                cmd["limit_batches"] = plan.steps_per_epoch.into();
+            }
+            let cmd = cmd.to_string();
             let mut info = FlightInfo::new()
                 .with_descriptor(FlightDescriptor::new_cmd(cmd.clone()))
                 .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(cmd.clone())))
                 .with_total_records(d.counts.steps as i64);
-            if let Ok(plan) = async { self.service.describe(&self.service.parse_request(cmd.as_bytes())?).await }.await {
-                info = info.try_with_schema(&plan.schema).map_err(|e| Status::internal(e.to_string()))?;
+            if let Ok(plan) = plan {
+                info = info
+                    .try_with_schema(&plan.schema)
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .with_total_records(plan.epoch_len as i64);
             }
             infos.push(Ok(info));
         }

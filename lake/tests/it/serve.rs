@@ -315,6 +315,13 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert_eq!(flights.len(), 1);
         let listed = flights[0].clone().try_decode_schema().expect("a dataset's flight carries its schema");
         assert!(listed.field_with_name("observation.images.front").is_ok() && listed.field_with_name("task").is_ok(), "{listed:?}");
+        // A listed flight is one epoch: read to its end, every step once.
+        let ticket = flights[0].endpoint[0].ticket.clone().expect("a ticket");
+        let epoch: Vec<RecordBatch> = client.do_get(ticket).await.expect("do_get").try_collect().await.expect("one epoch");
+        let mut seen: Vec<i64> = epoch.iter().flat_map(|b| b["index"].as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()).collect();
+        seen.sort_unstable();
+        assert_eq!((seen.len() as i64, flights[0].total_records), (600, 600));
+        assert_eq!(seen, (0..600).collect::<Vec<i64>>(), "every step once");
         let actions: Vec<String> =
             client.list_actions().await.expect("actions").map_ok(|a| a.r#type).try_collect().await.expect("action types");
         assert_eq!(actions, ["CreatePreparedStatement", "ClosePreparedStatement"], "only the actions served");
