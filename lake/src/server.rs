@@ -155,6 +155,14 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         tokens.extend(text.lines().map(str::trim).filter(|t| !t.is_empty() && !t.starts_with('#')).map(String::from));
     }
+    // A bearer token is one word: a space inside (an inline comment, say) would make a token
+    // no client sends.
+    if let Some(bad) = tokens.iter().position(|t| t.chars().any(char::is_whitespace)) {
+        anyhow::bail!(
+            "token {} of --token-file / --tokens / LAKE_TOKENS holds whitespace (a token is one word; comments go on lines of their own, starting with #)",
+            bad + 1
+        );
+    }
     if tokens.is_empty() && (args.token_file.is_some() || args.tokens.is_some()) {
         anyhow::bail!(
             "--token-file / --tokens / LAKE_TOKENS hold no token (blank lines and # comments are skipped); refusing to serve without the authentication asked for"

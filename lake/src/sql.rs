@@ -74,6 +74,12 @@ fn query_error(e: datafusion::error::DataFusionError) -> Error {
 /// itself is wrong or failed on the values (parse, plan, schema, a cast or a division by zero).
 pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
     use datafusion::{arrow::error::ArrowError, error::DataFusionError as D};
+    // A syntax error as its words, not its Rust debug form (`SQL error: ParserError("…")`).
+    if let D::SQL(parse, _) = e.find_root() {
+        let text = parse.to_string();
+        let text = text.strip_prefix("sql parser error: ").or_else(|| text.strip_prefix("sql tokenizer error: ")).unwrap_or(&text);
+        return Error::Query(format!("SQL syntax error: {text}"));
+    }
     let message = without_source_locations(e.strip_backtrace().trim());
     match e.find_root() {
         D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),
@@ -277,7 +283,7 @@ impl LakeSql {
                 return Error::Query(format!("{message}: the lake has no dataset `{}` (datasets: {have})", parts[1]));
             }
         }
-        Error::Query(message)
+        sql_error(&e)
     }
 }
 

@@ -547,6 +547,10 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
     std::fs::write(&empty, "# tokens\n\n").expect("write");
     let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--token-file", empty.to_str().expect("utf-8")]);
     assert!(run.code != 0 && run.stderr.contains("hold no token"), "{run:#?}");
+    // Nor is a token with a comment after it read as one long token.
+    std::fs::write(&empty, "first\nsecond # the CI runner\n").expect("write");
+    let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--token-file", empty.to_str().expect("utf-8")]);
+    assert!(run.code != 0 && run.stderr.contains("token 2") && run.stderr.contains("whitespace"), "{run:#?}");
 
     let mut server = start(&root);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
