@@ -179,12 +179,22 @@ impl SampleRequest {
     /// # Errors
     /// [`Error::Invalid`] with serde's message (field and position).
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        serde_json::from_slice(bytes).map_err(|e| {
+        let mut json = serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(&mut json).map_err(|e| {
             let not_object = matches!(serde_json::from_slice::<serde_json::Value>(bytes), Ok(v) if !v.is_object());
             if not_object {
-                Error::Invalid("bad sampling request: it must be a JSON object (`{\"datasets\": [...], ...}`)".into())
-            } else {
-                Error::Invalid(format!("bad sampling request: {e}"))
+                return Error::Invalid("bad sampling request: it must be a JSON object (`{\"datasets\": [...], ...}`)".into());
+            }
+            // The field, and JSON's words for the types rather than Rust's.
+            let why = e
+                .inner()
+                .to_string()
+                .replace("expected u64", "expected a whole number, 0 or more")
+                .replace("expected i64", "expected a whole number")
+                .replace("expected f64", "expected a number");
+            match e.path().to_string().as_str() {
+                "." | "" => Error::Invalid(format!("bad sampling request: {why}")),
+                field => Error::Invalid(format!("bad sampling request: `{field}`: {why}")),
             }
         })
     }
