@@ -120,26 +120,56 @@ class LakeClient:
         its `datasets` pinned to the versions the server reads (`name@version`): a request
         that carries them reads the same versions whatever is ingested later."""
         descriptor = flight.FlightDescriptor.for_command(json.dumps(request).encode())
-        info = self._client.get_flight_info(descriptor, self._options)
+        try:
+            info = self._client.get_flight_info(descriptor, self._options)
+        except pa.ArrowException as e:
+            raise _lake_error(e) from e
         shape = json.loads(info.app_metadata or b"{}")
         return {"schema": info.schema, "ticket": info.endpoints[0].ticket, **shape}
 
     def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
         """The request's batches, in order (one record batch per training batch)."""
         ticket = flight.Ticket(json.dumps(request).encode())
-        reader = self._client.do_get(ticket, self._options)
-        for chunk in reader:
-            yield chunk.data
+        try:
+            reader = self._client.do_get(ticket, self._options)
+            for chunk in reader:
+                yield chunk.data
+        except pa.ArrowException as e:
+            raise _lake_error(e) from e
 
 
 class LakeError(Exception):
-    """A local stream the server refused or that failed: `code` (`bad_request`, `not_found`,
-    `busy`, `unauthorized`, `unavailable` (the server is shutting down: resume from the next
-    step), `internal`) and the server's message."""
+    """A request the server refused or a stream that failed, over Flight or a local socket:
+    `code` (`bad_request`, `not_found`, `busy`, `unauthorized`, `unavailable` (the server is
+    shutting down: resume from the next step), `internal`) and the server's message. Over
+    Flight, the pyarrow error it came from is its `__cause__`."""
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{message} ({code})")
         self.code = code
+        self.message = message
+
+
+def _lake_error(e: Exception) -> LakeError:
+    """A pyarrow Flight error as a `LakeError`: its gRPC status as lake's code, and the
+    server's message without gRPC's debug context."""
+    text = str(e)
+    if "with message: " in text:
+        text = text.split("with message: ", 1)[1]
+    text = text.split(". gRPC client debug context", 1)[0].split(". Client context:", 1)[0]
+    if isinstance(e, pa.ArrowInvalid):
+        code = "bad_request"
+    elif isinstance(e, pa.ArrowKeyError):
+        code = "not_found"
+    elif isinstance(e, (flight.FlightUnauthenticatedError, flight.FlightUnauthorizedError)):
+        code = "unauthorized"
+    elif isinstance(e, flight.FlightUnavailableError):
+        code = "unavailable"
+    elif "resource exhausted" in str(e).lower() or "RESOURCE_EXHAUSTED" in str(e):
+        code = "busy"
+    else:
+        code = "internal"
+    return LakeError(code, text)
 
 
 def _frame(kind: bytes, payload: bytes = b"") -> bytes:

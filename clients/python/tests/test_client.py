@@ -118,6 +118,18 @@ class LocalStreams(unittest.TestCase):
         with self.assertRaises(LakeError) as refused:
             LocalClient(LOCAL, "wrong").info(request)
         self.assertEqual(refused.exception.code, "unauthorized")
+        # Flight refuses with the same codes and messages.
+        with self.assertRaises(LakeError) as refused:
+            LakeClient(LOCATION, TOKEN).info({"datasets": [DATASET], "rank": 3, "world_size": 3})
+        self.assertEqual(refused.exception.code, "bad_request")
+        self.assertNotIn("gRPC", refused.exception.message)
+        self.assertIn("rank 3", refused.exception.message)
+        with self.assertRaises(LakeError) as refused:
+            list(LakeClient(LOCATION, TOKEN).batches({"datasets": ["nope"]}))
+        self.assertEqual(refused.exception.code, "not_found")
+        with self.assertRaises(LakeError) as refused:
+            LakeClient(LOCATION, "wrong").info(request)
+        self.assertEqual(refused.exception.code, "unauthorized")
 
     def test_a_stream_whose_slots_are_all_held_says_so(self):
         import lake_client
