@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// open datasets.
     #[arg(long, default_value_t = 4096, value_parser = crate::sample::at_least_one)]
     memory_mb: u64,
+    /// Seconds a SQL query (HTTP or Flight SQL) may run before it is stopped and its answer
+    /// ends with an error.
+    #[arg(long, default_value_t = 300, value_parser = crate::sample::at_least_one)]
+    sql_timeout: u64,
     /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
     /// to keep frames a decode yields for the rank that shows them next, in the frame cache's
     /// room (0: off).
@@ -178,6 +182,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         prefetch_bytes: args.prefetch_mb << 20,
         memory_bytes: args.memory_mb << 20,
         lookahead: args.lookahead,
+        sql_timeout: std::time::Duration::from_secs(args.sql_timeout),
         tokens,
         ..Default::default()
     };

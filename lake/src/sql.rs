@@ -622,3 +622,67 @@ pub fn flat_for_csv(batch: &RecordBatch) -> std::result::Result<RecordBatch, arr
     }
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
+
+impl LakeSql {
+    /// [`LakeSql::stream`] on a thread of its own, ended with an error at `deadline`. A query
+    /// computes on the CPU without yielding for long stretches: on the server's runtime it
+    /// would hold up every request there, and no timer could stop it. Here the server goes on
+    /// serving, the answer ends at the deadline, and the query stops at its next yield once its
+    /// answer is dropped (a client that goes away, or the deadline).
+    ///
+    /// # Errors
+    /// As [`LakeSql::stream`]; [`Error::Query`] when planning runs past the deadline.
+    pub async fn stream_apart(
+        self,
+        query: String,
+        deadline: tokio::time::Instant,
+        limit: std::time::Duration,
+    ) -> Result<SendableRecordBatchStream> {
+        let timeout = move || format!("the query ran past the server's SQL timeout of {} s (`lake serve --sql-timeout`)", limit.as_secs());
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel::<Result<SchemaRef>>();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        std::thread::Builder::new()
+            .name("lake-sql".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = first_tx.send(Err(Error::Internal(format!("cannot start a runtime for the query: {e}"))));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let mut stream = match self.stream(&query).await {
+                        Ok(stream) => stream,
+                        Err(e) => {
+                            let _ = first_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    if first_tx.send(Ok(stream.schema())).is_err() {
+                        return;
+                    }
+                    while let Some(item) = stream.next().await {
+                        if tx.send(item).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            })
+            .map_err(|e| Error::Internal(format!("cannot start a thread for the query: {e}")))?;
+        let schema = match tokio::time::timeout_at(deadline, first_rx).await {
+            Err(_) => return Err(Error::Query(timeout())),
+            Ok(Err(_)) => return Err(Error::Internal("the query's thread ended without an answer".into())),
+            Ok(Ok(schema)) => schema?,
+        };
+        let batches = futures::stream::unfold(Some(rx), move |state| async move {
+            let mut rx = state?;
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(item)) => Some((item, Some(rx))),
+                Ok(None) => None,
+                Err(_) => Some((Err(datafusion::error::DataFusionError::Execution(timeout())), None)),
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+}

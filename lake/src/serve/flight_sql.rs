@@ -102,7 +102,8 @@ impl LakeFlightSql {
 
     /// Runs `query` and streams its result.
     async fn run(&self, query: &str) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let stream = self.session().await?.stream(query).await.map_err(|e| self.failed(&e))?;
+        let session = self.session().await?;
+        let stream = self.service.sql_stream(session, query).await.map_err(|e| self.failed(&e))?;
         let schema = stream.schema();
         let service = self.service.clone();
         let batches = stream.map_err(move |e| {

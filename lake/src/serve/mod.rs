@@ -321,6 +321,9 @@ pub struct ServeOptions {
     /// of a training job), to keep the frames a decode yields for the rank that shows them
     /// next (0: none; see [`lake_loader::Lookahead`]).
     pub lookahead: u64,
+    /// Longest a SQL query (over HTTP or Flight SQL) may run; past it, it is stopped and its
+    /// answer ends with an error.
+    pub sql_timeout: std::time::Duration,
 }
 
 impl Default for ServeOptions {
@@ -333,6 +336,7 @@ impl Default for ServeOptions {
             tokens: Vec::new(),
             max_loaders: 8,
             lookahead: lake_loader::DEFAULT_HORIZON,
+            sql_timeout: std::time::Duration::from_secs(300),
         }
     }
 }
@@ -726,6 +730,17 @@ impl Service {
             epoch_len,
             steps_per_epoch: sharding.steps_per_epoch(epoch_len),
         })
+    }
+
+    /// Runs `query` in `session` on a thread of its own, as a stream that ends with an error
+    /// once it has run for the server's SQL timeout (see
+    /// [`LakeSql::stream_apart`](crate::sql::LakeSql::stream_apart)).
+    ///
+    /// # Errors
+    /// As [`LakeSql::stream`](crate::sql::LakeSql::stream).
+    pub async fn sql_stream(&self, session: crate::sql::LakeSql, query: &str) -> Result<datafusion::execution::SendableRecordBatchStream> {
+        let limit = self.options.sql_timeout;
+        session.stream_apart(query.to_string(), tokio::time::Instant::now() + limit, limit).await
     }
 
     /// Parses a sampling request, counting malformed ones.

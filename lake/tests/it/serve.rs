@@ -68,10 +68,16 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 }
 
 fn start(root: &Path) -> Server {
+    start_with(root, &[])
+}
+
+/// [`start`] with more arguments for `lake serve`.
+fn start_with(root: &Path, args: &[&str]) -> Server {
     let local = root.with_file_name("serve.sock");
     let mut child = lake_cmd(root)
         .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--shutdown-wait", "2", "--local"])
         .arg(&local)
+        .args(args)
         .env("LAKE_TOKENS", TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -874,4 +880,20 @@ fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
     assert!(report.contains("OK"), "{report}");
     // unittest's summary: how many ran, and how many were skipped (the torch ones without torch).
     eprintln!("python client: {}", report.lines().filter(|l| l.starts_with("Ran ") || l.starts_with("OK")).collect::<Vec<_>>().join("; "));
+}
+
+#[test]
+fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let server = start_with(&root, &["--sql-timeout", "1"]);
+    let auth = format!("Bearer {TOKEN}");
+    let heavy = b"SELECT sum(a.value * b.value) FROM generate_series(1, 100000) a, generate_series(1, 100000) b";
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str()), ("Accept", "application/json")], heavy);
+    let error = serde_json::from_slice::<Value>(&body).expect("a JSON error");
+    assert_eq!(code, 400, "{error}");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("SQL timeout of 1 s")), "{error}");
+    let (code, _) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELECT count(*) FROM steps");
+    assert_eq!(code, 200, "the server goes on answering");
 }
