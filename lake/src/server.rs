@@ -254,7 +254,11 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok(done) => done.map(|()| ExitCode::SUCCESS),
         Err(_) => {
             let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
-            eprintln!("shutting down: {open} streams still open {wait:?} after the shutdown began (clients not reading); closing them");
+            eprintln!(
+                "shutting down: {open} stream{} still open {wait:?} after the shutdown began (clients not reading); closing {}",
+                if open == 1 { "" } else { "s" },
+                if open == 1 { "it" } else { "them" }
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

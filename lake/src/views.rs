@@ -141,6 +141,9 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
         Some((name, v)) => (name, Some(v)),
         None => (spec, None),
     };
+    if name.contains('@') {
+        return Err(Error::Invalid(format!("`{spec}` is not NAME or NAME@VERSION (a number)")));
+    }
     let valid = lake_store::validate_name(name).is_ok();
     if valid && lake.latest(name).await.ok().flatten().is_some() {
         // Opening it resolves the version, or refuses with the dataset's versions.

@@ -238,6 +238,10 @@ impl Lake {
             }
             None => (spec, None),
         };
+        // A name never holds `@` (`validate_name`): `a@1@2` is malformed, not missing.
+        if name.contains('@') {
+            return Err(Error::BadName { name: spec.to_string(), message: "expected NAME or NAME@VERSION (a number)".into() });
+        }
         let versions = self.versions(name).await?;
         let any = !versions.is_empty();
         let found = match version {

@@ -235,6 +235,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["v30-av1-small"], "step_stride": 0}), tonic::Code::InvalidArgument, "step_stride must be at least 1"),
             (json!({"datasets": [{"name": "v30-av1-small"}]}), tonic::Code::InvalidArgument, "dataset `v30-av1-small`: `weight` is missing"),
             (json!({"datasets": [{"name": "v30-av1-small", "weight": 1, "foo": 3}]}), tonic::Code::InvalidArgument, "unknown field `foo`"),
+            (json!({"datasets": ["v30-av1-small@1@2"]}), tonic::Code::InvalidArgument, "is not NAME or NAME@VERSION"),
             (json!({"datasets": ["v30-av1-small"], "batch_size": "4"}), tonic::Code::InvalidArgument, "`batch_size`: invalid type: string \"4\", expected a whole number"),
             (json!({"datasets": ["v30-av1-small"], "episodes": [0.5]}), tonic::Code::InvalidArgument, "`episodes[0]`: invalid type: floating point"),
             (json!({"datasets": [{"name": "v30-av1-small", "weight": -1}]}), tonic::Code::InvalidArgument, "dataset `v30-av1-small`: the weight -1 is not"),
