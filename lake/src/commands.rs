@@ -127,18 +127,20 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                 if let Some(previous) = &previous {
                     let missing = lake.missing_tables(previous).await.unwrap_or_default();
                     if !missing.is_empty() {
-                        println!(
+                        outln!(
                             "  note: replaces {}@{}, whose tables {} are missing from the lake",
                             previous.name,
                             previous.version,
                             missing.join(", ")
-                        );
+                        )?;
                     }
                     if previous.source.url != record.source.url {
-                        println!(
+                        outln!(
                             "  note: {}@{} came from another source, {}; name this one with --name to keep them apart",
-                            previous.name, previous.version, previous.source.url
-                        );
+                            previous.name,
+                            previous.version,
+                            previous.source.url
+                        )?;
                     }
                 }
             }
@@ -147,12 +149,12 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(Outcome::Unchanged { record, reason }) => {
             if !args.json {
-                println!(
+                outln!(
                     "{}@{} is up to date: {reason} (checked in {:.2} s); nothing written",
                     record.name,
                     record.version,
                     started.elapsed().as_secs_f64()
-                );
+                )?;
             }
             let json = serde_json::json!({"outcome": "unchanged", "reason": reason, "record": record});
             (record, json)
@@ -163,11 +165,11 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                 serde_json::to_writer_pretty(&mut out, &serde_json::json!({"outcome": "refused", "report": report}))?;
                 writeln!(out)?;
             }
-            eprintln!("error: {}", report.refusal());
+            errln!("error: {}", report.refusal());
             return Ok(ExitCode::from(1));
         }
         Err(lake_ingest::Error::Cancelled) => {
-            eprintln!("cancelled; the lake is unchanged");
+            errln!("cancelled; the lake is unchanged");
             return Ok(ExitCode::from(130));
         }
         Err(e) => {
@@ -303,7 +305,8 @@ async fn frame_caches(
             existing.iter().find(|t| t.size == size && t.storage == Some(storage.name()) && t.frames == Some(ds.packets.stream.len()));
         if let Some(t) = kept {
             if !json {
-                println!("{spec}: frames{at} already stored ({}, {:.1} MB); kept", storage.name(), t.bytes as f64 / 1e6);
+                // The dataset is committed; a line stdout cannot take does not undo it.
+                let _ = outln!("{spec}: frames{at} already stored ({}, {:.1} MB); kept", storage.name(), t.bytes as f64 / 1e6);
             }
             done.tables.push(
                 serde_json::json!({"dataset": spec, "size": size, "storage": storage.name(), "frames": t.frames, "stored_bytes": t.bytes, "written": false}),
@@ -313,7 +316,7 @@ async fn frame_caches(
         match crate::sample::store_frames(lake, ds.clone(), threads, storage, size).await {
             Ok(stored) => {
                 if !json {
-                    println!("{}", stored.summary());
+                    let _ = outln!("{}", stored.summary());
                 }
                 let mut entry = serde_json::to_value(&stored).expect("serializable");
                 entry["written"] = serde_json::Value::Bool(stored.frames > 0);

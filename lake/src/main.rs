@@ -5,6 +5,33 @@ use std::{io::IsTerminal, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
+/// `println!` that hands a failed write (a full disk, a closed pipe) back as an error instead
+/// of panicking: `outln!(...)?`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` that hands a failed write back as an error (see `outln!`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        write!(stdout, $($arg)*).and_then(|()| stdout.flush())
+    }};
+}
+
+/// `eprintln!` that drops a failed write: with stderr gone there is nowhere left to say so,
+/// and the exit status still tells.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod commands;
 mod query;
 mod render;
@@ -99,7 +126,7 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            errln!("error: cannot start the runtime: {e}");
             return ExitCode::from(2);
         }
     };
@@ -142,7 +169,7 @@ fn main() -> ExitCode {
                     message += &if message.is_empty() { cause } else { format!(": {cause}") };
                 }
             }
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             ExitCode::from(2)
         }
     }

@@ -87,7 +87,7 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let session = LakeSql::open(&lake).await?;
     for (spec, why) in session.unreadable() {
-        eprintln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
+        errln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
     }
     match &args.query {
         Some(query) if query.trim_start().starts_with('\\') => {
@@ -138,9 +138,9 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
     })?;
     if let (Some(tmp), Some(path)) = (tmp, output) {
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {rows} row{} to {}", if rows == 1 { "" } else { "s" }, path.display());
+        errln!("wrote {rows} row{} to {}", if rows == 1 { "" } else { "s" }, path.display());
     } else if format == Format::Table {
-        eprintln!("({rows} row{})", if rows == 1 { "" } else { "s" });
+        errln!("({rows} row{})", if rows == 1 { "" } else { "s" });
     }
     Ok(())
 }
@@ -234,7 +234,7 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
     }
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!(
+        errln!(
             "lake sql over {} dataset(s); statements end with `;`; \\d lists tables, \\d NAME shows one, \\q quits",
             session.datasets().len()
         );
@@ -275,14 +275,14 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
         statement.clear();
         let _ = editor.add_history_entry(query.as_str());
         if let Err(e) = run(session, &query, format, None).await {
-            eprintln!("error: {e:#}");
+            errln!("error: {e:#}");
             failed = true;
         }
     }
     if !statement.trim().is_empty() {
         let query = statement.trim().to_string();
         if let Err(e) = run(session, &query, format, None).await {
-            eprintln!("error: {e:#}");
+            errln!("error: {e:#}");
             failed = true;
         }
     }
@@ -307,15 +307,15 @@ fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> 
 /// Runs a `\\` command (`\\d`, `\\d NAME`); false when it named no table.
 async fn meta_command(session: &LakeSql, command: &str) -> anyhow::Result<bool> {
     match command.split_whitespace().collect::<Vec<_>>().as_slice() {
-        ["\\d"] => print!("{}", describe_tables(&session.tables().await?)),
+        ["\\d"] => out!("{}", describe_tables(&session.tables().await?))?,
         ["\\d", name] => match find_table(&session.tables().await?, name) {
-            Some(t) => print!("{}", describe_columns(t)),
+            Some(t) => out!("{}", describe_columns(t))?,
             None => {
-                eprintln!("error: no table `{name}` (\\d lists them)");
+                errln!("error: no table `{name}` (\\d lists them)");
                 return Ok(false);
             }
         },
-        _ => eprintln!("commands: \\d (tables), \\d NAME (columns), \\q (quit)"),
+        _ => errln!("commands: \\d (tables), \\d NAME (columns), \\q (quit)"),
     }
     Ok(true)
 }
@@ -374,22 +374,32 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             let v = views::create(&lake, &name, &query, replace).await?;
             let parts: Vec<String> =
                 v.datasets.iter().map(|d| format!("{}@{}: {} episodes", d.name, d.version, d.episodes.len())).collect();
-            println!("view {}@{} created: {} episodes ({})", v.name, v.version, v.episode_count(), parts.join("; "));
+            outln!("view {}@{} created: {} episodes ({})", v.name, v.version, v.episode_count(), parts.join("; "))?;
         }
         ViewCommand::Ls => {
             let all = lake.views().await?;
             if all.is_empty() {
-                println!("no views in {}", lake.display_root());
+                outln!("no views in {}", lake.display_root())?;
             }
-            for v in all {
-                let parts: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
-                println!(
-                    "{:<24} {:>6} episodes  {:<40} {}",
-                    format!("{}@{}", v.name, v.version),
-                    v.episode_count(),
-                    parts.join(","),
-                    v.created_at.format("%Y-%m-%d %H:%M")
-                );
+            let rows: Vec<[String; 4]> = all
+                .iter()
+                .map(|v| {
+                    let on: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
+                    [
+                        format!("{}@{}", v.name, v.version),
+                        v.episode_count().to_string(),
+                        v.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        on.join(", "),
+                    ]
+                })
+                .collect();
+            if !rows.is_empty() {
+                let width = |i: usize, title: &str| rows.iter().map(|r| r[i].len()).chain([title.len()]).max().unwrap_or(0);
+                let (name_w, episodes_w) = (width(0, "view"), width(1, "episodes"));
+                outln!("{:<name_w$}  {:>episodes_w$}  {:<19}  datasets", "view", "episodes", "created")?;
+                for [name, episodes, created, on] in &rows {
+                    outln!("{name:<name_w$}  {episodes:>episodes_w$}  {created:<19}  {on}")?;
+                }
             }
         }
         ViewCommand::Show { name } => {
@@ -399,11 +409,11 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             };
             let v =
                 views::view(&lake, base, version).await?.ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         ViewCommand::Drop { name } => {
             lake.drop_view(&name).await?;
-            println!("view {name} dropped");
+            outln!("view {name} dropped")?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -432,7 +442,7 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
         let spec = format!("{}@{}", record.name, record.version);
         let began = std::time::Instant::now();
         let report = lake::stats::write_image_stats(&lake, &spec).await?;
-        eprintln!(
+        errln!(
             "image statistics of {spec}: {} cameras, {} frames decoded, {:.1} s",
             report.cameras,
             report.frames,
@@ -444,9 +454,9 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     match &args.output {
         Some(path) => {
             std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("wrote the stats of {}@{} to {}", record.name, record.version, path.display());
+            errln!("wrote the stats of {}@{} to {}", record.name, record.version, path.display());
         }
-        None => println!("{text}"),
+        None => outln!("{text}")?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -480,7 +490,7 @@ pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
         ExportFormatArg::Parquet => lake::export::ExportFormat::Parquet,
     };
     let report = lake::export::export(&lake, &args.dataset, format, &args.out).await?;
-    println!(
+    outln!(
         "exported {} ({}, {} steps) to {}: {} files, {:.1} MB",
         report.dataset,
         if report.episodes == 1 { "1 episode".to_string() } else { format!("{} episodes", report.episodes) },
@@ -488,6 +498,6 @@ pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
         args.out.display(),
         report.files,
         report.bytes as f64 / 1e6
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }

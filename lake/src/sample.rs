@@ -126,11 +126,11 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
     let stored = tokio::select! {
         stored = store_frames(&lake, ds, args.threads, args.storage.into(), args.size) => stored?,
         _ = tokio::signal::ctrl_c() => {
-            eprintln!("cancelled; no frame table was stored (the lake is unchanged)");
+            errln!("cancelled; no frame table was stored (the lake is unchanged)");
             return Ok(ExitCode::from(130));
         }
     };
-    println!("{}", stored.summary());
+    outln!("{}", stored.summary())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -280,9 +280,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2)]
     prefetch: usize,
     /// Draws planned ahead: frames later batches show are kept when they are decoded anyway
-    /// (the rest of a GOP), in the frame cache's budget (0: off; needs `--cache on`).
-    #[arg(long, default_value_t = lake_loader::DEFAULT_HORIZON)]
-    lookahead: u64,
+    /// (the rest of a GOP), in the frame cache's budget (0: off; needs `--cache on`)
+    /// [default: 8192 with the cache on].
+    #[arg(long)]
+    lookahead: Option<u64>,
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -341,7 +342,7 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e.context(format!("writing {}", args.out.display())));
     }
-    eprintln!(
+    errln!(
         "wrote {} sample{} of {} ({} columns, {:.1} MB) to {}",
         batch.num_rows(),
         if batch.num_rows() == 1 { "" } else { "s" },
@@ -388,6 +389,11 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     // The window so opens and closes with `prefetch` batches in the making (a stream limited
     // to the batches timed, or timing from the first batch on, would count batches made
     // before the window as free).
+    let lookahead = match (args.loader.cache.as_str(), args.lookahead) {
+        ("on", lookahead) => lookahead.unwrap_or(lake_loader::DEFAULT_HORIZON),
+        (_, Some(1..)) => anyhow::bail!("--lookahead keeps frames in the frame cache: it needs --cache on"),
+        _ => 0,
+    };
     let request = StreamRequest {
         order: order.clone(),
         sharding,
@@ -395,7 +401,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         limit: None,
         stride: 1,
         prefetch: args.prefetch,
-        lookahead: args.lookahead,
+        lookahead,
     };
     let warm = 1 + args.prefetch;
     let timed_cursors: Vec<Cursor> = lake_loader::cursors(&request).skip(warm).take(args.batches as usize).collect();
@@ -439,7 +445,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         batches: args.batches,
         threads: loader_threads(&args.loader),
         cache: args.loader.cache == "on",
-        lookahead: if args.loader.cache == "on" { args.lookahead } else { 0 },
+        lookahead,
         frame_table: args.loader.frame_table == "on" && loader.datasets().iter().all(|d| d.has_frame_table()),
         samples,
         seconds: wall.as_secs_f64(),
@@ -453,7 +459,8 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         peak_rss_mb,
         cache_hit_rate: cache.hit_rate(),
         ahead_hit_rate: cache.ahead_hits as f64 / (cache.hits + cache.misses).max(1) as f64,
-        cache_mb: cache.bytes as f64 / 1e6,
+        cache_budget_mb: cache.budget as f64 / 1e6,
+        cache_held_mb: cache.bytes as f64 / 1e6,
         frames_decoded: decode.frames,
         packets_decoded: decode.packets,
         decode_ms_per_sample: decode.decode_ns as f64 / 1e6 / (samples + first.batch.num_rows() as u64).max(1) as f64,
@@ -466,9 +473,9 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         sample_bytes: sample_bytes as u64,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        report.print();
+        report.print()?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -499,7 +506,9 @@ struct BenchReport {
     peak_rss_mb: f64,
     cache_hit_rate: f64,
     ahead_hit_rate: f64,
-    cache_mb: f64,
+    /// The frame cache's budget and the bytes it held at the end, in MB.
+    cache_budget_mb: f64,
+    cache_held_mb: f64,
     frames_decoded: u64,
     packets_decoded: u64,
     decode_ms_per_sample: f64,
@@ -524,9 +533,9 @@ fn memcpy_seconds(bytes: usize, times: usize) -> f64 {
 }
 
 impl BenchReport {
-    fn print(&self) {
+    fn print(&self) -> std::io::Result<()> {
         let d = Duration::from_secs_f64(self.seconds);
-        println!(
+        outln!(
             "lake bench: {} · preset {} · batch {} · {} threads · cache {} · lookahead {} · frames from {}",
             self.datasets.join(" + "),
             self.preset,
@@ -535,37 +544,45 @@ impl BenchReport {
             if self.cache { "on" } else { "off" },
             if self.lookahead > 0 { format!("{} draws", self.lookahead) } else { "off".into() },
             if self.frame_table { "the frame table" } else { "packets" }
-        );
-        println!(
+        )?;
+        outln!(
             "  samples            {} in {:.2?} ({} batches after the first and those made ahead with it)",
-            self.samples, d, self.batches
-        );
-        println!("  samples/s          {:.1}", self.samples_per_s);
-        println!("  CPU ms/sample      {:.3}   ({:.1} samples per CPU-second)", self.cpu_ms_per_sample, self.samples_per_cpu_s);
-        println!(
+            self.samples,
+            d,
+            self.batches
+        )?;
+        outln!("  samples/s          {:.1}", self.samples_per_s)?;
+        outln!("  CPU ms/sample      {:.3}   ({:.1} samples per CPU-second)", self.cpu_ms_per_sample, self.samples_per_cpu_s)?;
+        outln!(
             "  decode ms/sample   {:.3}   ({} frames from {} packets; decode threads' time, batches made ahead included)",
-            self.decode_ms_per_sample, self.frames_decoded, self.packets_decoded
-        );
-        println!("  packet read ms/s.  {:.3}   (wall time of Lance reads, overlapping decode)", self.fetch_ms_per_sample);
-        println!("  output MB/s        {:.1}", self.mb_per_s);
-        println!(
+            self.decode_ms_per_sample,
+            self.frames_decoded,
+            self.packets_decoded
+        )?;
+        outln!("  packet read ms/s.  {:.3}   (wall time of Lance reads, overlapping decode)", self.fetch_ms_per_sample)?;
+        outln!("  output MB/s        {:.1}", self.mb_per_s)?;
+        outln!(
             "  first batch        {:.1} ms ({:.1} CPU ms, {} samples)",
-            self.first_batch_ms, self.first_batch_cpu_ms, self.first_batch_rows
-        );
-        println!(
-            "  cache hit rate     {:.1} % ({:.1} % from frames decoded ahead; {:.1} MB held)",
+            self.first_batch_ms,
+            self.first_batch_cpu_ms,
+            self.first_batch_rows
+        )?;
+        outln!(
+            "  cache hit rate     {:.1} % ({:.1} % from frames decoded ahead; {:.1} of {:.1} MB held)",
             self.cache_hit_rate * 100.0,
             self.ahead_hit_rate * 100.0,
-            self.cache_mb
-        );
-        println!("  peak RSS           {:.0} MB", self.peak_rss_mb);
-        println!(
+            self.cache_held_mb,
+            self.cache_budget_mb
+        )?;
+        outln!("  peak RSS           {:.0} MB", self.peak_rss_mb)?;
+        outln!(
             "  decode-bound limit {:.3} CPU ms/sample ({} frames from {} packets, FFmpeg alone): lake runs at {:.0} % of it",
             self.bound_cpu_ms_per_sample,
             self.bound_frames,
             self.bound_packets,
             self.bound_fraction * 100.0
-        );
-        println!("  copy floor         {:.4} ms/sample ({:.2} MB per sample)", self.copy_ms_per_sample, self.sample_bytes as f64 / 1e6);
+        )?;
+        outln!("  copy floor         {:.4} ms/sample ({:.2} MB per sample)", self.copy_ms_per_sample, self.sample_bytes as f64 / 1e6)?;
+        Ok(())
     }
 }

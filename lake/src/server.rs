@@ -174,7 +174,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     for addr in [args.flight, args.http] {
         if tokens.is_empty() && !addr.ip().is_loopback() {
-            eprintln!("warning: serving on {addr} without tokens: anyone who can reach it can read the lake (use --token-file)");
+            errln!("warning: serving on {addr} without tokens: anyone who can reach it can read the lake (use --token-file)");
         }
     }
     let options = ServeOptions {
@@ -196,7 +196,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);
     let local = args.local.as_ref().map(|p| format!(" local {}", p.display())).unwrap_or_default();
-    println!("lake serving {root}: flight grpc://{flight_addr} http://{http_addr}{local}");
+    outln!("lake serving {root}: flight grpc://{flight_addr} http://{http_addr}{local}")?;
     use std::io::Write;
     std::io::stdout().flush()?;
 
@@ -207,7 +207,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
             _ = tokio::signal::ctrl_c() => {}
             _ = terminate.recv() => {}
         }
-        eprintln!("shutting down: finishing the batches in flight");
+        errln!("shutting down: finishing the batches in flight");
     };
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut flight_stop = stop_tx.subscribe();
@@ -254,7 +254,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok(done) => done.map(|()| ExitCode::SUCCESS),
         Err(_) => {
             let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
-            eprintln!(
+            errln!(
                 "shutting down: {open} stream{} still open {wait:?} after the shutdown began (clients not reading); closing {}",
                 if open == 1 { "" } else { "s" },
                 if open == 1 { "it" } else { "them" }

@@ -102,6 +102,27 @@ fn a_failed_first_ingest_leaves_no_lake_and_dot_is_named_after_its_directory() {
     assert_eq!(records[0]["source"]["url"], testdata("v30-images-tiny").to_str().expect("utf-8"), "the source is recorded absolute");
 }
 
+/// Output that cannot be written (a full disk) is an error with its exit status, never a
+/// panic; the ingest itself is committed, and a full stderr does not change the outcome.
+#[test]
+fn unwritable_output_is_an_error_not_a_crash() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let src = testdata("v30-av1-small");
+    let run = lake_cmd(&root).args(["ingest", src.to_str().expect("utf-8")]).stdout(full()).output().expect("run");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("No space left on device") && !stderr.contains("panicked"), "{stderr}");
+    assert!(lake(&root, &["ls"]).stdout.contains("v30-av1-small@1"), "committed before its summary was printed");
+    let run = lake_cmd(&root).args(["ingest", "/no/such/dataset"]).stderr(full()).output().expect("run");
+    assert_eq!(run.status.code(), Some(2), "{run:?}");
+    for args in [&["view", "ls"][..], &["ls"], &["inspect", "v30-av1-small"], &["sql", "SELECT 1"]] {
+        let run = lake_cmd(&root).args(args).stdout(full()).output().expect("run");
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {run:?}");
+    }
+}
+
 #[test]
 fn two_ingests_of_one_source_at_once_make_one_version() {
     let tmp = tempfile::tempdir().expect("tmp");
