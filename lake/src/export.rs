@@ -201,8 +201,9 @@ async fn write_parquet_tables(
     let columns: Vec<ArrayRef> =
         ds.steps.columns().iter().map(|c| take(c, &rows, None)).collect::<Result<_, _>>().map_err(arrow_err("selecting steps"))?;
     let steps = RecordBatch::try_new(ds.steps.schema(), columns).map_err(arrow_err("selecting steps"))?;
-    // Packets: every stream the selected steps show, in stream order (a GOP may begin in another
-    // episode's part of a file); the steps' packet rows are renumbered to point into them.
+    // Packets: those the selected steps' frames need, from each one's keyframe (a GOP may begin
+    // in another episode's part of a file), in table order; the steps' packet rows are
+    // renumbered to point into them.
     let renumber = PacketRenumbering::new(ds, &rows);
     let steps = renumber.steps(&steps)?;
     write_parquet(&dir.join("steps.parquet"), &with_lerobot_names(&steps, &[])?)?;
@@ -227,32 +228,49 @@ async fn write_parquet_tables(
     Ok(())
 }
 
-/// Where the packets of the streams an export keeps land in its `packets` table.
+/// Where the packets an export keeps land in its `packets` table.
 struct PacketRenumbering {
-    /// Kept streams, ascending, with their first row in the lake's table and in the export's.
-    streams: Vec<(u32, u64, u64)>,
+    /// Kept row ranges of the lake's table, ascending and disjoint, each with its first row in
+    /// the export's.
+    ranges: Vec<(std::ops::Range<u64>, u64)>,
 }
 
 impl PacketRenumbering {
-    /// The streams that `rows` of the steps show.
+    /// The packets decoding the frames `rows` of the steps show needs: each frame's, back to
+    /// its keyframe.
     fn new(ds: &LoaderDataset, rows: &UInt64Array) -> Self {
-        let stream = &ds.packets.stream;
-        let mut kept = std::collections::BTreeSet::new();
+        let mut needed: Vec<std::ops::Range<u64>> = Vec::new();
         for camera in &ds.cameras {
             for row in rows.values() {
-                if let Some(&s) = camera.packet_rows.values().get(*row as usize).and_then(|p| stream.get(*p as usize)) {
-                    kept.insert(s);
+                if let Some(&p) = camera.packet_rows.values().get(*row as usize) {
+                    let back = ds.packets.keyframe_offset.get(p as usize).map_or(0, |&k| u64::from(k));
+                    needed.push(p - back..p + 1);
                 }
             }
         }
-        let (mut streams, mut next) = (Vec::new(), 0);
-        for s in kept {
-            let first = stream.partition_point(|x| *x < s) as u64;
-            let len = stream.partition_point(|x| *x <= s) as u64 - first;
-            streams.push((s, first, next));
-            next += len;
+        needed.sort_unstable_by_key(|r| (r.start, r.end));
+        let mut merged: Vec<std::ops::Range<u64>> = Vec::new();
+        for r in needed {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
         }
-        Self { streams }
+        let mut next = 0;
+        let ranges = merged
+            .into_iter()
+            .map(|r| {
+                let to = next;
+                next += r.end - r.start;
+                (r, to)
+            })
+            .collect();
+        Self { ranges }
+    }
+
+    /// The kept rows of the lake's table, ascending.
+    fn rows(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ranges.iter().flat_map(|(r, _)| r.clone())
     }
 
     /// `steps` with every `packet_row` pointing into the export's packets.
@@ -274,30 +292,27 @@ impl PacketRenumbering {
         RecordBatch::try_new(steps.schema(), columns).map_err(arrow_err("renumbering packet rows"))
     }
 
-    /// A lake packet row's row in the export.
+    /// A kept lake packet row's row in the export (every row a step shows is kept).
     fn row(&self, row: u64) -> u64 {
-        let i = self.streams.partition_point(|(_, first, _)| *first <= row).saturating_sub(1);
-        self.streams.get(i).map_or(row, |(_, first, to)| row - first + to)
+        let i = self.ranges.partition_point(|(r, _)| r.start <= row).saturating_sub(1);
+        self.ranges.get(i).filter(|(r, _)| r.contains(&row)).map_or(row, |(r, to)| row - r.start + to)
     }
 }
 
-/// The kept streams' packets, read and written batch by batch (they hold every frame's bytes).
+/// The kept packets, taken and written a slice at a time (they hold every frame's bytes).
 async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbering, path: &Path) -> Result<()> {
-    use futures::TryStreamExt;
+    /// Packets per take: a few MB of compressed video.
+    const SLICE: usize = 256;
     let table = lake_store::open_table(lake, &ds.record, tables::PACKETS).await?;
-    let mut scan = table.scan();
-    scan.scan_in_order(true);
-    let wanted: Vec<String> = renumber.streams.iter().map(|(s, ..)| s.to_string()).collect();
-    let filter = if wanted.is_empty() { "false".to_string() } else { format!("stream IN ({})", wanted.join(", ")) };
     let lance = |e: lance::Error| invalid(format!("reading the packets of {}: {e}", ds.label));
-    scan.filter(&filter).map_err(lance)?;
-    let mut batches = scan.try_into_stream().await.map_err(lance)?;
     let file = std::fs::File::create(path).map_err(io(path))?;
     let props = parquet::file::properties::WriterProperties::builder().build();
     let schema = plain_schema(&tables::packets_schema());
     let mut writer =
         parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
-    while let Some(batch) = batches.try_next().await.map_err(lance)? {
+    let rows: Vec<u64> = renumber.rows().collect();
+    for slice in rows.chunks(SLICE) {
+        let batch = table.take(slice, table.schema().clone()).await.map_err(lance)?;
         let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(arrow_err("reading packets"))?;
         writer.write(&batch).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     }
@@ -467,7 +482,11 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
     std::fs::write(&info_path, serde_json::to_vec_pretty(&info).expect("json")).map_err(io(&info_path))?;
     if whole {
         // Statistics of a subset would need recomputing; LeRobot loads a dataset without them.
-        let stats = crate::stats::stats_json(lake, &ds.record).await?;
+        let mut stats = crate::stats::stats_json(lake, &ds.record).await?;
+        // Only the features the export has (cameras lake holds no frames of are left out).
+        if let (Some(stats), Some(kept)) = (stats.as_object_mut(), info["features"].as_object()) {
+            stats.retain(|feature, _| kept.contains_key(feature));
+        }
         let stats_path = dir.join("meta/stats.json");
         std::fs::write(&stats_path, serde_json::to_vec_pretty(&stats).expect("json")).map_err(io(&stats_path))?;
     }
@@ -550,7 +569,8 @@ fn info_json(ds: &LoaderDataset, episodes: usize, steps: usize, tasks: usize, vi
         "fps": ds.fps(),
         "splits": {"train": format!("0:{episodes}")},
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
-        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+        // As LeRobot writes it: no template without a video feature.
+        "video_path": if video_cameras.is_empty() { Value::Null } else { json!("videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4") },
         "features": features,
     })
 }

@@ -66,6 +66,27 @@ fn lerobot_exports_ingest_back_into_identical_steps_and_packets() {
     }
 }
 
+/// A dataset whose cameras were dropped at ingest (no video of them exists) exports without
+/// them: no camera feature in `info.json`, no video path template, no statistics of theirs.
+#[test]
+fn an_export_leaves_out_dropped_cameras_everywhere() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &shared_dir().join("lerobot-real/so101-record-test-v30"), &["--drop-missing-cameras"]);
+    let out = tmp.path().join("export");
+    let run = export(&root, "so101-record-test-v30", "lerobot-v3", &out);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let json =
+        |path: &str| -> serde_json::Value { serde_json::from_slice(&std::fs::read(out.join(path)).expect("exported file")).expect("json") };
+    let (info, stats) = (json("meta/info.json"), json("meta/stats.json"));
+    assert_eq!(info["video_path"], serde_json::Value::Null, "no video feature, no template");
+    let features: Vec<&String> = info["features"].as_object().expect("features").keys().collect();
+    let stated: Vec<&String> = stats.as_object().expect("stats").keys().collect();
+    assert!(!features.iter().any(|f| f.starts_with("observation.images.")), "{features:?}");
+    assert_eq!(stated, features, "statistics of exactly the exported features");
+    assert!(!out.join("videos").exists());
+}
+
 #[test]
 fn a_view_exports_only_its_episodes_renumbered_from_zero() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -110,7 +131,8 @@ fn parquet_export_writes_the_tables_with_lerobot_keys() {
     }
     let all = packet_rows_point_at_their_frames(&out, 300);
 
-    // A view's export keeps the streams its episodes show, and renumbers the rows into them.
+    // A view's export keeps the packets its episodes' frames need (each back to its keyframe),
+    // not whole files shared with episodes left out, and renumbers the rows into them.
     let run = lake(&root, &["view", "create", "later", "SELECT episode_index FROM episodes WHERE episode_index >= 1"]);
     assert_eq!(run.code, 0, "{run:#?}");
     let out = tmp.path().join("later");
@@ -118,7 +140,16 @@ fn parquet_export_writes_the_tables_with_lerobot_keys() {
     assert_eq!(run.code, 0, "{run:#?}");
     let later = crate::common::sql_rows(&root, "SELECT sum(length) AS n FROM episodes WHERE episode_index >= 1");
     let kept = packet_rows_point_at_their_frames(&out, crate::common::num(&later[0], "n") as usize);
-    assert!(kept <= all, "{kept} packets of {all}");
+    let cameras = steps_cameras(&out);
+    let lead_in = kept - crate::common::num(&later[0], "n") as usize * cameras;
+    assert!(kept < all && lead_in < 300 * cameras / 10, "{kept} packets of {all}, {lead_in} of them before an episode's first frame");
+}
+
+/// Cameras of an exported `steps.parquet` (members of its `packet_row`).
+fn steps_cameras(out: &Path) -> usize {
+    use arrow::array::AsArray;
+    let steps = lake_testkit::read_parquet(&out.join("steps.parquet"));
+    steps[0].column_by_name(lake_schemas::tables::PACKET_ROW).expect("packet_row").as_struct().num_columns()
 }
 
 /// Checks that every step's packet row in an exported `steps.parquet` is a packet of
@@ -143,10 +174,7 @@ fn packet_rows_point_at_their_frames(out: &Path, steps_expected: usize) -> usize
             }
         }
     }
-    assert_eq!(
-        checked,
-        steps_expected * steps[0].column_by_name(lake_schemas::tables::PACKET_ROW).expect("rows").as_struct().num_columns()
-    );
+    assert_eq!(checked, steps_expected * steps_cameras(out));
     episode.len()
 }
 
