@@ -389,9 +389,20 @@ async fn sample(
     negotiate(&headers, "/v1/sample", &[Answer::Arrow]).inspect_err(|_| service.count_bad())?;
     let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
     let request = service.parse_request(&body)?;
-    let (schema, batches) = service.batches(&request).await?;
+    // The plan, as Flight's GetFlightInfo gives it: the epoch's shape a client keeps its
+    // `(epoch, step)` cursor with, and the dataset versions read (the stream is pinned to them).
+    let plan = service.describe(&request).await?;
+    let pinned = super::SampleRequest { datasets: plan.datasets.clone(), ..request };
+    let (schema, batches) = service.batches(&pinned).await?;
     let body = Body::from_stream(encoded_stream(Answer::Arrow, schema, batches)?);
-    Ok(([(header::CONTENT_TYPE, ARROW_STREAM)], body).into_response())
+    let mut response = ([(header::CONTENT_TYPE, ARROW_STREAM)], body).into_response();
+    let headers = response.headers_mut();
+    headers.insert("lake-epoch-len", plan.epoch_len.into());
+    headers.insert("lake-steps-per-epoch", plan.steps_per_epoch.into());
+    if let Ok(shape) = header::HeaderValue::from_bytes(plan.shape_json().as_bytes()) {
+        headers.insert("lake-plan", shape);
+    }
+    Ok(response)
 }
 
 async fn sql(
@@ -441,10 +452,15 @@ pub fn openapi_document() -> Value {
     let error =
         |why: &str| json!({"description": why, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
     let unauthorized = error("no bearer token, or a wrong one (when the server has tokens)");
-    let arrow = json!({"description": "Arrow IPC stream", "content": {ARROW_STREAM: {}}});
+    let plan_header = |what: &str| json!({"description": what, "schema": {"type": "integer", "minimum": 0}});
+    let sample_stream = json!({"description": "the rank's batches as an Arrow IPC stream", "content": {ARROW_STREAM: {}},
+        "headers": {
+            "Lake-Epoch-Len": plan_header("eligible steps per epoch"),
+            "Lake-Steps-Per-Epoch": plan_header("global steps (batches per rank) per epoch; the stream goes on with step 0 of the next epoch after the last"),
+            "Lake-Plan": {"description": "the plan as JSON, as Flight's GetFlightInfo has it in `app_metadata`: `epoch_len`, `steps_per_epoch` and `datasets` with every name pinned to the version read", "schema": {"type": "string"}}}});
     let count = |description: &str| json!({"type": "integer", "minimum": 0, "description": description});
     let nullable = |t: &str, description: &str| json!({"type": [t, "null"], "minimum": 0, "description": description});
-    let mut document = paths_and_schemas(&error, &unauthorized, &arrow, &count, &nullable);
+    let mut document = paths_and_schemas(&error, &unauthorized, &sample_stream, &count, &nullable);
     // What every operation may answer besides its own responses.
     for (_, operations) in document["paths"].as_object_mut().expect("paths").iter_mut() {
         for (method, operation) in operations.as_object_mut().expect("operations").iter_mut() {
@@ -462,7 +478,7 @@ pub fn openapi_document() -> Value {
 fn paths_and_schemas(
     error: &dyn Fn(&str) -> Value,
     unauthorized: &Value,
-    arrow: &Value,
+    sample_stream: &Value,
     count: &dyn Fn(&str) -> Value,
     nullable: &dyn Fn(&str, &str) -> Value,
 ) -> Value {
@@ -516,19 +532,20 @@ fn paths_and_schemas(
         },
         "security": [{"bearer": []}],
         "paths": {
-            "/healthz": {"get": {"security": [], "responses": {"200": {"description": "serving"}}}},
-            "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text format"}, "401": unauthorized}}},
-            "/v1/openapi.json": {"get": {"responses": {"200": {"description": "this document"}, "401": unauthorized}}},
+            "/healthz": {"get": {"security": [], "responses": {"200": {"description": "serving (`ok`)", "content": {"text/plain": {}}}}}},
+            "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text format", "content": {"text/plain; version=0.0.4": {}}}, "401": unauthorized}}},
+            "/v1/openapi.json": {"get": {"responses": {"200": {"description": "this document", "content": {"application/json": {}}}, "401": unauthorized}}},
             "/v1/datasets": {"get": {"responses": {
                 "200": {"description": "the datasets (latest versions) and views",
                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Datasets"}}}},
                 "401": unauthorized}}},
             "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"},
                     "description": "NAME, NAME@VERSION, VIEW or VIEW@VERSION"}],
-                "responses": {"200": {"description": "a dataset's features, cameras (one entry each: codec, size, longest GOP, files), episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view"},
+                "responses": {"200": {"description": "a dataset's features, cameras (one entry each: codec, size, longest GOP, files), episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view",
+                        "content": {"application/json": {"schema": {"type": "object"}}}},
                     "400": error("not a valid name"), "401": unauthorized, "404": error("no such dataset, version or view")}}},
             "/v1/sample": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
-                "responses": {"200": arrow, "400": error("not a valid request for the lake"), "401": unauthorized,
+                "responses": {"200": sample_stream, "400": error("not a valid request for the lake"), "401": unauthorized,
                     "404": error("no such dataset, version or view"), "406": error("the Accept header takes no Arrow stream"),
                     "503": error("the memory budget has no room for another stream now (retry after the Retry-After seconds)")}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},

@@ -92,6 +92,12 @@ fn start_with(root: &Path, args: &[&str]) -> Server {
 
 /// One HTTP/1.1 request; returns the status and the body (chunked bodies decoded).
 fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+    let (status, _, body) = http_with_head(addr, method, path, headers, body);
+    (status, body)
+}
+
+/// [`http`], with the response's head (status line and headers, lower-cased) too.
+fn http_with_head(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
     let mut stream = TcpStream::connect(addr).expect("connect");
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
@@ -119,7 +125,7 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[
         }
         body = out;
     }
-    (status, body)
+    (status, head, body)
 }
 
 fn arrow_batches(body: &[u8]) -> Vec<RecordBatch> {
@@ -334,6 +340,8 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let actions: Vec<String> =
             client.list_actions().await.expect("actions").map_ok(|a| a.r#type).try_collect().await.expect("action types");
         assert_eq!(actions, ["CreatePreparedStatement", "ClosePreparedStatement"], "only the actions served");
+        let unknown = status(client.do_action(arrow_flight::Action::new("Compact", "")).await.err().expect("no such action"));
+        assert!(unknown.code() == tonic::Code::Unimplemented && unknown.message().contains("`Compact`"), "{unknown:?}");
 
         // Without the token: refused.
         let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
@@ -345,9 +353,13 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     // HTTP: the same batches as an Arrow IPC stream.
     let auth = format!("Bearer {TOKEN}");
     let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
-    let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, request.to_string().as_bytes());
+    let (code, head, body) = http_with_head(&server.http, "POST", "/v1/sample", &headers, request.to_string().as_bytes());
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
     same_rows(&arrow_batches(&body), &expected, "http");
+    // The plan in headers, as GetFlightInfo has it: 600 steps, 75 batches of 8, version pinned.
+    for line in ["\r\nlake-epoch-len: 600\r\n", "\r\nlake-steps-per-epoch: 75\r\n", r#""datasets":["v30-av1-small@1"]"#] {
+        assert!(head.contains(line), "{line:?} in {head}");
+    }
     let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, br#"{"datasets": ["nope"]}"#);
     assert_eq!(code, 404, "{}", String::from_utf8_lossy(&body));
     let (code, _) = http(&server.http, "POST", "/v1/sample", &headers, b"{not json");
