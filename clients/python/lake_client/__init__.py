@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-__all__ = ["LakeClient", "LocalClient", "LakeError", "LakeIterableDataset", "batch_to_numpy"]
+__all__ = ["CURSOR_KEY", "LakeClient", "LocalClient", "LakeError", "LakeIterableDataset", "batch_to_numpy"]
 
 DatasetSpec = Union[str, Dict[str, Any]]  # a name (`name` or `name@version`) or {"name", "weight"}
 
@@ -179,6 +179,10 @@ def _frame(kind: bytes, payload: bytes = b"") -> bytes:
 # Seconds a local stream waits for its next batch, with every slot held by a batch still alive,
 # before it warns that the trainer must drop (or copy) a batch first.
 STALL_WARNING_S = 10.0
+
+#: The key of every `LakeIterableDataset` batch that holds `[epoch, step]` of the batch after
+#: it in the rank's sequence (what `state_dict(after=batch)` resumes from).
+CURSOR_KEY = "lake.cursor"
 
 
 class _Slot:
@@ -463,13 +467,15 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     round robin yields exactly the batches, in the order, that `num_workers=0` yields, and
     `epochs` still bounds the whole. Each worker keeps its own cursor, in its own process:
 
-    - With a plain `torch.utils.data.DataLoader` and workers, the main process's `state_dict()`
-      does not see the workers' progress (it stays where iteration started), so it cannot
-      resume the run, and iterating the loader again starts from there again (unless
-      `persistent_workers=True`). Use `num_workers=0` (the server decodes and assembles the
-      batches, so workers add little), or torchdata's `StatefulDataLoader`, which calls
-      `state_dict()` / `load_state_dict()` in each worker. Worker 0 warns once about this
-      (except under `StatefulDataLoader`).
+    - With a plain `torch.utils.data.DataLoader` and workers, the main process's copy of the
+      dataset does not see the workers' progress, so checkpoint with `state_dict(after=batch)`:
+      every batch carries `"lake.cursor"` (`[epoch, step]` of the batch after it), and the
+      DataLoader hands batches out in the rank's order, so the state after the last batch
+      trained on resumes exactly (call `pin()` before making the DataLoader, so the state names
+      the versions the workers read). Plain `state_dict()` there stays where iteration started,
+      and iterating the loader again starts from there again (unless `persistent_workers=True`).
+      torchdata's `StatefulDataLoader` instead calls `state_dict()` / `load_state_dict()` in
+      each worker. Worker 0 warns once about this (except under `StatefulDataLoader`).
     - In a worker, `state_dict()` is that worker's own next step plus `"worker"` and
       `"workers"`; `load_state_dict()` of it in the same worker (of as many workers) resumes
       that worker's stride exactly. A state saved without workers (or before a worker started)
@@ -563,9 +569,9 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
                 _WARNED_WORKER_STATE = True
                 warnings.warn(
                     f"LakeIterableDataset runs in {workers} DataLoader worker process(es): each keeps its own "
-                    "cursor, so the dataset's state_dict() in the main process does not move and cannot resume "
-                    "this run. Use num_workers=0 (the server decodes the batches; workers add little) or "
-                    "torchdata's StatefulDataLoader, which saves and restores each worker's state.",
+                    "cursor, so the dataset's state_dict() in the main process does not move. Checkpoint with "
+                    "state_dict(after=batch) (the last batch trained on), or use torchdata's StatefulDataLoader, "
+                    "which saves and restores each worker's state.",
                     UserWarning,
                     stacklevel=2,
                 )
@@ -614,27 +620,42 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             if limit is not None:
                 request["limit_batches"] = limit
         for batch in source.batches(request):
-            if workers == 1:
-                self.step += 1
-                if self.step >= steps_per_epoch:
-                    self.epoch, self.step = self.epoch + 1, 0
-            else:
-                self.epoch, self.step = divmod(self.epoch * steps_per_epoch + self.step + workers, steps_per_epoch)
+            made_at = self.epoch * steps_per_epoch + self.step
+            # This worker's next step, and the rank's next after this batch (its `lake.cursor`).
+            self.epoch, self.step = divmod(made_at + workers, steps_per_epoch)
             out = {}
             for key, value in batch_to_numpy(batch).items():
                 # Arrow's buffers are read-only; torch wants writable memory.
                 out[key] = value if isinstance(value, list) else torch.from_numpy(np.require(value, requirements=["C", "W"]))
+            out[CURSOR_KEY] = torch.tensor(divmod(made_at + 1, steps_per_epoch), dtype=torch.int64)
             yield out
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self, after: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Where the stream stands: the next batch is global step `step` of `epoch`, of the
         dataset versions in `datasets` (pinned once the stream has started). In a DataLoader
         worker that has started (of two or more), the worker's own next step, with `worker`
-        and `workers`."""
+        and `workers`.
+
+        With `after` (a batch this dataset yielded), the state right after that batch: what a
+        plain DataLoader with workers checkpoints with in the main process (see the class
+        docs); it warns when the versions are not pinned there (`pin()`), since a resume then
+        reads the latest ones."""
         state = {"epoch": self.epoch, "step": self.step, "seed": self.request["seed"],
                  "global_batch": self.request["batch_size"] * self.world_size,
                  "datasets": self.request["datasets"]}
-        if self._own is not None:
+        if after is not None:
+            if CURSOR_KEY not in after:
+                raise ValueError(f"state_dict(after=batch) takes a batch of this dataset (one with {CURSOR_KEY!r})")
+            state["epoch"], state["step"] = (int(v) for v in after[CURSOR_KEY])
+            if not self._pinned:
+                warnings.warn(
+                    "state_dict(after=batch) of a dataset whose versions are not pinned in this process: a resume "
+                    "reads the latest versions, which may not be those the workers read. Call pin() before making "
+                    "the DataLoader.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        elif self._own is not None:
             state["worker"], state["workers"] = self._own
         return state
 

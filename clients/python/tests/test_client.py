@@ -271,6 +271,34 @@ class TorchDataset(unittest.TestCase):
         got = [b["index"].tolist() for b in DataLoader(rest, batch_size=None, **workers_of(3))]
         self.assertEqual(got, whole[11:])
 
+    def test_a_plain_dataloader_with_workers_checkpoints_after_a_batch(self):
+        # The main process's copy of the dataset checkpoints from the batches the workers made:
+        # 15 steps an epoch; cut after 17 batches (into epoch 1), resumed with other workers.
+        from torch.utils.data import DataLoader
+
+        whole = [b["index"].tolist() for b in self.make(epochs=2)]
+        ds = self.make(epochs=2)
+        self.assertEqual(ds.pin(), [f"{DATASET}@1"])
+        got, state = [], None
+        for b in DataLoader(ds, batch_size=None, **workers_of(3)):
+            got.append(b["index"].tolist())
+            self.assertEqual(b["lake.cursor"].tolist(), list(divmod(len(got), 15)))
+            if len(got) == 17:
+                state = ds.state_dict(after=b)
+                break
+        self.assertEqual((state["epoch"], state["step"], state["datasets"]), (1, 2, [f"{DATASET}@1"]))
+        self.assertNotIn("workers", state)
+        rest = self.make(epochs=2)
+        rest.load_state_dict(state)
+        got += [b["index"].tolist() for b in DataLoader(rest, batch_size=None, **workers_of(2))]
+        self.assertEqual(got, whole)
+        with self.assertRaises(ValueError):
+            ds.state_dict(after={"index": b["index"]})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.make().state_dict(after=b)
+        self.assertTrue(any("pin()" in str(w.message) for w in caught), [str(w.message) for w in caught])
+
     def test_each_worker_resumes_its_own_stride(self):
         # As torchdata's StatefulDataLoader does it: each worker's state_dict() after each batch
         # it makes, and load_state_dict() of it in the same worker of a new loader.
