@@ -28,7 +28,7 @@ use arrow::{
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use lake_schemas::{
-    CommitRecord, FeatureKind, Finding, FindingKind, LAKE_FORMAT_VERSION, Severity, SourceRecord, TableCounts, TableSet,
+    CodecParams, CommitRecord, FeatureKind, Finding, FindingKind, LAKE_FORMAT_VERSION, Severity, SourceRecord, TableCounts, TableSet,
     tables::{self, EPISODES, FEATURE_STATS, FINDINGS, PACKETS, STATS, STEPS, STREAMS, TASKS},
 };
 use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_name};
@@ -786,22 +786,11 @@ fn streams_table(
             camera: o.job.camera.clone(),
             kind: "video",
             file: Some(o.job.file.path.clone()),
-            codec: f.codec.clone(),
+            params: f.params.clone(),
             declared_codec: o.job.declared.codec.clone(),
             profile: f.profile.clone(),
-            extradata: f.extradata.clone(),
-            width: f.width,
-            height: f.height,
             declared: (o.job.declared.width, o.job.declared.height),
-            pix_fmt: f.pix_fmt.clone(),
             declared_pix_fmt: o.job.declared.pix_fmt.clone(),
-            colour: [
-                f.color_range.clone(),
-                f.color_space.clone(),
-                f.color_primaries.clone(),
-                f.color_trc.clone(),
-                f.chroma_location.clone(),
-            ],
             time_base: f.time_base,
             avg_frame_rate: f.avg_frame_rate,
             first_row: bases[&o.job.stream],
@@ -823,16 +812,11 @@ fn streams_table(
             camera: cam.clone(),
             kind: "image",
             file: None,
-            codec: codec.to_string(),
+            params: CodecParams { codec: codec.to_string(), width: w, height: h, ..CodecParams::default() },
             declared_codec: None,
             profile: None,
-            extradata: None,
-            width: w,
-            height: h,
             declared: (hwc.map(|x| x.1 as u32), hwc.map(|x| x.0 as u32)),
-            pix_fmt: None,
             declared_pix_fmt: None,
-            colour: Default::default(),
             time_base: (1, meta.fps as i32),
             avg_frame_rate: Some(f64::from(meta.fps)),
             first_row: *first_row,
@@ -856,16 +840,11 @@ struct StreamRow {
     camera: String,
     kind: &'static str,
     file: Option<String>,
-    codec: String,
+    params: CodecParams,
     declared_codec: Option<String>,
     profile: Option<String>,
-    extradata: Option<Vec<u8>>,
-    width: u32,
-    height: u32,
     declared: (Option<u32>, Option<u32>),
-    pix_fmt: Option<String>,
     declared_pix_fmt: Option<String>,
-    colour: [Option<String>; 5],
     time_base: (i32, i32),
     avg_frame_rate: Option<f64>,
     first_row: u64,
@@ -887,17 +866,19 @@ impl StreamRow {
         at::<StringBuilder>(b, 1).append_value(&self.camera);
         at::<StringBuilder>(b, 2).append_value(self.kind);
         at::<StringBuilder>(b, 3).append_option(self.file);
-        at::<StringBuilder>(b, 4).append_value(&self.codec);
+        let p = self.params;
+        at::<StringBuilder>(b, 4).append_value(&p.codec);
         at::<StringBuilder>(b, 5).append_option(self.declared_codec);
         at::<StringBuilder>(b, 6).append_option(self.profile);
-        at::<BinaryBuilder>(b, 7).append_option(self.extradata);
-        at::<UInt32Builder>(b, 8).append_value(self.width);
-        at::<UInt32Builder>(b, 9).append_value(self.height);
+        at::<BinaryBuilder>(b, 7).append_option(p.extradata);
+        at::<UInt32Builder>(b, 8).append_value(p.width);
+        at::<UInt32Builder>(b, 9).append_value(p.height);
         at::<UInt32Builder>(b, 10).append_option(self.declared.0);
         at::<UInt32Builder>(b, 11).append_option(self.declared.1);
-        at::<StringBuilder>(b, 12).append_option(self.pix_fmt);
+        at::<StringBuilder>(b, 12).append_option(p.pix_fmt);
         at::<StringBuilder>(b, 13).append_option(self.declared_pix_fmt);
-        for (i, c) in self.colour.into_iter().enumerate() {
+        let colour = [p.color_range, p.color_space, p.color_primaries, p.color_trc, p.chroma_location];
+        for (i, c) in colour.into_iter().enumerate() {
             at::<StringBuilder>(b, 14 + i).append_option(c);
         }
         at::<Int32Builder>(b, 19).append_value(self.time_base.0);
@@ -1114,10 +1095,10 @@ fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_bytes: &[u64], k
         report.cameras.push(CameraSummary {
             name: cam,
             kind: "video".into(),
-            codec: first.codec,
+            codec: first.params.codec,
             declared_codec: mine[0].job.declared.codec.clone(),
-            width: first.width,
-            height: first.height,
+            width: first.params.width,
+            height: first.params.height,
             streams: mine.len() as u64,
             packets: mine.iter().map(|o| o.packets).sum(),
             max_gop: mine.iter().map(|o| o.max_gop).max().unwrap_or(0),

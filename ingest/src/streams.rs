@@ -570,26 +570,28 @@ fn report_foreign_frames(
 fn check_declared(job: &StreamJob, facts: &StreamFacts, fps: f64, findings: &mut Vec<Finding>) {
     let warn = |kind, message: String| Finding::warning(kind, message).with_file(&job.file.path).with_camera(&job.camera);
     if let Some(codec) = &job.declared.codec
-        && !same_codec(codec, &facts.codec)
+        && !same_codec(codec, &facts.params.codec)
     {
         findings.push(warn(
             FindingKind::CodecMismatch,
-            format!("info.json declares codec `{codec}`, the file holds `{}` (the file's codec is used)", facts.codec),
+            format!("info.json declares codec `{codec}`, the file holds `{}` (the file's codec is used)", facts.params.codec),
         ));
     }
     if let (Some(w), Some(h)) = (job.declared.width, job.declared.height)
-        && (w != facts.width || h != facts.height)
+        && (w != facts.params.width || h != facts.params.height)
     {
-        findings
-            .push(warn(FindingKind::FormatMismatch, format!("info.json declares {w}x{h}, the file is {}x{}", facts.width, facts.height)));
+        findings.push(warn(
+            FindingKind::FormatMismatch,
+            format!("info.json declares {w}x{h}, the file is {}x{}", facts.params.width, facts.params.height),
+        ));
     }
     if let Some((h, w)) = job.declared.shape
-        && (w != facts.width || h != facts.height)
+        && (w != facts.params.width || h != facts.params.height)
         && (job.declared.width, job.declared.height) != (Some(w), Some(h))
     {
         findings.push(warn(
             FindingKind::FormatMismatch,
-            format!("info.json declares shape {h}x{w} (height x width), the file is {}x{}", facts.height, facts.width),
+            format!("info.json declares shape {h}x{w} (height x width), the file is {}x{}", facts.params.height, facts.params.width),
         ));
     }
     if let Some(rate) = facts.avg_frame_rate
@@ -601,7 +603,7 @@ fn check_declared(job: &StreamJob, facts: &StreamFacts, fps: f64, findings: &mut
             format!("info.json declares {fps} fps, the file's frames come at {rate:.2} per second"),
         ));
     }
-    if let (Some(d), Some(a)) = (&job.declared.pix_fmt, &facts.pix_fmt)
+    if let (Some(d), Some(a)) = (&job.declared.pix_fmt, &facts.params.pix_fmt)
         && d != a
     {
         findings.push(warn(FindingKind::FormatMismatch, format!("info.json declares pixel format `{d}`, the file has `{a}`")));

@@ -11,34 +11,17 @@ use std::{
 };
 
 use ffmpeg_next::{self as ffmpeg, ffi};
+use lake_schemas::CodecParams;
 
 use crate::source::BlockingReader;
 
 /// Stream facts read from the container.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamFacts {
-    /// FFmpeg's codec name (`av1`, `h264`, `hevc`, `mpeg4`, …).
-    pub codec: String,
+    /// What a decoder is opened from: codec, extradata, size, pixel format, colour.
+    pub params: CodecParams,
     /// Codec profile name, when known.
     pub profile: Option<String>,
-    /// Codec extradata (avcC, hvcC, av1C, …).
-    pub extradata: Option<Vec<u8>>,
-    /// Coded width.
-    pub width: u32,
-    /// Coded height.
-    pub height: u32,
-    /// Pixel format name.
-    pub pix_fmt: Option<String>,
-    /// Colour range (`tv`, `pc`).
-    pub color_range: Option<String>,
-    /// Colour matrix.
-    pub color_space: Option<String>,
-    /// Colour primaries.
-    pub color_primaries: Option<String>,
-    /// Transfer characteristic.
-    pub color_trc: Option<String>,
-    /// Chroma sample location.
-    pub chroma_location: Option<String>,
     /// Time base of pts/dts.
     pub time_base: (i32, i32),
     /// Average frame rate, when known.
@@ -268,17 +251,19 @@ unsafe fn facts_of(stream: &ffmpeg::Stream<'_>) -> StreamFacts {
         let duration_s = (stream.duration() > 0 && tb.denominator() != 0)
             .then(|| stream.duration() as f64 * f64::from(tb.numerator()) / f64::from(tb.denominator()));
         StreamFacts {
-            codec: c_name(ffi::avcodec_get_name(p.codec_id)).unwrap_or_else(|| "unknown".into()),
+            params: CodecParams {
+                codec: c_name(ffi::avcodec_get_name(p.codec_id)).unwrap_or_else(|| "unknown".into()),
+                extradata,
+                width: p.width.max(0) as u32,
+                height: p.height.max(0) as u32,
+                pix_fmt: c_name(ffi::av_get_pix_fmt_name(std::mem::transmute::<i32, ffi::AVPixelFormat>(p.format))),
+                color_range: c_name(ffi::av_color_range_name(p.color_range)),
+                color_space: c_name(ffi::av_color_space_name(p.color_space)),
+                color_primaries: c_name(ffi::av_color_primaries_name(p.color_primaries)),
+                color_trc: c_name(ffi::av_color_transfer_name(p.color_trc)),
+                chroma_location: c_name(ffi::av_chroma_location_name(p.chroma_location)),
+            },
             profile: c_name(ffi::avcodec_profile_name(p.codec_id, p.profile)),
-            extradata,
-            width: p.width.max(0) as u32,
-            height: p.height.max(0) as u32,
-            pix_fmt: c_name(ffi::av_get_pix_fmt_name(std::mem::transmute::<i32, ffi::AVPixelFormat>(p.format))),
-            color_range: c_name(ffi::av_color_range_name(p.color_range)),
-            color_space: c_name(ffi::av_color_space_name(p.color_space)),
-            color_primaries: c_name(ffi::av_color_primaries_name(p.color_primaries)),
-            color_trc: c_name(ffi::av_color_transfer_name(p.color_trc)),
-            chroma_location: c_name(ffi::av_chroma_location_name(p.chroma_location)),
             time_base: (tb.numerator(), tb.denominator()),
             avg_frame_rate: (rate.denominator() != 0 && rate.numerator() != 0)
                 .then(|| f64::from(rate.numerator()) / f64::from(rate.denominator())),

@@ -547,10 +547,10 @@ fn info_json(ds: &LoaderDataset, episodes: usize, steps: usize, tasks: usize, vi
         {
             let info = feature.as_object_mut().expect("feature object").entry("info").or_insert_with(|| json!({}));
             if let Some(info) = info.as_object_mut() {
-                info.insert("video.codec".into(), json!(stream.codec));
-                info.insert("video.height".into(), json!(stream.height));
-                info.insert("video.width".into(), json!(stream.width));
-                if let Some(p) = &stream.pix_fmt {
+                info.insert("video.codec".into(), json!(stream.params.codec));
+                info.insert("video.height".into(), json!(stream.params.height));
+                info.insert("video.width".into(), json!(stream.params.width));
+                if let Some(p) = &stream.params.pix_fmt {
                     info.insert("video.pix_fmt".into(), json!(p));
                 }
             }
@@ -589,7 +589,7 @@ async fn write_video(
     let what = || format!("{} (stream {stream} of {})", path.display(), ds.label);
     std::fs::create_dir_all(path.parent().expect("a file in a directory")).map_err(io(path))?;
     lake_loader::init_ffmpeg();
-    let ctx = lake_loader::codec_context(config).map_err(|e| invalid(format!("{}: {e}", what())))?;
+    let ctx = lake_loader::codec_context(&config.params).map_err(|e| invalid(format!("{}: {e}", what())))?;
     let mut octx = ffmpeg::format::output_as(path, "mp4").map_err(ff(what()))?;
     {
         let mut ost = octx.add_stream_with(&ctx).map_err(ff(what()))?;

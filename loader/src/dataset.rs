@@ -10,7 +10,7 @@ use arrow::{
     datatypes::{DataType, Int64Type, UInt32Type, UInt64Type},
 };
 use lake_schemas::{
-    CommitRecord,
+    CodecParams, CommitRecord,
     tables::{self, PACKET_ROW, SHAPE_METADATA, TASK, lerobot_name},
 };
 use lake_store::{Lake, deps::lance};
@@ -163,7 +163,7 @@ impl LoaderDataset {
         let (episodes, row_episode) = episode_spans(&label, &steps, lake, &record).await?;
         let streams = read_streams(lake, &record, &label).await?;
         for camera in &mut cameras {
-            let mut sizes = streams.values().filter(|s| s.camera == camera.key).map(|s| (s.height, s.width));
+            let mut sizes = streams.values().filter(|s| s.camera == camera.key).map(|s| (s.params.height, s.params.width));
             let (h, w) = sizes.next().ok_or_else(|| bad(format!("camera {} has no stream", camera.key)))?;
             if sizes.any(|other| other != (h, w)) {
                 return Err(bad(format!("camera {}: its files have different frame sizes; samples cannot stack them", camera.key)));
@@ -401,7 +401,7 @@ impl LoaderDataset {
         if let Some(size) = self.frame_size {
             return size.width as usize * size.height as usize * 3;
         }
-        self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.width as usize * s.height as usize * 3)
+        self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.params.width as usize * s.params.height as usize * 3)
     }
 }
 
@@ -565,16 +565,18 @@ async fn read_streams(lake: &Lake, record: &CommitRecord, label: &str) -> Result
                 stream: stream.value(r),
                 camera: camera[r].clone().unwrap_or_default(),
                 kind: kind[r].clone().unwrap_or_default(),
-                codec: codec[r].clone().unwrap_or_default(),
-                extradata: extradata.is_valid(r).then(|| extradata.value(r).to_vec()),
-                width: width.value(r),
-                height: height.value(r),
-                pix_fmt: pix_fmt[r].clone(),
-                color_range: range[r].clone(),
-                color_space: space[r].clone(),
-                color_primaries: primaries[r].clone(),
-                color_trc: trc[r].clone(),
-                chroma_location: chroma[r].clone(),
+                params: CodecParams {
+                    codec: codec[r].clone().unwrap_or_default(),
+                    extradata: extradata.is_valid(r).then(|| extradata.value(r).to_vec()),
+                    width: width.value(r),
+                    height: height.value(r),
+                    pix_fmt: pix_fmt[r].clone(),
+                    color_range: range[r].clone(),
+                    color_space: space[r].clone(),
+                    color_primaries: primaries[r].clone(),
+                    color_trc: trc[r].clone(),
+                    chroma_location: chroma[r].clone(),
+                },
             };
             out.insert(config.stream, config);
         }

@@ -15,6 +15,7 @@
 use std::ffi::CString;
 
 use ffmpeg_next::{self as ffmpeg, ffi};
+use lake_schemas::CodecParams;
 
 /// The codec facts a decoder is opened from (a row of the `streams` table).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,26 +26,8 @@ pub struct StreamConfig {
     pub camera: String,
     /// `video` (mp4 packets) or `image` (PNG/JPEG inside the parquet).
     pub kind: String,
-    /// FFmpeg codec name.
-    pub codec: String,
-    /// Codec extradata (e.g. `avcC`, `av1C`).
-    pub extradata: Option<Vec<u8>>,
-    /// Coded width.
-    pub width: u32,
-    /// Coded height.
-    pub height: u32,
-    /// Pixel format name.
-    pub pix_fmt: Option<String>,
-    /// Colour range name (`tv`, `pc`).
-    pub color_range: Option<String>,
-    /// Colour matrix name (`bt709`, …).
-    pub color_space: Option<String>,
-    /// Colour primaries name.
-    pub color_primaries: Option<String>,
-    /// Transfer characteristic name.
-    pub color_trc: Option<String>,
-    /// Chroma sample location name.
-    pub chroma_location: Option<String>,
+    /// What the decoder is opened from.
+    pub params: CodecParams,
 }
 
 /// A decoded frame as packed RGB24 (HWC) bytes.
@@ -111,7 +94,7 @@ impl StreamDecoder {
     /// # Errors
     /// When FFmpeg has no decoder for the codec or cannot open it.
     pub fn open(config: &StreamConfig) -> DecodeResult<Self> {
-        let mut ctx = codec_context(config)?;
+        let mut ctx = codec_context(&config.params)?;
         // SAFETY: a context we own, not opened yet.
         unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
         let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
@@ -482,44 +465,44 @@ fn copy_rows(src: &[u8], stride: usize, dst: &mut [std::mem::MaybeUninit<u8>], r
 ///
 /// # Errors
 /// When FFmpeg does not know the codec or has no decoder for it.
-pub fn codec_context(config: &StreamConfig) -> DecodeResult<ffmpeg::codec::Context> {
+pub fn codec_context(params: &CodecParams) -> DecodeResult<ffmpeg::codec::Context> {
     init_ffmpeg();
-    let name = CString::new(config.codec.as_str()).map_err(|_| DecodeError(format!("codec name {:?}", config.codec)))?;
+    let name = CString::new(params.codec.as_str()).map_err(|_| DecodeError(format!("codec name {:?}", params.codec)))?;
     // SAFETY: lookups in FFmpeg's static tables, then setup of a context we own before it is
     // opened; extradata is copied into an FFmpeg allocation with the padding decoders
     // expect, and the context frees it.
     unsafe {
         let desc = ffi::avcodec_descriptor_get_by_name(name.as_ptr());
         if desc.is_null() {
-            return Err(DecodeError(format!("FFmpeg does not know the codec `{}`", config.codec)));
+            return Err(DecodeError(format!("FFmpeg does not know the codec `{}`", params.codec)));
         }
         let codec = ffi::avcodec_find_decoder((*desc).id);
         if codec.is_null() {
-            return Err(DecodeError(format!("this FFmpeg has no decoder for `{}`", config.codec)));
+            return Err(DecodeError(format!("this FFmpeg has no decoder for `{}`", params.codec)));
         }
         let mut ctx = ffmpeg::codec::Context::new_with_codec(ffmpeg::Codec::wrap(codec));
         let raw = ctx.as_mut_ptr();
-        (*raw).width = config.width as i32;
-        (*raw).height = config.height as i32;
-        if let Some(fmt) = config.pix_fmt.as_deref().and_then(|n| CString::new(n).ok()) {
+        (*raw).width = params.width as i32;
+        (*raw).height = params.height as i32;
+        if let Some(fmt) = params.pix_fmt.as_deref().and_then(|n| CString::new(n).ok()) {
             (*raw).pix_fmt = ffi::av_get_pix_fmt(fmt.as_ptr());
         }
-        if let Some(v) = from_name(config.color_range.as_deref(), ffi::av_color_range_from_name) {
+        if let Some(v) = from_name(params.color_range.as_deref(), ffi::av_color_range_from_name) {
             (*raw).color_range = std::mem::transmute::<i32, ffi::AVColorRange>(v);
         }
-        if let Some(v) = from_name(config.color_space.as_deref(), ffi::av_color_space_from_name) {
+        if let Some(v) = from_name(params.color_space.as_deref(), ffi::av_color_space_from_name) {
             (*raw).colorspace = std::mem::transmute::<i32, ffi::AVColorSpace>(v);
         }
-        if let Some(v) = from_name(config.color_primaries.as_deref(), ffi::av_color_primaries_from_name) {
+        if let Some(v) = from_name(params.color_primaries.as_deref(), ffi::av_color_primaries_from_name) {
             (*raw).color_primaries = std::mem::transmute::<i32, ffi::AVColorPrimaries>(v);
         }
-        if let Some(v) = from_name(config.color_trc.as_deref(), ffi::av_color_transfer_from_name) {
+        if let Some(v) = from_name(params.color_trc.as_deref(), ffi::av_color_transfer_from_name) {
             (*raw).color_trc = std::mem::transmute::<i32, ffi::AVColorTransferCharacteristic>(v);
         }
-        if let Some(v) = from_name(config.chroma_location.as_deref(), ffi::av_chroma_location_from_name) {
+        if let Some(v) = from_name(params.chroma_location.as_deref(), ffi::av_chroma_location_from_name) {
             (*raw).chroma_sample_location = std::mem::transmute::<i32, ffi::AVChromaLocation>(v);
         }
-        if let Some(extra) = config.extradata.as_deref().filter(|e| !e.is_empty()) {
+        if let Some(extra) = params.extradata.as_deref().filter(|e| !e.is_empty()) {
             let pad = ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize;
             let buf = ffi::av_mallocz(extra.len() + pad).cast::<u8>();
             if buf.is_null() {

@@ -540,7 +540,9 @@ fn decode_stream(
     let row_of_pts: HashMap<i64, u64> =
         if intra_only { HashMap::new() } else { (first..end).map(|r| (index.pts[r as usize], r)).collect() };
     let resizer = match size {
-        Some(s) => Some(crate::RgbResizer::new((config.width, config.height), (s.width, s.height)).map_err(|e| decode_err(first, e.0))?),
+        Some(s) => Some(
+            crate::RgbResizer::new((config.params.width, config.params.height), (s.width, s.height)).map_err(|e| decode_err(first, e.0))?,
+        ),
         None => None,
     };
     let mut out = RowWriter {

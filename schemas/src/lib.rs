@@ -11,6 +11,7 @@
 //! ```
 
 mod catalog;
+mod codec;
 mod error;
 mod finding;
 mod lerobot;
@@ -19,6 +20,7 @@ mod template;
 
 pub use crate::{
     catalog::{CommitRecord, IngestOptions, SourceRecord, TableCounts, TableSet, ViewDataset, ViewRecord},
+    codec::CodecParams,
     error::{Error, Result},
     finding::{Finding, FindingKind, Severity},
     lerobot::{CodebaseVersion, DEFAULT_TOLERANCE_S, Feature, FeatureKind, InfoJson},
