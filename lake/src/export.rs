@@ -207,7 +207,7 @@ async fn write_parquet_tables(
     let renumber = PacketRenumbering::new(ds, &rows);
     let steps = renumber.steps(&steps)?;
     write_parquet(&dir.join("steps.parquet"), &with_lerobot_names(&steps, &[])?)?;
-    write_packets(lake, ds, &renumber, &dir.join("packets.parquet")).await?;
+    let kept = write_packets(lake, ds, &renumber, &dir.join("packets.parquet")).await?;
     let keep: Vec<i64> = episodes.iter().map(|e| e.episode_index).collect();
     for table in [tables::EPISODES, tables::TASKS, tables::STATS, tables::FEATURE_STATS, tables::FINDINGS, tables::STREAMS] {
         if !ds.record.tables.tables.iter().any(|t| t == table) {
@@ -222,6 +222,12 @@ async fn write_parquet_tables(
             let mask: arrow::array::BooleanArray =
                 (0..col.len()).map(|i| Some(if col.is_null(i) { whole } else { keep.binary_search(&col.value(i)).is_ok() })).collect();
             batch = filter_record_batch(&batch, &mask).map_err(arrow_err("selecting rows"))?;
+        }
+        // Packet rows point into the exported packets, and a stream's row counts describe them.
+        if table == tables::EPISODES {
+            batch = renumber.episode_cameras(&batch)?;
+        } else if table == tables::STREAMS {
+            batch = kept.streams(&batch)?;
         }
         write_parquet(&dir.join(format!("{table}.parquet")), &with_lerobot_names(&batch, &[])?)?;
     }
@@ -239,25 +245,17 @@ impl PacketRenumbering {
     /// The packets decoding the frames `rows` of the steps show needs: each frame's, back to
     /// its keyframe.
     fn new(ds: &LoaderDataset, rows: &UInt64Array) -> Self {
+        let back = |p: u64| ds.packets.keyframe_offset.get(p as usize).map_or(0, |&k| u64::from(k));
         let mut needed: Vec<std::ops::Range<u64>> = Vec::new();
         for camera in &ds.cameras {
             for row in rows.values() {
                 if let Some(&p) = camera.packet_rows.values().get(*row as usize) {
-                    let back = ds.packets.keyframe_offset.get(p as usize).map_or(0, |&k| u64::from(k));
-                    needed.push(p - back..p + 1);
+                    needed.push(p - back(p)..p + 1);
                 }
             }
         }
-        needed.sort_unstable_by_key(|r| (r.start, r.end));
-        let mut merged: Vec<std::ops::Range<u64>> = Vec::new();
-        for r in needed {
-            match merged.last_mut() {
-                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-                _ => merged.push(r),
-            }
-        }
         let mut next = 0;
-        let ranges = merged
+        let ranges = decodable(needed, back)
             .into_iter()
             .map(|r| {
                 let to = next;
@@ -297,10 +295,90 @@ impl PacketRenumbering {
         let i = self.ranges.partition_point(|(r, _)| r.start <= row).saturating_sub(1);
         self.ranges.get(i).filter(|(r, _)| r.contains(&row)).map_or(row, |(r, to)| row - r.start + to)
     }
+
+    /// `episodes` with each camera's `first_row` and `last_row` (the packets of the episode's
+    /// first and last frames, kept since steps show them) pointing into the export's packets.
+    fn episode_cameras(&self, episodes: &RecordBatch) -> Result<RecordBatch> {
+        let Ok(index) = episodes.schema().index_of("cameras") else { return Ok(episodes.clone()) };
+        let lists = episodes.column(index).as_list::<i32>();
+        let entries = lists.values().as_struct();
+        let mut columns = entries.columns().to_vec();
+        for name in ["first_row", "last_row"] {
+            let Some(at) = entries.column_names().iter().position(|c| *c == name) else { continue };
+            let rows = columns[at].as_primitive::<arrow::datatypes::UInt64Type>();
+            columns[at] = Arc::new(rows.unary::<_, arrow::datatypes::UInt64Type>(|row| self.row(row)));
+        }
+        let entries = StructArray::try_new(entries.fields().clone(), columns, entries.nulls().cloned())
+            .map_err(arrow_err("renumbering episode packet rows"))?;
+        let DataType::List(field) = lists.data_type() else { return Err(invalid("episodes.cameras is not a list")) };
+        let lists = arrow::array::ListArray::try_new(field.clone(), lists.offsets().clone(), Arc::new(entries), lists.nulls().cloned())
+            .map_err(arrow_err("renumbering episode packet rows"))?;
+        let mut columns = episodes.columns().to_vec();
+        columns[index] = Arc::new(lists);
+        RecordBatch::try_new(episodes.schema(), columns).map_err(arrow_err("renumbering episode packet rows"))
+    }
 }
 
-/// The kept packets, taken and written a slice at a time (they hold every frame's bytes).
-async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbering, path: &Path) -> Result<()> {
+/// The packet rows `needed` (sorted, merged), widened until every row in them decodes from
+/// them alone (`back(row)` is its `keyframe_offset`, which stays true in the export): a lead-in
+/// row may need a keyframe before its range (a reordered frame after an open-GOP keyframe
+/// decodes from the keyframe before).
+fn decodable(needed: Vec<std::ops::Range<u64>>, back: impl Fn(u64) -> u64) -> Vec<std::ops::Range<u64>> {
+    let mut ranges = merge_ranges(needed);
+    loop {
+        let mut widened = false;
+        for r in &mut ranges {
+            let start = r.clone().map(|q| q - back(q)).min().unwrap_or(r.start);
+            if start < r.start {
+                r.start = start;
+                widened = true;
+            }
+        }
+        if !widened {
+            return ranges;
+        }
+        ranges = merge_ranges(ranges);
+    }
+}
+
+/// `ranges` sorted and with overlapping or touching ones merged.
+fn merge_ranges(mut ranges: Vec<std::ops::Range<u64>>) -> Vec<std::ops::Range<u64>> {
+    ranges.sort_unstable_by_key(|r| (r.start, r.end));
+    let mut merged: Vec<std::ops::Range<u64>> = Vec::new();
+    for r in ranges {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// What an export's packets hold of each stream: `(first row, packets, keyframes, bytes)`.
+struct KeptStreams(BTreeMap<u32, [u64; 4]>);
+
+impl KeptStreams {
+    /// `streams` limited to those with kept packets, their `first_row`, `packets`, `keyframes`
+    /// and `bytes` counting the export's packets (the codec facts, GOP and B-frame columns
+    /// still describe the source's streams).
+    fn streams(&self, streams: &RecordBatch) -> Result<RecordBatch> {
+        let ids = streams.column_by_name("stream").ok_or_else(|| invalid("the streams table has no stream column"))?;
+        let ids = ids.as_primitive::<arrow::datatypes::UInt32Type>();
+        let mask: arrow::array::BooleanArray = ids.iter().map(|id| Some(id.is_some_and(|id| self.0.contains_key(&id)))).collect();
+        let streams = filter_record_batch(streams, &mask).map_err(arrow_err("selecting streams"))?;
+        let ids = streams.column_by_name("stream").expect("kept above").as_primitive::<arrow::datatypes::UInt32Type>().clone();
+        let mut columns = streams.columns().to_vec();
+        for (i, name) in ["first_row", "packets", "keyframes", "bytes"].into_iter().enumerate() {
+            let Ok(at) = streams.schema().index_of(name) else { continue };
+            columns[at] = Arc::new(UInt64Array::from_iter_values(ids.values().iter().map(|id| self.0[id][i])));
+        }
+        RecordBatch::try_new(streams.schema(), columns).map_err(arrow_err("counting kept packets"))
+    }
+}
+
+/// The kept packets, taken and written a slice at a time (they hold every frame's bytes); what
+/// they hold of each stream.
+async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbering, path: &Path) -> Result<KeptStreams> {
     /// Packets per take: a few MB of compressed video.
     const SLICE: usize = 256;
     let table = lake_store::open_table(lake, &ds.record, tables::PACKETS).await?;
@@ -311,13 +389,26 @@ async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbe
     let mut writer =
         parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     let rows: Vec<u64> = renumber.rows().collect();
+    let mut kept = BTreeMap::new();
+    let mut written = 0;
     for slice in rows.chunks(SLICE) {
         let batch = table.take(slice, table.schema().clone()).await.map_err(lance)?;
         let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(arrow_err("reading packets"))?;
+        let column = |name: &str| batch.column_by_name(name).ok_or_else(|| invalid(format!("{}: packets without {name}", ds.label)));
+        let (stream, keyframe, data) = (column("stream")?, column("keyframe")?, column("data")?);
+        let (stream, keyframe, data) =
+            (stream.as_primitive::<arrow::datatypes::UInt32Type>(), keyframe.as_boolean(), data.as_binary::<i64>());
+        for i in 0..batch.num_rows() {
+            let counts: &mut [u64; 4] = kept.entry(stream.value(i)).or_insert([written + i as u64, 0, 0, 0]);
+            counts[1] += 1;
+            counts[2] += u64::from(keyframe.value(i));
+            counts[3] += data.value_length(i) as u64;
+        }
+        written += batch.num_rows() as u64;
         writer.write(&batch).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     }
     writer.close().map_err(|e| invalid(format!("{}: {e}", path.display())))?;
-    Ok(())
+    Ok(KeptStreams(kept))
 }
 
 /// `schema` without metadata.
@@ -653,4 +744,26 @@ async fn write_video(
     let timestamps = arrow::compute::cast(timestamps, &DataType::Float64).map_err(arrow_err("timestamps"))?;
     let timestamps = timestamps.as_primitive::<arrow::datatypes::Float64Type>();
     Ok(episodes.iter().zip(first_frame_packet).map(|((_, e), k)| seconds(pts[k]) - timestamps.value(e.first_row as usize)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decodable;
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init, reason = "lists of row ranges, one range long")]
+    fn kept_packets_hold_every_keyframe_their_rows_decode_from() {
+        // Keyframes at rows 0, 5 and 10; row 6 is a reordered frame shown before the keyframe at
+        // 5, so it decodes from 0 (an open GOP); row 7 decodes from 5.
+        let back = |row: u64| match row {
+            6 => 6,
+            r if r >= 10 => r - 10,
+            r if r >= 5 => r - 5,
+            r => r,
+        };
+        assert_eq!(decodable(vec![5..8], back), vec![0..8], "row 6 needs row 0");
+        assert_eq!(decodable(vec![12..13, 3..4, 0..1], back), vec![0..4, 10..13], "merged, sorted, each back to its keyframe");
+        assert_eq!(decodable(vec![8..9, 5..6], back), vec![0..9]);
+        assert_eq!(decodable(vec![], back), vec![]);
+    }
 }

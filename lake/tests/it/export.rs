@@ -175,7 +175,49 @@ fn packet_rows_point_at_their_frames(out: &Path, steps_expected: usize) -> usize
         }
     }
     assert_eq!(checked, steps_expected * steps_cameras(out));
+    packets_decode_from_their_own_rows(out, &packets);
     episode.len()
+}
+
+/// Checks an exported `packets.parquet` against itself and the tables that point into it: every
+/// row's `keyframe_offset` leads to a keyframe of its stream (lead-in rows' too), `streams.parquet` counts each
+/// stream's rows, and `episodes.parquet`'s camera rows are packets of that episode.
+fn packets_decode_from_their_own_rows(out: &Path, packets: &[RecordBatch]) {
+    use arrow::array::AsArray;
+    let (stream, keyframe, offset) = (ints(packets, "stream"), ints(packets, "keyframe"), ints(packets, "keyframe_offset"));
+    let (episode, bytes) = (ints(packets, "episode_index"), binaries(packets, "data"));
+    for row in 0..stream.len() {
+        let from = usize::try_from(row as i64 - offset[row]).unwrap_or_else(|_| panic!("row {row} decodes from before the table"));
+        // Offset 0: the row starts its own decode (a keyframe, or a frame before every keyframe).
+        if offset[row] > 0 {
+            assert_eq!((stream[from], keyframe[from]), (stream[row], 1), "row {row} decodes from row {from}");
+        }
+    }
+    let streams = lake_testkit::read_parquet(&out.join("streams.parquet"));
+    let (ids, first, count) = (ints(&streams, "stream"), ints(&streams, "first_row"), ints(&streams, "packets"));
+    let (keyframes, total) = (ints(&streams, "keyframes"), ints(&streams, "bytes"));
+    assert_eq!(count.iter().sum::<i64>() as usize, stream.len(), "streams count every exported packet once");
+    for (i, id) in ids.iter().enumerate() {
+        let rows = first[i] as usize..(first[i] + count[i]) as usize;
+        assert!(rows.clone().all(|r| stream[r] == *id), "stream {id}: rows {rows:?}");
+        assert_eq!(keyframes[i], rows.clone().map(|r| keyframe[r]).sum::<i64>(), "stream {id}: keyframes");
+        assert_eq!(total[i] as usize, rows.map(|r| bytes[r].as_ref().expect("bytes").len()).sum::<usize>(), "stream {id}: bytes");
+    }
+    for b in lake_testkit::read_parquet(&out.join("episodes.parquet")) {
+        let eps = b.column_by_name("episode_index").expect("episode_index").as_primitive::<arrow::datatypes::Int64Type>();
+        let cameras = b.column_by_name("cameras").expect("cameras").as_list::<i32>();
+        for (e, ep) in eps.values().iter().enumerate() {
+            let entries = cameras.value(e);
+            let entries = entries.as_struct();
+            let cam_stream = ints(&[RecordBatch::from(entries.clone())], "stream");
+            for name in ["first_row", "last_row"] {
+                for (c, row) in ints(&[RecordBatch::from(entries.clone())], name).into_iter().enumerate() {
+                    let row = row as usize;
+                    assert_eq!((episode[row], stream[row]), (*ep, cam_stream[c]), "episode {ep}: {name} {row}");
+                }
+            }
+        }
+    }
 }
 
 #[test]
