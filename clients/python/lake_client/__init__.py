@@ -685,16 +685,18 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             if _dataset_names(saved) != _dataset_names(self.request["datasets"]):
                 raise ValueError(f"datasets {self.request['datasets']} differ from the saved {saved}")
             # The saved entries, versions and mixture weights both: the sequence resumed is the
-            # one saved.
+            # one saved. Entries without a version (a state saved before the stream pinned) are
+            # pinned on the first batch, as a fresh dataset's are.
             self.request["datasets"] = saved
-            self._pinned = True
+            self._pinned = all("@" in _entry_name(d) for d in saved)
         self.epoch, self.step, self._own = state["epoch"], state["step"], own
+
+
+def _entry_name(entry: DatasetSpec) -> str:
+    """A request's dataset entry as written: `name`, `name@version`, perhaps with a weight."""
+    return entry["name"] if isinstance(entry, dict) else entry
 
 
 def _dataset_names(datasets: Sequence[DatasetSpec]) -> List[str]:
     """The names of a request's datasets, without versions and weights."""
-    names = []
-    for d in datasets:
-        name = d["name"] if isinstance(d, dict) else d
-        names.append(name.split("@", 1)[0].split("=", 1)[0])
-    return names
+    return [_entry_name(d).split("@", 1)[0].split("=", 1)[0] for d in datasets]

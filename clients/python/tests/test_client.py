@@ -296,8 +296,14 @@ class TorchDataset(unittest.TestCase):
             ds.state_dict(after={"index": b["index"]})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.make().state_dict(after=b)
+            loose = self.make().state_dict(after=b)
         self.assertTrue(any("pin()" in str(w.message) for w in caught), [str(w.message) for w in caught])
+        # Such a state names no versions: its resume pins them on its first batch, as a fresh
+        # dataset does, instead of taking the bare names as pinned.
+        self.assertEqual(loose["datasets"], [DATASET])
+        resumed = self.make(epochs=2)
+        resumed.load_state_dict(loose)
+        self.assertEqual(resumed.pin(), [f"{DATASET}@1"])
 
     def test_each_worker_resumes_its_own_stride(self):
         # As torchdata's StatefulDataLoader does it: each worker's state_dict() after each batch
