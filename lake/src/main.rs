@@ -152,14 +152,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // A reader that stopped early (`lake ls | head -1`) is not an error of lake's.
-            // (Writers that keep only the message, CSV's and JSON's, say so in words.)
-            let broken_pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe).to_string();
-            let os_broken_pipe = std::io::Error::from_raw_os_error(32).to_string();
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-                    || c.to_string().contains(&os_broken_pipe)
-                    || c.to_string().ends_with(&broken_pipe)
-            }) {
+            if reader_gone(&e) {
                 return ExitCode::SUCCESS;
             }
             // The chain of causes, each once: some errors' messages already hold their cause.
@@ -173,4 +166,16 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Whether `e` is a write to a pipe whose reader has gone. (Writers that keep only the message,
+/// CSV's and JSON's, say so in words.)
+fn reader_gone(e: &anyhow::Error) -> bool {
+    let broken_pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe).to_string();
+    let os_broken_pipe = std::io::Error::from_raw_os_error(32).to_string();
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.to_string().contains(&os_broken_pipe)
+            || c.to_string().ends_with(&broken_pipe)
+    })
 }

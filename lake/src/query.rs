@@ -241,6 +241,7 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
     }
     let mut statement = String::new();
     let mut failed = false;
+    let mut gone = None;
     loop {
         let prompt = if statement.is_empty() { "lake> " } else { "  ... " };
         let line = match editor.readline(prompt) {
@@ -260,7 +261,14 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
                 statement.clear();
                 break;
             }
-            failed |= !meta_command(session, trimmed).await?;
+            match meta_command(session, trimmed).await {
+                Ok(found) => failed |= !found,
+                Err(e) if crate::reader_gone(&e) => {
+                    gone = Some(e);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
             continue;
         }
         if trimmed.is_empty() && statement.is_empty() {
@@ -275,11 +283,16 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
         statement.clear();
         let _ = editor.add_history_entry(query.as_str());
         if let Err(e) = run(session, &query, format, None).await {
+            // With the output's reader gone there is no one left to answer.
+            if crate::reader_gone(&e) {
+                gone = Some(e);
+                break;
+            }
             errln!("error: {e:#}");
             failed = true;
         }
     }
-    if !statement.trim().is_empty() {
+    if gone.is_none() && !statement.trim().is_empty() {
         let query = statement.trim().to_string();
         if let Err(e) = run(session, &query, format, None).await {
             errln!("error: {e:#}");
@@ -291,6 +304,9 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             let _ = std::fs::create_dir_all(dir);
         }
         let _ = editor.save_history(h);
+    }
+    if let Some(e) = gone {
+        return Err(e);
     }
     // Piped scripts report failure through the exit status; an interactive session does not.
     Ok(if failed && !interactive { ExitCode::from(2) } else { ExitCode::SUCCESS })

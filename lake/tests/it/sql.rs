@@ -164,6 +164,22 @@ fn the_shell_reads_statements_and_lists_tables() {
     assert!(stdout.contains("| 60 |"), "a multi-line statement runs: {stdout}");
     assert!(stdout.contains("observation.images.front"), "\\d NAME shows columns: {stdout}");
     assert!(!stdout.contains("Int64(1)"), "\\q in a statement quits without running it: {stdout}");
+
+    // A script whose output's reader has gone ends the shell quietly, not one error a statement.
+    let mut child = lake_cmd(&root)
+        .arg("sql")
+        .env("LAKE_HISTORY", root.join("history"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the shell");
+    drop(child.stdout.take());
+    // The shell may be gone before every statement is written.
+    let _ = child.stdin.take().expect("stdin").write_all("SELECT 1;\n".repeat(20).as_bytes());
+    let out = child.wait_with_output().expect("shell exits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("error"), "{:?}: {stderr}", out.status);
 }
 
 /// Episodes of `dataset` with `length > min_len`, straight from the episodes table.
