@@ -126,7 +126,40 @@ struct Counters {
     fetch_ns: AtomicU64,
 }
 
-type DecoderPool = Mutex<HashMap<(usize, u32), Vec<StreamDecoder>>>;
+type DecoderPool = Mutex<IdlePool<(usize, u32), StreamDecoder>>;
+
+/// Idle decoders a loader keeps per decode thread. A dataset stored as one file per episode and
+/// camera has thousands of streams; uniform sampling touches all of them, and a decoder kept for
+/// each would hold its picture buffers (megabytes) outside any budget.
+const IDLE_DECODERS_PER_THREAD: usize = 8;
+
+/// Idle things by key, the most recently returned kept when there are more than `cap`.
+#[derive(Debug)]
+struct IdlePool<K, T> {
+    cap: usize,
+    /// Oldest first.
+    idle: std::collections::VecDeque<(K, T)>,
+}
+
+impl<K: PartialEq, T> IdlePool<K, T> {
+    fn new(cap: usize) -> Self {
+        Self { cap, idle: std::collections::VecDeque::new() }
+    }
+
+    /// The most recently returned idle thing of `key`.
+    fn take(&mut self, key: &K) -> Option<T> {
+        let at = self.idle.iter().rposition(|(k, _)| k == key)?;
+        self.idle.remove(at).map(|(_, t)| t)
+    }
+
+    /// Returns `thing` to the pool, dropping the longest idle beyond the cap.
+    fn put(&mut self, key: K, thing: T) {
+        self.idle.push_back((key, thing));
+        while self.idle.len() > self.cap {
+            self.idle.pop_front();
+        }
+    }
+}
 
 /// A decoded GOP's frames by packet row, or the row that failed and why.
 type GroupResult = std::result::Result<Vec<(u64, Frame)>, (u64, String)>;
@@ -198,9 +231,9 @@ impl Loader {
             datasets,
             windows: resolved,
             schema: schema.expect("at least one dataset"),
+            decoders: Arc::new(Mutex::new(IdlePool::new(IDLE_DECODERS_PER_THREAD * resources.pool.current_num_threads()))),
             pool: resources.pool,
             cache: resources.cache,
-            decoders: Arc::new(Mutex::new(HashMap::new())),
             counters: Arc::new(Counters::default()),
             frame_table,
         })
@@ -679,7 +712,7 @@ fn decode_group(
     let began = Instant::now();
     let first = targets[0];
     let config = ds.streams.get(&stream).ok_or((first, format!("stream {stream} is not in the streams table")))?;
-    let pooled = decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_mut(&(source, stream)).and_then(Vec::pop);
+    let pooled = decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(&(source, stream));
     let mut decoder = match pooled {
         Some(d) => d,
         None => StreamDecoder::open(config).map_err(|e| (first, e.0))?,
@@ -691,7 +724,7 @@ fn decode_group(
         .collect();
     let wanted: Vec<i64> = targets.iter().map(|&r| ds.packets.pts[r as usize]).collect();
     let result = decoder.decode(&packets, &wanted);
-    decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry((source, stream)).or_default().push(decoder);
+    decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put((source, stream), decoder);
     let frames = result.map_err(|e| (first, e.0))?;
     counters.groups.fetch_add(1, Ordering::Relaxed);
     counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);
@@ -851,4 +884,25 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
         fields.push(Field::new(format!("{}_is_pad", w.key), list, false).with_metadata(meta(&[t], "bool")));
     }
     Schema::new(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdlePool;
+
+    #[test]
+    fn idle_decoders_are_reused_by_stream_and_bounded() {
+        let mut pool = IdlePool::new(3);
+        assert_eq!(pool.take(&1), None);
+        pool.put(1, "a");
+        pool.put(2, "b");
+        pool.put(1, "c");
+        assert_eq!(pool.take(&1), Some("c"), "the most recently returned of the stream");
+        pool.put(1, "c");
+        pool.put(3, "d");
+        assert_eq!(pool.idle.len(), 3, "beyond the cap the longest idle goes");
+        assert_eq!(pool.take(&1), Some("c"));
+        assert_eq!(pool.take(&1), None, "stream 1's oldest decoder was the one dropped");
+        assert_eq!((pool.take(&2), pool.take(&3)), (Some("b"), Some("d")));
+    }
 }
