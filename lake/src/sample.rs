@@ -44,7 +44,7 @@ pub struct LoaderArgs {
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     cache: String,
     /// Decoded-frame cache budget in MiB.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = lake_loader::DEFAULT_CACHE_MIB)]
     cache_mb: u64,
     /// Read frames from the dataset's stored frame table (`lake cache`) when it has one: on or
     /// off (decode from packets).

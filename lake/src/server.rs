@@ -39,7 +39,7 @@ pub struct ServeArgs {
     #[arg(long, value_parser = crate::sample::threads_in_range)]
     threads: Option<usize>,
     /// Decoded-frame cache budget in MiB, shared by every stream.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = lake_loader::DEFAULT_CACHE_MIB)]
     cache_mb: u64,
     /// MiB of batches each stream prepares ahead of its client (at least one batch; a batch
     /// counts twice, for its encoded copy).
