@@ -202,7 +202,7 @@ fn main() {
     let repeats = numbers.first().copied().unwrap_or(17) as usize;
     let seconds = numbers.get(1).copied().unwrap_or(30);
     let levels: Vec<u64> = if numbers.len() > 2 { numbers[2..].to_vec() } else { vec![1, 8, 64] };
-    let (cache_mb, memory_mb) = (setting("LAKE_BENCH_CACHE_MB", 512), setting("LAKE_BENCH_MEMORY_MB", 6144));
+    let (cache_mb, memory_mb) = (setting("LAKE_BENCH_CACHE_MB", lake_loader::DEFAULT_CACHE_MIB), setting("LAKE_BENCH_MEMORY_MB", 6144));
     let lookahead = setting("LAKE_BENCH_LOOKAHEAD", lake_loader::DEFAULT_HORIZON);
     let transports: Vec<Transport> = std::env::var("LAKE_BENCH_TRANSPORTS")
         .unwrap_or_else(|_| "flight,local".into())
@@ -222,7 +222,8 @@ fn main() {
     // two.
     let in_process_rate = || {
         let batches = (600 * repeats as u64 / BATCH).to_string();
-        let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache", "on", "--batches", &batches, "--json"]);
+        let cache = cache_mb.to_string();
+        let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache-mb", &cache, "--batches", &batches, "--json"]);
         let reference: serde_json::Value = serde_json::from_str(&json).expect("bench json");
         reference["samples_per_s"].as_f64().unwrap_or(f64::NAN)
     };
