@@ -3,9 +3,13 @@
 //! per stream per batch. First the in-process figure (`lake bench`, same cache), then a real
 //! `lake serve` child process read by 1, 8 and 64 concurrent streams for a fixed time each
 //! (stream `r` of `n` is rank `r` of a world of `n`, so together they read one global order),
-//! over Flight (loopback TCP) and then as local streams (shared memory, `serve --local`). Prints the steady-state samples/s and bytes/s (batches received after the first
-//! third of each level), batch latency p50/p99 (time a client waits for its next batch), the
-//! server's peak RSS for that level (against its memory budget plus cache budget) and errors.
+//! over Flight (loopback TCP) and then as local streams (shared memory, `serve --local`). Prints
+//! the steady-state samples/s and bytes/s (batches received after the first third of each
+//! level), batch latency p50/p99 (time a client waits for its next batch), over that window the
+//! CPU milliseconds the server and the clients spent per sample, the packets the server decoded
+//! per sample sent and the share of frames it showed from those decoded ahead (its
+//! `/metrics`), the server's peak RSS for that level (against its memory budget plus cache
+//! budget) and errors.
 //!
 //! ```text
 //! cargo bench -p lake --bench serve                      # 17 repeats, 30 s per level, 1 8 64 streams
@@ -18,6 +22,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a bench binary prints its table
 
 use std::{
+    collections::HashMap,
     io::{BufRead, BufReader},
     path::Path,
     process::{Child, Command, Stdio},
@@ -54,6 +59,7 @@ fn lake(root: &Path, args: &[&str]) -> String {
 struct Server {
     child: Child,
     flight: String,
+    http: String,
     local: std::path::PathBuf,
 }
 
@@ -80,7 +86,14 @@ impl Server {
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
         let addr = line.split_whitespace().find_map(|w| w.strip_prefix("grpc://")).unwrap_or_else(|| panic!("{line}")).to_string();
-        Self { child, flight: format!("http://{addr}"), local: root.with_file_name("serve.sock") }
+        let http = line.split_whitespace().find_map(|w| w.strip_prefix("http://")).unwrap_or_else(|| panic!("{line}")).to_string();
+        Self { child, flight: format!("http://{addr}"), http, local: root.with_file_name("serve.sock") }
+    }
+
+    /// The server's counters (`GET /metrics`).
+    fn metrics(&self) -> HashMap<String, f64> {
+        let response = lake_testkit::http_request(&self.http, "GET", "/metrics", &[], b"");
+        lake_testkit::prometheus_values(&String::from_utf8_lossy(&response.body))
     }
 
     /// A memory figure of the server's `/proc/PID/status` in MiB.
@@ -107,6 +120,34 @@ impl Server {
     /// Starts a new peak-RSS measurement (Linux: writing 5 to `clear_refs` resets VmHWM).
     fn reset_peak(&self) {
         let _ = std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5");
+    }
+}
+
+/// User plus system CPU seconds of process `pid`, all its threads (`/proc/PID/stat` counts
+/// them in USER_HZ ticks, 100 per second on Linux).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at the state, field 3.
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    (ticks(14) + ticks(15)) / 100.0
+}
+
+/// CPU and server counters at a moment, or their change over a window.
+struct Window {
+    server_cpu: f64,
+    client_cpu: f64,
+    metrics: HashMap<String, f64>,
+}
+
+impl Window {
+    fn since(self, from: &Window) -> Window {
+        let metrics = self.metrics.iter().map(|(k, v)| (k.clone(), v - from.metrics.get(k).copied().unwrap_or(0.0))).collect();
+        Window { server_cpu: self.server_cpu - from.server_cpu, client_cpu: self.client_cpu - from.client_cpu, metrics }
+    }
+
+    fn counter(&self, name: &str) -> f64 {
+        self.metrics.get(name).copied().unwrap_or(f64::NAN)
     }
 }
 
@@ -225,7 +266,9 @@ fn main() {
         let cache = cache_mb.to_string();
         let json = lake(&root, &["bench", "--dataset", "bench", "--preset", "act", "--cache-mb", &cache, "--batches", &batches, "--json"]);
         let reference: serde_json::Value = serde_json::from_str(&json).expect("bench json");
-        reference["samples_per_s"].as_f64().unwrap_or(f64::NAN)
+        let number = |key: &str| reference[key].as_f64().unwrap_or(f64::NAN);
+        let packets = number("packets_decoded") / number("samples");
+        (number("samples_per_s"), number("cpu_ms_per_sample"), packets, number("ahead_hit_rate") * 100.0)
     };
     let before = in_process_rate();
     let mut rows = Vec::new();
@@ -240,15 +283,29 @@ fn main() {
         server.reset_peak();
         let began = Instant::now();
         let deadline = began + Duration::from_secs(seconds);
-        let seen: Vec<Seen> = runtime.block_on(async {
-            let at = (server.flight.clone(), server.local.clone());
-            let tasks: Vec<_> = (0..n).map(|r| tokio::spawn(read_stream(at.clone(), transport, r, n, deadline))).collect();
-            futures::future::join_all(tasks).await.into_iter().map(|t| t.expect("stream task")).collect()
-        });
         // Steady state: what arrived after the first third of the level (streams starting and
         // their first prefetch filling), over that time. Batches still being made when the
         // level ends are not counted, and no longer bias the rate.
         let window_start = began + Duration::from_secs_f64(seconds as f64 / 3.0);
+        let (seen, window): (Vec<Seen>, Window) = runtime.block_on(async {
+            let at = (server.flight.clone(), server.local.clone());
+            let tasks: Vec<_> = (0..n).map(|r| tokio::spawn(read_stream(at.clone(), transport, r, n, deadline))).collect();
+            // The server's and this process's (the clients') CPU and the server's counters,
+            // over the same window.
+            let window = async {
+                let read = || Window {
+                    server_cpu: cpu_seconds(server.child.id()),
+                    client_cpu: cpu_seconds(std::process::id()),
+                    metrics: server.metrics(),
+                };
+                tokio::time::sleep_until(window_start.into()).await;
+                let from = tokio::task::block_in_place(read);
+                tokio::time::sleep_until(deadline.into()).await;
+                tokio::task::block_in_place(read).since(&from)
+            };
+            let (seen, window) = futures::join!(futures::future::join_all(tasks), window);
+            (seen.into_iter().map(|t| t.expect("stream task")).collect(), window)
+        });
         let elapsed = deadline.saturating_duration_since(window_start).as_secs_f64();
         let in_window = || seen.iter().flat_map(|s| s.batches.iter()).filter(|a| a.at >= window_start);
         let samples: u64 = in_window().map(|a| a.samples).sum();
@@ -266,6 +323,11 @@ fn main() {
             bytes as f64 / elapsed / 1e6,
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99),
+            window.server_cpu * 1e3 / samples.max(1) as f64,
+            window.client_cpu * 1e3 / samples.max(1) as f64,
+            window.counter("lake_decoded_packets_total") / window.counter("lake_samples_total"),
+            window.counter("lake_frame_cache_ahead_hits_total")
+                / (window.counter("lake_frame_cache_hits_total") + window.counter("lake_frame_cache_misses_total")),
             peak,
             if peak <= ceiling { "within" } else { "OVER" },
             errors,
@@ -279,18 +341,33 @@ fn main() {
     let idle_after_mb = server.rss_mb();
     drop(server);
     let after = in_process_rate();
-    let in_process = (before + after) / 2.0;
+    let in_process = (before.0 + after.0) / 2.0;
     println!(
-        "server: --cache-mb {cache_mb} --memory-mb {memory_mb} --lookahead {lookahead}; in-process `lake bench` (cache on): {before:.1} samples/s before, {after:.1} after"
+        "server: --cache-mb {cache_mb} --memory-mb {memory_mb} --lookahead {lookahead}; in-process `lake bench` (cache on): {:.1} samples/s before, {:.1} after ({:.3} and {:.3} CPU ms, {:.2} and {:.2} packets per sample, {:.0} % and {:.0} % of frames decoded ahead)",
+        before.0, after.0, before.1, after.1, before.2, after.2, before.3, after.3
     );
     println!(
-        "{:<9} {:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>14} {:>8} {:>7}",
-        "transport", "streams", "samples/s", "MB/s", "% in-proc", "p50 ms", "p99 ms", "server peak", "budget", "errors"
+        "{:<9} {:>7} {:>10} {:>10} {:>12} {:>9} {:>9} {:>10} {:>10} {:>8} {:>6} {:>14} {:>8} {:>7}",
+        "transport",
+        "streams",
+        "samples/s",
+        "MB/s",
+        "% in-proc",
+        "p50 ms",
+        "p99 ms",
+        "server ms",
+        "client ms",
+        "packets",
+        "ahead",
+        "server peak",
+        "budget",
+        "errors"
     );
-    for (transport, n, rate, mb_s, p50, p99, peak, within, errors) in rows {
+    for (transport, n, rate, mb_s, p50, p99, server_ms, client_ms, packets, ahead, peak, within, errors) in rows {
         println!(
-            "{transport:<9} {n:>7} {rate:>10.1} {mb_s:>10.1} {:>11.0}% {p50:>9.1} {p99:>9.1} {peak:>11.0} MB {within:>8} {errors:>7}",
-            rate / in_process * 100.0
+            "{transport:<9} {n:>7} {rate:>10.1} {mb_s:>10.1} {:>11.0}% {p50:>9.1} {p99:>9.1} {server_ms:>10.3} {client_ms:>10.3} {packets:>8.2} {:>5.0}% {peak:>11.0} MB {within:>8} {errors:>7}",
+            rate / in_process * 100.0,
+            ahead * 100.0
         );
     }
     println!("budget: peak RSS within idle RSS ({idle_mb:.0} MB) + cache ({cache_mb} MB) + memory budget ({memory_mb} MB)");

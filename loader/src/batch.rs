@@ -525,11 +525,23 @@ impl Loader {
         let slot = ds.cache_id;
         let mut found = HashMap::with_capacity(packet_rows.len());
         let mut missing = BTreeSet::new();
+        let mut not_handed = BTreeSet::new();
         for row in packet_rows {
-            if let Some(frame) = ahead.frames.get(&(source, row)) {
-                found.insert(row, frame.clone());
-                continue;
+            match ahead.frames.get(&(source, row)) {
+                Some(frame) => drop(found.insert(row, frame.clone())),
+                None => drop(not_handed.insert(row)),
             }
+        }
+        // Frames another batch kept for this one since it began (or is decoding now).
+        if let Some(l) = ahead.lookahead.as_deref()
+            && !not_handed.is_empty()
+        {
+            for (row, frame) in l.take_late(ahead, source, &not_handed).await {
+                not_handed.remove(&row);
+                found.insert(row, frame);
+            }
+        }
+        for row in not_handed {
             match self.cache.get((slot, row)) {
                 Some(frame) => drop(found.insert(row, frame)),
                 None => drop(missing.insert(row)),
@@ -611,6 +623,8 @@ impl Loader {
                 GopTargets { stream, start, own, all }
             })
             .collect();
+        // Batches begun before this one decodes that show some of these frames wait for them.
+        let _promise = lookahead.map(|l| l.promise(source, jobs.iter().flat_map(|j| j.all.iter().copied())));
         let needed: BTreeSet<u64> = jobs.iter().flat_map(|j| j.start..=*j.all.last().expect("non-empty")).collect();
         let needed: Vec<u64> = needed.into_iter().collect();
         let fetch_began = Instant::now();

@@ -15,6 +15,12 @@
 //! The streams of one lookahead are ranks reading one order with one global batch (a server's
 //! clients of one training job): a frame one rank decoded is kept for the rank that shows it
 //! next. Batches are numbered by global step, so the ranks' plans share one clock.
+//!
+//! A batch that has begun but not yet decoded (made ahead, or waiting for a turn to be made)
+//! still counts as needing the frames it was not handed: another batch that decodes the GOP
+//! first keeps them for it, and a batch whose frame another batch is decoding waits for that
+//! decode instead of decoding the GOP again. With many streams many batches are begun at once,
+//! and without this each GOP shared by two of them was decoded twice.
 
 use std::{
     collections::{BTreeSet, HashMap, VecDeque},
@@ -45,6 +51,8 @@ pub struct Lookahead {
     /// Bytes of frames kept (reserved in the loader's cache as they are kept).
     cap: u64,
     state: Mutex<State>,
+    /// Woken when a promise is settled.
+    settled: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Lookahead {
@@ -78,6 +86,9 @@ struct State {
     by_due: BTreeSet<(u64, FrameRef)>,
     /// Bytes reserved in the cache for `kept`.
     reserved: u64,
+    /// Frames a batch is decoding now and will keep if they are still needed then, with the
+    /// number of such decodes.
+    promised: HashMap<FrameRef, u32>,
 }
 
 /// A stream's place in a [`Lookahead`]: its batches begin through it, and its plan is dropped
@@ -93,11 +104,54 @@ impl std::fmt::Debug for Member {
     }
 }
 
-/// The frames kept for one batch, taken when the batch began.
+/// The frames kept for one batch, taken when the batch began, and the needs of the frames it
+/// was not handed then (released as the batch takes or decodes them, or when it is dropped).
 #[derive(Debug, Default)]
 pub struct Ahead {
     pub(crate) lookahead: Option<Arc<Lookahead>>,
     pub(crate) frames: HashMap<FrameRef, Frame>,
+    pending: Mutex<Vec<(FrameRef, Need)>>,
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        let pending = std::mem::take(self.pending.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner));
+        if let Some(l) = &self.lookahead
+            && !pending.is_empty()
+        {
+            let mut st = l.lock();
+            for (key, need) in pending {
+                l.fulfil(&mut st, key, need);
+            }
+        }
+    }
+}
+
+/// Frames a batch is decoding for others ([`Lookahead::promise`]): settled when dropped, after
+/// the decoded frames were offered to [`Lookahead::keep`] (or the decode failed or was
+/// abandoned), waking the batches that wait for them.
+pub(crate) struct Promise<'a> {
+    lookahead: &'a Lookahead,
+    keys: Vec<FrameRef>,
+}
+
+impl Drop for Promise<'_> {
+    fn drop(&mut self) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let mut st = self.lookahead.lock();
+        for key in &self.keys {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = st.promised.entry(*key) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+        drop(st);
+        self.lookahead.settled.notify_waiters();
+    }
 }
 
 impl Lookahead {
@@ -118,6 +172,7 @@ impl Lookahead {
             horizon,
             cap,
             state: Mutex::new(State::default()),
+            settled: tokio::sync::Notify::new(),
         }))
     }
 
@@ -164,15 +219,69 @@ impl Lookahead {
             return Ahead::default();
         }
         let mut frames = HashMap::new();
+        let mut pending = Vec::new();
         for key in shown {
-            if let Some((frame, _)) = st.kept.get(&key) {
-                frames.insert(key, frame.clone());
+            match st.kept.get(&key) {
+                Some((frame, _)) => {
+                    frames.insert(key, frame.clone());
+                    self.fulfil(&mut st, key, (ordinal, id));
+                }
+                None => pending.push((key, (ordinal, id))),
             }
-            self.fulfil(&mut st, key, (ordinal, id));
         }
         drop(st);
         self.loader.cache().count_ahead_hits(frames.len() as u64);
-        Ahead { lookahead: Some(self.clone()), frames }
+        Ahead { lookahead: Some(self.clone()), frames, pending: Mutex::new(pending) }
+    }
+
+    /// The frames of `rows` (of dataset `source`) that `ahead`'s batch was not handed when it
+    /// began and that another batch has kept for it since; waits for batches decoding any of
+    /// them now. The batch no longer needs any of `rows` afterwards: what is not returned, it
+    /// decodes itself.
+    pub(crate) async fn take_late(&self, ahead: &Ahead, source: usize, rows: &BTreeSet<u64>) -> HashMap<u64, Frame> {
+        let mut out = HashMap::new();
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            // Registered before looking, so a promise settled in between still wakes this.
+            settled.as_mut().enable();
+            let waiting = {
+                let mut st = self.lock();
+                let mut pending = ahead.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut waiting = false;
+                pending.retain(|&(key, need)| {
+                    if key.0 != source || !rows.contains(&key.1) {
+                        return true;
+                    }
+                    if let Some((frame, _)) = st.kept.get(&key) {
+                        out.insert(key.1, frame.clone());
+                    } else if st.promised.contains_key(&key) {
+                        waiting = true;
+                        return true;
+                    }
+                    self.fulfil(&mut st, key, need);
+                    false
+                });
+                waiting
+            };
+            if !waiting {
+                break;
+            }
+            settled.await;
+        }
+        self.loader.cache().count_ahead_hits(out.len() as u64);
+        out
+    }
+
+    /// Marks `rows` of dataset `source` as being decoded now by a batch that will offer them to
+    /// [`Lookahead::keep`]: batches that need them wait for that instead of decoding them too.
+    pub(crate) fn promise(&self, source: usize, rows: impl IntoIterator<Item = u64>) -> Promise<'_> {
+        let mut st = self.lock();
+        let keys: Vec<FrameRef> = rows.into_iter().map(|r| (source, r)).filter(|k| st.needs.contains_key(k)).collect();
+        for key in &keys {
+            *st.promised.entry(*key).or_default() += 1;
+        }
+        Promise { lookahead: self, keys }
     }
 
     /// Rows of the GOP `(source, stream, start)` that a batch not begun yet shows, that are not

@@ -1056,6 +1056,7 @@ impl Service {
             ),
             ("lake_decode_seconds_total", "counter", "Decode worker time.", seconds(decode.decode_ns)),
             ("lake_decoded_frames_total", "counter", "Frames decoded or read from frame tables.", decode.frames.to_string()),
+            ("lake_decoded_packets_total", "counter", "Compressed packets fed to decoders.", decode.packets.to_string()),
             ("lake_packet_bytes_total", "counter", "Compressed packet bytes read.", decode.packet_bytes.to_string()),
             ("lake_frame_cache_hits_total", "counter", "Decoded-frame cache hits.", cache.hits.to_string()),
             ("lake_frame_cache_misses_total", "counter", "Decoded-frame cache misses.", cache.misses.to_string()),

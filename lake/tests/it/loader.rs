@@ -571,6 +571,59 @@ fn cached_and_uncached_streams_are_identical() {
         );
         assert_eq!(other.members(), 0);
 
+        // All ranks of a step begin their batch before any of them decodes (a server's streams,
+        // each batch waiting for its turn to be made): a GOP one decodes is kept for the others,
+        // which take it when their turn comes, or wait for it when they run alongside.
+        let (world, step, room) = (4u64, Cursor { epoch: 0, step: 2 }, 256 << 20);
+        let shard = |rank: u64| Sharding::new(128, rank, world, true).expect("sharding");
+        let begun_first = |cache_bytes: u64, concurrently: bool| {
+            let loader = Arc::new(
+                Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Act), LoaderOptions { threads: 2, cache_bytes, frame_table: false })
+                    .expect("loader"),
+            );
+            let lookahead = Lookahead::new(loader.clone(), order.clone(), shard(0), 4096, cache_bytes);
+            let order = order.clone();
+            async move {
+                // Each rank plans this one step only.
+                let members: Vec<_> = match &lookahead {
+                    Some(l) => (0..world).map(|r| l.join(shard(r), std::iter::once(step))).collect(),
+                    None => vec![],
+                };
+                let aheads: Vec<_> = (0..world as usize)
+                    .map(|r| members.get(r).and_then(Option::as_ref).map(|m| m.begin(step)).unwrap_or_default())
+                    .collect();
+                let loads = aheads.iter().zip(0..world).map(|(ahead, r)| lake_loader::load_with(&loader, &order, shard(r), step, ahead));
+                let loaded = if concurrently {
+                    futures::future::join_all(loads).await
+                } else {
+                    let mut out = Vec::new();
+                    for load in loads {
+                        out.push(load.await);
+                    }
+                    out
+                };
+                drop((aheads, members));
+                let kept = lookahead.as_ref().map_or(0, |l| l.kept_bytes());
+                let batches: Vec<RecordBatch> = loaded.into_iter().map(|b| b.expect("batch").batch).collect();
+                (batches, loader.cache_stats(), loader.decode_stats(), kept)
+            }
+        };
+        let (cold, _, cold_decode, _) = begun_first(0, false).await;
+        let (in_turn, in_turn_stats, in_turn_decode, in_turn_kept) = begun_first(room, false).await;
+        let (alongside, alongside_stats, alongside_decode, alongside_kept) = begun_first(room, true).await;
+        assert_eq!(in_turn, cold, "frames kept by another rank's batch are the frames it would decode");
+        assert_eq!(alongside, cold, "also when the ranks' batches are made alongside each other");
+        let draws: Vec<_> = (0..world).flat_map(|r| shard(r).positions(order.epoch_len(), step.step)).map(|p| order.draw(0, p)).collect();
+        let probe = Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Act), LoaderOptions::default()).expect("loader");
+        let once: u64 = probe.plan(&draws).iter().map(|j| j.targets.last().expect("a target") - j.start + 1).sum();
+        assert!(cold_decode.packets > once, "some GOPs are shown by two ranks: {cold_decode:?}, {once} packets decoding each once");
+        assert_eq!(in_turn_decode.packets, once, "every GOP the step shows is decoded once: {in_turn_decode:?}");
+        assert!(in_turn_stats.ahead_hits > 0 && in_turn_stats.hits == in_turn_stats.ahead_hits, "{in_turn_stats:?}");
+        assert!(alongside_decode.packets < cold_decode.packets, "{alongside_decode:?} vs {cold_decode:?}");
+        assert!(alongside_stats.ahead_hits > 0, "{alongside_stats:?}");
+        assert_eq!((in_turn_kept, alongside_kept), (0, 0), "nothing stays kept once every batch of the plan is made");
+        assert_eq!((in_turn_stats.reserved, alongside_stats.reserved), (0, 0));
+
         // The stream crosses into epoch 1 after step 36 (600 steps / 16 per step, last dropped).
         assert_eq!(cached.last().expect("batches").cursor, Cursor { epoch: 1, step: 4 });
         let index = ds.steps.column_by_name("index").expect("index").as_primitive::<Int64Type>().clone();

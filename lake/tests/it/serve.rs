@@ -98,34 +98,8 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[
 
 /// [`http`], with the response's head (status line and headers, lower-cased) too.
 fn http_with_head(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).expect("send");
-    stream.write_all(body).expect("send body");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read");
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("headers end") + 4;
-    let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
-    let status: u16 = head.split_whitespace().nth(1).expect("status").parse().expect("number");
-    let mut body = raw[split..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        let (mut out, mut rest) = (Vec::new(), &body[..]);
-        loop {
-            let eol = rest.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16).expect("chunk size");
-            if size == 0 {
-                break;
-            }
-            out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
-            rest = &rest[eol + 2 + size + 2..];
-        }
-        body = out;
-    }
-    (status, head, body)
+    let r = lake_testkit::http_request(addr, method, path, headers, body);
+    (r.status, r.head, r.body)
 }
 
 fn arrow_batches(body: &[u8]) -> Vec<RecordBatch> {
