@@ -134,35 +134,44 @@ struct Counters {
 
 type DecoderPool = Mutex<IdlePool<(usize, u32), StreamDecoder>>;
 
-/// Idle decoders a loader keeps per decode thread. A dataset stored as one file per episode and
-/// camera has thousands of streams; uniform sampling touches all of them, and a decoder kept for
-/// each would hold its picture buffers (megabytes) outside any budget.
-const IDLE_DECODERS_PER_THREAD: usize = 8;
+/// Memory a loader lets idle decoders hold, per decode thread. A dataset stored as one file per
+/// episode and camera has thousands of streams; uniform sampling touches all of them, and a
+/// decoder kept for each would hold its buffers outside any budget. Within this, a dataset of a
+/// few dozen files keeps a decoder for each: opening one again costs more than decoding a small
+/// frame (the serving bench's 34 streams: `lake bench --cache off` took 2.15-2.22 CPU ms per
+/// `act` sample, against 2.33-2.43 with 8 decoders per thread, for 20-45 MB more peak RSS).
+const IDLE_DECODER_BYTES_PER_THREAD: u64 = 32 << 20;
 
-/// Idle things by key, the most recently returned kept when there are more than `cap`.
+/// Idle things by key, each with the bytes it holds; the most recently returned kept when they
+/// hold more than `cap` bytes together.
 #[derive(Debug)]
 struct IdlePool<K, T> {
-    cap: usize,
+    cap: u64,
+    bytes: u64,
     /// Oldest first.
-    idle: std::collections::VecDeque<(K, T)>,
+    idle: std::collections::VecDeque<(K, T, u64)>,
 }
 
 impl<K: PartialEq, T> IdlePool<K, T> {
-    fn new(cap: usize) -> Self {
-        Self { cap, idle: std::collections::VecDeque::new() }
+    fn new(cap: u64) -> Self {
+        Self { cap, bytes: 0, idle: std::collections::VecDeque::new() }
     }
 
     /// The most recently returned idle thing of `key`.
     fn take(&mut self, key: &K) -> Option<T> {
-        let at = self.idle.iter().rposition(|(k, _)| k == key)?;
-        self.idle.remove(at).map(|(_, t)| t)
+        let at = self.idle.iter().rposition(|(k, _, _)| k == key)?;
+        let (_, thing, bytes) = self.idle.remove(at)?;
+        self.bytes -= bytes;
+        Some(thing)
     }
 
-    /// Returns `thing` to the pool, dropping the longest idle beyond the cap.
-    fn put(&mut self, key: K, thing: T) {
-        self.idle.push_back((key, thing));
-        while self.idle.len() > self.cap {
-            self.idle.pop_front();
+    /// Returns `thing` (holding `bytes`) to the pool, dropping the longest idle beyond the cap.
+    fn put(&mut self, key: K, thing: T, bytes: u64) {
+        self.idle.push_back((key, thing, bytes));
+        self.bytes += bytes;
+        while self.bytes > self.cap {
+            let Some((_, _, dropped)) = self.idle.pop_front() else { break };
+            self.bytes -= dropped;
         }
     }
 }
@@ -237,7 +246,7 @@ impl Loader {
             datasets,
             windows: resolved,
             schema: schema.expect("at least one dataset"),
-            decoders: Arc::new(Mutex::new(IdlePool::new(IDLE_DECODERS_PER_THREAD * resources.pool.current_num_threads()))),
+            decoders: Arc::new(Mutex::new(IdlePool::new(IDLE_DECODER_BYTES_PER_THREAD * resources.pool.current_num_threads() as u64))),
             pool: resources.pool,
             cache: resources.cache,
             counters: Arc::new(Counters::default()),
@@ -744,7 +753,8 @@ fn decode_group(
         .collect();
     let wanted: Vec<i64> = targets.iter().map(|&r| ds.packets.pts[r as usize]).collect();
     let result = decoder.decode(&packets, &wanted);
-    decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put((source, stream), decoder);
+    let idle_bytes = decoder.idle_bytes();
+    decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put((source, stream), decoder, idle_bytes);
     let frames = result.map_err(|e| (first, e.0))?;
     counters.groups.fetch_add(1, Ordering::Relaxed);
     counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);
@@ -912,17 +922,23 @@ mod tests {
 
     #[test]
     fn idle_decoders_are_reused_by_stream_and_bounded() {
-        let mut pool = IdlePool::new(3);
+        let mut pool = IdlePool::new(30);
         assert_eq!(pool.take(&1), None);
-        pool.put(1, "a");
-        pool.put(2, "b");
-        pool.put(1, "c");
+        pool.put(1, "a", 10);
+        pool.put(2, "b", 10);
+        pool.put(1, "c", 10);
         assert_eq!(pool.take(&1), Some("c"), "the most recently returned of the stream");
-        pool.put(1, "c");
-        pool.put(3, "d");
-        assert_eq!(pool.idle.len(), 3, "beyond the cap the longest idle goes");
+        pool.put(1, "c", 10);
+        pool.put(3, "d", 10);
+        assert_eq!((pool.idle.len(), pool.bytes), (3, 30), "beyond the cap the longest idle goes");
         assert_eq!(pool.take(&1), Some("c"));
         assert_eq!(pool.take(&1), None, "stream 1's oldest decoder was the one dropped");
         assert_eq!((pool.take(&2), pool.take(&3)), (Some("b"), Some("d")));
+        assert_eq!(pool.bytes, 0);
+        pool.put(4, "small", 5);
+        pool.put(5, "large", 26);
+        assert_eq!((pool.take(&4), pool.take(&5)), (None, Some("large")), "bytes, not decoders, are bounded");
+        pool.put(6, "too large", 31);
+        assert_eq!((pool.take(&6), pool.bytes), (None, 0), "a decoder larger than the cap is not kept");
     }
 }

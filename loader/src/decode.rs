@@ -76,6 +76,8 @@ pub struct StreamDecoder {
     intra_only: bool,
     /// The stream this decoder was opened for.
     pub stream: u32,
+    /// Picture size in pixels.
+    pixels: u64,
 }
 
 // SAFETY: the decoder and converter own their FFmpeg contexts exclusively and are only used
@@ -98,7 +100,15 @@ impl StreamDecoder {
         // SAFETY: a context we own, not opened yet.
         unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
         let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
-        Ok(Self { decoder, converter: None, intra_only: config.kind == "image", stream: config.stream })
+        let pixels = u64::from(config.params.width) * u64::from(config.params.height);
+        Ok(Self { decoder, converter: None, intra_only: config.kind == "image", stream: config.stream, pixels })
+    }
+
+    /// About the memory this decoder holds between GOPs (after a flush): its context and the
+    /// picture buffers its pool keeps. Measured with FFmpeg's libdav1d decoder, single-threaded:
+    /// 1.6 MB at 640x480, 0.5 MB at 128x96.
+    pub fn idle_bytes(&self) -> u64 {
+        (448 << 10) + 4 * self.pixels
     }
 
     /// Decodes `packets` (`(pts, dts, keyframe flag, bytes)` in decode order, starting at a
