@@ -614,26 +614,26 @@ impl Loader {
             return Ok(Found::ready(found));
         }
         // Each GOP's own frames, and with them the frames of the same GOP that later batches of
-        // the stream show and will keep (decoded now, once, instead of again from the keyframe).
+        // the stream show and will keep (decoded now, once, instead of again from the keyframe),
+        // with room claimed for them. Batches begun before this one decodes that show some of
+        // these frames wait for them (the promise) instead of decoding them too.
         let lookahead = ahead.lookahead.as_deref();
+        let mut jobs: Vec<GopTargets> =
+            groups.into_iter().map(|((stream, start), own)| GopTargets { stream, start, all: own.clone(), own }).collect();
         let mut kept_for_later: BTreeSet<u64> = BTreeSet::new();
-        let jobs: Vec<GopTargets> = groups
-            .into_iter()
-            .map(|((stream, start), own)| {
-                let mut all = own.clone();
-                if let Some(l) = lookahead {
-                    let frame_bytes =
-                        ds.streams.get(&stream).and_then(|c| ds.cameras.iter().find(|k| k.key == c.camera)).map_or(0, |c| c.frame_bytes());
-                    let later = l.wanted_with(source, stream, start, &own, frame_bytes);
-                    kept_for_later.extend(&later);
-                    all.extend(later);
-                    all.sort_unstable();
-                }
-                GopTargets { stream, start, own, all }
-            })
-            .collect();
-        // Batches begun before this one decodes that show some of these frames wait for them.
-        let _promise = lookahead.map(|l| l.promise(source, jobs.iter().flat_map(|j| j.all.iter().copied())));
+        let _promise = lookahead.map(|l| {
+            let frame_bytes = |stream: u32| {
+                ds.streams.get(&stream).and_then(|c| ds.cameras.iter().find(|k| k.key == c.camera)).map_or(0, |c| c.frame_bytes())
+            };
+            let gops: Vec<_> = jobs.iter().map(|j| (j.stream, j.start, j.own.as_slice(), frame_bytes(j.stream))).collect();
+            let (later, promise) = l.claim(source, &gops);
+            for (j, later) in jobs.iter_mut().zip(later) {
+                kept_for_later.extend(&later);
+                j.all.extend(later);
+                j.all.sort_unstable();
+            }
+            promise
+        });
         let needed: BTreeSet<u64> = jobs.iter().flat_map(|j| j.start..=*j.all.last().expect("non-empty")).collect();
         let needed: Vec<u64> = needed.into_iter().collect();
         let fetch_began = Instant::now();

@@ -89,6 +89,8 @@ struct State {
     /// Frames a batch is decoding now and will keep if they are still needed then, with the
     /// number of such decodes.
     promised: HashMap<FrameRef, u32>,
+    /// Room reserved (counted in `reserved`) for frames a batch is decoding for another.
+    claims: HashMap<FrameRef, u64>,
 }
 
 /// A stream's place in a [`Lookahead`]: its batches begin through it, and its plan is dropped
@@ -127,7 +129,7 @@ impl Drop for Ahead {
     }
 }
 
-/// Frames a batch is decoding for others ([`Lookahead::promise`]): settled when dropped, after
+/// Frames a batch is decoding that others need ([`Lookahead::claim`]): settled when dropped, after
 /// the decoded frames were offered to [`Lookahead::keep`] (or the decode failed or was
 /// abandoned), waking the batches that wait for them.
 pub(crate) struct Promise<'a> {
@@ -147,6 +149,10 @@ impl Drop for Promise<'_> {
                 if *e.get() == 0 {
                     e.remove();
                 }
+            }
+            // Room claimed for a frame the decode did not offer (it failed, or was abandoned).
+            if let Some(bytes) = st.claims.remove(key) {
+                self.lookahead.unreserve(&mut st, bytes);
             }
         }
         drop(st);
@@ -273,47 +279,77 @@ impl Lookahead {
         out
     }
 
-    /// Marks `rows` of dataset `source` as being decoded now by a batch that will offer them to
-    /// [`Lookahead::keep`]: batches that need them wait for that instead of decoding them too.
-    pub(crate) fn promise(&self, source: usize, rows: impl IntoIterator<Item = u64>) -> Promise<'_> {
+    /// Plans the GOP decodes of a batch of dataset `source`: for each GOP `(stream, keyframe
+    /// row, rows the batch shows, bytes of a frame)`, the rows of that GOP another batch needs
+    /// that it should decode too, each with room reserved for it now (so that keeping it after
+    /// the decode cannot fail for want of room, however many batches decode meanwhile). Rows
+    /// another decode has promised already are left to it. The returned promise holds every
+    /// row the batch decodes that another batch needs, until the decode is over.
+    pub(crate) fn claim(&self, source: usize, gops: &[(u32, u64, &[u64], usize)]) -> (Vec<Vec<u64>>, Promise<'_>) {
         let mut st = self.lock();
-        let keys: Vec<FrameRef> = rows.into_iter().map(|r| (source, r)).filter(|k| st.needs.contains_key(k)).collect();
-        for key in &keys {
-            *st.promised.entry(*key).or_default() += 1;
-        }
-        Promise { lookahead: self, keys }
-    }
-
-    /// Rows of the GOP `(source, stream, start)` that a batch not begun yet shows, that are not
-    /// among `targets` and that would be kept if decoded now.
-    pub(crate) fn wanted_with(&self, source: usize, stream: u32, start: u64, targets: &[u64], frame_bytes: usize) -> Vec<u64> {
-        let st = self.lock();
-        let Some(rows) = st.gops.get(&(source, stream, start)) else { return vec![] };
-        let mut out = Vec::new();
-        let mut taken = 0u64;
-        for &row in rows {
-            if targets.binary_search(&row).is_ok() || st.kept.contains_key(&(source, row)) {
-                continue;
+        let mut later_rows = Vec::with_capacity(gops.len());
+        let mut promise = Promise { lookahead: self, keys: Vec::new() };
+        for &(stream, start, own, frame_bytes) in gops {
+            let mut later = Vec::new();
+            let rows: Vec<u64> = st.gops.get(&(source, stream, start)).map(|r| r.iter().copied().collect()).unwrap_or_default();
+            for row in rows {
+                let key = (source, row);
+                if own.binary_search(&row).is_ok() || st.kept.contains_key(&key) || st.promised.contains_key(&key) {
+                    continue;
+                }
+                let Some(&(due, _)) = st.needs.get(&key).and_then(BTreeSet::first) else { continue };
+                if self.make_room(&mut st, frame_bytes as u64, due) {
+                    st.claims.insert(key, frame_bytes as u64);
+                    later.push(row);
+                }
             }
-            let Some(&(due, _)) = st.needs.get(&(source, row)).and_then(BTreeSet::first) else { continue };
-            if self.room_for(&st, frame_bytes as u64 + taken, due) {
-                taken += frame_bytes as u64;
-                out.push(row);
+            for &row in own.iter().chain(&later) {
+                let key = (source, row);
+                if st.needs.contains_key(&key) {
+                    *st.promised.entry(key).or_default() += 1;
+                    promise.keys.push(key);
+                }
             }
+            later_rows.push(later);
         }
-        out
+        (later_rows, promise)
     }
 
     /// Keeps `frame` of `key` when a batch not begun yet shows it and there is room, or room can
-    /// be made by letting go of frames needed later than it.
+    /// be made by letting go of frames needed later than it (or room was claimed for it).
     pub(crate) fn keep(&self, key: FrameRef, frame: &Frame) -> bool {
         let mut st = self.lock();
+        let claimed = st.claims.remove(&key);
         if st.kept.contains_key(&key) {
+            if let Some(bytes) = claimed {
+                self.unreserve(&mut st, bytes);
+            }
             return true;
         }
-        let Some(&(due, _)) = st.needs.get(&key).and_then(BTreeSet::first) else { return false };
+        let due = st.needs.get(&key).and_then(BTreeSet::first).map(|&(due, _)| due);
         let size = frame.len() as u64;
-        if !self.room_for(&st, size, due) {
+        let room = match (due, claimed) {
+            (Some(_), Some(bytes)) if bytes == size => true,
+            (_, Some(bytes)) => {
+                self.unreserve(&mut st, bytes);
+                false
+            }
+            (_, None) => false,
+        };
+        let Some(due) = due else { return false };
+        if !room && !self.make_room(&mut st, size, due) {
+            return false;
+        }
+        st.by_due.insert((due, key));
+        st.kept.insert(key, (frame.clone(), due));
+        true
+    }
+
+    /// Reserves `size` bytes for a frame needed at `due`, letting go of kept frames needed
+    /// later than it when there is no other room; false (and nothing let go) when there is not
+    /// enough.
+    fn make_room(&self, st: &mut State, size: u64, due: u64) -> bool {
+        if !self.room_for(st, size, due) {
             return false;
         }
         while st.reserved + size > self.cap || self.loader.cache().unreserved() < size {
@@ -323,14 +359,12 @@ impl Lookahead {
             }
             st.by_due.remove(&(later, victim));
             let (evicted, _) = st.kept.remove(&victim).expect("by_due and kept agree");
-            self.unreserve(&mut st, evicted.len() as u64);
+            self.unreserve(st, evicted.len() as u64);
         }
         if !self.loader.cache().reserve(size) {
             return false;
         }
         st.reserved += size;
-        st.by_due.insert((due, key));
-        st.kept.insert(key, (frame.clone(), due));
         true
     }
 
