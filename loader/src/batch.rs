@@ -617,11 +617,11 @@ impl Loader {
         // the stream show and will keep (decoded now, once, instead of again from the keyframe),
         // with room claimed for them. Batches begun before this one decodes that show some of
         // these frames wait for them (the promise) instead of decoding them too.
-        let lookahead = ahead.lookahead.as_deref();
+        let lookahead = ahead.lookahead.clone();
         let mut jobs: Vec<GopTargets> =
             groups.into_iter().map(|((stream, start), own)| GopTargets { stream, start, all: own.clone(), own }).collect();
         let mut kept_for_later: BTreeSet<u64> = BTreeSet::new();
-        let _promise = lookahead.map(|l| {
+        let promise = lookahead.as_ref().map(|l| {
             let frame_bytes = |stream: u32| {
                 ds.streams.get(&stream).and_then(|c| ds.cameras.iter().find(|k| k.key == c.camera)).map_or(0, |c| c.frame_bytes())
             };
@@ -636,30 +636,47 @@ impl Loader {
         });
         let needed: BTreeSet<u64> = jobs.iter().flat_map(|j| j.start..=*j.all.last().expect("non-empty")).collect();
         let needed: Vec<u64> = needed.into_iter().collect();
-        let fetch_began = Instant::now();
-        let bytes = ds.packet_bytes(&needed).await?;
-        self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.counters.packet_bytes.fetch_add(bytes.iter().map(|b| b.len() as u64).sum(), Ordering::Relaxed);
-        let data: HashMap<u64, bytes::Bytes> = needed.into_iter().zip(bytes).collect();
-
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (decoders, counters, ds2) = (self.decoders.clone(), self.counters.clone(), ds.clone());
-        self.pool.spawn(move || {
-            let result: Vec<GroupResult> = jobs
-                .par_iter()
-                .map(|j| {
-                    let decode = |targets: &[u64]| decode_group(&ds2, source, j.stream, j.start, targets, &data, &decoders, &counters);
-                    match decode(&j.all) {
-                        // A frame decoded for a later batch must not fail this one: its own
-                        // frames again, alone (a later batch reports that frame's error).
-                        Err(_) if j.all.len() > j.own.len() => decode(&j.own),
-                        result => result,
+        let (decoders, counters, pool, ds2, keeper) =
+            (self.decoders.clone(), self.counters.clone(), self.pool.clone(), ds.clone(), lookahead.clone());
+        let work = async move {
+            let fetch_began = Instant::now();
+            let bytes = ds2.packet_bytes(&needed).await?;
+            counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            counters.packet_bytes.fetch_add(bytes.iter().map(|b| b.len() as u64).sum(), Ordering::Relaxed);
+            let data: HashMap<u64, bytes::Bytes> = needed.into_iter().zip(bytes).collect();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            pool.spawn(move || {
+                let result: Vec<GroupResult> = jobs
+                    .par_iter()
+                    .map(|j| {
+                        let decode = |targets: &[u64]| decode_group(&ds2, source, j.stream, j.start, targets, &data, &decoders, &counters);
+                        match decode(&j.all) {
+                            // A frame decoded for a later batch must not fail this one: its own
+                            // frames again, alone (a later batch reports that frame's error).
+                            Err(_) if j.all.len() > j.own.len() => decode(&j.own),
+                            result => result,
+                        }
+                    })
+                    .collect();
+                // Frames later batches show are kept before the promise is settled, so the
+                // batches waiting for them find them.
+                if let Some(l) = &keeper {
+                    for (row, frame) in result.iter().filter_map(|r| r.as_ref().ok()).flatten() {
+                        l.keep((source, *row), frame);
                     }
-                })
-                .collect();
-            let _ = tx.send(result);
-        });
-        let results = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
+                }
+                drop(promise);
+                let _ = tx.send(result);
+            });
+            rx.await.map_err(|_| Error::request("the decode pool stopped"))
+        };
+        // With a lookahead other batches may wait for this decode, so it goes on whether or not
+        // this batch's future is polled (a stream read in turns with others); it is abandoned
+        // (its promise settled) when this batch is dropped before it started decoding.
+        let results = match &lookahead {
+            Some(_) => Spawned(tokio::spawn(work)).await.map_err(|e| Error::request(format!("a decode task failed: {e}")))??,
+            None => work.await?,
+        };
         for r in results {
             match r {
                 Ok(frames) => {
@@ -667,14 +684,10 @@ impl Loader {
                         // A stream that plans ahead keeps what its later batches show and caches
                         // nothing else: under its horizon an LRU entry would be gone long before
                         // the stream came back to it.
-                        match lookahead {
-                            Some(l) => {
-                                l.keep((source, row), &frame);
-                                if kept_for_later.contains(&row) {
-                                    continue;
-                                }
-                            }
-                            None => self.cache.insert((slot, row), frame.clone()),
+                        if lookahead.is_none() {
+                            self.cache.insert((slot, row), frame.clone());
+                        } else if kept_for_later.contains(&row) {
+                            continue;
                         }
                         found.insert(row, frame);
                     }
@@ -687,6 +700,23 @@ impl Loader {
             }
         }
         Ok(Found::ready(found))
+    }
+}
+
+/// A spawned task, aborted when dropped (the batch it works for was given up).
+pub struct Spawned<T>(pub tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Spawned<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for Spawned<T> {
+    type Output = std::result::Result<T, tokio::task::JoinError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }
 

@@ -132,12 +132,12 @@ impl Drop for Ahead {
 /// Frames a batch is decoding that others need ([`Lookahead::claim`]): settled when dropped, after
 /// the decoded frames were offered to [`Lookahead::keep`] (or the decode failed or was
 /// abandoned), waking the batches that wait for them.
-pub(crate) struct Promise<'a> {
-    lookahead: &'a Lookahead,
+pub(crate) struct Promise {
+    lookahead: Arc<Lookahead>,
     keys: Vec<FrameRef>,
 }
 
-impl Drop for Promise<'_> {
+impl Drop for Promise {
     fn drop(&mut self) {
         if self.keys.is_empty() {
             return;
@@ -285,10 +285,10 @@ impl Lookahead {
     /// the decode cannot fail for want of room, however many batches decode meanwhile). Rows
     /// another decode has promised already are left to it. The returned promise holds every
     /// row the batch decodes that another batch needs, until the decode is over.
-    pub(crate) fn claim(&self, source: usize, gops: &[(u32, u64, &[u64], usize)]) -> (Vec<Vec<u64>>, Promise<'_>) {
+    pub(crate) fn claim(self: &Arc<Self>, source: usize, gops: &[(u32, u64, &[u64], usize)]) -> (Vec<Vec<u64>>, Promise) {
         let mut st = self.lock();
         let mut later_rows = Vec::with_capacity(gops.len());
-        let mut promise = Promise { lookahead: self, keys: Vec::new() };
+        let mut promise = Promise { lookahead: self.clone(), keys: Vec::new() };
         for &(stream, start, own, frame_bytes) in gops {
             let mut later = Vec::new();
             let rows: Vec<u64> = st.gops.get(&(source, stream, start)).map(|r| r.iter().copied().collect()).unwrap_or_default();

@@ -19,7 +19,9 @@ use tokio::{
     sync::mpsc,
 };
 
-use super::{Footprint, Refusal, Service, Spawned, refusal};
+use lake_loader::Spawned;
+
+use super::{Footprint, Refusal, Service, refusal};
 
 /// How long a new connection may take to send its request.
 const HELLO_WAIT: Duration = Duration::from_secs(10);

@@ -33,7 +33,9 @@ use arrow::{
     datatypes::{DataType, SchemaRef},
 };
 use futures::{Stream, StreamExt};
-use lake_loader::{Cursor, DecodeStats, Loader, LoaderOptions, Lookahead, Member, Order, Resources, Sharding, StreamRequest, Windows};
+use lake_loader::{
+    Cursor, DecodeStats, Loader, LoaderOptions, Lookahead, Member, Order, Resources, Sharding, Spawned, StreamRequest, Windows,
+};
 use lake_store::Lake;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -530,23 +532,6 @@ impl std::fmt::Debug for Service {
 
 /// Batches of one request, in order.
 pub type Batches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
-
-/// A spawned task, aborted when dropped (the batch of a stream whose client went away).
-pub(crate) struct Spawned<T>(pub(crate) tokio::task::JoinHandle<T>);
-
-impl<T> Drop for Spawned<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<T> std::future::Future for Spawned<T> {
-    type Output = std::result::Result<T, tokio::task::JoinError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
 
 /// One unit of a gauge, given back when dropped (a stream that ends, a client that goes away).
 struct Gauge {

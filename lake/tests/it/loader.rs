@@ -510,6 +510,8 @@ fn cached_and_uncached_streams_are_identical() {
         // Two ranks of one order, read in turns (one batch each): with a lookahead each, a rank
         // keeps only what its own later batches show; sharing one, a GOP one rank decodes is
         // kept for the other too. Same batches as decoding everything, fewer packets decoded.
+        // Each stream makes its next batch ahead, half done while the other rank is read: a
+        // batch waiting for a frame the other rank's batch decodes gets it all the same.
         let ranks = |cache_bytes: u64, shared: Option<u64>| {
             let loader = Arc::new(
                 Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Act), LoaderOptions { threads: 2, cache_bytes, frame_table: false })
@@ -521,7 +523,7 @@ fn cached_and_uncached_streams_are_identical() {
                 start: Cursor { epoch: 0, step: 3 },
                 limit: Some(20),
                 stride: 1,
-                prefetch: 1,
+                prefetch: 2,
                 lookahead: 4096,
             };
             let lookahead = shared.and_then(|h| Lookahead::new(loader.clone(), order.clone(), request(0).sharding, h, cache_bytes));
