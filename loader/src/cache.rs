@@ -7,7 +7,7 @@
 //! the cache's own never hold more than the budget together.
 
 use std::sync::{
-    Mutex,
+    Mutex, Weak,
     atomic::{AtomicU64, Ordering},
 };
 
@@ -21,11 +21,18 @@ pub type Frame = bytes::Bytes;
 /// `packets` row of the frame.
 pub type FrameKey = (u64, u64);
 
+/// Something that holds reserved room and can give back what it holds beyond its share.
+pub(crate) trait Tenant: Send + Sync {
+    /// Lets go of what it holds beyond [`FrameCache::share`], if it is not busy now.
+    fn shrink_to_share(&self);
+}
+
 /// A byte-bounded LRU of decoded frames, safe to share between threads.
-#[derive(Debug)]
 pub struct FrameCache {
     budget: u64,
     inner: Mutex<Inner>,
+    /// Those reserving room (streams' lookaheads), each entitled to an equal share of it.
+    tenants: Mutex<Vec<Weak<dyn Tenant>>>,
     hits: AtomicU64,
     misses: AtomicU64,
     ahead_hits: AtomicU64,
@@ -65,11 +72,18 @@ impl CacheStats {
     }
 }
 
+impl std::fmt::Debug for FrameCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameCache").field("budget", &self.budget).field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
 impl FrameCache {
     /// A cache holding at most `budget` bytes of frames (0 disables it).
     pub fn new(budget: u64) -> Self {
         Self {
             budget,
+            tenants: Mutex::new(Vec::new()),
             inner: Mutex::new(Inner { frames: LruCache::unbounded(), bytes: 0, reserved: 0 }),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -100,6 +114,33 @@ impl FrameCache {
     /// Bytes of the budget no one has reserved.
     pub fn unreserved(&self) -> u64 {
         self.budget.saturating_sub(self.lock().reserved)
+    }
+
+    /// Registers a tenant: from now on the budget is shared between it and the others alive.
+    pub(crate) fn add_tenant(&self, tenant: Weak<dyn Tenant>) {
+        let mut tenants = self.tenants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        tenants.retain(|t| t.strong_count() > 0);
+        tenants.push(tenant);
+    }
+
+    /// What each tenant alive may reserve: the budget divided between them.
+    pub(crate) fn share(&self) -> u64 {
+        let tenants = self.tenants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let alive = tenants.iter().filter(|t| t.strong_count() > 0).count().max(1) as u64;
+        self.budget / alive
+    }
+
+    /// Asks every tenant but `asking` to give back what it holds beyond its share (those busy
+    /// at the moment are skipped: they shrink themselves when they next reserve). A tenant that
+    /// stopped (its stream paused) would otherwise keep room the others need.
+    pub(crate) fn reclaim(&self, asking: *const ()) {
+        let tenants: Vec<_> =
+            self.tenants.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
+        for t in tenants {
+            if !std::ptr::eq(std::sync::Arc::as_ptr(&t).cast::<()>(), asking) {
+                t.shrink_to_share();
+            }
+        }
     }
 
     /// Gives back `bytes` reserved with [`FrameCache::reserve`].

@@ -29,7 +29,7 @@ use std::{
 
 use crate::{
     batch::Loader,
-    cache::Frame,
+    cache::{Frame, Tenant},
     sampler::{Cursor, Order, Sharding},
 };
 
@@ -170,7 +170,7 @@ impl Lookahead {
         }
         let cap = cap.min(loader.cache().budget());
         let steps_per_epoch = sharding.steps_per_epoch(order.epoch_len());
-        Some(Arc::new(Self {
+        let lookahead = Arc::new(Self {
             loader,
             order,
             global_batch: sharding.global_batch,
@@ -179,7 +179,16 @@ impl Lookahead {
             cap,
             state: Mutex::new(State::default()),
             settled: tokio::sync::Notify::new(),
-        }))
+        });
+        let tenant: std::sync::Weak<dyn Tenant> = Arc::downgrade(&lookahead) as std::sync::Weak<dyn Tenant>;
+        lookahead.loader.cache().add_tenant(tenant);
+        Some(lookahead)
+    }
+
+    /// What this lookahead may keep now: its cap, or its share of the cache when other streams'
+    /// lookaheads share it (a server's jobs).
+    fn cap(&self) -> u64 {
+        self.cap.min(self.loader.cache().share())
     }
 
     /// A stream of rank `sharding` that will visit `cursors` (in order) joins; `None` when its
@@ -349,10 +358,15 @@ impl Lookahead {
     /// later than it when there is no other room; false (and nothing let go) when there is not
     /// enough.
     fn make_room(&self, st: &mut State, size: u64, due: u64) -> bool {
+        let cap = self.cap();
+        if st.reserved + size <= cap && self.loader.cache().unreserved() < size {
+            // Within its share, but others hold the room: those beyond theirs give it back.
+            self.loader.cache().reclaim(std::ptr::from_ref(self).cast());
+        }
         if !self.room_for(st, size, due) {
             return false;
         }
-        while st.reserved + size > self.cap || self.loader.cache().unreserved() < size {
+        while st.reserved + size > cap || self.loader.cache().unreserved() < size {
             let Some(&(later, victim)) = st.by_due.last() else { return false };
             if later <= due {
                 return false;
@@ -370,11 +384,12 @@ impl Lookahead {
 
     /// Whether `size` more bytes fit, counting frames needed later than `due` as room.
     fn room_for(&self, st: &State, size: u64, due: u64) -> bool {
-        if size > self.cap {
+        let cap = self.cap();
+        if size > cap {
             return false;
         }
         // Room of its own, within what others left unreserved in the shared cache.
-        let mut free = (self.cap - st.reserved).min(self.loader.cache().unreserved());
+        let mut free = cap.saturating_sub(st.reserved).min(self.loader.cache().unreserved());
         for (later, key) in st.by_due.iter().rev() {
             if free >= size || *later <= due {
                 break;
@@ -473,6 +488,20 @@ impl Lookahead {
         // Every update leaves the maps consistent before it can panic, so a poisoned lock is
         // still usable.
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Tenant for Lookahead {
+    fn shrink_to_share(&self) {
+        let Ok(mut st) = self.state.try_lock() else { return };
+        let cap = self.cap();
+        // Frames needed last go first; room claimed for a decode under way stays.
+        while st.reserved > cap {
+            let Some(&(due, victim)) = st.by_due.last() else { break };
+            st.by_due.remove(&(due, victim));
+            let (evicted, _) = st.kept.remove(&victim).expect("by_due and kept agree");
+            self.unreserve(&mut st, evicted.len() as u64);
+        }
     }
 }
 

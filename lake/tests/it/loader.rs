@@ -639,3 +639,74 @@ fn cached_and_uncached_streams_are_identical() {
         }
     });
 }
+
+/// Two jobs on one decoded-frame cache (a server's): each job's lookahead may hold its share of
+/// the budget. A job whose stream stopped reading keeps what it held until another job needs
+/// room, then gives back what it holds beyond its share.
+#[test]
+fn a_stopped_stream_gives_back_room_beyond_its_share() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let ds = LoaderDataset::open(&lake, "v30-av1-small").await.expect("open");
+        let front = ds.cameras.iter().map(|c| c.frame_bytes() as u64).max().expect("cameras");
+        let budget = 24 * front;
+        let loader = Arc::new(
+            Loader::new(
+                vec![ds.clone()],
+                &Windows::Preset(Preset::Act),
+                LoaderOptions { threads: 2, cache_bytes: budget, frame_table: false },
+            )
+            .expect("loader"),
+        );
+        let eligible = || Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), 0, 0);
+        let sharding = Sharding::new(16, 0, 1, true).expect("sharding");
+        let job = |seed: u64| {
+            let order = Arc::new(Order::new(seed, vec![Source { eligible: eligible(), weight: 1.0 }]).expect("order"));
+            let request = StreamRequest {
+                order: order.clone(),
+                sharding,
+                start: Cursor { epoch: 0, step: 0 },
+                limit: Some(20),
+                stride: 1,
+                prefetch: 1,
+                lookahead: 4096,
+            };
+            let lookahead = Lookahead::new(loader.clone(), order, sharding, 4096, budget).expect("a lookahead");
+            let member = lookahead.join(sharding, lake_loader::cursors(&request)).expect("joins");
+            (lookahead, lake_loader::stream_with(loader.clone(), request, Some(member)))
+        };
+        let (first, mut paused) = job(1);
+        for _ in 0..8 {
+            paused.next().await.expect("a batch").expect("batch");
+        }
+        assert!(first.kept_bytes() > budget / 2, "alone, a job may use the whole budget: {}", first.kept_bytes());
+        // The first job's client stops reading; a second job starts.
+        let (second, mut running) = job(2);
+        let hits_before = loader.cache_stats().ahead_hits;
+        let mut shown = Vec::new();
+        for _ in 0..12 {
+            shown.push(running.next().await.expect("a batch").expect("batch").batch);
+            let c = loader.cache_stats();
+            assert!(c.bytes + c.reserved <= budget, "cache over budget: {c:?}");
+        }
+        assert!(first.kept_bytes() <= budget / 2, "the stopped job holds at most its share: {}", first.kept_bytes());
+        assert!(second.kept_bytes() > 0, "the running job keeps frames for its later batches");
+        assert!(loader.cache_stats().ahead_hits > hits_before, "and shows them: {:?}", loader.cache_stats());
+        // The same batches as a loader without a frame cache.
+        let cold = Arc::new(
+            Loader::new(vec![ds.clone()], &Windows::Preset(Preset::Act), LoaderOptions { threads: 2, cache_bytes: 0, frame_table: false })
+                .expect("loader"),
+        );
+        let order = Arc::new(Order::new(2, vec![Source { eligible: eligible(), weight: 1.0 }]).expect("order"));
+        for (step, batch) in shown.iter().enumerate() {
+            let want = lake_loader::load(&cold, &order, sharding, Cursor { epoch: 0, step: step as u64 }).await.expect("batch");
+            assert_eq!(&want.batch, batch, "step {step}");
+        }
+        drop((paused, running, first, second));
+        assert_eq!(loader.cache_stats().reserved, 0, "every job gave its room back");
+    });
+}
