@@ -426,7 +426,30 @@ impl Lake {
             .put_opts(&lease_path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() })
             .await
             .map_err(Error::store(lease_path.to_string()))?;
-        Ok(PendingVersion { lake: self.clone(), name: name.to_string(), dir, lease: lease_path, done: false })
+        let pending = PendingVersion { lake: self.clone(), name: name.to_string(), dir, lease: lease_path, done: false };
+        // The version's directory exists from here on, so that `datasets/NAME` is never empty
+        // while this writer lives and a writer that finishes meanwhile cannot remove it.
+        self.make_dir(&pending.dir)?;
+        Ok(pending)
+    }
+
+    /// Creates `dir` (relative to the root) and its parents, again when a writer that finished
+    /// meanwhile removed an emptied parent between two steps.
+    fn make_dir(&self, dir: &str) -> Result<()> {
+        let abs = self.root.join(dir);
+        let mut attempts = 0;
+        loop {
+            match std::fs::create_dir_all(&abs) {
+                Ok(()) if abs.is_dir() => return Ok(()),
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 100 => {}
+                Err(e) => {
+                    let source = object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) };
+                    return Err(Error::store(dir.to_string())(source));
+                }
+            }
+            attempts += 1;
+        }
     }
 
     /// Removes what ingests that died before committing left behind: directories named by a
@@ -457,8 +480,8 @@ impl Lake {
                 report.removed_dirs.push(lease.dir.clone());
             }
             self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
+            self.prune(STAGING);
         }
-        self.prune_empty_dirs();
         Ok(report)
     }
 
@@ -488,28 +511,34 @@ impl Lake {
                 Err(e) => return Err(Error::store(path.to_string())(e)),
             }
         }
-        self.prune_empty_dirs();
+        self.prune(prefix);
         Ok(())
     }
 
-    /// Removes directories left empty under `datasets/` and `staging/` (a local store keeps
-    /// directories that object deletes emptied).
-    fn prune_empty_dirs(&self) {
-        fn prune(dir: &std::path::Path) -> bool {
+    /// Removes the directories left empty in `dir` (relative to the root), `dir` itself when it
+    /// is left empty, and then each parent up to the root that is empty (a local store keeps
+    /// directories that deleting objects emptied). Only a tree that one writer owns (its own
+    /// version, a dead writer's) is walked: another writer may have just made an empty directory
+    /// in its own version and be about to write into it.
+    fn prune(&self, dir: &str) {
+        fn prune_tree(dir: &std::path::Path) -> bool {
             let Ok(entries) = std::fs::read_dir(dir) else { return false };
             let mut empty = true;
             for entry in entries.flatten() {
                 let p = entry.path();
-                if !(p.is_dir() && prune(&p) && std::fs::remove_dir(&p).is_ok()) {
+                if !(p.is_dir() && prune_tree(&p) && std::fs::remove_dir(&p).is_ok()) {
                     empty = false;
                 }
             }
             empty
         }
-        for top in [DATASETS, STAGING, CATALOG] {
-            let dir = self.root.join(top);
-            if prune(&dir) {
-                let _ = std::fs::remove_dir(&dir);
+        let abs = self.root.join(dir);
+        if abs.is_dir() && !(prune_tree(&abs) && std::fs::remove_dir(&abs).is_ok()) {
+            return;
+        }
+        for parent in abs.ancestors().skip(1).take_while(|p| p.starts_with(&self.root) && *p != self.root) {
+            if std::fs::remove_dir(parent).is_err() {
+                break;
             }
         }
     }
@@ -590,7 +619,7 @@ impl PendingVersion {
         // The version is visible now; a failure to drop the lease only leaves a lease that garbage
         // collection recognises as committed.
         let _ = self.lake.store.delete(&self.lease).await;
-        self.lake.prune_empty_dirs();
+        self.lake.prune(STAGING);
         Ok(record)
     }
 
@@ -609,7 +638,7 @@ impl PendingVersion {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(Error::store(self.lease.to_string())(e)),
         }
-        self.lake.prune_empty_dirs();
+        self.lake.prune(STAGING);
         Ok(())
     }
 }
@@ -622,7 +651,8 @@ impl Drop for PendingVersion {
             let root = self.lake.root.clone();
             let _ = std::fs::remove_dir_all(root.join(&self.dir));
             let _ = std::fs::remove_file(root.join(self.lease.as_ref()));
-            self.lake.prune_empty_dirs();
+            self.lake.prune(&self.dir);
+            self.lake.prune(STAGING);
         }
     }
 }
@@ -834,6 +864,39 @@ mod lifecycle_tests {
         write_file(&lake, &format!("{}/t", live.dir()));
         assert!(lake.collect_garbage().await.unwrap().removed_dirs.is_empty());
         live.abort().await.unwrap();
+    }
+
+    /// Writers of one name side by side: one finishing (commit, abort, or dropped on a panic)
+    /// leaves the other's directories alone, the empty ones it is about to write into
+    /// included.
+    #[tokio::test]
+    async fn a_finishing_writer_leaves_anothers_empty_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let other = lake.begin("ds").await.unwrap();
+        assert!(lake.root.join(other.dir()).is_dir(), "begin makes the version's directory");
+        let about_to_write = lake.root.join(other.dir()).join("streams.lance/data");
+        std::fs::create_dir_all(&about_to_write).unwrap();
+
+        let aborted = lake.begin("ds").await.unwrap();
+        write_file(&lake, &format!("{}/steps.lance/data/x", aborted.dir()));
+        aborted.abort().await.unwrap();
+        assert!(about_to_write.is_dir(), "abort");
+        let dropped = lake.begin("ds").await.unwrap();
+        write_file(&lake, &format!("{}/steps.lance/data/x", dropped.dir()));
+        drop(dropped);
+        assert!(about_to_write.is_dir(), "drop");
+        let committed = lake.begin("ds").await.unwrap();
+        let dir = committed.dir().to_string();
+        write_file(&lake, &format!("{dir}/steps.lance/data/x"));
+        committed.commit(|version| record("ds", version, &dir)).await.unwrap();
+        assert!(about_to_write.is_dir(), "commit");
+        assert!(lake.collect_garbage().await.unwrap().removed_dirs.is_empty());
+        assert!(about_to_write.is_dir(), "garbage collection");
+
+        other.abort().await.unwrap();
+        let left = std::fs::read_dir(lake.root.join(DATASETS).join("ds")).unwrap().map(|e| e.unwrap().path()).collect::<Vec<_>>();
+        assert_eq!(left, vec![lake.root.join(&dir)], "the aborted writer's tree is gone");
     }
 
     fn view(name: &str, sql: &str) -> ViewRecord {
