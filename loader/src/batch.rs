@@ -18,9 +18,8 @@ use std::{
 };
 
 use arrow::{
-    array::{ArrayRef, AsArray, BooleanArray, FixedSizeListArray, RecordBatch, UInt8Array, UInt64Array},
-    buffer::Buffer,
-    compute::{cast, interleave_record_batch, take},
+    array::{ArrayRef, AsArray, BooleanArray, FixedSizeListArray, RecordBatch, UInt64Array},
+    compute::{cast, take},
     datatypes::{DataType, Field, Schema, SchemaRef},
 };
 use lake_schemas::tables::TASK;
@@ -34,6 +33,7 @@ use crate::{
     frames::{FrameExtent, FrameStorage},
     lookahead::{Ahead, FrameRef},
     sampler::Draw,
+    samples::{BatchColumn, FrameColumn, SampleBatch, camera_array},
     spec::{DatasetKeys, Window, Windows, resolve_windows},
 };
 
@@ -339,8 +339,17 @@ impl Loader {
     /// # Errors
     /// As [`Loader::batch`].
     pub async fn batch_with(&self, draws: &[Draw], ahead: &Ahead) -> Result<RecordBatch> {
+        Ok(self.samples_with(draws, ahead).await?.to_record_batch()?)
+    }
+
+    /// [`Loader::batch_with`] before the frames are copied into their columns: camera columns
+    /// hold the frames they show, shared with the cache (see [`SampleBatch`]).
+    ///
+    /// # Errors
+    /// As [`Loader::batch`].
+    pub async fn samples_with(&self, draws: &[Draw], ahead: &Ahead) -> Result<SampleBatch> {
         if draws.is_empty() {
-            return Ok(RecordBatch::new_empty(self.schema.clone()));
+            return Ok(RecordBatch::new_empty(self.schema.clone()).into());
         }
         let mut by_source: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         for d in draws {
@@ -365,17 +374,16 @@ impl Loader {
                 (slot, next[slot] - 1)
             })
             .collect();
-        let refs: Vec<&RecordBatch> = parts.iter().collect();
-        Ok(interleave_record_batch(&refs, &order)?)
+        Ok(SampleBatch::interleave(&parts, &order)?)
     }
 
-    async fn assemble(&self, source: usize, rows: &[u64], ahead: &Ahead) -> Result<RecordBatch> {
+    async fn assemble(&self, source: usize, rows: &[u64], ahead: &Ahead) -> Result<SampleBatch> {
         let ds = &self.datasets[source];
         let windows = &self.windows[source];
         let window_of = |key: &str| windows.iter().find(|w| w.key == key);
         let query = |w: &Window| window_rows(ds, rows, &w.offsets);
 
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        let mut columns: Vec<BatchColumn> = Vec::with_capacity(self.schema.fields().len());
         let own_rows = UInt64Array::from(rows.to_vec());
         for (col, field) in ds.columns.iter().zip(self.schema.fields()) {
             let array = ds.steps.column(col.position);
@@ -383,11 +391,15 @@ impl Loader {
                 Some(w) => {
                     let (q, _) = query(w);
                     let taken = take(array, &UInt64Array::from(q), None)?;
-                    columns.push(regroup(taken, field)?);
+                    columns.push(BatchColumn::Array(regroup(taken, field)?));
                 }
                 None => {
                     let taken = take(array, &own_rows, None)?;
-                    columns.push(if taken.data_type() == field.data_type() { taken } else { cast(&taken, field.data_type())? });
+                    columns.push(BatchColumn::Array(if taken.data_type() == field.data_type() {
+                        taken
+                    } else {
+                        cast(&taken, field.data_type())?
+                    }));
                 }
             }
         }
@@ -395,8 +407,12 @@ impl Loader {
         let (wanted, shown_by) = self.camera_rows(source, rows);
         let found = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by, ahead).await?;
         let cameras: Vec<(usize, Vec<u64>)> = ds.cameras.iter().map(|c| c.frame_bytes()).zip(wanted).collect();
-        let frame_columns = if found.stored.is_empty() {
-            fill_frame_columns(&cameras, &found).expect("frames in memory are copied, not read")
+        if found.stored.is_empty() {
+            // Every frame is in memory: the columns share them.
+            for (size, rows) in cameras {
+                let frames = rows.iter().map(|row| found.ready.get(row).expect("every frame a batch shows is found").clone()).collect();
+                columns.push(BatchColumn::Frames(FrameColumn { frames, frame_bytes: size }));
+            }
         } else {
             // Frames read from the table straight into the batch, on the pool, in parallel.
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -405,28 +421,25 @@ impl Loader {
                 let columns = fill_frame_columns(&cameras, &found);
                 let _ = tx.send((columns, cameras, found));
             });
-            let (columns, cameras, found) = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
+            let (frame_columns, cameras, found) = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
             self.counters.fetch_ns.fetch_add(read_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let columns = columns
+            let frame_columns = frame_columns
                 .map_err(|(row, e)| Error::layout(&ds.label, format!("frame table row {row}: {e}; run `{}` again", ds.cache_command())))?;
             if self.cache.enabled() {
-                self.cache_stored(ds.cache_id, &cameras, &columns, &found.stored);
+                self.cache_stored(ds.cache_id, &cameras, &frame_columns, &found.stored);
             }
-            columns
-        };
-        for (camera, out) in ds.cameras.iter().zip(frame_columns) {
-            let field = self.schema.field_with_name(&camera.key)?;
-            let DataType::FixedSizeList(item, per_sample) = field.data_type() else { unreachable!("camera columns are fixed-size lists") };
-            let values = Arc::new(UInt8Array::new(Buffer::from_vec(out).into(), None));
-            columns.push(Arc::new(FixedSizeListArray::try_new(item.clone(), *per_sample, values, None)?));
+            for (camera, out) in ds.cameras.iter().zip(frame_columns) {
+                columns.push(BatchColumn::Array(camera_array(self.schema.field_with_name(&camera.key)?, out)?));
+            }
         }
         for w in windows {
             let (_, pad) = query(w);
             let field = self.schema.field_with_name(&format!("{}_is_pad", w.key))?;
             let DataType::FixedSizeList(item, size) = field.data_type() else { unreachable!("pad columns are fixed-size lists") };
-            columns.push(Arc::new(FixedSizeListArray::try_new(item.clone(), *size, Arc::new(BooleanArray::from(pad)), None)?));
+            let pad = FixedSizeListArray::try_new(item.clone(), *size, Arc::new(BooleanArray::from(pad)), None)?;
+            columns.push(BatchColumn::Array(Arc::new(pad)));
         }
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+        Ok(SampleBatch::try_new(self.schema.clone(), columns, rows.len())?)
     }
 
     /// Which `packets` row each (camera, sample, window slot) shows, per camera; and for each

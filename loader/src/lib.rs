@@ -25,6 +25,7 @@ mod frames;
 pub mod local;
 mod lookahead;
 mod sampler;
+mod samples;
 mod spec;
 mod stream;
 
@@ -41,6 +42,7 @@ pub use crate::{
     local::LocalLoader,
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, Member},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
+    samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
-    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_with, stream, stream_with},
+    stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_samples_with, load_with, stream, stream_with},
 };

@@ -8,18 +8,19 @@ use arrow::array::RecordBatch;
 use futures::{Stream, StreamExt};
 
 use crate::{
-    Loader, Result,
+    Loader, Result, SampleBatch,
     lookahead::{Ahead, Lookahead, Member},
     sampler::{Cursor, Order, Sharding},
 };
 
-/// A batch with the cursor it was made at (resume from [`Sharding::next`] of it).
+/// A batch with the cursor it was made at (resume from [`Sharding::next`] of it): a record
+/// batch, or the [`SampleBatch`] it is made from.
 #[derive(Debug, Clone)]
-pub struct LoadedBatch {
+pub struct LoadedBatch<B = RecordBatch> {
     /// Where in the order this batch is.
     pub cursor: Cursor,
     /// The samples.
-    pub batch: RecordBatch,
+    pub batch: B,
 }
 
 /// A pinned, boxed stream of batches.
@@ -106,7 +107,23 @@ pub async fn load(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cu
 /// # Errors
 /// As [`load`].
 pub async fn load_with(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cursor, ahead: &Ahead) -> Result<LoadedBatch> {
+    let loaded = load_samples_with(loader, order, sharding, cursor, ahead).await?;
+    Ok(LoadedBatch { cursor, batch: loaded.batch.to_record_batch()? })
+}
+
+/// [`load_with`] before the frames are copied into their columns (for a transport that sends
+/// them from where they are).
+///
+/// # Errors
+/// As [`load`].
+pub async fn load_samples_with(
+    loader: &Loader,
+    order: &Order,
+    sharding: Sharding,
+    cursor: Cursor,
+    ahead: &Ahead,
+) -> Result<LoadedBatch<SampleBatch>> {
     let draws: Vec<_> = sharding.positions(order.epoch_len(), cursor.step).map(|p| order.draw(cursor.epoch, p)).collect();
-    let batch = loader.batch_with(&draws, ahead).await?;
+    let batch = loader.samples_with(&draws, ahead).await?;
     Ok(LoadedBatch { cursor, batch })
 }

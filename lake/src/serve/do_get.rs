@@ -13,7 +13,7 @@
 use std::{convert::Infallible, ops::Range};
 
 use arrow::{
-    array::{ArrayData, RecordBatch},
+    array::ArrayData,
     buffer::Buffer,
     datatypes::{DataType, SchemaRef},
     ipc::{self, writer::IpcWriteOptions},
@@ -22,6 +22,7 @@ use arrow_flight::{FlightData, SchemaAsIpc, Ticket};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use http_body::Frame;
+use lake_loader::{BatchColumn, FrameColumn, SampleBatch};
 use prost::Message;
 use tonic::Status;
 
@@ -77,13 +78,13 @@ async fn answer(flight: &LakeFlight, request: axum::extract::Request) -> Result<
 /// What a ticket is answered with.
 pub enum Answer {
     /// Record batches of this schema (a sampling request).
-    Batches(SchemaRef, std::pin::Pin<Box<dyn Stream<Item = Result<RecordBatch, Status>> + Send>>),
+    Batches(SchemaRef, std::pin::Pin<Box<dyn Stream<Item = Result<SampleBatch, Status>> + Send>>),
     /// Flight messages made elsewhere (Flight SQL).
     Messages(std::pin::Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>),
 }
 
 /// The schema message, then each batch's frames as it comes, then the status trailers.
-fn batch_frames(schema: &SchemaRef, batches: std::pin::Pin<Box<dyn Stream<Item = Result<RecordBatch, Status>> + Send>>) -> Frames {
+fn batch_frames(schema: &SchemaRef, batches: std::pin::Pin<Box<dyn Stream<Item = Result<SampleBatch, Status>> + Send>>) -> Frames {
     let head: FlightData = SchemaAsIpc::new(schema, &IpcWriteOptions::default()).into();
     let head = futures::stream::iter(vec![Ok(Frame::data(message_frame(&head)))]);
     let body = futures::stream::unfold(Some(batches), |state| async move {
@@ -131,19 +132,20 @@ fn message_frame(message: &impl Message) -> Bytes {
 }
 
 /// A batch as Arrow IPC: its record batch `Message` (flatbuffer), then its body as chunks (the
-/// batch's own buffers, shared, not copied, with their alignment padding) and the body's length.
-/// Batches whose layout this encoder does not write (sliced arrays, dictionaries, views, unions)
-/// go through Arrow's IPC writer instead, which copies.
+/// batch's own buffers and frames, shared, not copied, with their alignment padding) and the
+/// body's length. Batches whose layout this encoder does not write (sliced arrays,
+/// dictionaries, views, unions) go through Arrow's IPC writer instead, which copies.
 ///
 /// # Errors
 /// When Arrow cannot encode the batch.
-pub fn ipc_parts(batch: &RecordBatch) -> Result<(Vec<u8>, Vec<Bytes>, usize), Status> {
+pub fn ipc_parts(batch: &SampleBatch) -> Result<(Vec<u8>, Vec<Bytes>, usize), Status> {
     if let Some(body) = shared_body(batch) {
         return Ok((record_batch_header(batch.num_rows(), &body), body.chunks, body.len));
     }
+    let batch = batch.to_record_batch().map_err(|e| Status::internal(format!("encoding a batch: {e}")))?;
     let mut tracker = ipc::writer::DictionaryTracker::new(false);
     let (dictionaries, encoded) = ipc::writer::IpcDataGenerator::default()
-        .encode(batch, &mut tracker, &IpcWriteOptions::default(), &mut ipc::writer::CompressionContext::default())
+        .encode(&batch, &mut tracker, &IpcWriteOptions::default(), &mut ipc::writer::CompressionContext::default())
         .map_err(|e| Status::internal(format!("encoding a batch: {e}")))?;
     if !dictionaries.is_empty() {
         return Err(Status::internal("dictionary-encoded columns are not served"));
@@ -157,7 +159,7 @@ pub fn ipc_parts(batch: &RecordBatch) -> Result<(Vec<u8>, Vec<Bytes>, usize), St
 ///
 /// # Errors
 /// When the message would exceed gRPC's 4 GiB frame limit, or Arrow cannot encode the batch.
-pub fn encode_batch(batch: &RecordBatch) -> Result<Vec<Bytes>, Status> {
+pub fn encode_batch(batch: &SampleBatch) -> Result<Vec<Bytes>, Status> {
     let (header, chunks, body_len) = ipc_parts(batch)?;
     let head = FlightData { data_header: header.into(), ..Default::default() };
     let mut prefix = BytesMut::with_capacity(5 + head.encoded_len() + 16);
@@ -208,6 +210,28 @@ impl Body {
         }
         self.len += len + pad;
         Some(())
+    }
+
+    /// Appends one buffer made of `frames` (in order, shared), then padding to the alignment.
+    fn push_frames(&mut self, frames: &FrameColumn) {
+        let len = frames.len_bytes();
+        self.buffers.push(ipc::Buffer::new(self.len as i64, len as i64));
+        self.chunks.extend(frames.frames.iter().cloned());
+        let pad = len.next_multiple_of(ALIGN) - len;
+        if pad > 0 {
+            self.chunks.push(Bytes::from_static(&PADDING[..pad]));
+        }
+        self.len += len + pad;
+    }
+
+    /// Lays out a camera column held as frames: a fixed-size list of `rows` samples without
+    /// nulls, whose `uint8` values are the frames.
+    fn push_frame_column(&mut self, rows: usize, frames: &FrameColumn) {
+        self.nodes.push(ipc::FieldNode::new(rows as i64, 0));
+        self.push_empty();
+        self.nodes.push(ipc::FieldNode::new(frames.len_bytes() as i64, 0));
+        self.push_empty();
+        self.push_frames(frames);
     }
 
     /// Appends an empty buffer (an absent validity bitmap).
@@ -276,10 +300,13 @@ impl Body {
 }
 
 /// The batch's body, its buffers shared; `None` when a column's layout is left to Arrow's writer.
-fn shared_body(batch: &RecordBatch) -> Option<Body> {
+fn shared_body(batch: &SampleBatch) -> Option<Body> {
     let mut body = Body::default();
     for column in batch.columns() {
-        body.push_array(&column.to_data())?;
+        match column {
+            BatchColumn::Array(array) => body.push_array(&array.to_data())?,
+            BatchColumn::Frames(frames) => body.push_frame_column(batch.num_rows(), frames),
+        }
     }
     Some(body)
 }
@@ -312,8 +339,8 @@ mod tests {
 
     use arrow::{
         array::{
-            ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, LargeStringArray, ListArray, StringArray, StructArray,
-            UInt8Array,
+            ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, LargeStringArray, ListArray, RecordBatch, StringArray,
+            StructArray, UInt8Array,
         },
         datatypes::{Field, Int32Type},
     };
@@ -322,6 +349,10 @@ mod tests {
 
     /// The frame's chunks, parsed back as a client would: gRPC frame → FlightData → batch.
     fn round_trip(batch: &RecordBatch) -> (RecordBatch, bool) {
+        round_trip_samples(&SampleBatch::from(batch.clone()))
+    }
+
+    fn round_trip_samples(batch: &SampleBatch) -> (RecordBatch, bool) {
         let shared = shared_body(batch).is_some();
         let chunks = encode_batch(batch).expect("encodes");
         let frame: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
@@ -395,5 +426,32 @@ mod tests {
         assert_eq!(decoded, part);
         let (decoded, _) = round_trip(&b.slice(0, 0));
         assert_eq!(decoded.num_rows(), 0);
+    }
+
+    /// A camera column held as frames (one shown in two slots) is sent from them and arrives
+    /// as the column the frames make.
+    #[test]
+    fn camera_columns_held_as_frames_are_sent_from_them() {
+        let item = Arc::new(Field::new("item", DataType::UInt8, false));
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            Field::new("index", DataType::Int64, false),
+            Field::new("camera", DataType::FixedSizeList(item, 2 * 5), false),
+            Field::new("wrist", DataType::FixedSizeList(Arc::new(Field::new("item", DataType::UInt8, false)), 3), false),
+        ]));
+        let frame = |v: u8, n: usize| bytes::Bytes::from(vec![v; n]);
+        let (a, b) = (frame(1, 5), frame(2, 5));
+        let camera = FrameColumn { frames: vec![a.clone(), a, b.clone(), b], frame_bytes: 5 };
+        let wrist = FrameColumn { frames: vec![frame(7, 3), frame(9, 3)], frame_bytes: 3 };
+        let samples = SampleBatch::try_new(
+            schema,
+            vec![BatchColumn::Array(Arc::new(Int64Array::from(vec![4, 5]))), BatchColumn::Frames(camera), BatchColumn::Frames(wrist)],
+            2,
+        )
+        .expect("valid");
+        let (decoded, shared) = round_trip_samples(&samples);
+        assert!(shared);
+        assert_eq!(decoded, samples.to_record_batch().expect("batch"));
+        let (decoded, _) = round_trip(&decoded.slice(1, 1));
+        assert_eq!(decoded, samples.to_record_batch().expect("batch").slice(1, 1));
     }
 }

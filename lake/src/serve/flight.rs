@@ -183,7 +183,11 @@ impl FlightService for LakeFlight {
         let data = FlightDataEncoderBuilder::new()
             .with_max_flight_data_size(usize::MAX)
             .with_schema(schema)
-            .build(batches.map_err(|s| FlightError::Tonic(Box::new(s))))
+            .build(
+                batches
+                    .map(|b| b?.to_record_batch().map_err(|e| Status::internal(format!("encoding a batch: {e}"))))
+                    .map_err(|s| FlightError::Tonic(Box::new(s))),
+            )
             .map_err(|e| match e {
                 FlightError::Tonic(s) => *s,
                 other => Status::internal(other.to_string()),

@@ -14,7 +14,7 @@ use axum::{
     routing::{get, post},
 };
 use futures::{Stream, StreamExt};
-use lake_loader::local::wire;
+use lake_loader::{SampleBatch, local::wire};
 use serde_json::{Value, json};
 
 use super::{Refusal, Service, refusal};
@@ -236,12 +236,19 @@ impl Encoder {
     /// A batch's bytes: for Arrow its encapsulated IPC message, whose body is the batch's own
     /// buffers (a training batch is tens of MB of frames; encoding it into one buffer would copy
     /// them all).
-    fn write(&mut self, batch: &RecordBatch) -> Result<Vec<Bytes>, String> {
+    fn write(&mut self, batch: &SampleBatch) -> Result<Vec<Bytes>, String> {
+        if !matches!(self, Self::Arrow(_)) {
+            let batch = batch.to_record_batch().map_err(|e| e.to_string())?;
+            return self.write_rows(&batch);
+        }
+        let (header, body, _) = super::do_get::ipc_parts(batch).map_err(|s| s.message().to_string())?;
+        Ok(std::iter::once(Bytes::from(wire::message_prefix(&header))).chain(body).collect())
+    }
+
+    /// A batch's rows as JSON objects or CSV lines.
+    fn write_rows(&mut self, batch: &RecordBatch) -> Result<Vec<Bytes>, String> {
         match self {
-            Self::Arrow(_) => {
-                let (header, body, _) = super::do_get::ipc_parts(batch).map_err(|s| s.message().to_string())?;
-                Ok(std::iter::once(Bytes::from(wire::message_prefix(&header))).chain(body).collect())
-            }
+            Self::Arrow(_) => self.write(&SampleBatch::from(batch.clone())),
             Self::Json(started) => {
                 // One object per line from Arrow's writer (nulls kept), joined into the array.
                 let mut lines =
@@ -282,7 +289,7 @@ impl Encoder {
             // An empty answer still has its header row.
             Self::Csv(Some(schema)) => {
                 let empty = RecordBatch::new_empty(schema.clone());
-                self.write(&empty)
+                self.write_rows(&empty)
             }
             Self::Csv(None) => Ok(Vec::new()),
         }
@@ -293,7 +300,7 @@ impl Encoder {
 fn encoded_stream(
     answer: Answer,
     schema: SchemaRef,
-    batches: impl Stream<Item = crate::Result<RecordBatch>> + Send + 'static,
+    batches: impl Stream<Item = crate::Result<SampleBatch>> + Send + 'static,
 ) -> crate::Result<impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static> {
     let (encoder, header) = Encoder::new(answer, &schema)?;
     let state = (Some(encoder), Box::pin(batches));
@@ -428,7 +435,7 @@ async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Resu
     };
     let counted = service.clone();
     let batches = futures::stream::iter(first).chain(stream).map(move |b| {
-        b.map_err(|e| {
+        b.map(SampleBatch::from).map_err(|e| {
             let e = crate::sql::sql_error(&e);
             counted.count_sql_error(&e);
             tracing::warn!("SQL query failed while streaming its result: {e}");

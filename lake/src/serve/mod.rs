@@ -28,13 +28,10 @@ use std::{
     time::Instant,
 };
 
-use arrow::{
-    array::RecordBatch,
-    datatypes::{DataType, SchemaRef},
-};
+use arrow::datatypes::{DataType, SchemaRef};
 use futures::{Stream, StreamExt};
 use lake_loader::{
-    Cursor, DecodeStats, Loader, LoaderOptions, Lookahead, Member, Order, Resources, Sharding, Spawned, StreamRequest, Windows,
+    Cursor, DecodeStats, Loader, LoaderOptions, Lookahead, Member, Order, Resources, SampleBatch, Sharding, Spawned, StreamRequest, Windows,
 };
 use lake_store::Lake;
 use serde::{Deserialize, Serialize};
@@ -485,7 +482,8 @@ pub struct Service {
 const IDLE_LENDER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A batch made for a stream: the loader's result, its room, and the `ready_batches` unit.
-type Made = (std::result::Result<lake_loader::LoadedBatch, lake_loader::Error>, (OwnedSemaphorePermit, Option<LentRoom>), Gauge);
+type Made =
+    (std::result::Result<lake_loader::LoadedBatch<SampleBatch>, lake_loader::Error>, (OwnedSemaphorePermit, Option<LentRoom>), Gauge);
 
 /// The batches a stream is making, shared with admission, which takes them back from a client
 /// that does not read while room lent to it is wanted (see [`Service::reclaim_lent`]).
@@ -531,7 +529,7 @@ impl std::fmt::Debug for Service {
 }
 
 /// Batches of one request, in order.
-pub type Batches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
+pub type Batches = Pin<Box<dyn Stream<Item = Result<SampleBatch>> + Send>>;
 
 /// One unit of a gauge, given back when dropped (a stream that ends, a client that goes away).
 struct Gauge {
@@ -930,7 +928,7 @@ impl Service {
                             let slot = service.making.clone().acquire_owned().await.expect("the making slots are never closed");
                             drop(queued);
                             let _making = (Gauge::up(service.clone(), |m| &m.batches_in_progress), slot);
-                            lake_loader::load_with(&loader, &order, sharding, cursor, &ahead).await
+                            lake_loader::load_samples_with(&loader, &order, sharding, cursor, &ahead).await
                         }
                     }));
                     async move {
@@ -977,7 +975,7 @@ impl Service {
                 Ok(loaded) => {
                     m.batches.fetch_add(1, Ordering::Relaxed);
                     m.samples.fetch_add(loaded.batch.num_rows() as u64, Ordering::Relaxed);
-                    m.bytes.fetch_add(loaded.batch.get_array_memory_size() as u64, Ordering::Relaxed);
+                    m.bytes.fetch_add(loaded.batch.memory_size() as u64, Ordering::Relaxed);
                     Ok(loaded.batch)
                 }
                 Err(e) => {

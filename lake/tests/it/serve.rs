@@ -112,7 +112,12 @@ async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
     let service = lake::serve::Service::new(lake, Default::default()).expect("service");
     let request = lake::serve::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid");
     let (_, batches) = service.batches(&request).await.expect("batches");
-    batches.try_collect().await.expect("all batches")
+    records(batches.try_collect().await.expect("all batches"))
+}
+
+/// Served batches as record batches.
+fn records(batches: Vec<lake_loader::SampleBatch>) -> Vec<RecordBatch> {
+    batches.iter().map(|b| b.to_record_batch().expect("a record batch")).collect()
 }
 
 async fn flight_client(server: &Server) -> FlightClient {
@@ -183,6 +188,11 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         // Resume from step 2 replays the third batch.
         let resume = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "seed": 3, "start_step": 2, "limit_batches": 1});
         same_rows(&over_flight(&mut client, &resume).await.expect("resumed"), &expected[2..], "resume");
+
+        // A mixture: each batch interleaves samples of two sources, frames included.
+        let mixture = json!({"datasets": ["v30-av1-small=2", {"name": "v30-av1-small", "weight": 1}], "preset": "act", "batch_size": 8, "seed": 3, "limit_batches": 2});
+        let want = in_process(&root, &mixture).await;
+        same_rows(&over_flight(&mut client, &mixture).await.expect("mixture"), &want, "mixture");
 
         // Every camera's frames at another size, from the dataset's frame table of that size
         // (written while the server runs).
@@ -637,7 +647,7 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
                 let (_, mut batches) = service.batches(&req).await.expect("stream");
                 let mut got = Vec::new();
                 while let Some(b) = batches.next().await {
-                    got.push(b.expect("batch"));
+                    got.extend(records(vec![b.expect("batch")]));
                     let text = service.prometheus().await;
                     assert!(metric(&text, "lake_memory_used_bytes") <= metric(&text, "lake_memory_budget_bytes"), "{text}");
                 }
@@ -647,7 +657,7 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         let got = futures::future::join_all(streams).await;
         for (seed, batches) in got.iter().enumerate() {
             let (_, expected) = probe.batches(&request(seed as u64, 4)).await.expect("stream");
-            let expected: Vec<RecordBatch> = expected.try_collect().await.expect("batches");
+            let expected = records(expected.try_collect().await.expect("batches"));
             same_rows(batches, &expected, "within the budget");
         }
         let text = service.prometheus().await;
@@ -700,7 +710,7 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         };
         let paused = lake::serve::Service::new(lake, options).expect("service");
         let (_, mut first) = paused.batches(&request(0, 4)).await.expect("first stream");
-        let mut kept = vec![first.next().await.expect("a batch").expect("batch")];
+        let mut kept = records(vec![first.next().await.expect("a batch").expect("batch")]);
         assert_eq!(metric(&paused.prometheus().await, "lake_lent_batches"), 2.0);
         let (_, second) = paused.batches(&request(1, 4)).await.expect("fits beside the lent room");
         let (_, third) = paused.batches(&request(2, 4)).await.expect("the paused stream's lent room is taken back");
@@ -709,12 +719,12 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         assert!(metric(&text, "lake_memory_used_bytes") <= metric(&text, "lake_memory_budget_bytes"), "{text}");
         for (seed, batches) in [(1, second), (2, third)] {
             let (_, expected) = probe.batches(&request(seed, 4)).await.expect("stream");
-            let expected: Vec<RecordBatch> = expected.try_collect().await.expect("batches");
-            same_rows(&batches.try_collect::<Vec<_>>().await.expect("batches"), &expected, "beside a paused stream");
+            let expected = records(expected.try_collect().await.expect("batches"));
+            same_rows(&records(batches.try_collect().await.expect("batches")), &expected, "beside a paused stream");
         }
-        kept.extend(first.try_collect::<Vec<_>>().await.expect("the paused stream reads on"));
+        kept.extend(records(first.try_collect().await.expect("the paused stream reads on")));
         let (_, expected) = probe.batches(&request(0, 4)).await.expect("stream");
-        same_rows(&kept, &expected.try_collect::<Vec<_>>().await.expect("batches"), "made again after its room was taken back");
+        same_rows(&kept, &records(expected.try_collect().await.expect("batches")), "made again after its room was taken back");
         assert_eq!(metric(&paused.prometheus().await, "lake_memory_used_bytes"), 0.0);
         // A client that goes away while batches sit in lent room gives all of it back.
         let (_, mut gone) = paused.batches(&request(0, 4)).await.expect("stream");
