@@ -225,8 +225,11 @@ impl Lookahead {
             return Ahead::default();
         };
         if planned != cursor {
-            // Not the order this member joined with: plan nothing more for it.
-            debug_assert_eq!(planned, cursor, "a member's batches begin in its stream's order");
+            // Not the order this member joined with: it wants none of what was planned for it
+            // (this batch's frames included), and nothing more is planned for it.
+            for key in shown {
+                self.fulfil(&mut st, key, (ordinal, id));
+            }
             self.forget(&mut st, id);
             if let Some(m) = st.members.get_mut(&id) {
                 m.ahead = Box::new(std::iter::empty());
@@ -507,7 +510,8 @@ impl Tenant for Lookahead {
 
 impl Member {
     /// Begins this stream's batch at `cursor` (call in the stream's order, once per batch):
-    /// plans further ahead and hands over the frames kept for this batch.
+    /// plans further ahead and hands over the frames kept for this batch. A batch begun out of
+    /// that order gets nothing, and nothing is kept for this member from then on.
     pub fn begin(&self, cursor: Cursor) -> Ahead {
         self.lookahead.begin(self.id, cursor)
     }

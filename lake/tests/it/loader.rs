@@ -708,5 +708,32 @@ fn a_stopped_stream_gives_back_room_beyond_its_share() {
         }
         drop((paused, running, first, second));
         assert_eq!(loader.cache_stats().reserved, 0, "every job gave its room back");
+
+        // A stream whose batches begin out of order gets nothing ahead from then on, and what
+        // was kept for it, for the skipped batch too, is let go.
+        let wide = Sharding::new(100, 0, 1, true).expect("sharding");
+        let order = Arc::new(Order::new(3, vec![Source { eligible: eligible(), weight: 1.0 }]).expect("order"));
+        let request = StreamRequest {
+            order: order.clone(),
+            sharding: wide,
+            start: Cursor { epoch: 0, step: 0 },
+            limit: None,
+            stride: 1,
+            prefetch: 1,
+            lookahead: 4096,
+        };
+        let lookahead = Lookahead::new(loader.clone(), order.clone(), wide, 4096, budget).expect("a lookahead");
+        let member = lookahead.join(wide, lake_loader::cursors(&request)).expect("joins");
+        let at = |step| Cursor { epoch: 0, step };
+        let ahead = member.begin(at(0));
+        lake_loader::load_with(&loader, &order, wide, at(0), &ahead).await.expect("batch");
+        drop(ahead);
+        assert!(lookahead.kept_bytes() > 0, "the first batch kept frames for later ones");
+        let hits = loader.cache_stats().ahead_hits;
+        let skipped = member.begin(at(2));
+        assert_eq!(loader.cache_stats().ahead_hits, hits, "the batch begun out of order is handed no frames");
+        assert_eq!(lookahead.kept_bytes(), 0, "nothing is kept for a stream that left its order");
+        drop((skipped, member, lookahead));
+        assert_eq!(loader.cache_stats().reserved, 0);
     });
 }
