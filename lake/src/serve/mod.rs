@@ -352,8 +352,11 @@ pub struct Footprint {
 }
 
 impl Footprint {
-    /// gRPC and HTTP: the send buffer keeps one encoded batch, and each batch is held twice, as
-    /// Arrow arrays and encoded.
+    /// gRPC and HTTP: the send buffer keeps one encoded batch, and each batch counts twice, as
+    /// made and encoded. `lake serve`'s own `DoGet` route and HTTP Arrow stream send a batch's
+    /// buffers and frames without copying them, so the second count is a margin there; the
+    /// encoders that do copy (Flight's generated service, layouts left to Arrow's IPC writer,
+    /// JSON and CSV) use it.
     pub const ENCODED: Self = Self { held: 1, per_batch: 2, what: "the batch, its encoding and the send buffer" };
 
     /// Local streams: their slots of shared memory, and each batch once until it is copied into
@@ -793,7 +796,7 @@ impl Service {
         let schema = prepared.loader.schema();
         // What a stream costs (see `Footprint`): over gRPC / HTTP its send buffer keeps one
         // encoded batch for as long as the stream is open, and each batch it makes counts twice,
-        // the Arrow batch and its encoding. A stream reserves what its transport holds and room
+        // as made and encoded (a margin where nothing is copied). A stream reserves what its transport holds and room
         // for one batch when it starts, so it always makes progress; batches prepared beyond that
         // use free room only when there is some, never waiting for it, so they cannot crowd out
         // streams waiting to start.
