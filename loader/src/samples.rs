@@ -144,21 +144,29 @@ impl SampleBatch {
         RecordBatch::try_new(self.schema.clone(), columns)
     }
 
-    /// Rows of `parts` (batches of one schema) in the order of `indices` (`(part, row)`).
+    /// Rows of `parts` (batches of one schema) in the order of `indices` (`(part, row)`). A
+    /// camera column stays frames when every part holds it as frames of one size; otherwise
+    /// it becomes an array.
     ///
     /// # Errors
-    /// When the parts' columns differ in kind or type.
+    /// When the parts' columns differ in type, or an index is out of range.
     pub fn interleave(parts: &[Self], indices: &[(usize, usize)]) -> Result<Self, ArrowError> {
         let first = parts.first().ok_or_else(|| ArrowError::InvalidArgumentError("no batches to interleave".into()))?;
         let mut columns = Vec::with_capacity(first.columns.len());
         for (c, field) in first.schema.fields().iter().enumerate() {
             let column = match &first.columns[c] {
-                BatchColumn::Frames(f) if parts.iter().all(|p| matches!(p.columns[c], BatchColumn::Frames(_))) => {
+                BatchColumn::Frames(f)
+                    if parts.iter().all(|p| matches!(&p.columns[c], BatchColumn::Frames(o) if o.frame_bytes == f.frame_bytes)) =>
+                {
                     let slots = frame_values_per_sample(field.data_type()).unwrap_or(0) / f.frame_bytes.max(1);
                     let mut frames = Vec::with_capacity(indices.len() * slots);
                     for &(part, row) in indices {
                         let BatchColumn::Frames(of) = &parts[part].columns[c] else { unreachable!("checked above") };
-                        frames.extend_from_slice(&of.frames[row * slots..(row + 1) * slots]);
+                        let slice = of
+                            .frames
+                            .get(row * slots..(row + 1) * slots)
+                            .ok_or_else(|| ArrowError::InvalidArgumentError(format!("row {row} of part {part} is out of range")))?;
+                        frames.extend_from_slice(slice);
                     }
                     BatchColumn::Frames(FrameColumn { frames, frame_bytes: f.frame_bytes })
                 }

@@ -58,6 +58,18 @@ struct Lease {
     started_at: DateTime<Utc>,
 }
 
+impl Lease {
+    /// Whether this lease, read from `path`, names the version directory `begin` gives it:
+    /// `datasets/NAME/ID` for a valid name and the lease file `staging/ID.json`. Anything else
+    /// (a lease edited by hand, a foreign file) must not make garbage collection delete what
+    /// it names.
+    fn names_its_own_version(&self, path: &Path) -> bool {
+        let Some(id) = path.filename().and_then(|f| f.strip_suffix(".json")) else { return false };
+        let plain = !id.is_empty() && !id.starts_with('.') && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        plain && validate_name(&self.name).is_ok() && self.dir == format!("{DATASETS}/{}/{id}", self.name)
+    }
+}
+
 /// What [`Lake::collect_garbage`] removed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GarbageReport {
@@ -466,6 +478,9 @@ impl Lake {
                 Ok(l) => l,
                 Err(_) => continue, // half-written lease of a live writer, or foreign file
             };
+            if !lease.names_its_own_version(&lease_path) {
+                continue; // not a lease lake wrote: nothing it names is removed
+            }
             let dead = if lease.host == host {
                 !process_alive(lease.pid)
             } else {
@@ -517,9 +532,11 @@ impl Lake {
 
     /// Removes the directories left empty in `dir` (relative to the root), `dir` itself when it
     /// is left empty, and then each parent up to the root that is empty (a local store keeps
-    /// directories that deleting objects emptied). Only a tree that one writer owns (its own
-    /// version, a dead writer's) is walked: another writer may have just made an empty directory
-    /// in its own version and be about to write into it.
+    /// directories that deleting objects emptied). Below `datasets/`, only a tree that one
+    /// writer owns (its own version, a dead writer's) is walked: another writer may have just
+    /// made an empty directory in its own version and be about to write into it. `staging/`
+    /// holds only lease files, and a writer whose lease's directory was just removed makes it
+    /// again.
     fn prune(&self, dir: &str) {
         fn prune_tree(dir: &std::path::Path) -> bool {
             let Ok(entries) = std::fs::read_dir(dir) else { return false };
@@ -858,6 +875,21 @@ mod lifecycle_tests {
         let report = lake.collect_garbage().await.unwrap();
         assert_eq!(report.removed_dirs, vec![dir]);
         assert_eq!(entries(&lake), vec![MARKER.to_string()]);
+
+        // A lease naming anything but its own version directory is left alone, and so is what
+        // it names.
+        write_file(&lake, "datasets/other/v/steps.lance/data/f");
+        for (file, name, dir) in
+            [("x.json", "ds", "datasets"), ("y.json", "ds", "datasets/other/v"), ("v.json", "../..", "datasets/../../v")]
+        {
+            let forged = Lease { name: name.into(), dir: dir.into(), pid: i32::MAX as u32, host: hostname(), started_at: Utc::now() };
+            write_file(&lake, &format!("staging/{file}"));
+            std::fs::write(lake.root.join("staging").join(file), serde_json::to_vec(&forged).unwrap()).unwrap();
+        }
+        assert!(lake.collect_garbage().await.unwrap().removed_dirs.is_empty());
+        assert!(lake.root.join("datasets/other/v/steps.lance/data/f").is_file());
+        std::fs::remove_dir_all(lake.root.join("staging")).unwrap();
+        std::fs::remove_dir_all(lake.root.join("datasets")).unwrap();
 
         // A live writer's files are left alone.
         let live = lake.begin("ds").await.unwrap();

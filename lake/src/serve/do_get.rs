@@ -134,7 +134,9 @@ fn message_frame(message: &impl Message) -> Bytes {
 /// A batch as Arrow IPC: its record batch `Message` (flatbuffer), then its body as chunks (the
 /// batch's own buffers and frames, shared, not copied, with their alignment padding) and the
 /// body's length. Batches whose layout this encoder does not write (sliced arrays,
-/// dictionaries, views, unions) go through Arrow's IPC writer instead, which copies.
+/// dictionaries, views, unions) go through Arrow's IPC writer instead, which copies: while it
+/// runs such a batch is held three times (as given, as one record batch, encoded). The
+/// loader's batches never take that path.
 ///
 /// # Errors
 /// When Arrow cannot encode the batch.

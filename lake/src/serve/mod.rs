@@ -355,8 +355,8 @@ impl Footprint {
     /// gRPC and HTTP: the send buffer keeps one encoded batch, and each batch counts twice, as
     /// made and encoded. `lake serve`'s own `DoGet` route and HTTP Arrow stream send a batch's
     /// buffers and frames without copying them, so the second count is a margin there; the
-    /// encoders that do copy (Flight's generated service, layouts left to Arrow's IPC writer,
-    /// JSON and CSV) use it.
+    /// encoders that do copy (Flight's generated service, JSON and CSV) use it. (Layouts left to
+    /// Arrow's IPC writer would hold a third copy while encoded; the loader makes none.)
     pub const ENCODED: Self = Self { held: 1, per_batch: 2, what: "the batch, its encoding and the send buffer" };
 
     /// Local streams: their slots of shared memory, and each batch once until it is copied into
