@@ -182,41 +182,47 @@ fn flatten(col: &dyn Array) -> std::result::Result<(ArrayRef, Vec<usize>), Strin
 /// arrays (fixed-size, variable or nested lists) become `FixedSizeList<dtype, numel>`.
 ///
 /// # Errors
-/// `(row, message)` for the first row whose value is null or has the wrong number of values.
-pub fn normalize_numeric(col: &ArrayRef, feature: &Feature) -> std::result::Result<ArrayRef, (usize, String)> {
-    let dtype = arrow_dtype(&feature.dtype).ok_or((0, format!("unsupported dtype {}", feature.dtype)))?;
+/// `(row, kind, message)` for the first row whose value is null, has the wrong number of
+/// values (a shape mismatch) or a value the declared dtype cannot hold (a schema mismatch).
+pub fn normalize_numeric(col: &ArrayRef, feature: &Feature) -> std::result::Result<ArrayRef, (usize, FindingKind, String)> {
+    use FindingKind::{SchemaMismatch, ShapeMismatch};
+    let dtype = arrow_dtype(&feature.dtype).ok_or((0, SchemaMismatch, format!("unsupported dtype {}", feature.dtype)))?;
     let is_list = matches!(col.data_type(), DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _));
     if !is_list {
         if !feature.is_scalar() {
-            return Err((0, format!("holds scalars, but info.json declares shape {:?}", feature.shape)));
+            return Err((0, ShapeMismatch, format!("holds scalars, but info.json declares shape {:?}", feature.shape)));
         }
         if let Some(row) = (0..col.len()).find(|r| col.is_null(*r)) {
-            return Err((row, "null value".into()));
+            return Err((row, ShapeMismatch, "null value".into()));
         }
-        return cast_exact(col, &dtype, &feature.dtype, |i| i);
+        return cast_exact(col, &dtype, &feature.dtype, |i| i).map_err(|(row, m)| (row, SchemaMismatch, m));
     }
     if let Some(row) = (0..col.len()).find(|r| col.is_null(*r)) {
-        return Err((row, "null value".into()));
+        return Err((row, ShapeMismatch, "null value".into()));
     }
     let numel = feature.numel();
-    let (leaves, offsets) = flatten(col.as_ref()).map_err(|e| (0, e))?;
+    let (leaves, offsets) = flatten(col.as_ref()).map_err(|e| (0, ShapeMismatch, e))?;
     for row in 0..col.len() {
         let n = offsets[row + 1] - offsets[row];
         if n != numel {
-            return Err((row, format!("holds {n} values, but info.json declares shape {:?} ({numel} values)", feature.shape)));
+            return Err((
+                row,
+                ShapeMismatch,
+                format!("holds {n} values, but info.json declares shape {:?} ({numel} values)", feature.shape),
+            ));
         }
     }
     let start = offsets[0];
     let leaves = leaves.slice(start, offsets[col.len()] - start);
     if leaves.null_count() > 0 {
         let row = (0..col.len()).find(|r| (offsets[*r]..offsets[r + 1]).any(|i| leaves.is_null(i - start))).unwrap_or(0);
-        return Err((row, "null element".into()));
+        return Err((row, ShapeMismatch, "null element".into()));
     }
     let row_of = |i: usize| offsets.partition_point(|o| *o <= i + start).saturating_sub(1);
-    let leaves = cast_exact(&leaves, &dtype, &feature.dtype, row_of)?;
+    let leaves = cast_exact(&leaves, &dtype, &feature.dtype, row_of).map_err(|(row, m)| (row, SchemaMismatch, m))?;
     let field = Arc::new(Field::new("item", dtype, false));
-    let size = i32::try_from(numel).map_err(|_| (0, "too many values per row".to_string()))?;
-    FixedSizeListArray::try_new(field, size, leaves, None).map(|a| Arc::new(a) as ArrayRef).map_err(|e| (0, e.to_string()))
+    let size = i32::try_from(numel).map_err(|_| (0, ShapeMismatch, "too many values per row".to_string()))?;
+    FixedSizeListArray::try_new(field, size, leaves, None).map(|a| Arc::new(a) as ArrayRef).map_err(|e| (0, ShapeMismatch, e.to_string()))
 }
 
 /// `values` as `dtype` (LeRobot's `declared` name for it), refusing a cast that would change a
@@ -490,7 +496,7 @@ fn check_batch(
         match role {
             Role::Numeric(f) => match normalize_numeric(col, f) {
                 Ok(values) => note_non_finite(name, &values, &episode, &frame, &mut scan.non_finite),
-                Err((row, m)) => row_errors.push((row, FindingKind::ShapeMismatch, format!("column `{name}` {m}"))),
+                Err((row, kind, m)) => row_errors.push((row, kind, format!("column `{name}` {m}"))),
             },
             Role::Image(f) => match image_bytes(col) {
                 Ok(b) => images.push((f, b)),
@@ -560,16 +566,20 @@ fn check_batch(
         let rows = scan.episodes.entry(ep).or_default();
         let position = rows.rows as i64;
         let problem = if fi != position {
-            Some(format!("frame_index is {fi} at row {position} of the episode (expected {position})"))
+            Some((FindingKind::LengthMismatch, format!("frame_index is {fi} at row {position} of the episode (expected {position})")))
         } else if idx != em.from_index + fi {
-            Some(format!("index is {idx}, expected {} (dataset_from_index {} + frame_index)", em.from_index + fi, em.from_index))
+            let expected = em.from_index + fi;
+            Some((
+                FindingKind::LengthMismatch,
+                format!("index is {idx}, expected {expected} (dataset_from_index {} + frame_index)", em.from_index),
+            ))
         } else if ti < 0 || ti as usize >= meta.tasks.len() {
-            Some(format!("task_index {ti} has no row in the task table ({} tasks)", meta.tasks.len()))
+            Some((FindingKind::UnknownTask, format!("task_index {ti} has no row in the task table ({} tasks)", meta.tasks.len())))
         } else {
             None
         };
-        if let Some(message) = problem {
-            scan.findings.push(Finding::error(FindingKind::LengthMismatch, message).with_file(path).with_episode(ep).with_frame(fi));
+        if let Some((kind, message)) = problem {
+            scan.findings.push(Finding::error(kind, message).with_file(path).with_episode(ep).with_frame(fi));
             bad.insert(ep, ());
             continue;
         }
@@ -611,8 +621,8 @@ mod tests {
     fn wrong_lengths_name_the_row() {
         let col: ArrayRef =
             Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(vec![Some(vec![Some(1.0), Some(2.0)]), Some(vec![Some(3.0)])]));
-        let (row, message) = normalize_numeric(&col, &feature(vec![2])).unwrap_err();
-        assert_eq!(row, 1);
+        let (row, kind, message) = normalize_numeric(&col, &feature(vec![2])).unwrap_err();
+        assert_eq!((row, kind), (1, FindingKind::ShapeMismatch));
         assert!(message.contains("holds 1 values"), "{message}");
         let scalars: ArrayRef = Arc::new(Float64Array::from(vec![1.0]));
         // A declared dtype that cannot hold the values is refused, naming the row.
@@ -621,8 +631,8 @@ mod tests {
             Some(vec![Some(3.0), Some(4.5)]),
         ]));
         let as_int = Feature { dtype: "int64".into(), ..feature(vec![2]) };
-        let (row, message) = normalize_numeric(&fractions, &as_int).unwrap_err();
-        assert_eq!(row, 1);
+        let (row, kind, message) = normalize_numeric(&fractions, &as_int).unwrap_err();
+        assert_eq!((row, kind), (1, FindingKind::SchemaMismatch), "a value the dtype cannot hold is the schema's fault");
         assert!(message.contains("holds 4.5 (Float64), which int64"), "{message}");
         let as_bool = Feature { dtype: "bool".into(), ..feature(vec![2]) };
         assert_eq!(normalize_numeric(&fractions, &as_bool).unwrap_err().0, 0, "2.0 is no bool");
@@ -630,7 +640,7 @@ mod tests {
         let as_int = Feature { dtype: "int64".into(), ..feature(vec![1]) };
         assert_eq!(normalize_numeric(&whole, &as_int).unwrap().as_primitive::<Int64Type>().values(), &[1, 300]);
         let as_byte = Feature { dtype: "uint8".into(), ..feature(vec![1]) };
-        assert!(normalize_numeric(&whole, &as_byte).unwrap_err().1.contains("uint8"), "300 overflows a byte");
+        assert!(normalize_numeric(&whole, &as_byte).unwrap_err().2.contains("uint8"), "300 overflows a byte");
         let wide: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![1, 1 << 40]));
         assert!(normalize_numeric(&wide, &Feature { dtype: "int32".into(), ..feature(vec![1]) }).is_err());
         assert_eq!(normalize_numeric(&wide, &feature(vec![1])).unwrap().data_type(), &DataType::Float32, "any number is a float");

@@ -155,9 +155,9 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
 
     let fingerprint = fingerprint(&plan.read_files);
     let latest = lake.latest(&name).await?;
-    // A latest version whose tables were lost is not one to keep: the source is ingested again.
+    // A latest version whose tables were lost or damaged is not one to keep: the source is ingested again.
     let intact = match &latest {
-        Some(l) => lake.missing_tables(l).await?.is_empty(),
+        Some(l) => lake.damaged_tables(l).await?.is_empty(),
         None => true,
     };
     if let Some(l) = &latest

@@ -369,6 +369,17 @@ impl DatasetMeta {
                 let stats = value.get("stats").and_then(Value::as_object).ok_or_else(|| bad("no `stats` object".into()))?;
                 self.push_stats_object(Some(episode), stats).map_err(bad)?;
             }
+        } else if self.version == CodebaseVersion::V21 {
+            // lake needs no statistics to ingest or serve, but LeRobot's v2.1 reader loads its
+            // dataset statistics from this file, and the cameras have no others.
+            self.findings.push(
+                Finding::warning(
+                    FindingKind::MissingFile,
+                    "meta/episodes_stats.jsonl is missing: LeRobot cannot load this v2.1 dataset without it, and lake has no \
+                     camera statistics for it (`lake stats --images` computes them)",
+                )
+                .with_file(EPISODES_STATS_JSONL),
+            );
         }
         Ok(())
     }

@@ -116,7 +116,7 @@ impl StepsLayout {
             let col = batch.column_by_name(name).ok_or_else(|| Error::metadata(name.clone(), "column vanished between passes"))?;
             arrays.push(match role {
                 Role::Numeric(f) => {
-                    normalize_numeric(col, f).map_err(|(row, m)| Error::metadata(name.clone(), format!("row {row}: {m}")))?
+                    normalize_numeric(col, f).map_err(|(row, _, m)| Error::metadata(name.clone(), format!("row {row}: {m}")))?
                 }
                 _ => col.clone(),
             });

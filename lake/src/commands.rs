@@ -125,13 +125,14 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
             if !args.json {
                 render::ingest_summary(&mut std::io::stdout().lock(), &record, &report, root)?;
                 if let Some(previous) = &previous {
-                    let missing = lake.missing_tables(previous).await.unwrap_or_default();
-                    if !missing.is_empty() {
+                    let damaged = lake.damaged_tables(previous).await.unwrap_or_default();
+                    if !damaged.is_empty() {
+                        let tables: Vec<String> = damaged.iter().map(|(table, why)| format!("{table} ({why})")).collect();
                         outln!(
-                            "  note: replaces {}@{}, whose tables {} are missing from the lake",
+                            "  note: replaces {}@{}, whose tables cannot be read whole: {}",
                             previous.name,
                             previous.version,
-                            missing.join(", ")
+                            tables.join(", ")
                         )?;
                     }
                     if previous.source.url != record.source.url {
@@ -155,6 +156,14 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                     record.version,
                     started.elapsed().as_secs_f64()
                 )?;
+                if record.source.url != lake_store::absolute_location(&args.source) {
+                    outln!(
+                        "  note: {}@{} was ingested from {}, which holds the same content; the catalog keeps that source",
+                        record.name,
+                        record.version,
+                        record.source.url
+                    )?;
+                }
             }
             let json = serde_json::json!({"outcome": "unchanged", "reason": reason, "record": record});
             (record, json)

@@ -4,12 +4,13 @@ use std::{
     io::{IsTerminal, Write},
     path::PathBuf,
     process::ExitCode,
+    sync::Arc,
 };
 
 use anyhow::Context;
 use arrow::{
     array::RecordBatch,
-    datatypes::SchemaRef,
+    datatypes::{DataType, SchemaRef},
     ipc::writer::{FileWriter, StreamWriter},
 };
 use futures::StreamExt;
@@ -155,7 +156,27 @@ enum Sink<'a> {
     Ndjson(arrow::json::LineDelimitedWriter<&'a mut (dyn Write + Send)>),
     ArrowFile(FileWriter<&'a mut (dyn Write + Send)>),
     ArrowStream(StreamWriter<&'a mut (dyn Write + Send)>),
-    Parquet(parquet::arrow::ArrowWriter<&'a mut (dyn Write + Send)>),
+    /// The writer and the schema batches are cast to ([`parquet_schema`]).
+    Parquet(parquet::arrow::ArrowWriter<&'a mut (dyn Write + Send)>, SchemaRef),
+}
+
+/// The schema a result is written to parquet with: nullable fixed-size list columns (a vector
+/// feature of the stacked tables, null in the rows of datasets without it) become
+/// variable-size lists. Parquet has no fixed-size list type either way, and pyarrow cannot read
+/// back a null fixed-size list from parquet (apache/arrow#35692), so pandas users could not open
+/// the file; non-null vectors keep their fixed size in the Arrow schema stored with the file.
+fn parquet_schema(schema: &SchemaRef) -> SchemaRef {
+    let fields: Vec<arrow::datatypes::FieldRef> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::FixedSizeList(item, _) if f.is_nullable() => {
+                Arc::new(f.as_ref().clone().with_data_type(DataType::List(item.clone())))
+            }
+            _ => f.clone(),
+        })
+        .collect();
+    Arc::new(arrow::datatypes::Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 impl<'a> Sink<'a> {
@@ -172,7 +193,8 @@ impl<'a> Sink<'a> {
                 let props = parquet::file::properties::WriterProperties::builder()
                     .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
                     .build();
-                Self::Parquet(parquet::arrow::ArrowWriter::try_new(out, schema, Some(props))?)
+                let schema = parquet_schema(&schema);
+                Self::Parquet(parquet::arrow::ArrowWriter::try_new(out, schema.clone(), Some(props))?, schema)
             }
         })
     }
@@ -188,7 +210,15 @@ impl<'a> Sink<'a> {
             Self::Ndjson(w) => w.write(&batch)?,
             Self::ArrowFile(w) => w.write(&batch)?,
             Self::ArrowStream(w) => w.write(&batch)?,
-            Self::Parquet(w) => w.write(&batch)?,
+            Self::Parquet(w, schema) => {
+                let columns = batch
+                    .columns()
+                    .iter()
+                    .zip(schema.fields())
+                    .map(|(c, f)| if c.data_type() == f.data_type() { Ok(c.clone()) } else { arrow::compute::cast(c, f.data_type()) })
+                    .collect::<Result<Vec<_>, _>>()?;
+                w.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+            }
         }
         Ok(())
     }
@@ -215,7 +245,7 @@ impl<'a> Sink<'a> {
             Self::Ndjson(mut w) => w.finish()?,
             Self::ArrowFile(mut w) => w.finish()?,
             Self::ArrowStream(mut w) => w.finish()?,
-            Self::Parquet(w) => {
+            Self::Parquet(w, _) => {
                 w.close()?;
             }
         }

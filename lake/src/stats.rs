@@ -1,11 +1,14 @@
 //! Statistics in LeRobot's `meta/stats.json` layout: lake's exact ones for numeric features
 //! (`feature_stats`), the source's stored ones for cameras (lake does not decode frames at
-//! ingest).
+//! ingest; `lake stats --images` computes them), aggregated from the per-episode ones where the
+//! source stored only those (LeRobot v2.x).
 
 use arrow::{
     array::{Array, AsArray},
     datatypes::{Float64Type, Int64Type},
 };
+use std::collections::BTreeMap;
+
 use lake_schemas::tables::QUANTILES;
 use lake_store::Lake;
 use serde_json::{Map, Value};
@@ -62,30 +65,93 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
         entry.insert("count".into(), Value::from(vec![count]));
         out.insert(name, Value::Object(entry));
     }
-    // Other cameras: the statistics the source stored (ingest does not decode frames).
+    // Other cameras: the statistics the source stored (ingest does not decode frames): its
+    // dataset-level ones, else (a v2.x source keeps only per-episode ones) those of the ingested
+    // episodes aggregated as LeRobot aggregates them when it loads such a dataset.
+    let mut per_episode: BTreeMap<String, BTreeMap<i64, EpisodeStats>> = BTreeMap::new();
     for batch in lake_store::read_table(lake, record, STATS).await? {
         let episode = batch.column_by_name("episode_index").expect("stats schema");
         let feature = batch.column_by_name("feature").expect("stats schema").as_string::<i32>();
         let stat = batch.column_by_name("stat").expect("stats schema").as_string::<i32>();
         let values = batch.column_by_name("values").expect("stats schema").as_list::<i32>();
         let shape = batch.column_by_name("shape").expect("stats schema").as_list::<i32>();
-        for row in (0..batch.num_rows()).filter(|&r| episode.is_null(r)) {
+        for row in 0..batch.num_rows() {
             let name = feature.value(row);
             if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera"))) {
                 continue; // lake's own statistics above win
             }
             let v: Vec<f64> = values.value(row).as_primitive::<Float64Type>().iter().map(|x| x.unwrap_or(f64::NAN)).collect();
             let s: Vec<usize> = shape.value(row).as_primitive::<Int64Type>().iter().map(|x| x.unwrap_or(1) as usize).collect();
+            if episode.is_valid(row) {
+                let stats = per_episode.entry(name.to_string()).or_default().entry(episode.as_primitive::<Int64Type>().value(row));
+                stats.or_default().insert(stat.value(row).to_string(), (v, s));
+                continue;
+            }
             let entry = out.entry(name.to_string()).or_insert_with(|| serde_json::json!({"camera": true}));
             let value =
                 if stat.value(row) == "count" { Value::from(v.iter().map(|c| *c as i64).collect::<Vec<_>>()) } else { nest(&v, &s) };
             entry.as_object_mut().expect("object").insert(stat.value(row).to_string(), value);
         }
     }
+    for (name, episodes) in per_episode {
+        if out.contains_key(&name) {
+            continue;
+        }
+        let episodes: Vec<EpisodeStats> = episodes.into_values().collect();
+        if let Some(entry) = aggregate(&episodes) {
+            out.insert(name, Value::Object(entry));
+        }
+    }
     for entry in out.values_mut() {
         entry.as_object_mut().expect("object").remove("camera");
     }
     Ok(Value::Object(out))
+}
+
+/// One episode's statistics of a feature: statistic name → (values, shape).
+type EpisodeStats = BTreeMap<String, (Vec<f64>, Vec<usize>)>;
+
+/// Dataset-level statistics from per-episode ones, as LeRobot's `aggregate_stats` makes them:
+/// element-wise min and max, means weighted by count, the pooled standard deviation (each
+/// episode's variance plus its mean's squared distance from the total mean, weighted by count),
+/// counts summed, and quantiles as count-weighted means of the episodes' quantiles (an
+/// approximation LeRobot makes; lake's own numeric statistics are exact). `None` when an
+/// episode lacks min, max, mean, std or count, or their sizes disagree.
+fn aggregate(episodes: &[EpisodeStats]) -> Option<Map<String, Value>> {
+    let first = episodes.first()?;
+    let (_, shape) = first.get("mean")?;
+    let n = first.get("mean")?.0.len();
+    let counts: Vec<f64> = episodes.iter().map(|e| e.get("count").and_then(|(c, _)| c.first().copied())).collect::<Option<_>>()?;
+    let total: f64 = counts.iter().sum();
+    let stack = |stat: &str| {
+        episodes.iter().map(|e| e.get(stat).map(|(v, _)| v.as_slice()).filter(|v| v.len() == n)).collect::<Option<Vec<&[f64]>>>()
+    };
+    let (mins, maxs, means, stds) = (stack("min")?, stack("max")?, stack("mean")?, stack("std")?);
+    let fold = |rows: &[&[f64]], f: fn(f64, f64) -> f64| -> Vec<f64> {
+        (0..n).map(|j| rows.iter().map(|r| r[j]).reduce(f).unwrap_or(f64::NAN)).collect()
+    };
+    let weighted =
+        |rows: &[&[f64]]| -> Vec<f64> { (0..n).map(|j| rows.iter().zip(&counts).map(|(r, c)| r[j] * c).sum::<f64>() / total).collect() };
+    let mean = weighted(&means);
+    let std: Vec<f64> = (0..n)
+        .map(|j| {
+            let pooled: f64 = means.iter().zip(&stds).zip(&counts).map(|((m, s), c)| (s[j] * s[j] + (m[j] - mean[j]).powi(2)) * c).sum();
+            (pooled / total).sqrt()
+        })
+        .collect();
+    let mut entry = Map::new();
+    entry.insert("min".into(), nest(&fold(&mins, f64::min), shape));
+    entry.insert("max".into(), nest(&fold(&maxs, f64::max), shape));
+    entry.insert("mean".into(), nest(&mean, shape));
+    entry.insert("std".into(), nest(&std, shape));
+    entry.insert("count".into(), Value::from(vec![total as i64]));
+    let quantiles = first.keys().filter(|k| k.strip_prefix('q').is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())));
+    for q in quantiles {
+        if let Some(rows) = stack(q) {
+            entry.insert(q.clone(), nest(&weighted(&rows), shape));
+        }
+    }
+    Some(entry)
 }
 
 /// The dataset-level rows (null `episode_index`) of a `feature_stats`-shaped table as
@@ -294,6 +360,39 @@ pub async fn write_image_stats(lake: &Lake, spec: &str) -> Result<ImageStatsRepo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_episode_statistics_aggregate_like_pooling_the_values() {
+        // Two episodes of a 2-channel feature, from their values: [0, 2] and [4, 4, 4, 8] in
+        // channel 0; channel 1 twice that.
+        let episode = |values: &[f64], q50: f64| -> EpisodeStats {
+            let n = values.len() as f64;
+            let mean = values.iter().sum::<f64>() / n;
+            let std = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let two = |x: f64| (vec![x, 2.0 * x], vec![2, 1, 1]);
+            [("min", two(lo)), ("max", two(hi)), ("mean", two(mean)), ("std", two(std)), ("q50", two(q50)), ("count", (vec![n], vec![1]))]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect()
+        };
+        let all = [0.0, 2.0, 4.0, 4.0, 4.0, 8.0];
+        let entry = aggregate(&[episode(&all[..2], 1.0), episode(&all[2..], 4.0)]).expect("aggregates");
+        let mean = all.iter().sum::<f64>() / 6.0;
+        let std = (all.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 6.0).sqrt();
+        let channels = |v: &Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|c| c[0][0].as_f64().unwrap()).collect() };
+        assert_eq!(channels(&entry["min"]), [0.0, 0.0]);
+        assert_eq!(channels(&entry["max"]), [8.0, 16.0]);
+        assert_eq!(channels(&entry["mean"]), [mean, 2.0 * mean]);
+        let got = channels(&entry["std"]);
+        assert!((got[0] - std).abs() < 1e-12 && (got[1] - 2.0 * std).abs() < 1e-12, "{got:?} vs {std}");
+        assert_eq!(channels(&entry["q50"]), [3.0, 6.0], "quantiles: count-weighted means, as LeRobot aggregates them");
+        assert_eq!(entry["count"], serde_json::json!([6]));
+        let mut partial = episode(&all[2..], 4.0);
+        partial.remove("std");
+        assert!(aggregate(&[episode(&all[..2], 1.0), partial]).is_none(), "an episode without std cannot be pooled");
+    }
 
     #[test]
     fn subsample_matches_lerobot_counts_and_spacing() {

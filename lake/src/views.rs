@@ -49,12 +49,23 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
     let mut episodes: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
     let mut weights: BTreeMap<String, f64> = BTreeMap::new();
     for batch in &batches {
-        let column = |c: &str, dt: &DataType| {
-            batch.column_by_name(c).map(|a| cast(a, dt).map_err(|e| invalid(name, format!("column `{c}`: {e}")))).transpose()
+        // Only a lossless cast: a string where a number belongs is the query's mistake, and a
+        // lenient cast would turn it into a null (or parse it) without a word.
+        let column = |c: &str, dt: &DataType, kind: &str, fits: fn(&DataType) -> bool| {
+            batch
+                .column_by_name(c)
+                .map(|a| {
+                    if !fits(a.data_type()) {
+                        return Err(invalid(name, format!("column `{c}` must be {kind}, the query returns {}", a.data_type())));
+                    }
+                    cast(a, dt).map_err(|e| invalid(name, format!("column `{c}`: {e}")))
+                })
+                .transpose()
         };
-        let episode = column("episode_index", &DataType::Int64)?.expect("checked above");
-        let dataset = column("dataset", &DataType::Utf8)?;
-        let weight = column("weight", &DataType::Float64)?;
+        let episode = column("episode_index", &DataType::Int64, "an integer", DataType::is_integer)?.expect("checked above");
+        let dataset =
+            column("dataset", &DataType::Utf8, "a string", |t| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View))?;
+        let weight = column("weight", &DataType::Float64, "a number", DataType::is_numeric)?;
         for row in 0..batch.num_rows() {
             if episode.is_null(row) {
                 return Err(invalid(name, "the query returned a null `episode_index`"));
@@ -65,7 +76,10 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
                 None => datasets[0].name.clone(),
             };
             if let Some(w) = &weight {
-                let w = if w.is_null(row) { 1.0 } else { w.as_primitive::<Float64Type>().value(row) };
+                if w.is_null(row) {
+                    return Err(invalid(name, format!("dataset `{ds}`: the query returned a null `weight`")));
+                }
+                let w = w.as_primitive::<Float64Type>().value(row);
                 if !(w.is_finite() && w > 0.0) {
                     return Err(invalid(name, format!("dataset `{ds}`: weight {w} is not a positive finite number")));
                 }

@@ -238,7 +238,7 @@ impl LoaderDataset {
                     _ => ranges.push((s.from_index, s.from_index + s.len as i64)),
                 }
             }
-            let shown: Vec<String> = ranges.iter().take(8).map(|(a, b)| format!("{a}..{b}")).collect();
+            let shown: Vec<String> = ranges.iter().take(8).map(|(a, b)| format!("{a} to {}", b - 1)).collect();
             let more = if ranges.len() > 8 { format!(" and {} more", ranges.len() - 8) } else { String::new() };
             Error::request(format!("{}: index {index} is not in any ingested episode (indices {}{more})", self.label, shown.join(", ")))
         })

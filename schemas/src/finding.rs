@@ -43,6 +43,8 @@ pub enum FindingKind {
     ShapeMismatch,
     /// An episode's rows disagree with its metadata (length, index range, frame indices).
     LengthMismatch,
+    /// A step's `task_index` has no row in the task table.
+    UnknownTask,
     /// The parquet `timestamp` differs from `frame_index / fps` by more than the tolerance.
     TimestampDrift,
     /// No video frame lies within the tolerance of a step's query time.
@@ -77,6 +79,7 @@ impl FindingKind {
             Self::SchemaMismatch => "schema-mismatch",
             Self::ShapeMismatch => "shape-mismatch",
             Self::LengthMismatch => "length-mismatch",
+            Self::UnknownTask => "unknown-task",
             Self::TimestampDrift => "timestamp-drift",
             Self::FrameUnresolved => "frame-unresolved",
             Self::FrameCountMismatch => "frame-count-mismatch",

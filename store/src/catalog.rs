@@ -157,25 +157,50 @@ impl Lake {
         &self.store
     }
 
-    /// The tables of `record` whose files are gone from the lake (no Lance version of them
-    /// left): a version damaged outside lake, which a re-ingest must replace, not keep.
+    /// The tables of `record` that cannot be read whole, with what is wrong: a table with no
+    /// Lance version left, or one whose latest version names a data file that is gone or has
+    /// another size than the one written. Such a version was damaged outside lake; a re-ingest
+    /// must replace it, not keep it, and queries leave it out.
     ///
     /// # Errors
     /// When the store cannot be listed.
-    pub async fn missing_tables(&self, record: &CommitRecord) -> Result<Vec<String>> {
-        let mut missing = Vec::new();
+    pub async fn damaged_tables(&self, record: &CommitRecord) -> Result<Vec<(String, String)>> {
+        let mut damaged = Vec::new();
         for table in &record.tables.tables {
-            let versions = Path::from(format!("{}/_versions", record.tables.path(table)));
-            let first = match self.store.list(Some(&versions)).try_next().await {
-                Ok(first) => first,
-                Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => return Err(Error::store(versions.to_string())(e)),
-            };
-            if first.is_none() {
-                missing.push(table.clone());
+            let path = record.tables.path(table);
+            if let Some(why) = self.table_damage(&path).await? {
+                damaged.push((table.clone(), why));
             }
         }
-        Ok(missing)
+        Ok(damaged)
+    }
+
+    /// What is wrong with the Lance table at `path` (relative to the root), if anything.
+    async fn table_damage(&self, path: &str) -> Result<Option<String>> {
+        let dataset = match lance::Dataset::open(&self.uri(path)).await {
+            Ok(dataset) => dataset,
+            Err(lance::Error::DatasetNotFound { .. }) => return Ok(Some("its files are missing".into())),
+            Err(e) => return Ok(Some(crate::lance_message(&e))),
+        };
+        let data = Path::from(format!("{path}/data"));
+        let sizes: BTreeMap<String, u64> = match self.store.list(Some(&data)).try_collect::<Vec<_>>().await {
+            Ok(objects) => objects.into_iter().filter_map(|o| Some((o.location.filename()?.to_string(), o.size))).collect(),
+            Err(object_store::Error::NotFound { .. }) => BTreeMap::new(),
+            Err(e) => return Err(Error::store(data.to_string())(e)),
+        };
+        for fragment in dataset.fragments().iter() {
+            for file in fragment.files.iter().filter(|f| f.base_id.is_none()) {
+                let written = file.file_size_bytes.get().map(u64::from);
+                match (sizes.get(&file.path), written) {
+                    (None, _) => return Ok(Some(format!("its data file data/{} is missing", file.path))),
+                    (Some(&size), Some(written)) if size != written => {
+                        return Ok(Some(format!("its data file data/{} has {size} bytes, {written} were written", file.path)));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The latest version of every dataset, sorted by name.
@@ -420,14 +445,24 @@ impl Lake {
     /// Starts writing a new version of `name`: reserves a fresh directory and records a lease.
     ///
     /// # Errors
-    /// When the name is not valid or a view's, or the lease cannot be written.
+    /// When the name is not valid or a view's (also a dropped view's), or the lease cannot be
+    /// written.
     pub async fn begin(&self, name: &str) -> Result<PendingVersion> {
         validate_name(name)?;
-        if self.view(name).await?.is_some() {
-            return Err(Error::View {
-                name: name.to_string(),
-                message: "is a view; a dataset cannot take its name (choose another with --name, or `lake view drop` it)".into(),
-            });
+        // A view's name stays a view's after a drop: its versions stay readable as NAME@N for
+        // the runs that pinned them, so NAME@N must never come to mean a dataset's version.
+        if !self.view_paths(name).await?.is_empty() {
+            let message = if self.view(name).await?.is_some() {
+                "is a view; a dataset cannot take its name (choose another with --name)".to_string()
+            } else {
+                let kept: Vec<String> = self.view_versions(name).await?.iter().map(|v| format!("{name}@{}", v.version)).collect();
+                format!(
+                    "was a view, dropped, whose versions stay readable ({}) for the runs that pinned them; a dataset cannot \
+                     take its name (choose another with --name)",
+                    kept.join(", ")
+                )
+            };
+            return Err(Error::View { name: name.to_string(), message });
         }
         let id = format!("{}-{}", Utc::now().format("%Y%m%dT%H%M%S"), &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let dir = format!("{DATASETS}/{name}/{id}");
@@ -964,6 +999,8 @@ mod lifecycle_tests {
         assert!(lake.view_version("old", 3).await.unwrap().is_none(), "a drop is no version of the view");
         assert_eq!(lake.view_versions("old").await.unwrap().iter().map(|v| v.version).collect::<Vec<_>>(), [1, 2]);
         assert!(lake.drop_view("old").await.is_err());
+        let refused = lake.begin("old").await.unwrap_err().to_string();
+        assert!(refused.contains("was a view, dropped, whose versions stay readable (old@1, old@2)"), "{refused}");
         assert_eq!(lake.put_view(&view("old", "q4"), false).await.unwrap(), 4);
         assert_eq!(lake.put_view(&view("new", "q"), false).await.unwrap(), 1);
         let names: Vec<_> = lake.views().await.unwrap().into_iter().map(|v| (v.name, v.version)).collect();

@@ -184,6 +184,13 @@ fn wrong_feature_shape() {
 }
 
 #[test]
+fn a_declared_dtype_that_cannot_hold_the_values() {
+    let (_t, root, src) = setup("v30-h264-multifile");
+    edit_info(&src, |meta| meta["features"]["action"]["dtype"] = "int64".into());
+    refused(&root, &src, 1, &["data/chunk-000/file-000.parquet", "action", "schema-mismatch", "which int64"]);
+}
+
+#[test]
 fn timestamps_drifting_beyond_tolerance() {
     let (_t, root, src) = setup("v30-av1-small");
     // Episode 2's timestamps drift by 0.5 ms per frame from where its video frames are.

@@ -319,7 +319,52 @@ fn real_lingzu_mpeg4_gop12_missing_videos() {
 
 #[test]
 fn real_g1_v21_av1_missing_videos() {
-    let _ = check_dataset(&shared_dir().join("lerobot-real/g1-pick-bottle-v21"), &["--skip-bad-episodes"], &[1, 2, 4, 5]);
+    let src = shared_dir().join("lerobot-real/g1-pick-bottle-v21");
+    let tmp = check_dataset(&src, &["--skip-bad-episodes"], &[1, 2, 4, 5]);
+    let root = tmp.path().join("lake");
+
+    // The source keeps camera statistics per episode only (v2.1): `lake stats` aggregates those
+    // of the ingested episodes, as LeRobot does when it loads the dataset.
+    let kept: Vec<i64> = crate::common::sql_rows(&root, "SELECT episode_index FROM \"g1-pick-bottle-v21\".episodes")
+        .iter()
+        .map(|r| crate::common::num(r, "episode_index") as i64)
+        .collect();
+    let (mut count, mut weighted_mean) = (0.0, 0.0);
+    for line in std::fs::read_to_string(src.join("meta/episodes_stats.jsonl")).expect("episodes_stats").lines() {
+        let row: serde_json::Value = serde_json::from_str(line).expect("json line");
+        if kept.contains(&row["episode_index"].as_i64().expect("episode")) {
+            let cam = &row["stats"]["observation.images.cam_high"];
+            let n = cam["count"][0].as_f64().expect("count");
+            count += n;
+            weighted_mean += n * cam["mean"][0][0][0].as_f64().expect("mean");
+        }
+    }
+    let run = crate::common::lake(&root, &["stats", "g1-pick-bottle-v21"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let stats: serde_json::Value = serde_json::from_str(&run.stdout).expect("stats.json");
+    let cam = &stats["observation.images.cam_high"];
+    assert_eq!(cam["count"][0].as_f64(), Some(count), "{cam}");
+    let mean = cam["mean"][0][0][0].as_f64().expect("mean");
+    assert!((mean - weighted_mean / count).abs() < 1e-12, "{mean} vs {}", weighted_mean / count);
+    for stat in ["min", "max", "std"] {
+        assert_eq!(cam[stat].as_array().map(Vec::len), Some(3), "{stat}: per channel, [3, 1, 1]: {cam}");
+    }
+
+    // Without its per-episode statistics the dataset still ingests, with a warning that says
+    // what LeRobot will make of it.
+    let copy = tmp.path().join("g1-no-stats");
+    lake_testkit::copy_dir(&src, &copy);
+    std::fs::remove_file(copy.join("meta/episodes_stats.jsonl")).expect("remove");
+    let run = crate::common::lake(&root, &["ingest", copy.to_str().expect("utf-8"), "--skip-bad-episodes", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    let findings = out["report"]["findings"].as_array().expect("findings");
+    assert!(
+        findings.iter().any(|f| f["severity"] == "warning"
+            && f["file"] == "meta/episodes_stats.jsonl"
+            && f["message"].as_str().is_some_and(|m| m.contains("LeRobot cannot load this v2.1 dataset"))),
+        "{findings:#?}"
+    );
 }
 
 #[test]

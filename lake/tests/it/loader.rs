@@ -164,7 +164,7 @@ fn bad_sample_requests_are_refused_clearly() {
     let out = tmp.path().join("x.arrow");
     let out = out.to_str().expect("utf-8");
     for (args, message) in [
-        (vec!["--indices", "60"], "index 60 is not in any ingested episode (indices 0..60)"),
+        (vec!["--indices", "60"], "index 60 is not in any ingested episode (indices 0 to 59)"),
         (vec!["--indices", "1", "--delta-timestamps", r#"{"action": [0.01]}"#], "not a multiple of 1/30"),
         (vec!["--indices", "1", "--delta-timestamps", r#"{"nope": [0.0]}"#], "`nope` is not a feature"),
         (vec!["--indices", "1", "--preset", "pi0"], "unknown preset `pi0`"),

@@ -9,6 +9,7 @@ use std::{
     process::Stdio,
 };
 
+use arrow::array::{Array, AsArray};
 use lake_testkit::testdata;
 use serde_json::Value;
 
@@ -133,6 +134,17 @@ fn every_output_format_writes_the_same_rows() {
     assert_eq!(run.code, 0, "{run:#?}");
     let batches = lake_testkit::read_parquet(&parquet_file);
     assert_eq!(crate::common::ints(&batches, "episode_index"), want.iter().map(|w| w.0).collect::<Vec<_>>(), "parquet");
+
+    // A vector column that may be null is written as a variable-size list (readable by pyarrow).
+    let vectors = tmp.path().join("vectors.parquet");
+    let query = "SELECT index, CASE WHEN index = 0 THEN NULL ELSE action END AS a FROM \"v30-av1-small\".steps ORDER BY index LIMIT 2";
+    let run = lake(&root, &["sql", "--output", vectors.to_str().expect("utf-8"), query]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let batches = lake_testkit::read_parquet(&vectors);
+    let a = batches[0].column_by_name("a").expect("a");
+    assert!(matches!(a.data_type(), arrow::datatypes::DataType::List(_)), "{:?}", a.data_type());
+    let a = a.as_list::<i32>();
+    assert!(a.is_null(0) && a.value(1).len() == 6, "{a:?}");
 }
 
 #[test]
@@ -225,6 +237,13 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
         ("noepisode", "SELECT dataset FROM episodes", "`episode_index`"),
         ("ghost", "SELECT 'v30-av1-small' AS dataset, 99 AS episode_index", "has no episode 99"),
         ("long", "SELECT dataset, episode_index FROM episodes", "already exists"),
+        (
+            "textweight",
+            "SELECT dataset, episode_index, 'heavy' AS weight FROM episodes",
+            "`weight` must be a number, the query returns Utf8",
+        ),
+        ("nullweight", "SELECT dataset, episode_index, CAST(NULL AS DOUBLE) AS weight FROM episodes", "returned a null `weight`"),
+        ("textepisode", "SELECT dataset, 'x' AS episode_index FROM episodes", "`episode_index` must be an integer"),
     ] {
         let run = lake(&root, &["view", "create", name, query]);
         assert_eq!(run.code, 2, "{name}: {run:#?}");
