@@ -299,11 +299,6 @@ fn dataset_schema(tables: &[(&'static str, LogicalPlan)]) -> Result<Arc<MemorySc
 /// Opens the tables of one version and returns, per table, a plan that renames stored columns to
 /// their LeRobot keys.
 async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<Vec<(&'static str, LogicalPlan)>> {
-    // A table whose files were removed or damaged outside lake would fail every query that
-    // stacks it, other datasets' included.
-    if let Some((table, why)) = lake.damaged_tables(record).await?.into_iter().next() {
-        return Err(Error::Storage(format!("table {}: {why}", record.tables.path(&table))));
-    }
     let mut out = Vec::new();
     // Ingest's tables, and derived ones a later command added beside the version.
     let present =
@@ -312,6 +307,11 @@ async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<Vec<(&'stati
         let path = record.tables.path(table);
         let dataset =
             Dataset::open(&lake.uri(&path)).await.map_err(|source| Error::Open { table: path.clone(), error: Box::new(source) })?;
+        // A data file removed or damaged outside lake would fail every query that stacks the
+        // table, other datasets' included.
+        if let Some(why) = lake.data_file_damage(&path, &dataset).await? {
+            return Err(Error::Storage(format!("table {path}: {why}")));
+        }
         let lance = Arc::new(LanceTableProvider::new(Arc::new(dataset), false, false));
         let stored = lance.schema();
         let provider = Arc::new(PlainTable::new(lance));

@@ -182,6 +182,16 @@ impl Lake {
             Err(lance::Error::DatasetNotFound { .. }) => return Ok(Some("its files are missing".into())),
             Err(e) => return Ok(Some(crate::lance_message(&e))),
         };
+        self.data_file_damage(path, &dataset).await
+    }
+
+    /// What is wrong with the data files of `dataset`, the Lance table at `path` (relative to
+    /// the root), opened: a file its latest version names that is gone, or has another size than
+    /// the one written.
+    ///
+    /// # Errors
+    /// When the store cannot be listed.
+    pub async fn data_file_damage(&self, path: &str, dataset: &lance::Dataset) -> Result<Option<String>> {
         let data = Path::from(format!("{path}/data"));
         let sizes: BTreeMap<String, u64> = match self.store.list(Some(&data)).try_collect::<Vec<_>>().await {
             Ok(objects) => objects.into_iter().filter_map(|o| Some((o.location.filename()?.to_string(), o.size))).collect(),

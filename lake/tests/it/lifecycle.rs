@@ -1,6 +1,7 @@
 //! Versions, idempotence, many datasets in one lake, and interrupted ingests.
 
 use std::{
+    io::Write,
     path::Path,
     process::Stdio,
     time::{Duration, Instant},
@@ -98,6 +99,12 @@ fn a_version_whose_tables_were_lost_says_so_and_a_reingest_replaces_it() {
     assert!(sql.stderr.contains("v30-images-tiny@2 cannot be read") && sql.stderr.contains("is missing"), "{}", sql.stderr);
     let third = ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
     assert!(third.stdout.contains("v30-images-tiny@3") && third.stdout.contains("steps (its data file data/"), "{third:#?}");
+    // A data file of another size than the one written (overwritten, truncated) counts too.
+    let data = latest_dir(&root, "v30-images-tiny").join("episodes.lance/data");
+    let file = std::fs::read_dir(&data).expect("data dir").next().expect("a data file").expect("entry").path();
+    std::fs::OpenOptions::new().append(true).open(&file).expect("open").write_all(b"x").expect("append");
+    let sql = lake(&root, &["sql", "SELECT count(*) FROM episodes"]);
+    assert!(sql.stderr.contains("v30-images-tiny@3 cannot be read") && sql.stderr.contains("were written"), "{}", sql.stderr);
 }
 
 /// The directory of a dataset's latest version, from its commit record.
