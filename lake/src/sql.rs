@@ -175,6 +175,28 @@ impl LakeSql {
         self
     }
 
+    /// Makes the tables that span every dataset (`steps`, `episodes`, …) refuse to answer
+    /// while a dataset cannot be read, instead of answering without it: what a server does,
+    /// whose clients see no warning. Per-dataset tables of the readable datasets still answer.
+    ///
+    /// # Errors
+    /// When the session's tables cannot be replaced.
+    pub async fn whole_answers_only(self) -> Result<Self> {
+        if self.unreadable.is_empty() {
+            return Ok(self);
+        }
+        let names: Vec<String> = self.unreadable.iter().map(|(spec, why)| format!("dataset {spec} ({why})")).collect();
+        let why = format!("{} cannot be read, and an answer over every dataset would leave it out", names.join("; "));
+        let public = self.ctx.catalog(CATALOG).and_then(|c| c.schema(SCHEMA)).expect("the default schema exists");
+        for table in DATASET_TABLES {
+            let Some(stacked) = public.table(table).await.map_err(query_error)? else { continue };
+            let incomplete = Incomplete { schema: stacked.schema(), why: why.clone() };
+            public.deregister_table(table).map_err(query_error)?;
+            public.register_table(table.to_string(), Arc::new(incomplete)).map_err(query_error)?;
+        }
+        Ok(self)
+    }
+
     /// The DataFusion session (for serving it over Flight SQL).
     pub fn context(&self) -> &SessionContext {
         &self.ctx
@@ -539,6 +561,35 @@ impl TableProvider for PlainTable {
     }
 }
 
+/// A table spanning every dataset while one of them cannot be read
+/// ([`LakeSql::whole_answers_only`]): planning a scan of it fails with why.
+#[derive(Debug)]
+struct Incomplete {
+    schema: SchemaRef,
+    why: String,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for Incomplete {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        _: &dyn Session,
+        _: Option<&Vec<usize>>,
+        _: &[Expr],
+        _: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Err(datafusion::error::DataFusionError::External(self.why.clone().into()))
+    }
+}
+
 /// Passes its input's batches on under the input's schema without metadata.
 #[derive(Debug)]
 struct PlainExec {
@@ -628,12 +679,18 @@ pub fn flat_for_csv(batch: &RecordBatch) -> std::result::Result<RecordBatch, arr
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
+/// The nice value of the threads `LakeSql::stream_apart` runs queries on (higher is lower
+/// priority): below the threads that decode and serve samples.
+const SQL_NICE: libc::c_int = 10;
+
 impl LakeSql {
     /// [`LakeSql::stream`] on a thread of its own, ended with an error at `deadline`. A query
     /// computes on the CPU without yielding for long stretches: on the server's runtime it
     /// would hold up every request there, and no timer could stop it. Here the server goes on
     /// serving, the answer ends at the deadline, and the query stops at its next yield once its
-    /// answer is dropped (a client that goes away, or the deadline).
+    /// answer is dropped (a client that goes away, or the deadline). The thread runs at a
+    /// lower priority than the rest of the server (nice 10), so that queries share what
+    /// sampling leaves.
     ///
     /// # Errors
     /// As [`LakeSql::stream`]; [`Error::Query`] when planning runs past the deadline.
@@ -649,6 +706,12 @@ impl LakeSql {
         std::thread::Builder::new()
             .name("lake-sql".into())
             .spawn(move || {
+                // Below the threads that serve samples: a trainer waiting for a batch goes first.
+                // SAFETY: setpriority on this thread's own id (Linux's per-thread nice value).
+                #[cfg(target_os = "linux")]
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, SQL_NICE);
+                }
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
                     Err(e) => {
@@ -656,8 +719,16 @@ impl LakeSql {
                         return;
                     }
                 };
+                // The query stops as soon as its answer is dropped (the deadline, or a client
+                // that went away), not only when its next batch finds nobody to take it:
+                // dropping the stream stops DataFusion's tasks at their next yield.
                 runtime.block_on(async move {
-                    let mut stream = match self.stream(&query).await {
+                    let mut first_tx = first_tx;
+                    let planned = tokio::select! {
+                        planned = self.stream(&query) => planned,
+                        () = first_tx.closed() => return,
+                    };
+                    let mut stream = match planned {
                         Ok(stream) => stream,
                         Err(e) => {
                             let _ = first_tx.send(Err(e));
@@ -667,7 +738,12 @@ impl LakeSql {
                     if first_tx.send(Ok(stream.schema())).is_err() {
                         return;
                     }
-                    while let Some(item) = stream.next().await {
+                    loop {
+                        let item = tokio::select! {
+                            item = stream.next() => item,
+                            () = tx.closed() => None,
+                        };
+                        let Some(item) = item else { break };
                         if tx.send(item).await.is_err() {
                             break;
                         }

@@ -178,8 +178,7 @@ impl LoaderDataset {
         if let Some(size) = frame_size {
             if frames_table.is_none() {
                 return Err(Error::request(format!(
-                    "{label}: no frame table of {size} frames: make one with `lake cache {} --size {size}`",
-                    record.name
+                    "{label}: no frame table of {size} frames: make one with `lake cache {label} --size {size}`"
                 )));
             }
             for camera in &mut cameras {

@@ -177,9 +177,18 @@ impl Order {
             let epoch_len = sources[0].eligible.len();
             return Ok(Self { seed, sources, quotas: vec![], epoch_len });
         }
-        let total_weight: f64 = sources.iter().map(|s| s.weight).sum();
-        let exact: Vec<f64> = sources.iter().map(|s| s.weight / total_weight * MIX_BLOCK as f64).collect();
+        // Relative to the largest weight first, so that the total stays finite whatever the
+        // weights (two of 1e308 add up to infinity).
+        let largest = sources.iter().map(|s| s.weight).fold(0.0, f64::max);
+        let relative: Vec<f64> = sources.iter().map(|s| s.weight / largest).collect();
+        let total_weight: f64 = relative.iter().sum();
+        let exact: Vec<f64> = relative.iter().map(|w| w / total_weight * MIX_BLOCK as f64).collect();
         let mut quotas: Vec<u64> = exact.iter().map(|x| x.floor() as u64).collect();
+        // Rounding may leave the floors a unit over the block; the largest quota gives it back.
+        while quotas.iter().sum::<u64>() > MIX_BLOCK {
+            let top = (0..quotas.len()).max_by_key(|&i| quotas[i]).expect("a source");
+            quotas[top] -= 1;
+        }
         let mut short = MIX_BLOCK - quotas.iter().sum::<u64>();
         let mut by_remainder: Vec<usize> = (0..sources.len()).collect();
         by_remainder.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
@@ -408,6 +417,18 @@ mod tests {
         assert_eq!(s.steps_per_epoch(n), 16);
         assert_eq!(s.positions(n, 15), 123..123);
         assert_eq!(Sharding { rank: 0, ..s }.positions(n, 15), 120..123);
+    }
+
+    #[test]
+    fn weights_only_matter_relative_to_each_other_even_near_the_largest_float() {
+        let make = |weights: [f64; 2]| {
+            let sources = weights.map(|weight| Source { eligible: Eligible::new([(0, 100)], 0, 0), weight });
+            Order::new(5, sources.into()).unwrap()
+        };
+        let (huge, plain) = (make([1e308, 1e308]), make([1.0, 1.0]));
+        assert!((0..2).all(|epoch| (0..plain.epoch_len()).all(|p| huge.draw(epoch, p) == plain.draw(epoch, p))));
+        let tiny = make([1e-300, 3e-300]);
+        assert_eq!(tiny.quotas, make([1.0, 3.0]).quotas);
     }
 
     #[test]

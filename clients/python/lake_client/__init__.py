@@ -109,10 +109,13 @@ class LakeClient:
     def datasets(self) -> List[Dict[str, Any]]:
         """The datasets the server offers: name, latest version and step count."""
         out = []
-        for info in self._client.list_flights(options=self._options):
-            request = json.loads(info.descriptor.command)
-            name, _, version = request["datasets"][0].partition("@")
-            out.append({"name": name, "version": int(version) if version else None, "steps": info.total_records})
+        try:
+            for info in self._client.list_flights(options=self._options):
+                request = json.loads(info.descriptor.command)
+                name, _, version = request["datasets"][0].partition("@")
+                out.append({"name": name, "version": int(version) if version else None, "steps": info.total_records})
+        except pa.ArrowException as e:
+            raise _lake_error(e) from e
         return out
 
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -128,14 +131,20 @@ class LakeClient:
         return {"schema": info.schema, "ticket": info.endpoints[0].ticket, **shape}
 
     def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
-        """The request's batches, in order (one record batch per training batch)."""
+        """The request's batches, in order (one record batch per training batch). Closing the
+        iterator early (or dropping it) cancels the stream, so the server stops preparing it."""
         ticket = flight.Ticket(json.dumps(request).encode())
+        reader = None
         try:
             reader = self._client.do_get(ticket, self._options)
             for chunk in reader:
                 yield chunk.data
+            reader = None
         except pa.ArrowException as e:
             raise _lake_error(e) from e
+        finally:
+            if reader is not None:
+                reader.cancel()
 
 
 class LakeError(Exception):
@@ -157,7 +166,11 @@ def _lake_error(e: Exception) -> LakeError:
     if "with message: " in text:
         text = text.split("with message: ", 1)[1]
     text = text.split(". gRPC client debug context", 1)[0].split(". Client context:", 1)[0]
-    if isinstance(e, pa.ArrowInvalid):
+    # pyarrow raises RESOURCE_EXHAUSTED as an ArrowInvalid ("gRPC returned resource exhausted
+    # error"), so it is told apart by its text before the type says "bad request".
+    if "resource exhausted" in str(e).lower() or "RESOURCE_EXHAUSTED" in str(e):
+        code = "busy"
+    elif isinstance(e, pa.ArrowInvalid):
         code = "bad_request"
     elif isinstance(e, pa.ArrowKeyError):
         code = "not_found"
@@ -165,8 +178,6 @@ def _lake_error(e: Exception) -> LakeError:
         code = "unauthorized"
     elif isinstance(e, flight.FlightUnavailableError):
         code = "unavailable"
-    elif "resource exhausted" in str(e).lower() or "RESOURCE_EXHAUSTED" in str(e):
-        code = "busy"
     else:
         code = "internal"
     return LakeError(code, text)
@@ -537,7 +548,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     def _pin(self, source, info: Dict[str, Any]) -> Dict[str, Any]:
         """From now on (later epochs, a resume from state_dict) the versions `info` planned, the
         same on every rank (a server that does not pin sends none); returns the plan for them."""
-        request = self._full_request()
+        request = self._plan_request()
         pinned = _agreed(info.get("datasets", request["datasets"]))
         if pinned != info.get("datasets", request["datasets"]):
             info = source.info({**request, "datasets": pinned})
@@ -555,11 +566,16 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         forks safely. Does nothing once pinned (a loaded state pins too)."""
         if not self._pinned:
             source = self._source()
-            self._pin(source, source.info(self._full_request()))
+            self._pin(source, source.info(self._plan_request()))
         return list(self.request["datasets"])
 
     def _full_request(self) -> Dict[str, Any]:
         return {**self.request, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch, "start_step": self.step}
+
+    def _plan_request(self) -> Dict[str, Any]:
+        """The request whose plan (schema, epoch shape, versions) is asked for: from the
+        epoch's first step, so that a cursor past the epoch is told apart here, by what it is."""
+        return {**self._full_request(), "start_step": 0}
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         worker, workers = _worker()
@@ -592,7 +608,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             )
         source = self._source()
         request = self._full_request()
-        info = source.info(request)
+        info = source.info(self._plan_request())
         if not self._pinned:
             info = self._pin(source, info)
             request["datasets"] = self.request["datasets"]

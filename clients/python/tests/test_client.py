@@ -130,6 +130,25 @@ class LocalStreams(unittest.TestCase):
         with self.assertRaises(LakeError) as refused:
             LakeClient(LOCATION, "wrong").info(request)
         self.assertEqual(refused.exception.code, "unauthorized")
+        with self.assertRaises(LakeError) as refused:
+            LakeClient(LOCATION, None).datasets()
+        self.assertEqual(refused.exception.code, "unauthorized")
+        # A reader cut short cancels its stream; the server then serves the next one as usual.
+        endless = LakeClient(LOCATION, TOKEN).batches({"datasets": [DATASET], "batch_size": 4})
+        self.assertEqual(next(endless).num_rows, 4)
+        endless.close()
+        self.assertEqual(len(list(LakeClient(LOCATION, TOKEN).batches({**request, "limit_batches": 1}))), 1)
+
+    def test_a_full_server_is_busy_not_a_bad_request(self):
+        # pyarrow raises gRPC's RESOURCE_EXHAUSTED (a server whose memory budget is taken) as
+        # an ArrowInvalid; the client says busy, which a trainer retries.
+        from lake_client import _lake_error
+
+        e = _lake_error(pa.ArrowInvalid(
+            "gRPC returned resource exhausted error, with message: the server's memory budget is taken. "
+            "gRPC client debug context: UNKNOWN:Error received from peer"))
+        self.assertEqual((e.code, e.message), ("busy", "the server's memory budget is taken"))
+        self.assertEqual(_lake_error(pa.ArrowInvalid("Flight returned invalid argument error, with message: bad")).code, "bad_request")
 
     def test_a_stream_whose_slots_are_all_held_says_so(self):
         import lake_client

@@ -35,8 +35,9 @@ pub const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
 const ALIGN: usize = 64;
 static PADDING: [u8; ALIGN] = [0; ALIGN];
 
-/// Largest ticket accepted.
-const MAX_TICKET: usize = 1 << 20;
+/// Largest ticket accepted: twice the largest request, as a ticket is a request with its
+/// defaults and dataset versions filled in.
+const MAX_TICKET: usize = 2 * super::MAX_REQUEST_BYTES;
 
 /// The gRPC response frames of a `DoGet`.
 type Frames = std::pin::Pin<Box<dyn Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>>;
@@ -61,8 +62,12 @@ async fn answer(flight: &LakeFlight, request: axum::extract::Request) -> Result<
     if parts.headers.get("grpc-encoding").is_some_and(|e| e.as_bytes() != b"identity") {
         return Err(Status::unimplemented("compressed requests are not accepted"));
     }
-    let bytes =
-        axum::body::to_bytes(body, MAX_TICKET + 5).await.map_err(|e| Status::invalid_argument(format!("reading the ticket: {e}")))?;
+    let bytes = axum::body::to_bytes(body, MAX_TICKET + 5).await.map_err(|e| match std::error::Error::source(&e) {
+        Some(cause) if cause.is::<http_body_util::LengthLimitError>() => {
+            Status::invalid_argument(format!("the ticket is over the {} MiB limit", MAX_TICKET >> 20))
+        }
+        _ => Status::invalid_argument(format!("reading the ticket: {e}")),
+    })?;
     let ticket = match bytes.as_ref() {
         [0, a, b, c, d, message @ ..] if message.len() == u32::from_be_bytes([*a, *b, *c, *d]) as usize => {
             Ticket::decode(message).map_err(|e| Status::invalid_argument(format!("the ticket is not a Flight Ticket: {e}")))?

@@ -34,6 +34,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/datasets/{name}", get(dataset))
         .route("/v1/sample", post(sample))
         .route("/v1/sql", post(sql))
+        .layer(axum::extract::DefaultBodyLimit::max(super::MAX_REQUEST_BYTES))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(service.clone(), auth));
     Router::new()
@@ -394,6 +395,7 @@ async fn sample(
     body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Refused> {
     negotiate(&headers, "/v1/sample", &[Answer::Arrow]).inspect_err(|_| service.count_bad())?;
+    json_content(&headers).inspect_err(|_| service.count_bad())?;
     let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
     let request = service.parse_request(&body)?;
     // The plan, as Flight's GetFlightInfo gives it: the epoch's shape a client keeps its
@@ -412,6 +414,21 @@ async fn sample(
     Ok(response)
 }
 
+/// A JSON body, by its `Content-Type`: `application/json` or a `+json` type (parameters such
+/// as `charset` aside); a request without one is read as JSON too. Anything else (curl's `-d`
+/// alone sends a form) is a 415 that says what to send.
+fn json_content(headers: &HeaderMap) -> Result<(), Refused> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else { return Ok(()) };
+    let media = value.to_str().unwrap_or_default().split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    if media == "application/json" || (media.starts_with("application/") && media.ends_with("+json")) {
+        return Ok(());
+    }
+    Err(Refused(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!("the body is a JSON sampling request: send it as `Content-Type: application/json`, not `{media}`"),
+    ))
+}
+
 async fn sql(
     State(service): State<Arc<Service>>,
     headers: HeaderMap,
@@ -424,7 +441,7 @@ async fn sql(
 
 async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Result<Response, Error> {
     let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
-    let session = LakeSql::open(service.lake()).await?.read_only();
+    let session = LakeSql::open(service.lake()).await?.read_only().whole_answers_only().await?;
     let mut stream = service.sql_stream(session, query).await?;
     let schema = stream.schema();
     // Most errors of a running query come with its first batch: those are still a 400. One
@@ -502,7 +519,7 @@ fn paths_and_schemas(
             "schemas": {
                 "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
                 "SampleRequest": {"type": "object", "required": ["datasets"], "additionalProperties": false, "properties": {
-                    "datasets": {"type": "array", "minItems": 1, "items": dataset_entry,
+                    "datasets": {"type": "array", "minItems": 1, "maxItems": super::MAX_DATASETS, "items": dataset_entry,
                                  "description": "datasets or views to sample from; more than one is a mixture by weight"},
                     "preset": {"type": "string", "enum": ["act", "diffusion", "none"], "default": "none",
                                "description": "window preset; ignored when delta_timestamps is given"},
@@ -554,6 +571,7 @@ fn paths_and_schemas(
             "/v1/sample": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
                 "responses": {"200": sample_stream, "400": error("not a valid request for the lake"), "401": unauthorized,
                     "404": error("no such dataset, version or view"), "406": error("the Accept header takes no Arrow stream"),
+                    "415": error("the Content-Type is not JSON (a request without one is read as JSON)"),
                     "503": error("the memory budget has no room for another stream now (retry after the Retry-After seconds)")}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
                 "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`)",

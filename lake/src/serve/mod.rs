@@ -103,6 +103,15 @@ fn default_preset() -> String {
 
 /// Most samples per rank's batch a request may ask for.
 pub const MAX_BATCH_SIZE: u64 = 1 << 20;
+
+/// Most entries of a request's `datasets` (each is planned and opened apart: a mixture of
+/// thousands would cost seconds of server CPU to plan).
+pub const MAX_DATASETS: usize = 256;
+
+/// Largest sampling request (JSON), on every transport: an HTTP body, a Flight descriptor's
+/// command. A ticket may be up to twice as large (it is the request with its defaults and
+/// dataset versions filled in).
+pub const MAX_REQUEST_BYTES: usize = 2 << 20;
 /// Most ranks a request may name.
 pub const MAX_WORLD_SIZE: u64 = 1 << 16;
 
@@ -235,6 +244,12 @@ impl SampleRequest {
     fn check(&self) -> Result<()> {
         if self.datasets.is_empty() {
             return Err(Error::Invalid("the request names no dataset".into()));
+        }
+        if self.datasets.len() > MAX_DATASETS {
+            return Err(Error::Invalid(format!(
+                "the request names {} datasets; a mixture may have at most {MAX_DATASETS} (a view selects episodes of many)",
+                self.datasets.len()
+            )));
         }
         for d in &self.datasets {
             let (name, weight) = match d {
@@ -707,15 +722,30 @@ impl Service {
     /// When the request is not valid for the lake.
     pub async fn describe(&self, request: &SampleRequest) -> Result<Plan> {
         let prepared = self.prepare(request).await.inspect_err(|e| self.count_refusal(e))?;
-        let global = request.batch_size * request.world_size;
-        let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last)?;
         let epoch_len = prepared.order.epoch_len();
-        Ok(Plan {
-            datasets: prepared.datasets.clone(),
-            schema: prepared.loader.schema(),
-            epoch_len,
-            steps_per_epoch: sharding.steps_per_epoch(epoch_len),
-        })
+        let (_, steps_per_epoch) = self.steps_of(request, epoch_len)?;
+        Ok(Plan { datasets: prepared.datasets.clone(), schema: prepared.loader.schema(), epoch_len, steps_per_epoch })
+    }
+
+    /// The request's sharding and steps per epoch over `epoch_len` positions, refusing (and
+    /// counting) a global batch larger than the epoch or a start past its last step: what a
+    /// plan promises, its stream must be able to keep.
+    fn steps_of(&self, request: &SampleRequest, epoch_len: u64) -> Result<(Sharding, u64)> {
+        let global = request.batch_size * request.world_size;
+        let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last).inspect_err(|_| self.count_bad())?;
+        let steps = sharding.steps_per_epoch(epoch_len);
+        if steps == 0 {
+            self.count_bad();
+            return Err(Error::Invalid(format!("the global batch of {global} is larger than the {epoch_len} eligible steps")));
+        }
+        if request.start_step >= steps {
+            self.count_bad();
+            return Err(Error::Invalid(format!(
+                "start_step {} is past the epoch's last step ({steps} steps of {global} samples per epoch: 0..{steps})",
+                request.start_step
+            )));
+        }
+        Ok((sharding, steps))
     }
 
     /// Runs `query` in `session` on a thread of its own, as a stream that ends with an error
@@ -734,6 +764,10 @@ impl Service {
     /// # Errors
     /// [`Error::Invalid`] naming the field and position.
     pub fn parse_request(&self, bytes: &[u8]) -> Result<SampleRequest> {
+        if bytes.len() > MAX_REQUEST_BYTES {
+            self.count_bad();
+            return Err(Error::Invalid(format!("the sampling request is {} bytes, over the 2 MiB limit", bytes.len())));
+        }
         SampleRequest::from_json(bytes).inspect_err(|_| self.count_bad())
     }
 
@@ -776,23 +810,7 @@ impl Service {
     /// As [`Service::batches`].
     pub async fn batches_held(self: &Arc<Self>, request: &SampleRequest, footprint: Footprint) -> Result<(SchemaRef, Batches)> {
         let prepared = self.prepare(request).await.inspect_err(|e| self.count_refusal(e))?;
-        let global = request.batch_size * request.world_size;
-        let sharding = Sharding::new(global, request.rank, request.world_size, request.drop_last).inspect_err(|_| self.count_bad())?;
-        let steps = sharding.steps_per_epoch(prepared.order.epoch_len());
-        if steps == 0 {
-            self.count_bad();
-            return Err(Error::Invalid(format!(
-                "the global batch of {global} is larger than the {} eligible steps",
-                prepared.order.epoch_len()
-            )));
-        }
-        if request.start_step >= steps {
-            self.count_bad();
-            return Err(Error::Invalid(format!(
-                "start_step {} is past the epoch's last step ({} steps of {global} samples per epoch: 0..{steps})",
-                request.start_step, steps
-            )));
-        }
+        let (sharding, _) = self.steps_of(request, prepared.order.epoch_len())?;
         let schema = prepared.loader.schema();
         // What a stream costs (see `Footprint`): over gRPC / HTTP its send buffer keeps one
         // encoded batch for as long as the stream is open, and each batch it makes counts twice,

@@ -423,7 +423,7 @@ fn resized_frame_tables_serve_resized_samples() {
     let out = tmp.path().join("x.arrow");
     let out = out.to_str().expect("utf-8");
     for (extra, says) in [
-        (vec!["--frame-size", "32x32"], format!("no frame table of 32x32 frames: make one with `lake cache {name} --size 32x32`")),
+        (vec!["--frame-size", "32x32"], format!("no frame table of 32x32 frames: make one with `lake cache {name}@1 --size 32x32`")),
         (vec!["--frame-size", "64x48", "--frame-table", "off"], "come only from its frame table of that size".to_string()),
         (vec!["--frame-size", "64by48"], "expected WIDTHxHEIGHT".to_string()),
     ] {

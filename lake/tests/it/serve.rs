@@ -230,11 +230,29 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["v30-av1-small"], "episodes": [0.5]}), tonic::Code::InvalidArgument, "`episodes[0]`: invalid type: floating point"),
             (json!({"datasets": [{"name": "v30-av1-small", "weight": -1}]}), tonic::Code::InvalidArgument, "dataset `v30-av1-small`: the weight -1 is not"),
             (json!({"datasets": ["v30-av1-small"], "drop_n_first_frames": 1000}), tonic::Code::InvalidArgument, "v30-av1-small@1: no step is eligible"),
+            (json!({"datasets": ["v30-av1-small"], "start_step": 1_000_000_000}), tonic::Code::InvalidArgument, "past the epoch's last step"),
+            (json!({"datasets": ["v30-av1-small"], "batch_size": 1 << 20}), tonic::Code::InvalidArgument, "larger than the 600 eligible steps"),
+            (json!({"datasets": ["v30-av1-small"], "episodes": vec![0; 1 << 20]}), tonic::Code::InvalidArgument, "over the 2 MiB limit"),
+            (json!({"datasets": vec!["v30-av1-small"; 257]}), tonic::Code::InvalidArgument, "names 257 datasets; a mixture may have at most 256"),
         ] {
-            let e = over_flight(&mut client, &bad).await.expect_err("refused");
+            // Refused when planned: a plan never hands out a ticket its stream would refuse.
+            let e = client.get_flight_info(FlightDescriptor::new_cmd(bad.to_string())).await.map_err(status).expect_err("refused");
             assert_eq!(e.code(), code, "{bad}: {e:?}");
             assert!(e.message().contains(says), "{bad}: {}", e.message());
         }
+        let e = client.do_get(arrow_flight::Ticket::new(vec![b' '; 5 << 20])).await.map_err(status).expect_err("refused");
+        assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("the ticket is over the 4 MiB limit"), "{e:?}");
+        // A request near the limit gets a ticket its stream redeems.
+        let episodes = [0, 1, 2, 3, 4, 5].repeat(100_000);
+        let long = json!({"datasets": ["v30-av1-small"], "batch_size": 4, "limit_batches": 1, "episodes": episodes});
+        assert!(long.to_string().len() > 1 << 20);
+        assert_eq!(over_flight(&mut client, &long).await.expect("a long request").len(), 1);
+        // Weights only matter relative to each other, also near the largest float.
+        let huge = json!({"datasets": [{"name": "v30-av1-small", "weight": 1e308}, {"name": "v30-av1-small", "weight": 1e308}],
+            "batch_size": 4, "limit_batches": 1});
+        let plain = json!({"datasets": [{"name": "v30-av1-small", "weight": 1}, {"name": "v30-av1-small", "weight": 1}],
+            "batch_size": 4, "limit_batches": 1});
+        same_rows(&over_flight(&mut client, &huge).await.expect("huge weights"), &over_flight(&mut client, &plain).await.expect("plain"), "weights");
         // The Rust client gets the same batches.
         let remote = lake_loader::RemoteLoader::connect(&server.flight, Some(TOKEN.into())).await.expect("connect");
         let got: Vec<RecordBatch> = remote.stream(&request.to_string()).await.expect("stream").try_collect().await.expect("batches");
@@ -418,6 +436,10 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert!(error["error"].as_str().is_some_and(|e| e.contains("text/csv") && e.contains("application/xml")), "{error}");
     let (code, _) = http(&server.http, "POST", "/v1/sample", &[refused[0], ("Accept", "text/csv")], request.to_string().as_bytes());
     assert_eq!(code, 406, "samples are Arrow streams only");
+    let form = [refused[0], ("Content-Type", "application/x-www-form-urlencoded")];
+    let (code, body) = http(&server.http, "POST", "/v1/sample", &form, request.to_string().as_bytes());
+    assert_eq!(code, 415, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("Content-Type: application/json"), "{}", String::from_utf8_lossy(&body));
     let anything = [("Authorization", auth.as_str()), ("Accept", "application/*;q=0.5, */*;q=0.1")];
     let (code, body) = http(&server.http, "POST", "/v1/sql", &anything, query.as_bytes());
     assert_eq!((code, arrow_batches(&body).iter().map(RecordBatch::num_rows).sum::<usize>()), (200, 5), "a wildcard gets Arrow");
