@@ -68,14 +68,14 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 }
 
 fn start(root: &Path) -> Server {
-    start_with(root, &[])
+    start_with(root, &["--shutdown-wait", "2"])
 }
 
 /// [`start`] with more arguments for `lake serve`.
 fn start_with(root: &Path, args: &[&str]) -> Server {
     let local = root.with_file_name("serve.sock");
     let mut child = lake_cmd(root)
-        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--shutdown-wait", "2", "--local"])
+        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--local"])
         .arg(&local)
         .args(args)
         .env("LAKE_TOKENS", TOKEN)
@@ -579,7 +579,10 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
     let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--token-file", empty.to_str().expect("utf-8")]);
     assert!(run.code != 0 && run.stderr.contains("token 2") && run.stderr.contains("whitespace"), "{run:#?}");
 
-    let mut server = start(&root);
+    // The drain bound gives the Flight reader below time to take the batches sent before
+    // SIGTERM and the status after them, also on a loaded machine, before the stalled HTTP
+    // client is cut.
+    let mut server = start_with(&root, &["--shutdown-wait", "10"]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let mut client = flight_client(&server).await;
@@ -906,7 +909,7 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
-    let server = start_with(&root, &["--sql-timeout", "1"]);
+    let server = start_with(&root, &["--sql-timeout", "1", "--shutdown-wait", "2"]);
     let auth = format!("Bearer {TOKEN}");
     let heavy = b"SELECT sum(a.value * b.value) FROM generate_series(1, 100000) a, generate_series(1, 100000) b";
     let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str()), ("Accept", "application/json")], heavy);
