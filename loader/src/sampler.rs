@@ -177,10 +177,13 @@ impl Order {
             let epoch_len = sources[0].eligible.len();
             return Ok(Self { seed, sources, quotas: vec![], epoch_len });
         }
-        // Relative to the largest weight first, so that the total stays finite whatever the
-        // weights (two of 1e308 add up to infinity).
-        let largest = sources.iter().map(|s| s.weight).fold(0.0, f64::max);
-        let relative: Vec<f64> = sources.iter().map(|s| s.weight / largest).collect();
+        // Weights whose total overflows (two of 1e308) are taken relative to the largest first;
+        // any other mixture keeps the arithmetic (and so the order) it always had.
+        let mut relative: Vec<f64> = sources.iter().map(|s| s.weight).collect();
+        if !relative.iter().sum::<f64>().is_finite() {
+            let largest = relative.iter().copied().fold(0.0, f64::max);
+            relative.iter_mut().for_each(|w| *w /= largest);
+        }
         let total_weight: f64 = relative.iter().sum();
         let exact: Vec<f64> = relative.iter().map(|w| w / total_weight * MIX_BLOCK as f64).collect();
         let mut quotas: Vec<u64> = exact.iter().map(|x| x.floor() as u64).collect();
