@@ -90,6 +90,9 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
     for (spec, why) in session.unreadable() {
         errln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
     }
+    for (_, skipped) in session.skipped_tables() {
+        errln!("warning: {skipped} (`lake stats --images` makes it again)");
+    }
     match &args.query {
         Some(query) if query.trim_start().starts_with('\\') => {
             Ok(if meta_command(&session, query.trim()).await? { ExitCode::SUCCESS } else { ExitCode::from(2) })

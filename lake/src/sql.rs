@@ -96,6 +96,8 @@ pub struct LakeSql {
     datasets: Vec<CommitRecord>,
     /// Datasets whose tables could not be opened (`NAME@VERSION`, why): left out of the session.
     unreadable: Vec<(String, String)>,
+    /// Derived tables (made beside a version after its ingest) that could not be opened, and why.
+    skipped_tables: Vec<(&'static str, String)>,
     options: SQLOptions,
 }
 
@@ -137,9 +139,13 @@ impl LakeSql {
         let opened = futures::future::join_all(datasets.iter().map(|record| open_dataset(lake, record))).await;
         let mut stacked: BTreeMap<&str, Vec<(String, LogicalPlan)>> = BTreeMap::new();
         let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
+        let mut skipped_tables = Vec::new();
         for (record, tables) in datasets.iter().zip(opened) {
             let tables = match tables {
-                Ok(tables) => tables,
+                Ok((tables, skipped)) => {
+                    skipped_tables.extend(skipped);
+                    tables
+                }
                 Err(e) => {
                     let spec = format!("{}@{}", record.name, record.version);
                     unreadable.push((spec, without_source_locations(&e.to_string())));
@@ -164,7 +170,7 @@ impl LakeSql {
         }
         public.register_table("datasets".into(), Arc::new(mem_table(datasets_batch(&datasets))?)).map_err(query_error)?;
         public.register_table("views".into(), Arc::new(mem_table(views_batch(&views))?)).map_err(query_error)?;
-        Ok(Self { ctx, lake: lake.clone(), datasets: readable, unreadable, options: SQLOptions::new() })
+        Ok(Self { ctx, lake: lake.clone(), datasets: readable, unreadable, skipped_tables, options: SQLOptions::new() })
     }
 
     /// Refuses every statement but queries: no DDL (`CREATE EXTERNAL TABLE` would read any file
@@ -176,21 +182,24 @@ impl LakeSql {
     }
 
     /// Makes the tables that span every dataset (`steps`, `episodes`, …) refuse to answer
-    /// while a dataset cannot be read, instead of answering without it: what a server does,
-    /// whose clients see no warning. Per-dataset tables of the readable datasets still answer.
+    /// while a dataset (or a derived table of one) cannot be read, instead of answering without
+    /// it: what a server does, whose clients see no warning. Per-dataset tables of the readable
+    /// datasets still answer.
     ///
     /// # Errors
     /// When the session's tables cannot be replaced.
     pub async fn whole_answers_only(self) -> Result<Self> {
-        if self.unreadable.is_empty() {
-            return Ok(self);
-        }
-        let names: Vec<String> = self.unreadable.iter().map(|(spec, why)| format!("dataset {spec} ({why})")).collect();
-        let why = format!("{} cannot be read, and an answer over every dataset would leave it out", names.join("; "));
         let public = self.ctx.catalog(CATALOG).and_then(|c| c.schema(SCHEMA)).expect("the default schema exists");
         for table in DATASET_TABLES {
+            let mut missing: Vec<String> =
+                self.unreadable.iter().map(|(spec, why)| format!("dataset {spec} cannot be read ({why})")).collect();
+            missing.extend(self.skipped_tables.iter().filter(|(t, _)| *t == table).map(|(_, why)| why.clone()));
+            if missing.is_empty() {
+                continue;
+            }
+            let why = format!("{}; an answer over every dataset would leave it out", missing.join("; "));
             let Some(stacked) = public.table(table).await.map_err(query_error)? else { continue };
-            let incomplete = Incomplete { schema: stacked.schema(), why: why.clone() };
+            let incomplete = Incomplete { schema: stacked.schema(), why };
             public.deregister_table(table).map_err(query_error)?;
             public.register_table(table.to_string(), Arc::new(incomplete)).map_err(query_error)?;
         }
@@ -210,6 +219,12 @@ impl LakeSql {
     /// The datasets whose tables could not be opened (`NAME@VERSION`, why), left out.
     pub fn unreadable(&self) -> &[(String, String)] {
         &self.unreadable
+    }
+
+    /// Derived tables of readable datasets (`image_stats`, made by `lake stats --images`) that
+    /// could not be opened and are left out of the session, each with why.
+    pub fn skipped_tables(&self) -> &[(&'static str, String)] {
+        &self.skipped_tables
     }
 
     /// Plans `query` and streams its result.
@@ -248,7 +263,7 @@ impl LakeSql {
                 continue;
             }
             let record = self.lake.resolve(schema).await?;
-            let tables = open_dataset(&self.lake, &record).await?;
+            let (tables, _) = open_dataset(&self.lake, &record).await?;
             catalog.register_schema(schema, dataset_schema(&tables)?).map_err(query_error)?;
         }
         Ok(())
@@ -320,20 +335,31 @@ fn dataset_schema(tables: &[(&'static str, LogicalPlan)]) -> Result<Arc<MemorySc
 
 /// Opens the tables of one version and returns, per table, a plan that renames stored columns to
 /// their LeRobot keys.
-async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<Vec<(&'static str, LogicalPlan)>> {
-    let mut out = Vec::new();
+async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<(Vec<(&'static str, LogicalPlan)>, Vec<(&'static str, String)>)> {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    let ingested = |t: &str| record.tables.tables.iter().any(|have| have == t);
     // Ingest's tables, and derived ones a later command added beside the version.
-    let present =
-        |t: &str| record.tables.tables.iter().any(|have| have == t) || std::path::Path::new(&lake.uri(&record.tables.path(t))).is_dir();
+    let present = |t: &str| ingested(t) || std::path::Path::new(&lake.uri(&record.tables.path(t))).is_dir();
     for table in DATASET_TABLES.into_iter().filter(|t| present(t)) {
         let path = record.tables.path(table);
-        let dataset =
-            Dataset::open(&lake.uri(&path)).await.map_err(|source| Error::Open { table: path.clone(), error: Box::new(source) })?;
-        // A data file removed or damaged outside lake would fail every query that stacks the
-        // table, other datasets' included.
-        if let Some(why) = lake.data_file_damage(&path, &dataset).await? {
-            return Err(Error::Storage(format!("table {path}: {why}")));
-        }
+        // A table removed or damaged outside lake would fail every query that stacks it, other
+        // datasets' included: an ingested one takes its dataset out (the next ingest of the
+        // source replaces the version), a derived one (`lake stats --images`) only itself.
+        let opened = match Dataset::open(&lake.uri(&path)).await {
+            Ok(dataset) => match lake.data_file_damage(&path, &dataset).await? {
+                None => Ok(dataset),
+                Some(why) => Err(Error::Storage(format!("table {path}: {why}"))),
+            },
+            Err(source) => Err(Error::Open { table: path.clone(), error: Box::new(source) }),
+        };
+        let dataset = match opened {
+            Ok(dataset) => dataset,
+            Err(e) if !ingested(table) => {
+                skipped.push((table, format!("table {table} of {}@{} is left out: {e}", record.name, record.version)));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let lance = Arc::new(LanceTableProvider::new(Arc::new(dataset), false, false));
         let stored = lance.schema();
         let provider = Arc::new(PlainTable::new(lance));
@@ -353,7 +379,7 @@ async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<Vec<(&'stati
             .map_err(query_error)?;
         out.push((table, plan));
     }
-    Ok(out)
+    Ok((out, skipped))
 }
 
 /// The type a column takes in a stacked table, given its type in each dataset that has it;
@@ -679,18 +705,14 @@ pub fn flat_for_csv(batch: &RecordBatch) -> std::result::Result<RecordBatch, arr
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-/// The nice value of the threads `LakeSql::stream_apart` runs queries on (higher is lower
-/// priority): below the threads that decode and serve samples.
-const SQL_NICE: libc::c_int = 10;
-
 impl LakeSql {
     /// [`LakeSql::stream`] on a thread of its own, ended with an error at `deadline`. A query
     /// computes on the CPU without yielding for long stretches: on the server's runtime it
     /// would hold up every request there, and no timer could stop it. Here the server goes on
     /// serving, the answer ends at the deadline, and the query stops at its next yield once its
-    /// answer is dropped (a client that goes away, or the deadline). The thread runs at a
-    /// lower priority than the rest of the server (nice 10), so that queries share what
-    /// sampling leaves.
+    /// answer is dropped (a client that goes away) or the deadline passes, also while nobody
+    /// reads it. An answer ends only with the query's own end: a thread that stops otherwise
+    /// (a panic) ends it with an error, never as if it were complete.
     ///
     /// # Errors
     /// As [`LakeSql::stream`]; [`Error::Query`] when planning runs past the deadline.
@@ -700,18 +722,14 @@ impl LakeSql {
         deadline: tokio::time::Instant,
         limit: std::time::Duration,
     ) -> Result<SendableRecordBatchStream> {
+        use datafusion::error::DataFusionError;
         let timeout = move || format!("the query ran past the server's SQL timeout of {} s (`lake serve --sql-timeout`)", limit.as_secs());
         let (first_tx, first_rx) = tokio::sync::oneshot::channel::<Result<SchemaRef>>();
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        // `None` is the end of the answer; a channel closed without it is a query that stopped.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Option<datafusion::error::Result<RecordBatch>>>(1);
         std::thread::Builder::new()
             .name("lake-sql".into())
             .spawn(move || {
-                // Below the threads that serve samples: a trainer waiting for a batch goes first.
-                // SAFETY: setpriority on this thread's own id (Linux's per-thread nice value).
-                #[cfg(target_os = "linux")]
-                unsafe {
-                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, SQL_NICE);
-                }
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
                     Err(e) => {
@@ -719,14 +737,13 @@ impl LakeSql {
                         return;
                     }
                 };
-                // The query stops as soon as its answer is dropped (the deadline, or a client
-                // that went away), not only when its next batch finds nobody to take it:
-                // dropping the stream stops DataFusion's tasks at their next yield.
+                // Dropping the stream stops DataFusion's tasks at their next yield.
                 runtime.block_on(async move {
                     let mut first_tx = first_tx;
                     let planned = tokio::select! {
                         planned = self.stream(&query) => planned,
                         () = first_tx.closed() => return,
+                        () = tokio::time::sleep_until(deadline) => return,
                     };
                     let mut stream = match planned {
                         Ok(stream) => stream,
@@ -741,11 +758,13 @@ impl LakeSql {
                     loop {
                         let item = tokio::select! {
                             item = stream.next() => item,
-                            () = tx.closed() => None,
+                            () = tx.closed() => return,
+                            () = tokio::time::sleep_until(deadline) => return,
                         };
-                        let Some(item) = item else { break };
-                        if tx.send(item).await.is_err() {
-                            break;
+                        let end = item.is_none();
+                        match tokio::time::timeout_at(deadline, tx.send(item)).await {
+                            Ok(Ok(())) if !end => {}
+                            _ => return,
                         }
                     }
                 });
@@ -753,15 +772,19 @@ impl LakeSql {
             .map_err(|e| Error::Internal(format!("cannot start a thread for the query: {e}")))?;
         let schema = match tokio::time::timeout_at(deadline, first_rx).await {
             Err(_) => return Err(Error::Query(timeout())),
+            Ok(Err(_)) if tokio::time::Instant::now() >= deadline => return Err(Error::Query(timeout())),
             Ok(Err(_)) => return Err(Error::Internal("the query's thread ended without an answer".into())),
             Ok(Ok(schema)) => schema?,
         };
         let batches = futures::stream::unfold(Some(rx), move |state| async move {
             let mut rx = state?;
+            let stopped = |why: String| Some((Err(DataFusionError::Execution(why)), None));
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(item)) => Some((item, Some(rx))),
-                Ok(None) => None,
-                Err(_) => Some((Err(datafusion::error::DataFusionError::Execution(timeout())), None)),
+                Ok(Some(Some(item))) => Some((item, Some(rx))),
+                Ok(Some(None)) => None,
+                Ok(None) if tokio::time::Instant::now() >= deadline => stopped(timeout()),
+                Ok(None) => stopped("the query stopped before its end (the server log says why)".into()),
+                Err(_) => stopped(timeout()),
             }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))

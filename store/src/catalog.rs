@@ -461,7 +461,8 @@ impl Lake {
         validate_name(name)?;
         // A view's name stays a view's after a drop: its versions stay readable as NAME@N for
         // the runs that pinned them, so NAME@N must never come to mean a dataset's version.
-        if !self.view_paths(name).await?.is_empty() {
+        // (A dataset that took a dropped view's name before lake kept such names keeps it.)
+        if !self.view_paths(name).await?.is_empty() && (self.view(name).await?.is_some() || self.versions(name).await?.is_empty()) {
             let message = if self.view(name).await?.is_some() {
                 "is a view; a dataset cannot take its name (choose another with --name)".to_string()
             } else {

@@ -35,9 +35,8 @@ pub const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
 const ALIGN: usize = 64;
 static PADDING: [u8; ALIGN] = [0; ALIGN];
 
-/// Largest ticket accepted: twice the largest request, as a ticket is a request with its
-/// defaults and dataset versions filled in.
-const MAX_TICKET: usize = 2 * super::MAX_REQUEST_BYTES;
+/// Largest ticket accepted.
+const MAX_TICKET: usize = super::MAX_TICKET_BYTES;
 
 /// The gRPC response frames of a `DoGet`.
 type Frames = std::pin::Pin<Box<dyn Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>>;

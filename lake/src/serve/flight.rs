@@ -48,7 +48,10 @@ impl LakeFlight {
         if is_flight_sql(&ticket.ticket) {
             return Ok(Answer::Messages(self.sql.do_get(Request::new(ticket)).await?.into_inner()));
         }
-        let sample = self.request_of(&ticket.ticket, "ticket")?;
+        if ticket.ticket.is_empty() {
+            return Err(Status::invalid_argument("the ticket is empty; it must hold a JSON sampling request"));
+        }
+        let sample = self.service.parse_ticket(&ticket.ticket).map_err(|e| status(&e))?;
         let (schema, batches) = self.service.batches(&sample).await.map_err(|e| status(&e))?;
         Ok(Answer::Batches(schema, batches.map_err(|e| status(&e)).boxed()))
     }
@@ -67,10 +70,10 @@ pub(super) fn status(e: &Error) -> Status {
 }
 
 impl LakeFlight {
-    /// The sampling request in a descriptor's command or a ticket (`what`).
-    fn request_of(&self, bytes: &[u8], what: &str) -> Result<SampleRequest, Status> {
+    /// The sampling request in a descriptor's command.
+    fn request_of(&self, bytes: &[u8]) -> Result<SampleRequest, Status> {
         if bytes.is_empty() {
-            return Err(Status::invalid_argument(format!("the {what} is empty; it must hold a JSON sampling request")));
+            return Err(Status::invalid_argument("the descriptor's command is empty; it must hold a JSON sampling request"));
         }
         self.service.parse_request(bytes).map_err(|e| status(&e))
     }
@@ -130,7 +133,7 @@ impl FlightService for LakeFlight {
             return self.sql.get_flight_info(request).await;
         }
         let descriptor = request.into_inner();
-        let sample = self.request_of(&descriptor.cmd, "descriptor's command")?;
+        let sample = self.request_of(&descriptor.cmd)?;
         let plan = self.service.describe(&sample).await.map_err(|e| status(&e))?;
         // The ticket reads the versions planned, whatever is ingested before it is redeemed.
         let pinned = SampleRequest { datasets: plan.datasets.clone(), ..sample };
@@ -161,7 +164,7 @@ impl FlightService for LakeFlight {
             let info = self.sql.get_flight_info(request).await?.into_inner();
             return Ok(Response::new(SchemaResult { schema: info.schema }));
         }
-        let sample = self.request_of(&request.get_ref().cmd, "descriptor's command")?;
+        let sample = self.request_of(&request.get_ref().cmd)?;
         let schema = self.service.describe(&sample).await.map_err(|e| status(&e))?.schema;
         let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()

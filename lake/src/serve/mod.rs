@@ -112,6 +112,10 @@ pub const MAX_DATASETS: usize = 256;
 /// command. A ticket may be up to twice as large (it is the request with its defaults and
 /// dataset versions filled in).
 pub const MAX_REQUEST_BYTES: usize = 2 << 20;
+
+/// Largest Flight ticket: twice the largest request, as a ticket is a request with its
+/// defaults and dataset versions filled in.
+pub const MAX_TICKET_BYTES: usize = 2 * MAX_REQUEST_BYTES;
 /// Most ranks a request may name.
 pub const MAX_WORLD_SIZE: u64 = 1 << 16;
 
@@ -764,9 +768,22 @@ impl Service {
     /// # Errors
     /// [`Error::Invalid`] naming the field and position.
     pub fn parse_request(&self, bytes: &[u8]) -> Result<SampleRequest> {
-        if bytes.len() > MAX_REQUEST_BYTES {
+        self.parse_within(bytes, MAX_REQUEST_BYTES, "sampling request")
+    }
+
+    /// Parses a Flight ticket: a request as a plan wrote it back out, with its defaults and
+    /// dataset versions filled in, so allowed to be larger than a request.
+    ///
+    /// # Errors
+    /// As [`Service::parse_request`].
+    pub fn parse_ticket(&self, bytes: &[u8]) -> Result<SampleRequest> {
+        self.parse_within(bytes, MAX_TICKET_BYTES, "ticket")
+    }
+
+    fn parse_within(&self, bytes: &[u8], limit: usize, what: &str) -> Result<SampleRequest> {
+        if bytes.len() > limit {
             self.count_bad();
-            return Err(Error::Invalid(format!("the sampling request is {} bytes, over the 2 MiB limit", bytes.len())));
+            return Err(Error::Invalid(format!("the {what} is {} bytes, over the {} MiB limit", bytes.len(), limit >> 20)));
         }
         SampleRequest::from_json(bytes).inspect_err(|_| self.count_bad())
     }

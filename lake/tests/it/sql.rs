@@ -395,6 +395,20 @@ fn stats_export_has_lerobot_layout_exact_numbers_and_the_sources_camera_stats() 
     assert_eq!(ours["index"]["min"], serde_json::json!([0.0]));
     assert_eq!(ours["index"]["max"], serde_json::json!([599.0]));
     assert_eq!(ours["index"]["q50"], serde_json::json!([299.5]));
+
+    // A derived table damaged outside lake is left out by itself, with a warning saying how to
+    // make it again; the dataset's other tables still answer.
+    let dir = std::fs::read_dir(root.join("datasets/v30-av1-small")).expect("versions").next().expect("a version").expect("entry").path();
+    for file in std::fs::read_dir(dir.join("image_stats.lance/data")).expect("data dir") {
+        std::fs::remove_file(file.expect("entry").path()).expect("remove");
+    }
+    let run = lake(&root, &["sql", "--format", "csv", "SELECT count(*) AS n FROM steps"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, "n\n600\n"), "{run:#?}");
+    assert!(
+        run.stderr.contains("table image_stats of v30-av1-small@1 is left out") && run.stderr.contains("lake stats --images"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]
