@@ -67,7 +67,7 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
     }
     // Other cameras: the statistics the source stored (ingest does not decode frames): its
     // dataset-level ones, else (a v2.x source keeps only per-episode ones) those of the ingested
-    // episodes aggregated as LeRobot aggregates them when it loads such a dataset.
+    // episodes aggregated as LeRobot's `aggregate_stats` aggregates per-episode statistics.
     let mut per_episode: BTreeMap<String, BTreeMap<i64, EpisodeStats>> = BTreeMap::new();
     for batch in lake_store::read_table(lake, record, STATS).await? {
         let episode = batch.column_by_name("episode_index").expect("stats schema");
