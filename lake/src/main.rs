@@ -33,6 +33,7 @@ macro_rules! errln {
 }
 
 mod commands;
+mod output;
 mod query;
 mod render;
 mod sample;

@@ -20,6 +20,8 @@ use lake::{
 };
 use lake_store::Lake;
 
+use crate::output::Output;
+
 /// Output formats of `lake sql`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -112,38 +114,29 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
     }
     let mut stream = session.stream(query).await?;
     let schema = stream.schema();
-    let (tmp, mut out): (Option<PathBuf>, Box<dyn Write + Send>) = match output {
-        Some(path) => {
-            let tmp = path.with_extension("partial");
-            let file = std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", path.display()))?;
-            (Some(tmp), Box::new(std::io::BufWriter::new(file)))
-        }
-        None => (None, Box::new(std::io::BufWriter::new(std::io::stdout()))),
+    // A query that fails part-way leaves no half-written file (see `Output`).
+    let mut file = output.map(|path| Output::create(path).with_context(|| format!("cannot write {}", path.display()))).transpose()?;
+    let mut stdout = std::io::BufWriter::new(std::io::stdout());
+    let out: &mut (dyn Write + Send) = match &mut file {
+        Some(file) => file,
+        None => &mut stdout,
     };
-    let written = async {
-        let mut sink = Sink::new(format, schema.clone(), output.is_some(), out.as_mut())?;
-        let mut rows = 0usize;
-        while let Some(batch) = stream.next().await {
-            let batch = batch.map_err(|e| lake::sql::sql_error(&e))?;
-            rows += batch.num_rows();
-            sink.write(batch)?;
-        }
-        sink.finish()?;
-        out.flush()?;
-        anyhow::Ok(rows)
+    let mut sink = Sink::new(format, schema.clone(), output.is_some(), out)?;
+    let mut rows = 0usize;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|e| lake::sql::sql_error(&e))?;
+        rows += batch.num_rows();
+        sink.write(batch)?;
     }
-    .await;
-    drop(out);
-    // A query that fails part-way leaves no half-written file.
-    let rows = written.inspect_err(|_| {
-        if let Some(tmp) = &tmp {
-            let _ = std::fs::remove_file(tmp);
-        }
-    })?;
-    if let (Some(tmp), Some(path)) = (tmp, output) {
-        std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    sink.finish()?;
+    if let Some(file) = file {
+        let path = file.path().to_path_buf();
+        file.commit().with_context(|| format!("writing {}", path.display()))?;
         errln!("wrote {rows} row{} to {}", if rows == 1 { "" } else { "s" }, path.display());
-    } else if format == Format::Table {
+    } else {
+        stdout.flush()?;
+    }
+    if output.is_none() && format == Format::Table {
         errln!("({rows} row{})", if rows == 1 { "" } else { "s" });
     }
     Ok(())
@@ -502,7 +495,8 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     let text = serde_json::to_string_pretty(&json)?;
     match &args.output {
         Some(path) => {
-            std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+            let mut out = Output::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+            out.write_all((text + "\n").as_bytes()).and_then(|()| out.commit()).with_context(|| format!("writing {}", path.display()))?;
             errln!("wrote the stats of {}@{} to {}", record.name, record.version, path.display());
         }
         None => outln!("{text}")?,

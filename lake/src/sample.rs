@@ -1,7 +1,7 @@
 //! `lake sample` and `lake bench`: the loader from the command line.
 
 use std::{
-    io::{IsTerminal, Write},
+    io::IsTerminal,
     process::ExitCode,
     sync::Arc,
     time::{Duration, Instant},
@@ -328,20 +328,15 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let batch = loader.batch(&draws).await?;
-    let tmp = args.out.with_extension("arrow.partial");
+    // Whole or not at all (see `Output`).
     let written = (|| -> anyhow::Result<()> {
-        let file = std::fs::File::create(&tmp)?;
-        let mut writer = FileWriter::try_new(std::io::BufWriter::new(file), &batch.schema())?;
+        let mut writer = FileWriter::try_new(crate::output::Output::create(&args.out)?, &batch.schema())?;
         writer.write(&batch)?;
         writer.finish()?;
-        writer.into_inner()?.flush()?;
-        std::fs::rename(&tmp, &args.out)?;
+        writer.into_inner()?.commit()?;
         Ok(())
     })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e.context(format!("writing {}", args.out.display())));
-    }
+    written.with_context(|| format!("writing {}", args.out.display()))?;
     errln!(
         "wrote {} sample{} of {} ({} columns, {:.1} MB) to {}",
         batch.num_rows(),

@@ -4,7 +4,7 @@
 //! frame's SHA-256. Plus the loader's own guarantees: cache on and off give identical batches,
 //! the cache stays within its byte budget, streams follow the sampler.
 
-use std::{path::Path, sync::Arc};
+use std::{os::unix::fs::FileTypeExt, path::Path, sync::Arc};
 
 use arrow::{
     array::{Array, ArrayRef, AsArray, RecordBatch},
@@ -182,7 +182,20 @@ fn bad_sample_requests_are_refused_clearly() {
     std::fs::create_dir(&dir).expect("dir");
     let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "1", "--out", dir.to_str().expect("utf-8")]);
     assert!(run.code == 2 && run.stderr.contains("is a directory"), "{run:#?}");
-    assert!(!dir.with_extension("arrow.partial").exists(), "no partial file is left");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("tmp").map(|e| e.expect("entry").file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().ends_with(".partial")), "no partial file is left: {left:?}");
+    // A device is written into, never replaced by a file (a FIFO stands in for /dev/null).
+    let pipe = tmp.path().join("pipe.arrow");
+    assert!(std::process::Command::new("mkfifo").arg(&pipe).status().expect("mkfifo").success());
+    let reader = std::thread::spawn({
+        let pipe = pipe.clone();
+        move || std::fs::read(pipe).expect("read the pipe")
+    });
+    let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "1", "--out", pipe.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let sent = reader.join().expect("reader");
+    assert!(sent.starts_with(b"ARROW1"), "an Arrow file went through the pipe");
+    assert!(std::fs::symlink_metadata(&pipe).expect("pipe").file_type().is_fifo(), "the pipe is still a pipe");
     for (args, message) in [
         (vec!["--batches", "0"], "must be at least 1"),
         (vec!["--threads", "5000"], "not a number of threads from 1 to 256"),
