@@ -183,6 +183,24 @@ def _lake_error(e: Exception) -> LakeError:
     return LakeError(code, text)
 
 
+def _tensor(value: np.ndarray, shared: bool):
+    """A writable torch tensor holding `value` (Arrow's buffers are read-only). In a DataLoader
+    worker it is made in shared memory at once: the worker's queue then sends a handle instead
+    of copying the batch into shared memory on its feeder thread, which saves a copy and leaves
+    that thread nothing to do when the worker exits (PyTorch lets a worker exit while its feeder
+    still copies a batch made ahead, and the interpreter's shutdown then aborts the worker)."""
+    if not shared:
+        return torch.from_numpy(np.require(value, requirements=["C", "W"]))
+    dtype = torch.from_numpy(np.empty(0, dtype=value.dtype)).dtype
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is not None:
+        tensor = torch.empty(0, dtype=dtype).set_(new_shared(value.nbytes), 0, value.shape)
+    else:
+        tensor = torch.empty(value.shape, dtype=dtype).share_memory_()
+    tensor.numpy()[...] = value
+    return tensor
+
+
 def _frame(kind: bytes, payload: bytes = b"") -> bytes:
     return struct.pack("<I", 1 + len(payload)) + kind + payload
 
@@ -635,15 +653,15 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             request.update(epoch=epoch, start_step=step, step_stride=workers)
             if limit is not None:
                 request["limit_batches"] = limit
+        in_worker = torch.utils.data.get_worker_info() is not None
         for batch in source.batches(request):
             made_at = self.epoch * steps_per_epoch + self.step
             # This worker's next step, and the rank's next after this batch (its `lake.cursor`).
             self.epoch, self.step = divmod(made_at + workers, steps_per_epoch)
             out = {}
             for key, value in batch_to_numpy(batch).items():
-                # Arrow's buffers are read-only; torch wants writable memory.
-                out[key] = value if isinstance(value, list) else torch.from_numpy(np.require(value, requirements=["C", "W"]))
-            out[CURSOR_KEY] = torch.tensor(divmod(made_at + 1, steps_per_epoch), dtype=torch.int64)
+                out[key] = value if isinstance(value, list) else _tensor(value, shared=in_worker)
+            out[CURSOR_KEY] = _tensor(np.array(divmod(made_at + 1, steps_per_epoch), dtype=np.int64), shared=in_worker)
             yield out
 
     def state_dict(self, after: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
