@@ -77,9 +77,9 @@ pub struct LsArgs {
 pub struct InspectArgs {
     /// Dataset name, optionally `NAME@VERSION`.
     dataset: String,
-    /// Episodes to list (the rest are summarised).
-    #[arg(long, default_value_t = 10)]
-    episodes: usize,
+    /// Episodes to list (the rest are summarised) [default: 10; with --json, every episode].
+    #[arg(long)]
+    episodes: Option<usize>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -406,10 +406,10 @@ pub async fn inspect(root: &str, args: InspectArgs) -> anyhow::Result<ExitCode> 
     let tables = render::InspectTables::load(&lake, &record).await?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &tables.to_json(&record))?;
+        serde_json::to_writer_pretty(&mut out, &tables.to_json(&record, args.episodes))?;
         writeln!(out)?;
     } else {
-        render::inspect(&mut out, &record, versions, &tables, args.episodes)?;
+        render::inspect(&mut out, &record, versions, &tables, args.episodes.unwrap_or(10))?;
     }
     Ok(ExitCode::SUCCESS)
 }

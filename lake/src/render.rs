@@ -249,7 +249,8 @@ impl InspectTables {
         out
     }
 
-    pub fn to_json(&self, record: &CommitRecord) -> serde_json::Value {
+    /// The dataset as JSON, with the first `episodes` episodes listed (all when `None`).
+    pub fn to_json(&self, record: &CommitRecord, episodes: Option<usize>) -> serde_json::Value {
         let cameras: serde_json::Map<String, serde_json::Value> = self
             .cameras()
             .into_iter()
@@ -261,7 +262,7 @@ impl InspectTables {
         serde_json::json!({
             "record": record,
             "cameras": cameras,
-            "episodes": self.episode_rows().iter().map(|(i, l, t)| serde_json::json!({"episode_index": i, "length": l, "tasks": t})).collect::<Vec<_>>(),
+            "episodes": self.episode_rows().iter().take(episodes.unwrap_or(usize::MAX)).map(|(i, l, t)| serde_json::json!({"episode_index": i, "length": l, "tasks": t})).collect::<Vec<_>>(),
             "tasks": self.task_rows().iter().map(|(i, t)| serde_json::json!({"task_index": i, "task": t})).collect::<Vec<_>>(),
             "findings": self.finding_rows(),
             "frame_tables": self.frame_tables,

@@ -189,7 +189,7 @@ pub fn resolve_windows(delta: &[(String, Vec<f64>)], keys: &DatasetKeys<'_>) -> 
             }
             if frames.abs() > f64::from(i32::MAX) {
                 return Err(Error::request(format!(
-                    "delta_timestamps.{key}: {d} s is more than 2^31 - 1 frames from the step, the most a window offset may span"
+                    "delta_timestamps.{key}: {d:e} s is more than 2^31 - 1 frames from the step, the most a window offset may span"
                 )));
             }
             offsets.push(frames as i64);

@@ -313,6 +313,12 @@ fn ingest_stores_frame_tables_when_asked() {
     };
     let plain = serde_json::json!("plain");
     assert_eq!(tables(&root), vec![(serde_json::Value::Null, plain.clone(), 1200.into()), ("32x24".into(), plain, 1200.into())]);
+    // JSON lists every episode, or the first N with --episodes.
+    let episodes = |args: &[&str]| {
+        let run = lake(&root, &[&["inspect", name, "--json"][..], args].concat());
+        serde_json::from_str::<serde_json::Value>(&run.stdout).expect("json")["episodes"].as_array().expect("episodes").len()
+    };
+    assert_eq!((episodes(&[]), episodes(&["--episodes", "2"])), (6, 2));
     let files = files_under(&root);
 
     let run = lake(&root, &["ingest", source, "--frame-cache", "32x24", "--frame-cache", "native", "--json"]);

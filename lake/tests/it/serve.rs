@@ -219,7 +219,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["v30-av1-small"], "epoch": u64::MAX}), tonic::Code::InvalidArgument, "epoch is"),
             (json!({"datasets": ["v30-av1-small"], "drop_n_first_frames": u64::MAX, "drop_n_last_frames": u64::MAX}), tonic::Code::InvalidArgument, "drop_n_first_frames is"),
             (json!({"datasets": ["v30-av1-small"], "start_step": u64::MAX}), tonic::Code::InvalidArgument, "past the epoch's last step"),
-            (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [1e300]}}), tonic::Code::InvalidArgument, "more than 2^31 - 1 frames"),
+            (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [1e300]}}), tonic::Code::InvalidArgument, "action: 1e300 s is more than 2^31 - 1 frames"),
             (json!({"datasets": ["v30-av1-small"], "preset": "bogus", "delta_timestamps": {"action": [0.0]}}), tonic::Code::InvalidArgument, "bogus"),
             (json!({"datasets": ["v30-av1-small=inf"]}), tonic::Code::InvalidArgument, "the weight inf is not a positive finite number"),
             (json!({"datasets": ["v30-av1-small"], "step_stride": 0}), tonic::Code::InvalidArgument, "step_stride must be at least 1"),
