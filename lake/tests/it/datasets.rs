@@ -365,6 +365,33 @@ fn real_g1_v21_av1_missing_videos() {
             && f["message"].as_str().is_some_and(|m| m.contains("LeRobot cannot load this v2.1 dataset"))),
         "{findings:#?}"
     );
+
+    // The same recording as v2.0 (dataset statistics in meta/stats.json, none per episode)
+    // ingests to the same steps, with the cameras' statistics taken from stats.json.
+    let info = copy.join("meta/info.json");
+    let mut meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&info).expect("info")).expect("json");
+    meta["codebase_version"] = "v2.0".into();
+    std::fs::write(&info, serde_json::to_vec_pretty(&meta).expect("json")).expect("write");
+    std::fs::write(copy.join("meta/stats.json"), run_stats(&root, "g1-pick-bottle-v21")).expect("stats.json");
+    let run = crate::common::lake(&root, &["ingest", copy.to_str().expect("utf-8"), "--name", "g1-v20", "--skip-bad-episodes", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    assert_eq!(out["record"]["source"]["codebase_version"], "v2.0");
+    assert!(!run.stdout.contains("episodes_stats.jsonl is missing"), "v2.0 keeps no per-episode statistics");
+    let count = |name: &str| {
+        let rows = crate::common::sql_rows(&root, &format!("SELECT count(*) AS n, sum(index) AS s FROM \"{name}\".steps"));
+        (crate::common::num(&rows[0], "n"), crate::common::num(&rows[0], "s"))
+    };
+    assert_eq!(count("g1-v20"), count("g1-pick-bottle-v21"));
+    let v20: serde_json::Value = serde_json::from_str(&run_stats(&root, "g1-v20")).expect("stats");
+    assert_eq!(v20["observation.images.cam_high"]["mean"], stats["observation.images.cam_high"]["mean"]);
+}
+
+/// `lake stats NAME` (LeRobot's stats.json) as text.
+fn run_stats(root: &Path, name: &str) -> String {
+    let run = crate::common::lake(root, &["stats", name]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    run.stdout
 }
 
 #[test]
