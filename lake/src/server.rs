@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// ends with an error.
     #[arg(long, default_value_t = 300, value_parser = crate::sample::at_least_one)]
     sql_timeout: u64,
+    /// SQL queries (HTTP or Flight SQL) run at once, each on a thread of its own; one more is
+    /// refused as busy (503 / RESOURCE_EXHAUSTED) [default: the number of cores].
+    #[arg(long, value_parser = crate::sample::at_least_one)]
+    sql_concurrency: Option<u64>,
     /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
     /// to keep frames a decode yields for the rank that shows them next, in the frame cache's
     /// room (0: off).
@@ -183,6 +187,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         memory_bytes: args.memory_mb << 20,
         lookahead: args.lookahead,
         sql_timeout: std::time::Duration::from_secs(args.sql_timeout),
+        sql_concurrency: args.sql_concurrency.map_or(ServeOptions::default().sql_concurrency, |n| n.min(1024) as usize),
         tokens,
         ..Default::default()
     };

@@ -576,7 +576,8 @@ fn paths_and_schemas(
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
                 "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`)",
                     "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, or the query failed"), "401": unauthorized,
-                    "406": error("the Accept header takes none of the answer's forms")}}}
+                    "406": error("the Accept header takes none of the answer's forms"),
+                    "503": error("as many SQL queries run as the server runs at once (retry after the Retry-After seconds)")}}}
         }
     })
 }

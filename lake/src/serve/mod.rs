@@ -342,6 +342,8 @@ pub struct ServeOptions {
     /// Longest a SQL query (over HTTP or Flight SQL) may run; past it, it is stopped and its
     /// answer ends with an error.
     pub sql_timeout: std::time::Duration,
+    /// SQL queries run at once (each on a thread of its own); one more is refused as busy.
+    pub sql_concurrency: usize,
 }
 
 impl Default for ServeOptions {
@@ -355,6 +357,7 @@ impl Default for ServeOptions {
             max_loaders: 8,
             lookahead: lake_loader::DEFAULT_HORIZON,
             sql_timeout: std::time::Duration::from_secs(300),
+            sql_concurrency: std::thread::available_parallelism().map_or(2, usize::from),
         }
     }
 }
@@ -489,6 +492,8 @@ pub struct Service {
     memory: Arc<Semaphore>,
     /// Slots in which batches are made, taken in order of asking (see [`Service::new`]).
     making: Arc<Semaphore>,
+    /// SQL queries that may run at once ([`ServeOptions::sql_concurrency`]).
+    sql_slots: Arc<Semaphore>,
     /// Decode counters of loaders no longer kept.
     retired: Mutex<DecodeStats>,
     stopping: tokio::sync::watch::Sender<bool>,
@@ -598,6 +603,7 @@ impl Service {
         let (stopping, _) = tokio::sync::watch::channel(false);
         let resources = Resources::new(options.loader.threads, options.loader.cache_bytes)?;
         let slots = 2 * resources.threads();
+        let sql_slots = options.sql_concurrency.max(1);
         let permits = usize::try_from((options.memory_bytes / UNIT).max(1)).unwrap_or(Semaphore::MAX_PERMITS).min(Semaphore::MAX_PERMITS);
         Ok(Arc::new(Self {
             lake,
@@ -605,6 +611,7 @@ impl Service {
             resources,
             memory: Arc::new(Semaphore::new(permits)),
             making: Arc::new(Semaphore::new(slots)),
+            sql_slots: Arc::new(Semaphore::new(sql_slots)),
             retired: Mutex::new(DecodeStats::default()),
             stopping,
             prepared: tokio::sync::Mutex::new(HashMap::new()),
@@ -759,8 +766,21 @@ impl Service {
     /// # Errors
     /// As [`LakeSql::stream`](crate::sql::LakeSql::stream).
     pub async fn sql_stream(&self, session: crate::sql::LakeSql, query: &str) -> Result<datafusion::execution::SendableRecordBatchStream> {
+        let Ok(slot) = self.sql_slots.clone().try_acquire_owned() else {
+            return Err(Error::Busy(format!(
+                "{} SQL queries are running, as many as this server runs at once (`lake serve --sql-concurrency`); retry shortly",
+                self.options.sql_concurrency.max(1)
+            )));
+        };
         let limit = self.options.sql_timeout;
-        session.stream_apart(query.to_string(), tokio::time::Instant::now() + limit, limit).await
+        let stream = session.stream_apart(query.to_string(), tokio::time::Instant::now() + limit, limit).await?;
+        let schema = stream.schema();
+        // The slot is the query's until its answer is dropped.
+        let held = stream.map(move |item| {
+            let _slot = &slot;
+            item
+        });
+        Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, held)))
     }
 
     /// Parses a sampling request, counting malformed ones.
@@ -806,7 +826,11 @@ impl Service {
     /// Counts a SQL query that was refused or failed: as a SQL error, or as an internal one
     /// when the lake's files could not be read.
     pub fn count_sql_error(&self, e: &Error) {
-        let counter = if refusal_kind(e) == Refusal::Internal { &self.metrics.internal_errors } else { &self.metrics.sql_errors };
+        let counter = match refusal_kind(e) {
+            Refusal::Internal => &self.metrics.internal_errors,
+            Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
+            _ => &self.metrics.sql_errors,
+        };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 

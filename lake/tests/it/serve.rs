@@ -910,10 +910,19 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
-    let server = start_with(&root, &["--sql-timeout", "1", "--shutdown-wait", "2"]);
+    let server = start_with(&root, &["--sql-timeout", "1", "--shutdown-wait", "2", "--sql-concurrency", "1"]);
     let auth = format!("Bearer {TOKEN}");
     let heavy = b"SELECT sum(a.value * b.value) FROM generate_series(1, 100000) a, generate_series(1, 100000) b";
-    let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str()), ("Accept", "application/json")], heavy);
+    let running = std::thread::spawn({
+        let (addr, auth) = (server.http.clone(), auth.clone());
+        move || http(&addr, "POST", "/v1/sql", &[("Authorization", auth.as_str()), ("Accept", "application/json")], heavy)
+    });
+    // While it runs, the server's one SQL slot is taken: another query is told to come back.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str())], b"SELECT 1");
+    assert_eq!(code, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("--sql-concurrency"), "{}", String::from_utf8_lossy(&body));
+    let (code, body) = running.join().expect("the heavy query");
     let error = serde_json::from_slice::<Value>(&body).expect("a JSON error");
     assert_eq!(code, 400, "{error}");
     assert!(error["error"].as_str().is_some_and(|e| e.contains("SQL timeout of 1 s")), "{error}");
