@@ -1,6 +1,7 @@
 //! `lake sample` and `lake bench`: the loader from the command line.
 
 use std::{
+    collections::HashMap,
     io::IsTerminal,
     process::ExitCode,
     sync::Arc,
@@ -199,6 +200,7 @@ pub async fn store_frames(
             seconds,
         });
     }
+    check_room(lake, &ds, storage, size)?;
     let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let ticker = std::io::stderr().is_terminal().then(|| {
@@ -347,6 +349,62 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
         args.out.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a plain frame table that cannot fit in the space free where the lake is (a size
+/// typed with a digit too many would fill the disk before failing), and warns when even a
+/// compressed one may not.
+fn check_room(lake: &Lake, ds: &LoaderDataset, storage: FrameStorage, size: Option<lake_loader::FrameSize>) -> anyhow::Result<()> {
+    let mut pixels_of: HashMap<u32, u64> = HashMap::new();
+    let raw: u64 = ds
+        .packets
+        .stream
+        .iter()
+        .map(|s| {
+            3 * *pixels_of.entry(*s).or_insert_with(|| match size {
+                Some(size) => u64::from(size.width) * u64::from(size.height),
+                None => ds.streams.get(s).map_or(0, |c| u64::from(c.params.width) * u64::from(c.params.height)),
+            })
+        })
+        .sum();
+    let Some(free) = free_bytes(&lake.uri(".")) else { return Ok(()) };
+    let what = format!("{}: {} frames{}", ds.label, ds.packets.stream.len(), size.map(|s| format!(" at {s}")).unwrap_or_default());
+    if let Some(warning) = room_for(raw, free, storage, &what)? {
+        errln!("warning: {warning}");
+    }
+    Ok(())
+}
+
+/// Whether `raw` bytes of RGB (`what`) fit in `free` bytes: an error for a plain table that
+/// cannot, a warning for a compressed one that may not.
+fn room_for(raw: u64, free: u64, storage: FrameStorage, what: &str) -> anyhow::Result<Option<String>> {
+    if raw <= free {
+        return Ok(None);
+    }
+    let (raw_gb, free_gb) = (raw as f64 / 1e9, free as f64 / 1e9);
+    match storage {
+        FrameStorage::Plain => {
+            anyhow::bail!("{what} are {raw_gb:.1} GB of RGB, more than the {free_gb:.1} GB free where the lake is; nothing was written")
+        }
+        _ => Ok(Some(format!("{what} are {raw_gb:.1} GB of RGB before compression, and {free_gb:.1} GB are free where the lake is"))),
+    }
+}
+
+/// Bytes free to this user on the filesystem holding `path`, when the system says.
+fn free_bytes(path: &str) -> Option<u64> {
+    let c_path = std::ffi::CString::new(path).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a struct for statvfs to fill; read only when it succeeds.
+    let stat = unsafe {
+        if libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) != 0 {
+            return None;
+        }
+        stat.assume_init()
+    };
+    // u64 here, narrower on 32-bit targets.
+    #[allow(clippy::useless_conversion)]
+    let (blocks, block_size) = (u64::from(stat.f_bavail), u64::from(stat.f_frsize));
+    Some(blocks.saturating_mul(block_size))
 }
 
 /// CPU seconds and peak RSS of this process.
@@ -579,5 +637,23 @@ impl BenchReport {
         )?;
         outln!("  copy floor         {:.4} ms/sample ({:.2} MB per sample)", self.copy_ms_per_sample, self.sample_bytes as f64 / 1e6)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_table_larger_than_the_free_space_is_refused_plain_and_warned_compressed() {
+        assert!(room_for(10, 10, FrameStorage::Plain, "x").unwrap().is_none());
+        let refused = room_for(241_000_000_000, 45_000_000_000, FrameStorage::Plain, "ds@1: 1200 frames at 8192x8192").unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "ds@1: 1200 frames at 8192x8192 are 241.0 GB of RGB, more than the 45.0 GB free where the lake is; nothing was written"
+        );
+        let warned = room_for(241_000_000_000, 45_000_000_000, FrameStorage::Zstd, "ds@1").unwrap().expect("a warning");
+        assert!(warned.contains("before compression"), "{warned}");
+        assert!(free_bytes("/").is_some(), "statvfs reads the root filesystem");
     }
 }
