@@ -3,8 +3,9 @@
 //! A regular file appears whole or not at all: the output is written to a temporary file beside
 //! it and renamed over it at the end, so a command that fails part-way (or is killed) leaves
 //! what was there before. A symlink is followed, and the file it leads to is the one replaced.
-//! Anything else at the path (a device such as `/dev/null` or `/dev/stdout`, a named pipe) is
-//! written straight into: renaming over it would replace the device with a regular file.
+//! Anything else at the path (a device such as `/dev/null`, a named pipe), and whatever
+//! `/dev/stdout` or `/proc/self/fd/N` lead to, is written straight into: renaming over it would
+//! replace the device with a regular file, or the file a shell redirected output to.
 
 use std::{
     fs::File,
@@ -47,8 +48,17 @@ impl Output {
     /// # Errors
     /// When the path's directory cannot be written, or a device cannot be opened.
     pub fn create(path: &Path) -> io::Result<Self> {
+        // `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`: this process's open file, written
+        // through its own descriptor (so that what else goes to it stays in order), whatever
+        // it is; other paths under /dev and /proc are never renamed over either.
+        if let Some(fd) = own_descriptor(path) {
+            return Ok(Self { writer: BufWriter::new(Destination::Direct(fd?)), path: path.to_path_buf() });
+        }
+        let special = path.starts_with("/dev") || path.starts_with("/proc");
         let destination = match std::fs::metadata(path) {
-            Ok(meta) if !meta.is_file() && !meta.is_dir() => Destination::Direct(std::fs::OpenOptions::new().write(true).open(path)?),
+            Ok(meta) if special || (!meta.is_file() && !meta.is_dir()) => {
+                Destination::Direct(std::fs::OpenOptions::new().write(true).open(path)?)
+            }
             Ok(meta) if meta.is_dir() => return Err(io::Error::other("is a directory")),
             found => {
                 let target = match found {
@@ -103,6 +113,26 @@ impl Write for Output {
     fn flush(&mut self) -> io::Result<()> {
         self.writer.flush()
     }
+}
+
+/// A duplicate of this process's descriptor that `path` names (`/dev/stdout`, `/dev/stderr`,
+/// `/dev/fd/N`, `/proc/self/fd/N`), if it names one.
+fn own_descriptor(path: &Path) -> Option<io::Result<File>> {
+    use std::os::fd::BorrowedFd;
+    let name = path.to_str()?;
+    let fd: i32 = match name {
+        "/dev/stdout" => 1,
+        "/dev/stderr" => 2,
+        _ => name.strip_prefix("/dev/fd/").or_else(|| name.strip_prefix("/proc/self/fd/"))?.parse().ok()?,
+    };
+    // SAFETY: fcntl only asks whether `fd` is open.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        return Some(Err(io::Error::other(format!("descriptor {fd} is not open"))));
+    }
+    // SAFETY: `fd` is open (checked above) and nothing here closes it; the borrow ends with
+    // the duplicate made at once.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    Some(borrowed.try_clone_to_owned().map(File::from))
 }
 
 /// Where a path that does not exist will be created: the target of a dangling symlink (a link
@@ -161,12 +191,24 @@ mod tests {
         out.commit().unwrap();
         assert_eq!(std::fs::read_to_string(tmp.path().join("made.txt")).unwrap(), "made");
 
+        // A descriptor of this process (as `/dev/stdout` is) is written through, the file it
+        // leads to kept.
+        let held = tmp.path().join("held.txt");
+        let file = std::fs::File::create(&held).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let mut out = Output::create(Path::new(&format!("/proc/self/fd/{fd}"))).unwrap();
+        out.write_all(b"through").unwrap();
+        out.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&held).unwrap(), "through");
+        drop(file);
+        assert!(Output::create(Path::new("/dev/fd/987654")).is_err(), "a descriptor that is not open");
+
         // An output dropped before its commit leaves the file as it was, and nothing beside it.
         let mut out = Output::create(&real).unwrap();
         out.write_all(b"half").unwrap();
         drop(out);
         assert_eq!(std::fs::read_to_string(&real).unwrap(), "new");
         let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names.len(), 5, "{names:?}");
+        assert_eq!(names.len(), 6, "{names:?}");
     }
 }
