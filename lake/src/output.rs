@@ -48,18 +48,18 @@ impl Output {
     /// # Errors
     /// When the path's directory cannot be written, or a device cannot be opened.
     pub fn create(path: &Path) -> io::Result<Self> {
-        // `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`: this process's open file, written
+        // `/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`: a file this process was handed, written
         // through its own descriptor (so that what else goes to it stays in order), whatever
-        // it is; other paths under /dev and /proc are never renamed over either.
+        // it is.
         if let Some(fd) = own_descriptor(path) {
             return Ok(Self { writer: BufWriter::new(Destination::Direct(fd?)), path: path.to_path_buf() });
         }
-        let special = path.starts_with("/dev") || path.starts_with("/proc");
         let destination = match std::fs::metadata(path) {
-            Ok(meta) if special || (!meta.is_file() && !meta.is_dir()) => {
-                Destination::Direct(std::fs::OpenOptions::new().write(true).open(path)?)
-            }
+            Ok(meta) if !meta.is_file() && !meta.is_dir() => Destination::Direct(std::fs::OpenOptions::new().write(true).open(path)?),
             Ok(meta) if meta.is_dir() => return Err(io::Error::other("is a directory")),
+            Ok(meta) if meta.permissions().readonly() => {
+                return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the file is read-only"));
+            }
             found => {
                 let target = match found {
                     Ok(_) => std::fs::canonicalize(path)?,
@@ -68,7 +68,8 @@ impl Output {
                 };
                 let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
                 let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("output");
-                let prefix = format!(".{name}.");
+                // Short enough that the temporary name fits where the target's does.
+                let prefix = format!(".{}.", name.chars().take(100).collect::<String>());
                 let mut builder = tempfile::Builder::new();
                 builder.prefix(&prefix).suffix(".partial");
                 #[cfg(unix)]
@@ -78,7 +79,12 @@ impl Output {
                     // mode temporary files get.
                     builder.permissions(std::fs::Permissions::from_mode(0o666));
                 }
-                Destination::Staged { file: builder.tempfile_in(dir)?, target }
+                let file = builder.tempfile_in(dir)?;
+                // A file replaced keeps its mode.
+                if let Ok(meta) = std::fs::metadata(&target) {
+                    file.as_file().set_permissions(meta.permissions())?;
+                }
+                Destination::Staged { file, target }
             }
         };
         Ok(Self { writer: BufWriter::new(destination), path: path.to_path_buf() })
@@ -115,8 +121,9 @@ impl Write for Output {
     }
 }
 
-/// A duplicate of this process's descriptor that `path` names (`/dev/stdout`, `/dev/stderr`,
-/// `/dev/fd/N`, `/proc/self/fd/N`), if it names one.
+/// A duplicate of the descriptor that `path` names (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`,
+/// `/proc/self/fd/N`), if it names one this process was handed (one without close-on-exec:
+/// those lake opens itself all have it).
 fn own_descriptor(path: &Path) -> Option<io::Result<File>> {
     use std::os::fd::BorrowedFd;
     let name = path.to_str()?;
@@ -125,9 +132,10 @@ fn own_descriptor(path: &Path) -> Option<io::Result<File>> {
         "/dev/stderr" => 2,
         _ => name.strip_prefix("/dev/fd/").or_else(|| name.strip_prefix("/proc/self/fd/"))?.parse().ok()?,
     };
-    // SAFETY: fcntl only asks whether `fd` is open.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
-        return Some(Err(io::Error::other(format!("descriptor {fd} is not open"))));
+    // SAFETY: fcntl only reads the descriptor's flags.
+    let flags = if fd < 0 { -1 } else { unsafe { libc::fcntl(fd, libc::F_GETFD) } };
+    if flags == -1 || flags & libc::FD_CLOEXEC != 0 {
+        return Some(Err(io::Error::other(format!("descriptor {fd} is not one this process was handed"))));
     }
     // SAFETY: `fd` is open (checked above) and nothing here closes it; the borrow ends with
     // the duplicate made at once.
@@ -195,13 +203,31 @@ mod tests {
         // leads to kept.
         let held = tmp.path().join("held.txt");
         let file = std::fs::File::create(&held).unwrap();
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        // As a shell hands it over: without close-on-exec (lake's own files have it).
+        let cloexec = std::os::fd::AsRawFd::as_raw_fd(&file);
+        assert!(Output::create(Path::new(&format!("/proc/self/fd/{cloexec}"))).is_err(), "lake's own descriptor is not an output");
+        // SAFETY: dup of a descriptor we hold; the copy is closed below.
+        let fd = unsafe { libc::dup(cloexec) };
         let mut out = Output::create(Path::new(&format!("/proc/self/fd/{fd}"))).unwrap();
         out.write_all(b"through").unwrap();
         out.commit().unwrap();
         assert_eq!(std::fs::read_to_string(&held).unwrap(), "through");
+        // SAFETY: the duplicate made above, closed once.
+        unsafe { libc::close(fd) };
         drop(file);
         assert!(Output::create(Path::new("/dev/fd/987654")).is_err(), "a descriptor that is not open");
+
+        // A replaced file keeps its mode; a read-only one is refused.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let mut out = Output::create(&real).unwrap();
+        out.write_all(b"newer").unwrap();
+        out.commit().unwrap();
+        assert_eq!(std::fs::metadata(&real).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o444)).unwrap();
+        assert!(Output::create(&real).is_err(), "a read-only file is not replaced");
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&real, "new").unwrap();
 
         // An output dropped before its commit leaves the file as it was, and nothing beside it.
         let mut out = Output::create(&real).unwrap();

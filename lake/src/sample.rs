@@ -375,10 +375,11 @@ fn check_room(lake: &Lake, ds: &LoaderDataset, storage: FrameStorage, size: Opti
     Ok(())
 }
 
-/// Whether `raw` bytes of RGB (`what`) fit in `free` bytes: an error for a plain table that
-/// cannot, a warning for a compressed one that may not.
+/// Whether `raw` bytes of RGB (`what`) fit in `free` bytes with 5 % to spare: an error for a
+/// plain table that does not, a warning for a compressed one that may not.
 fn room_for(raw: u64, free: u64, storage: FrameStorage, what: &str) -> anyhow::Result<Option<String>> {
-    if raw <= free {
+    // A margin for what a table holds besides the frames (and what else may write meanwhile).
+    if raw.saturating_add(raw / 20) <= free {
         return Ok(None);
     }
     let (raw_gb, free_gb) = (raw as f64 / 1e9, free as f64 / 1e9);
@@ -646,7 +647,8 @@ mod tests {
 
     #[test]
     fn a_frame_table_larger_than_the_free_space_is_refused_plain_and_warned_compressed() {
-        assert!(room_for(10, 10, FrameStorage::Plain, "x").unwrap().is_none());
+        assert!(room_for(100, 105, FrameStorage::Plain, "x").unwrap().is_none());
+        assert!(room_for(100, 104, FrameStorage::Plain, "x").is_err(), "5 % to spare");
         let refused = room_for(241_000_000_000, 45_000_000_000, FrameStorage::Plain, "ds@1: 1200 frames at 8192x8192").unwrap_err();
         assert_eq!(
             refused.to_string(),

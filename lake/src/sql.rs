@@ -712,15 +712,17 @@ impl LakeSql {
     /// serving, the answer ends at the deadline, and the query stops at its next yield once its
     /// answer is dropped (a client that goes away) or the deadline passes, also while nobody
     /// reads it. An answer ends only with the query's own end: a thread that stops otherwise
-    /// (a panic) ends it with an error, never as if it were complete.
+    /// (a panic) ends it with an error, never as if it were complete. `hold` is kept until the
+    /// thread ends.
     ///
     /// # Errors
     /// As [`LakeSql::stream`]; [`Error::Query`] when planning runs past the deadline.
-    pub async fn stream_apart(
+    pub async fn stream_apart<H: Send + 'static>(
         self,
         query: String,
         deadline: tokio::time::Instant,
         limit: std::time::Duration,
+        hold: H,
     ) -> Result<SendableRecordBatchStream> {
         use datafusion::error::DataFusionError;
         let timeout = move || format!("the query ran past the server's SQL timeout of {} s (`lake serve --sql-timeout`)", limit.as_secs());
@@ -730,6 +732,8 @@ impl LakeSql {
         std::thread::Builder::new()
             .name("lake-sql".into())
             .spawn(move || {
+                // Held (a server's SQL slot) for as long as the query's thread runs.
+                let _hold = hold;
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
                     Err(e) => {

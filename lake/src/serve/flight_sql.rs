@@ -102,8 +102,9 @@ impl LakeFlightSql {
 
     /// Runs `query` and streams its result.
     async fn run(&self, query: &str) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let slot = self.service.sql_slot().map_err(|e| self.failed(&e))?;
         let session = self.session().await?;
-        let stream = self.service.sql_stream(session, query).await.map_err(|e| self.failed(&e))?;
+        let stream = self.service.sql_stream(session, query, slot).await.map_err(|e| self.failed(&e))?;
         let schema = stream.schema();
         let service = self.service.clone();
         let batches = stream.map_err(move |e| {

@@ -441,8 +441,9 @@ async fn sql(
 
 async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Result<Response, Error> {
     let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
+    let slot = service.sql_slot()?;
     let session = LakeSql::open(service.lake()).await?.read_only().whole_answers_only().await?;
-    let mut stream = service.sql_stream(session, query).await?;
+    let mut stream = service.sql_stream(session, query, slot).await?;
     let schema = stream.schema();
     // Most errors of a running query come with its first batch: those are still a 400. One
     // later breaks the body off (no end-of-stream marker), and is logged and counted.

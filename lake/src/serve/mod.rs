@@ -765,22 +765,28 @@ impl Service {
     ///
     /// # Errors
     /// As [`LakeSql::stream`](crate::sql::LakeSql::stream).
-    pub async fn sql_stream(&self, session: crate::sql::LakeSql, query: &str) -> Result<datafusion::execution::SendableRecordBatchStream> {
-        let Ok(slot) = self.sql_slots.clone().try_acquire_owned() else {
-            return Err(Error::Busy(format!(
+    pub async fn sql_stream(
+        &self,
+        session: crate::sql::LakeSql,
+        query: &str,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<datafusion::execution::SendableRecordBatchStream> {
+        let limit = self.options.sql_timeout;
+        session.stream_apart(query.to_string(), tokio::time::Instant::now() + limit, limit, slot).await
+    }
+
+    /// One of the server's SQL slots ([`ServeOptions::sql_concurrency`]), for a query to hold
+    /// while its thread runs (at most until its timeout).
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when every slot is taken.
+    pub fn sql_slot(&self) -> Result<OwnedSemaphorePermit> {
+        self.sql_slots.clone().try_acquire_owned().map_err(|_| {
+            Error::Busy(format!(
                 "{} SQL queries are running, as many as this server runs at once (`lake serve --sql-concurrency`); retry shortly",
                 self.options.sql_concurrency.max(1)
-            )));
-        };
-        let limit = self.options.sql_timeout;
-        let stream = session.stream_apart(query.to_string(), tokio::time::Instant::now() + limit, limit).await?;
-        let schema = stream.schema();
-        // The slot is the query's until its answer is dropped.
-        let held = stream.map(move |item| {
-            let _slot = &slot;
-            item
-        });
-        Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, held)))
+            ))
+        })
     }
 
     /// Parses a sampling request, counting malformed ones.
@@ -823,8 +829,8 @@ impl Service {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a SQL query that was refused or failed: as a SQL error, or as an internal one
-    /// when the lake's files could not be read.
+    /// Counts a SQL query that was refused or failed: as a SQL error, as busy when every SQL
+    /// slot was taken, or as an internal one when the lake's files could not be read.
     pub fn count_sql_error(&self, e: &Error) {
         let counter = match refusal_kind(e) {
             Refusal::Internal => &self.metrics.internal_errors,
