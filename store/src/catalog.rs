@@ -1012,6 +1012,14 @@ mod lifecycle_tests {
         assert!(lake.drop_view("old").await.is_err());
         let refused = lake.begin("old").await.unwrap_err().to_string();
         assert!(refused.contains("was a view, dropped, whose versions stay readable (old@1, old@2)"), "{refused}");
+        // A dataset that took a dropped view's name before such names were kept keeps it.
+        let taken = lake.begin("taken").await.unwrap();
+        let dir = taken.dir().to_string();
+        taken.commit(|version| record("taken", version, &dir)).await.unwrap();
+        std::fs::create_dir_all(lake.root.join("views/taken")).unwrap();
+        let dropped = ViewRecord { version: 1, dropped: true, ..view("taken", "") };
+        std::fs::write(lake.root.join("views/taken/v00000001.json"), serde_json::to_vec(&dropped).unwrap()).unwrap();
+        lake.begin("taken").await.expect("its next version").abort().await.unwrap();
         assert_eq!(lake.put_view(&view("old", "q4"), false).await.unwrap(), 4);
         assert_eq!(lake.put_view(&view("new", "q"), false).await.unwrap(), 1);
         let names: Vec<_> = lake.views().await.unwrap().into_iter().map(|v| (v.name, v.version)).collect();
