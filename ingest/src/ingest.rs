@@ -154,8 +154,9 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     };
 
     let fingerprint = fingerprint(&plan.read_files);
-    let latest = lake.latest(&name).await?;
-    // A latest version whose tables were lost or damaged is not one to keep: the source is ingested again.
+    // A latest version whose record or tables were damaged is not one to keep: the source is
+    // ingested again, as the next version.
+    let latest = lake.latest_readable(&name).await?;
     let intact = match &latest {
         Some(l) => lake.damaged_tables(l).await?.is_empty(),
         None => true,
@@ -200,7 +201,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     progress.set_phase("committing");
     // Another ingest of the same source may have committed while this one ran: then this one
     // is the no-op it would have been had it started later.
-    if let Some(now) = lake.latest(&name).await?
+    if let Some(now) = lake.latest_readable(&name).await?
         && latest.as_ref().is_none_or(|l| l.version != now.version)
         && now.options == record_options
         && now.source.content_hash == content_hash
@@ -244,7 +245,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     let record = match record {
         Ok(record) => record,
         // The same race, decided at the commit record: the other ingest won.
-        Err(lake_store::Error::Conflict { .. }) if lake.latest(&name).await?.as_ref().is_some_and(&is_same) => {
+        Err(lake_store::Error::Conflict { .. }) if lake.latest_readable(&name).await?.as_ref().is_some_and(&is_same) => {
             let now = lake.latest(&name).await?.expect("checked above");
             return Ok(Outcome::Unchanged {
                 record: Box::new(now),

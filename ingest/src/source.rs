@@ -47,14 +47,10 @@ impl Source {
     /// [`Error::Missing`] when the directory does not exist; [`Error::Unsupported`] for URL
     /// schemes this build cannot read.
     pub fn open(location: &str) -> Result<Self> {
-        let path = if let Some(rest) = location.strip_prefix("file://") {
-            std::path::PathBuf::from(rest)
-        } else if location.contains("://") {
+        let Some(path) = lake_store::local_path(location) else {
             return Err(Error::Unsupported(format!(
-                "source `{location}`: only local directories (a path or file:// URL) can be read by this build"
+                "source `{location}`: only local directories (a path or an absolute file:// URL) can be read by this build"
             )));
-        } else {
-            std::path::PathBuf::from(location)
         };
         if path.is_file() {
             return Err(Error::Metadata {

@@ -101,18 +101,23 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         options.threads = t.max(1);
     }
     let name = options.name.clone().unwrap_or_else(|| lake_store::default_name(&args.source));
-    let previous = lake.latest(&name).await.ok().flatten();
+    let previous = lake.latest(&name).await;
     let progress = Arc::new(Progress::default());
     let cancel = progress.cancel.clone();
-    let ctrl_c = tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            cancel.store(true, Ordering::Relaxed);
+    // Ctrl-C cancels the ingest, and then the frame tables stored after it (`interrupted`).
+    let interrupted = Arc::new(tokio::sync::Notify::new());
+    let ctrl_c = tokio::spawn({
+        let interrupted = interrupted.clone();
+        async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                cancel.store(true, Ordering::Relaxed);
+                interrupted.notify_one();
+            }
         }
     });
     let ticker = std::io::stderr().is_terminal().then(|| spawn_progress(progress.clone()));
     let started = Instant::now();
     let result = lake_ingest::ingest(&lake, &args.source, &options, &progress).await;
-    ctrl_c.abort();
     if let Some((bar, task)) = ticker {
         task.abort();
         bar.finish_and_clear();
@@ -124,7 +129,10 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         Ok(Outcome::Committed { record, report }) => {
             if !args.json {
                 render::ingest_summary(&mut std::io::stdout().lock(), &record, &report, root)?;
-                if let Some(previous) = &previous {
+                if let Err(e @ lake_store::Error::Record { .. }) = &previous {
+                    outln!("  note: the version before cannot be read ({e}); this one replaces it")?;
+                }
+                if let Ok(Some(previous)) = &previous {
                     let damaged = lake.damaged_tables(previous).await.unwrap_or_default();
                     if !damaged.is_empty() {
                         let tables: Vec<String> = damaged.iter().map(|(table, why)| format!("{table} ({why})")).collect();
@@ -190,7 +198,19 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
             return Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", args.source));
         }
     };
-    let cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json).await;
+    // Ctrl-C drops the frame table being stored (it is removed; the dataset stays committed).
+    let cached = tokio::select! {
+        biased;
+        cached = frame_caches(&lake, &record, &args.frame_cache, args.frame_storage.into(), args.threads, args.json) => cached,
+        () = interrupted.notified() => {
+            errln!(
+                "cancelled; {}@{} is in the lake, its frames are not stored (`lake cache {}@{}` stores them)",
+                record.name, record.version, record.name, record.version
+            );
+            return Ok(ExitCode::from(130));
+        }
+    };
+    ctrl_c.abort();
     if args.json {
         cached.add_to(&mut json);
         let mut out = std::io::stdout().lock();
@@ -204,30 +224,20 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
 /// takes back the lake directory (or, in a directory that was empty, the files) it created.
 struct NewLake {
     lake: Lake,
-    made: Option<(std::path::PathBuf, bool)>,
+    /// Whether the directory existed before, when this ingest made the lake.
+    made: Option<bool>,
 }
 
 impl NewLake {
     fn create(root: &str) -> anyhow::Result<Self> {
-        let path = std::path::absolute(root.strip_prefix("file://").unwrap_or(root))?;
-        let made = (!path.join("lake.json").exists()).then(|| (path.clone(), path.exists()));
+        let path = std::path::absolute(lake_store::local_path(root).unwrap_or_else(|| root.into()))?;
+        let made = (!path.join("lake.json").exists()).then(|| path.exists());
         Ok(Self { lake: Lake::create(root)?, made })
     }
 
     fn forget_if_new(&self) {
-        let Some((path, existed)) = &self.made else { return };
-        // Another ingest may have started in the lake meanwhile: then it stays.
-        let empty = |dir: &str| std::fs::read_dir(path.join(dir)).map_or(true, |mut d| d.next().is_none());
-        if !(empty("catalog") && empty("staging")) {
-            return;
-        }
-        if !existed {
-            let _ = std::fs::remove_dir_all(path);
-        } else if let Ok(entries) = std::fs::read_dir(path) {
-            for entry in entries.flatten() {
-                let p = entry.path();
-                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
-            }
+        if let Some(existed) = self.made {
+            self.lake.take_back(existed);
         }
     }
 }
@@ -380,19 +390,51 @@ fn spawn_progress(progress: Arc<Progress>) -> (indicatif::ProgressBar, tokio::ta
 
 pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
-    let datasets = lake.datasets().await?;
+    let (datasets, unreadable) = lake.datasets_listed().await?;
+    let (views, unreadable_views) = lake.views_listed().await?;
+    // What is damaged (outside lake) is named, beside the list: JSON readers get it on stderr.
+    let mut problems = Vec::new();
+    for d in &datasets {
+        let damaged = lake.damaged_tables(d).await?;
+        if !damaged.is_empty() {
+            let tables: Vec<String> = damaged.iter().map(|(table, why)| format!("{table} ({why})")).collect();
+            problems.push(format!(
+                "dataset {}@{} cannot be read whole: {}; ingesting its source again makes a whole version",
+                d.name,
+                d.version,
+                tables.join(", ")
+            ));
+        }
+    }
+    for u in &unreadable {
+        problems.push(format!(
+            "dataset {}@{} is left out: its catalog record {} cannot be read ({}); ingesting its source again makes the next version",
+            u.name, u.version, u.path, u.why
+        ));
+    }
+    for u in &unreadable_views {
+        problems.push(format!("view {}@{} is left out: its record {} cannot be read ({})", u.name, u.version, u.path, u.why));
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &datasets)?;
         writeln!(out)?;
+        for p in &problems {
+            errln!("warning: {p}");
+        }
     } else {
         render::dataset_list(&mut out, &datasets, root)?;
-        let views = lake.views().await?;
         if !views.is_empty() {
             writeln!(out, "\nviews (lake view show NAME):")?;
             for v in views {
                 let on: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
                 writeln!(out, "  {:<28} {:>6} episodes  from {}", format!("{}@{}", v.name, v.version), v.episode_count(), on.join(", "))?;
+            }
+        }
+        if !problems.is_empty() {
+            writeln!(out, "\ndamaged outside lake:")?;
+            for p in &problems {
+                writeln!(out, "  {p}")?;
             }
         }
     }
@@ -402,7 +444,14 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
 pub async fn inspect(root: &str, args: InspectArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let record = lake.resolve(&args.dataset).await?;
-    let versions = lake.versions(&record.name).await?.len();
+    let versions = lake.version_count(&record.name).await?;
+    for (table, why) in lake.damaged_tables(&record).await? {
+        errln!(
+            "warning: table {table} of {}@{} cannot be read whole ({why}); ingesting its source again makes a whole version",
+            record.name,
+            record.version
+        );
+    }
     let tables = render::InspectTables::load(&lake, &record).await?;
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -93,7 +93,7 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
         errln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
     }
     for (_, skipped) in session.skipped_tables() {
-        errln!("warning: {skipped} (`lake stats --images` makes it again)");
+        errln!("warning: {skipped}");
     }
     match &args.query {
         Some(query) if query.trim_start().starts_with('\\') => {

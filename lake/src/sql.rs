@@ -44,7 +44,7 @@ use datafusion::{
 use futures::StreamExt;
 use lake_schemas::{CommitRecord, ViewRecord, tables};
 use lake_store::{Lake, without_source_locations};
-use lance::{Dataset, datafusion::LanceTableProvider};
+use lance::datafusion::LanceTableProvider;
 
 use crate::{Error, Result};
 
@@ -124,8 +124,8 @@ impl LakeSql {
     /// # Errors
     /// When the catalog or a table cannot be read.
     pub async fn open(lake: &Lake) -> Result<Self> {
-        let datasets = lake.datasets().await?;
-        let views = lake.views().await?;
+        let (datasets, unreadable_records) = lake.datasets_listed().await?;
+        let (views, unreadable_views) = lake.views_listed().await?;
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG, SCHEMA)
             .with_information_schema(true)
@@ -139,7 +139,13 @@ impl LakeSql {
         let opened = futures::future::join_all(datasets.iter().map(|record| open_dataset(lake, record))).await;
         let mut stacked: BTreeMap<&str, Vec<(String, LogicalPlan)>> = BTreeMap::new();
         let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
-        let mut skipped_tables = Vec::new();
+        for u in unreadable_records {
+            unreadable.push((format!("{}@{}", u.name, u.version), format!("its catalog record {} cannot be read: {}", u.path, u.why)));
+        }
+        let mut skipped_tables: Vec<(&'static str, String)> = unreadable_views
+            .into_iter()
+            .map(|u| ("views", format!("view {}@{} is left out: its record {} cannot be read ({})", u.name, u.version, u.path, u.why)))
+            .collect();
         for (record, tables) in datasets.iter().zip(opened) {
             let tables = match tables {
                 Ok((tables, skipped)) => {
@@ -345,7 +351,7 @@ async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<(Vec<(&'stat
         // A table removed or damaged outside lake would fail every query that stacks it, other
         // datasets' included: an ingested one takes its dataset out (the next ingest of the
         // source replaces the version), a derived one (`lake stats --images`) only itself.
-        let opened = match Dataset::open(&lake.uri(&path)).await {
+        let opened = match lake_store::open_lance(&lake.uri(&path)).await {
             Ok(dataset) => match lake.data_file_damage(&path, &dataset).await? {
                 None => Ok(dataset),
                 Some(why) => Err(Error::Storage(format!("table {path}: {why}"))),
@@ -355,7 +361,10 @@ async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<(Vec<(&'stat
         let dataset = match opened {
             Ok(dataset) => dataset,
             Err(e) if !ingested(table) => {
-                skipped.push((table, format!("table {table} of {}@{} is left out: {e}", record.name, record.version)));
+                skipped.push((
+                    table,
+                    format!("table {table} of {}@{} is left out: {e} (`lake stats --images` makes it again)", record.name, record.version),
+                ));
                 continue;
             }
             Err(e) => return Err(e),

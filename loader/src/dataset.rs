@@ -421,7 +421,7 @@ async fn open_frame_table(uri: &str, rows: usize, label: &str) -> Option<FrameTa
     if !std::path::Path::new(uri).is_dir() {
         return None;
     }
-    let opened = lance::Dataset::open(uri).await.ok();
+    let opened = lake_store::open_lance(uri).await.ok();
     let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
     match (opened, storage) {
         (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(rows) => Some((Arc::new(table), storage)),

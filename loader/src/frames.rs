@@ -315,7 +315,7 @@ pub async fn frame_tables(lake: &Lake, record: &lake_schemas::CommitRecord) -> V
     found.sort_by_key(|(size, _)| size.map(|s| (s.width, s.height)));
     let mut out = Vec::with_capacity(found.len());
     for (size, path) in found {
-        let opened = lance::Dataset::open(&path.to_string_lossy()).await.ok();
+        let opened = lake_store::open_lance(&path.to_string_lossy()).await.ok();
         let storage =
             opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name))).map(FrameStorage::name);
         let frames = match &opened {

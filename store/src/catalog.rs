@@ -29,6 +29,8 @@ const DATASETS: &str = "datasets";
 const STAGING: &str = "staging";
 const VIEWS: &str = "views";
 const MARKER: &str = "lake.json";
+/// Where [`Lake::take_back`] moves the marker while it checks that no other writer started.
+const TAKING_BACK: &str = ".lake.json.taking-back";
 /// Layout version written to `lake.json`.
 const LAYOUT: u32 = 1;
 
@@ -70,6 +72,31 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// Whether the writer that holds this lease is gone: its process, on this host (`host`), or
+    /// a day has passed, on another.
+    fn is_dead(&self, host: &str) -> bool {
+        if self.host == host {
+            !process_alive(self.pid)
+        } else {
+            Utc::now().signed_duration_since(self.started_at) > chrono::Duration::days(1)
+        }
+    }
+}
+
+/// A catalog or view record that cannot be parsed (damaged outside lake).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The dataset's or view's name.
+    pub name: String,
+    /// The version the record is of.
+    pub version: u64,
+    /// The record's path, relative to the lake root.
+    pub path: String,
+    /// Why it cannot be read.
+    pub why: String,
+}
+
 /// What [`Lake::collect_garbage`] removed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GarbageReport {
@@ -98,12 +125,8 @@ impl Lake {
 
     fn open_inner(root: &str, create: bool) -> Result<Self> {
         let root_err = |message: String| Error::Root { root: root.to_string(), message };
-        let path = if let Some(rest) = root.strip_prefix("file://") {
-            PathBuf::from(rest)
-        } else if root.contains("://") {
-            return Err(root_err("only local lakes (a path or file:// URL) are supported by this build".into()));
-        } else {
-            PathBuf::from(root)
+        let Some(path) = local_path(root) else {
+            return Err(root_err("only local lakes (a path or an absolute file:// URL) are supported by this build".into()));
         };
         let abs = std::path::absolute(&path).map_err(|e| root_err(e.to_string()))?;
         if abs.exists() && !abs.is_dir() {
@@ -120,6 +143,9 @@ impl Lake {
                 )));
             }
         } else {
+            if abs.join(TAKING_BACK).exists() {
+                return Err(root_err("a failed ingest is removing the lake it created here; run this again once it has finished".into()));
+            }
             if !create {
                 let message = if abs.exists() {
                     "this directory is not a lake (no lake.json)"
@@ -140,6 +166,49 @@ impl Lake {
         }
         let store = LocalFileSystem::new_with_prefix(&abs).map_err(|e| root_err(e.to_string()))?.with_automatic_cleanup(true);
         Ok(Self { root: abs, display: root.to_string(), store: Arc::new(store) })
+    }
+
+    /// Takes back the lake this process created for an ingest that failed: removes the lake
+    /// directory (when `dir_existed`, only what it holds) unless another writer has started in
+    /// it meanwhile, and says whether it did. The marker is moved aside first: a writer that
+    /// starts from here on finds no lake once its lease is written ([`Lake::begin`] checks), and
+    /// one that wrote its lease before is seen here, so that the lake stays.
+    pub fn take_back(&self, dir_existed: bool) -> bool {
+        let (marker, aside) = (self.root.join(MARKER), self.root.join(TAKING_BACK));
+        if std::fs::rename(&marker, &aside).is_err() {
+            return false;
+        }
+        let empty = |dir: &str| std::fs::read_dir(self.root.join(dir)).map_or(true, |mut d| d.next().is_none());
+        if ![CATALOG, STAGING, VIEWS].iter().all(|dir| empty(dir)) {
+            let _ = std::fs::rename(&aside, &marker);
+            return false;
+        }
+        if !dir_existed {
+            return std::fs::remove_dir_all(&self.root).is_ok();
+        }
+        let Ok(entries) = std::fs::read_dir(&self.root) else { return false };
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p != aside {
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
+        std::fs::remove_file(&aside).is_ok()
+    }
+
+    /// Waits (briefly) for the lake's marker to be in place: it is missing while a failed
+    /// ingest that created the lake checks whether to remove it, and for good once it did.
+    async fn still_a_lake(&self) -> bool {
+        for _ in 0..100 {
+            if self.root.join(MARKER).is_file() {
+                return true;
+            }
+            if !self.root.join(TAKING_BACK).exists() && !self.root.join(MARKER).exists() {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        false
     }
 
     /// The root as the user gave it, for messages.
@@ -177,7 +246,7 @@ impl Lake {
 
     /// What is wrong with the Lance table at `path` (relative to the root), if anything.
     async fn table_damage(&self, path: &str) -> Result<Option<String>> {
-        let dataset = match lance::Dataset::open(&self.uri(path)).await {
+        let dataset = match crate::open_lance(&self.uri(path)).await {
             Ok(dataset) => dataset,
             Err(lance::Error::DatasetNotFound { .. }) => return Ok(Some("its files are missing".into())),
             Err(e) => return Ok(Some(crate::lance_message(&e))),
@@ -213,11 +282,22 @@ impl Lake {
         Ok(None)
     }
 
-    /// The latest version of every dataset, sorted by name.
+    /// The latest version of every dataset whose latest commit record can be read, sorted by
+    /// name; see [`Lake::datasets_listed`] for the others.
     ///
     /// # Errors
-    /// When the catalog cannot be listed or a record cannot be parsed.
+    /// When the catalog cannot be listed or read.
     pub async fn datasets(&self) -> Result<Vec<CommitRecord>> {
+        Ok(self.datasets_listed().await?.0)
+    }
+
+    /// The latest version of every dataset, sorted by name, and apart from them the datasets
+    /// whose latest commit record cannot be parsed (damaged outside lake): one such record
+    /// takes only its own dataset out, and the next ingest of its source makes a new version.
+    ///
+    /// # Errors
+    /// When the catalog cannot be listed or read.
+    pub async fn datasets_listed(&self) -> Result<(Vec<CommitRecord>, Vec<Unreadable>)> {
         let mut latest: BTreeMap<String, Path> = BTreeMap::new();
         for path in self.list(CATALOG).await? {
             let parts: Vec<_> = path.parts().collect();
@@ -229,17 +309,26 @@ impl Lake {
                 }
             }
         }
-        let mut out = Vec::with_capacity(latest.len());
-        for path in latest.values() {
-            out.push(self.read_record(path).await?);
+        let (mut out, mut unreadable) = (Vec::with_capacity(latest.len()), Vec::new());
+        for (name, path) in &latest {
+            match self.read_record(path).await {
+                Ok(record) => out.push(record),
+                Err(Error::Record { path, source }) => unreadable.push(Unreadable {
+                    name: name.clone(),
+                    version: version_of(&Path::from(path.as_str())).unwrap_or_default(),
+                    path,
+                    why: source.to_string(),
+                }),
+                Err(e) => return Err(e),
+            }
         }
-        Ok(out)
+        Ok((out, unreadable))
     }
 
     /// Every committed version of `name`, oldest first.
     ///
     /// # Errors
-    /// When the catalog cannot be read.
+    /// When the catalog cannot be read or a record cannot be parsed.
     pub async fn versions(&self, name: &str) -> Result<Vec<CommitRecord>> {
         let paths = self.version_paths(name).await?;
         let mut out = Vec::with_capacity(paths.len());
@@ -247,6 +336,14 @@ impl Lake {
             out.push(self.read_record(p).await?);
         }
         Ok(out)
+    }
+
+    /// How many versions of `name` were committed (their records are not read).
+    ///
+    /// # Errors
+    /// When the catalog cannot be listed.
+    pub async fn version_count(&self, name: &str) -> Result<usize> {
+        Ok(self.version_paths(name).await?.len())
     }
 
     /// The commit records of `name`, oldest first (their names order them).
@@ -270,6 +367,19 @@ impl Lake {
         }
     }
 
+    /// The latest version of `name` to build on: as [`Lake::latest`], but `None` when that
+    /// version's commit record cannot be parsed (it was damaged outside lake, and the next
+    /// ingest replaces it).
+    ///
+    /// # Errors
+    /// When the catalog cannot be read.
+    pub async fn latest_readable(&self, name: &str) -> Result<Option<CommitRecord>> {
+        match self.latest(name).await {
+            Err(Error::Record { .. }) => Ok(None),
+            other => other,
+        }
+    }
+
     /// Resolves `name` or `name@version` to a committed version.
     ///
     /// # Errors
@@ -289,11 +399,15 @@ impl Lake {
         if name.contains('@') {
             return Err(Error::BadName { name: spec.to_string(), message: "expected NAME or NAME@VERSION (a number)".into() });
         }
-        let versions = self.versions(name).await?;
-        let any = !versions.is_empty();
-        let found = match version {
-            Some(v) => versions.into_iter().find(|r| r.version == v),
-            None => versions.into_iter().last(),
+        let paths = self.version_paths(name).await?;
+        let any = !paths.is_empty();
+        let path = match version {
+            Some(v) => paths.into_iter().find(|p| version_of(p) == Some(v)),
+            None => paths.into_iter().last(),
+        };
+        let found = match path {
+            Some(p) => Some(self.read_record(&p).await?),
+            None => None,
         };
         if found.is_none()
             && !any
@@ -315,11 +429,21 @@ impl Lake {
         }
     }
 
-    /// Every view's current version, sorted by name (dropped views left out).
+    /// Every view's current version whose record can be read, sorted by name (dropped views
+    /// left out); see [`Lake::views_listed`] for the others.
     ///
     /// # Errors
-    /// When the views cannot be listed or a record cannot be parsed.
+    /// When the views cannot be listed or read.
     pub async fn views(&self) -> Result<Vec<ViewRecord>> {
+        Ok(self.views_listed().await?.0)
+    }
+
+    /// Every view's current version, sorted by name (dropped views left out), and apart from
+    /// them the views whose current record cannot be parsed (damaged outside lake).
+    ///
+    /// # Errors
+    /// When the views cannot be listed or read.
+    pub async fn views_listed(&self) -> Result<(Vec<ViewRecord>, Vec<Unreadable>)> {
         let mut names = std::collections::BTreeSet::new();
         for p in self.list(VIEWS).await? {
             let parts: Vec<_> = p.parts().collect();
@@ -331,11 +455,20 @@ impl Lake {
                 _ => {}
             }
         }
-        let mut out = Vec::with_capacity(names.len());
+        let (mut out, mut unreadable) = (Vec::with_capacity(names.len()), Vec::new());
         for name in names.iter().filter(|n| validate_name(n).is_ok()) {
-            out.extend(self.view(name).await?);
+            match self.view(name).await {
+                Ok(view) => out.extend(view),
+                Err(Error::Record { path, source }) => unreadable.push(Unreadable {
+                    name: name.clone(),
+                    version: version_of(&Path::from(path.as_str())).unwrap_or(1),
+                    path,
+                    why: source.to_string(),
+                }),
+                Err(e) => return Err(e),
+            }
         }
-        Ok(out)
+        Ok((out, unreadable))
     }
 
     /// The current version of the view `name`, if there is one (and it was not dropped).
@@ -383,14 +516,22 @@ impl Lake {
     /// the same moment, or the record cannot be written.
     pub async fn put_view(&self, view: &ViewRecord, replace: bool) -> Result<u64> {
         validate_name(&view.name)?;
-        if !self.versions(&view.name).await?.is_empty() {
-            return Err(Error::View { name: view.name.clone(), message: "a dataset has this name; choose another".into() });
+        let taken = || Error::View { name: view.name.clone(), message: "a dataset has this name; choose another".into() };
+        if self.dataset_claims(&view.name).await? {
+            return Err(taken());
         }
         if !replace && self.view(&view.name).await?.is_some() {
             return Err(Error::View { name: view.name.clone(), message: "already exists (use --replace to overwrite it)".into() });
         }
         let version = self.view_paths(&view.name).await?.last().map_or(1, |(v, _)| v + 1);
-        self.put_view_version(&ViewRecord { version, ..view.clone() }).await?;
+        let path = self.put_view_version(&ViewRecord { version, ..view.clone() }).await?;
+        // An ingest of the same name that started meanwhile either sees this view when it
+        // commits, or is seen here (its lease, or its version): then the view goes again.
+        if self.dataset_claims(&view.name).await? {
+            self.store.delete(&path).await.map_err(Error::store(path.to_string()))?;
+            self.prune(&format!("{VIEWS}/{}", view.name));
+            return Err(taken());
+        }
         Ok(version)
     }
 
@@ -413,14 +554,15 @@ impl Lake {
             datasets: Vec::new(),
             ..current
         };
-        self.put_view_version(&tombstone).await
+        self.put_view_version(&tombstone).await.map(drop)
     }
 
-    async fn put_view_version(&self, view: &ViewRecord) -> Result<()> {
+    /// Writes `view`'s record (create-if-absent) and returns its path.
+    async fn put_view_version(&self, view: &ViewRecord) -> Result<Path> {
         let path = Path::from(format!("{VIEWS}/{}/v{:08}.json", view.name, view.version));
         let body = serde_json::to_vec_pretty(view).expect("view serialises");
         match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(path),
             Err(object_store::Error::AlreadyExists { .. }) => Err(Error::View {
                 name: view.name.clone(),
                 message: format!("another `lake view` wrote version {} at the same moment; run this one again", view.version),
@@ -441,8 +583,7 @@ impl Lake {
             Err(e) => return Err(Error::store(unversioned.to_string())(e)),
         }
         for path in self.list(&format!("{VIEWS}/{name}")).await? {
-            let version = path.filename().and_then(|f| f.strip_prefix('v')?.strip_suffix(".json")?.parse::<u64>().ok());
-            out.extend(version.map(|v| (v, path)));
+            out.extend(version_of(&path).map(|v| (v, path)));
         }
         out.sort_by_key(|(v, _)| *v);
         Ok(out)
@@ -459,20 +600,7 @@ impl Lake {
     /// written.
     pub async fn begin(&self, name: &str) -> Result<PendingVersion> {
         validate_name(name)?;
-        // A view's name stays a view's after a drop: its versions stay readable as NAME@N for
-        // the runs that pinned them, so NAME@N must never come to mean a dataset's version.
-        // (A dataset that took a dropped view's name before lake kept such names keeps it.)
-        if !self.view_paths(name).await?.is_empty() && (self.view(name).await?.is_some() || self.versions(name).await?.is_empty()) {
-            let message = if self.view(name).await?.is_some() {
-                "is a view; a dataset cannot take its name (choose another with --name)".to_string()
-            } else {
-                let kept: Vec<String> = self.view_versions(name).await?.iter().map(|v| format!("{name}@{}", v.version)).collect();
-                format!(
-                    "was a view, dropped, whose versions stay readable ({}) for the runs that pinned them; a dataset cannot \
-                     take its name (choose another with --name)",
-                    kept.join(", ")
-                )
-            };
+        if let Some(message) = self.view_claims(name).await? {
             return Err(Error::View { name: name.to_string(), message });
         }
         let id = format!("{}-{}", Utc::now().format("%Y%m%dT%H%M%S"), &uuid::Uuid::new_v4().simple().to_string()[..12]);
@@ -488,7 +616,56 @@ impl Lake {
         // The version's directory exists from here on, so that `datasets/NAME` is never empty
         // while this writer lives and a writer that finishes meanwhile cannot remove it.
         self.make_dir(&pending.dir)?;
+        // A failed first ingest beside this one may be taking back the lake it created; the
+        // lease is written, so it either sees it and keeps the lake, or removed it before.
+        if !self.still_a_lake().await {
+            pending.abort().await?;
+            return Err(Error::Root {
+                root: self.display.clone(),
+                message: "was removed while this ingest started (another ingest had created it and failed); run this one again".into(),
+            });
+        }
         Ok(pending)
+    }
+
+    /// Why `name` cannot be a dataset's because a view has it, if it does. A view's name stays
+    /// a view's after a drop: its versions stay readable as NAME@N for the runs that pinned
+    /// them, so NAME@N must never come to mean a dataset's version. (A dataset that took a
+    /// dropped view's name before lake kept such names keeps it.)
+    async fn view_claims(&self, name: &str) -> Result<Option<String>> {
+        if self.view_paths(name).await?.is_empty() {
+            return Ok(None);
+        }
+        if self.view(name).await?.is_some() {
+            return Ok(Some("is a view; a dataset cannot take its name (choose another with --name)".into()));
+        }
+        if !self.version_paths(name).await?.is_empty() {
+            return Ok(None);
+        }
+        let kept: Vec<String> = self.view_versions(name).await?.iter().map(|v| format!("{name}@{}", v.version)).collect();
+        Ok(Some(format!(
+            "was a view, dropped, whose versions stay readable ({}) for the runs that pinned them; a dataset cannot take its \
+             name (choose another with --name)",
+            kept.join(", ")
+        )))
+    }
+
+    /// Whether a dataset has `name`: a committed version, or an ingest under way (its lease).
+    async fn dataset_claims(&self, name: &str) -> Result<bool> {
+        if !self.version_paths(name).await?.is_empty() {
+            return Ok(true);
+        }
+        let host = hostname();
+        for lease_path in self.list(STAGING).await? {
+            if let Ok(lease) = self.get_json::<Lease>(&lease_path).await
+                && lease.name == name
+                && lease.names_its_own_version(&lease_path)
+                && !lease.is_dead(&host)
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Creates `dir` (relative to the root) and its parents, again when a writer that finished
@@ -527,15 +704,14 @@ impl Lake {
             if !lease.names_its_own_version(&lease_path) {
                 continue; // not a lease lake wrote: nothing it names is removed
             }
-            let dead = if lease.host == host {
-                !process_alive(lease.pid)
-            } else {
-                Utc::now().signed_duration_since(lease.started_at) > chrono::Duration::days(1)
-            };
-            if !dead {
+            if !lease.is_dead(&host) {
                 continue;
             }
-            let committed = self.versions(&lease.name).await?.iter().any(|r| r.tables.dir == lease.dir);
+            // A record that cannot be read might be the one naming this directory: it stays.
+            let mut committed = false;
+            for path in self.version_paths(&lease.name).await? {
+                committed |= self.read_record(&path).await.map_or(true, |r| r.tables.dir == lease.dir);
+            }
             if !committed {
                 self.delete_prefix(&lease.dir).await?;
                 report.removed_dirs.push(lease.dir.clone());
@@ -662,7 +838,13 @@ impl PendingVersion {
     /// [`Error::Conflict`] when another ingest committed the same version meanwhile (the
     /// version's files are then removed), or an I/O error.
     pub async fn commit(mut self, make: impl FnOnce(u64) -> CommitRecord) -> Result<CommitRecord> {
-        let version = self.lake.latest(&self.name).await?.map_or(1, |r| r.version + 1);
+        // A view may have taken the name since `begin` (`Lake::put_view` checks for this
+        // version's lease after writing, this for the view before publishing).
+        if let Some(message) = self.lake.view_claims(&self.name).await? {
+            self.abort_inner().await?;
+            return Err(Error::View { name: self.name.clone(), message });
+        }
+        let version = self.lake.version_paths(&self.name).await?.last().and_then(version_of).map_or(1, |v| v + 1);
         let record = make(version);
         let path = Path::from(format!("{CATALOG}/{}/v{version:08}.json", self.name));
         let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
@@ -675,6 +857,8 @@ impl PendingVersion {
             }
             Err(e) => {
                 self.abort_inner().await?;
+                // The record's directory, made for it, goes when it is left empty.
+                self.lake.prune(&format!("{CATALOG}/{}", self.name));
                 return Err(Error::store(path.to_string())(e));
             }
         }
@@ -720,6 +904,11 @@ impl Drop for PendingVersion {
     }
 }
 
+/// The version number a record's path names (`…/v00000003.json`).
+fn version_of(path: &Path) -> Option<u64> {
+    path.filename()?.strip_prefix('v')?.strip_suffix(".json")?.parse().ok()
+}
+
 /// Checks that `name` can be a dataset name: letters, digits, `.`, `_`, `-`, at most 128 bytes,
 /// not starting with `.` or `-`.
 ///
@@ -739,15 +928,20 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The local path a location names: a path as it is, a `file://` URL decoded (`%20` is a
+/// space); `None` for URLs of other schemes and `file://` URLs that are not valid.
+pub fn local_path(location: &str) -> Option<PathBuf> {
+    if location.starts_with("file://") {
+        return url::Url::parse(location).ok()?.to_file_path().ok();
+    }
+    (!location.contains("://")).then(|| PathBuf::from(location))
+}
+
 /// A source location as the catalog records it: a local path (or `file://` URL) made absolute,
 /// with `.` and `..` taken out lexically (symbolic links are kept as given); URLs of other
 /// schemes as they are.
 pub fn absolute_location(location: &str) -> String {
-    let path = match location.strip_prefix("file://") {
-        Some(rest) => rest,
-        None if location.contains("://") => return location.to_string(),
-        None => location,
-    };
+    let Some(path) = local_path(location) else { return location.to_string() };
     let Ok(abs) = std::path::absolute(path) else { return location.to_string() };
     let mut out = PathBuf::new();
     for c in abs.components() {
@@ -876,6 +1070,99 @@ mod lifecycle_tests {
 
     fn entries(lake: &Lake) -> Vec<String> {
         std::fs::read_dir(&lake.root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_failed_first_ingest_takes_back_its_lake_only_while_no_other_writer_started() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("lake");
+        // Alone: the lake directory goes, and a writer that opened it meanwhile finds no lake.
+        let made = Lake::create(root.to_str().unwrap()).unwrap();
+        let late = Lake::open(root.to_str().unwrap()).unwrap();
+        assert!(made.take_back(false));
+        assert!(!root.exists());
+        let err = late.begin("ds").await.unwrap_err().to_string();
+        assert!(err.contains("was removed while this ingest started"), "{err}");
+
+        // Beside a writer whose lease is written: the lake stays, marker and all.
+        let made = Lake::create(root.to_str().unwrap()).unwrap();
+        let other = Lake::open(root.to_str().unwrap()).unwrap();
+        let pending = other.begin("ds").await.unwrap();
+        assert!(!made.take_back(false));
+        assert!(root.join(MARKER).is_file() && !root.join(TAKING_BACK).exists());
+        let dir = pending.dir().to_string();
+        pending.commit(|version| record("ds", version, &dir)).await.unwrap();
+        assert_eq!(Lake::open(root.to_str().unwrap()).unwrap().datasets().await.unwrap().len(), 1);
+
+        // In a directory that existed (empty): only what the lake put there goes.
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert!(Lake::create(empty.to_str().unwrap()).unwrap().take_back(true));
+        assert!(empty.is_dir() && std::fs::read_dir(&empty).unwrap().next().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_damaged_commit_record_takes_out_only_its_dataset_and_the_next_ingest_replaces_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        for name in ["a", "b"] {
+            let p = lake.begin(name).await.unwrap();
+            let dir = p.dir().to_string();
+            p.commit(|version| record(name, version, &dir)).await.unwrap();
+        }
+        std::fs::write(lake.root.join("catalog/a/v00000001.json"), b"garbage").unwrap();
+        let (datasets, unreadable) = lake.datasets_listed().await.unwrap();
+        assert_eq!(datasets.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!((unreadable[0].name.as_str(), unreadable[0].version), ("a", 1));
+        assert_eq!(unreadable[0].path, "catalog/a/v00000001.json");
+        let err = lake.resolve("a").await.unwrap_err().to_string();
+        assert!(err.contains("catalog/a/v00000001.json"), "{err}");
+        assert!(lake.latest_readable("a").await.unwrap().is_none());
+
+        // Garbage collection keeps what a record it cannot read might name; a new version
+        // comes after the damaged one.
+        lake.collect_garbage().await.unwrap();
+        let p = lake.begin("a").await.unwrap();
+        let dir = p.dir().to_string();
+        assert_eq!(p.commit(|version| record("a", version, &dir)).await.unwrap().version, 2);
+        assert_eq!(lake.datasets().await.unwrap().len(), 2);
+        assert!(lake.datasets_listed().await.unwrap().1.is_empty());
+
+        std::fs::create_dir_all(lake.root.join("views/v")).unwrap();
+        std::fs::write(lake.root.join("views/v/v00000001.json"), b"{").unwrap();
+        let (views, unreadable) = lake.views_listed().await.unwrap();
+        assert!(views.is_empty());
+        assert_eq!((unreadable[0].name.as_str(), unreadable[0].path.as_str()), ("v", "views/v/v00000001.json"));
+    }
+
+    #[tokio::test]
+    async fn a_view_and_an_ingest_racing_for_a_name_do_not_both_get_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let view = |name: &str| ViewRecord {
+            name: name.into(),
+            version: 0,
+            sql: "SELECT 1".into(),
+            created_at: Utc::now(),
+            lake_versions: Vec::new(),
+            datasets: Vec::new(),
+            dropped: false,
+        };
+        // An ingest under way holds its name: the view is refused and nothing stays of it.
+        let pending = lake.begin("foo").await.unwrap();
+        let err = lake.put_view(&view("foo"), false).await.unwrap_err().to_string();
+        assert!(err.contains("a dataset has this name"), "{err}");
+        assert!(lake.view_paths("foo").await.unwrap().is_empty());
+        pending.abort().await.unwrap();
+
+        // A view made while an ingest ran: the ingest is refused at its commit.
+        let pending = lake.begin("bar").await.unwrap();
+        lake.put_view_version(&ViewRecord { version: 1, ..view("bar") }).await.unwrap();
+        let dir = pending.dir().to_string();
+        let err = pending.commit(|version| record("bar", version, &dir)).await.unwrap_err().to_string();
+        assert!(err.contains("is a view"), "{err}");
+        assert!(lake.datasets().await.unwrap().is_empty());
+        assert!(!lake.root.join(&dir).exists());
     }
 
     #[tokio::test]

@@ -90,12 +90,20 @@ pub fn lance_message(e: &lance::Error) -> String {
                 a new, whole version"
             .into();
     }
+    if let lance::Error::CorruptFile { path, source, .. } = e {
+        // Lance keeps local paths without their leading `/`.
+        return format!("file /{path} is damaged: {}", without_source_locations(&source.to_string()));
+    }
     without_source_locations(&e.to_string())
 }
 
-/// `message` without the source file locations some libraries' errors carry (`, /…/x.rs:12:5`).
+/// `message` without the source file locations some libraries' errors carry (`, /…/x.rs:12:5`,
+/// `, src/x.rs:12:5`).
 pub fn without_source_locations(message: &str) -> String {
-    message.split(", ").filter(|part| !(part.starts_with('/') && part.contains(".rs:"))).collect::<Vec<_>>().join(", ")
+    let location = |part: &str| {
+        part.contains(".rs:") && !part.contains(' ') && part.rsplit(':').next().is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()))
+    };
+    message.split(", ").filter(|part| !location(part)).collect::<Vec<_>>().join(", ")
 }
 
 impl Error {

@@ -140,7 +140,74 @@ pub async fn commit_parts(uri: &str, fallback_schema: SchemaRef, parts: Vec<Unco
 /// When the table does not exist or cannot be opened.
 pub async fn open_table(lake: &Lake, record: &CommitRecord, table: &str) -> Result<Dataset> {
     let uri = lake.uri(&record.tables.path(table));
-    Dataset::open(&uri).await.map_err(Error::lance(record.tables.path(table)))
+    open_lance(&uri).await.map_err(Error::lance(record.tables.path(table)))
+}
+
+/// Opens the Lance table at `uri`. Lance trusts the offsets a manifest holds, and a manifest
+/// damaged outside lake (truncated, overwritten) can make it panic: that becomes an error
+/// saying the manifest is damaged, and nothing is printed for the panic.
+///
+/// # Errors
+/// Lance's error, or [`lance::Error::CorruptFile`] for a manifest Lance cannot read.
+pub async fn open_lance(uri: &str) -> lance::Result<Dataset> {
+    use futures::FutureExt;
+    quiet_panics::install();
+    match std::panic::AssertUnwindSafe(quiet_panics::Quiet(Box::pin(Dataset::open(uri)))).catch_unwind().await {
+        Ok(opened) => opened,
+        Err(_) => Err(lance::Error::corrupt_file(
+            object_store::path::Path::from(format!("{uri}/_versions")),
+            "the table's manifest is damaged (Lance cannot read it)",
+        )),
+    }
+}
+
+/// Panics that a future is expected to raise (and whose unwinding is caught) are not printed.
+mod quiet_panics {
+    use std::{
+        cell::Cell,
+        pin::Pin,
+        sync::Once,
+        task::{Context, Poll},
+    };
+
+    thread_local! {
+        static QUIET: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Puts a panic hook in front of the one in place that stays silent while a [`Quiet`]
+    /// future is being polled on the panicking thread.
+    pub fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                if !QUIET.with(Cell::get) {
+                    previous(info);
+                }
+            }));
+        });
+    }
+
+    /// A future whose panics are not printed (the caller catches them).
+    pub struct Quiet<F>(pub F);
+
+    impl<F: Future + Unpin> Future for Quiet<F> {
+        type Output = F::Output;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            let _restore = Restore(QUIET.with(|q| q.replace(true)));
+            Pin::new(&mut self.0).poll(cx)
+        }
+    }
+
+    /// Puts back the flag as it was, also when the poll unwinds.
+    struct Restore(bool);
+
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            QUIET.with(|q| q.set(self.0));
+        }
+    }
 }
 
 /// Reads some columns of a table into memory.
@@ -158,7 +225,7 @@ pub async fn read_columns(lake: &Lake, record: &CommitRecord, table: &str, colum
 /// # Errors
 /// When the table cannot be opened or scanned, or a column does not exist.
 pub async fn read_columns_at(uri: &str, columns: &[&str]) -> Result<Vec<RecordBatch>> {
-    let ds = Dataset::open(uri).await.map_err(Error::lance(uri))?;
+    let ds = open_lance(uri).await.map_err(Error::lance(uri))?;
     scan_columns(&ds, uri, columns).await
 }
 
@@ -199,4 +266,38 @@ pub fn publish_dir(tmp: &std::path::Path, dest: &std::path::Path) -> std::io::Re
         let _ = std::fs::remove_dir_all(&old);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::{array::Int64Array, record_batch::RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_damaged_manifest_is_an_error_not_a_panic() {
+        let tmp = tempfile::tempdir().unwrap();
+        let uri = tmp.path().join("t.lance").to_string_lossy().into_owned();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2, 3]))]).unwrap();
+        write_table(&uri, schema, vec![batch]).await.unwrap();
+        assert_eq!(open_lance(&uri).await.unwrap().count_rows(None).await.unwrap(), 3);
+
+        let manifest = std::fs::read_dir(tmp.path().join("t.lance/_versions"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "manifest"))
+            .unwrap();
+        let body = std::fs::read(&manifest).unwrap();
+        // Cut short, Lance reads a footer offset past the end (it panicked on this).
+        std::fs::write(&manifest, &body[..100]).unwrap();
+        let message = crate::lance_message(&open_lance(&uri).await.map(drop).unwrap_err());
+        assert!(message.contains("manifest is damaged"), "{message}");
+        std::fs::write(&manifest, body.iter().map(|b| b.wrapping_mul(31).wrapping_add(7)).collect::<Vec<_>>()).unwrap();
+        let message = crate::lance_message(&open_lance(&uri).await.map(drop).unwrap_err());
+        assert!(message.contains("damaged") || message.contains("corrupt"), "{message}");
+    }
 }

@@ -105,6 +105,22 @@ fn a_version_whose_tables_were_lost_says_so_and_a_reingest_replaces_it() {
     std::fs::OpenOptions::new().append(true).open(&file).expect("open").write_all(b"x").expect("append");
     let sql = lake(&root, &["sql", "SELECT count(*) FROM episodes"]);
     assert!(sql.stderr.contains("v30-images-tiny@3 cannot be read") && sql.stderr.contains("were written"), "{}", sql.stderr);
+    let ls = lake(&root, &["ls"]);
+    assert!(ls.stdout.contains("dataset v30-images-tiny@3 cannot be read whole: episodes (its data file"), "{ls:#?}");
+    let inspect = lake(&root, &["inspect", "v30-images-tiny"]);
+    assert!(inspect.stderr.contains("table episodes of v30-images-tiny@3 cannot be read whole"), "{inspect:#?}");
+
+    // A commit record damaged: that dataset is named and left out, the others answer, and the
+    // next ingest makes the next version.
+    std::fs::write(root.join("catalog/v30-images-tiny/v00000003.json"), "{").expect("damage the record");
+    let ls = lake(&root, &["ls"]);
+    assert_eq!(ls.code, 0, "{ls:#?}");
+    assert!(ls.stdout.contains("sound@1") && ls.stdout.contains("its catalog record catalog/v30-images-tiny/v00000003.json"), "{ls:#?}");
+    let sql = lake(&root, &["sql", "SELECT dataset, count(*) AS n FROM episodes GROUP BY dataset", "--format", "csv"]);
+    assert_eq!((sql.code, sql.stdout.trim()), (0, "dataset,n\nsound,3"), "{sql:#?}");
+    assert!(sql.stderr.contains("v30-images-tiny@3 cannot be read"), "{sql:#?}");
+    let fourth = ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    assert!(fourth.stdout.contains("v30-images-tiny@4") && fourth.stdout.contains("the version before cannot be read"), "{fourth:#?}");
 }
 
 /// The directory of a dataset's latest version, from its commit record.
@@ -291,4 +307,32 @@ fn interrupted_or_killed_frame_caching_leaves_nothing_behind() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no frame table was stored"), "{out:?}");
     assert!(hidden().is_empty(), "{:?}", hidden());
     assert!(!version.join("frames.lance").exists());
+
+    // `lake ingest --frame-cache` interrupted while it stores frames: the version it committed
+    // stays, the table being written goes.
+    let child = lake_cmd(&root)
+        .args(["ingest", testdata("v30-av1-small").to_str().expect("utf-8"), "--name", "second", "--frame-cache", "native"])
+        .args(["--frame-storage", "zstd", "--threads", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ingest");
+    let storing = |root: &Path| -> bool {
+        std::fs::read_dir(root.join("datasets/second")).into_iter().flatten().flatten().any(|v| {
+            std::fs::read_dir(v.path()).into_iter().flatten().flatten().any(|e| e.file_name().to_string_lossy().starts_with(".frames-"))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut child = child;
+    while !storing(&root) {
+        assert!(Instant::now() < deadline && child.try_wait().expect("wait").is_none(), "the ingest never started storing frames");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let interrupt = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    assert!(interrupt.success());
+    let out = child.wait_with_output().expect("exits");
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("second@1 is in the lake, its frames are not stored"), "{out:?}");
+    assert!(!storing(&root), "the table being stored was left behind");
+    assert!(lake(&root, &["ls"]).stdout.contains("second@1"));
 }
