@@ -92,6 +92,23 @@ fn flatten(col: &ArrayRef, table: &'static str) -> Result<(usize, Vec<Option<f64
     Ok((dims, flat))
 }
 
+/// Summaries, per dimension, of a steps column (numbers, booleans, fixed-size vectors of them)
+/// over the rows `rows`: what the dataset-level `feature_stats` rows hold, for a subset of steps.
+///
+/// # Errors
+/// When the column's values cannot be read as numbers.
+pub fn summarise_rows(col: &ArrayRef, rows: &[usize]) -> Result<Vec<Option<Summary>>> {
+    let (dims, flat) = flatten(col, FEATURE_STATS)?;
+    let mut scratch = Vec::with_capacity(rows.len());
+    Ok((0..dims)
+        .map(|dim| {
+            scratch.clear();
+            scratch.extend(rows.iter().filter_map(|&row| flat[row * dims + dim]));
+            summarise(&mut scratch)
+        })
+        .collect())
+}
+
 /// Computes the `feature_stats` rows of the steps table at `steps_uri` (schema `schema`).
 ///
 /// # Errors

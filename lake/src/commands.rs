@@ -106,13 +106,13 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     let cancel = progress.cancel.clone();
     // Ctrl-C cancels the ingest, and then the frame tables stored after it (`interrupted`).
     let interrupted = Arc::new(tokio::sync::Notify::new());
+    let stop_code = Arc::new(std::sync::atomic::AtomicU8::new(130));
     let ctrl_c = tokio::spawn({
-        let interrupted = interrupted.clone();
+        let (interrupted, stop_code) = (interrupted.clone(), stop_code.clone());
         async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                cancel.store(true, Ordering::Relaxed);
-                interrupted.notify_one();
-            }
+            stop_code.store(crate::stop_requested().await, Ordering::Relaxed);
+            cancel.store(true, Ordering::Relaxed);
+            interrupted.notify_one();
         }
     });
     let ticker = std::io::stderr().is_terminal().then(|| spawn_progress(progress.clone()));
@@ -187,7 +187,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         }
         Err(lake_ingest::Error::Cancelled) => {
             errln!("cancelled; the lake is unchanged");
-            return Ok(ExitCode::from(130));
+            return Ok(ExitCode::from(stop_code.load(Ordering::Relaxed)));
         }
         Err(e) => {
             if args.json {
@@ -207,7 +207,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                 "cancelled; {}@{} is in the lake, its frames are not stored (`lake cache {}@{}` stores them)",
                 record.name, record.version, record.name, record.version
             );
-            return Ok(ExitCode::from(130));
+            return Ok(ExitCode::from(stop_code.load(Ordering::Relaxed)));
         }
     };
     ctrl_c.abort();

@@ -13,7 +13,11 @@
 //! Both write into a temporary directory beside the output and rename it into place at the end:
 //! an export that fails leaves nothing behind.
 
-use std::{collections::BTreeMap, path::Path, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::Arc,
+};
 
 use arrow::{
     array::{
@@ -107,8 +111,35 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
         [one] => one.clone(),
         many => return Err(invalid(format!("view `{spec}` spans {} datasets; export one dataset at a time", many.len()))),
     };
-    if out.exists() && std::fs::read_dir(out).map_err(io(out))?.next().is_some() {
-        return Err(invalid(format!("{} exists and is not empty; choose a new directory", out.display())));
+    // A symbolic link stands for the directory it names, which must be new or empty too.
+    let linked;
+    let out = match std::fs::symlink_metadata(out) {
+        Ok(m) if m.file_type().is_symlink() => match out.canonicalize() {
+            Ok(target) => {
+                linked = target;
+                linked.as_path()
+            }
+            Err(_) => {
+                let target = std::fs::read_link(out).map_err(io(out))?;
+                return Err(invalid(format!(
+                    "{} is a symbolic link to {}, which does not exist; give a new or empty directory",
+                    out.display(),
+                    target.display()
+                )));
+            }
+        },
+        _ => out,
+    };
+    if out.exists() {
+        if !out.is_dir() {
+            return Err(invalid(format!("{} is a file; give a new or empty directory", out.display())));
+        }
+        if std::fs::read_dir(out).map_err(io(out))?.next().is_some() {
+            return Err(invalid(format!("{} exists and is not empty; choose a new directory", out.display())));
+        }
+        if std::fs::metadata(out).map_err(io(out))?.permissions().readonly() {
+            return Err(invalid(format!("{} is read-only; give a directory lake may write", out.display())));
+        }
     }
     if inside_lake(lake, out) {
         return Err(invalid(format!("{} is inside the lake at {}; export to a directory outside it", out.display(), lake.display_root())));
@@ -118,10 +149,11 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
         ds.episodes.iter().filter(|e| selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e.episode_index).is_ok())).collect();
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export")))
-        .tempdir_in(parent)
-        .map_err(io(parent))?;
+    // `.OUT.partial-PID-…`: an export killed outright leaves one, removed by the next export
+    // to the same place once its process is gone.
+    let prefix = format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export"));
+    remove_dead_partials(parent, &prefix);
+    let tmp = tempfile::Builder::new().prefix(&format!("{prefix}{}-", std::process::id())).tempdir_in(parent).map_err(io(parent))?;
     let whole = selection.episodes.is_none();
     match format {
         ExportFormat::LerobotV3 => write_lerobot(lake, &ds, &episodes, whole, tmp.path()).await?,
@@ -131,7 +163,9 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     if out.exists() {
         std::fs::remove_dir(out).map_err(io(out))?;
     }
-    std::fs::rename(tmp.keep(), out).map_err(io(out))?;
+    // Until it is renamed into place, the partial directory is removed on every way out.
+    std::fs::rename(tmp.path(), out).map_err(io(out))?;
+    let _ = tmp.keep();
     Ok(ExportReport {
         dataset: ds.label.clone(),
         episodes: episodes.len(),
@@ -139,6 +173,20 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
         files,
         bytes,
     })
+}
+
+/// Removes the partial exports (`PREFIX<pid>-…`) in `dir` whose process is gone.
+fn remove_dead_partials(dir: &Path, prefix: &str) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|rest| rest.split('-').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !lake_store::process_alive(pid) && entry.path().is_dir() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 fn dir_size(dir: &Path) -> (usize, u64) {
@@ -571,9 +619,18 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
     let info = info_json(ds, episodes.len(), rows.len(), tasks_batch.num_rows(), &video_cameras);
     let info_path = dir.join("meta/info.json");
     std::fs::write(&info_path, serde_json::to_vec_pretty(&info).expect("json")).map_err(io(&info_path))?;
-    if whole {
-        // Statistics of a subset would need recomputing; LeRobot loads a dataset without them.
-        let mut stats = crate::stats::stats_json(lake, &ds.record).await?;
+    {
+        // A view's: over its episodes (numeric features exact, cameras aggregated).
+        let selected: Option<BTreeSet<i64>> = (!whole).then(|| episodes.iter().map(|e| e.episode_index).collect());
+        let mut stats = crate::stats::stats_json(lake, &ds.record, selected.as_ref()).await?;
+        if let (Some(_), Some(stats)) = (&selected, stats.as_object_mut()) {
+            // The export numbers its episodes and steps from 0.
+            let mut index: Vec<f64> = (0..rows.len()).map(|i| i as f64).collect();
+            let mut episode_index: Vec<f64> =
+                episodes.iter().enumerate().flat_map(|(i, e)| std::iter::repeat_n(i as f64, e.len as usize)).collect();
+            stats.insert("index".into(), crate::stats::scalar_entry(&mut index));
+            stats.insert("episode_index".into(), crate::stats::scalar_entry(&mut episode_index));
+        }
         // Only the features the export has (cameras lake holds no frames of are left out).
         if let (Some(stats), Some(kept)) = (stats.as_object_mut(), info["features"].as_object()) {
             stats.retain(|feature, _| kept.contains_key(feature));

@@ -102,8 +102,21 @@ enum Command {
     Serve(server::ServeArgs),
 }
 
+/// Resolves when the process is asked to stop, with the exit status that says so: 130 for
+/// SIGINT (Ctrl-C), 143 for SIGTERM.
+async fn stop_requested() -> u8 {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => 130,
+        _ = terminate.recv() => 143,
+    }
+}
+
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
-/// errors, 130 cancelled with Ctrl-C.
+/// errors, 130 cancelled with Ctrl-C, 143 stopped with SIGTERM.
 fn main() -> ExitCode {
     let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -131,19 +144,34 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // `ingest`, `cache` and `serve` stop cleanly on their own; any other command is dropped
+    // where it is, which removes what it was writing (an output file not yet in place).
+    let own_stop = matches!(cli.command, Command::Ingest(_) | Command::Cache(_) | Command::Serve(_));
     let result = runtime.block_on(async {
-        match cli.command {
-            Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
-            Command::Ls(args) => commands::ls(&cli.lake, args).await,
-            Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
-            Command::Sample(args) => sample::sample(&cli.lake, args).await,
-            Command::Bench(args) => sample::bench(&cli.lake, args).await,
-            Command::Cache(args) => sample::cache(&cli.lake, args).await,
-            Command::Sql(args) => query::sql(&cli.lake, args).await,
-            Command::View(command) => query::view(&cli.lake, command).await,
-            Command::Stats(args) => query::stats(&cli.lake, args).await,
-            Command::Export(args) => query::export(&cli.lake, args).await,
-            Command::Serve(args) => server::serve(&cli.lake, args).await,
+        let command = async {
+            match cli.command {
+                Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
+                Command::Ls(args) => commands::ls(&cli.lake, args).await,
+                Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
+                Command::Sample(args) => sample::sample(&cli.lake, args).await,
+                Command::Bench(args) => sample::bench(&cli.lake, args).await,
+                Command::Cache(args) => sample::cache(&cli.lake, args).await,
+                Command::Sql(args) => query::sql(&cli.lake, args).await,
+                Command::View(command) => query::view(&cli.lake, command).await,
+                Command::Stats(args) => query::stats(&cli.lake, args).await,
+                Command::Export(args) => query::export(&cli.lake, args).await,
+                Command::Serve(args) => server::serve(&cli.lake, args).await,
+            }
+        };
+        if own_stop {
+            return command.await;
+        }
+        tokio::select! {
+            result = command => result,
+            code = stop_requested() => {
+                errln!("cancelled");
+                Ok(ExitCode::from(code))
+            }
         }
     });
     // Blocking work a command left behind (a server's streams cut at shutdown) is not waited

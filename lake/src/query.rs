@@ -302,20 +302,22 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
         }
         statement.push_str(&line);
         statement.push('\n');
-        if !trimmed.ends_with(';') {
-            continue;
-        }
-        let query = statement.trim().trim_end_matches(';').to_string();
-        statement.clear();
-        let _ = editor.add_history_entry(query.as_str());
-        if let Err(e) = run(session, &query, format, None).await {
-            // With the output's reader gone there is no one left to answer.
-            if crate::reader_gone(&e) {
-                gone = Some(e);
-                break;
+        let (complete, rest) = split_statements(&statement);
+        statement = rest;
+        for query in complete {
+            let _ = editor.add_history_entry(query.as_str());
+            if let Err(e) = run(session, &query, format, None).await {
+                // With the output's reader gone there is no one left to answer.
+                if crate::reader_gone(&e) {
+                    gone = Some(e);
+                    break;
+                }
+                errln!("error: {e:#}");
+                failed = true;
             }
-            errln!("error: {e:#}");
-            failed = true;
+        }
+        if gone.is_some() {
+            break;
         }
     }
     if gone.is_none() && !statement.trim().is_empty() {
@@ -336,6 +338,48 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
     }
     // Piped scripts report failure through the exit status; an interactive session does not.
     Ok(if failed && !interactive { ExitCode::from(2) } else { ExitCode::SUCCESS })
+}
+
+/// Splits `text` at the `;`s that end statements (not those in quotes or comments): the
+/// complete statements, without their `;` (empty ones left out), and the text after the last.
+fn split_statements(text: &str) -> (Vec<String>, String) {
+    #[derive(Clone, Copy, PartialEq)]
+    enum In {
+        Code,
+        Quoted(char),
+        LineComment,
+        BlockComment,
+    }
+    let (mut complete, mut start, mut state) = (Vec::new(), 0, In::Code);
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let next = chars.peek().map(|&(_, n)| n);
+        state = match (state, c) {
+            (In::Code, '\'' | '"') => In::Quoted(c),
+            (In::Code, '-') if next == Some('-') => In::LineComment,
+            (In::Code, '/') if next == Some('*') => {
+                chars.next();
+                In::BlockComment
+            }
+            (In::Code, ';') => {
+                let statement = text[start..i].trim();
+                if !statement.is_empty() {
+                    complete.push(statement.to_string());
+                }
+                start = i + 1;
+                In::Code
+            }
+            (In::Quoted(q), c) if c == q => In::Code,
+            (In::LineComment, '\n') => In::Code,
+            (In::BlockComment, '*') if next == Some('/') => {
+                chars.next();
+                In::Code
+            }
+            (state, _) => state,
+        };
+    }
+    let rest = &text[start..];
+    (complete, if rest.trim().is_empty() { String::new() } else { rest.to_string() })
 }
 
 fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> {
@@ -479,7 +523,16 @@ pub struct StatsArgs {
 /// numeric features, the source's stored ones for cameras.
 pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
-    let record = lake.resolve(&args.dataset).await?;
+    // A view over one dataset: the statistics of its episodes.
+    let selection = match lake::views::resolve(&lake, &args.dataset).await?.as_slice() {
+        [one] => one.clone(),
+        many => anyhow::bail!("view `{}` spans {} datasets; ask for the statistics of one dataset at a time", args.dataset, many.len()),
+    };
+    let record = lake.resolve(&selection.dataset).await?;
+    let episodes: Option<std::collections::BTreeSet<i64>> = selection.episodes.as_ref().map(|e| e.iter().copied().collect());
+    if args.images && episodes.is_some() {
+        anyhow::bail!("--images computes the statistics of a whole dataset; give {}@{}", record.name, record.version);
+    }
     if args.images {
         let spec = format!("{}@{}", record.name, record.version);
         let began = std::time::Instant::now();
@@ -491,13 +544,13 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
             began.elapsed().as_secs_f64()
         );
     }
-    let json = lake::stats::stats_json(&lake, &record).await?;
+    let json = lake::stats::stats_json(&lake, &record, episodes.as_ref()).await?;
     let text = serde_json::to_string_pretty(&json)?;
     match &args.output {
         Some(path) => {
             let mut out = Output::create(path).with_context(|| format!("cannot write {}", path.display()))?;
             out.write_all((text + "\n").as_bytes()).and_then(|()| out.commit()).with_context(|| format!("writing {}", path.display()))?;
-            errln!("wrote the stats of {}@{} to {}", record.name, record.version, path.display());
+            errln!("wrote the stats of {} to {}", args.dataset, path.display());
         }
         None => outln!("{text}")?,
     }
@@ -543,4 +596,22 @@ pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
         report.bytes as f64 / 1e6
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_statements;
+
+    #[test]
+    fn statements_end_at_semicolons_outside_quotes_and_comments() {
+        let (done, rest) = split_statements("select 1 as a; select 2 as b;\n");
+        assert_eq!((done, rest), (vec!["select 1 as a".to_string(), "select 2 as b".to_string()], String::new()));
+        let (done, rest) = split_statements("select 'x;\ny' as s, \"a;b\" -- c;\n from t /* ; */;  select");
+        assert_eq!(done, vec!["select 'x;\ny' as s, \"a;b\" -- c;\n from t /* ; */".to_string()]);
+        assert_eq!(rest, "  select");
+        let (done, rest) = split_statements("select 'it''s;' ;\n;\n");
+        assert_eq!((done, rest), (vec!["select 'it''s;'".to_string()], String::new()));
+        let (done, rest) = split_statements("select 'open;\n");
+        assert!(done.is_empty() && rest == "select 'open;\n");
+    }
 }

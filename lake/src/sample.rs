@@ -126,9 +126,9 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
     // Ctrl-C drops the work: the unpublished table is removed, an existing one kept.
     let stored = tokio::select! {
         stored = store_frames(&lake, ds, args.threads, args.storage.into(), args.size) => stored?,
-        _ = tokio::signal::ctrl_c() => {
+        code = crate::stop_requested() => {
             errln!("cancelled; no frame table was stored (the lake is unchanged)");
-            return Ok(ExitCode::from(130));
+            return Ok(ExitCode::from(code));
         }
     };
     outln!("{}", stored.summary())?;

@@ -1,13 +1,14 @@
 //! Statistics in LeRobot's `meta/stats.json` layout: lake's exact ones for numeric features
 //! (`feature_stats`), the source's stored ones for cameras (lake does not decode frames at
-//! ingest; `lake stats --images` computes them), aggregated from the per-episode ones where the
-//! source stored only those (LeRobot v2.x).
+//! ingest; `lake stats --images` computes them), aggregated from the per-episode ones of the
+//! ingested episodes where the source stored only those (LeRobot v2.x) or episodes were skipped
+//! (the source's dataset-level ones when it has no per-episode ones, LeRobot v2.0).
 
 use arrow::{
     array::{Array, AsArray},
     datatypes::{Float64Type, Int64Type},
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use lake_schemas::tables::QUANTILES;
 use lake_store::Lake;
@@ -26,12 +27,14 @@ fn nest(values: &[f64], shape: &[usize]) -> Value {
     }
 }
 
-/// The dataset-level statistics of a version as LeRobot's `stats.json` object.
+/// The dataset-level statistics of a version as LeRobot's `stats.json` object; of the steps of
+/// `episodes` only when given (a view's selection: numeric features exact over those steps,
+/// cameras the source's per-episode statistics of those episodes, aggregated).
 ///
 /// # Errors
 /// When the version has no `feature_stats` table (ingested by an older lake) or a table cannot
 /// be read.
-pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<Value> {
+pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episodes: Option<&BTreeSet<i64>>) -> Result<Value> {
     use lake_schemas::tables::{FEATURE_STATS, IMAGE_STATS, STATS};
     let mut out = Map::new();
     if !record.tables.tables.iter().any(|t| t == FEATURE_STATS) {
@@ -44,10 +47,13 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
     // Exact statistics of numeric features, and of cameras when `lake stats --images` computed
     // them (per channel, shaped [3, 1, 1] as LeRobot stores them).
     let stat_names: Vec<&str> = ["min", "max", "mean", "std"].into_iter().chain(QUANTILES.iter().map(|(q, _)| *q)).collect();
-    let mut features = dataset_rows(&lake_store::read_table(lake, record, FEATURE_STATS).await?, &stat_names);
+    let mut features = match episodes {
+        None => dataset_rows(&lake_store::read_table(lake, record, FEATURE_STATS).await?, &stat_names),
+        Some(subset) => subset_rows(lake, record, subset).await?,
+    };
     let image_stats = lake.uri(&record.tables.path(IMAGE_STATS));
     let mut shapes = shapes;
-    if std::path::Path::new(&image_stats).is_dir() {
+    if episodes.is_none() && std::path::Path::new(&image_stats).is_dir() {
         let schema = lake_schemas::tables::feature_stats_schema();
         let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         let batches = lake_store::read_columns_at(&image_stats, &columns).await?;
@@ -66,9 +72,26 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
         out.insert(name, Value::Object(entry));
     }
     // Other cameras: the statistics the source stored (ingest does not decode frames): its
-    // dataset-level ones, else (a v2.x source keeps only per-episode ones) those of the ingested
-    // episodes aggregated as LeRobot's `aggregate_stats` aggregates per-episode statistics.
+    // dataset-level ones when the version holds every episode of the source, else (episodes
+    // skipped at ingest, or a v2.x source, which keeps only per-episode ones) those of the
+    // ingested episodes aggregated as LeRobot's `aggregate_stats` aggregates per-episode
+    // statistics. Cameras left out at ingest (`--drop-missing-cameras`) have none.
+    let whole_source = episodes.is_none() && record.info["total_episodes"].as_u64().is_none_or(|total| total == record.counts.episodes);
+    let mut cameras_kept = std::collections::HashSet::new();
+    for batch in lake_store::read_columns(lake, record, lake_schemas::tables::STREAMS, &["camera"]).await? {
+        cameras_kept.extend(batch.column(0).as_string::<i32>().iter().flatten().map(str::to_string));
+    }
+    let mut episodes_kept = std::collections::HashSet::new();
+    for batch in lake_store::read_columns(lake, record, lake_schemas::tables::EPISODES, &["episode_index"]).await? {
+        let kept = batch.column(0).as_primitive::<Int64Type>().values().iter().copied();
+        episodes_kept.extend(kept.filter(|e| episodes.is_none_or(|subset| subset.contains(e))));
+    }
+    let dropped_camera = |name: &str| {
+        let dtype = record.info["features"][name]["dtype"].as_str();
+        matches!(dtype, Some("video" | "image")) && !cameras_kept.contains(name)
+    };
     let mut per_episode: BTreeMap<String, BTreeMap<i64, EpisodeStats>> = BTreeMap::new();
+    let mut source_level = Map::new();
     for batch in lake_store::read_table(lake, record, STATS).await? {
         let episode = batch.column_by_name("episode_index").expect("stats schema");
         let feature = batch.column_by_name("feature").expect("stats schema").as_string::<i32>();
@@ -77,17 +100,23 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
         let shape = batch.column_by_name("shape").expect("stats schema").as_list::<i32>();
         for row in 0..batch.num_rows() {
             let name = feature.value(row);
-            if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera"))) {
+            if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera"))) || dropped_camera(name) {
                 continue; // lake's own statistics above win
             }
             let v: Vec<f64> = values.value(row).as_primitive::<Float64Type>().iter().map(|x| x.unwrap_or(f64::NAN)).collect();
             let s: Vec<usize> = shape.value(row).as_primitive::<Int64Type>().iter().map(|x| x.unwrap_or(1) as usize).collect();
             if episode.is_valid(row) {
-                let stats = per_episode.entry(name.to_string()).or_default().entry(episode.as_primitive::<Int64Type>().value(row));
+                let episode = episode.as_primitive::<Int64Type>().value(row);
+                if !episodes_kept.contains(&episode) {
+                    continue; // skipped at ingest
+                }
+                let stats = per_episode.entry(name.to_string()).or_default().entry(episode);
                 stats.or_default().insert(stat.value(row).to_string(), (v, s));
                 continue;
             }
-            let entry = out.entry(name.to_string()).or_insert_with(|| serde_json::json!({"camera": true}));
+            // Not the version's whole source: kept aside, for cameras with no per-episode ones.
+            let target = if whole_source { &mut out } else { &mut source_level };
+            let entry = target.entry(name.to_string()).or_insert_with(|| serde_json::json!({"camera": true}));
             let value =
                 if stat.value(row) == "count" { Value::from(v.iter().map(|c| *c as i64).collect::<Vec<_>>()) } else { nest(&v, &s) };
             entry.as_object_mut().expect("object").insert(stat.value(row).to_string(), value);
@@ -102,10 +131,70 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord) -> Res
             out.insert(name, Value::Object(entry));
         }
     }
+    // A source with dataset-level statistics only (LeRobot v2.0): those, over all its episodes,
+    // are the best there is.
+    for (name, entry) in source_level {
+        if !out.contains_key(&name) {
+            out.insert(name, entry);
+        }
+    }
     for entry in out.values_mut() {
         entry.as_object_mut().expect("object").remove("camera");
     }
     Ok(Value::Object(out))
+}
+
+/// The `stats.json` entry of a scalar feature with these `values` (a renumbered index column
+/// of an export): every statistic a one-element list.
+pub fn scalar_entry(values: &mut [f64]) -> Value {
+    let mut entry = Map::new();
+    if let Some(s) = lake_ingest::feature_stats::summarise(values) {
+        for (stat, v) in ["min", "max", "mean", "std"].into_iter().zip([s.min, s.max, s.mean, s.std]) {
+            entry.insert(stat.into(), Value::from(vec![v]));
+        }
+        for ((q, _), v) in QUANTILES.iter().zip(s.quantiles) {
+            entry.insert((*q).into(), Value::from(vec![v]));
+        }
+        entry.insert("count".into(), Value::from(vec![s.count]));
+    }
+    Value::Object(entry)
+}
+
+/// Like [`dataset_rows`], computed over the steps of `episodes` (exact, from the steps table).
+async fn subset_rows(
+    lake: &Lake,
+    record: &lake_schemas::CommitRecord,
+    episodes: &BTreeSet<i64>,
+) -> Result<Vec<(String, Vec<Vec<f64>>, i64)>> {
+    use lake_ingest::feature_stats::{is_numeric, summarise_rows};
+    let batches = lake_store::read_table(lake, record, lake_schemas::tables::STEPS).await?;
+    let Some(schema) = batches.first().map(arrow::array::RecordBatch::schema) else { return Ok(Vec::new()) };
+    let steps = arrow::compute::concat_batches(&schema, &batches)
+        .map_err(|e| Error::Invalid(format!("{}@{}: {e}", record.name, record.version)))?;
+    let episode = arrow::compute::cast(
+        steps.column_by_name("episode_index").ok_or_else(|| Error::Invalid("steps have no episode_index".into()))?,
+        &arrow::datatypes::DataType::Int64,
+    )
+    .map_err(|e| Error::Invalid(e.to_string()))?;
+    let rows: Vec<usize> =
+        episode.as_primitive::<Int64Type>().values().iter().enumerate().filter(|(_, e)| episodes.contains(e)).map(|(r, _)| r).collect();
+    let mut out = Vec::new();
+    for (field, column) in schema.fields().iter().zip(steps.columns()).filter(|(f, _)| is_numeric(f)) {
+        let summaries = summarise_rows(column, &rows).map_err(|e| Error::Invalid(format!("{}@{}: {e}", record.name, record.version)))?;
+        let Some(count) = summaries.first().and_then(|s| s.as_ref()).map(|s| s.count) else { continue };
+        let mut values = vec![Vec::with_capacity(summaries.len()); 4 + QUANTILES.len()];
+        for s in &summaries {
+            let stats = match s {
+                Some(s) => [&[s.min, s.max, s.mean, s.std][..], &s.quantiles[..]].concat(),
+                None => vec![f64::NAN; 4 + QUANTILES.len()],
+            };
+            for (v, x) in values.iter_mut().zip(stats) {
+                v.push(x);
+            }
+        }
+        out.push((lake_schemas::tables::lerobot_name(field).to_string(), values, count));
+    }
+    Ok(out)
 }
 
 /// One episode's statistics of a feature: statistic name → (values, shape).

@@ -33,6 +33,12 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
     if let Err(lake_store::Error::BadName { message, .. }) = lake_store::validate_name(name) {
         return Err(invalid(name, format!("not a valid view name: {message}")));
     }
+    if lake.version_count(name).await? > 0 {
+        return Err(invalid(name, "a dataset has this name; choose another"));
+    }
+    if !replace && lake.view(name).await?.is_some() {
+        return Err(invalid(name, "already exists (use --replace to overwrite it)"));
+    }
     let sql = LakeSql::open(lake).await?.read_only();
     let (schema, batches) = sql.query(query).await?;
     let has = |c: &str| schema.column_with_name(c).is_some();
@@ -119,6 +125,10 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
             episodes: wanted.into_iter().collect(),
         });
     }
+    let records: Vec<&lake_schemas::CommitRecord> = selected.iter().filter_map(|d| datasets.iter().find(|r| r.name == d.name)).collect();
+    if let Some(why) = sample_shape_mismatch(lake, &records).await? {
+        return Err(invalid(name, format!("its samples could not stack: {why}; select from datasets that match, one view each otherwise")));
+    }
     let mut view = ViewRecord {
         name: name.to_string(),
         version: 0,
@@ -130,6 +140,62 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
     };
     view.version = lake.put_view(&view, replace).await?;
     Ok(view)
+}
+
+/// What a version's samples are made of: each steps column's type and each camera's frame
+/// size, by LeRobot key.
+async fn sample_shape(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<BTreeMap<String, String>> {
+    let steps = lake_store::open_table(lake, record, lake_schemas::tables::STEPS).await?;
+    let mut shape: BTreeMap<String, String> = arrow::datatypes::Schema::from(steps.schema())
+        .fields()
+        .iter()
+        .filter(|f| f.name() != lake_schemas::tables::PACKET_ROW) // the cameras, below
+        .map(|f| {
+            let kind = match f.data_type() {
+                DataType::FixedSizeList(item, n) => format!("{} x {n}", item.data_type()),
+                other => other.to_string(),
+            };
+            (lake_schemas::tables::lerobot_name(f).to_string(), kind)
+        })
+        .collect();
+    for b in lake_store::read_columns(lake, record, lake_schemas::tables::STREAMS, &["camera", "width", "height"]).await? {
+        let camera = b.column(0).as_string::<i32>();
+        let (width, height) =
+            (b.column(1).as_primitive::<arrow::datatypes::UInt32Type>(), b.column(2).as_primitive::<arrow::datatypes::UInt32Type>());
+        for r in 0..b.num_rows() {
+            shape.entry(camera.value(r).to_string()).or_insert_with(|| format!("{}x{} frames", width.value(r), height.value(r)));
+        }
+    }
+    Ok(shape)
+}
+
+/// Why samples of `records` could not be stacked into one batch (different features, feature
+/// types or camera frame sizes), naming the first difference; `None` when they can.
+async fn sample_shape_mismatch(lake: &Lake, records: &[&lake_schemas::CommitRecord]) -> Result<Option<String>> {
+    let Some((first, rest)) = records.split_first() else { return Ok(None) };
+    let shape = sample_shape(lake, first).await?;
+    for other in rest {
+        let theirs = sample_shape(lake, other).await?;
+        let (a, b) = (format!("{}@{}", first.name, first.version), format!("{}@{}", other.name, other.version));
+        let only = |x: &BTreeMap<String, String>, y: &BTreeMap<String, String>| -> Vec<String> {
+            x.keys().filter(|k| !y.contains_key(*k)).cloned().collect()
+        };
+        let (only_a, only_b) = (only(&shape, &theirs), only(&theirs, &shape));
+        if !only_b.is_empty() {
+            return Ok(Some(format!("{b} has {} that {a} lacks", list(&only_b))));
+        }
+        if !only_a.is_empty() {
+            return Ok(Some(format!("{a} has {} that {b} lacks", list(&only_a))));
+        }
+        if let Some((key, kind)) = shape.iter().find(|(k, kind)| theirs.get(*k) != Some(*kind)) {
+            return Ok(Some(format!("`{key}` is {kind} in {a} and {} in {b}", theirs[key])));
+        }
+    }
+    Ok(None)
+}
+
+fn list(keys: &[String]) -> String {
+    keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
 }
 
 /// One dataset version to sample from, with the episodes to draw (all when `None`) and its

@@ -41,7 +41,8 @@ use crate::{
 pub const SHAPE: &str = "shape";
 /// Field metadata key: the element dtype (`float32`, `uint8`, `bool`, …).
 pub const DTYPE: &str = "dtype";
-/// Field metadata key on camera columns: `HWC`, or `THWC` with a time window.
+/// Field metadata key on camera columns: `HWC`, or `THWC` with a time window (a video
+/// camera's window of one offset is `HWC`, as in LeRobot).
 pub const LAYOUT: &str = "layout";
 
 /// Index columns LeRobot returns as int64 scalars.
@@ -940,9 +941,11 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
     }
     for camera in &ds.cameras {
         let (h, w) = (camera.height as usize, camera.width as usize);
+        // LeRobot squeezes a video camera's one-frame window (`frames.squeeze(0)`), and stacks
+        // an image camera's.
         let (shape, layout) = match window_of(&camera.key) {
-            Some(win) => (vec![win.offsets.len(), h, w, 3], "THWC"),
-            None => (vec![h, w, 3], "HWC"),
+            Some(win) if !(camera.video && win.offsets.len() == 1) => (vec![win.offsets.len(), h, w, 3], "THWC"),
+            _ => (vec![h, w, 3], "HWC"),
         };
         let size: usize = shape.iter().product();
         let list = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::UInt8, false)), size as i32);

@@ -39,6 +39,9 @@ pub struct Camera {
     pub height: u32,
     /// Frame width.
     pub width: u32,
+    /// Whether its frames are video (`false`: images stored in the parquet). LeRobot drops the
+    /// time dimension of a video camera's one-offset window, not of an image camera's.
+    pub video: bool,
 }
 
 impl Camera {
@@ -146,7 +149,7 @@ impl LoaderDataset {
                 let rows = steps.column(position).as_struct();
                 for (camera_field, array) in rows.fields().iter().zip(rows.columns()) {
                     let packet_rows = array.as_primitive::<UInt64Type>().clone();
-                    cameras.push(Camera { key: lerobot_name(camera_field).to_string(), packet_rows, height: 0, width: 0 });
+                    cameras.push(Camera { key: lerobot_name(camera_field).to_string(), packet_rows, height: 0, width: 0, video: true });
                 }
                 continue;
             }
@@ -163,6 +166,7 @@ impl LoaderDataset {
         let (episodes, row_episode) = episode_spans(&label, &steps, lake, &record).await?;
         let streams = read_streams(lake, &record, &label).await?;
         for camera in &mut cameras {
+            camera.video = streams.values().any(|s| s.camera == camera.key && s.kind == "video");
             let mut sizes = streams.values().filter(|s| s.camera == camera.key).map(|s| (s.params.height, s.params.width));
             let (h, w) = sizes.next().ok_or_else(|| bad(format!("camera {} has no stream", camera.key)))?;
             if sizes.any(|other| other != (h, w)) {

@@ -208,6 +208,20 @@ mod tests {
     }
 
     #[test]
+    fn seconds_are_read_exactly_as_python_reads_them() {
+        // Each is the nearest double to its text only when parsed exactly (Python's `float`);
+        // a parse one ulp off lands on the other side of LeRobot's tolerance check.
+        let features: Vec<String> = vec!["action".into()];
+        let k = keys(&features, &[]);
+        for (text, accepted) in [("100.00009999999999", true), ("99.99990000000001", true), ("0.10010000000000001", false)] {
+            let windows = Windows::parse_delta_timestamps(&format!(r#"{{"action": [{text}]}}"#)).unwrap();
+            let Windows::DeltaTimestamps(delta) = &windows else { panic!("delta_timestamps") };
+            assert_eq!(delta[0].1[0], text.parse::<f64>().unwrap(), "{text}");
+            assert_eq!(resolve_windows(delta, &k).is_ok(), accepted, "{text}");
+        }
+    }
+
+    #[test]
     fn presets_resolve_to_lerobot_offsets() {
         let features: Vec<String> = ["observation.state", "action", "observation.images.front"].map(String::from).to_vec();
         let cameras = vec!["observation.images.front".to_string()];

@@ -314,7 +314,25 @@ fn sample_png_images_in_parquet() {
 
 #[test]
 fn real_lingzu_mpeg4_gop12_missing_videos() {
-    let _ = check_dataset(&shared_dir().join("lerobot-real/lingzu-open50-v30"), &["--skip-bad-episodes"], &[0, 3, 4, 5]);
+    let src = shared_dir().join("lerobot-real/lingzu-open50-v30");
+    let kept = [0, 3, 4, 5];
+    let tmp = check_dataset(&src, &["--skip-bad-episodes"], &kept);
+
+    // Camera statistics cover the ingested episodes only: the per-episode ones of the source,
+    // aggregated (its dataset-level ones span all 50 episodes).
+    let mut count = 0;
+    for file in parquet_files(&src.join("meta/episodes")) {
+        for b in read_parquet(&file) {
+            let episodes = cast(b.column_by_name("episode_index").expect("episode_index"), &DataType::Int64).expect("int");
+            let counts = b.column_by_name("stats/image/count").expect("per-episode image count");
+            let counts = cast(&counts.as_list::<i32>().values().clone(), &DataType::Int64).expect("int");
+            for (episode, n) in episodes.as_primitive::<Int64Type>().values().iter().zip(counts.as_primitive::<Int64Type>().values()) {
+                count += if kept.contains(episode) { *n } else { 0 };
+            }
+        }
+    }
+    let stats: serde_json::Value = serde_json::from_str(&run_stats(&tmp.path().join("lake"), "lingzu-open50-v30")).expect("stats.json");
+    assert_eq!(stats["image"]["count"], serde_json::json!([count]), "{}", stats["image"]);
 }
 
 #[test]
@@ -402,7 +420,11 @@ fn real_so101_without_any_video() {
     let run = crate::common::lake(tmp.path(), &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes"]);
     assert_eq!(run.code, 1, "{run:#?}");
     assert!(run.stderr.contains("--drop-missing-cameras"), "{}", run.stderr);
-    let _ = check_dataset(&src, &["--drop-missing-cameras"], &[0, 1, 2, 3]);
+    let tmp = check_dataset(&src, &["--drop-missing-cameras"], &[0, 1, 2, 3]);
+    // Cameras left out have no statistics either.
+    let stats: serde_json::Value = serde_json::from_str(&run_stats(&tmp.path().join("lake"), "so101-record-test-v30")).expect("stats.json");
+    let cameras: Vec<&String> = stats.as_object().expect("object").keys().filter(|k| k.starts_with("observation.images")).collect();
+    assert!(cameras.is_empty(), "{cameras:?}");
 }
 
 #[test]

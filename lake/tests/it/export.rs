@@ -113,6 +113,24 @@ fn a_view_exports_only_its_episodes_renumbered_from_zero() {
         .map(|(c, e, f, d)| (c, e - 1, f, d))
         .collect();
     assert_eq!(frame_packets(&table(&second, "long", "packets")), renumbered);
+
+    // Its stats.json holds the statistics of its steps (numeric features exact, as `lake stats
+    // VIEW` prints them), cameras those of its episodes.
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("meta/stats.json")).expect("stats.json")).expect("json");
+    assert_eq!(stats["index"]["count"], serde_json::json!([kept.len()]));
+    let n = kept.len() as f64;
+    assert_eq!((&stats["index"]["min"], &stats["index"]["max"]), (&serde_json::json!([0.0]), &serde_json::json!([n - 1.0])), "renumbered");
+    assert_eq!(stats["episode_index"]["max"], serde_json::json!([2.0]));
+    let mut view_stats: serde_json::Value = serde_json::from_str(&lake(&first, &["stats", "long"]).stdout).expect("lake stats VIEW");
+    assert_eq!(view_stats["index"]["min"], serde_json::json!([ints(&source, "index")[kept[0]] as f64]), "the view's own numbers");
+    for renumbered in ["index", "episode_index"] {
+        view_stats[renumbered] = stats[renumbered].clone();
+    }
+    assert_eq!(view_stats, stats, "lake stats VIEW prints what the export holds, but for the numbering");
+    let camera_count = stats["observation.images.front"]["count"][0].as_i64().expect("camera count");
+    let whole: serde_json::Value = serde_json::from_str(&lake(&first, &["stats", "v30-av1-small"]).stdout).expect("lake stats");
+    assert!(camera_count > 0 && camera_count < whole["observation.images.front"]["count"][0].as_i64().expect("count"));
 }
 
 #[test]
@@ -234,7 +252,8 @@ fn failed_exports_leave_nothing_behind() {
     assert!(run.stderr.contains("not empty"), "{}", run.stderr);
     assert_eq!(std::fs::read_dir(&occupied).expect("dir").count(), 1, "the directory is untouched");
 
-    let run = lake(&root, &["view", "create", "both", "SELECT dataset, episode_index FROM episodes"]);
+    ingest_ok(&root, &testdata("v30-images-tiny"), &["--name", "twin"]);
+    let run = lake(&root, &["view", "create", "both", "SELECT dataset, episode_index FROM episodes WHERE dataset <> 'v30-av1-small'"]);
     assert_eq!(run.code, 0, "{run:#?}");
     let run = export(&root, "both", "lerobot-v3", &tmp.path().join("both"));
     assert_eq!(run.code, 2, "{run:#?}");
@@ -248,6 +267,28 @@ fn failed_exports_leave_nothing_behind() {
     assert_eq!(lake_testkit::snapshot(&root, &[]), before, "the lake is untouched");
     let leftovers: Vec<PathBuf> = std::fs::read_dir(tmp.path()).expect("dir").flatten().map(|e| e.path()).collect();
     assert_eq!(leftovers.len(), 2, "no partial export directories: {leftovers:?}");
+
+    // A symbolic link to nothing is refused before anything is written; one to an empty
+    // directory exports into that directory. A partial export whose process is gone (killed
+    // outright) is removed by the next export to the same place.
+    let dangling = tmp.path().join("dangling");
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).expect("link");
+    let run = export(&root, "v30-images-tiny", "lerobot-v3", &dangling);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("which does not exist"), "{}", run.stderr);
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).expect("dir");
+    let dead = tmp.path().join(".empty.partial-4194000-0123abcd");
+    std::fs::create_dir_all(dead.join("meta")).expect("leftover");
+    let linked = tmp.path().join("linked");
+    std::os::unix::fs::symlink(&empty, &linked).expect("link");
+    let run = export(&root, "v30-images-tiny", "lerobot-v3", &linked);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(empty.join("meta/info.json").is_file() && linked.is_symlink());
+    let mut names: Vec<String> =
+        std::fs::read_dir(tmp.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["dangling", "empty", "lake", "linked", "occupied"], "the dead partial export is gone, nothing else left");
 }
 
 /// The Python of the LeRobot environment (`bench/compare_lerobot.sh` makes it), if installed.

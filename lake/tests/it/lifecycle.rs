@@ -154,6 +154,34 @@ fn a_failed_first_ingest_leaves_no_lake_and_dot_is_named_after_its_directory() {
     assert_eq!(records[0]["source"]["url"], testdata("v30-images-tiny").to_str().expect("utf-8"), "the source is recorded absolute");
 }
 
+/// A command stopped by SIGTERM (what service managers and `timeout` send) removes the output
+/// file it was writing and says so in its exit status (143).
+#[test]
+fn a_terminated_query_leaves_no_partial_output() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let out = tmp.path().join("answer.parquet");
+    let child = lake_cmd(&root)
+        .args(["sql", "SELECT a.index, b.index FROM steps a, steps b, steps c, steps d", "--output", out.to_str().expect("utf-8")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sql");
+    let partial = || std::fs::read_dir(tmp.path()).expect("dir").flatten().any(|e| e.file_name().to_string_lossy().contains(".partial"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut child = child;
+    while !partial() {
+        assert!(Instant::now() < deadline && child.try_wait().expect("wait").is_none(), "the query never started writing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let terminate = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+    assert!(terminate.success());
+    let run = child.wait_with_output().expect("exits");
+    assert_eq!(run.status.code(), Some(143), "{run:?}");
+    assert!(!partial() && !out.exists(), "the output being written is removed");
+}
+
 /// Output that cannot be written (a full disk) is an error with its exit status, never a
 /// panic; the ingest itself is committed, and a full stderr does not change the outcome.
 #[test]

@@ -120,6 +120,7 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
     for preset in ["act", "diffusion", "none"] {
         check_preset(&root, name, preset);
     }
+    one_frame_camera_windows(&root, source, name);
     if frame_table {
         // Frames stored by `lake cache` are the decoded frames, byte for byte.
         let run = lake(&root, &["cache", name]);
@@ -133,6 +134,42 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
         assert_eq!(run.code, 0, "{run:#?}");
         assert!(run.stdout.contains(", zstd)"), "{run:#?}");
         check_preset(&root, name, "act");
+    }
+}
+
+/// A camera window of one offset: LeRobot squeezes the time dimension of a video camera's
+/// (`frames.squeeze(0)`) and keeps an image camera's (`[1, C, H, W]`); the frame is the one
+/// without a window either way.
+fn one_frame_camera_windows(root: &Path, source: &Path, name: &str) {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("meta/info.json")).expect("info.json")).expect("json");
+    let sample = |windows: Option<&str>| {
+        let out = root.parent().expect("parent").join(format!("{name}.one-frame.arrow"));
+        let mut args = vec!["sample", "--dataset", name, "--indices", "0,5", "--out", out.to_str().expect("utf-8")];
+        args.extend(windows.iter().flat_map(|w| ["--delta-timestamps", *w]));
+        let run = lake(root, &args);
+        assert_eq!(run.code, 0, "{run:#?}");
+        read_arrow(&out)
+    };
+    let plain = sample(None);
+    let cameras: Vec<String> =
+        plain.schema().fields().iter().filter(|f| f.metadata().contains_key("layout")).map(|f| f.name().clone()).collect();
+    assert!(!cameras.is_empty(), "{name} has cameras");
+    let windows: serde_json::Map<String, serde_json::Value> = cameras.iter().map(|c| (c.clone(), serde_json::json!([0.0]))).collect();
+    let windowed = sample(Some(&serde_json::Value::Object(windows).to_string()));
+    for camera in &cameras {
+        let (field, frame) = (
+            windowed.schema().field_with_name(camera).expect("camera").clone(),
+            plain.schema().field_with_name(camera).expect("camera").clone(),
+        );
+        let video = info["features"][camera.as_str()]["dtype"] == "video";
+        let frame_shape = shape(&frame.metadata()["shape"]);
+        let (expected_shape, layout) = if video { (frame_shape, "HWC") } else { ([vec![1], frame_shape].concat(), "THWC") };
+        assert_eq!(shape(&field.metadata()["shape"]), expected_shape, "{name}/{camera}");
+        assert_eq!(field.metadata()["layout"], layout, "{name}/{camera}");
+        assert_eq!(windowed.column_by_name(camera), plain.column_by_name(camera), "{name}/{camera}: the same frames");
+        let pad = windowed.column_by_name(&format!("{camera}_is_pad")).expect("pad mask");
+        assert_eq!(pad.as_fixed_size_list().value_length(), 1, "{name}/{camera}");
     }
 }
 

@@ -245,6 +245,11 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
         ),
         ("nullweight", "SELECT dataset, episode_index, CAST(NULL AS DOUBLE) AS weight FROM episodes", "returned a null `weight`"),
         ("textepisode", "SELECT dataset, 'x' AS episode_index FROM episodes", "`episode_index` must be an integer"),
+        (
+            "mixed",
+            "SELECT dataset, episode_index FROM episodes",
+            "v30-h264-multifile@1 has `observation.images.side` that v30-av1-small@1 lacks",
+        ),
     ] {
         let run = lake(&root, &["view", "create", name, query]);
         assert_eq!(run.code, 2, "{name}: {run:#?}");
@@ -299,7 +304,10 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
     assert_eq!(epoch_episodes(&root, "long@1"), draws, "a dropped view's versions stay readable");
     let run = lake(&root, &["bench", "--dataset", "long", "--batch-size", "4", "--batches", "1"]);
     assert!(run.code != 0 && run.stderr.contains("no dataset or view `long`"), "{run:#?}");
-    let run = lake(&root, &["view", "create", "long", "SELECT dataset, episode_index FROM episodes WHERE episode_index = 0"]);
+    let run = lake(
+        &root,
+        &["view", "create", "long", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'v30-av1-small' AND episode_index = 0"],
+    );
     assert!(run.stdout.contains("view long@4 created"), "{run:#?}");
 }
 
