@@ -24,7 +24,7 @@ use arrow::{
         Array, ArrayRef, AsArray, BinaryBuilder, Float64Array, Int64Array, ListBuilder, RecordBatch, StringBuilder, StructArray,
         UInt64Array,
     },
-    compute::{concat_batches, filter_record_batch, take},
+    compute::{cast, concat_batches, filter_record_batch, take},
     datatypes::{DataType, Field, Int64Type, Schema, SchemaRef},
 };
 use ffmpeg_next as ffmpeg;
@@ -510,6 +510,22 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
     let mut fields = Vec::new();
     let mut columns: Vec<ArrayRef> = Vec::new();
     let new_episode: Vec<i64> = episodes.iter().enumerate().flat_map(|(i, e)| std::iter::repeat_n(i as i64, e.len as usize)).collect();
+    // A view keeps only the tasks its steps use, numbered from 0 in their order (LeRobot looks a
+    // task up by its position in `tasks.parquet`); a whole dataset keeps its own numbering.
+    let old_tasks =
+        ds.steps.column_by_name("task_index").map(|c| cast(c, &DataType::Int64)).transpose().map_err(arrow_err("task_index"))?;
+    let new_task: Option<BTreeMap<i64, i64>> = match (&old_tasks, whole) {
+        (Some(tasks), false) => {
+            let tasks = tasks.as_primitive::<Int64Type>();
+            let used: BTreeSet<i64> = rows.values().iter().map(|&r| tasks.value(r as usize)).collect();
+            Some(used.into_iter().enumerate().map(|(new, old)| (old, new as i64)).collect())
+        }
+        _ => None,
+    };
+    let renumbered_tasks: Option<Vec<i64>> = new_task.as_ref().zip(old_tasks.as_ref()).map(|(map, tasks)| {
+        let tasks = tasks.as_primitive::<Int64Type>();
+        rows.values().iter().map(|&r| map[&tasks.value(r as usize)]).collect()
+    });
     for field in ds.steps.schema().fields() {
         let name = field.name().as_str();
         if name == PACKET_ROW || name == TASK {
@@ -519,6 +535,10 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
         let column: ArrayRef = match name {
             "episode_index" => Arc::new(Int64Array::from(new_episode.clone())),
             "index" => Arc::new(Int64Array::from_iter_values(0..rows.len() as i64)),
+            "task_index" if renumbered_tasks.is_some() => {
+                let values = Arc::new(Int64Array::from(renumbered_tasks.clone().unwrap_or_default()));
+                cast(&(values as ArrayRef), column.data_type()).map_err(arrow_err("task_index"))?
+            }
             _ => take(column, &rows, None).map_err(arrow_err("selecting steps"))?,
         };
         fields.push(Field::new(tables::lerobot_name(field), column.data_type().clone(), field.is_nullable()));
@@ -614,7 +634,7 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
     write_parquet(&dir.join("meta/episodes/chunk-000/file-000.parquet"), &episodes_batch)?;
 
     // Tasks (task strings as the pandas index, as LeRobot writes them), info, stats.
-    let tasks_batch = tasks_table(lake, ds).await?;
+    let tasks_batch = tasks_table(lake, ds, new_task.as_ref()).await?;
     write_parquet(&dir.join("meta/tasks.parquet"), &tasks_batch)?;
     let info = info_json(ds, episodes.len(), rows.len(), tasks_batch.num_rows(), &video_cameras);
     let info_path = dir.join("meta/info.json");
@@ -630,6 +650,10 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
                 episodes.iter().enumerate().flat_map(|(i, e)| std::iter::repeat_n(i as f64, e.len as usize)).collect();
             stats.insert("index".into(), crate::stats::scalar_entry(&mut index));
             stats.insert("episode_index".into(), crate::stats::scalar_entry(&mut episode_index));
+            if let Some(tasks) = &renumbered_tasks {
+                let mut tasks: Vec<f64> = tasks.iter().map(|&t| t as f64).collect();
+                stats.insert("task_index".into(), crate::stats::scalar_entry(&mut tasks));
+            }
         }
         // Only the features the export has (cameras lake holds no frames of are left out).
         if let (Some(stats), Some(kept)) = (stats.as_object_mut(), info["features"].as_object()) {
@@ -654,11 +678,24 @@ async fn stream_time_bases(lake: &Lake, ds: &LoaderDataset) -> Result<BTreeMap<u
     Ok(out)
 }
 
-/// `meta/tasks.parquet`: `task_index` plus the task strings as an unnamed pandas index.
-async fn tasks_table(lake: &Lake, ds: &LoaderDataset) -> Result<RecordBatch> {
+/// `meta/tasks.parquet`: `task_index` plus the task strings as an unnamed pandas index; only
+/// the tasks `renumber` maps (old index → new), under their new index, when given.
+async fn tasks_table(lake: &Lake, ds: &LoaderDataset, renumber: Option<&BTreeMap<i64, i64>>) -> Result<RecordBatch> {
     let batches = lake_store::read_table(lake, &ds.record, tables::TASKS).await?;
     let source: SchemaRef = tables::tasks_schema();
-    let all = concat_batches(&source, &batches).map_err(arrow_err("reading tasks"))?;
+    let mut all = concat_batches(&source, &batches).map_err(arrow_err("reading tasks"))?;
+    if let Some(map) = renumber {
+        let index = cast(all.column(0), &DataType::Int64).map_err(arrow_err("task_index"))?;
+        let index = index.as_primitive::<Int64Type>();
+        let mut kept: Vec<(i64, u64)> = (0..all.num_rows()).filter_map(|r| map.get(&index.value(r)).map(|&new| (new, r as u64))).collect();
+        kept.sort_unstable();
+        let rows = UInt64Array::from_iter_values(kept.iter().map(|&(_, r)| r));
+        let strings = take(all.column(1), &rows, None).map_err(arrow_err("selecting tasks"))?;
+        let numbers = Arc::new(Int64Array::from_iter_values(kept.iter().map(|&(new, _)| new))) as ArrayRef;
+        all =
+            RecordBatch::try_new(all.schema(), vec![cast(&numbers, all.column(0).data_type()).map_err(arrow_err("task_index"))?, strings])
+                .map_err(arrow_err("building tasks"))?;
+    }
     let pandas = json!({
         "index_columns": ["__index_level_0__"],
         "column_indexes": [{"name": null, "field_name": null, "pandas_type": "unicode", "numpy_type": "object", "metadata": {"encoding": "UTF-8"}}],

@@ -131,6 +131,18 @@ fn a_view_exports_only_its_episodes_renumbered_from_zero() {
     let camera_count = stats["observation.images.front"]["count"][0].as_i64().expect("camera count");
     let whole: serde_json::Value = serde_json::from_str(&lake(&first, &["stats", "v30-av1-small"]).stdout).expect("lake stats");
     assert!(camera_count > 0 && camera_count < whole["observation.images.front"]["count"][0].as_i64().expect("count"));
+
+    // Only the tasks its steps use, numbered from 0 (LeRobot finds a task by its position).
+    let run = lake(&first, &["view", "create", "one-task", "SELECT episode_index FROM episodes WHERE episode_index IN (1, 4)"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out = tmp.path().join("one-task");
+    assert_eq!(export(&first, "one-task", "lerobot-v3", &out).code, 0);
+    ingest_ok(&second, &out, &["--name", "one-task"]);
+    let tasks = table(&second, "one-task", "tasks");
+    assert_eq!(strings(&tasks, "task"), [Some("Pick up the red cube and place it in the bin.".to_string())]);
+    let steps = table(&second, "one-task", "steps");
+    assert!(ints(&steps, "task_index").iter().all(|t| *t == 0), "renumbered");
+    assert!(strings(&steps, "task").iter().all(|t| t.as_deref().is_some_and(|t| t.starts_with("Pick up"))));
 }
 
 #[test]
