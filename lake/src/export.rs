@@ -149,11 +149,12 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
         ds.episodes.iter().filter(|e| selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e.episode_index).is_ok())).collect();
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
-    // `.OUT.partial-PID-…`: an export killed outright leaves one, removed by the next export
-    // to the same place once its process is gone.
+    // `.OUT.partial-PID@HOST-…`: an export killed outright leaves one, removed by the next
+    // export to the same place on the same machine once its process is gone.
     let prefix = format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export"));
-    remove_dead_partials(parent, &prefix);
-    let tmp = tempfile::Builder::new().prefix(&format!("{prefix}{}-", std::process::id())).tempdir_in(parent).map_err(io(parent))?;
+    let host = lake_store::hostname();
+    remove_dead_partials(parent, &prefix, &host);
+    let tmp = tempfile::Builder::new().prefix(&format!("{prefix}{}@{host}-", std::process::id())).tempdir_in(parent).map_err(io(parent))?;
     let whole = selection.episodes.is_none();
     match format {
         ExportFormat::LerobotV3 => write_lerobot(lake, &ds, &episodes, whole, tmp.path()).await?,
@@ -175,15 +176,16 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     })
 }
 
-/// Removes the partial exports (`PREFIX<pid>-…`) in `dir` whose process is gone.
-fn remove_dead_partials(dir: &Path, prefix: &str) {
+/// Removes the partial exports (`PREFIX<pid>@<host>-…`) in `dir` of processes of this machine
+/// (`host`) that are gone.
+fn remove_dead_partials(dir: &Path, prefix: &str, host: &str) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|rest| rest.split('-').next()?.parse::<u32>().ok())
-        else {
+        let Some((pid, rest)) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|rest| rest.split_once('@')) else {
             continue;
         };
-        if !lake_store::process_alive(pid) && entry.path().is_dir() {
+        let ours = rest.rsplit_once('-').is_some_and(|(h, _)| h == host);
+        if ours && pid.parse().is_ok_and(|pid| !lake_store::process_alive(pid)) && entry.path().is_dir() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
@@ -643,8 +645,9 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
         // A view's: over its episodes (numeric features exact, cameras aggregated).
         let selected: Option<BTreeSet<i64>> = (!whole).then(|| episodes.iter().map(|e| e.episode_index).collect());
         let mut stats = crate::stats::stats_json(lake, &ds.record, selected.as_ref()).await?;
-        if let (Some(_), Some(stats)) = (&selected, stats.as_object_mut()) {
-            // The export numbers its episodes and steps from 0.
+        if let Some(stats) = stats.as_object_mut() {
+            // The export numbers its episodes and steps from 0 (a version with episodes skipped
+            // at ingest too).
             let mut index: Vec<f64> = (0..rows.len()).map(|i| i as f64).collect();
             let mut episode_index: Vec<f64> =
                 episodes.iter().enumerate().flat_map(|(i, e)| std::iter::repeat_n(i as f64, e.len as usize)).collect();

@@ -144,9 +144,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // `ingest`, `cache` and `serve` stop cleanly on their own; any other command is dropped
-    // where it is, which removes what it was writing (an output file not yet in place).
-    let own_stop = matches!(cli.command, Command::Ingest(_) | Command::Cache(_) | Command::Serve(_));
+    // `ingest`, `cache` and `serve` stop cleanly on their own, and the SQL shell keeps the
+    // default actions; any other command is dropped where it is, which removes what it was
+    // writing (an output file not yet in place).
+    let own_stop = match &cli.command {
+        Command::Ingest(_) | Command::Cache(_) | Command::Serve(_) => true,
+        Command::Sql(args) => args.is_shell(),
+        _ => false,
+    };
     let result = runtime.block_on(async {
         let command = async {
             match cli.command {

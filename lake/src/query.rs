@@ -80,6 +80,14 @@ pub struct SqlArgs {
     output: Option<PathBuf>,
 }
 
+impl SqlArgs {
+    /// Whether these open the interactive shell (which reads lines on the main thread, where
+    /// the default signal actions must stay: Ctrl-C at the prompt is the line editor's).
+    pub fn is_shell(&self) -> bool {
+        self.query.is_none()
+    }
+}
+
 /// `lake sql`.
 pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
     let format = match (args.format, &args.output) {
@@ -340,46 +348,53 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
     Ok(if failed && !interactive { ExitCode::from(2) } else { ExitCode::SUCCESS })
 }
 
-/// Splits `text` at the `;`s that end statements (not those in quotes or comments): the
-/// complete statements, without their `;` (empty ones left out), and the text after the last.
+/// Splits `text` at the `;`s that end statements (not those in quotes or comments, block
+/// comments nesting as DataFusion's parser nests them): the complete statements, without their
+/// `;` (those holding no code left out), and the text after the last (empty when it holds no
+/// code).
 fn split_statements(text: &str) -> (Vec<String>, String) {
     #[derive(Clone, Copy, PartialEq)]
     enum In {
         Code,
         Quoted(char),
         LineComment,
-        BlockComment,
+        BlockComment(usize),
     }
-    let (mut complete, mut start, mut state) = (Vec::new(), 0, In::Code);
+    let (mut complete, mut start, mut state, mut code) = (Vec::new(), 0, In::Code, false);
     let mut chars = text.char_indices().peekable();
     while let Some((i, c)) = chars.next() {
         let next = chars.peek().map(|&(_, n)| n);
         state = match (state, c) {
-            (In::Code, '\'' | '"') => In::Quoted(c),
             (In::Code, '-') if next == Some('-') => In::LineComment,
             (In::Code, '/') if next == Some('*') => {
                 chars.next();
-                In::BlockComment
+                In::BlockComment(1)
             }
             (In::Code, ';') => {
-                let statement = text[start..i].trim();
-                if !statement.is_empty() {
-                    complete.push(statement.to_string());
+                if code {
+                    complete.push(text[start..i].trim().to_string());
                 }
-                start = i + 1;
+                (start, code) = (i + 1, false);
                 In::Code
+            }
+            (In::Code, c) => {
+                code |= !c.is_whitespace();
+                if matches!(c, '\'' | '"') { In::Quoted(c) } else { In::Code }
             }
             (In::Quoted(q), c) if c == q => In::Code,
             (In::LineComment, '\n') => In::Code,
-            (In::BlockComment, '*') if next == Some('/') => {
+            (In::BlockComment(depth), '/') if next == Some('*') => {
                 chars.next();
-                In::Code
+                In::BlockComment(depth + 1)
+            }
+            (In::BlockComment(depth), '*') if next == Some('/') => {
+                chars.next();
+                if depth == 1 { In::Code } else { In::BlockComment(depth - 1) }
             }
             (state, _) => state,
         };
     }
-    let rest = &text[start..];
-    (complete, if rest.trim().is_empty() { String::new() } else { rest.to_string() })
+    (complete, if code { text[start..].to_string() } else { String::new() })
 }
 
 fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> {
@@ -613,5 +628,9 @@ mod tests {
         assert_eq!((done, rest), (vec!["select 'it''s;'".to_string()], String::new()));
         let (done, rest) = split_statements("select 'open;\n");
         assert!(done.is_empty() && rest == "select 'open;\n");
+        let (done, rest) = split_statements("select 1 as x; -- done\n");
+        assert_eq!((done, rest), (vec!["select 1 as x".to_string()], String::new()), "a trailing comment is no statement");
+        let (done, rest) = split_statements("/* a /* nested ; */ still ; */ select 2;");
+        assert_eq!((done, rest), (vec!["/* a /* nested ; */ still ; */ select 2".to_string()], String::new()));
     }
 }

@@ -160,39 +160,42 @@ pub fn scalar_entry(values: &mut [f64]) -> Value {
     Value::Object(entry)
 }
 
-/// Like [`dataset_rows`], computed over the steps of `episodes` (exact, from the steps table).
+/// Like [`dataset_rows`], computed over the steps of `episodes` (exact, from the steps table,
+/// read one column at a time).
 async fn subset_rows(
     lake: &Lake,
     record: &lake_schemas::CommitRecord,
     episodes: &BTreeSet<i64>,
 ) -> Result<Vec<(String, Vec<Vec<f64>>, i64)>> {
     use lake_ingest::feature_stats::{is_numeric, summarise_rows};
-    let batches = lake_store::read_table(lake, record, lake_schemas::tables::STEPS).await?;
-    let Some(schema) = batches.first().map(arrow::array::RecordBatch::schema) else { return Ok(Vec::new()) };
-    let steps = arrow::compute::concat_batches(&schema, &batches)
-        .map_err(|e| Error::Invalid(format!("{}@{}: {e}", record.name, record.version)))?;
-    let episode = arrow::compute::cast(
-        steps.column_by_name("episode_index").ok_or_else(|| Error::Invalid("steps have no episode_index".into()))?,
-        &arrow::datatypes::DataType::Int64,
-    )
-    .map_err(|e| Error::Invalid(e.to_string()))?;
+    use lake_schemas::tables::STEPS;
+    let label = format!("{}@{}", record.name, record.version);
+    let bad = |e: &dyn std::fmt::Display| Error::Invalid(format!("{label}: {e}"));
+    let column = |batches: Vec<arrow::array::RecordBatch>| -> Result<arrow::array::ArrayRef> {
+        let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
+        arrow::compute::concat(&parts).map_err(|e| bad(&e))
+    };
+    let schema = arrow::datatypes::Schema::from(lake_store::open_table(lake, record, STEPS).await?.schema());
+    let episode = column(lake_store::read_columns(lake, record, STEPS, &["episode_index"]).await?)?;
+    let episode = arrow::compute::cast(&episode, &arrow::datatypes::DataType::Int64).map_err(|e| bad(&e))?;
     let rows: Vec<usize> =
         episode.as_primitive::<Int64Type>().values().iter().enumerate().filter(|(_, e)| episodes.contains(e)).map(|(r, _)| r).collect();
     let mut out = Vec::new();
-    for (field, column) in schema.fields().iter().zip(steps.columns()).filter(|(f, _)| is_numeric(f)) {
-        let summaries = summarise_rows(column, &rows).map_err(|e| Error::Invalid(format!("{}@{}: {e}", record.name, record.version)))?;
-        let Some(count) = summaries.first().and_then(|s| s.as_ref()).map(|s| s.count) else { continue };
-        let mut values = vec![Vec::with_capacity(summaries.len()); 4 + QUANTILES.len()];
+    for field in schema.fields().iter().filter(|f| is_numeric(f)) {
+        let values = column(lake_store::read_columns(lake, record, STEPS, &[field.name()]).await?)?;
+        let summaries = summarise_rows(&values, &rows).map_err(|e| bad(&e))?;
+        let count = summaries.iter().flatten().map(|s| s.count).max().unwrap_or(0);
+        let mut stats = vec![Vec::with_capacity(summaries.len()); 4 + QUANTILES.len()];
         for s in &summaries {
-            let stats = match s {
+            let row = match s {
                 Some(s) => [&[s.min, s.max, s.mean, s.std][..], &s.quantiles[..]].concat(),
                 None => vec![f64::NAN; 4 + QUANTILES.len()],
             };
-            for (v, x) in values.iter_mut().zip(stats) {
+            for (v, x) in stats.iter_mut().zip(row) {
                 v.push(x);
             }
         }
-        out.push((lake_schemas::tables::lerobot_name(field).to_string(), values, count));
+        out.push((lake_schemas::tables::lerobot_name(field).to_string(), stats, count));
     }
     Ok(out)
 }
@@ -436,13 +439,18 @@ pub async fn write_image_stats(lake: &Lake, spec: &str) -> Result<ImageStatsRepo
     let dest = std::path::PathBuf::from(lake.uri(&ds.record.tables.path(lake_schemas::tables::IMAGE_STATS)));
     let tmp = dest.with_extension(format!("partial-{}", std::process::id()));
     let tmp_uri = tmp.to_string_lossy().into_owned();
+    // Also removed when this future is dropped (Ctrl-C) while the table is written.
+    struct Unpublished<'a>(&'a std::path::Path);
+    impl Drop for Unpublished<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0);
+        }
+    }
+    let _unpublished = Unpublished(&tmp);
     let written = lake_store::write_table(&tmp_uri, batch.schema(), vec![batch]).await;
     let published = written.map_err(Error::from).and_then(|_| {
         lake_store::publish_dir(&tmp, &dest).map_err(|e| Error::Invalid(format!("{}: publishing image statistics: {e}", ds.label)))
     });
-    if published.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
     published.map(|()| report)
 }
 

@@ -142,43 +142,59 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
     Ok(view)
 }
 
-/// What a version's samples are made of: each steps column's type and each camera's frame
-/// size, by LeRobot key.
-async fn sample_shape(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<BTreeMap<String, String>> {
-    let steps = lake_store::open_table(lake, record, lake_schemas::tables::STEPS).await?;
-    let mut shape: BTreeMap<String, String> = arrow::datatypes::Schema::from(steps.schema())
+/// What a version's samples are made of, in the order the loader puts them: each steps column
+/// (by LeRobot key; the index columns, which the loader gives fixed types, left out) with its
+/// type, then each camera with its kind (frame sizes may differ: a frame table of one size
+/// unifies them, and the loader says when they do not).
+async fn sample_shape(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<Vec<(String, String)>> {
+    use lake_schemas::tables::{INDEX_COLUMNS, PACKET_ROW, STEPS, STREAMS, lerobot_name};
+    let steps = lake_store::open_table(lake, record, STEPS).await?;
+    let mut shape: Vec<(String, String)> = arrow::datatypes::Schema::from(steps.schema())
         .fields()
         .iter()
-        .filter(|f| f.name() != lake_schemas::tables::PACKET_ROW) // the cameras, below
+        .filter(|f| f.name() != PACKET_ROW && !INDEX_COLUMNS.contains(&lerobot_name(f)))
         .map(|f| {
             let kind = match f.data_type() {
                 DataType::FixedSizeList(item, n) => format!("{} x {n}", item.data_type()),
                 other => other.to_string(),
             };
-            (lake_schemas::tables::lerobot_name(f).to_string(), kind)
+            (lerobot_name(f).to_string(), kind)
         })
         .collect();
-    for b in lake_store::read_columns(lake, record, lake_schemas::tables::STREAMS, &["camera", "width", "height"]).await? {
-        let camera = b.column(0).as_string::<i32>();
-        let (width, height) =
-            (b.column(1).as_primitive::<arrow::datatypes::UInt32Type>(), b.column(2).as_primitive::<arrow::datatypes::UInt32Type>());
+    let mut cameras: Vec<(String, String)> = Vec::new();
+    for b in lake_store::read_columns(lake, record, STREAMS, &["camera", "kind"]).await? {
+        let (camera, kind) = (b.column(0).as_string::<i32>(), b.column(1).as_string::<i32>());
         for r in 0..b.num_rows() {
-            shape.entry(camera.value(r).to_string()).or_insert_with(|| format!("{}x{} frames", width.value(r), height.value(r)));
+            if !cameras.iter().any(|(c, _)| c == camera.value(r)) {
+                cameras.push((camera.value(r).to_string(), format!("a {} camera", kind.value(r))));
+            }
         }
     }
+    // In the order of the steps' camera pointers, as the loader lists cameras.
+    let order: Vec<String> = arrow::datatypes::Schema::from(steps.schema())
+        .field_with_name(PACKET_ROW)
+        .ok()
+        .and_then(|f| match f.data_type() {
+            DataType::Struct(fields) => Some(fields.iter().map(|c| lerobot_name(c).to_string()).collect()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    cameras.sort_by_key(|(c, _)| order.iter().position(|o| o == c).unwrap_or(usize::MAX));
+    shape.extend(cameras);
     Ok(shape)
 }
 
 /// Why samples of `records` could not be stacked into one batch (different features, feature
-/// types or camera frame sizes), naming the first difference; `None` when they can.
+/// types, camera kinds, or the same in another order), naming the first difference; `None` when
+/// they can.
 async fn sample_shape_mismatch(lake: &Lake, records: &[&lake_schemas::CommitRecord]) -> Result<Option<String>> {
     let Some((first, rest)) = records.split_first() else { return Ok(None) };
     let shape = sample_shape(lake, first).await?;
     for other in rest {
         let theirs = sample_shape(lake, other).await?;
         let (a, b) = (format!("{}@{}", first.name, first.version), format!("{}@{}", other.name, other.version));
-        let only = |x: &BTreeMap<String, String>, y: &BTreeMap<String, String>| -> Vec<String> {
-            x.keys().filter(|k| !y.contains_key(*k)).cloned().collect()
+        let only = |x: &[(String, String)], y: &[(String, String)]| -> Vec<String> {
+            x.iter().filter(|(k, _)| !y.iter().any(|(o, _)| o == k)).map(|(k, _)| k.clone()).collect()
         };
         let (only_a, only_b) = (only(&shape, &theirs), only(&theirs, &shape));
         if !only_b.is_empty() {
@@ -187,8 +203,13 @@ async fn sample_shape_mismatch(lake: &Lake, records: &[&lake_schemas::CommitReco
         if !only_a.is_empty() {
             return Ok(Some(format!("{a} has {} that {b} lacks", list(&only_a))));
         }
-        if let Some((key, kind)) = shape.iter().find(|(k, kind)| theirs.get(*k) != Some(*kind)) {
-            return Ok(Some(format!("`{key}` is {kind} in {a} and {} in {b}", theirs[key])));
+        for ((key, kind), (their_key, their_kind)) in shape.iter().zip(&theirs) {
+            if key != their_key {
+                return Ok(Some(format!("their features come in another order (`{key}` in {a} where {b} has `{their_key}`)")));
+            }
+            if kind != their_kind {
+                return Ok(Some(format!("`{key}` is {kind} in {a} and {their_kind} in {b}")));
+            }
         }
     }
     Ok(None)

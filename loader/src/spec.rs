@@ -72,11 +72,16 @@ impl Windows {
         Self::from_json(&value)
     }
 
-    /// Reads `delta_timestamps` from a JSON value: an object of key → list of seconds.
+    /// Reads `delta_timestamps` from a JSON value: an object of key → list of seconds, or
+    /// `null` for none.
     ///
     /// # Errors
     /// When the value is not such an object.
     pub fn from_json(value: &Value) -> Result<Self> {
+        // `None` in LeRobot: no windows.
+        if value.is_null() {
+            return Ok(Self::Preset(Preset::None));
+        }
         let obj = value.as_object().ok_or_else(|| Error::request("delta_timestamps must be an object of key → list of seconds"))?;
         let mut out = Vec::with_capacity(obj.len());
         for (key, offsets) in obj {
@@ -219,6 +224,7 @@ mod tests {
             assert_eq!(delta[0].1[0], text.parse::<f64>().unwrap(), "{text}");
             assert_eq!(resolve_windows(delta, &k).is_ok(), accepted, "{text}");
         }
+        assert!(Windows::parse_delta_timestamps("null").unwrap().delta_timestamps(&k).unwrap().is_none(), "null: no windows");
     }
 
     #[test]

@@ -29,8 +29,9 @@ const DATASETS: &str = "datasets";
 const STAGING: &str = "staging";
 const VIEWS: &str = "views";
 const MARKER: &str = "lake.json";
-/// Where [`Lake::take_back`] moves the marker while it checks that no other writer started.
-const TAKING_BACK: &str = ".lake.json.taking-back";
+/// Where [`Lake::take_back`] moves the marker while it checks that no other writer started
+/// (followed by its pid: one left by a process that died is put back).
+const TAKING_BACK: &str = ".lake.json.taking-back-";
 /// Layout version written to `lake.json`.
 const LAYOUT: u32 = 1;
 
@@ -82,6 +83,19 @@ impl Lease {
             Utc::now().signed_duration_since(self.started_at) > chrono::Duration::days(1)
         }
     }
+}
+
+/// The markers moved aside in `root` by [`Lake::take_back`], with the pid of the process that
+/// moved each.
+fn taking_back(root: &std::path::Path) -> Vec<(PathBuf, Option<u32>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(TAKING_BACK)) {
+            out.push((entry.path(), pid.parse().ok()));
+        }
+    }
+    out
 }
 
 /// A catalog or view record that cannot be parsed (damaged outside lake).
@@ -142,10 +156,17 @@ impl Lake {
                     found.format, found.layout
                 )));
             }
-        } else {
-            if abs.join(TAKING_BACK).exists() {
+        } else if let Some((aside, pid)) = taking_back(&abs).into_iter().next() {
+            // A failed first ingest is deciding whether to remove the lake it made; if it died
+            // doing so, the lake is put back as it was.
+            if pid.is_some_and(process_alive) {
                 return Err(root_err("a failed ingest is removing the lake it created here; run this again once it has finished".into()));
             }
+            if std::fs::rename(&aside, &marker).is_err() && !marker.is_file() {
+                return Err(root_err(format!("cannot put back {MARKER} from {}", aside.display())));
+            }
+            return Self::open_inner(root, create);
+        } else {
             if !create {
                 let message = if abs.exists() {
                     "this directory is not a lake (no lake.json)"
@@ -174,26 +195,34 @@ impl Lake {
     /// starts from here on finds no lake once its lease is written ([`Lake::begin`] checks), and
     /// one that wrote its lease before is seen here, so that the lake stays.
     pub fn take_back(&self, dir_existed: bool) -> bool {
-        let (marker, aside) = (self.root.join(MARKER), self.root.join(TAKING_BACK));
+        let marker = self.root.join(MARKER);
+        let aside = self.root.join(format!("{TAKING_BACK}{}", std::process::id()));
         if std::fs::rename(&marker, &aside).is_err() {
             return false;
         }
+        // Staging first: a writer's lease goes only once its commit record is there.
         let empty = |dir: &str| std::fs::read_dir(self.root.join(dir)).map_or(true, |mut d| d.next().is_none());
-        if ![CATALOG, STAGING, VIEWS].iter().all(|dir| empty(dir)) {
+        if ![STAGING, CATALOG, VIEWS].iter().all(|dir| empty(dir)) {
             let _ = std::fs::rename(&aside, &marker);
             return false;
         }
-        if !dir_existed {
-            return std::fs::remove_dir_all(&self.root).is_ok();
-        }
-        let Ok(entries) = std::fs::read_dir(&self.root) else { return false };
-        for entry in entries.flatten() {
-            let p = entry.path();
-            if p != aside {
-                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        let removed = if dir_existed {
+            let entries: Vec<_> = std::fs::read_dir(&self.root).into_iter().flatten().flatten().map(|e| e.path()).collect();
+            let mut all = true;
+            for p in entries.iter().filter(|p| **p != aside) {
+                all &= if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) }.is_ok();
             }
+            all && std::fs::remove_file(&aside).is_ok()
+        } else {
+            std::fs::remove_dir_all(&self.root).is_ok()
+        };
+        // A writer that started meanwhile made files again: what is left stays a lake.
+        if !removed && self.root.is_dir() {
+            let body = serde_json::to_vec_pretty(&Marker { format: "lake".into(), layout: LAYOUT }).expect("marker serialises");
+            let _ = std::fs::write(&marker, body);
+            let _ = std::fs::remove_file(&aside);
         }
-        std::fs::remove_file(&aside).is_ok()
+        removed
     }
 
     /// Waits (briefly) for the lake's marker to be in place: it is missing while a failed
@@ -203,7 +232,7 @@ impl Lake {
             if self.root.join(MARKER).is_file() {
                 return true;
             }
-            if !self.root.join(TAKING_BACK).exists() && !self.root.join(MARKER).exists() {
+            if taking_back(&self.root).is_empty() {
                 return false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -968,7 +997,8 @@ pub fn default_name(source: &str) -> String {
     if name.is_empty() { "dataset".to_string() } else { name.chars().take(128).collect() }
 }
 
-fn hostname() -> String {
+/// This machine's name (what leases record, to tell this machine's writers from others').
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
 }
 
@@ -1089,10 +1119,15 @@ mod lifecycle_tests {
         let other = Lake::open(root.to_str().unwrap()).unwrap();
         let pending = other.begin("ds").await.unwrap();
         assert!(!made.take_back(false));
-        assert!(root.join(MARKER).is_file() && !root.join(TAKING_BACK).exists());
+        assert!(root.join(MARKER).is_file() && taking_back(&root).is_empty());
         let dir = pending.dir().to_string();
         pending.commit(|version| record("ds", version, &dir)).await.unwrap();
         assert_eq!(Lake::open(root.to_str().unwrap()).unwrap().datasets().await.unwrap().len(), 1);
+
+        // A marker left aside by a process that died meanwhile is put back by the next open.
+        std::fs::rename(root.join(MARKER), root.join(format!("{TAKING_BACK}4194000"))).unwrap();
+        assert_eq!(Lake::open(root.to_str().unwrap()).unwrap().datasets().await.unwrap().len(), 1);
+        assert!(root.join(MARKER).is_file() && taking_back(&root).is_empty());
 
         // In a directory that existed (empty): only what the lake put there goes.
         let empty = tmp.path().join("empty");

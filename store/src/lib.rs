@@ -15,7 +15,10 @@ mod error;
 mod tables;
 
 pub use crate::{
-    catalog::{GarbageReport, Lake, PendingVersion, Unreadable, absolute_location, default_name, local_path, process_alive, validate_name},
+    catalog::{
+        GarbageReport, Lake, PendingVersion, Unreadable, absolute_location, default_name, hostname, local_path, process_alive,
+        validate_name,
+    },
     error::{Error, Result, lance_message, without_source_locations},
     tables::{
         UncommittedPart, commit_parts, open_lance, open_table, publish_dir, read_columns, read_columns_at, read_table, write_table,

@@ -145,7 +145,7 @@ pub async fn open_table(lake: &Lake, record: &CommitRecord, table: &str) -> Resu
 
 /// Opens the Lance table at `uri`. Lance trusts the offsets a manifest holds, and a manifest
 /// damaged outside lake (truncated, overwritten) can make it panic: that becomes an error
-/// saying the manifest is damaged, and nothing is printed for the panic.
+/// saying the manifest is damaged, with the panic's message, and nothing is printed for it.
 ///
 /// # Errors
 /// Lance's error, or [`lance::Error::CorruptFile`] for a manifest Lance cannot read.
@@ -154,10 +154,13 @@ pub async fn open_lance(uri: &str) -> lance::Result<Dataset> {
     quiet_panics::install();
     match std::panic::AssertUnwindSafe(quiet_panics::Quiet(Box::pin(Dataset::open(uri)))).catch_unwind().await {
         Ok(opened) => opened,
-        Err(_) => Err(lance::Error::corrupt_file(
-            object_store::path::Path::from(format!("{uri}/_versions")),
-            "the table's manifest is damaged (Lance cannot read it)",
-        )),
+        Err(panic) => {
+            let why = panic.downcast_ref::<&str>().map(ToString::to_string).or_else(|| panic.downcast_ref::<String>().cloned());
+            Err(lance::Error::corrupt_file(
+                object_store::path::Path::from(format!("{uri}/_versions")),
+                format!("the table's manifest is damaged (Lance failed reading it: {})", why.as_deref().unwrap_or("a panic")),
+            ))
+        }
     }
 }
 

@@ -290,7 +290,10 @@ fn failed_exports_leave_nothing_behind() {
     assert!(run.stderr.contains("which does not exist"), "{}", run.stderr);
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).expect("dir");
-    let dead = tmp.path().join(".empty.partial-4194000-0123abcd");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let dead = tmp.path().join(format!(".empty.partial-4194000@{}-0123abcd", host.trim()));
+    let elsewhere = tmp.path().join(".empty.partial-4194000@another-host-0123abcd");
+    std::fs::create_dir_all(&elsewhere).expect("another machine's export");
     std::fs::create_dir_all(dead.join("meta")).expect("leftover");
     let linked = tmp.path().join("linked");
     std::os::unix::fs::symlink(&empty, &linked).expect("link");
@@ -300,7 +303,11 @@ fn failed_exports_leave_nothing_behind() {
     let mut names: Vec<String> =
         std::fs::read_dir(tmp.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     names.sort();
-    assert_eq!(names, ["dangling", "empty", "lake", "linked", "occupied"], "the dead partial export is gone, nothing else left");
+    assert_eq!(
+        names,
+        [".empty.partial-4194000@another-host-0123abcd", "dangling", "empty", "lake", "linked", "occupied"],
+        "this machine's dead partial export is gone, another machine's stays, nothing else is left"
+    );
 }
 
 /// The Python of the LeRobot environment (`bench/compare_lerobot.sh` makes it), if installed.
