@@ -288,51 +288,59 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             Err(e) => return Err(e.into()),
         };
         let trimmed = line.trim();
-        // A `\\` command is read at any point, a statement begun or not; `\\q` drops that statement.
-        if trimmed.starts_with('\\') {
-            let _ = editor.add_history_entry(trimmed);
-            if trimmed == "\\q" {
-                statement.clear();
+        // A `\\` command is read at the start of a line, a statement begun or not (`\\q` drops
+        // that statement), and after the statements a line ends.
+        let mut command = trimmed.starts_with('\\').then(|| trimmed.to_string());
+        if command.is_none() {
+            if trimmed.is_empty() && statement.is_empty() {
+                continue;
+            }
+            statement.push_str(&line);
+            statement.push('\n');
+            let (complete, rest) = split_statements(&statement);
+            statement = rest;
+            for query in complete {
+                let _ = editor.add_history_entry(query.as_str());
+                if let Err(e) = run(session, &query, format, None).await {
+                    // With the output's reader gone there is no one left to answer.
+                    if crate::reader_gone(&e) {
+                        gone = Some(e);
+                        break;
+                    }
+                    errln!("error: {e:#}");
+                    failed = true;
+                }
+            }
+            if gone.is_some() {
                 break;
             }
-            match meta_command(session, trimmed).await {
-                Ok(found) => failed |= !found,
-                Err(e) if crate::reader_gone(&e) => {
-                    gone = Some(e);
-                    break;
-                }
-                Err(e) => return Err(e),
+            if statement.trim_start().starts_with('\\') {
+                command = Some(statement.trim().to_string());
+                statement.clear();
             }
-            continue;
         }
-        if trimmed.is_empty() && statement.is_empty() {
-            continue;
+        let Some(command) = command else { continue };
+        let _ = editor.add_history_entry(command.as_str());
+        if command == "\\q" {
+            statement.clear();
+            break;
         }
-        statement.push_str(&line);
-        statement.push('\n');
-        let (complete, rest) = split_statements(&statement);
-        statement = rest;
-        for query in complete {
-            let _ = editor.add_history_entry(query.as_str());
+        match meta_command(session, &command).await {
+            Ok(found) => failed |= !found,
+            Err(e) if crate::reader_gone(&e) => {
+                gone = Some(e);
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // What is left at the end runs as if a `;` ended it (nothing, when it holds no code).
+    if gone.is_none() {
+        for query in split_statements(&format!("{statement}\n;")).0 {
             if let Err(e) = run(session, &query, format, None).await {
-                // With the output's reader gone there is no one left to answer.
-                if crate::reader_gone(&e) {
-                    gone = Some(e);
-                    break;
-                }
                 errln!("error: {e:#}");
                 failed = true;
             }
-        }
-        if gone.is_some() {
-            break;
-        }
-    }
-    if gone.is_none() && !statement.trim().is_empty() {
-        let query = statement.trim().to_string();
-        if let Err(e) = run(session, &query, format, None).await {
-            errln!("error: {e:#}");
-            failed = true;
         }
     }
     if let Some(h) = &history {
@@ -348,53 +356,93 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
     Ok(if failed && !interactive { ExitCode::from(2) } else { ExitCode::SUCCESS })
 }
 
-/// Splits `text` at the `;`s that end statements (not those in quotes or comments, block
-/// comments nesting as DataFusion's parser nests them): the complete statements, without their
-/// `;` (those holding no code left out), and the text after the last (empty when it holds no
-/// code).
+/// Splits `text` at the `;`s that end statements, not those in strings (`'…'`, `"…"`, `E'…'`
+/// with backslash escapes, `$tag$…$tag$`) or comments (block comments nesting as DataFusion's
+/// parser nests them): the complete statements, without their `;` (those holding no code left
+/// out), and the text after the last (empty when it holds neither code nor an open string or
+/// comment).
 fn split_statements(text: &str) -> (Vec<String>, String) {
-    #[derive(Clone, Copy, PartialEq)]
+    #[derive(Clone, PartialEq)]
     enum In {
         Code,
         Quoted(char),
+        Escaped,
+        Dollar(String),
         LineComment,
         BlockComment(usize),
     }
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let at = |i: usize| chars.get(i).map(|&(_, c)| c);
     let (mut complete, mut start, mut state, mut code) = (Vec::new(), 0, In::Code, false);
-    let mut chars = text.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let next = chars.peek().map(|&(_, n)| n);
+    let mut i = 0;
+    while let Some(c) = at(i) {
+        let next = at(i + 1);
+        let mut step = 1;
         state = match (state, c) {
             (In::Code, '-') if next == Some('-') => In::LineComment,
             (In::Code, '/') if next == Some('*') => {
-                chars.next();
+                step = 2;
                 In::BlockComment(1)
             }
             (In::Code, ';') => {
                 if code {
-                    complete.push(text[start..i].trim().to_string());
+                    complete.push(text[start..chars[i].0].trim().to_string());
                 }
-                (start, code) = (i + 1, false);
+                (start, code) = (chars[i].0 + 1, false);
                 In::Code
             }
             (In::Code, c) => {
                 code |= !c.is_whitespace();
-                if matches!(c, '\'' | '"') { In::Quoted(c) } else { In::Code }
+                let word_before = i > 0 && at(i - 1).is_some_and(|p| p.is_alphanumeric() || p == '_');
+                if matches!(c, 'E' | 'e') && next == Some('\'') && !word_before {
+                    step = 2;
+                    In::Escaped
+                } else if c == '$' && !word_before {
+                    // `$tag$` opens a string that the same `$tag$` closes (`$1` is a parameter).
+                    let tag: String = chars[i + 1..].iter().map(|&(_, c)| c).take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    let closes = at(i + 1 + tag.chars().count()) == Some('$') && !tag.starts_with(|c: char| c.is_ascii_digit());
+                    if closes {
+                        step = tag.chars().count() + 2;
+                        In::Dollar(tag)
+                    } else {
+                        In::Code
+                    }
+                } else if matches!(c, '\'' | '"') {
+                    In::Quoted(c)
+                } else {
+                    In::Code
+                }
             }
             (In::Quoted(q), c) if c == q => In::Code,
+            (In::Escaped, '\\') => {
+                step = 2;
+                In::Escaped
+            }
+            (In::Escaped, '\'') => In::Code,
+            (In::Dollar(tag), '$') => {
+                let closing: String = chars[i + 1..].iter().map(|&(_, c)| c).take(tag.chars().count() + 1).collect();
+                if closing == format!("{tag}$") {
+                    step = tag.chars().count() + 2;
+                    In::Code
+                } else {
+                    In::Dollar(tag)
+                }
+            }
             (In::LineComment, '\n') => In::Code,
             (In::BlockComment(depth), '/') if next == Some('*') => {
-                chars.next();
+                step = 2;
                 In::BlockComment(depth + 1)
             }
             (In::BlockComment(depth), '*') if next == Some('/') => {
-                chars.next();
+                step = 2;
                 if depth == 1 { In::Code } else { In::BlockComment(depth - 1) }
             }
             (state, _) => state,
         };
+        i += step;
     }
-    (complete, if code { text[start..].to_string() } else { String::new() })
+    let open = !matches!(state, In::Code | In::LineComment);
+    (complete, if code || open { text[start..].to_string() } else { String::new() })
 }
 
 fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> {
@@ -632,5 +680,10 @@ mod tests {
         assert_eq!((done, rest), (vec!["select 1 as x".to_string()], String::new()), "a trailing comment is no statement");
         let (done, rest) = split_statements("/* a /* nested ; */ still ; */ select 2;");
         assert_eq!((done, rest), (vec!["/* a /* nested ; */ still ; */ select 2".to_string()], String::new()));
+        let (done, rest) = split_statements("/* disabled:\nselect 2;\n");
+        assert!(done.is_empty() && rest == "/* disabled:\nselect 2;\n", "an open comment goes on: {rest:?}");
+        let (done, rest) = split_statements("select E'a\\';' as a, $$x;y$$ as b, $t$p;$q$t$ as c, $1 as d; select 2");
+        assert_eq!(done, vec!["select E'a\\';' as a, $$x;y$$ as b, $t$p;$q$t$ as c, $1 as d".to_string()]);
+        assert_eq!(rest, " select 2");
     }
 }

@@ -234,8 +234,11 @@ impl Loader {
                 let strip = |s: &Schema| s.fields().iter().map(|f| (f.name().clone(), f.data_type().clone())).collect::<Vec<_>>();
                 if strip(first) != strip(&s) {
                     return Err(Error::request(format!(
-                        "{} and {} give samples of different columns or shapes; a mixture needs the same features, cameras and windows",
-                        datasets[0].label, ds.label
+                        "{} and {} give samples of different columns or shapes ({}); a mixture needs the same features, cameras and \
+                         windows",
+                        datasets[0].label,
+                        ds.label,
+                        first_difference(first, &s)
                     )));
                 }
             } else {
@@ -902,6 +905,31 @@ fn dtype_name(dt: &DataType) -> String {
         DataType::Boolean => "bool".into(),
         DataType::Utf8 | DataType::LargeUtf8 => "str".into(),
         other => other.to_string().to_lowercase(),
+    }
+}
+
+/// The first column where two datasets' sample schemas differ, in words (for a camera of
+/// another frame size, how to read both at one size).
+fn first_difference(a: &Schema, b: &Schema) -> String {
+    let shape = |f: &Field| f.metadata().get("shape").cloned().unwrap_or_else(|| f.data_type().to_string());
+    for (i, fa) in a.fields().iter().enumerate() {
+        let Some(fb) = b.fields().get(i) else { return format!("`{}` is missing from the second", fa.name()) };
+        if fa.name() != fb.name() {
+            return match b.field_with_name(fa.name()) {
+                Ok(_) => format!("their columns come in another order: `{}` where the second has `{}`", fa.name(), fb.name()),
+                Err(_) => format!("the second lacks `{}`", fa.name()),
+            };
+        }
+        if fa.data_type() != fb.data_type() {
+            let camera = fa.metadata().contains_key(LAYOUT);
+            let hint =
+                if camera { "; read both from frame tables of one size (`lake cache NAME --size WxH`, then --frame-size WxH)" } else { "" };
+            return format!("`{}` is shaped {} in the first and {} in the second{hint}", fa.name(), shape(fa), shape(fb));
+        }
+    }
+    match b.fields().get(a.fields().len()) {
+        Some(extra) => format!("the first lacks `{}`", extra.name()),
+        None => "their column types differ".into(),
     }
 }
 

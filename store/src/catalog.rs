@@ -143,6 +143,11 @@ impl Lake {
             return Err(root_err("only local lakes (a path or an absolute file:// URL) are supported by this build".into()));
         };
         let abs = std::path::absolute(&path).map_err(|e| root_err(e.to_string()))?;
+        if !abs.exists()
+            && let Ok(target) = std::fs::read_link(&abs)
+        {
+            return Err(root_err(format!("is a symbolic link to {}, which does not exist", target.display())));
+        }
         if abs.exists() && !abs.is_dir() {
             return Err(root_err("exists and is not a directory".into()));
         }

@@ -104,8 +104,15 @@ async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
 }
 
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
-    let records = service.lake().datasets().await.map_err(Error::from)?;
-    let views: Vec<Value> = service.lake().views().await.map_err(Error::from)?.iter().map(view_json).collect();
+    let (records, unreadable) = service.lake().datasets_listed().await.map_err(Error::from)?;
+    let (views, unreadable_views) = service.lake().views_listed().await.map_err(Error::from)?;
+    let views: Vec<Value> = views.iter().map(view_json).collect();
+    // Records damaged outside lake: named, so that a client sees why a dataset is missing.
+    let unreadable: Vec<Value> = unreadable
+        .iter()
+        .map(|u| json!({"kind": "dataset", "name": u.name, "version": u.version}))
+        .chain(unreadable_views.iter().map(|u| json!({"kind": "view", "name": u.name, "version": u.version})))
+        .collect();
     let list: Vec<Value> = records
         .iter()
         .map(|r| {
@@ -114,7 +121,7 @@ async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Re
                    "robot_type": r.robot_type})
         })
         .collect();
-    Ok(Json(json!({ "datasets": list, "views": views })))
+    Ok(Json(json!({ "datasets": list, "views": views, "unreadable": unreadable })))
 }
 
 /// A view as the API shows it: what a request naming it samples.
@@ -547,7 +554,10 @@ fn paths_and_schemas(
                         "name": {"type": "string"}, "version": {"type": "integer"}, "episodes": {"type": "integer"}, "steps": {"type": "integer"},
                         "cameras": {"type": "integer"}, "fps": {"type": "integer"}, "codebase_version": {"type": "string"},
                         "robot_type": {"type": ["string", "null"]}}}},
-                    "views": {"type": "array", "items": {"$ref": "#/components/schemas/View"}}}},
+                    "views": {"type": "array", "items": {"$ref": "#/components/schemas/View"}},
+                    "unreadable": {"type": "array", "description": "datasets and views whose catalog record was damaged outside lake (left out)",
+                        "items": {"type": "object", "properties": {
+                            "kind": {"enum": ["dataset", "view"]}, "name": {"type": "string"}, "version": {"type": "integer"}}}}}},
                 "View": {"type": "object", "properties": {
                     "name": {"type": "string"}, "version": {"type": "integer"}, "kind": {"const": "view"}, "sql": {"type": "string"},
                     "created_at": {"type": "string", "format": "date-time"}, "episodes": {"type": "integer"},
