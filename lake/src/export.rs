@@ -130,10 +130,12 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
         },
         _ => out,
     };
+    let host = lake_store::hostname();
     if out.exists() {
         if !out.is_dir() {
             return Err(invalid(format!("{} is a file; give a new or empty directory", out.display())));
         }
+        remove_dead_partials(out, ".partial-", &host);
         if std::fs::read_dir(out).map_err(io(out))?.next().is_some() {
             return Err(invalid(format!("{} exists and is not empty; choose a new directory", out.display())));
         }
@@ -147,26 +149,46 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     let ds = LoaderDataset::open(lake, &selection.dataset).await?;
     let episodes: Vec<&lake_loader::EpisodeSpan> =
         ds.episodes.iter().filter(|e| selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e.episode_index).is_ok())).collect();
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(io(parent))?;
-    // `.OUT.partial-PID@HOST-…`: an export killed outright leaves one, removed by the next
-    // export to the same place on the same machine once its process is gone.
-    let prefix = format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export"));
-    let host = lake_store::hostname();
-    remove_dead_partials(parent, &prefix, &host);
-    let tmp = tempfile::Builder::new().prefix(&format!("{prefix}{}@{host}-", std::process::id())).tempdir_in(parent).map_err(io(parent))?;
+    // Written into a partial directory, then moved into place: `.OUT.partial-PID@HOST-…` beside
+    // a new OUT (renamed to it), `OUT/.partial-PID@HOST-…` in an existing empty one (its
+    // contents moved up, so that OUT keeps its owner and mode, also as a mount point). One an
+    // export killed outright left is removed by the next export to the same place on the same
+    // machine once its process is gone.
+    let existing = out.exists();
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let beside = format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export"));
+    remove_dead_partials(&parent, &beside, &host);
+    let (place, prefix) = if existing { (out.to_path_buf(), ".partial-".to_string()) } else { (parent, beside) };
+    let tmp = tempfile::Builder::new().prefix(&format!("{prefix}{}@{host}-", std::process::id())).tempdir_in(&place).map_err(io(&place))?;
     let whole = selection.episodes.is_none();
     match format {
         ExportFormat::LerobotV3 => write_lerobot(lake, &ds, &episodes, whole, tmp.path()).await?,
         ExportFormat::Parquet => write_parquet_tables(lake, &ds, &episodes, whole, tmp.path()).await?,
     }
     let (files, bytes) = dir_size(tmp.path());
-    if out.exists() {
-        std::fs::remove_dir(out).map_err(io(out))?;
+    // Until it is in place, the partial directory is removed on every way out.
+    if existing {
+        let entries: Vec<std::path::PathBuf> = std::fs::read_dir(tmp.path())
+            .map_err(io(tmp.path()))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()
+            .map_err(io(tmp.path()))?;
+        for entry in &entries {
+            let name = entry.file_name().expect("a directory entry has a name");
+            std::fs::rename(entry, out.join(name)).map_err(io(&out.join(name)))?;
+        }
+    } else {
+        std::fs::rename(tmp.path(), out).map_err(|e| {
+            let e = if e.kind() == std::io::ErrorKind::DirectoryNotEmpty || out.exists() {
+                std::io::Error::other("another export wrote this directory meanwhile")
+            } else {
+                e
+            };
+            io(out)(e)
+        })?;
+        let _ = tmp.keep();
     }
-    // Until it is renamed into place, the partial directory is removed on every way out.
-    std::fs::rename(tmp.path(), out).map_err(io(out))?;
-    let _ = tmp.keep();
     Ok(ExportReport {
         dataset: ds.label.clone(),
         episodes: episodes.len(),

@@ -171,6 +171,11 @@ fn main() -> ExitCode {
         if own_stop {
             return command.await;
         }
+        // Writes in progress stop too (see `output::STOP`).
+        tokio::spawn(async {
+            let code = stop_requested().await;
+            output::STOP.store(code, std::sync::atomic::Ordering::Relaxed);
+        });
         tokio::select! {
             result = command => result,
             code = stop_requested() => {
@@ -184,6 +189,11 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(code) => code,
+        // Stopped in the middle of a write: the file is removed, and the status says why.
+        Err(_) if output::STOP.load(std::sync::atomic::Ordering::Relaxed) != 0 => {
+            errln!("cancelled");
+            ExitCode::from(output::STOP.load(std::sync::atomic::Ordering::Relaxed))
+        }
         Err(e) => {
             // A reader that stopped early (`lake ls | head -1`) is not an error of lake's.
             if reader_gone(&e) {

@@ -111,8 +111,16 @@ impl Output {
     }
 }
 
+/// Set (to the exit status) once the process is asked to stop: writes into an [`Output`] fail
+/// from then on, so that a command writing without pause (no `await` to stop it at) stops at
+/// its next write, and the unfinished file is removed.
+pub static STOP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
 impl Write for Output {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if STOP.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            return Err(io::Error::other("cancelled"));
+        }
         self.writer.write(buf)
     }
 

@@ -526,7 +526,10 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             outln!("view {}@{} created: {} episodes ({})", v.name, v.version, v.episode_count(), parts.join("; "))?;
         }
         ViewCommand::Ls => {
-            let all = lake.views().await?;
+            let (all, unreadable) = lake.views_listed().await?;
+            for u in &unreadable {
+                errln!("warning: view {}@{} is left out: its record {} cannot be read ({})", u.name, u.version, u.path, u.why);
+            }
             if all.is_empty() {
                 outln!("no views in {}", lake.display_root())?;
             }

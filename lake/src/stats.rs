@@ -56,7 +56,9 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
     if episodes.is_none() && std::path::Path::new(&image_stats).is_dir() {
         let schema = lake_schemas::tables::feature_stats_schema();
         let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-        let batches = lake_store::read_columns_at(&image_stats, &columns).await?;
+        let batches = lake_store::read_columns_at(&image_stats, &columns)
+            .await
+            .map_err(|e| Error::Invalid(format!("{}@{}: {e} (`lake stats --images` makes it again)", record.name, record.version)))?;
         for row in dataset_rows(&batches, &stat_names) {
             shapes.insert(row.0.clone(), vec![3, 1, 1]);
             features.push(row);

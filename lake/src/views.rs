@@ -246,7 +246,8 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
         return Err(Error::Invalid(format!("`{spec}` is not NAME or NAME@VERSION (a number)")));
     }
     let valid = lake_store::validate_name(name).is_ok();
-    if valid && lake.latest(name).await.ok().flatten().is_some() {
+    // A dataset has the name when it has a version (readable or not: opening says which).
+    if valid && lake.version_count(name).await? > 0 {
         // Opening it resolves the version, or refuses with the dataset's versions.
         return Ok(vec![Selection { dataset: spec.to_string(), episodes: None, weight: 1.0 }]);
     }

@@ -29,6 +29,9 @@ const DATASETS: &str = "datasets";
 const STAGING: &str = "staging";
 const VIEWS: &str = "views";
 const MARKER: &str = "lake.json";
+/// What a new lake's marker is written as before it is renamed into place (followed by the
+/// writer's pid).
+const NEW_MARKER: &str = ".lake.json.new-";
 /// Where [`Lake::take_back`] moves the marker while it checks that no other writer started
 /// (followed by its pid: one left by a process that died is put back).
 const TAKING_BACK: &str = ".lake.json.taking-back-";
@@ -164,7 +167,12 @@ impl Lake {
         } else if let Some((aside, pid)) = taking_back(&abs).into_iter().next() {
             // A failed first ingest is deciding whether to remove the lake it made; if it died
             // doing so, the lake is put back as it was.
-            if pid.is_some_and(process_alive) {
+            // Moved aside a minute ago or more, it is a dead process's (whose pid may be reused).
+            let recent = std::fs::symlink_metadata(&aside).is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                Utc::now().timestamp() - m.ctime() < 60
+            });
+            if recent && pid.is_some_and(process_alive) {
                 return Err(root_err("a failed ingest is removing the lake it created here; run this again once it has finished".into()));
             }
             if std::fs::rename(&aside, &marker).is_err() && !marker.is_file() {
@@ -180,15 +188,39 @@ impl Lake {
                 };
                 return Err(root_err(message.into()));
             }
-            let occupied = abs.exists() && std::fs::read_dir(&abs).map_err(|e| root_err(e.to_string()))?.next().is_some();
-            if occupied {
+            // What a creator killed before it renamed its marker into place left is not content.
+            let mut entries = Vec::new();
+            for entry in std::fs::read_dir(&abs).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                match name.strip_prefix(NEW_MARKER).map(str::parse::<u32>) {
+                    Some(Ok(pid)) if !process_alive(pid) => drop(std::fs::remove_file(entry.path())),
+                    _ => entries.push(name),
+                }
+            }
+            if !entries.is_empty() {
+                // Another command creating the lake right now puts its marker in a moment.
+                let lake_made =
+                    entries.iter().all(|n| [CATALOG, STAGING, DATASETS, VIEWS].contains(&n.as_str()) || n.starts_with(NEW_MARKER));
+                for _ in 0..50 {
+                    if !lake_made || marker.is_file() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                if marker.is_file() {
+                    return Self::open_inner(root, create);
+                }
                 return Err(root_err(
                     "this directory holds other files and is not a lake (no lake.json); choose a new or empty directory".into(),
                 ));
             }
             std::fs::create_dir_all(&abs).map_err(|e| root_err(format!("cannot create: {e}")))?;
+            // Written whole under another name and renamed, so that no reader sees half of it.
             let body = serde_json::to_vec_pretty(&Marker { format: "lake".into(), layout: LAYOUT }).expect("marker serialises");
-            std::fs::write(&marker, body).map_err(|e| root_err(format!("cannot write {MARKER}: {e}")))?;
+            let new = abs.join(format!("{NEW_MARKER}{}", std::process::id()));
+            std::fs::write(&new, body)
+                .and_then(|()| std::fs::rename(&new, &marker))
+                .map_err(|e| root_err(format!("cannot write {MARKER}: {e}")))?;
         }
         let store = LocalFileSystem::new_with_prefix(&abs).map_err(|e| root_err(e.to_string()))?.with_automatic_cleanup(true);
         Ok(Self { root: abs, display: root.to_string(), store: Arc::new(store) })
@@ -224,7 +256,8 @@ impl Lake {
         // A writer that started meanwhile made files again: what is left stays a lake.
         if !removed && self.root.is_dir() {
             let body = serde_json::to_vec_pretty(&Marker { format: "lake".into(), layout: LAYOUT }).expect("marker serialises");
-            let _ = std::fs::write(&marker, body);
+            let new = self.root.join(format!("{NEW_MARKER}{}", std::process::id()));
+            let _ = std::fs::write(&new, body).and_then(|()| std::fs::rename(&new, &marker));
             let _ = std::fs::remove_file(&aside);
         }
         removed
@@ -1061,6 +1094,27 @@ mod tests {
     }
 
     #[test]
+    fn a_lake_being_created_is_waited_for_and_a_dead_creators_leftover_is_not_content() {
+        let dir = tempfile::tempdir().unwrap();
+        // A creator killed before its marker was renamed into place.
+        let root = dir.path().join("killed");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join(format!("{NEW_MARKER}4194000")), b"{").unwrap();
+        Lake::create(root.to_str().unwrap()).unwrap();
+        assert!(root.join(MARKER).is_file() && !root.join(format!("{NEW_MARKER}4194000")).exists());
+        // Another command creating the lake: its directories are there, its marker comes soon.
+        let root = dir.path().join("racing");
+        std::fs::create_dir_all(root.join(STAGING)).unwrap();
+        let marker = root.join(MARKER);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::fs::write(marker, br#"{"format": "lake", "layout": 1}"#).unwrap();
+        });
+        Lake::create(root.to_str().unwrap()).unwrap();
+        writer.join().unwrap();
+    }
+
+    #[test]
     fn process_liveness() {
         assert!(process_alive(std::process::id()));
         assert!(!process_alive(u32::MAX / 2));
@@ -1167,6 +1221,11 @@ mod lifecycle_tests {
         assert_eq!(p.commit(|version| record("a", version, &dir)).await.unwrap().version, 2);
         assert_eq!(lake.datasets().await.unwrap().len(), 2);
         assert!(lake.datasets_listed().await.unwrap().1.is_empty());
+        // An earlier version stays readable by number when a later record is damaged.
+        std::fs::write(lake.root.join("catalog/a/v00000002.json"), b"").unwrap();
+        std::fs::write(lake.root.join("catalog/a/v00000001.json"), serde_json::to_vec(&record("a", 1, "d")).unwrap()).unwrap();
+        assert_eq!(lake.resolve("a@1").await.unwrap().version, 1);
+        assert_eq!(lake.version_count("a").await.unwrap(), 2);
 
         std::fs::create_dir_all(lake.root.join("views/v")).unwrap();
         std::fs::write(lake.root.join("views/v/v00000001.json"), b"{").unwrap();

@@ -146,7 +146,7 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
         Some((base, version)) => (base, Some(version)),
         None => (name, None),
     };
-    let is_dataset = lake_store::validate_name(base).is_err() || lake.latest(base).await.ok().flatten().is_some();
+    let is_dataset = lake_store::validate_name(base).is_err() || lake.version_count(base).await.is_ok_and(|n| n > 0);
     if !is_dataset && let Some(view) = crate::views::view(lake, base, version).await? {
         return Ok(view_json(&view));
     }

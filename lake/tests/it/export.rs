@@ -297,9 +297,14 @@ fn failed_exports_leave_nothing_behind() {
     std::fs::create_dir_all(dead.join("meta")).expect("leftover");
     let linked = tmp.path().join("linked");
     std::os::unix::fs::symlink(&empty, &linked).expect("link");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o750)).expect("chmod");
     let run = export(&root, "v30-images-tiny", "lerobot-v3", &linked);
     assert_eq!(run.code, 0, "{run:#?}");
     assert!(empty.join("meta/info.json").is_file() && linked.is_symlink());
+    let mode = std::fs::metadata(&empty).expect("dir").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o750, "an existing directory is written into, and keeps its mode");
+    assert!(!std::fs::read_dir(&empty).expect("dir").flatten().any(|e| e.file_name().to_string_lossy().starts_with('.')));
     let mut names: Vec<String> =
         std::fs::read_dir(tmp.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     names.sort();
