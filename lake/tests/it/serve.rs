@@ -949,4 +949,38 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
         assert!(std::time::Instant::now() < deadline, "the slot comes back");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+
+    // Flight SQL shares the slots: while the heavy query holds the only one, a Flight SQL
+    // query is told RESOURCE_EXHAUSTED (its client may retry), then answers once it is back.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let flight_sql = |query: &'static str| {
+        let (addr, auth) = (server.flight.clone(), auth.clone());
+        rt.block_on(async move {
+            let channel = tonic::transport::Channel::from_shared(addr).expect("url").connect().await.expect("connect");
+            let mut client = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+            client.set_header("authorization", auth);
+            let info = client.execute(query.to_string(), None).await?;
+            let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+            let batches: Vec<RecordBatch> = client.do_get(ticket).await?.try_collect().await?;
+            Ok::<_, arrow_flight::error::FlightError>(batches)
+        })
+    };
+    let mut busy = None;
+    for _ in 0..5 {
+        let running = std::thread::spawn(sql(heavy));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let answer = flight_sql("SELECT 1");
+        let heavy_answer = running.join().expect("the heavy query");
+        if let (Err(e), false) = (&answer, heavy_answer.0 == 503) {
+            busy = Some(e.to_string());
+            break;
+        }
+    }
+    let busy = busy.expect("a Flight SQL query meets the slot taken");
+    assert!(busy.contains("ResourceExhausted") || busy.contains("resource exhausted") || busy.contains("--sql-concurrency"), "{busy}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while flight_sql("SELECT count(*) AS n FROM steps").is_err() {
+        assert!(std::time::Instant::now() < deadline, "the slot comes back for Flight SQL");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
