@@ -224,7 +224,13 @@ impl Loader {
             }
             let features: Vec<String> = ds.keys().into_iter().filter(|k| k != TASK).collect();
             let cameras: Vec<String> = ds.cameras.iter().map(|c| c.key.clone()).collect();
-            let keys = DatasetKeys { fps: ds.fps(), features: &features, cameras: &cameras, tolerance_s: ds.record.options.tolerance_s };
+            let keys = DatasetKeys {
+                fps: ds.fps(),
+                features: &features,
+                cameras: &cameras,
+                tolerance_s: ds.record.options.tolerance_s,
+                has_video: ds.cameras.iter().any(|c| c.video),
+            };
             let w = match windows.delta_timestamps(&keys).map_err(|e| Error::request(format!("{}: {e}", ds.label)))? {
                 Some(delta) => resolve_windows(&delta, &keys).map_err(|e| Error::request(format!("{}: {e}", ds.label)))?,
                 None => vec![],
@@ -944,6 +950,9 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
         let field = stored.field(col.position);
         let (item, numel) = match field.data_type() {
             DataType::FixedSizeList(item, n) => (item.data_type().clone(), *n as usize),
+            // The index columns have fixed types, windowed or not.
+            _ if INT64_COLUMNS.contains(&col.key.as_str()) => (DataType::Int64, 1),
+            _ if col.key == "timestamp" => (DataType::Float32, 1),
             other => (other.clone(), 1),
         };
         let out = if col.key == TASK {

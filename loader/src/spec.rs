@@ -152,6 +152,8 @@ pub struct DatasetKeys<'a> {
     pub cameras: &'a [String],
     /// LeRobot's `tolerance_s` for the dataset.
     pub tolerance_s: f64,
+    /// Whether any camera is a video (LeRobot finds video frames by the step's `timestamp`).
+    pub has_video: bool,
 }
 
 /// One windowed key: integer frame offsets relative to the sample's step.
@@ -167,8 +169,9 @@ pub struct Window {
 /// frame offsets as its `get_delta_indices` does.
 ///
 /// # Errors
-/// When a key is not a feature of the dataset, or an offset is not a multiple of `1 / fps`
-/// within the dataset's tolerance.
+/// When a key is not a feature of the dataset, an offset is not a multiple of `1 / fps` within
+/// the dataset's tolerance, or the key is one LeRobot reads per step after windowing
+/// (`task_index`, and `timestamp` when a camera is a video).
 pub fn resolve_windows(delta: &[(String, Vec<f64>)], keys: &DatasetKeys<'_>) -> Result<Vec<Window>> {
     let fps = f64::from(keys.fps);
     let mut out = Vec::with_capacity(delta.len());
@@ -179,8 +182,15 @@ pub fn resolve_windows(delta: &[(String, Vec<f64>)], keys: &DatasetKeys<'_>) -> 
                 keys.features.join(", ")
             )));
         }
-        if matches!(key.as_str(), "index" | "episode_index" | "frame_index" | "timestamp" | "task_index") {
-            return Err(Error::request(format!("delta_timestamps: `{key}` is an index column and cannot be windowed")));
+        // LeRobot reads the step's own `task_index` (its task string) and, with video cameras,
+        // its own `timestamp` (where the frames are) after the windows replaced them: a window
+        // there moves the task or the frames, or fails. The other index columns window as any
+        // feature does.
+        if key == "task_index" || (key == "timestamp" && keys.has_video) {
+            let what = if key == "task_index" { "the step's task" } else { "the step's time to find its video frames" };
+            return Err(Error::request(format!(
+                "delta_timestamps: `{key}` cannot be windowed here: LeRobot reads it as {what}, so a window would change that too                  (window `index` or `frame_index` to see the neighbouring steps)"
+            )));
         }
         let mut offsets = Vec::with_capacity(secs.len());
         for &d in secs {
@@ -209,7 +219,7 @@ mod tests {
     use super::*;
 
     fn keys<'a>(features: &'a [String], cameras: &'a [String]) -> DatasetKeys<'a> {
-        DatasetKeys { fps: 30, features, cameras, tolerance_s: 1e-4 }
+        DatasetKeys { fps: 30, features, cameras, tolerance_s: 1e-4, has_video: !cameras.is_empty() }
     }
 
     #[test]
@@ -269,5 +279,26 @@ mod tests {
         assert!(resolve_windows(&d, &k).unwrap_err().to_string().contains("`nope` is not a feature"));
         assert!(Windows::parse_delta_timestamps("[1]").is_err());
         assert!(Windows::parse_delta_timestamps(r#"{"action": []}"#).is_err());
+    }
+
+    #[test]
+    fn index_columns_window_unless_lerobot_reads_them_per_step() {
+        let features: Vec<String> =
+            ["index", "episode_index", "frame_index", "timestamp", "task_index", "front"].map(String::from).to_vec();
+        let window = |key: &str, cameras: &[String]| {
+            let Windows::DeltaTimestamps(d) = Windows::parse_delta_timestamps(&format!(r#"{{"{key}": [-0.1, 0.0]}}"#)).unwrap() else {
+                unreachable!()
+            };
+            resolve_windows(&d, &keys(&features, cameras))
+        };
+        let video = vec!["front".to_string()];
+        for key in ["index", "episode_index", "frame_index"] {
+            assert_eq!(window(key, &video).unwrap()[0].offsets, vec![-3, 0], "{key}");
+        }
+        assert!(window("timestamp", &[]).is_ok(), "no video: LeRobot stacks timestamps as any feature");
+        let err = window("timestamp", &video).unwrap_err().to_string();
+        assert!(err.contains("to find its video frames"), "{err}");
+        let err = window("task_index", &[]).unwrap_err().to_string();
+        assert!(err.contains("`task_index` cannot be windowed here"), "{err}");
     }
 }

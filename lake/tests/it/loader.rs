@@ -121,6 +121,7 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
         check_preset(&root, name, preset);
     }
     one_frame_camera_windows(&root, source, name);
+    index_column_windows(&root, source, name);
     if frame_table {
         // Frames stored by `lake cache` are the decoded frames, byte for byte.
         let run = lake(&root, &["cache", name]);
@@ -170,6 +171,63 @@ fn one_frame_camera_windows(root: &Path, source: &Path, name: &str) {
         assert_eq!(windowed.column_by_name(camera), plain.column_by_name(camera), "{name}/{camera}: the same frames");
         let pad = windowed.column_by_name(&format!("{camera}_is_pad")).expect("pad mask");
         assert_eq!(pad.as_fixed_size_list().value_length(), 1, "{name}/{camera}");
+    }
+}
+
+/// Windows over the index columns (and `timestamp`, when no camera is a video): each slot is the
+/// column's value at the clamped neighbouring step, as LeRobot stacks them, int64 and float32;
+/// `timestamp` beside video cameras, and `task_index`, are refused.
+fn index_column_windows(root: &Path, source: &Path, name: &str) {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("meta/info.json")).expect("info.json")).expect("json");
+    let fps = info["fps"].as_f64().expect("fps");
+    let video = info["features"].as_object().expect("features").values().any(|f| f["dtype"] == "video");
+    let bounds =
+        crate::common::sql_rows(root, &format!("SELECT min(\"index\") AS lo, max(\"index\") AS hi FROM steps WHERE dataset = '{name}'"));
+    let (lo, hi) = (crate::common::num(&bounds[0], "lo") as i64, crate::common::num(&bounds[0], "hi") as i64);
+    let sample = |indices: &[i64], windows: Option<&str>| {
+        let out = root.parent().expect("parent").join(format!("{name}.index-windows.arrow"));
+        let list = indices.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        let mut args = vec!["sample", "--dataset", name, "--indices", &list, "--out", out.to_str().expect("utf-8")];
+        args.extend(windows.iter().flat_map(|w| ["--delta-timestamps", *w]));
+        lake(root, &args)
+    };
+    let mut keys = vec!["index", "episode_index", "frame_index"];
+    if !video {
+        keys.push("timestamp");
+    }
+    let offsets = [-2i64, 0, 2];
+    let seconds: Vec<String> = offsets.iter().map(|d| format!("{}", *d as f64 / fps)).collect();
+    let windows = format!("{{{}}}", keys.iter().map(|k| format!("\"{k}\": [{}]", seconds.join(", "))).collect::<Vec<_>>().join(", "));
+    let samples = [lo, lo + 1, hi];
+    let run = sample(&samples, Some(&windows));
+    assert_eq!(run.code, 0, "{run:#?}");
+    let windowed = read_arrow(&root.parent().expect("parent").join(format!("{name}.index-windows.arrow")));
+    // The clamped step each slot shows (the first episode starts at `lo`, the last ends at `hi`).
+    let shown = |i: i64, d: i64| if i == hi { (hi + d).min(hi) } else { (i + d).max(lo) };
+    let needed: Vec<i64> =
+        samples.iter().flat_map(|&i| offsets.map(|d| shown(i, d))).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    assert_eq!(sample(&needed, None).code, 0);
+    let plain = read_arrow(&root.parent().expect("parent").join(format!("{name}.index-windows.arrow")));
+    let plain_index = plain.column_by_name("index").expect("index").as_primitive::<Int64Type>().clone();
+    let row_of = |step: i64| plain_index.values().iter().position(|&v| v == step).expect("step sampled");
+    for key in &keys {
+        let column = windowed.column_by_name(key).unwrap_or_else(|| panic!("{name}: {key}"));
+        let field = windowed.schema().field_with_name(key).expect("field").clone();
+        assert_eq!(shape(&field.metadata()["shape"]), vec![3], "{name}/{key}");
+        assert_eq!(field.metadata()["dtype"], if *key == "timestamp" { "float32" } else { "int64" }, "{name}/{key}");
+        for (row, &i) in samples.iter().enumerate() {
+            let want: Vec<u64> =
+                offsets.iter().flat_map(|&d| bits(plain.column_by_name(key).expect("plain"), row_of(shown(i, d)))).collect();
+            assert_eq!(bits(column, row), want, "{name}/{key} at {i}");
+        }
+        let pad = windowed.column_by_name(&format!("{key}_is_pad")).expect("pad");
+        let pads: Vec<Vec<u64>> = (0..3).map(|row| bits(pad, row)).collect();
+        assert_eq!(pads, vec![vec![1, 0, 0], vec![1, 0, 0], vec![0, 0, 1]], "{name}/{key}");
+    }
+    for key in ["task_index", "timestamp"].into_iter().filter(|k| *k == "task_index" || video) {
+        let run = sample(&[lo], Some(&format!("{{\"{key}\": [0.0]}}")));
+        assert!(run.code == 2 && run.stderr.contains(&format!("`{key}` cannot be windowed here")), "{name}/{key}: {run:#?}");
     }
 }
 
