@@ -124,6 +124,16 @@ impl LakeSql {
     /// # Errors
     /// When the catalog or a table cannot be read.
     pub async fn open(lake: &Lake) -> Result<Self> {
+        Self::open_with(lake, &OpenedTables::default()).await
+    }
+
+    /// Opens a session as [`LakeSql::open`] does, taking the tables of dataset versions
+    /// `opened` already holds from it, and keeping there those it opens (a server's sessions,
+    /// one per query, open each version's tables once).
+    ///
+    /// # Errors
+    /// As [`LakeSql::open`].
+    pub async fn open_with(lake: &Lake, opened: &OpenedTables) -> Result<Self> {
         let (datasets, unreadable_records) = lake.datasets_listed().await?;
         let (views, unreadable_views) = lake.views_listed().await?;
         let config = SessionConfig::new()
@@ -136,7 +146,7 @@ impl LakeSql {
         // Per-dataset schemas: the tables under their own names, columns renamed to LeRobot keys.
         // A dataset whose tables cannot be opened is left out (and named when a query asks for
         // it), so that one damaged dataset does not take the others' SQL with it.
-        let opened = futures::future::join_all(datasets.iter().map(|record| open_dataset(lake, record))).await;
+        let opened = opened.open(lake, &datasets).await;
         let mut stacked: BTreeMap<&str, Vec<(String, LogicalPlan)>> = BTreeMap::new();
         let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
         for u in unreadable_records {
@@ -330,6 +340,65 @@ impl LakeSql {
     }
 }
 
+/// One version's tables as plans renaming stored columns to LeRobot keys, and the derived
+/// tables left out (with why).
+type VersionTables = (Vec<(&'static str, LogicalPlan)>, Vec<(&'static str, String)>);
+
+/// The opened tables of dataset versions, kept between sessions. A version's ingested tables
+/// never change; a derived one (`image_stats`, published by renaming its directory into place)
+/// is known by its directory's identity, so a version is opened again when one appears, goes or
+/// is replaced. Versions no longer the latest of their dataset are let go, and a version with a
+/// table left out is never kept (it is looked at again by the next session).
+#[derive(Debug, Default)]
+pub struct OpenedTables {
+    versions: std::sync::Mutex<std::collections::HashMap<(String, u64), (Vec<Option<(u64, u64)>>, VersionTables)>>,
+}
+
+impl OpenedTables {
+    /// The tables of each of `records`, from what is kept where still current, else opened.
+    async fn open(&self, lake: &Lake, records: &[CommitRecord]) -> Vec<Result<VersionTables>> {
+        let stamps: Vec<Vec<Option<(u64, u64)>>> = records.iter().map(|r| derived_stamps(lake, r)).collect();
+        let kept: Vec<Option<VersionTables>> = {
+            let mut versions = self.versions.lock().expect("opened tables lock");
+            versions.retain(|(name, version), _| records.iter().any(|r| r.name == *name && r.version == *version));
+            records
+                .iter()
+                .zip(&stamps)
+                .map(|(r, stamp)| {
+                    versions.get(&(r.name.clone(), r.version)).filter(|(had, _)| had == stamp).map(|(_, tables)| tables.clone())
+                })
+                .collect()
+        };
+        let opened = futures::future::join_all(records.iter().zip(kept).map(|(record, kept)| async move {
+            match kept {
+                Some(tables) => Ok(tables),
+                None => open_dataset(lake, record).await,
+            }
+        }))
+        .await;
+        let mut versions = self.versions.lock().expect("opened tables lock");
+        for ((record, stamp), tables) in records.iter().zip(stamps).zip(&opened) {
+            if let Ok(tables) = tables
+                && tables.1.is_empty()
+            {
+                versions.insert((record.name.clone(), record.version), (stamp, tables.clone()));
+            }
+        }
+        opened
+    }
+}
+
+/// The identity (device, inode) of each derived table directory `record`'s version has, in
+/// [`DATASET_TABLES`] order (`None` where absent).
+fn derived_stamps(lake: &Lake, record: &CommitRecord) -> Vec<Option<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    DATASET_TABLES
+        .iter()
+        .filter(|t| !record.tables.tables.iter().any(|have| have == *t))
+        .map(|t| std::fs::metadata(lake.uri(&record.tables.path(t))).ok().map(|m| (m.dev(), m.ino())))
+        .collect()
+}
+
 /// A schema holding one version's tables.
 fn dataset_schema(tables: &[(&'static str, LogicalPlan)]) -> Result<Arc<MemorySchemaProvider>> {
     let schema = Arc::new(MemorySchemaProvider::new());
@@ -341,7 +410,7 @@ fn dataset_schema(tables: &[(&'static str, LogicalPlan)]) -> Result<Arc<MemorySc
 
 /// Opens the tables of one version and returns, per table, a plan that renames stored columns to
 /// their LeRobot keys.
-async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<(Vec<(&'static str, LogicalPlan)>, Vec<(&'static str, String)>)> {
+async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<VersionTables> {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     let ingested = |t: &str| record.tables.tables.iter().any(|have| have == t);
     // Ingest's tables, and derived ones a later command added beside the version.

@@ -84,7 +84,7 @@ impl LakeFlightSql {
     }
 
     async fn session(&self) -> Result<LakeSql, Status> {
-        LakeSql::open(self.service.lake()).await.map_err(|e| status(&e))?.read_only().whole_answers_only().await.map_err(|e| status(&e))
+        self.service.sql_session().await.map_err(|e| status(&e))
     }
 
     /// A failed query's status, counted (as a SQL error, or an internal one when the lake's

@@ -18,10 +18,7 @@ use lake_loader::{SampleBatch, local::wire};
 use serde_json::{Value, json};
 
 use super::{Refusal, Service, refusal};
-use crate::{
-    Error,
-    sql::{LakeSql, flat_for_csv},
-};
+use crate::{Error, sql::flat_for_csv};
 
 /// The media type of Arrow IPC streams.
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
@@ -449,7 +446,7 @@ async fn sql(
 async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Result<Response, Error> {
     let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
     let slot = service.sql_slot()?;
-    let session = LakeSql::open(service.lake()).await?.read_only().whole_answers_only().await?;
+    let session = service.sql_session().await?;
     let mut stream = service.sql_stream(session, query, slot).await?;
     let schema = stream.schema();
     // Most errors of a running query come with its first batch: those are still a 400. One

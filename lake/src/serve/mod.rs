@@ -498,6 +498,8 @@ pub struct Service {
     retired: Mutex<DecodeStats>,
     stopping: tokio::sync::watch::Sender<bool>,
     prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
+    /// Dataset versions' tables opened by earlier SQL sessions.
+    sql_tables: crate::sql::OpenedTables,
     /// Streams that may hold lent room (see [`Service::reclaim_lent`]).
     lenders: Mutex<Vec<Weak<Making>>>,
     /// Counters.
@@ -615,6 +617,7 @@ impl Service {
             retired: Mutex::new(DecodeStats::default()),
             stopping,
             prepared: tokio::sync::Mutex::new(HashMap::new()),
+            sql_tables: crate::sql::OpenedTables::default(),
             lenders: Mutex::new(Vec::new()),
             metrics: Metrics::default(),
         }))
@@ -757,6 +760,16 @@ impl Service {
             )));
         }
         Ok((sharding, steps))
+    }
+
+    /// A read-only SQL session over the lake as it is now, whose spanning tables refuse to
+    /// answer without a dataset that cannot be read. Versions' tables opened by earlier sessions
+    /// are reused.
+    ///
+    /// # Errors
+    /// When the catalog cannot be read.
+    pub async fn sql_session(&self) -> Result<crate::sql::LakeSql> {
+        crate::sql::LakeSql::open_with(&self.lake, &self.sql_tables).await?.read_only().whole_answers_only().await
     }
 
     /// Runs `query` in `session` on a thread of its own, as a stream that ends with an error

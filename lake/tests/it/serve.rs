@@ -857,6 +857,21 @@ fn flight_sql_answers_as_lake_sql_does_and_refuses_what_is_not_a_query() {
             assert!(e.to_string().contains("invalid argument") && e.to_string().contains("not supported"), "{statement}: {e}");
         }
 
+        // Sessions see what changed since the tables were first opened: a derived table made
+        // beside the version, a dataset ingested.
+        let count = |query: &'static str| {
+            let mut client = client.clone();
+            async move {
+                let info = client.execute(query.to_string(), None).await.unwrap_or_else(|e| panic!("{query}: {e}"));
+                json_rows(&flight_sql_rows(&mut client, info).await)[0]["n"].as_i64().expect("a count")
+            }
+        };
+        let run = lake(&root, &["stats", "v30-av1-small", "--images"]);
+        assert_eq!(run.code, 0, "{run:#?}");
+        assert!(count("SELECT count(*) AS n FROM \"v30-av1-small\".image_stats").await > 0);
+        ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+        assert_eq!(count("SELECT count(DISTINCT dataset) AS n FROM steps").await, 2);
+
         // Without the token: refused.
         let mut anonymous = FlightSqlServiceClient::new(channel);
         let e = anonymous.execute(query.to_string(), None).await.expect_err("needs a token");
