@@ -344,6 +344,10 @@ impl LakeSql {
 /// tables left out (with why).
 type VersionTables = (Vec<(&'static str, LogicalPlan)>, Vec<(&'static str, String)>);
 
+/// The identity (device, inode) of each derived table directory of a version (`None` where
+/// absent).
+type DerivedStamps = Vec<Option<(u64, u64)>>;
+
 /// The opened tables of dataset versions, kept between sessions. A version's ingested tables
 /// never change; a derived one (`image_stats`, published by renaming its directory into place)
 /// is known by its directory's identity, so a version is opened again when one appears, goes or
@@ -351,13 +355,13 @@ type VersionTables = (Vec<(&'static str, LogicalPlan)>, Vec<(&'static str, Strin
 /// table left out is never kept (it is looked at again by the next session).
 #[derive(Debug, Default)]
 pub struct OpenedTables {
-    versions: std::sync::Mutex<std::collections::HashMap<(String, u64), (Vec<Option<(u64, u64)>>, VersionTables)>>,
+    versions: std::sync::Mutex<std::collections::HashMap<(String, u64), (DerivedStamps, VersionTables)>>,
 }
 
 impl OpenedTables {
     /// The tables of each of `records`, from what is kept where still current, else opened.
     async fn open(&self, lake: &Lake, records: &[CommitRecord]) -> Vec<Result<VersionTables>> {
-        let stamps: Vec<Vec<Option<(u64, u64)>>> = records.iter().map(|r| derived_stamps(lake, r)).collect();
+        let stamps: Vec<DerivedStamps> = records.iter().map(|r| derived_stamps(lake, r)).collect();
         let kept: Vec<Option<VersionTables>> = {
             let mut versions = self.versions.lock().expect("opened tables lock");
             versions.retain(|(name, version), _| records.iter().any(|r| r.name == *name && r.version == *version));
@@ -390,7 +394,7 @@ impl OpenedTables {
 
 /// The identity (device, inode) of each derived table directory `record`'s version has, in
 /// [`DATASET_TABLES`] order (`None` where absent).
-fn derived_stamps(lake: &Lake, record: &CommitRecord) -> Vec<Option<(u64, u64)>> {
+fn derived_stamps(lake: &Lake, record: &CommitRecord) -> DerivedStamps {
     use std::os::unix::fs::MetadataExt;
     DATASET_TABLES
         .iter()
