@@ -136,10 +136,16 @@ impl LakeSql {
     pub async fn open_with(lake: &Lake, opened: &OpenedTables) -> Result<Self> {
         let (datasets, unreadable_records) = lake.datasets_listed().await?;
         let (views, unreadable_views) = lake.views_listed().await?;
-        let config = SessionConfig::new()
+        let mut config = SessionConfig::new()
             .with_default_catalog_and_schema(CATALOG, SCHEMA)
             .with_information_schema(true)
             .with_target_partitions(std::thread::available_parallelism().map_or(2, usize::from));
+        // Sorts run whole, not per partition and merged. DataFusion drops `dataset` from a
+        // per-partition sort of a stacked table (it is constant in each dataset's partitions),
+        // while the partitions' top-k heaps share one threshold: `ORDER BY dataset, index
+        // LIMIT n` then let one dataset's indices cut another's rows, a wrong answer (and a
+        // view made from it the wrong episodes).
+        config.options_mut().optimizer.repartition_sorts = false;
         let ctx = SessionContext::new_with_config(config);
         let catalog = ctx.catalog(CATALOG).expect("the default catalog exists");
 

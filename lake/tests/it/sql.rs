@@ -59,6 +59,25 @@ fn filters_and_projections_reach_the_lance_scan_and_counts_never_read_packets() 
     let rows = sql_rows(&root, "SELECT count(*) AS n FROM steps WHERE dataset = 'v30-av1-small' AND episode_index = 2");
     assert_eq!(num(&rows[0], "n"), 134.0);
 
+    // A sort over the stacked table by dataset, then a column whose ranges differ between
+    // datasets (indices 0..=599 and 0..=59): the top rows are the last dataset's, whatever
+    // the other's indices.
+    // (Which partition runs first decides whether a wrong plan shows: asked many times.)
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let session = lake::sql::LakeSql::open(&lake).await.expect("session");
+        for _ in 0..40 {
+            let (_, batches) =
+                session.query("SELECT dataset, index FROM steps ORDER BY dataset DESC, index DESC LIMIT 2").await.expect("query");
+            let batch = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+            let names = arrow::compute::cast(batch.column(0), &arrow::datatypes::DataType::Utf8).expect("names");
+            let names: Vec<&str> = names.as_string::<i32>().iter().map(|n| n.expect("name")).collect();
+            let index: Vec<i64> = batch.column(1).as_primitive::<arrow::datatypes::Int64Type>().values().to_vec();
+            assert_eq!((names, index), (vec!["v30-images-tiny"; 2], vec![59, 58]));
+        }
+    });
+
     let plan = lake(&root, &["sql", "--format", "csv", "EXPLAIN SELECT action FROM \"v30-av1-small\".steps"]);
     assert!(plan.stdout.contains("projection=[action]"), "only the asked column is read: {}", plan.stdout);
 }
