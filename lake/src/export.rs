@@ -538,18 +538,12 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
     // task up by its position in `tasks.parquet`); a whole dataset keeps its own numbering.
     let old_tasks =
         ds.steps.column_by_name("task_index").map(|c| cast(c, &DataType::Int64)).transpose().map_err(arrow_err("task_index"))?;
-    let new_task: Option<BTreeMap<i64, i64>> = match (&old_tasks, whole) {
-        (Some(tasks), false) => {
-            let tasks = tasks.as_primitive::<Int64Type>();
-            let used: BTreeSet<i64> = rows.values().iter().map(|&r| tasks.value(r as usize)).collect();
-            Some(used.into_iter().enumerate().map(|(new, old)| (old, new as i64)).collect())
-        }
-        _ => None,
-    };
-    let renumbered_tasks: Option<Vec<i64>> = new_task.as_ref().zip(old_tasks.as_ref()).map(|(map, tasks)| {
-        let tasks = tasks.as_primitive::<Int64Type>();
-        rows.values().iter().map(|&r| map[&tasks.value(r as usize)]).collect()
-    });
+    let step_tasks: Option<Vec<i64>> =
+        old_tasks.map(|tasks| rows.values().iter().map(|&r| tasks.as_primitive::<Int64Type>().value(r as usize)).collect());
+    let numbering =
+        crate::stats::Numbering::new(episodes.iter().map(|e| (e.episode_index, e.len as usize)).collect(), step_tasks.as_deref(), !whole);
+    let new_task = numbering.tasks.as_ref().map(|(_, map)| map);
+    let renumbered_tasks = numbering.tasks.as_ref().map(|(tasks, _)| tasks);
     for field in ds.steps.schema().fields() {
         let name = field.name().as_str();
         if name == PACKET_ROW || name == TASK {
@@ -560,7 +554,7 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
             "episode_index" => Arc::new(Int64Array::from(new_episode.clone())),
             "index" => Arc::new(Int64Array::from_iter_values(0..rows.len() as i64)),
             "task_index" if renumbered_tasks.is_some() => {
-                let values = Arc::new(Int64Array::from(renumbered_tasks.clone().unwrap_or_default()));
+                let values = Arc::new(Int64Array::from(renumbered_tasks.cloned().unwrap_or_default()));
                 cast(&(values as ArrayRef), column.data_type()).map_err(arrow_err("task_index"))?
             }
             _ => take(column, &rows, None).map_err(arrow_err("selecting steps"))?,
@@ -654,32 +648,25 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
         fields.push(Field::new(name, DataType::Int64, false));
         columns.push(zeros());
     }
+    let (stat_fields, stat_columns) =
+        episode_stats_columns(&crate::stats::episode_stats(lake, &ds.record, &numbering).await?, &written_features(ds, &video_cameras))?;
+    fields.extend(stat_fields);
+    columns.extend(stat_columns);
     let episodes_batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(arrow_err("building episodes"))?;
     write_parquet(&dir.join("meta/episodes/chunk-000/file-000.parquet"), &episodes_batch)?;
 
     // Tasks (task strings as the pandas index, as LeRobot writes them), info, stats.
-    let tasks_batch = tasks_table(lake, ds, new_task.as_ref()).await?;
+    let tasks_batch = tasks_table(lake, ds, new_task).await?;
     write_parquet(&dir.join("meta/tasks.parquet"), &tasks_batch)?;
     let info = info_json(ds, episodes.len(), rows.len(), tasks_batch.num_rows(), &video_cameras);
     let info_path = dir.join("meta/info.json");
     std::fs::write(&info_path, serde_json::to_vec_pretty(&info).expect("json")).map_err(io(&info_path))?;
     {
         // A view's: over its episodes (numeric features exact, cameras aggregated).
+        // The export numbers its episodes and steps from 0 (a version with episodes skipped at
+        // ingest too).
         let selected: Option<BTreeSet<i64>> = (!whole).then(|| episodes.iter().map(|e| e.episode_index).collect());
-        let mut stats = crate::stats::stats_json(lake, &ds.record, selected.as_ref()).await?;
-        if let Some(stats) = stats.as_object_mut() {
-            // The export numbers its episodes and steps from 0 (a version with episodes skipped
-            // at ingest too).
-            let mut index: Vec<f64> = (0..rows.len()).map(|i| i as f64).collect();
-            let mut episode_index: Vec<f64> =
-                episodes.iter().enumerate().flat_map(|(i, e)| std::iter::repeat_n(i as f64, e.len as usize)).collect();
-            stats.insert("index".into(), crate::stats::scalar_entry(&mut index));
-            stats.insert("episode_index".into(), crate::stats::scalar_entry(&mut episode_index));
-            if let Some(tasks) = &renumbered_tasks {
-                let mut tasks: Vec<f64> = tasks.iter().map(|&t| t as f64).collect();
-                stats.insert("task_index".into(), crate::stats::scalar_entry(&mut tasks));
-            }
-        }
+        let mut stats = crate::stats::written_stats_json(lake, &ds.record, selected.as_ref(), &numbering).await?;
         // Only the features the export has (cameras lake holds no frames of are left out).
         if let (Some(stats), Some(kept)) = (stats.as_object_mut(), info["features"].as_object()) {
             stats.retain(|feature, _| kept.contains_key(feature));
@@ -688,6 +675,77 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
         std::fs::write(&stats_path, serde_json::to_vec_pretty(&stats).expect("json")).map_err(io(&stats_path))?;
     }
     Ok(())
+}
+
+/// The `stats/{feature}/{stat}` columns of `meta/episodes/` from per-episode statistics, as
+/// LeRobot writes them: features in `features` order (those the export writes), statistics in
+/// LeRobot's order, each a list nested as the statistic's shape (`[3, 1, 1]` for a camera);
+/// `count` and an integer feature's `min` and `max` as int64, the rest float64.
+fn episode_stats_columns(
+    episodes: &[serde_json::Map<String, Value>],
+    features: &serde_json::Map<String, Value>,
+) -> Result<(Vec<Field>, Vec<ArrayRef>)> {
+    let Some(first) = episodes.first() else { return Ok((Vec::new(), Vec::new())) };
+    let order = ["min", "max", "mean", "std", "count"].into_iter().chain(lake_schemas::tables::QUANTILES.iter().map(|(q, _)| *q));
+    let order: Vec<&str> = order.collect();
+    let mut fields = Vec::new();
+    let mut names: Vec<(String, String, String)> = Vec::new();
+    for (feature, declared) in features {
+        let Some(entry) = first.get(feature).and_then(Value::as_object) else { continue };
+        let int = declared["dtype"].as_str().is_some_and(|d| d.starts_with("int") || d.starts_with("uint"));
+        for stat in order.iter().filter(|s| entry.contains_key(**s)) {
+            let mut depth = 0;
+            let mut v = &entry[*stat];
+            while let Value::Array(items) = v {
+                depth += 1;
+                let Some(inner) = items.first() else { break };
+                v = inner;
+            }
+            let mut item = if *stat == "count" || (int && matches!(*stat, "min" | "max")) { DataType::Int64 } else { DataType::Float64 };
+            for _ in 0..depth.max(1) {
+                item = DataType::List(Arc::new(Field::new("element", item, true)));
+            }
+            let column = format!("stats/{feature}/{stat}");
+            fields.push(Field::new(&column, item, true));
+            names.push((column, feature.clone(), (*stat).to_string()));
+        }
+    }
+    if fields.is_empty() {
+        return Ok((fields, Vec::new()));
+    }
+    // Integer columns take whole numbers (JSON has one number type).
+    let whole = |v: &Value| -> Value {
+        fn walk(v: &Value) -> Value {
+            match v {
+                Value::Array(items) => Value::Array(items.iter().map(walk).collect()),
+                Value::Number(n) => n.as_f64().map_or(Value::Null, |f| Value::from(f as i64)),
+                other => other.clone(),
+            }
+        }
+        walk(v)
+    };
+    let rows: Vec<serde_json::Map<String, Value>> = episodes
+        .iter()
+        .map(|episode| {
+            names
+                .iter()
+                .zip(&fields)
+                .map(|((column, feature, stat), field)| {
+                    let v = episode.get(feature).and_then(|e| e.get(stat)).cloned().unwrap_or(Value::Null);
+                    let mut item = field.data_type();
+                    while let DataType::List(inner) = item {
+                        item = inner.data_type();
+                    }
+                    (column.clone(), if *item == DataType::Int64 { whole(&v) } else { v })
+                })
+                .collect()
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(fields.clone()));
+    let mut decoder = arrow::json::ReaderBuilder::new(schema).build_decoder().map_err(arrow_err("episode statistics"))?;
+    decoder.serialize(&rows).map_err(arrow_err("episode statistics"))?;
+    let batch = decoder.flush().map_err(arrow_err("episode statistics"))?.ok_or_else(|| invalid("no episode statistics decoded"))?;
+    Ok((fields, batch.columns().to_vec()))
 }
 
 async fn stream_time_bases(lake: &Lake, ds: &LoaderDataset) -> Result<BTreeMap<u32, ffmpeg::Rational>> {
@@ -741,6 +799,27 @@ async fn tasks_table(lake: &Lake, ds: &LoaderDataset, renumber: Option<&BTreeMap
 /// `meta/info.json` of the export: the source's features (cameras lake holds no frames of left
 /// out, video facts as the container says), v3.0 paths and the new totals.
 fn info_json(ds: &LoaderDataset, episodes: usize, steps: usize, tasks: usize, video_cameras: &[String]) -> Value {
+    json!({
+        "codebase_version": "v3.0",
+        "robot_type": ds.record.robot_type,
+        "total_episodes": episodes,
+        "total_frames": steps,
+        "total_tasks": tasks,
+        "chunks_size": CHUNK_SIZE,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 200,
+        "fps": ds.fps(),
+        "splits": {"train": format!("0:{episodes}")},
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        // As LeRobot writes it: no template without a video feature.
+        "video_path": if video_cameras.is_empty() { Value::Null } else { json!("videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4") },
+        "features": written_features(ds, video_cameras),
+    })
+}
+
+/// The features an export writes (`info.json`'s): the version's, less cameras it has no frames
+/// of, video ones with the codec facts of their stream.
+fn written_features(ds: &LoaderDataset, video_cameras: &[String]) -> serde_json::Map<String, Value> {
     let mut features = serde_json::Map::new();
     let source = ds.record.info.get("features").and_then(Value::as_object).cloned().unwrap_or_default();
     for (name, feature) in source {
@@ -767,22 +846,7 @@ fn info_json(ds: &LoaderDataset, episodes: usize, steps: usize, tasks: usize, vi
         }
         features.insert(name, feature);
     }
-    json!({
-        "codebase_version": "v3.0",
-        "robot_type": ds.record.robot_type,
-        "total_episodes": episodes,
-        "total_frames": steps,
-        "total_tasks": tasks,
-        "chunks_size": CHUNK_SIZE,
-        "data_files_size_in_mb": 100,
-        "video_files_size_in_mb": 200,
-        "fps": ds.fps(),
-        "splits": {"train": format!("0:{episodes}")},
-        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
-        // As LeRobot writes it: no template without a video feature.
-        "video_path": if video_cameras.is_empty() { Value::Null } else { json!("videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4") },
-        "features": features,
-    })
+    features
 }
 
 /// Writes the packets `episodes` need from `stream` to `path` (stream copy) and returns each

@@ -146,6 +146,171 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
     Ok(Value::Object(out))
 }
 
+/// How an export numbers the index columns of the steps it writes: `index` and `episode_index`
+/// from 0, in the version's step order; for a selection of episodes (a view's), `task_index` too,
+/// over the tasks its steps use, from 0 in task order (LeRobot looks a task up by its position
+/// in `tasks.parquet`, and its own subset tools renumber so).
+#[derive(Debug, Clone)]
+pub struct Numbering {
+    /// The episodes written, in order: (the version's episode index, steps).
+    pub episodes: Vec<(i64, usize)>,
+    /// For a selection: each written step's new `task_index`, in order, and old → new.
+    pub tasks: Option<(Vec<i64>, BTreeMap<i64, i64>)>,
+}
+
+impl Numbering {
+    /// The numbering of `episodes` (in order: episode index, steps) whose steps have the task
+    /// indices `step_tasks`, in order; tasks renumbered when `selection`.
+    pub fn new(episodes: Vec<(i64, usize)>, step_tasks: Option<&[i64]>, selection: bool) -> Self {
+        let tasks = step_tasks.filter(|_| selection).map(|old| {
+            let used: BTreeSet<i64> = old.iter().copied().collect();
+            let map: BTreeMap<i64, i64> = used.into_iter().enumerate().map(|(new, old)| (old, new as i64)).collect();
+            (old.iter().map(|t| map[t]).collect(), map)
+        });
+        Self { episodes, tasks }
+    }
+
+    /// The renumbered index columns' values over the steps of the written episodes `range`.
+    fn columns(&self, range: std::ops::Range<usize>) -> Vec<(&'static str, Vec<f64>)> {
+        let first: usize = self.episodes[..range.start].iter().map(|(_, n)| n).sum();
+        let steps: usize = self.episodes[range.clone()].iter().map(|(_, n)| n).sum();
+        let episode: Vec<f64> = range.flat_map(|i| std::iter::repeat_n(i as f64, self.episodes[i].1)).collect();
+        let mut out = vec![("index", (first..first + steps).map(|i| i as f64).collect()), ("episode_index", episode)];
+        if let Some((tasks, _)) = &self.tasks {
+            out.push(("task_index", tasks[first..first + steps].iter().map(|&t| t as f64).collect()));
+        }
+        out
+    }
+}
+
+/// The statistics of the steps an export writes (its `meta/stats.json`): [`stats_json`] of
+/// `selected` with the index columns as `numbering` numbers them.
+///
+/// # Errors
+/// As [`stats_json`].
+pub async fn written_stats_json(
+    lake: &Lake,
+    record: &lake_schemas::CommitRecord,
+    selected: Option<&BTreeSet<i64>>,
+    numbering: &Numbering,
+) -> Result<Value> {
+    let mut stats = stats_json(lake, record, selected).await?;
+    if let Some(stats) = stats.as_object_mut() {
+        for (name, mut values) in numbering.columns(0..numbering.episodes.len()) {
+            if stats.contains_key(name) {
+                stats.insert(name.into(), scalar_entry(&mut values));
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// Per-episode statistics of the episodes an export writes (`numbering`'s, in order), as
+/// LeRobot keeps them in `meta/episodes/` (`stats/{feature}/{stat}`): for each episode,
+/// `{feature: {stat: value}}` in `stats.json`'s layout. Numeric features: lake's exact
+/// `feature_stats` (the index columns as `numbering` writes them); cameras: `lake stats
+/// --images`' per-episode statistics where the version has them, else the source's. A feature
+/// some written episode has no statistics of is left out of every episode's.
+///
+/// # Errors
+/// When a statistics table cannot be read.
+pub async fn episode_stats(lake: &Lake, record: &lake_schemas::CommitRecord, numbering: &Numbering) -> Result<Vec<Map<String, Value>>> {
+    use lake_schemas::tables::{FEATURE_STATS, IMAGE_STATS, STATS};
+    let position: std::collections::HashMap<i64, usize> = numbering.episodes.iter().enumerate().map(|(i, (e, _))| (*e, i)).collect();
+    let mut out: Vec<Map<String, Value>> = vec![Map::new(); numbering.episodes.len()];
+    let stat_names: Vec<&str> = ["min", "max", "mean", "std"].into_iter().chain(QUANTILES.iter().map(|(q, _)| *q)).collect();
+    let mut shapes = feature_shapes(&record.info);
+    // `feature_stats`-shaped tables: one row per (episode, feature, dimension).
+    let mut exact = lake_store::read_table(lake, record, FEATURE_STATS).await?;
+    let image_stats = lake.uri(&record.tables.path(IMAGE_STATS));
+    if std::path::Path::new(&image_stats).is_dir() {
+        let schema = lake_schemas::tables::feature_stats_schema();
+        let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let batches = lake_store::read_columns_at(&image_stats, &columns)
+            .await
+            .map_err(|e| Error::Invalid(format!("{}@{}: {e} (`lake stats --images` makes it again)", record.name, record.version)))?;
+        for batch in &batches {
+            for name in batch.column_by_name("feature").expect("feature_stats schema").as_string::<i32>().iter().flatten() {
+                shapes.insert(name.to_string(), vec![3, 1, 1]);
+            }
+        }
+        exact.extend(batches);
+    }
+    // (episode position, feature) → per statistic the values by dimension, and the count.
+    type ByDimension = (Vec<Vec<f64>>, i64);
+    let mut rows: BTreeMap<(usize, String), ByDimension> = BTreeMap::new();
+    for batch in &exact {
+        let episode = batch.column_by_name("episode_index").expect("feature_stats schema");
+        let feature = batch.column_by_name("feature").expect("feature_stats schema").as_string::<i32>();
+        let count = batch.column_by_name("count").expect("feature_stats schema").as_primitive::<Int64Type>();
+        let stats: Vec<_> =
+            stat_names.iter().map(|s| batch.column_by_name(s).expect("feature_stats schema").as_primitive::<Float64Type>()).collect();
+        for row in (0..batch.num_rows()).filter(|&r| episode.is_valid(r)) {
+            let Some(&at) = position.get(&episode.as_primitive::<Int64Type>().value(row)) else { continue };
+            let entry =
+                rows.entry((at, feature.value(row).to_string())).or_insert_with(|| (vec![Vec::new(); stat_names.len()], count.value(row)));
+            for (v, col) in entry.0.iter_mut().zip(&stats) {
+                v.push(if col.is_null(row) { f64::NAN } else { col.value(row) });
+            }
+        }
+    }
+    for ((at, name), (values, count)) in rows {
+        let shape = shapes.get(&name).cloned().unwrap_or_default();
+        let mut entry = Map::new();
+        for (stat, v) in stat_names.iter().zip(&values) {
+            entry.insert(stat.to_string(), nest(v, &shape));
+        }
+        entry.insert("count".into(), Value::from(vec![count]));
+        out[at].insert(name, Value::Object(entry));
+    }
+    // Cameras lake has no statistics of: the source's per-episode ones.
+    for batch in lake_store::read_table(lake, record, STATS).await? {
+        let episode = batch.column_by_name("episode_index").expect("stats schema");
+        let feature = batch.column_by_name("feature").expect("stats schema").as_string::<i32>();
+        let stat = batch.column_by_name("stat").expect("stats schema").as_string::<i32>();
+        let values = batch.column_by_name("values").expect("stats schema").as_list::<i32>();
+        let shape = batch.column_by_name("shape").expect("stats schema").as_list::<i32>();
+        for row in (0..batch.num_rows()).filter(|&r| episode.is_valid(r)) {
+            let Some(&at) = position.get(&episode.as_primitive::<Int64Type>().value(row)) else { continue };
+            let name = feature.value(row);
+            let dtype = record.info["features"][name]["dtype"].as_str();
+            if !matches!(dtype, Some("video" | "image"))
+                || out[at].get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("source")))
+            {
+                continue;
+            }
+            let v: Vec<f64> = values.value(row).as_primitive::<Float64Type>().iter().map(|x| x.unwrap_or(f64::NAN)).collect();
+            let s: Vec<usize> = shape.value(row).as_primitive::<Int64Type>().iter().map(|x| x.unwrap_or(1) as usize).collect();
+            let value =
+                if stat.value(row) == "count" { Value::from(v.iter().map(|c| *c as i64).collect::<Vec<_>>()) } else { nest(&v, &s) };
+            let entry = out[at].entry(name.to_string()).or_insert_with(|| serde_json::json!({"source": true}));
+            entry.as_object_mut().expect("object").insert(stat.value(row).to_string(), value);
+        }
+    }
+    for (at, episode) in out.iter_mut().enumerate() {
+        for entry in episode.values_mut() {
+            entry.as_object_mut().expect("object").remove("source");
+        }
+        for (name, mut values) in numbering.columns(at..at + 1) {
+            if episode.contains_key(name) {
+                episode.insert(name.into(), scalar_entry(&mut values));
+            }
+        }
+    }
+    // Only features (and statistics) every written episode has.
+    if let Some((first, rest)) = out.split_first() {
+        let mut common: Map<String, Value> = first.clone();
+        common.retain(|name, entry| {
+            let keys: BTreeSet<&String> = entry.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+            rest.iter().all(|e| e.get(name).and_then(Value::as_object).is_some_and(|o| o.keys().collect::<BTreeSet<_>>() == keys))
+        });
+        for episode in &mut out {
+            episode.retain(|name, _| common.contains_key(name));
+        }
+    }
+    Ok(out)
+}
+
 /// The `stats.json` entry of a scalar feature with these `values` (a renumbered index column
 /// of an export): every statistic a one-element list.
 pub fn scalar_entry(values: &mut [f64]) -> Value {

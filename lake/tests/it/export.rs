@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use arrow::array::RecordBatch;
+use arrow::array::{AsArray, RecordBatch};
 use lake_testkit::{shared_dir, testdata};
 
 use crate::common::{binaries, floats, ingest_ok, ints, lake, strings, table};
@@ -44,6 +44,27 @@ fn frame_packets(batches: &[RecordBatch]) -> Vec<(String, i64, i64, Vec<u8>)> {
     out
 }
 
+/// The one `meta/episodes/` parquet file of a LeRobot v3.0 dataset, read whole.
+fn episodes_parquet(dataset: &Path) -> RecordBatch {
+    let dir = dataset.join("meta/episodes/chunk-000");
+    let file = std::fs::File::open(dir.join("file-000.parquet")).expect("meta/episodes/chunk-000/file-000.parquet");
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet").build().expect("reader");
+    let batches: Vec<RecordBatch> = reader.map(|b| b.expect("batch")).collect();
+    arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat")
+}
+
+/// The per-episode statistics columns (`stats/{feature}/{stat}`) of an episodes table, by name.
+fn stats_columns(episodes: &RecordBatch) -> std::collections::BTreeMap<String, arrow::array::ArrayRef> {
+    let schema = episodes.schema();
+    schema
+        .fields()
+        .iter()
+        .zip(episodes.columns())
+        .filter(|(f, _)| f.name().starts_with("stats/"))
+        .map(|(f, c)| (f.name().clone(), c.clone()))
+        .collect()
+}
+
 fn export(root: &Path, spec: &str, format: &str, out: &Path) -> crate::common::Run {
     lake(root, &["export", spec, "--format", format, out.to_str().expect("utf-8")])
 }
@@ -57,6 +78,21 @@ fn lerobot_exports_ingest_back_into_identical_steps_and_packets() {
         let out = tmp.path().join(format!("export-{name}"));
         let run = export(&first, name, "lerobot-v3", &out);
         assert_eq!(run.code, 0, "{run:#?}");
+        // Per-episode statistics as LeRobot writes them: the same columns and types; counts,
+        // integer minima and maxima and the cameras' (the source's) equal (lake's numbers are
+        // exact over the stored values: float32 timestamps, true quantiles).
+        let (source, written) = (stats_columns(&episodes_parquet(&testdata(name))), stats_columns(&episodes_parquet(&out)));
+        let types = |c: &std::collections::BTreeMap<String, arrow::array::ArrayRef>| -> Vec<(String, arrow::datatypes::DataType)> {
+            c.iter().map(|(n, a)| (n.clone(), a.data_type().clone())).collect()
+        };
+        assert_eq!(types(&written), types(&source), "{name}: meta/episodes statistics columns");
+        for (column, values) in &written {
+            let camera = column.contains("/observation.images.");
+            let int = matches!(values.data_type(), arrow::datatypes::DataType::List(item) if item.data_type().is_integer());
+            if camera || int {
+                assert_eq!(values, &source[column], "{name}: {column}");
+            }
+        }
         let run = lake(&second, &["ingest", out.to_str().expect("utf-8"), "--name", name]);
         assert_eq!(run.code, 0, "{name}: the export ingests without findings: {run:#?}");
         assert!(run.stdout.contains("no findings") || run.stderr.contains("no findings"), "{name}: {run:#?}");
@@ -131,6 +167,40 @@ fn a_view_exports_only_its_episodes_renumbered_from_zero() {
     let camera_count = stats["observation.images.front"]["count"][0].as_i64().expect("camera count");
     let whole: serde_json::Value = serde_json::from_str(&lake(&first, &["stats", "v30-av1-small"]).stdout).expect("lake stats");
     assert!(camera_count > 0 && camera_count < whole["observation.images.front"]["count"][0].as_i64().expect("count"));
+
+    // Per-episode statistics of the written steps, numbered as written; the cameras' are the
+    // source's of those episodes, so a view of the export gets its episodes' camera statistics.
+    let written = episodes_parquet(&out);
+    let column = |name: &str| written.column_by_name(name).unwrap_or_else(|| panic!("{name}")).clone();
+    let (starts, ends) = (column("dataset_from_index"), column("dataset_to_index"));
+    let (starts, ends) = (starts.as_primitive::<arrow::datatypes::Int64Type>(), ends.as_primitive::<arrow::datatypes::Int64Type>());
+    let index_min = column("stats/index/min");
+    let index_max = column("stats/index/max");
+    let episode_mean = column("stats/episode_index/mean");
+    for e in 0..written.num_rows() {
+        let first_of = |a: &arrow::array::ArrayRef| a.as_list::<i32>().value(e);
+        assert_eq!(first_of(&index_min).as_primitive::<arrow::datatypes::Int64Type>().value(0), starts.value(e));
+        assert_eq!(first_of(&index_max).as_primitive::<arrow::datatypes::Int64Type>().value(0), ends.value(e) - 1);
+        assert_eq!(first_of(&episode_mean).as_primitive::<arrow::datatypes::Float64Type>().value(0), e as f64);
+    }
+    let source_episodes = episodes_parquet(&testdata("v30-av1-small"));
+    let front = "stats/observation.images.front/mean";
+    for (e, source_e) in [(0, 1), (1, 2), (2, 3)] {
+        let (got, want) = (
+            written.column_by_name(front).expect("camera stats").slice(e, 1),
+            source_episodes.column_by_name(front).expect("camera stats").slice(source_e, 1),
+        );
+        assert_eq!(&got, &want, "episode {e}");
+    }
+    let run = lake(
+        &second,
+        &["view", "create", "long-first", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'long' AND episode_index = 0"],
+    );
+    assert_eq!(run.code, 0, "{run:#?}");
+    let first_stats: serde_json::Value = serde_json::from_str(&lake(&second, &["stats", "long-first"]).stdout).expect("lake stats VIEW");
+    let counts = column("stats/observation.images.front/count");
+    let count = counts.as_list::<i32>().value(0).as_primitive::<arrow::datatypes::Int64Type>().value(0);
+    assert_eq!(first_stats["observation.images.front"]["count"], serde_json::json!([count]), "the first episode's, not the dataset's");
 
     // Only the tasks its steps use, numbered from 0 (LeRobot finds a task by its position).
     let run = lake(&first, &["view", "create", "one-task", "SELECT episode_index FROM episodes WHERE episode_index IN (1, 4)"]);
