@@ -457,13 +457,22 @@ fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> 
 async fn meta_command(session: &LakeSql, command: &str) -> anyhow::Result<bool> {
     match command.split_whitespace().collect::<Vec<_>>().as_slice() {
         ["\\d"] => out!("{}", describe_tables(&session.tables().await?))?,
-        ["\\d", name] => match find_table(&session.tables().await?, name) {
-            Some(t) => out!("{}", describe_columns(t))?,
-            None => {
-                errln!("error: no table `{name}` (\\d lists them)");
+        ["\\d", name] => {
+            // An earlier version's tables are opened when first named.
+            if name.contains('@')
+                && let Err(e) = session.open_version_of(name).await
+            {
+                errln!("error: {e}");
                 return Ok(false);
             }
-        },
+            match find_table(&session.tables().await?, name) {
+                Some(t) => out!("{}", describe_columns(t))?,
+                None => {
+                    errln!("error: no table `{name}` (\\d lists them)");
+                    return Ok(false);
+                }
+            }
+        }
         _ => errln!("commands: \\d (tables), \\d NAME (columns), \\q (quit)"),
     }
     Ok(true)

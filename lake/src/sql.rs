@@ -271,6 +271,15 @@ impl LakeSql {
         self.ctx.sql_with_options(query, self.options).await.map_err(|e| self.explain_error(e))
     }
 
+    /// Opens the earlier version a table name (`"NAME@VERSION".steps`) refers to, if any, so
+    /// that [`LakeSql::tables`] lists its tables.
+    ///
+    /// # Errors
+    /// When the dataset has no such version, or its tables cannot be opened.
+    pub async fn open_version_of(&self, table: &str) -> Result<()> {
+        self.open_versions(&format!("SELECT * FROM {table}")).await
+    }
+
     /// Registers the schema of every earlier version the query names (`"NAME@VERSION".steps`)
     /// that the session has not opened yet. A query that does not parse is left for planning
     /// to refuse with its position.

@@ -175,6 +175,11 @@ fn the_shell_reads_statements_and_lists_tables() {
     assert!(run.code == 0 && run.stdout.contains("episode_index"), "{run:#?}");
     let run = lake(&root, &["sql", "\\d nope"]);
     assert!(run.code == 2 && run.stderr.contains("no table `nope`"), "{run:#?}");
+    // A version named with `@` is opened for the listing, as for a query.
+    let run = lake(&root, &["sql", "\\d \"v30-images-tiny@1\".episodes"]);
+    assert!(run.code == 0 && run.stdout.contains("v30-images-tiny@1.episodes") && run.stdout.contains("length"), "{run:#?}");
+    let run = lake(&root, &["sql", "\\d \"v30-images-tiny@7\".episodes"]);
+    assert!(run.code == 2 && run.stderr.contains("no dataset `v30-images-tiny@7`"), "{run:#?}");
     let mut child = lake_cmd(&root)
         .arg("sql")
         .env("LAKE_HISTORY", root.join("history"))
