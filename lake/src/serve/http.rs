@@ -316,6 +316,7 @@ fn encoded_stream(
             Some(Err(e)) => {
                 // Headers are gone; ending the body early tells the client the stream broke.
                 let (_, message) = refusal(&e);
+                flush_grace().await;
                 return Some((vec![Err(std::io::Error::other(message))], (None, batches)));
             }
             None => (encoder.finish(), None),
@@ -324,12 +325,23 @@ fn encoded_stream(
             Ok(chunks) => (chunks.into_iter().map(Ok).collect(), (encoder, batches)),
             Err(e) => {
                 tracing::error!("writing an answer failed: {e}");
+                flush_grace().await;
                 (vec![Err(std::io::Error::other(e))], (None, batches))
             }
         })
     })
     .flat_map(futures::stream::iter);
     Ok(futures::stream::once(async move { Ok(header) }).chain(body))
+}
+
+/// How long a body that breaks off waits before its error. hyper drops what it has buffered
+/// and not yet written when a body fails (the rest of the batch sent before, or the head and
+/// first rows of an answer); waiting lets it write them, so the client gets every whole batch
+/// (or row) before the break.
+const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
+async fn flush_grace() {
+    tokio::time::sleep(FLUSH_GRACE).await;
 }
 
 /// The forms an answer can take, by media type.

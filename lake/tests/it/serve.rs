@@ -619,6 +619,29 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
         .expect("send");
         let mut first = vec![0u8; 4 << 20];
         stalled.read_exact(&mut first).expect("the first batch arrives");
+        // And one that reads: its stream breaks off after a whole batch.
+        let reading = std::thread::spawn({
+            let addr = server.http.clone();
+            move || {
+                let mut http = TcpStream::connect(&addr).expect("connect");
+                let body = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 4, "seed": 3}).to_string();
+                write!(
+                    http,
+                    "POST /v1/sample HTTP/1.1\r\nHost: lake\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: \
+                     {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .expect("send");
+                // Slower than the server sends, so that a batch is on its way at the signal.
+                let (mut raw, mut buf) = (Vec::new(), vec![0u8; 256 << 10]);
+                while let Ok(n @ 1..) = http.read(&mut buf) {
+                    raw.extend_from_slice(&buf[..n]);
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                raw
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
         let kill = std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().expect("kill");
         assert!(kill.success());
         let ended = loop {
@@ -636,10 +659,37 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
         drop(stalled);
+        let raw = reading.join().expect("the reading client");
+        let (body, terminated) = dechunk(&raw);
+        assert!(!terminated, "a stream cut by the shutdown does not end as if complete");
+        let batches: Vec<_> = StreamReader::try_new(std::io::Cursor::new(body), None).expect("an Arrow stream").collect();
+        let broken: Vec<String> = batches.iter().filter_map(|b| b.as_ref().err().map(ToString::to_string)).collect();
+        assert!(!batches.is_empty() && broken.is_empty(), "whole batches up to the break: {} read, {broken:?}", batches.len());
     });
     let exited = server.child.wait().expect("the server exits");
     assert!(exited.success(), "{exited:?}");
     assert!(!server.local.exists(), "the local socket is removed");
+}
+
+/// The body of a raw chunked HTTP/1.1 response up to where it ends or breaks off, and whether
+/// it ended with the last (empty) chunk.
+fn dechunk(raw: &[u8]) -> (Vec<u8>, bool) {
+    let start = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
+    assert!(String::from_utf8_lossy(&raw[..start]).to_lowercase().contains("transfer-encoding: chunked"));
+    let (mut body, mut rest) = (Vec::new(), &raw[start..]);
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16).expect("chunk size");
+        if size == 0 {
+            return (body, true);
+        }
+        let chunk = &rest[eol + 2..];
+        body.extend_from_slice(&chunk[..size.min(chunk.len())]);
+        if chunk.len() < size + 2 {
+            break;
+        }
+        rest = &chunk[size + 2..];
+    }
+    (body, false)
 }
 
 /// A gauge or counter from Prometheus text.
