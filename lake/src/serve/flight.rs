@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{
     Refusal, SampleRequest, Service,
     do_get::Answer,
-    flight_sql::{LakeFlightSql, is_flight_sql},
+    flight_sql::{LakeFlightSql, check_message, is_flight_sql},
     refusal,
 };
 use crate::Error;
@@ -46,9 +46,11 @@ impl LakeFlight {
     /// What a `DoGet` ticket asks for: a sampling request's batches, or a Flight SQL result.
     pub(super) async fn ticket_batches(&self, ticket: Ticket) -> Result<Answer, Status> {
         if is_flight_sql(&ticket.ticket) {
+            self.decodes(&ticket.ticket, None)?;
             return Ok(Answer::Messages(self.sql.do_get(Request::new(ticket)).await?.into_inner()));
         }
         if ticket.ticket.is_empty() {
+            self.service.count_bad();
             return Err(Status::invalid_argument("the ticket is empty; it must hold a JSON sampling request"));
         }
         let sample = self.service.parse_ticket(&ticket.ticket).map_err(|e| status(&e))?;
@@ -70,9 +72,15 @@ pub(super) fn status(e: &Error) -> Status {
 }
 
 impl LakeFlight {
+    /// Refuses (and counts) a Flight SQL message or action body that does not decode.
+    fn decodes(&self, bytes: &[u8], action: Option<&str>) -> Result<(), Status> {
+        check_message(bytes, action).inspect_err(|_| self.service.count_bad())
+    }
+
     /// The sampling request in a descriptor's command.
     fn request_of(&self, bytes: &[u8]) -> Result<SampleRequest, Status> {
         if bytes.is_empty() {
+            self.service.count_bad();
             return Err(Status::invalid_argument("the descriptor's command is empty; it must hold a JSON sampling request"));
         }
         self.service.parse_request(bytes).map_err(|e| status(&e))
@@ -130,6 +138,7 @@ impl FlightService for LakeFlight {
     async fn get_flight_info(&self, request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
         self.check(&request)?;
         if is_flight_sql(&request.get_ref().cmd) {
+            self.decodes(&request.get_ref().cmd, None)?;
             return self.sql.get_flight_info(request).await;
         }
         let descriptor = request.into_inner();
@@ -161,6 +170,7 @@ impl FlightService for LakeFlight {
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
         self.check(&request)?;
         if is_flight_sql(&request.get_ref().cmd) {
+            self.decodes(&request.get_ref().cmd, None)?;
             let info = self.sql.get_flight_info(request).await?.into_inner();
             return Ok(Response::new(SchemaResult { schema: info.schema }));
         }
@@ -211,6 +221,8 @@ impl FlightService for LakeFlight {
     /// Flight SQL's actions (prepared statements).
     async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
         self.check(&request)?;
+        let action = request.get_ref();
+        self.decodes(&action.body, Some(action.r#type.as_str()))?;
         self.sql.do_action(request).await
     }
 

@@ -48,6 +48,35 @@ pub fn is_flight_sql(bytes: &[u8]) -> bool {
     Any::decode(bytes).is_ok_and(|any| any.type_url.starts_with(FLIGHT_SQL_TYPE))
 }
 
+/// Refuses a Flight SQL command or ticket (an `Any` with a Flight SQL type) whose message does
+/// not decode, or an action body that is not the action's request: `INVALID_ARGUMENT` naming
+/// what failed, rather than the library's `INTERNAL` with its debug text.
+///
+/// # Errors
+/// The status, when the bytes do not decode.
+pub fn check_message(bytes: &[u8], action: Option<&str>) -> Result<(), Status> {
+    fn unpacks<M: ProstMessageExt + Default>(bytes: &[u8]) -> Result<(), String> {
+        let any = Any::decode(bytes).map_err(|e| e.to_string())?;
+        match any.unpack::<M>() {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(format!("it holds a {}", if any.type_url.is_empty() { "message of no type" } else { &any.type_url })),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+    let decoded = match action {
+        Some("CreatePreparedStatement") => unpacks::<ActionCreatePreparedStatementRequest>(bytes),
+        Some("ClosePreparedStatement") => unpacks::<ActionClosePreparedStatementRequest>(bytes),
+        Some(_) => Ok(()),
+        None => Any::decode(bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|any| arrow_flight::sql::Command::try_from(any).map_err(|e| e.to_string()).map(|_| ())),
+    };
+    decoded.map_err(|why| {
+        let what = action.map_or_else(|| "Flight SQL command".to_string(), |a| format!("body of the {a} action"));
+        Status::invalid_argument(format!("the {what} cannot be decoded: {why}"))
+    })
+}
+
 /// Flight SQL over a [`Service`]'s lake. Authentication is checked by the Flight service that
 /// dispatches to it.
 #[derive(Clone)]

@@ -97,6 +97,11 @@ fn default_stride() -> u64 {
 fn is_one(n: &u64) -> bool {
     *n == 1
 }
+/// A field's value whenever it is present, `null` included (absent fields take the default).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
 fn default_preset() -> String {
     "none".into()
 }
@@ -128,8 +133,9 @@ pub struct SampleRequest {
     /// Window preset (`act`, `diffusion`, `none`); ignored when `delta_timestamps` is given.
     #[serde(default = "default_preset")]
     pub preset: String,
-    /// LeRobot `delta_timestamps`.
-    #[serde(default)]
+    /// LeRobot `delta_timestamps`: given (`null` for no windows), it replaces the preset.
+    /// Absent is `None`; a present `null` is `Some(Null)` (and is written back as `null`).
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub delta_timestamps: Option<serde_json::Value>,
     /// Samples per batch for each rank.
     #[serde(default = "default_batch_size")]
@@ -215,7 +221,7 @@ impl SampleRequest {
         // A preset that does not exist is refused even where delta_timestamps overrides it.
         let preset = self.preset.parse().map_err(|e: lake_loader::Error| Error::Invalid(e.to_string()))?;
         Ok(match &self.delta_timestamps {
-            Some(v) => Windows::parse_delta_timestamps(&v.to_string())?,
+            Some(v) => Windows::from_json(v)?,
             None => Windows::Preset(preset),
         })
     }
@@ -1219,5 +1225,26 @@ fn refusal_kind(e: &Error) -> Refusal {
         }
         Error::Store(S::BadName { .. }) | Error::Loader(L::Store(S::BadName { .. })) => Refusal::BadRequest,
         _ => Refusal::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_null_delta_timestamps_means_no_windows_and_survives_a_ticket() {
+        let windows = |json: &str| {
+            let request = SampleRequest::from_json(json.as_bytes()).expect("valid");
+            // A ticket is the request written back as JSON.
+            let ticket = SampleRequest::from_json(&serde_json::to_vec(&request).expect("json")).expect("a valid ticket");
+            assert_eq!(ticket, request, "{json}");
+            request.windows().expect("windows")
+        };
+        let none = lake_loader::Preset::None;
+        assert_eq!(windows(r#"{"datasets": ["a"], "preset": "act", "delta_timestamps": null}"#), Windows::Preset(none));
+        assert_eq!(windows(r#"{"datasets": ["a"], "preset": "act"}"#), Windows::Preset(lake_loader::Preset::Act));
+        let given = windows(r#"{"datasets": ["a"], "preset": "act", "delta_timestamps": {"action": [0.0]}}"#);
+        assert_eq!(given, Windows::DeltaTimestamps(vec![("action".into(), vec![0.0])]));
     }
 }

@@ -922,6 +922,29 @@ fn flight_sql_answers_as_lake_sql_does_and_refuses_what_is_not_a_query() {
         ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
         assert_eq!(count("SELECT count(DISTINCT dataset) AS n FROM steps").await, 2);
 
+        // Messages that do not decode: INVALID_ARGUMENT saying so, counted as bad requests.
+        let bearer = format!("Bearer {TOKEN}");
+        let bad = || {
+            let (_, text) = http(&server.http, "GET", "/metrics", &[("Authorization", bearer.as_str())], b"");
+            metric(&String::from_utf8_lossy(&text), "lake_errors_total{kind=\"bad_request\"}")
+        };
+        let bad_before = bad();
+        let mut flight = FlightClient::new(channel.clone());
+        flight.add_header("authorization", &format!("Bearer {TOKEN}")).expect("header");
+        let garbled = arrow_flight::sql::Any {
+            type_url: "type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery".into(),
+            value: vec![0xff, 0xff, 0xff].into(),
+        };
+        let e =
+            status(flight.get_flight_info(FlightDescriptor::new_cmd(prost::Message::encode_to_vec(&garbled))).await.expect_err("garbled"));
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("Flight SQL command cannot be decoded") && !e.message().contains("ParseError("), "{e:?}");
+        let action = arrow_flight::Action::new("CreatePreparedStatement", vec![1u8, 2]);
+        let e = status(flight.do_action(action).await.err().expect("garbled body"));
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("body of the CreatePreparedStatement action cannot be decoded"), "{e:?}");
+        assert_eq!(bad() - bad_before, 2.0, "both counted");
+
         // Without the token: refused.
         let mut anonymous = FlightSqlServiceClient::new(channel);
         let e = anonymous.execute(query.to_string(), None).await.expect_err("needs a token");
