@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
-    Refusal, SampleRequest, Service,
+    Footprint, Refusal, SampleRequest, Service,
     do_get::Answer,
     flight_sql::{LakeFlightSql, check_message, is_flight_sql},
     refusal,
@@ -112,7 +112,8 @@ impl FlightService for LakeFlight {
             // One epoch of the dataset, every step once (the last batch short), so that a
             // generic Flight client reading a listed flight to its end gets `total_records` rows.
             let epoch = serde_json::json!({"datasets": [format!("{}@{}", d.name, d.version)], "drop_last": false});
-            let plan = async { self.service.describe(&self.service.parse_request(epoch.to_string().as_bytes())?).await }.await;
+            let plan =
+                async { self.service.describe(&self.service.parse_request(epoch.to_string().as_bytes())?, Footprint::ENCODED).await }.await;
             let mut cmd = epoch;
             if let Ok(plan) = &plan {
                 cmd["limit_batches"] = plan.steps_per_epoch.into();
@@ -143,7 +144,7 @@ impl FlightService for LakeFlight {
         }
         let descriptor = request.into_inner();
         let sample = self.request_of(&descriptor.cmd)?;
-        let plan = self.service.describe(&sample).await.map_err(|e| status(&e))?;
+        let plan = self.service.describe(&sample, Footprint::ENCODED).await.map_err(|e| status(&e))?;
         // The ticket reads the versions planned, whatever is ingested before it is redeemed.
         let pinned = SampleRequest { datasets: plan.datasets.clone(), ..sample };
         let ticket = serde_json::to_vec(&pinned).map_err(|e| Status::internal(e.to_string()))?;
@@ -175,7 +176,7 @@ impl FlightService for LakeFlight {
             return Ok(Response::new(SchemaResult { schema: info.schema }));
         }
         let sample = self.request_of(&request.get_ref().cmd)?;
-        let schema = self.service.describe(&sample).await.map_err(|e| status(&e))?.schema;
+        let schema = self.service.describe(&sample, Footprint::ENCODED).await.map_err(|e| status(&e))?.schema;
         let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;

@@ -32,6 +32,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/sample", post(sample))
         .route("/v1/sql", post(sql))
         .layer(axum::extract::DefaultBodyLimit::max(super::MAX_REQUEST_BYTES))
+        .layer(middleware::from_fn_with_state(service.clone(), refuse_oversized))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(service.clone(), auth));
     Router::new()
@@ -40,6 +41,17 @@ pub fn router(service: Arc<Service>) -> Router {
         .fallback(|| async { Refused(StatusCode::NOT_FOUND, "no such endpoint (see /v1/openapi.json)".into()) })
         .layer(middleware::from_fn(method_not_allowed_json))
         .with_state(service)
+}
+
+/// A 413 for a request whose declared `Content-Length` is over the limit, at once: before its
+/// body is read (and before `100 Continue` invites a client that asked to send it).
+async fn refuse_oversized(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > super::MAX_REQUEST_BYTES as u64) {
+        service.count_bad();
+        return Refused(StatusCode::PAYLOAD_TOO_LARGE, "the request body is over the 2 MiB limit".into()).into_response();
+    }
+    next.run(request).await
 }
 
 /// A 405 with a JSON body like every other error (its `Allow` header kept).
@@ -132,7 +144,14 @@ fn view_json(v: &lake_schemas::ViewRecord) -> Value {
            "episodes": v.episode_count(), "selects": selects})
 }
 
-async fn dataset(State(service): State<Arc<Service>>, Path(name): Path<String>) -> Result<Json<Value>, Refused> {
+async fn dataset(
+    State(service): State<Arc<Service>>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, Refused> {
+    let Path(name) = name.map_err(|e| {
+        service.count_bad();
+        Refused(e.status(), format!("the dataset name in the path cannot be read: {}", e.body_text()))
+    })?;
     Ok(describe_dataset(&service, &name).await.map(Json).inspect_err(|e| service.count_refusal(e))?)
 }
 
@@ -416,7 +435,7 @@ async fn sample(
     let request = service.parse_request(&body)?;
     // The plan, as Flight's GetFlightInfo gives it: the epoch's shape a client keeps its
     // `(epoch, step)` cursor with, and the dataset versions read (the stream is pinned to them).
-    let plan = service.describe(&request).await?;
+    let plan = service.describe(&request, super::Footprint::ENCODED).await?;
     let pinned = super::SampleRequest { datasets: plan.datasets.clone(), ..request };
     let (schema, batches) = service.batches(&pinned).await?;
     let body = Body::from_stream(encoded_stream(Answer::Arrow, schema, batches)?);

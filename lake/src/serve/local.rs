@@ -106,7 +106,8 @@ async fn describe(service: &Service, message: &[u8], writer: &mut tokio::net::un
         return writer.write_all(&wire::error("unauthorized", "a valid bearer token is required")).await;
     }
     let plan = match service.parse_request(request) {
-        Ok(request) => service.describe(&request).await,
+        // The smallest a local stream holds: one slot.
+        Ok(request) => service.describe(&request, super::Footprint::shared_memory(1)).await,
         Err(e) => Err(e),
     };
     let plan = match plan {

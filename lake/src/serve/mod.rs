@@ -211,7 +211,8 @@ impl SampleRequest {
                 .replace("expected i64", "expected a whole number")
                 .replace("expected f64", "expected a number");
             match e.path().to_string().as_str() {
-                "." | "" => Error::Invalid(format!("bad sampling request: {why}")),
+                // `?`: where the text broke off or stopped being JSON, in no field yet.
+                "." | "" | "?" => Error::Invalid(format!("bad sampling request: {why}")),
                 field => Error::Invalid(format!("bad sampling request: `{field}`: {why}")),
             }
         })
@@ -736,14 +737,18 @@ impl Service {
         Ok(p)
     }
 
-    /// The schema of a request's batches and the shape of its epochs.
+    /// The schema of a request's batches and the shape of its epochs, for a stream over a
+    /// transport holding `footprint` of its batches.
     ///
     /// # Errors
-    /// When the request is not valid for the lake.
-    pub async fn describe(&self, request: &SampleRequest) -> Result<Plan> {
+    /// When the request is not valid for the lake, or its stream could never fit in the memory
+    /// budget.
+    pub async fn describe(&self, request: &SampleRequest, footprint: Footprint) -> Result<Plan> {
         let prepared = self.prepare(request).await.inspect_err(|e| self.count_refusal(e))?;
         let epoch_len = prepared.order.epoch_len();
         let (_, steps_per_epoch) = self.steps_of(request, epoch_len)?;
+        // Nor is a stream that could never fit in the memory budget.
+        self.room(&prepared.loader.schema(), request.batch_size, footprint)?;
         Ok(Plan { datasets: prepared.datasets.clone(), schema: prepared.loader.schema(), epoch_len, steps_per_epoch })
     }
 
@@ -870,6 +875,27 @@ impl Service {
         self.batches_held(request, Footprint::ENCODED).await
     }
 
+    /// The room in the memory budget a stream of `batch_size` samples of `schema` holds while
+    /// open and takes for each batch, in budget units; refused (and counted) when the two do not
+    /// fit in the whole budget.
+    fn room(&self, schema: &SchemaRef, batch_size: u64, footprint: Footprint) -> Result<(u64, u64)> {
+        let one = batch_bytes(schema, batch_size as usize).div_ceil(UNIT).max(1);
+        let need = footprint.per_batch.max(1) * one;
+        let held = footprint.held * one;
+        let budget = (self.options.memory_bytes / UNIT).max(1);
+        if held + need > budget {
+            self.count_bad();
+            return Err(Error::Invalid(format!(
+                "one batch of {batch_size} samples takes {} MiB, and a stream needs room for {} of them ({}): more than the server's memory budget of {} MiB; ask for smaller batches",
+                (one * UNIT) >> 20,
+                footprint.held + footprint.per_batch.max(1),
+                footprint.what,
+                self.options.memory_bytes >> 20
+            )));
+        }
+        Ok((held, need))
+    }
+
     /// [`Service::batches`] for a transport that holds `footprint` of the stream's batches.
     ///
     /// # Errors
@@ -884,21 +910,7 @@ impl Service {
         // for one batch when it starts, so it always makes progress; batches prepared beyond that
         // use free room only when there is some, never waiting for it, so they cannot crowd out
         // streams waiting to start.
-        let one = batch_bytes(&schema, request.batch_size as usize).div_ceil(UNIT).max(1);
-        let need = footprint.per_batch.max(1) * one;
-        let held = footprint.held * one;
-        let budget = (self.options.memory_bytes / UNIT).max(1);
-        if held + need > budget {
-            self.count_bad();
-            return Err(Error::Invalid(format!(
-                "one batch of {} samples takes {} MiB, and a stream needs room for {} of them ({}): more than the server's memory budget of {} MiB; ask for smaller batches",
-                request.batch_size,
-                (one * UNIT) >> 20,
-                footprint.held + footprint.per_batch.max(1),
-                footprint.what,
-                self.options.memory_bytes >> 20
-            )));
-        }
+        let (held, need) = self.room(&schema, request.batch_size, footprint)?;
         // Room frees as clients take prefetched batches, so a new stream waits a little for it
         // before it is refused.
         let waiting = (Gauge::up(self.clone(), |m| &m.waiting_for_memory), Gauge::up(self.clone(), |m| &m.waiting_to_start));

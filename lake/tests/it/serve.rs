@@ -367,6 +367,26 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert_eq!(code, 404, "{}", String::from_utf8_lossy(&body));
     let (code, _) = http(&server.http, "POST", "/v1/sample", &headers, b"{not json");
     assert_eq!(code, 400);
+    let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, br#"{"datasets": ["#);
+    let error = String::from_utf8_lossy(&body);
+    assert!(code == 400 && error.contains("EOF while parsing") && !error.contains('?'), "no field to name where the text ends: {error}");
+    // A path that is not UTF-8: a JSON error too.
+    let (code, body) = http(&server.http, "GET", "/v1/datasets/%ff%fe", &[("Authorization", auth.as_str())], b"");
+    let error = serde_json::from_slice::<Value>(&body).expect("a JSON error");
+    assert!(code == 400 && error["error"].as_str().is_some_and(|e| e.contains("UTF-8")), "{error}");
+    // A body declared over the limit is refused at once, unread, without `100 Continue`.
+    let mut oversized = TcpStream::connect(&server.http).expect("connect");
+    oversized.set_read_timeout(Some(std::time::Duration::from_secs(10))).expect("timeout");
+    write!(
+        oversized,
+        "POST /v1/sample HTTP/1.1\r\nHost: lake\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n\
+         Content-Length: 999999999\r\n\r\n"
+    )
+    .expect("send the head");
+    let mut answer = [0u8; 512];
+    let n = oversized.read(&mut answer).expect("an answer before any body");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("2 MiB"), "{answer}");
     let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, br#"{"datasets": ["v30-av1-small"], "episodes": []}"#);
     assert_eq!(code, 400, "an empty episode list selects nothing, not everything");
     assert!(String::from_utf8_lossy(&body).contains("selects no episode"), "{}", String::from_utf8_lossy(&body));
@@ -710,7 +730,7 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         };
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
         let probe = lake::serve::Service::new(lake.clone(), Default::default()).expect("service");
-        let schema = probe.describe(&request(0, 4)).await.expect("plan").schema;
+        let schema = probe.describe(&request(0, 4), lake::serve::Footprint::ENCODED).await.expect("plan").schema;
         let batch = lake::serve::batch_bytes(&schema, 4);
         // Room for three streams (send buffer and one batch with its encoding each) and two
         // batches more; each stream would like 16 ahead.
@@ -743,6 +763,9 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         // A batch that cannot fit at all is refused with the sizes.
         let e = service.batches(&request(0, 32)).await.err().expect("refused");
         assert!(e.to_string().contains("memory budget") && matches!(lake::serve::refusal(&e).0, lake::serve::Refusal::BadRequest), "{e}");
+        // And so is its plan (a Flight ticket that could never be redeemed).
+        let e = service.describe(&request(0, 32), lake::serve::Footprint::ENCODED).await.expect_err("refused");
+        assert!(e.to_string().contains("memory budget"), "{e}");
 
         // A stream whose client keeps its first batch is lent free room for a few batches
         // ahead (twice the decode threads), not all of it: streams opened after it still start.
