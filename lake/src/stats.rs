@@ -143,7 +143,35 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
     for entry in out.values_mut() {
         entry.as_object_mut().expect("object").remove("camera");
     }
+    integer_extremes(&mut out, &record.info);
     Ok(Value::Object(out))
+}
+
+/// Writes the `min` and `max` of integer features as whole numbers, as LeRobot's `stats.json`
+/// has them (`"min": [0]`, not `[0.0]`).
+fn integer_extremes(stats: &mut Map<String, Value>, info: &Value) {
+    fn whole(v: &mut Value) {
+        match v {
+            Value::Array(items) => items.iter_mut().for_each(whole),
+            Value::Number(n) => {
+                if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15) {
+                    *v = Value::from(f as i64);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (name, entry) in stats.iter_mut() {
+        let dtype = info["features"][name.as_str()]["dtype"].as_str().unwrap_or_default();
+        if !(dtype.starts_with("int") || dtype.starts_with("uint")) {
+            continue;
+        }
+        for stat in ["min", "max"] {
+            if let Some(v) = entry.get_mut(stat) {
+                whole(v);
+            }
+        }
+    }
 }
 
 /// How an export numbers the index columns of the steps it writes: `index` and `episode_index`
@@ -201,6 +229,7 @@ pub async fn written_stats_json(
                 stats.insert(name.into(), scalar_entry(&mut values));
             }
         }
+        integer_extremes(stats, &record.info);
     }
     Ok(stats)
 }

@@ -425,8 +425,10 @@ fn stats_export_has_lerobot_layout_exact_numbers_and_the_sources_camera_stats() 
     // Exact where LeRobot stores an envelope of per-episode estimates: episode 0 holds the lowest
     // 99 of the 600 steps, so the dataset's q01 of episode_index is 0 (the source says 2.2).
     assert_eq!(ours["episode_index"]["q01"], serde_json::json!([0.0]));
-    assert_eq!(ours["index"]["min"], serde_json::json!([0.0]));
-    assert_eq!(ours["index"]["max"], serde_json::json!([599.0]));
+    // Integer features' extremes as whole numbers, as LeRobot writes them.
+    assert_eq!(ours["index"]["min"], serde_json::json!([0]));
+    assert_eq!(ours["index"]["max"], serde_json::json!([599]));
+    assert_eq!(ours["index"]["min"], source["index"]["min"]);
     assert_eq!(ours["index"]["q50"], serde_json::json!([299.5]));
 
     // A derived table damaged outside lake is left out by itself, with a warning saying how to
