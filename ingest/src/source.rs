@@ -27,6 +27,9 @@ pub struct Source {
     store: Arc<dyn ObjectStore>,
     display: String,
     bytes_read: Arc<AtomicU64>,
+    /// The directory of a local source, whose files are checked to be regular files before
+    /// they are opened (opening a FIFO would wait for a writer forever).
+    local: Option<std::path::PathBuf>,
 }
 
 /// A file of the source: its path relative to the dataset root, size and modification time.
@@ -62,12 +65,33 @@ impl Source {
             return Err(Error::Missing { path: location.to_string(), what: "dataset directory".into() });
         }
         let store = LocalFileSystem::new_with_prefix(&path).map_err(Error::source_io(location))?;
-        Ok(Self::from_store(Arc::new(store), location))
+        Ok(Self { local: Some(path), ..Self::from_store(Arc::new(store), location) })
     }
 
     /// Wraps any object store whose root is the dataset root.
     pub fn from_store(store: Arc<dyn ObjectStore>, display: impl Into<String>) -> Self {
-        Self { store, display: display.into(), bytes_read: Arc::new(AtomicU64::new(0)) }
+        Self { store, display: display.into(), bytes_read: Arc::new(AtomicU64::new(0)), local: None }
+    }
+
+    /// Refuses a local `path` (relative to the root) that exists but is not a regular file
+    /// (after following links): a FIFO, socket or device would block or never end.
+    fn regular(&self, path: &str) -> Result<()> {
+        use std::os::unix::fs::FileTypeExt;
+        let Some(root) = &self.local else { return Ok(()) };
+        let Ok(meta) = std::fs::metadata(root.join(path)) else { return Ok(()) };
+        let kind = meta.file_type();
+        let what = if kind.is_file() || kind.is_dir() {
+            return Ok(());
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_block_device() || kind.is_char_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        Err(Error::Metadata { path: path.to_string(), message: format!("is {what}; lake reads a dataset's files only from regular files") })
     }
 
     /// The location as given, for messages.
@@ -85,6 +109,7 @@ impl Source {
     /// # Errors
     /// When the store fails for another reason.
     pub async fn head(&self, path: &str) -> Result<Option<SourceFile>> {
+        self.regular(path)?;
         match self.store.head(&Path::from(path)).await {
             Ok(meta) => Ok(Some(to_file(path.to_string(), &meta))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -97,6 +122,7 @@ impl Source {
     /// # Errors
     /// [`Error::Missing`] when it does not exist, or an I/O error naming it.
     pub async fn get(&self, path: &str) -> Result<Bytes> {
+        self.regular(path)?;
         let result = match self.store.get(&Path::from(path)).await {
             Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Err(Error::Missing { path: path.to_string(), what: "file".into() }),
@@ -120,6 +146,9 @@ impl Source {
         };
         let mut files: Vec<SourceFile> = metas.iter().map(|m| to_file(m.location.to_string(), m)).collect();
         files.sort_by(|a, b| a.path.cmp(&b.path));
+        for f in &files {
+            self.regular(&f.path)?;
+        }
         Ok(files)
     }
 

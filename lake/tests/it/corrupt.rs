@@ -145,6 +145,22 @@ fn garbage_parquet() {
     refused(&root, &src, 1, &["data/chunk-000/file-001.parquet", "not a readable parquet file", "episode 1", "episode 2"]);
 }
 
+/// A FIFO where a file should be (opening it would wait for a writer forever): refused at
+/// once, naming it, for a video and for `meta/info.json`.
+#[test]
+fn a_fifo_in_place_of_a_file() {
+    let (_t, root, src) = setup("v30-h264-multifile");
+    let fifo = |path: &Path| {
+        std::fs::remove_file(path).expect("remove");
+        assert!(std::process::Command::new("mkfifo").arg(path).status().expect("mkfifo").success());
+    };
+    let video = "videos/observation.images.side/chunk-000/file-000.mp4";
+    fifo(&src.join(video));
+    refused(&root, &src, 2, &[video, "is a FIFO"]);
+    fifo(&src.join("meta/info.json"));
+    refused(&root, &src, 2, &["meta/info.json", "is a FIFO"]);
+}
+
 #[test]
 fn missing_info_json() {
     let (_t, root, src) = setup("v30-av1-small");
