@@ -411,6 +411,40 @@ impl DatasetMeta {
                 return Err(Error::metadata(origin, format!("episode {} is listed twice", pair[0].index)));
             }
         }
+        // Steps are numbered by `index` from 0, each episode from where the one before ended:
+        // two episodes claiming one index make a step unreachable (an error of the later one);
+        // a gap (or a first index other than 0) leaves LeRobot, which finds sample `i` by its
+        // row, numbering samples otherwise than their `index` (a warning).
+        let mut end = 0;
+        for (i, e) in self.episodes.iter().enumerate() {
+            let before = i.checked_sub(1).map(|p| &self.episodes[p]);
+            if e.from_index < end {
+                let other = before.map_or(String::new(), |b| format!(" of episode {}", b.index));
+                self.findings.push(
+                    Finding::error(
+                        FindingKind::BadMetadata,
+                        format!("index range [{}, {}) overlaps the range [.., {end}){other}", e.from_index, e.to_index),
+                    )
+                    .with_file(origin)
+                    .with_episode(e.index),
+                );
+            } else if e.from_index > end {
+                let after = before.map_or("the dataset starts at index 0".to_string(), |b| format!("episode {} ends at {end}", b.index));
+                self.findings.push(
+                    Finding::warning(
+                        FindingKind::BadMetadata,
+                        format!(
+                            "starts at index {} but {after}: LeRobot finds a sample by its row, so from here on its sample i is not \
+                             the step whose index is i (lake's is)",
+                            e.from_index
+                        ),
+                    )
+                    .with_file(origin)
+                    .with_episode(e.index),
+                );
+            }
+            end = end.max(e.to_index);
+        }
         for e in &self.episodes {
             if e.length <= 0 || e.to_index - e.from_index != e.length {
                 self.findings.push(

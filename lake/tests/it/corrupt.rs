@@ -145,6 +145,45 @@ fn garbage_parquet() {
     refused(&root, &src, 1, &["data/chunk-000/file-001.parquet", "not a readable parquet file", "episode 1", "episode 2"]);
 }
 
+/// Shifts the `index` of episodes 2 and later by `delta`, in the episode metadata and the data.
+fn shift_index_from_episode_2(src: &Path, delta: i64) {
+    let shift = |batches: Vec<RecordBatch>, columns: &[&str]| -> RecordBatch {
+        let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+        let episode: Vec<i64> = all.column_by_name("episode_index").expect("episode_index").as_primitive::<Int64Type>().values().to_vec();
+        let mut cols = all.columns().to_vec();
+        for name in columns {
+            let i = all.schema().index_of(name).expect("column");
+            let values =
+                cols[i].as_primitive::<Int64Type>().values().iter().zip(&episode).map(|(v, e)| if *e >= 2 { v + delta } else { *v });
+            cols[i] = std::sync::Arc::new(arrow::array::Int64Array::from_iter_values(values));
+        }
+        RecordBatch::try_new(all.schema(), cols).expect("batch")
+    };
+    let episodes = src.join("meta/episodes/chunk-000/file-000.parquet");
+    write_parquet(&episodes, &[shift(read_parquet(&episodes), &["dataset_from_index", "dataset_to_index"])]);
+    let data = src.join("data/chunk-000/file-000.parquet");
+    write_parquet(&data, &[shift(read_parquet(&data), &["index"])]);
+}
+
+/// Episodes whose index ranges overlap are refused, naming the later one (a step of the
+/// earlier would be unreachable), and `--skip-bad-episodes` leaves it out; a gap between them
+/// is a warning (LeRobot numbers samples by row).
+#[test]
+fn overlapping_and_gapped_index_ranges() {
+    let (_t, root, src) = setup("v30-av1-small");
+    shift_index_from_episode_2(&src, -6);
+    refused(&root, &src, 1, &["meta/episodes/, episode 2", "index range [197, 331) overlaps the range [.., 203) of episode 1"]);
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--name", "overlap"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let kept = lake(&root, &["sql", "--format", "csv", "SELECT count(*) AS n, count(DISTINCT index) AS i FROM overlap.steps"]);
+    assert_eq!(kept.stdout, "n,i\n466,466\n", "episode 2 left out, every index once: {kept:#?}");
+
+    shift_index_from_episode_2(&src, 11);
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "gap"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("starts at index 208 but episode 1 ends at 203"), "{run:#?}");
+}
+
 /// A FIFO where a file should be (opening it would wait for a writer forever): refused at
 /// once, naming it, for a video and for `meta/info.json`.
 #[test]
