@@ -268,6 +268,8 @@ fn demux(
     let mut max_pts = i64::MIN;
     let mut flag_mismatches = 0u64;
     let mut undecodable: BTreeMap<u64, i64> = BTreeMap::new();
+    // Packets whose bytes are not the codec's framing: (position, why).
+    let mut damaged: Vec<(u64, String)> = Vec::new();
     let mut last_key = None;
     let tol = ctx.tolerance_s;
     // Why the file ends before its last frame, when it does.
@@ -287,6 +289,9 @@ fn demux(
         let pos = out.packets;
         out.packets += 1;
         out.bytes += packet.data.len() as u64;
+        if let Some(why) = &packet.damaged {
+            damaged.push((pos, why.clone()));
+        }
         if packet.keyframe != packet.container_keyframe {
             flag_mismatches += 1;
         }
@@ -426,6 +431,7 @@ fn demux(
             out.positions[qi] = None;
         }
     }
+    report_damaged(job, &damaged, &keyframes, &mut out.positions, &mut out.findings);
     let used: std::collections::HashSet<u64> = out.positions.iter().flatten().copied().collect();
     let unused = out.packets - used.len() as u64;
     if unused > 0 {
@@ -452,6 +458,54 @@ fn demux(
         }
     }
     out
+}
+
+/// One error per episode whose frames decode through a damaged packet: every frame from the
+/// keyframe before it (in decode order) to the next keyframe, naming the first such frame;
+/// those steps' frames are left unresolved.
+fn report_damaged(
+    job: &StreamJob,
+    damaged: &[(u64, String)],
+    keyframes: &[(u64, i64)],
+    positions: &mut [Option<u64>],
+    findings: &mut Vec<Finding>,
+) {
+    if damaged.is_empty() {
+        return;
+    }
+    // Decode-order ranges of packets that cannot be decoded, each with the damage that spoils it.
+    let spoiled: Vec<(std::ops::Range<u64>, &(u64, String))> = damaged
+        .iter()
+        .map(|d| {
+            let start = keyframes.iter().rev().find(|(k, _)| *k <= d.0).map_or(0, |(k, _)| *k);
+            let end = keyframes.iter().find(|(k, _)| *k > d.0).map_or(u64::MAX, |(k, _)| *k);
+            (start..end, d)
+        })
+        .collect();
+    let mut first: BTreeMap<i64, (Query, &(u64, String), usize)> = BTreeMap::new();
+    for (qi, q) in job.queries.iter().enumerate() {
+        let Some(pos) = positions[qi] else { continue };
+        if let Some((_, d)) = spoiled.iter().find(|(range, _)| range.contains(&pos)) {
+            positions[qi] = None;
+            let entry = first.entry(q.episode).or_insert((*q, d, 0));
+            if q.frame < entry.0.frame {
+                (entry.0, entry.1) = (*q, d);
+            }
+            entry.2 += 1;
+        }
+    }
+    for (episode, (q, (pos, why), count)) in first {
+        findings.push(
+            Finding::error(
+                FindingKind::CorruptFile,
+                format!("packet {pos} is damaged ({why}); {count} of this episode's frames decode through it, the first this one"),
+            )
+            .with_file(&job.file.path)
+            .with_episode(episode)
+            .with_camera(&job.camera)
+            .with_frame(q.frame),
+        );
+    }
 }
 
 /// One error per episode for the steps whose query time matches no frame, naming the first

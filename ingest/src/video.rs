@@ -47,6 +47,89 @@ pub struct DemuxedPacket {
     pub container_keyframe: bool,
     /// The compressed bytes.
     pub data: Vec<u8>,
+    /// Why the packet's bytes cannot be the codec's (its framing is broken), when they cannot.
+    pub damaged: Option<String>,
+}
+
+/// How a codec frames the units inside a packet, as far as ingest checks it without decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// H.264 or HEVC in MP4 (`avcC`/`hvcC`): NAL units, each after a big-endian length of
+    /// this many bytes.
+    LengthPrefixed(usize),
+    /// AV1: OBUs, each with a header and (but for the last) a LEB128 size.
+    Obu,
+    /// Not checked.
+    Unchecked,
+}
+
+impl Framing {
+    fn of(params: &CodecParams) -> Self {
+        let extradata = params.extradata.as_deref().unwrap_or_default();
+        match params.codec.as_str() {
+            // avcC: version 1; the length size minus one in the low bits of byte 4.
+            "h264" if extradata.len() > 4 && extradata[0] == 1 => Self::LengthPrefixed(usize::from(extradata[4] & 3) + 1),
+            // hvcC: version 1; the length size minus one in the low bits of byte 21.
+            "hevc" if extradata.len() > 21 && extradata[0] == 1 => Self::LengthPrefixed(usize::from(extradata[21] & 3) + 1),
+            "av1" => Self::Obu,
+            _ => Self::Unchecked,
+        }
+    }
+
+    /// Why `data` is not a whole sequence of units, or `None` when it is.
+    fn damage(self, data: &[u8]) -> Option<String> {
+        let mut at = 0usize;
+        match self {
+            Self::Unchecked => None,
+            Self::LengthPrefixed(size) => {
+                while at < data.len() {
+                    let Some(prefix) = data.get(at..at + size) else {
+                        return Some(format!("its last NAL unit's length is cut off at byte {at} of {}", data.len()));
+                    };
+                    let n = prefix.iter().fold(0usize, |n, b| (n << 8) | usize::from(*b));
+                    at += size;
+                    if n == 0 {
+                        return Some(format!("a NAL unit of length 0 at byte {}", at - size));
+                    }
+                    if data.len() - at < n {
+                        return Some(format!("a NAL unit of {n} bytes at byte {} runs past the packet's {} bytes", at - size, data.len()));
+                    }
+                    if data[at] & 0x80 != 0 {
+                        return Some(format!("the NAL unit at byte {} has its forbidden bit set", at - size));
+                    }
+                    at += n;
+                }
+                None
+            }
+            Self::Obu => {
+                while at < data.len() {
+                    let header = data[at];
+                    let (kind, extension, has_size) = ((header >> 3) & 0xf, header & 4 != 0, header & 2 != 0);
+                    if header & 0x80 != 0 || kind == 0 || (9..=14).contains(&kind) {
+                        return Some(format!("byte {at} is not an OBU header (type {kind}, forbidden bit {})", header >> 7));
+                    }
+                    let mut next = at + 1 + usize::from(extension);
+                    if !has_size {
+                        return (next > data.len()).then(|| format!("the OBU at byte {at} is cut off"));
+                    }
+                    let mut size = 0usize;
+                    for i in 0..8 {
+                        let Some(&b) = data.get(next) else { return Some(format!("the OBU at byte {at} has its size cut off")) };
+                        next += 1;
+                        size |= usize::from(b & 0x7f) << (7 * i);
+                        if b & 0x80 == 0 {
+                            break;
+                        }
+                    }
+                    if data.len() - next.min(data.len()) < size {
+                        return Some(format!("an OBU of {size} bytes at byte {at} runs past the packet's {} bytes", data.len()));
+                    }
+                    at = next + size;
+                }
+                None
+            }
+        }
+    }
 }
 
 /// Why demuxing a file failed.
@@ -76,6 +159,7 @@ pub struct VideoDemuxer {
     stream_index: usize,
     facts: StreamFacts,
     parser: Option<BitstreamParser>,
+    framing: Framing,
     file_size: u64,
     packets_read: u64,
 }
@@ -102,7 +186,8 @@ impl VideoDemuxer {
         let facts = unsafe { facts_of(&stream) };
         // SAFETY: as above.
         let parser = unsafe { BitstreamParser::new(stream.parameters().as_ptr()) };
-        Ok(Self { input, stream_index, facts, parser, file_size, packets_read: 0 })
+        let framing = Framing::of(&facts.params);
+        Ok(Self { input, stream_index, facts, parser, framing, file_size, packets_read: 0 })
     }
 
     /// The stream's facts.
@@ -139,11 +224,21 @@ impl VideoDemuxer {
             let pts = packet.pts().ok_or_else(|| DemuxError(format!("packet {index} has no presentation timestamp")))?;
             let dts = packet.dts().unwrap_or(pts);
             let container_keyframe = packet.is_key();
+            let damaged = self.framing.damage(data);
             let keyframe = match &mut self.parser {
-                Some(parser) => parser.keyframe(data, pts, dts).unwrap_or(container_keyframe),
-                None => container_keyframe,
+                // A damaged packet's bitstream cannot be trusted to tell.
+                Some(parser) if damaged.is_none() => parser.keyframe(data, pts, dts).unwrap_or(container_keyframe),
+                _ => container_keyframe,
             };
-            return Ok(Some(DemuxedPacket { pts, dts, duration: packet.duration(), keyframe, container_keyframe, data: data.to_vec() }));
+            return Ok(Some(DemuxedPacket {
+                pts,
+                dts,
+                duration: packet.duration(),
+                keyframe,
+                container_keyframe,
+                data: data.to_vec(),
+                damaged,
+            }));
         }
     }
 }
@@ -300,5 +395,22 @@ mod tests {
         assert!(!same_codec("h264", "mpeg4"));
         assert!(same_codec("h265", "hevc"));
         assert!(same_codec("weird", "WEIRD"));
+    }
+
+    #[test]
+    fn broken_unit_framing_is_named_and_sound_framing_passes() {
+        let nal = Framing::LengthPrefixed(4);
+        assert_eq!(nal.damage(&[0, 0, 0, 2, 0x65, 1, 0, 0, 0, 1, 0x41]), None);
+        assert!(nal.damage(&[0, 0, 0, 0, 0x65]).expect("damaged").contains("length 0 at byte 0"));
+        assert!(nal.damage(&[0, 0, 0, 9, 0x65, 1]).expect("damaged").contains("runs past the packet's 6 bytes"));
+        assert!(nal.damage(&[0, 0, 0, 1, 0xe5]).expect("damaged").contains("forbidden bit"));
+        assert!(nal.damage(&[0, 0, 0, 1, 0x65, 0, 0]).expect("damaged").contains("cut off at byte 5"));
+        // AV1: a temporal delimiter (type 2, size 0), then a frame OBU (type 6) of 3 bytes, then
+        // a last OBU without a size field.
+        let obu = Framing::Obu;
+        assert_eq!(obu.damage(&[0x12, 0, 0x32, 3, 1, 2, 3, 0x30, 9, 9]), None);
+        assert!(obu.damage(&[0x12, 0, 0, 0, 0]).expect("damaged").contains("byte 2 is not an OBU header"));
+        assert!(obu.damage(&[0x32, 9, 1]).expect("damaged").contains("runs past"));
+        assert_eq!(Framing::Unchecked.damage(&[0; 8]), None);
     }
 }

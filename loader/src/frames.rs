@@ -520,6 +520,12 @@ impl RowWriter<'_> {
 
 /// Decodes rows `[first, end)` of one stream sequentially, in decode order, and sends them in
 /// row order as batches of the frames table.
+/// The `packets` rows of `stream` that some step shows.
+fn shown_rows(ds: &LoaderDataset, stream: u32) -> std::collections::HashSet<u64> {
+    let camera = ds.streams.get(&stream).map(|s| s.camera.as_str());
+    ds.cameras.iter().filter(|c| Some(c.key.as_str()) == camera).flat_map(|c| c.packet_rows.values().iter().copied()).collect()
+}
+
 fn decode_stream(
     ds: &LoaderDataset,
     stream: u32,
@@ -557,13 +563,39 @@ fn decode_stream(
         report: FrameTableReport::default(),
     };
     let zstd_err = |e: std::io::Error| Error::layout(&ds.label, format!("storing a frame: {e}"));
+    // Rows some step shows, made when a packet first fails to decode.
+    let mut shown: Option<std::collections::HashSet<u64>> = None;
+    // Rows before this are skipped: a span that failed to decode and that no step shows.
+    let mut resume_at = first;
     let mut chunk = first;
     while chunk < end {
         let chunk_end = (chunk + READ_ROWS).min(end);
         let bytes = rt.block_on(ds.packet_bytes(&(chunk..chunk_end).collect::<Vec<_>>()))?;
         for (row, b) in (chunk..chunk_end).zip(&bytes) {
+            if row < resume_at {
+                continue;
+            }
             let r = row as usize;
-            let frames = decoder.feed(index.pts[r], index.dts[r], index.container_keyframe[r], b).map_err(|e| decode_err(row, e.0))?;
+            let frames = match decoder.feed(index.pts[r], index.dts[r], index.container_keyframe[r], b) {
+                Ok(frames) => frames,
+                Err(e) => {
+                    // A damaged packet no step needs (of an episode left out at ingest, or of
+                    // frames no step shows): the rows up to the next keyframe are stored empty,
+                    // unless a step shows one of them, and decoding starts again there.
+                    let next_key = (row + 1..end).find(|&k| index.keyframe_offset[k as usize] == 0).unwrap_or(end);
+                    let shown = shown.get_or_insert_with(|| shown_rows(ds, stream));
+                    if (out.next..next_key).any(|k| shown.contains(&k)) {
+                        return Err(decode_err(row, e.0));
+                    }
+                    for k in out.next..next_key {
+                        out.pending.entry(k).or_default();
+                    }
+                    out.flush_ready()?;
+                    decoder = StreamDecoder::open(config).map_err(|e| decode_err(next_key, e.0))?;
+                    resume_at = next_key;
+                    continue;
+                }
+            };
             if intra_only {
                 // One picture per packet, out at once (image pts repeat across episodes).
                 if frames.len() != 1 {

@@ -189,7 +189,8 @@ pub fn resolve_windows(delta: &[(String, Vec<f64>)], keys: &DatasetKeys<'_>) -> 
         if key == "task_index" || (key == "timestamp" && keys.has_video) {
             let what = if key == "task_index" { "the step's task" } else { "the step's time to find its video frames" };
             return Err(Error::request(format!(
-                "delta_timestamps: `{key}` cannot be windowed here: LeRobot reads it as {what}, so a window would change that too                  (window `index` or `frame_index` to see the neighbouring steps)"
+                "delta_timestamps: `{key}` cannot be windowed here: LeRobot reads it as {what}, so a window would change that too \
+                 (window `index` or `frame_index` to see the neighbouring steps)"
             )));
         }
         let mut offsets = Vec::with_capacity(secs.len());
@@ -299,6 +300,6 @@ mod tests {
         let err = window("timestamp", &video).unwrap_err().to_string();
         assert!(err.contains("to find its video frames"), "{err}");
         let err = window("task_index", &[]).unwrap_err().to_string();
-        assert!(err.contains("`task_index` cannot be windowed here"), "{err}");
+        assert!(err.contains("`task_index` cannot be windowed here") && !err.contains("  "), "{err}");
     }
 }

@@ -85,6 +85,42 @@ fn truncated_mp4() {
     assert_eq!(out["record"]["counts"]["episodes"].as_u64(), Some(6 - skipped.len() as u64));
 }
 
+/// Bytes zeroed inside a file (its index intact): the packets whose NAL units no longer add up
+/// are named, with every episode whose frames decode through them; `--skip-bad-episodes` keeps
+/// the others, and `lake cache` stores the version, passing over the damage no step needs.
+#[test]
+fn damaged_packets_inside_a_file() {
+    let (t, root, src) = setup("v30-h264-multifile");
+    let video = "videos/observation.images.side/chunk-000/file-000.mp4";
+    let mut bytes = std::fs::read(src.join(video)).expect("video");
+    bytes[20_000..28_000].fill(0);
+    std::fs::write(src.join(video), bytes).expect("write");
+    let err = refused(&root, &src, 1, &[video, "corrupt-file", "episode 1", "episode 2", "is damaged (a NAL unit of length 0"]);
+    assert!(!err.contains("episode 0,") && !err.contains("episode 3,"), "{err}");
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--name", "damaged"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&root, &["cache", "damaged"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let sample = |frame_table: &str| {
+        let out = t.path().join(format!("damaged-{frame_table}.arrow"));
+        let args = [
+            "sample",
+            "--dataset",
+            "damaged",
+            "--indices",
+            "0,87,189,299",
+            "--frame-table",
+            frame_table,
+            "--out",
+            out.to_str().expect("utf-8"),
+        ];
+        let run = lake(&root, &args);
+        assert_eq!(run.code, 0, "{run:#?}");
+        crate::common::read_arrow(&out)
+    };
+    assert_eq!(sample("on"), sample("off"), "the stored frames of the kept episodes are the decoded ones");
+}
+
 #[test]
 fn declared_dtype_that_cannot_hold_the_values() {
     let (_t, root, src) = setup("v30-av1-small");
