@@ -391,12 +391,15 @@ impl Plan {
             if let Some(plan) = scan.plan {
                 match &self.layout {
                     None => self.layout = Some(StepsLayout::new(&plan, cameras.clone(), self.image_cameras.clone())?),
-                    Some(layout) if !layout.matches(&plan) => {
+                    Some(layout) if let Some(difference) = layout.difference(&plan) => {
                         for e in &self.data_files.iter().find(|d| d.0 == path).expect("scanned file is planned").2 {
                             self.report.findings.push(
-                                Finding::error(FindingKind::SchemaMismatch, "columns differ from the first data file's")
-                                    .with_file(&path)
-                                    .with_episode(*e),
+                                Finding::error(
+                                    FindingKind::SchemaMismatch,
+                                    format!("columns differ from the first data file's: {difference}"),
+                                )
+                                .with_file(&path)
+                                .with_episode(*e),
                             );
                         }
                     }

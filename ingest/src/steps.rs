@@ -84,13 +84,22 @@ impl StepsLayout {
         Ok(Self { schema: Arc::new(Schema::new(fields)), columns, cameras, image_cameras })
     }
 
-    /// Whether a file's plan has the same columns as this layout's reference.
-    pub fn matches(&self, plan: &ColumnPlan) -> bool {
-        let mut mine: Vec<&str> = self.columns.iter().map(|(n, _)| n.as_str()).collect();
-        let mut theirs: Vec<&str> = plan.columns.iter().filter(|(_, r)| !matches!(r, Role::Image(_))).map(|(n, _)| n.as_str()).collect();
-        mine.sort_unstable();
-        theirs.sort_unstable();
-        mine == theirs
+    /// How a file's plan differs in columns from this layout's reference, in words (`None`
+    /// when they have the same).
+    pub fn difference(&self, plan: &ColumnPlan) -> Option<String> {
+        let mine: std::collections::BTreeSet<&str> = self.columns.iter().map(|(n, _)| n.as_str()).collect();
+        let theirs: std::collections::BTreeSet<&str> =
+            plan.columns.iter().filter(|(_, r)| !matches!(r, Role::Image(_))).map(|(n, _)| n.as_str()).collect();
+        let list = |names: Vec<&&str>| names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+        let (extra, missing): (Vec<&&str>, Vec<&&str>) = (theirs.difference(&mine).collect(), mine.difference(&theirs).collect());
+        let mut parts = Vec::new();
+        if !extra.is_empty() {
+            parts.push(format!("it has {} the first lacks", list(extra)));
+        }
+        if !missing.is_empty() {
+            parts.push(format!("it lacks {}", list(missing)));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 
     /// Converts a batch of data rows (already filtered to ingested episodes).

@@ -74,6 +74,17 @@ pub fn threads_in_range(text: &str) -> Result<usize, String> {
     }
 }
 
+/// Bytes in a MiB.
+const MIB: f64 = 1_048_576.0;
+
+/// `--prefetch`: 1 to 64 batches made ahead (each is held in memory until it is taken).
+pub fn prefetch_in_range(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n @ 1..=64) => Ok(n),
+        _ => Err(format!("`{text}` is not a number of batches from 1 to 64 (each made ahead is held in memory until it is taken)")),
+    }
+}
+
 impl LoaderArgs {
     fn options(&self) -> LoaderOptions {
         LoaderOptions {
@@ -278,8 +289,8 @@ pub struct BenchArgs {
     /// the `--prefetch` batches made ahead while it was awaited.
     #[arg(long, default_value_t = 50, value_parser = at_least_one)]
     batches: u64,
-    /// Batches prepared ahead of the consumer.
-    #[arg(long, default_value_t = 2)]
+    /// Batches prepared ahead of the consumer, 1 to 64.
+    #[arg(long, default_value_t = 2, value_parser = prefetch_in_range)]
     prefetch: usize,
     /// Draws planned ahead: frames later batches show are kept when they are decoded anyway
     /// (the rest of a GOP), in the frame cache's budget (0: off; needs `--cache on`)
@@ -513,8 +524,8 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         peak_rss_mb,
         cache_hit_rate: cache.hit_rate(),
         ahead_hit_rate: cache.ahead_hits as f64 / (cache.hits + cache.misses).max(1) as f64,
-        cache_budget_mb: cache.budget as f64 / 1e6,
-        cache_held_mb: cache.bytes as f64 / 1e6,
+        cache_budget_mb: cache.budget as f64 / MIB,
+        cache_held_mb: cache.bytes as f64 / MIB,
         frames_decoded: decode.frames,
         packets_decoded: decode.packets,
         decode_ms_per_sample: decode.decode_ns as f64 / 1e6 / (samples + first.batch.num_rows() as u64).max(1) as f64,
@@ -560,7 +571,8 @@ struct BenchReport {
     peak_rss_mb: f64,
     cache_hit_rate: f64,
     ahead_hit_rate: f64,
-    /// The frame cache's budget and the bytes it held at the end, in MB.
+    /// The frame cache's budget and the bytes it held at the end, in MiB (as `--cache-mb` and
+    /// `peak_rss_mb` count).
     cache_budget_mb: f64,
     cache_held_mb: f64,
     frames_decoded: u64,
@@ -622,13 +634,13 @@ impl BenchReport {
             self.first_batch_rows
         )?;
         outln!(
-            "  cache hit rate     {:.1} % ({:.1} % from frames decoded ahead; {:.1} of {:.1} MB held)",
+            "  cache hit rate     {:.1} % ({:.1} % from frames decoded ahead; {:.1} of {:.1} MiB held)",
             self.cache_hit_rate * 100.0,
             self.ahead_hit_rate * 100.0,
             self.cache_held_mb,
             self.cache_budget_mb
         )?;
-        outln!("  peak RSS           {:.0} MB", self.peak_rss_mb)?;
+        outln!("  peak RSS           {:.0} MiB", self.peak_rss_mb)?;
         outln!(
             "  decode-bound limit {:.3} CPU ms/sample ({} frames from {} packets, FFmpeg alone): lake runs at {:.0} % of it",
             self.bound_cpu_ms_per_sample,

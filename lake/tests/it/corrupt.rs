@@ -237,6 +237,26 @@ fn a_fifo_in_place_of_a_file() {
 }
 
 #[test]
+fn a_data_file_with_other_columns_names_them() {
+    let (_t, root, src) = setup("v30-h264-multifile");
+    let data = src.join("data/chunk-000/file-001.parquet");
+    let batches = read_parquet(&data);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let extra: ArrayRef = std::sync::Arc::new(Float32Array::from(vec![0.0; all.num_rows()]));
+    let mut fields = all.schema().fields().to_vec();
+    fields.push(std::sync::Arc::new(arrow::datatypes::Field::new("extra", arrow::datatypes::DataType::Float32, false)));
+    let columns = [all.columns(), &[extra]].concat();
+    let batch = RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), columns).expect("batch");
+    write_parquet(&data, &[batch]);
+    refused(
+        &root,
+        &src,
+        1,
+        &["data/chunk-000/file-001.parquet", "columns differ from the first data file's: it has `extra` the first lacks"],
+    );
+}
+
+#[test]
 fn missing_info_json() {
     let (_t, root, src) = setup("v30-av1-small");
     std::fs::remove_file(src.join("meta/info.json")).expect("remove");

@@ -294,6 +294,7 @@ fn bad_sample_requests_are_refused_clearly() {
     for (args, message) in [
         (vec!["--batches", "0"], "must be at least 1"),
         (vec!["--threads", "5000"], "not a number of threads from 1 to 256"),
+        (vec!["--prefetch", "1000"], "not a number of batches from 1 to 64"),
         (vec!["--batch-size", "0"], "must be at least 1"),
         (vec!["--episodes", "7"], "no episode 7 (episodes 0..=2)"),
     ] {
