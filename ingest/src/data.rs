@@ -371,6 +371,8 @@ pub async fn scan_file(
     let mut bad: HashMap<i64, ()> = HashMap::new();
     let mut foreign: HashMap<i64, ()> = HashMap::new();
     let fps = f64::from(meta.fps);
+    // The last `index` read, and the first row (counted from 0) where `index` went down.
+    let (mut last_index, mut rows_read, mut out_of_order): (Option<i64>, u64, Option<(u64, i64, i64)>) = (None, 0, None);
     loop {
         let batch = match stream.try_next().await {
             Ok(Some(b)) => b,
@@ -381,6 +383,32 @@ pub async fn scan_file(
             }
         };
         check_batch(meta, &plan, &file.path, &batch, &by_index, fps, &mut scan, &mut bad, &mut foreign)?;
+        if out_of_order.is_none()
+            && let Some(index) = batch.column_by_name("index")
+            && let Ok(index) = arrow::compute::cast(index, &arrow::datatypes::DataType::Int64)
+        {
+            for (i, v) in index.as_primitive::<arrow::datatypes::Int64Type>().iter().enumerate() {
+                let Some(v) = v else { continue };
+                if let Some(last) = last_index.filter(|last| v < *last) {
+                    out_of_order = Some((rows_read + i as u64, v, last));
+                    break;
+                }
+                last_index = Some(v);
+            }
+        }
+        rows_read += batch.num_rows() as u64;
+    }
+    if let Some((row, index, last)) = out_of_order {
+        scan.findings.push(
+            Finding::warning(
+                FindingKind::BadMetadata,
+                format!(
+                    "rows are not in `index` order (row {row} has index {index}, after {last}): LeRobot finds a sample by its \
+                     row, so its sample i is not the step whose index is i (lake's is)"
+                ),
+            )
+            .with_file(&file.path),
+        );
     }
     for e in expected {
         let rows = scan.episodes.get(&e.index).map_or(0, |r| r.rows);

@@ -218,6 +218,20 @@ fn overlapping_and_gapped_index_ranges() {
     let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "gap"]);
     assert_eq!(run.code, 0, "{run:#?}");
     assert!(run.stdout.contains("starts at index 208 but episode 1 ends at 203"), "{run:#?}");
+
+    // Rows out of `index` order (the last episode first): a warning too, for the same reason.
+    let data = src.join("data/chunk-000/file-000.parquet");
+    let batches = read_parquet(&data);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let episode = all.column_by_name("episode_index").expect("episode_index").as_primitive::<Int64Type>();
+    let last: Vec<u32> = (0..all.num_rows() as u32).filter(|&r| episode.value(r as usize) == 5).collect();
+    let rest: Vec<u32> = (0..all.num_rows() as u32).filter(|&r| episode.value(r as usize) != 5).collect();
+    let order = arrow::array::UInt32Array::from([last, rest].concat());
+    let columns = all.columns().iter().map(|c| arrow::compute::take(c, &order, None).expect("take")).collect();
+    write_parquet(&data, &[RecordBatch::try_new(all.schema(), columns).expect("batch")]);
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "reordered"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("rows are not in `index` order (row 58 has index 0, after 604)"), "{run:#?}");
 }
 
 /// A FIFO where a file should be (opening it would wait for a writer forever): refused at
