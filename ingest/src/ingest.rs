@@ -198,6 +198,15 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
             return Err(e);
         }
     };
+    // A source changed while it was read would leave a version whose tables and content hash
+    // describe different files: nothing is committed, and the next run reads it whole.
+    if let Some(changed) = changed_file(&source, &plan.read_files).await? {
+        pending.abort().await?;
+        return Err(Error::Metadata {
+            path: changed,
+            message: "changed while the ingest read the source (its size or modification time differs); run the ingest again".into(),
+        });
+    }
     progress.set_phase("committing");
     // Another ingest of the same source may have committed while this one ran: then this one
     // is the no-op it would have been had it started later.
@@ -1111,6 +1120,16 @@ fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_bytes: &[u64], k
 }
 
 /// `blake3:` hash of (path, size, modification time) of every file: changes when any file does.
+/// The first of `files` whose size or modification time is not what was read (or that is gone).
+async fn changed_file(source: &Source, files: &[SourceFile]) -> Result<Option<String>> {
+    for f in files {
+        if source.head(&f.path).await?.as_ref() != Some(f) {
+            return Ok(Some(f.path.clone()));
+        }
+    }
+    Ok(None)
+}
+
 fn fingerprint(files: &[SourceFile]) -> String {
     let mut h = blake3::Hasher::new();
     for f in files {
@@ -1134,4 +1153,24 @@ async fn content_hash(source: &Source, files: &[SourceFile], threads: usize, pro
         h.update(format!("{path}\0{size}\0{}\n", hash.to_hex()).as_bytes());
     }
     Ok(format!("blake3:{}", h.finalize().to_hex()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_file_changed_after_it_was_listed_is_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(dir.path().join("meta")).expect("dir");
+        std::fs::write(dir.path().join("meta/info.json"), b"{}").expect("write");
+        std::fs::write(dir.path().join("data.parquet"), b"1234").expect("write");
+        let source = Source::open(dir.path().to_str().expect("utf-8")).expect("source");
+        let files = source.list("").await.expect("list");
+        assert_eq!(changed_file(&source, &files).await.expect("stat"), None);
+        std::fs::write(dir.path().join("data.parquet"), b"12345").expect("rewrite");
+        assert_eq!(changed_file(&source, &files).await.expect("stat").as_deref(), Some("data.parquet"));
+        std::fs::remove_file(dir.path().join("data.parquet")).expect("remove");
+        assert_eq!(changed_file(&source, &files).await.expect("stat").as_deref(), Some("data.parquet"));
+    }
 }

@@ -990,7 +990,7 @@ pub fn validate_name(name: &str) -> Result<()> {
         return bad("must not start with `.` or `-`");
     }
     if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
-        return bad("may only hold letters, digits, `.`, `_` and `-`");
+        return bad("may only hold ASCII letters and digits, `.`, `_` and `-`");
     }
     Ok(())
 }
