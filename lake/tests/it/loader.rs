@@ -138,6 +138,50 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
     }
 }
 
+/// The byte position and size of the keyframe packet nearest the middle of a video file.
+fn middle_keyframe_packet(video: &Path) -> (usize, usize) {
+    let out = std::process::Command::new("ffprobe")
+        .args(["-v", "error", "-select_streams", "v", "-show_entries", "packet=pos,size,flags", "-of", "csv=p=0"])
+        .arg(video)
+        .output()
+        .expect("ffprobe (scripts/setup.sh installs it)");
+    let packets: Vec<(usize, usize)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f.len() == 3 && f[2].starts_with('K')).then(|| (f[1].parse().expect("pos"), f[0].parse().expect("size")))
+        })
+        .collect();
+    packets[packets.len() / 2]
+}
+
+/// The byte range of the last OBU's payload in an AV1 packet (after its header and size).
+fn last_obu_payload(packet: &[u8]) -> std::ops::Range<usize> {
+    let mut at = 0;
+    loop {
+        let header = packet[at];
+        let mut next = at + 1 + usize::from(header & 4 != 0);
+        let size = if header & 2 != 0 {
+            let mut size = 0usize;
+            for i in 0.. {
+                let b = packet[next];
+                next += 1;
+                size |= usize::from(b & 0x7f) << (7 * i);
+                if b & 0x80 == 0 {
+                    break;
+                }
+            }
+            size
+        } else {
+            packet.len() - next
+        };
+        if next + size >= packet.len() {
+            return next..packet.len();
+        }
+        at = next + size;
+    }
+}
+
 /// A camera window of one offset: LeRobot squeezes the time dimension of a video camera's
 /// (`frames.squeeze(0)`) and keeps an image camera's (`[1, C, H, W]`); the frame is the one
 /// without a window either way.
@@ -445,14 +489,16 @@ fn ingest_stores_frame_tables_when_asked() {
         !files_under(&root).iter().any(|p| p.to_string_lossy().contains("so101-record-test-v30") && p.to_string_lossy().contains("frames"))
     );
 
-    // Frames that cannot be decoded (bytes inside a packet overwritten; demuxing still works):
-    // the version stays ingested, the error names episode and frame and the commands to run.
+    // Frames that cannot be decoded (the payload of a keyframe's frame OBU overwritten, its
+    // framing intact: demuxing and ingest's checks pass): the version stays ingested, the error
+    // names episode and frame and the commands to run.
     let broken = tmp.path().join("broken");
     lake_testkit::copy_dir(&testdata(name), &broken);
     let video = files_under(&broken).into_iter().find(|p| p.to_string_lossy().contains("wrist")).expect("the wrist camera's file");
     let mut bytes = std::fs::read(&video).expect("read");
-    let middle = bytes.len() / 2;
-    for b in &mut bytes[middle..middle + 3000] {
+    let (pos, size) = middle_keyframe_packet(&video);
+    let payload = last_obu_payload(&bytes[pos..pos + size]);
+    for b in &mut bytes[pos + payload.start..pos + payload.end] {
         *b = b.wrapping_mul(7).wrapping_add(13);
     }
     std::fs::write(&video, bytes).expect("write");
