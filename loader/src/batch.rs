@@ -10,6 +10,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    mem::MaybeUninit,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -349,7 +350,7 @@ impl Loader {
     /// # Errors
     /// As [`Loader::batch`].
     pub async fn batch_with(&self, draws: &[Draw], ahead: &Ahead) -> Result<RecordBatch> {
-        Ok(self.samples_with(draws, ahead).await?.to_record_batch()?)
+        Ok(self.samples_in(draws, ahead, Layout::Columns).await?.to_record_batch()?)
     }
 
     /// [`Loader::batch_with`] before the frames are copied into their columns: camera columns
@@ -358,6 +359,10 @@ impl Loader {
     /// # Errors
     /// As [`Loader::batch`].
     pub async fn samples_with(&self, draws: &[Draw], ahead: &Ahead) -> Result<SampleBatch> {
+        self.samples_in(draws, ahead, Layout::Shared).await
+    }
+
+    async fn samples_in(&self, draws: &[Draw], ahead: &Ahead, layout: Layout) -> Result<SampleBatch> {
         if draws.is_empty() {
             return Ok(RecordBatch::new_empty(self.schema.clone()).into());
         }
@@ -367,13 +372,13 @@ impl Loader {
         }
         if by_source.len() == 1 {
             let (source, rows) = by_source.into_iter().next().expect("one source");
-            return self.assemble(source, &rows, ahead).await;
+            return self.assemble(source, &rows, ahead, layout).await;
         }
         let mut parts = Vec::with_capacity(by_source.len());
         let mut slot_of = HashMap::new();
         for (source, rows) in &by_source {
             slot_of.insert(*source, parts.len());
-            parts.push(self.assemble(*source, rows, ahead).await?);
+            parts.push(self.assemble(*source, rows, ahead, layout).await?);
         }
         let mut next = vec![0usize; parts.len()];
         let order: Vec<(usize, usize)> = draws
@@ -387,7 +392,7 @@ impl Loader {
         Ok(SampleBatch::interleave(&parts, &order)?)
     }
 
-    async fn assemble(&self, source: usize, rows: &[u64], ahead: &Ahead) -> Result<SampleBatch> {
+    async fn assemble(&self, source: usize, rows: &[u64], ahead: &Ahead, layout: Layout) -> Result<SampleBatch> {
         let ds = &self.datasets[source];
         let windows = &self.windows[source];
         let window_of = |key: &str| windows.iter().find(|w| w.key == key);
@@ -415,9 +420,14 @@ impl Loader {
         }
 
         let (wanted, shown_by) = self.camera_rows(source, rows);
-        let found = self.frames(source, wanted.iter().flatten().copied().collect(), &shown_by, ahead).await?;
         let cameras: Vec<(usize, Vec<u64>)> = ds.cameras.iter().map(|c| c.frame_bytes()).zip(wanted).collect();
-        if found.stored.is_empty() {
+        let found = self.frames(source, &cameras, &shown_by, ahead, layout).await?;
+        if let Some(frame_columns) = found.columns {
+            // Decoded into place, every slot filled.
+            for (camera, values) in ds.cameras.iter().zip(frame_columns) {
+                columns.push(BatchColumn::Array(camera_array(self.schema.field_with_name(&camera.key)?, values)?));
+            }
+        } else if found.stored.is_empty() {
             // Every frame is in memory: the columns share them.
             for (size, rows) in cameras {
                 let frames = rows.iter().map(|row| found.ready.get(row).expect("every frame a batch shows is found").clone()).collect();
@@ -547,9 +557,19 @@ impl Loader {
         }
     }
 
-    /// The RGB frames of `packet_rows` of dataset `source`: kept ahead for this batch, cached,
-    /// decoded, or to be read from the frame table.
-    async fn frames(&self, source: usize, packet_rows: BTreeSet<u64>, shown_by: &HashMap<u64, u64>, ahead: &Ahead) -> Result<Found> {
+    /// The RGB frames `cameras` show (`(frame bytes, packets row of each slot)` per camera) of
+    /// dataset `source`: kept ahead for this batch, cached, decoded, or to be read from the frame
+    /// table. With [`Layout::Columns`], a batch that decodes frames gets its camera columns
+    /// whole, each decoded frame written straight into its first slot.
+    async fn frames(
+        &self,
+        source: usize,
+        cameras: &[(usize, Vec<u64>)],
+        shown_by: &HashMap<u64, u64>,
+        ahead: &Ahead,
+        layout: Layout,
+    ) -> Result<Found> {
+        let packet_rows: BTreeSet<u64> = cameras.iter().flat_map(|(_, rows)| rows.iter().copied()).collect();
         let ds = self.datasets[source].clone();
         if self.frame_table {
             ds.discover_frame_table().await;
@@ -596,7 +616,7 @@ impl Loader {
                     self.counters.frames.fetch_add(1, Ordering::Relaxed);
                     stored.insert(row, extent);
                 }
-                return Ok(Found { ready: found, stored });
+                return Ok(Found { ready: found, stored, columns: None });
             }
             let (storage, stored) = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
             self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -659,6 +679,12 @@ impl Loader {
         });
         let needed: BTreeSet<u64> = jobs.iter().flat_map(|j| j.start..=*j.all.last().expect("non-empty")).collect();
         let needed: Vec<u64> = needed.into_iter().collect();
+        // Into place: the frames already in memory are copied into the columns on the pool too.
+        let in_place = (layout == Layout::Columns).then(|| (cameras.to_vec(), std::mem::take(&mut found)));
+        let mut decoded_rows: BTreeSet<u64> = match in_place {
+            Some(_) if lookahead.is_none() && self.cache.enabled() => jobs.iter().flat_map(|j| j.own.iter().copied()).collect(),
+            _ => BTreeSet::new(),
+        };
         let (decoders, counters, pool, ds2, keeper) =
             (self.decoders.clone(), self.counters.clone(), self.pool.clone(), ds.clone(), lookahead.clone());
         let work = async move {
@@ -669,38 +695,31 @@ impl Loader {
             let data: HashMap<u64, bytes::Bytes> = needed.into_iter().zip(bytes).collect();
             let (tx, rx) = tokio::sync::oneshot::channel();
             pool.spawn(move || {
-                let result: Vec<GroupResult> = jobs
-                    .par_iter()
-                    .map(|j| {
-                        let decode = |targets: &[u64]| decode_group(&ds2, source, j.stream, j.start, targets, &data, &decoders, &counters);
-                        match decode(&j.all) {
-                            // A frame decoded for a later batch must not fail this one: its own
-                            // frames again, alone (a later batch reports that frame's error).
-                            Err(_) if j.all.len() > j.own.len() => decode(&j.own),
-                            result => result,
-                        }
-                    })
-                    .collect();
+                let gops = Gops { ds: &ds2, source, data: &data, decoders: &decoders, counters: &counters };
+                let decoded = match &in_place {
+                    None => Decoded { results: jobs.par_iter().map(|j| gops.decode(j, &mut [])).collect(), columns: None },
+                    Some((cameras, ready)) => gops.decode_into_columns(&jobs, cameras, ready),
+                };
                 // Frames later batches show are kept before the promise is settled, so the
                 // batches waiting for them find them.
                 if let Some(l) = &keeper {
-                    for (row, frame) in result.iter().filter_map(|r| r.as_ref().ok()).flatten() {
+                    for (row, frame) in decoded.results.iter().filter_map(|r| r.as_ref().ok()).flatten() {
                         l.keep((source, *row), frame);
                     }
                 }
                 drop(promise);
-                let _ = tx.send(result);
+                let _ = tx.send(decoded);
             });
             rx.await.map_err(|_| Error::request("the decode pool stopped"))
         };
         // With a lookahead other batches may wait for this decode, so it goes on whether or not
         // this batch's future is polled (a stream read in turns with others); it is abandoned
         // (its promise settled) when this batch is dropped before it started decoding.
-        let results = match &lookahead {
+        let decoded = match &lookahead {
             Some(_) => Spawned(tokio::spawn(work)).await.map_err(|e| Error::request(format!("a decode task failed: {e}")))??,
             None => work.await?,
         };
-        for r in results {
+        for r in decoded.results {
             match r {
                 Ok(frames) => {
                     for (row, frame) in frames {
@@ -722,7 +741,16 @@ impl Loader {
                 }
             }
         }
-        Ok(Found::ready(found))
+        let Some(columns) = decoded.columns else { return Ok(Found::ready(found)) };
+        // What was decoded into place, cached (without a lookahead) as frames of their own.
+        for ((size, rows), values) in cameras.iter().zip(&columns) {
+            for (frame, row) in values.chunks_exact(*size).zip(rows) {
+                if decoded_rows.remove(row) {
+                    self.cache.insert((slot, *row), Frame::copy_from_slice(frame));
+                }
+            }
+        }
+        Ok(Found { ready: HashMap::new(), stored: HashMap::new(), columns: Some(columns) })
     }
 }
 
@@ -743,15 +771,28 @@ impl<T> std::future::Future for Spawned<T> {
     }
 }
 
-/// The frames a batch shows: in memory, or to be read from the frame table into the batch.
+/// How a batch holds its camera columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Each camera column one Arrow array, decoded frames written straight into it (a batch for
+    /// the caller: one copy of each frame fewer than assembling it from frames).
+    Columns,
+    /// Camera columns as the frames they show, shared ([`SampleBatch`]: a transport sends
+    /// them from where they are).
+    Shared,
+}
+
+/// The frames a batch shows: in memory, to be read from the frame table into the batch, or
+/// decoded into the batch's camera columns (all of them, every slot filled).
 struct Found {
     ready: HashMap<u64, Frame>,
     stored: HashMap<u64, FrameExtent>,
+    columns: Option<Vec<Vec<u8>>>,
 }
 
 impl Found {
     fn ready(ready: HashMap<u64, Frame>) -> Self {
-        Self { ready, stored: HashMap::new() }
+        Self { ready, stored: HashMap::new(), columns: None }
     }
 }
 
@@ -780,40 +821,147 @@ fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::resu
     Ok(columns)
 }
 
-#[allow(clippy::too_many_arguments)] // one GOP job: its inputs are distinct things
-fn decode_group(
-    ds: &LoaderDataset,
+/// What a batch's GOP decodes gave: per GOP, the frames made as frames of their own (all of
+/// them, or with [`Layout::Columns`] those kept for later batches), or the row that failed; and
+/// the camera columns the frames were decoded into.
+struct Decoded {
+    results: Vec<GroupResult>,
+    columns: Option<Vec<Vec<u8>>>,
+}
+
+/// What the GOP decodes of one batch share.
+struct Gops<'a> {
+    ds: &'a LoaderDataset,
     source: usize,
-    stream: u32,
-    start: u64,
-    targets: &[u64],
-    data: &HashMap<u64, bytes::Bytes>,
-    decoders: &DecoderPool,
-    counters: &Counters,
-) -> GroupResult {
-    let began = Instant::now();
-    let first = targets[0];
-    let config = ds.streams.get(&stream).ok_or((first, format!("stream {stream} is not in the streams table")))?;
-    let pooled = decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(&(source, stream));
-    let mut decoder = match pooled {
-        Some(d) => d,
-        None => StreamDecoder::open(config).map_err(|e| (first, e.0))?,
-    };
-    let last = *targets.last().expect("non-empty");
-    let index = &ds.packets;
-    let packets: Vec<(i64, i64, bool, &[u8])> = (start..=last)
-        .map(|r| (index.pts[r as usize], index.dts[r as usize], index.container_keyframe[r as usize], data[&r].as_ref()))
-        .collect();
-    let wanted: Vec<i64> = targets.iter().map(|&r| ds.packets.pts[r as usize]).collect();
-    let result = decoder.decode(&packets, &wanted);
-    let idle_bytes = decoder.idle_bytes();
-    decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put((source, stream), decoder, idle_bytes);
-    let frames = result.map_err(|e| (first, e.0))?;
-    counters.groups.fetch_add(1, Ordering::Relaxed);
-    counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);
-    counters.frames.fetch_add(frames.len() as u64, Ordering::Relaxed);
-    counters.decode_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    Ok(targets.iter().zip(frames).map(|(&row, f)| (row, Frame::from(f.data))).collect())
+    data: &'a HashMap<u64, bytes::Bytes>,
+    decoders: &'a DecoderPool,
+    counters: &'a Counters,
+}
+
+impl Gops<'_> {
+    /// Decodes `job`: its own rows into `places` (in order; none: as frames of their own), the
+    /// rows kept for later batches as frames of their own, which are returned. A failure of a
+    /// row kept for later does not fail the batch: its own rows are decoded again, alone (a
+    /// later batch reports that row's error).
+    fn decode(&self, job: &GopTargets, places: &mut [&mut [MaybeUninit<u8>]]) -> GroupResult {
+        match self.decode_rows(job, &job.all, places) {
+            Err(_) if job.all.len() > job.own.len() => self.decode_rows(job, &job.own, places),
+            result => result,
+        }
+    }
+
+    fn decode_rows(&self, job: &GopTargets, targets: &[u64], places: &mut [&mut [MaybeUninit<u8>]]) -> GroupResult {
+        let (ds, index) = (self.ds, &self.ds.packets);
+        let began = Instant::now();
+        let first = targets[0];
+        let config = ds.streams.get(&job.stream).ok_or((first, format!("stream {} is not in the streams table", job.stream)))?;
+        let key = (self.source, job.stream);
+        let pooled = self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(&key);
+        let mut decoder = match pooled {
+            Some(d) => d,
+            None => StreamDecoder::open(config).map_err(|e| (first, e.0))?,
+        };
+        let last = *targets.last().expect("non-empty");
+        let packets: Vec<(i64, i64, bool, &[u8])> = (job.start..=last)
+            .map(|r| (index.pts[r as usize], index.dts[r as usize], index.container_keyframe[r as usize], self.data[&r].as_ref()))
+            .collect();
+        let wanted: Vec<i64> = targets.iter().map(|&r| index.pts[r as usize]).collect();
+        // Own rows into their places (with any), the others into frames of their own.
+        let in_place = !places.is_empty();
+        let placed = |row: &u64| in_place && job.own.binary_search(row).is_ok();
+        let mut made: Vec<(u64, usize, Vec<u8>)> = targets
+            .iter()
+            .filter(|r| !placed(r))
+            .map(|&row| {
+                let size = ds.frame_bytes_of_row(row);
+                (row, size, Vec::with_capacity(size))
+            })
+            .collect();
+        let result = {
+            let (mut places, mut made) = (places.iter_mut(), made.iter_mut());
+            let mut outs: Vec<&mut [MaybeUninit<u8>]> = targets
+                .iter()
+                .map(|row| match placed(row) {
+                    true => &mut **places.next().expect("a place for each own row"),
+                    false => {
+                        let (_, size, frame) = made.next().expect("a frame for each other row");
+                        &mut frame.spare_capacity_mut()[..*size]
+                    }
+                })
+                .collect();
+            decoder.decode_into(&packets, &wanted, &mut outs)
+        };
+        let idle_bytes = decoder.idle_bytes();
+        self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put(key, decoder, idle_bytes);
+        result.map_err(|e| (first, e.0))?;
+        let counters = self.counters;
+        counters.groups.fetch_add(1, Ordering::Relaxed);
+        counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);
+        counters.frames.fetch_add(targets.len() as u64, Ordering::Relaxed);
+        counters.decode_ns.fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(made
+            .into_iter()
+            .map(|(row, size, mut frame)| {
+                // SAFETY: `decode_into` wrote all `size` bytes of each place it was given.
+                unsafe { frame.set_len(size) };
+                (row, Frame::from(frame))
+            })
+            .collect())
+    }
+
+    /// Decodes `jobs` in parallel into the camera columns of `cameras` (`(frame bytes, packets
+    /// row of each slot)`): each frame the batch decodes straight into the first slot showing
+    /// it, then every other slot copied from that one or from the frame in memory (`ready`).
+    /// The columns are whole only when every GOP decoded.
+    fn decode_into_columns(&self, jobs: &[GopTargets], cameras: &[(usize, Vec<u64>)], ready: &HashMap<u64, Frame>) -> Decoded {
+        let mut columns: Vec<Vec<u8>> = cameras.iter().map(|(size, rows)| Vec::with_capacity(size * rows.len())).collect();
+        let results: Vec<GroupResult> = {
+            let mut places: HashMap<u64, &mut [MaybeUninit<u8>]> = HashMap::new();
+            for ((size, rows), column) in cameras.iter().zip(columns.iter_mut()) {
+                for (place, row) in column.spare_capacity_mut()[..size * rows.len()].chunks_exact_mut(*size).zip(rows) {
+                    if !ready.contains_key(row) {
+                        places.entry(*row).or_insert(place);
+                    }
+                }
+            }
+            let work: Vec<(&GopTargets, Vec<&mut [MaybeUninit<u8>]>)> = jobs
+                .iter()
+                .map(|j| (j, j.own.iter().map(|row| places.remove(row).expect("a place for each frame the batch decodes")).collect()))
+                .collect();
+            if let Some(row) = places.keys().next() {
+                // A frame neither in memory nor decoded would leave its slots unwritten.
+                return Decoded { results: vec![Err((*row, "no GOP decode makes this frame".into()))], columns: None };
+            }
+            work.into_par_iter().map(|(j, mut places)| self.decode(j, &mut places)).collect()
+        };
+        if results.iter().any(std::result::Result::is_err) {
+            return Decoded { results, columns: None };
+        }
+        for ((size, rows), column) in cameras.iter().zip(columns.iter_mut()) {
+            let values = &mut column.spare_capacity_mut()[..size * rows.len()];
+            let mut first: HashMap<u64, usize> = HashMap::with_capacity(rows.len());
+            for (slot, row) in rows.iter().enumerate() {
+                match first.entry(*row) {
+                    std::collections::hash_map::Entry::Occupied(e) => values.copy_within(e.get() * size..(e.get() + 1) * size, slot * size),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(slot);
+                        if let Some(frame) = ready.get(row) {
+                            if frame.len() != *size {
+                                let message = format!("a frame of {} bytes where {size} were expected", frame.len());
+                                return Decoded { results: vec![Err((*row, message))], columns: None };
+                            }
+                            values[slot * size..(slot + 1) * size].write_copy_of_slice(frame);
+                        }
+                    }
+                }
+            }
+            // SAFETY: each slot was written: decoded into (the first slot of a row not in
+            // `ready`, every GOP having decoded), copied from `ready`, or copied from the first
+            // slot of its row, written before it.
+            unsafe { column.set_len(size * rows.len()) };
+        }
+        Decoded { results, columns: Some(columns) }
+    }
 }
 
 /// A GOP a batch decodes: the rows it shows, and with them those kept for later batches.

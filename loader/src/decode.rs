@@ -12,7 +12,7 @@
 //! extradata, size, colour description, as `avcodec_parameters_to_context` would set them) and
 //! reused for every GOP: decode the packets from the keyframe on, drain, flush.
 
-use std::ffi::CString;
+use std::{ffi::CString, mem::MaybeUninit};
 
 use ffmpeg_next::{self as ffmpeg, ffi};
 use lake_schemas::CodecParams;
@@ -123,7 +123,50 @@ impl StreamDecoder {
     /// When FFmpeg rejects a packet, or a wanted frame does not come out.
     pub fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
         let mut found: Vec<Option<RgbFrame>> = vec![None; wanted.len()];
+        self.decode_each(packets, wanted, |this, i, frame| {
+            found[i] = Some(this.convert(frame)?);
+            Ok(())
+        })?;
+        Ok(found.into_iter().map(|f| f.expect("every wanted frame came out")).collect())
+    }
+
+    /// [`StreamDecoder::decode`] into place: the frame whose pts is `wanted[i]` is written as RGB
+    /// into `outs[i]`, which must be exactly its size (`height * width * 3` bytes). Every
+    /// `outs[i]` is written when this returns `Ok`.
+    ///
+    /// # Errors
+    /// As [`StreamDecoder::decode`], and when a frame is not the size of its place.
+    pub fn decode_into(
+        &mut self,
+        packets: &[(i64, i64, bool, &[u8])],
+        wanted: &[i64],
+        outs: &mut [&mut [MaybeUninit<u8>]],
+    ) -> DecodeResult<()> {
+        assert_eq!(wanted.len(), outs.len(), "a place for every wanted frame");
+        self.decode_each(packets, wanted, |this, i, frame| this.convert_into(frame, outs[i]))
+    }
+
+    /// Decodes `packets` and hands each frame whose pts is in `wanted` to `put` once, with its
+    /// position in `wanted`.
+    fn decode_each(
+        &mut self,
+        packets: &[(i64, i64, bool, &[u8])],
+        wanted: &[i64],
+        mut put: impl FnMut(&mut Self, usize, &ffmpeg::frame::Video) -> DecodeResult<()>,
+    ) -> DecodeResult<()> {
+        let mut done = vec![false; wanted.len()];
         let mut frame = ffmpeg::frame::Video::empty();
+        let mut drain = |this: &mut Self, frame: &mut ffmpeg::frame::Video| {
+            this.receive_all(frame, |this, frame, pts| {
+                for (i, w) in wanted.iter().enumerate() {
+                    if *w == pts && !done[i] {
+                        put(this, i, frame)?;
+                        done[i] = true;
+                    }
+                }
+                Ok(())
+            })
+        };
         let result = (|| {
             for (pts, dts, key, data) in packets {
                 let mut p = ffmpeg::Packet::copy(data);
@@ -133,34 +176,22 @@ impl StreamDecoder {
                     p.set_flags(ffmpeg::packet::Flags::KEY);
                 }
                 self.decoder.send_packet(&p).map_err(|e| DecodeError(format!("packet pts {pts}: {e}")))?;
-                self.drain(&mut frame, wanted, &mut found)?;
+                drain(self, &mut frame)?;
             }
             if self.intra_only {
                 return Ok(());
             }
             self.decoder.send_eof().map_err(ff("end of stream"))?;
-            self.drain(&mut frame, wanted, &mut found)
+            drain(self, &mut frame)
         })();
         if !self.intra_only {
             self.decoder.flush();
         }
         result?;
-        found
-            .into_iter()
-            .zip(wanted)
-            .map(|(f, pts)| f.ok_or_else(|| DecodeError(format!("the frame with pts {pts} did not come out of the decoder"))))
-            .collect()
-    }
-
-    fn drain(&mut self, frame: &mut ffmpeg::frame::Video, wanted: &[i64], found: &mut [Option<RgbFrame>]) -> DecodeResult<()> {
-        self.receive_all(frame, |this, frame, pts| {
-            for (i, w) in wanted.iter().enumerate() {
-                if *w == pts && found[i].is_none() {
-                    found[i] = Some(this.convert(frame)?);
-                }
-            }
-            Ok(())
-        })
+        match done.iter().position(|d| !d) {
+            Some(i) => Err(DecodeError(format!("the frame with pts {} did not come out of the decoder", wanted[i]))),
+            None => Ok(()),
+        }
     }
 
     /// Hands every frame the decoder has ready to `each` (with its pts).
@@ -224,12 +255,20 @@ impl StreamDecoder {
         Ok(out)
     }
 
-    fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
+    fn converter(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<&mut RgbConverter> {
         let key = ConverterKey::of(frame);
         if self.converter.as_ref().is_none_or(|c| c.key != key) {
             self.converter = Some(RgbConverter::new(key)?);
         }
-        self.converter.as_mut().expect("converter just set").convert(frame)
+        Ok(self.converter.as_mut().expect("converter just set"))
+    }
+
+    fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
+        self.converter(frame)?.convert(frame)
+    }
+
+    fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+        self.converter(frame)?.convert_into(frame, out)
     }
 }
 
@@ -362,10 +401,24 @@ impl RgbConverter {
     /// When FFmpeg fails.
     pub fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
         let (w, h) = (self.key.width as usize, self.key.height as usize);
-        // Every byte is written below (rows of exactly `w * 3` bytes), so the frame is not
-        // zeroed first.
+        // Every byte is written by `convert_into`, so the frame is not zeroed first.
         let mut data = Vec::with_capacity(w * h * 3);
-        let out = &mut data.spare_capacity_mut()[..w * h * 3];
+        self.convert_into(frame, &mut data.spare_capacity_mut()[..w * h * 3])?;
+        // SAFETY: `convert_into` wrote all `w * h * 3` bytes.
+        unsafe { data.set_len(w * h * 3) };
+        Ok(RgbFrame { width: w as u32, height: h as u32, data })
+    }
+
+    /// Converts `frame` to RGB24 into `out`, which must hold exactly its `height * width * 3`
+    /// bytes; all of them are written when this returns `Ok`.
+    ///
+    /// # Errors
+    /// When `out` is not the frame's size, or FFmpeg fails.
+    pub fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+        let (w, h) = (self.key.width as usize, self.key.height as usize);
+        if out.len() != w * h * 3 {
+            return Err(DecodeError(format!("a {w}x{h} frame where {} bytes of RGB were expected", out.len())));
+        }
         match &mut self.how {
             Conversion::Copy => copy_rows(frame.data(0), frame.stride(0), out, w * 3, h),
             Conversion::Swscale(ctx) => {
@@ -388,9 +441,7 @@ impl RgbConverter {
                 copy_rows(converted.data(0), converted.stride(0), out, w * 3, h);
             }
         }
-        // SAFETY: the conversion wrote all `h` rows of `w * 3` bytes (swscale reported `h` rows).
-        unsafe { data.set_len(w * h * 3) };
-        Ok(RgbFrame { width: w as u32, height: h as u32, data })
+        Ok(())
     }
 }
 
@@ -463,7 +514,7 @@ impl RgbResizer {
     }
 }
 
-fn copy_rows(src: &[u8], stride: usize, dst: &mut [std::mem::MaybeUninit<u8>], row: usize, rows: usize) {
+fn copy_rows(src: &[u8], stride: usize, dst: &mut [MaybeUninit<u8>], row: usize, rows: usize) {
     for (y, out) in dst.chunks_exact_mut(row).take(rows).enumerate() {
         out.write_copy_of_slice(&src[y * stride..y * stride + row]);
     }

@@ -6,7 +6,9 @@
 //! show, shared, so that a transport that writes buffers in pieces (Flight, the HTTP Arrow
 //! stream, shared memory) sends them without first copying them into one buffer, which cost a
 //! served batch a tenth of the server's CPU. [`SampleBatch::to_record_batch`] makes the
-//! ordinary Arrow batch, with the copy, for everything else.
+//! ordinary Arrow batch, with the copy. A batch for an in-process caller
+//! ([`Loader::batch`](crate::Loader::batch), the stream API) skips that copy for the frames it
+//! decodes: they are written straight into its camera columns.
 
 use std::sync::Arc;
 

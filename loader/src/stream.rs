@@ -10,7 +10,7 @@ use futures::{Stream, StreamExt};
 use crate::{
     Loader, Result, SampleBatch,
     lookahead::{Ahead, Lookahead, Member},
-    sampler::{Cursor, Order, Sharding},
+    sampler::{Cursor, Draw, Order, Sharding},
 };
 
 /// A batch with the cursor it was made at (resume from [`Sharding::next`] of it): a record
@@ -107,12 +107,12 @@ pub async fn load(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cu
 /// # Errors
 /// As [`load`].
 pub async fn load_with(loader: &Loader, order: &Order, sharding: Sharding, cursor: Cursor, ahead: &Ahead) -> Result<LoadedBatch> {
-    let loaded = load_samples_with(loader, order, sharding, cursor, ahead).await?;
-    Ok(LoadedBatch { cursor, batch: loaded.batch.to_record_batch()? })
+    let batch = loader.batch_with(&draws(order, sharding, cursor), ahead).await?;
+    Ok(LoadedBatch { cursor, batch })
 }
 
-/// [`load_with`] before the frames are copied into their columns (for a transport that sends
-/// them from where they are).
+/// [`load_with`] with camera columns as the frames they show, shared (for a transport that
+/// sends them from where they are).
 ///
 /// # Errors
 /// As [`load`].
@@ -123,7 +123,11 @@ pub async fn load_samples_with(
     cursor: Cursor,
     ahead: &Ahead,
 ) -> Result<LoadedBatch<SampleBatch>> {
-    let draws: Vec<_> = sharding.positions(order.epoch_len(), cursor.step).map(|p| order.draw(cursor.epoch, p)).collect();
-    let batch = loader.samples_with(&draws, ahead).await?;
+    let batch = loader.samples_with(&draws(order, sharding, cursor), ahead).await?;
     Ok(LoadedBatch { cursor, batch })
+}
+
+/// The draws of the batch at `cursor` of a rank's slice (`sharding`) of `order`.
+fn draws(order: &Order, sharding: Sharding, cursor: Cursor) -> Vec<Draw> {
+    sharding.positions(order.epoch_len(), cursor.step).map(|p| order.draw(cursor.epoch, p)).collect()
 }

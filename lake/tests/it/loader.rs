@@ -659,6 +659,25 @@ fn cached_and_uncached_streams_are_identical() {
             assert_eq!(a.batch, c.batch, "frames decoded ahead give the same batch at {:?}", a.cursor);
             assert_eq!(a.batch, d.batch, "with little room for them too, at {:?}", a.cursor);
         }
+        // A batch for the caller (frames decoded straight into its columns) and a batch for a
+        // transport (frames shared) are the same batch, with the cache on (hits and decodes
+        // mixed in one batch) and off.
+        for cache_bytes in [0, budget] {
+            let loader = Loader::new(
+                vec![ds.clone()],
+                &Windows::Preset(Preset::Diffusion),
+                LoaderOptions { threads: 2, cache_bytes, frame_table: false },
+            )
+            .expect("loader");
+            for b in &cached[..6] {
+                let ahead = lake_loader::Ahead::default();
+                let shared = lake_loader::load_samples_with(&loader, &order, sharding, b.cursor, &ahead).await.expect("samples");
+                assert_eq!(shared.batch.to_record_batch().expect("batch"), b.batch, "frames shared at {:?}", b.cursor);
+                let columns = lake_loader::load(&loader, &order, sharding, b.cursor).await.expect("batch");
+                assert_eq!(columns.batch, b.batch, "frames in place at {:?}", b.cursor);
+            }
+            assert_eq!(loader.cache_stats().hits > 0, cache_bytes > 0, "{:?}", loader.cache_stats());
+        }
         // With one frame per camera and sample (`act`) and GOP 2, frames are shown once per
         // epoch: every hit is a frame decoded ahead, and each saves decoding its GOP again.
         let (act_cold, _, cold_decode) = run(0, 0, Preset::Act).await;
