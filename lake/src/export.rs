@@ -3,7 +3,9 @@
 //! - `lerobot-v3`: a LeRobot v3.0 dataset that LeRobot's own `LeRobotDataset` loads. Steps go to
 //!   one data parquet; every camera stream the selected episodes use becomes one mp4, written by
 //!   stream copy (the stored packets, never re-encoded): each episode's packets from the keyframe
-//!   its first frame needs to its last frame, re-timed to follow the previous episode. The
+//!   its first frame needs to its last frame, re-timed to follow the previous episode; episodes
+//!   that share a GOP (one file, an episode beginning mid-GOP) continue one another, so a whole
+//!   dataset's files come out packet for packet as they went in. The
 //!   episodes' `from_timestamp`s are computed from the integer timestamps the written file
 //!   reports when read back, so LeRobot's rule (`from_timestamp + timestamp`) finds exactly the
 //!   frames the lake resolved. Episodes and `index` are renumbered from 0 (a no-op for a whole
@@ -876,22 +878,36 @@ async fn write_video(
     let out_tb = octx.stream(0).expect("the stream just added").time_base();
     let frame = (i64::from(tb.denominator()) / (i64::from(tb.numerator()) * i64::from(ds.fps()))).max(1);
 
-    // Per episode: packet rows [first, last], the row of its first step's frame, and the output
-    // packet number where the range starts.
+    // Per episode: packet rows [first, last] and the row of its first step's frame. Episodes
+    // whose ranges touch or overlap (episodes sharing a file, one beginning inside the GOP the
+    // previous one ends in) continue one block: the packets not written yet, on the same
+    // timeline, so no packet is written twice. Another range starts a block re-timed to follow
+    // the previous one, in presentation and in decode order.
     let mut first_frame_packet = Vec::new();
     let mut written = 0usize;
     let mut end_pts = i64::MIN;
     let mut last_dts = i64::MIN;
+    // The block being written: its first packet row, the output packet it starts at, its
+    // shift, and its last row written.
+    let mut block: Option<(u64, usize, i64, u64)> = None;
     for (_, e) in episodes {
         let rows: Vec<u64> = (e.first_row..e.first_row + e.len).map(|r| camera.packet_rows.value(r as usize)).collect();
         let first = rows.iter().map(|&r| r - u64::from(ds.packets.keyframe_offset[r as usize])).min().expect("episodes have steps");
         let last = *rows.iter().max().expect("episodes have steps");
-        let range: Vec<u64> = (first..=last).collect();
-        let min_pts = range.iter().map(|&r| ds.packets.pts[r as usize]).min().expect("a packet");
-        let min_dts = range.iter().map(|&r| ds.packets.dts[r as usize]).min().expect("a packet");
-        // Shift the episode after the previous one, in presentation and in decode order.
-        let shift = if written == 0 { -min_pts } else { (end_pts - min_pts).max(last_dts + 1 - min_dts) };
-        first_frame_packet.push(written + (rows[0] - first) as usize);
+        let (start, block_first, block_at, shift) = match block {
+            Some((block_first, block_at, shift, block_last)) if first >= block_first && first <= block_last + 1 => {
+                (block_last + 1, block_first, block_at, shift)
+            }
+            _ => {
+                let range = first..=last;
+                let min_pts = range.clone().map(|r| ds.packets.pts[r as usize]).min().expect("a packet");
+                let min_dts = range.map(|r| ds.packets.dts[r as usize]).min().expect("a packet");
+                let shift = if written == 0 { -min_pts } else { (end_pts - min_pts).max(last_dts + 1 - min_dts) };
+                (first, first, written, shift)
+            }
+        };
+        first_frame_packet.push(block_at + (rows[0] - block_first) as usize);
+        let range: Vec<u64> = (start..=last).collect();
         for chunk in range.chunks(256) {
             let data = ds.packet_bytes(chunk).await?;
             for (&r, bytes) in chunk.iter().zip(data) {
@@ -911,6 +927,8 @@ async fn write_video(
                 written += 1;
             }
         }
+        let block_last = block.filter(|b| b.0 == block_first).map_or(last, |b| b.3.max(last));
+        block = Some((block_first, block_at, shift, block_last));
     }
     octx.write_trailer().map_err(ff(what()))?;
     drop(octx);

@@ -102,6 +102,42 @@ fn lerobot_exports_ingest_back_into_identical_steps_and_packets() {
     }
 }
 
+/// Episodes sharing one file whose GOPs run across episode boundaries (a camera re-encoded with
+/// keyframes every 12 frames, B-frames, episodes of 60): each episode needs packets the one
+/// before it wrote, and the export writes every packet once, so the whole dataset comes back
+/// packet for packet.
+#[test]
+fn episodes_beginning_mid_gop_export_each_packet_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let source = tmp.path().join("gop12");
+    lake_testkit::copy_dir(&testdata("v30-h264-multifile"), &source);
+    let side = source.join("videos/observation.images.side/chunk-000/file-000.mp4");
+    let reencoded = tmp.path().join("side.mp4");
+    let args = ["-c:v", "libx264", "-g", "12", "-keyint_min", "12", "-sc_threshold", "0", "-bf", "2", "-pix_fmt", "yuv420p"];
+    let (input, output) = (side.to_str().expect("utf-8"), reencoded.to_str().expect("utf-8"));
+    lake_testkit::ffmpeg(&[&["-i", input], &args[..], &["-video_track_timescale", "15360", "-an", output]].concat());
+    std::fs::rename(&reencoded, &side).expect("replace the side camera");
+    let (first, second) = (tmp.path().join("lake"), tmp.path().join("again"));
+    ingest_ok(&first, &source, &[]);
+    let out = tmp.path().join("export");
+    let run = export(&first, "gop12", "lerobot-v3", &out);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&second, &["ingest", out.to_str().expect("utf-8"), "--name", "gop12"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("no findings") || run.stderr.contains("no findings"), "no frame belongs to no step: {run:#?}");
+    let per_camera = |root: &Path| {
+        let packets = table(root, "gop12", "packets");
+        let mut count = std::collections::BTreeMap::new();
+        for camera in strings(&packets, "camera") {
+            *count.entry(camera.expect("camera")).or_insert(0) += 1;
+        }
+        count
+    };
+    assert_eq!(per_camera(&second), per_camera(&first), "packets per camera");
+    assert_eq!(frame_packets(&table(&second, "gop12", "packets")), frame_packets(&table(&first, "gop12", "packets")));
+    assert_eq!(step_rows(&table(&second, "gop12", "steps")), step_rows(&table(&first, "gop12", "steps")));
+}
+
 /// A dataset whose cameras were dropped at ingest (no video of them exists) exports without
 /// them: no camera feature in `info.json`, no video path template, no statistics of theirs.
 #[test]
