@@ -91,6 +91,9 @@ fn list_child(col: &dyn Array, row: usize) -> Result<ArrayRef, String> {
 pub fn flatten_json(value: &serde_json::Value) -> Result<(Vec<f64>, Vec<i64>), String> {
     match value {
         serde_json::Value::Number(n) => Ok((vec![n.as_f64().unwrap_or(f64::NAN)], vec![])),
+        serde_json::Value::String(_) if lake_schemas::pyjson::as_f64(value).is_some() => {
+            Ok((vec![lake_schemas::pyjson::as_f64(value).expect("checked")], vec![]))
+        }
         serde_json::Value::Array(items) => {
             let mut values = Vec::new();
             let mut inner: Option<Vec<i64>> = None;

@@ -34,12 +34,20 @@ pub struct Summary {
 }
 
 /// The quantile `p` of ascending `sorted` values, interpolated linearly between the two nearest
-/// ranks (numpy's default `linear` method, also SQL's `percentile_cont`).
+/// ranks (numpy's default `linear` method, also SQL's `percentile_cont`), with numpy's
+/// arithmetic: from the lower rank below the midpoint, from the upper one above it (so an
+/// infinite neighbour gives what numpy gives, an infinity or NaN).
 pub fn quantile(sorted: &[f64], p: f64) -> f64 {
     let h = (sorted.len() - 1) as f64 * p;
     let lo = h.floor() as usize;
     let hi = (lo + 1).min(sorted.len() - 1);
-    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+    lerp(sorted[lo], sorted[hi], h - lo as f64)
+}
+
+/// `a + t (b - a)` as numpy's quantiles compute it: from `b` when `t >= 0.5`.
+pub fn lerp(a: f64, b: f64, t: f64) -> f64 {
+    let diff = b - a;
+    if t >= 0.5 { b - diff * (1.0 - t) } else { a + diff * t }
 }
 
 /// Summarises `values` (sorting them in place); `None` when there are none.
@@ -228,6 +236,18 @@ mod tests {
         assert_eq!(s.count, 3);
         assert!(s.min.is_nan() && s.max.is_nan() && s.mean.is_nan() && s.quantiles.iter().all(|q| q.is_nan()), "{s:?}");
         assert_eq!(summarise(&mut [7.0]).expect("one value").quantiles, [7.0; 5]);
+        // Infinities as numpy's: numpy.quantile(60 values, -inf first and inf last) gives -inf
+        // at 0.01 (above the midpoint, from the finite upper rank) and inf at 0.99.
+        let mut values: Vec<f64> = (1..=58).map(f64::from).collect();
+        values.extend([f64::NEG_INFINITY, f64::INFINITY]);
+        let s = summarise(&mut values).expect("values");
+        assert_eq!((s.quantiles[0], s.quantiles[4]), (f64::NEG_INFINITY, f64::INFINITY), "{s:?}");
+        assert_eq!((s.min, s.max), (f64::NEG_INFINITY, f64::INFINITY));
+        assert!(s.mean.is_nan() && s.std.is_nan(), "{s:?}");
+        // numpy.quantile([1, 2, inf], [0.5, 0.6, 0.8]): nan, inf, nan.
+        let s = [1.0, 2.0, f64::INFINITY];
+        assert!(quantile(&s, 0.5).is_nan() && quantile(&s, 0.8).is_nan(), "inf times 0 and inf - inf");
+        assert_eq!(quantile(&s, 0.6), f64::INFINITY);
         assert!(summarise(&mut []).is_none());
     }
 

@@ -388,7 +388,7 @@ impl DatasetMeta {
         let Some(file) = source.head(STATS).await? else { return Ok(()) };
         let bytes = source.get(STATS).await?;
         self.files.push(file);
-        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: STATS.into(), line: None, source })?;
+        let value = lake_schemas::pyjson::parse(&bytes).map_err(|source| Error::Json { path: STATS.into(), line: None, source })?;
         let obj = value.as_object().ok_or_else(|| Error::metadata(STATS, "is not a JSON object"))?;
         self.push_stats_object(None, obj).map_err(|m| Error::metadata(STATS, m))
     }
@@ -548,7 +548,8 @@ async fn read_jsonl(source: &Source, path: &str) -> Result<Option<(SourceFile, V
         if line.trim().is_empty() {
             continue;
         }
-        let v = serde_json::from_str(line).map_err(|source| Error::Json { path: path.into(), line: Some(i + 1), source })?;
+        let v =
+            lake_schemas::pyjson::parse(line.as_bytes()).map_err(|source| Error::Json { path: path.into(), line: Some(i + 1), source })?;
         out.push((i + 1, v));
     }
     Ok(Some((file, out)))

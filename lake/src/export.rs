@@ -674,7 +674,7 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
             stats.retain(|feature, _| kept.contains_key(feature));
         }
         let stats_path = dir.join("meta/stats.json");
-        std::fs::write(&stats_path, serde_json::to_vec_pretty(&stats).expect("json")).map_err(io(&stats_path))?;
+        std::fs::write(&stats_path, lake_schemas::pyjson::to_string_pretty(&stats)).map_err(io(&stats_path))?;
     }
     Ok(())
 }
@@ -949,7 +949,29 @@ async fn write_video(
 
 #[cfg(test)]
 mod tests {
-    use super::decodable;
+    use super::{decodable, episode_stats_columns};
+    use arrow::array::{Array, AsArray};
+    use lake_schemas::pyjson::number;
+    use serde_json::json;
+
+    #[test]
+    fn non_finite_statistics_are_written_as_numbers() {
+        let episode = json!({"action": {"min": [number(f64::NEG_INFINITY), 1.0], "max": [number(f64::INFINITY), 2.0],
+            "mean": [number(f64::NAN), 1.5], "count": [3]}});
+        let features = json!({"action": {"dtype": "float32", "shape": [2]}});
+        let (fields, columns) =
+            episode_stats_columns(&[episode.as_object().expect("object").clone()], features.as_object().expect("object")).expect("columns");
+        let column = |name: &str| {
+            let at = fields.iter().position(|f| f.name() == name).expect(name);
+            let list = columns[at].as_list::<i32>().value(0);
+            assert_eq!(list.null_count(), 0, "{name}: numbers, not nulls");
+            list.as_primitive::<arrow::datatypes::Float64Type>().values().to_vec()
+        };
+        assert_eq!(column("stats/action/min"), [f64::NEG_INFINITY, 1.0]);
+        assert_eq!(column("stats/action/max"), [f64::INFINITY, 2.0]);
+        let mean = column("stats/action/mean");
+        assert!(mean[0].is_nan() && mean[1] == 1.5, "{mean:?}");
+    }
 
     #[test]
     #[allow(clippy::single_range_in_vec_init, reason = "lists of row ranges, one range long")]

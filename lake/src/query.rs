@@ -620,7 +620,7 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let json = lake::stats::stats_json(&lake, &record, episodes.as_ref()).await?;
-    let text = serde_json::to_string_pretty(&json)?;
+    let text = lake_schemas::pyjson::to_string_pretty(&json);
     match &args.output {
         Some(path) => {
             let mut out = Output::create(path).with_context(|| format!("cannot write {}", path.display()))?;

@@ -19,7 +19,7 @@ use crate::{Error, Result};
 /// Nests flat `values` by `shape` (a scalar feature is a one-element list, as LeRobot writes).
 fn nest(values: &[f64], shape: &[usize]) -> Value {
     match shape {
-        [] | [_] => Value::from(values.to_vec()),
+        [] | [_] => Value::Array(values.iter().map(|&v| lake_schemas::pyjson::number(v)).collect()),
         [_, rest @ ..] => {
             let inner: usize = rest.iter().product();
             Value::Array(values.chunks(inner.max(1)).map(|c| nest(c, rest)).collect())
@@ -29,7 +29,8 @@ fn nest(values: &[f64], shape: &[usize]) -> Value {
 
 /// The dataset-level statistics of a version as LeRobot's `stats.json` object; of the steps of
 /// `episodes` only when given (a view's selection: numeric features exact over those steps,
-/// cameras the source's per-episode statistics of those episodes, aggregated).
+/// cameras the per-episode statistics of those episodes, `lake stats --images`' where the
+/// version has them, else the source's, aggregated).
 ///
 /// # Errors
 /// When the version has no `feature_stats` table (ingested by an older lake) or a table cannot
@@ -93,6 +94,40 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
         matches!(dtype, Some("video" | "image")) && !cameras_kept.contains(name)
     };
     let mut per_episode: BTreeMap<String, BTreeMap<i64, EpisodeStats>> = BTreeMap::new();
+    // A selection's cameras with `lake stats --images`' per-episode statistics: those of its
+    // episodes, aggregated below as the source's would be (the selection's exported
+    // `meta/episodes` holds the same per-episode ones).
+    if let Some(subset) = episodes.filter(|_| std::path::Path::new(&image_stats).is_dir()) {
+        let schema = lake_schemas::tables::feature_stats_schema();
+        let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let batches = lake_store::read_columns_at(&image_stats, &columns)
+            .await
+            .map_err(|e| Error::Invalid(format!("{}@{}: {e} (`lake stats --images` makes it again)", record.name, record.version)))?;
+        for batch in &batches {
+            let episode = batch.column_by_name("episode_index").expect("feature_stats schema");
+            let feature = batch.column_by_name("feature").expect("feature_stats schema").as_string::<i32>();
+            let dim = batch.column_by_name("dim").expect("feature_stats schema").as_primitive::<arrow::datatypes::Int32Type>();
+            let count = batch.column_by_name("count").expect("feature_stats schema").as_primitive::<Int64Type>();
+            for row in (0..batch.num_rows()).filter(|&r| episode.is_valid(r)) {
+                let e = episode.as_primitive::<Int64Type>().value(row);
+                if !subset.contains(&e) || dropped_camera(feature.value(row)) {
+                    continue;
+                }
+                let stats = per_episode.entry(feature.value(row).to_string()).or_default().entry(e).or_default();
+                let channel = dim.value(row).max(0) as usize;
+                for name in &stat_names {
+                    let col = batch.column_by_name(name).expect("feature_stats schema").as_primitive::<Float64Type>();
+                    let (values, _) = stats.entry(name.to_string()).or_insert_with(|| (Vec::new(), vec![3, 1, 1]));
+                    if values.len() <= channel {
+                        values.resize(channel + 1, f64::NAN);
+                    }
+                    values[channel] = if col.is_null(row) { f64::NAN } else { col.value(row) };
+                }
+                stats.insert("count".into(), (vec![count.value(row) as f64], vec![1]));
+            }
+        }
+    }
+    let from_images: std::collections::HashSet<String> = per_episode.keys().cloned().collect();
     let mut source_level = Map::new();
     for batch in lake_store::read_table(lake, record, STATS).await? {
         let episode = batch.column_by_name("episode_index").expect("stats schema");
@@ -102,7 +137,10 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
         let shape = batch.column_by_name("shape").expect("stats schema").as_list::<i32>();
         for row in 0..batch.num_rows() {
             let name = feature.value(row);
-            if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera"))) || dropped_camera(name) {
+            if out.get(name).is_some_and(|e| !e.as_object().is_some_and(|o| o.contains_key("camera")))
+                || dropped_camera(name)
+                || from_images.contains(name)
+            {
                 continue; // lake's own statistics above win
             }
             let v: Vec<f64> = values.value(row).as_primitive::<Float64Type>().iter().map(|x| x.unwrap_or(f64::NAN)).collect();
@@ -346,10 +384,10 @@ pub fn scalar_entry(values: &mut [f64]) -> Value {
     let mut entry = Map::new();
     if let Some(s) = lake_ingest::feature_stats::summarise(values) {
         for (stat, v) in ["min", "max", "mean", "std"].into_iter().zip([s.min, s.max, s.mean, s.std]) {
-            entry.insert(stat.into(), Value::from(vec![v]));
+            entry.insert(stat.into(), Value::Array(vec![lake_schemas::pyjson::number(v)]));
         }
         for ((q, _), v) in QUANTILES.iter().zip(s.quantiles) {
-            entry.insert((*q).into(), Value::from(vec![v]));
+            entry.insert((*q).into(), Value::Array(vec![lake_schemas::pyjson::number(v)]));
         }
         entry.insert("count".into(), Value::from(vec![s.count]));
     }
@@ -561,8 +599,7 @@ impl ChannelHistograms {
         let quantile = |p: f64| {
             let h = (n - 1) as f64 * p;
             let lo = h.floor() as u64;
-            let (a, b) = (value_at(lo), value_at((lo + 1).min(n - 1)));
-            a + (h - lo as f64) * (b - a)
+            lake_ingest::feature_stats::lerp(value_at(lo), value_at((lo + 1).min(n - 1)), h - lo as f64)
         };
         let min = hist.iter().position(|&k| k > 0).unwrap_or(0) as f64;
         let max = hist.iter().rposition(|&k| k > 0).unwrap_or(255) as f64;

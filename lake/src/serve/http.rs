@@ -181,7 +181,7 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
         lake_store::read_columns(lake, &record, lake_schemas::tables::STREAMS, &["camera", "kind", "codec", "width", "height", "max_gop"])
             .await?;
     let cameras = cameras_json(batches_json(&streams)?);
-    let stats = crate::stats::stats_json(lake, &record, None).await.ok();
+    let stats = crate::stats::stats_json(lake, &record, None).await.ok().map(|s| lake_schemas::pyjson::strict(&s));
     let frame_tables = lake_loader::frame_tables(lake, &record).await;
     Ok(json!({
         "name": record.name, "version": record.version, "fps": record.fps,

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{Array, AsArray, RecordBatch};
 use lake_testkit::{shared_dir, testdata};
 
 use crate::common::{binaries, floats, ingest_ok, ints, lake, strings, table};
@@ -138,6 +138,77 @@ fn episodes_beginning_mid_gop_export_each_packet_once() {
     assert_eq!(step_rows(&table(&second, "gop12", "steps")), step_rows(&table(&first, "gop12", "steps")));
 }
 
+/// Data holding NaN and infinities: statistics over it are NaN or infinite (numpy's), and the
+/// export writes them as LeRobot does (`NaN`, `Infinity` in `stats.json`, numbers in
+/// `meta/episodes`), so that the export ingests again with the same statistics.
+#[test]
+fn non_finite_statistics_survive_an_export() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let source = tmp.path().join("nonfinite");
+    lake_testkit::copy_dir(&testdata("v30-images-tiny"), &source);
+    let data = source.join("data/chunk-000/file-000.parquet");
+    let batches = lake_testkit::read_parquet(&data);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let with = |name: &str, changes: &[(usize, usize, f32)]| -> arrow::array::ArrayRef {
+        let list = all.column_by_name(name).expect(name).as_fixed_size_list();
+        let width = list.value_length() as usize;
+        let mut values = list.values().as_primitive::<arrow::datatypes::Float32Type>().values().to_vec();
+        for &(row, dim, v) in changes {
+            values[row * width + dim] = v;
+        }
+        let field = match list.data_type() {
+            arrow::datatypes::DataType::FixedSizeList(f, _) => f.clone(),
+            other => panic!("{name} is {other}"),
+        };
+        std::sync::Arc::new(arrow::array::FixedSizeListArray::new(
+            field,
+            width as i32,
+            std::sync::Arc::new(arrow::array::Float32Array::from(values)),
+            None,
+        ))
+    };
+    let action = with("action", &[(7, 1, f32::INFINITY), (8, 1, f32::NEG_INFINITY)]);
+    let state = with("observation.state", &[(5, 0, f32::NAN)]);
+    let columns = all
+        .schema()
+        .fields()
+        .iter()
+        .zip(all.columns())
+        .map(|(f, c)| match f.name().as_str() {
+            "action" => action.clone(),
+            "observation.state" => state.clone(),
+            _ => c.clone(),
+        })
+        .collect();
+    lake_testkit::write_parquet(&data, &[RecordBatch::try_new(all.schema(), columns).expect("batch")]);
+
+    let (first, second) = (tmp.path().join("lake"), tmp.path().join("again"));
+    let run = lake(&first, &["ingest", source.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out = tmp.path().join("export");
+    let run = export(&first, "nonfinite", "lerobot-v3", &out);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let text = std::fs::read_to_string(out.join("meta/stats.json")).expect("stats.json");
+    let stats = lake_schemas::pyjson::parse(text.as_bytes()).expect("stats.json as LeRobot writes it");
+    let stat = |feature: &str, stat: &str, dim: usize| lake_schemas::pyjson::as_f64(&stats[feature][stat][dim]).expect("a number");
+    assert_eq!((stat("action", "min", 1), stat("action", "max", 1)), (f64::NEG_INFINITY, f64::INFINITY), "{text}");
+    assert!(stat("action", "mean", 1).is_nan() && stat("observation.state", "mean", 0).is_nan(), "{text}");
+    assert!(stat("action", "mean", 0).is_finite(), "the other dimensions keep their numbers");
+    assert!(!text.contains("null"), "no statistic lost: {text}");
+    let episodes = episodes_parquet(&out);
+    let min = stats_columns(&episodes)["stats/action/min"].clone();
+    assert_eq!(min.null_count() + min.as_list::<i32>().values().null_count(), 0, "per-episode statistics are numbers too");
+
+    let run = lake(&second, &["ingest", out.to_str().expect("utf-8"), "--name", "nonfinite"]);
+    assert_eq!(run.code, 0, "the export ingests: {run:#?}");
+    let numeric = |root: &Path| {
+        let text = lake(root, &["stats", "nonfinite"]).stdout;
+        let value = lake_schemas::pyjson::parse(text.as_bytes()).expect("stats");
+        [value["action"].clone(), value["observation.state"].clone()]
+    };
+    assert_eq!(numeric(&second), numeric(&first), "the same statistics after the round trip");
+}
+
 /// A dataset whose cameras were dropped at ingest (no video of them exists) exports without
 /// them: no camera feature in `info.json`, no video path template, no statistics of theirs.
 #[test]
@@ -241,6 +312,35 @@ fn a_view_exports_only_its_episodes_renumbered_from_zero() {
     let counts = column("stats/observation.images.front/count");
     let count = counts.as_list::<i32>().value(0).as_primitive::<arrow::datatypes::Int64Type>().value(0);
     assert_eq!(first_stats["observation.images.front"]["count"], serde_json::json!([count]), "the first episode's, not the dataset's");
+
+    // With lake's own camera statistics (`lake stats --images`), the view's come from those of
+    // its episodes: what its exported `meta/episodes` holds, aggregated (count-weighted means).
+    assert_eq!(lake(&first, &["stats", "v30-av1-small", "--images"]).code, 0);
+    let out = tmp.path().join("long-images");
+    assert_eq!(export(&first, "long", "lerobot-v3", &out).code, 0);
+    let stats = lake_schemas::pyjson::parse(&std::fs::read(out.join("meta/stats.json")).expect("stats.json")).expect("json");
+    let written = episodes_parquet(&out);
+    let per_episode = |stat: &str, channel: usize| -> Vec<f64> {
+        let column = written.column_by_name(&format!("stats/observation.images.front/{stat}")).expect("camera stats").clone();
+        (0..written.num_rows())
+            .map(|e| {
+                let channels = column.as_list::<i32>().value(e);
+                let pixel = channels.as_list::<i32>().value(channel);
+                let value = pixel.as_list::<i32>().value(0);
+                value.as_primitive::<arrow::datatypes::Float64Type>().value(0)
+            })
+            .collect()
+    };
+    let counts = written.column_by_name("stats/observation.images.front/count").expect("counts").clone();
+    let counts: Vec<f64> = (0..written.num_rows())
+        .map(|e| counts.as_list::<i32>().value(e).as_primitive::<arrow::datatypes::Int64Type>().value(0) as f64)
+        .collect();
+    for channel in 0..3 {
+        let means = per_episode("mean", channel);
+        let want = means.iter().zip(&counts).map(|(m, c)| m * c).sum::<f64>() / counts.iter().sum::<f64>();
+        let got = stats["observation.images.front"]["mean"][channel][0][0].as_f64().expect("mean");
+        assert!((got - want).abs() < 1e-12, "channel {channel}: {got} vs {want} from the exported episodes");
+    }
 
     // Only the tasks its steps use, numbered from 0 (LeRobot finds a task by its position).
     let run = lake(&first, &["view", "create", "one-task", "SELECT episode_index FROM episodes WHERE episode_index IN (1, 4)"]);
