@@ -162,7 +162,10 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     let beside = format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export"));
     remove_dead_partials(&parent, &beside, &host);
     let (place, prefix) = if existing { (out.to_path_buf(), ".partial-".to_string()) } else { (parent, beside) };
-    let tmp = tempfile::Builder::new().prefix(&format!("{prefix}{}@{host}-", std::process::id())).tempdir_in(&place).map_err(io(&place))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("{prefix}{}@{host}-", std::process::id()))
+        .tempdir_in(&place)
+        .map_err(|e| invalid(crate::in_directory(&place, &e).to_string()))?;
     let whole = selection.episodes.is_none();
     match format {
         ExportFormat::LerobotV3 => write_lerobot(lake, &ds, &episodes, whole, tmp.path()).await?,

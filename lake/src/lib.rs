@@ -50,3 +50,23 @@ pub enum Error {
 
 /// Result with lake's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong creating a file in `dir`, said of the directory (an error of the file's own
+/// would name a temporary file the user never asked for).
+pub fn in_directory(dir: &std::path::Path, e: &std::io::Error) -> std::io::Error {
+    let why = match e.kind() {
+        std::io::ErrorKind::NotFound => format!("the directory {} does not exist", dir.display()),
+        std::io::ErrorKind::PermissionDenied => format!("no permission to create files in {}", dir.display()),
+        kind => match e.raw_os_error() {
+            Some(code) => format!("cannot create files in {}: {}", dir.display(), std::io::Error::from_raw_os_error(code)),
+            None => format!("cannot create files in {}: {}", dir.display(), std::io::Error::from(kind)),
+        },
+    };
+    std::io::Error::new(e.kind(), why)
+}
+
+/// `n` and `noun`, plural unless `n` is 1 (`1 episode`, `3 episodes`; a noun's plural adds `s`).
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}

@@ -79,7 +79,8 @@ impl Output {
                     // mode temporary files get.
                     builder.permissions(std::fs::Permissions::from_mode(0o666));
                 }
-                let file = builder.tempfile_in(dir)?;
+                // The error names the directory, not the temporary file's name.
+                let file = builder.tempfile_in(dir).map_err(|e| lake::in_directory(dir, &e))?;
                 // A file replaced keeps its mode.
                 if let Ok(meta) = std::fs::metadata(&target) {
                     file.as_file().set_permissions(meta.permissions())?;

@@ -530,9 +530,12 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
     match command {
         ViewCommand::Create { name, query, replace } => {
             let v = views::create(&lake, &name, &query, replace).await?;
-            let parts: Vec<String> =
-                v.datasets.iter().map(|d| format!("{}@{}: {} episodes", d.name, d.version, d.episodes.len())).collect();
-            outln!("view {}@{} created: {} episodes ({})", v.name, v.version, v.episode_count(), parts.join("; "))?;
+            let parts: Vec<String> = v
+                .datasets
+                .iter()
+                .map(|d| format!("{}@{}: {}", d.name, d.version, lake::count(d.episodes.len() as u64, "episode")))
+                .collect();
+            outln!("view {}@{} created: {} ({})", v.name, v.version, lake::count(v.episode_count() as u64, "episode"), parts.join("; "))?;
         }
         ViewCommand::Ls => {
             let (all, unreadable) = lake.views_listed().await?;
@@ -573,6 +576,12 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         ViewCommand::Drop { name } => {
+            if let Some((view, version)) = name.split_once('@') {
+                anyhow::bail!(
+                    "`{name}`: a drop takes the view's name alone (`lake view drop {view}`); it drops the name, and version {version} \
+                     stays readable as `{name}`"
+                );
+            }
             lake.drop_view(&name).await?;
             outln!("view {name} dropped")?;
         }
@@ -613,11 +622,14 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
         let began = std::time::Instant::now();
         let report = lake::stats::write_image_stats(&lake, &spec).await?;
         errln!(
-            "image statistics of {spec}: {} cameras, {} frames decoded, {:.1} s",
-            report.cameras,
-            report.frames,
+            "image statistics of {spec}: {}, {} decoded, {:.1} s",
+            lake::count(report.cameras as u64, "camera"),
+            lake::count(report.frames as u64, "frame"),
             began.elapsed().as_secs_f64()
         );
+        if report.cameras == 0 {
+            errln!("{spec} has no cameras: there are no image statistics to compute");
+        }
     }
     let json = lake::stats::stats_json(&lake, &record, episodes.as_ref()).await?;
     let text = lake_schemas::pyjson::to_string_pretty(&json);

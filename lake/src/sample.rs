@@ -85,6 +85,18 @@ pub fn prefetch_in_range(text: &str) -> Result<usize, String> {
     }
 }
 
+/// A lookahead horizon: 0 (off) to [`lake_loader::MAX_HORIZON`] draws.
+pub fn horizon_in_range(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(n) if n <= lake_loader::MAX_HORIZON => Ok(n),
+        _ => Err(format!(
+            "`{text}` is not a number of draws from 0 (off) to {} (a plan holds memory for each draw, and the frames it keeps must \
+             fit the frame cache)",
+            lake_loader::MAX_HORIZON
+        )),
+    }
+}
+
 impl LoaderArgs {
     fn options(&self) -> LoaderOptions {
         LoaderOptions {
@@ -293,9 +305,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2, value_parser = prefetch_in_range)]
     prefetch: usize,
     /// Draws planned ahead: frames later batches show are kept when they are decoded anyway
-    /// (the rest of a GOP), in the frame cache's budget (0: off; needs `--cache on`)
-    /// [default: 8192 with the cache on].
-    #[arg(long)]
+    /// (the rest of a GOP), in the frame cache's budget (0: off, at most 131072; needs `--cache
+    /// on`) [default: 8192 with the cache on].
+    #[arg(long, value_parser = horizon_in_range)]
     lookahead: Option<u64>,
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
@@ -447,7 +459,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let order = Arc::new(Order::new(args.seed, sources)?);
     let sharding = Sharding::new(args.batch_size, 0, 1, true)?;
     if sharding.steps_per_epoch(order.epoch_len()) == 0 {
-        anyhow::bail!("the batch size {} is larger than the {} eligible steps", args.batch_size, order.epoch_len());
+        anyhow::bail!("the batch size {} is larger than the {} eligible", args.batch_size, lake::count(order.epoch_len(), "step"));
     }
     // An endless stream: the first batch (its latency reported on its own), then the
     // `prefetch` batches made ahead while the first was awaited (untimed), then the timed ones.
@@ -512,6 +524,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         cache: args.loader.cache == "on",
         lookahead,
         frame_table: args.loader.frame_table == "on" && loader.datasets().iter().all(|d| d.has_frame_table()),
+        cameras: loader.datasets().iter().any(|d| !d.cameras.is_empty()),
         samples,
         seconds: wall.as_secs_f64(),
         samples_per_s: samples as f64 / wall.as_secs_f64().max(1e-9),
@@ -559,6 +572,8 @@ struct BenchReport {
     cache: bool,
     lookahead: u64,
     frame_table: bool,
+    /// Whether the samples show camera frames at all.
+    cameras: bool,
     samples: u64,
     seconds: f64,
     samples_per_s: f64,
@@ -601,15 +616,28 @@ fn memcpy_seconds(bytes: usize, times: usize) -> f64 {
 impl BenchReport {
     fn print(&self) -> std::io::Result<()> {
         let d = Duration::from_secs_f64(self.seconds);
+        // A long `delta_timestamps` is summed up (`--json` has it whole).
+        let windows = match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&self.preset) {
+            Ok(keys) if self.preset.len() > 60 => {
+                let offsets: usize = keys.values().filter_map(serde_json::Value::as_array).map(Vec::len).sum();
+                format!("delta_timestamps of {} ({})", lake::count(keys.len() as u64, "key"), lake::count(offsets as u64, "offset"))
+            }
+            Ok(_) => format!("delta_timestamps {}", self.preset),
+            Err(_) => format!("preset {}", self.preset),
+        };
+        let frames = match (self.cameras, self.frame_table) {
+            (false, _) => " · no cameras".to_string(),
+            (true, table) => {
+                let lookahead = if self.lookahead > 0 { format!("{} draws", self.lookahead) } else { "off".into() };
+                format!(" · lookahead {lookahead} · frames from {}", if table { "the frame table" } else { "packets" })
+            }
+        };
         outln!(
-            "lake bench: {} · preset {} · batch {} · {} threads · cache {} · lookahead {} · frames from {}",
+            "lake bench: {} · {windows} · batch {} · {} · cache {}{frames}",
             self.datasets.join(" + "),
-            self.preset,
             self.batch_size,
-            self.threads,
+            lake::count(self.threads as u64, "thread"),
             if self.cache { "on" } else { "off" },
-            if self.lookahead > 0 { format!("{} draws", self.lookahead) } else { "off".into() },
-            if self.frame_table { "the frame table" } else { "packets" }
         )?;
         outln!(
             "  samples            {} in {:.2?} ({} batches after the first and those made ahead with it)",
@@ -619,13 +647,15 @@ impl BenchReport {
         )?;
         outln!("  samples/s          {:.1}", self.samples_per_s)?;
         outln!("  CPU ms/sample      {:.3}   ({:.1} samples per CPU-second)", self.cpu_ms_per_sample, self.samples_per_cpu_s)?;
-        outln!(
-            "  decode ms/sample   {:.3}   ({} frames from {} packets; decode threads' time, batches made ahead included)",
-            self.decode_ms_per_sample,
-            self.frames_decoded,
-            self.packets_decoded
-        )?;
-        outln!("  packet read ms/s.  {:.3}   (wall time of Lance reads, overlapping decode)", self.fetch_ms_per_sample)?;
+        if self.cameras {
+            outln!(
+                "  decode ms/sample   {:.3}   ({} frames from {} packets; decode threads' time, batches made ahead included)",
+                self.decode_ms_per_sample,
+                self.frames_decoded,
+                self.packets_decoded
+            )?;
+            outln!("  packet read ms/s.  {:.3}   (wall time of Lance reads, overlapping decode)", self.fetch_ms_per_sample)?;
+        }
         outln!("  output MB/s        {:.1}", self.mb_per_s)?;
         outln!(
             "  first batch        {:.1} ms ({:.1} CPU ms, {} samples)",
@@ -633,14 +663,20 @@ impl BenchReport {
             self.first_batch_cpu_ms,
             self.first_batch_rows
         )?;
-        outln!(
-            "  cache hit rate     {:.1} % ({:.1} % from frames decoded ahead; {:.1} of {:.1} MiB held)",
-            self.cache_hit_rate * 100.0,
-            self.ahead_hit_rate * 100.0,
-            self.cache_held_mb,
-            self.cache_budget_mb
-        )?;
+        if self.cameras {
+            outln!(
+                "  cache hit rate     {:.1} % ({:.1} % from frames decoded ahead; {:.1} of {:.1} MiB held)",
+                self.cache_hit_rate * 100.0,
+                self.ahead_hit_rate * 100.0,
+                self.cache_held_mb,
+                self.cache_budget_mb
+            )?;
+        }
         outln!("  peak RSS           {:.0} MiB", self.peak_rss_mb)?;
+        if !self.cameras {
+            outln!("  copy floor         {:.4} ms/sample ({:.2} MB per sample)", self.copy_ms_per_sample, self.sample_bytes as f64 / 1e6)?;
+            return Ok(());
+        }
         outln!(
             "  decode-bound limit {:.3} CPU ms/sample ({} frames from {} packets, FFmpeg alone): lake runs at {:.0} % of it",
             self.bound_cpu_ms_per_sample,

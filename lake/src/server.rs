@@ -63,8 +63,8 @@ pub struct ServeArgs {
     sql_concurrency: Option<u64>,
     /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
     /// to keep frames a decode yields for the rank that shows them next, in the frame cache's
-    /// room (0: off).
-    #[arg(long, default_value_t = lake_loader::DEFAULT_HORIZON)]
+    /// room (0: off, at most 131072).
+    #[arg(long, default_value_t = lake_loader::DEFAULT_HORIZON, value_parser = crate::sample::horizon_in_range)]
     lookahead: u64,
     /// Also serve batch streams to trainers on this machine on a Unix socket at PATH, their
     /// batches written once into shared memory instead of through TCP (lake_loader's

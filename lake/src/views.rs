@@ -314,7 +314,7 @@ pub struct Sampling {
     pub sources: Vec<lake_loader::Source>,
 }
 
-/// A dataset's episode indices as ranges (`0..=2, 5, 7..=9`; skipped episodes leave gaps).
+/// A dataset's episode indices as ranges (`0 to 2, 5, 7 to 9`; skipped episodes leave gaps).
 fn episode_ranges(ds: &lake_loader::LoaderDataset) -> String {
     let mut ranges: Vec<(i64, i64)> = Vec::new();
     for e in ds.episodes.iter().map(|s| s.episode_index) {
@@ -323,7 +323,7 @@ fn episode_ranges(ds: &lake_loader::LoaderDataset) -> String {
             _ => ranges.push((e, e)),
         }
     }
-    ranges.iter().map(|(a, b)| if a == b { a.to_string() } else { format!("{a}..={b}") }).collect::<Vec<_>>().join(", ")
+    ranges.iter().map(|(a, b)| if a == b { a.to_string() } else { format!("{a} to {b}") }).collect::<Vec<_>>().join(", ")
 }
 
 /// Opens what `spec` names: views expand to their pinned datasets, episodes and weights (a
@@ -351,7 +351,16 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
     for selection in selections {
         let ds = lake_loader::LoaderDataset::open_sized(lake, &selection.dataset, spec.frame_size).await?;
         if let Some(e) = spec.episodes.iter().find(|e| !ds.episodes.iter().any(|s| s.episode_index == **e)) {
-            return Err(Error::Invalid(format!("{}: no episode {e} (episodes {})", ds.label, episode_ranges(&ds))));
+            let skipped = match ds.record.counts.skipped_episodes {
+                0 => String::new(),
+                n => format!(
+                    "; {n} episode{} of the source {} skipped at ingest, `lake inspect {}` says why",
+                    if n == 1 { "" } else { "s" },
+                    if n == 1 { "was" } else { "were" },
+                    ds.label
+                ),
+            };
+            return Err(Error::Invalid(format!("{}: no episode {e} (episodes {}{skipped})", ds.label, episode_ranges(&ds))));
         }
         if let (Some(selected), Some(e)) =
             (&selection.episodes, spec.episodes.iter().find(|e| selection.episodes.as_ref().is_some_and(|v| v.binary_search(e).is_err())))

@@ -363,6 +363,10 @@ impl Loader {
     }
 
     async fn samples_in(&self, draws: &[Draw], ahead: &Ahead, layout: Layout) -> Result<SampleBatch> {
+        // A batch whose frames are all in memory is made without waiting for anything: a share
+        // of the task's budget keeps a consumer of many such batches from starving whatever it
+        // runs beside (a Ctrl-C handler, other streams).
+        tokio::task::consume_budget().await;
         if draws.is_empty() {
             return Ok(RecordBatch::new_empty(self.schema.clone()).into());
         }
@@ -518,8 +522,14 @@ impl Loader {
         }
         let mut decoders: HashMap<(usize, u32), StreamDecoder> = HashMap::new();
         let mut bound = DecodeBound::default();
-        let began = thread_cpu_seconds();
-        for j in jobs {
+        let mut cpu_seconds = 0.0;
+        for (n, j) in jobs.iter().enumerate() {
+            if n % 64 == 0 {
+                // Long measurements let the caller's other work (a Ctrl-C handler) run between
+                // GOPs, on the same thread, outside the time measured.
+                tokio::task::yield_now().await;
+            }
+            let began = thread_cpu_seconds();
             let ds = &self.datasets[j.source];
             let decoder = match decoders.entry((j.source, j.stream)) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -539,8 +549,9 @@ impl Loader {
             let frames = decoder.decode(&packets, &wanted).map_err(|e| Error::layout(&ds.label, e.0))?;
             bound.packets += packets.len() as u64;
             bound.frames += frames.len() as u64;
+            cpu_seconds += thread_cpu_seconds() - began;
         }
-        bound.cpu_seconds = thread_cpu_seconds() - began;
+        bound.cpu_seconds = cpu_seconds;
         Ok(bound)
     }
 

@@ -40,7 +40,7 @@ pub use crate::{
         FRAMES, FrameSize, FrameStorage, FrameTableInfo, FrameTableReport, frame_table_name, frame_tables, frames_schema, write_frame_table,
     },
     local::LocalLoader,
-    lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, Member},
+    lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, MAX_HORIZON, Member},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

@@ -39,6 +39,10 @@ pub type FrameRef = (usize, u64);
 /// Draws the streams of a lookahead plan ahead together by default.
 pub const DEFAULT_HORIZON: u64 = 8192;
 
+/// The most draws a lookahead plans ahead (a plan holds a few hundred bytes per draw, and the
+/// frames it keeps must fit the frame cache long before this many draws pay off).
+pub const MAX_HORIZON: u64 = 1 << 17;
+
 /// The plans of the streams that joined, and the frames decoded for them.
 pub struct Lookahead {
     loader: Arc<Loader>,
@@ -162,8 +166,9 @@ impl Drop for Promise {
 
 impl Lookahead {
     /// A lookahead for streams reading `order` in global batches of `sharding` (any rank),
-    /// planning `horizon` draws ahead between them and keeping at most `cap` bytes of frames;
-    /// `None` when either is zero or the loader has no cache to reserve room in.
+    /// planning `horizon` draws ahead between them (at most [`MAX_HORIZON`]) and keeping at most
+    /// `cap` bytes of frames; `None` when either is zero or the loader has no cache to reserve
+    /// room in.
     pub fn new(loader: Arc<Loader>, order: Arc<Order>, sharding: Sharding, horizon: u64, cap: u64) -> Option<Arc<Self>> {
         if horizon == 0 || cap == 0 || !loader.cache().enabled() || !loader.decodes_any() {
             return None;
@@ -175,7 +180,7 @@ impl Lookahead {
             order,
             global_batch: sharding.global_batch,
             steps_per_epoch,
-            horizon,
+            horizon: horizon.min(MAX_HORIZON),
             cap,
             state: Mutex::new(State::default()),
             settled: tokio::sync::Notify::new(),
