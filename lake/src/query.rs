@@ -96,7 +96,9 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
         (None, None) => Format::Table,
     };
     let lake = Lake::open(root)?;
-    let session = LakeSql::open(&lake).await?;
+    // Queries only, as a server answers: `CREATE TABLE … AS` would make a table this process
+    // forgets, `COPY … TO` writes what `--output` writes.
+    let session = LakeSql::open(&lake).await?.read_only();
     for (spec, why) in session.unreadable() {
         errln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
     }
@@ -233,6 +235,7 @@ impl<'a> Sink<'a> {
                 let text = if batches.is_empty() {
                     arrow::util::pretty::pretty_format_batches(&[RecordBatch::new_empty(schema)])?
                 } else {
+                    let batches = batches.iter().map(tabs_shown).collect::<Result<Vec<_>, _>>()?;
                     arrow::util::pretty::pretty_format_batches(&batches)?
                 };
                 writeln!(out, "{text}")?;
@@ -490,7 +493,7 @@ fn describe_tables(tables: &[TableInfo]) -> String {
 fn describe_columns(t: &TableInfo) -> String {
     let mut out = format!("{}.{}\n", t.schema, t.name);
     for f in t.columns.fields() {
-        out.push_str(&format!("  {:<40} {}{}\n", f.name(), f.data_type(), if f.is_nullable() { "" } else { " not null" }));
+        out.push_str(&format!("  {:<40} {}{}\n", f.name(), type_name(f.data_type()), if f.is_nullable() { "" } else { " not null" }));
     }
     out
 }
@@ -642,6 +645,42 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
         None => outln!("{text}")?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `batch` with the tabs and carriage returns in its text columns written as `\t` and `\r`,
+/// which a table would print raw, out of its columns.
+fn tabs_shown(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
+    use arrow::array::{AsArray, StringArray};
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| match c.as_string_opt::<i32>() {
+            Some(text) if text.iter().flatten().any(|t| t.contains(['\t', '\r'])) => {
+                let shown: StringArray = text.iter().map(|t| t.map(|t| t.replace('\t', "\\t").replace('\r', "\\r"))).collect();
+                Arc::new(shown) as arrow::array::ArrayRef
+            }
+            _ => c.clone(),
+        })
+        .collect();
+    RecordBatch::try_new(batch.schema(), columns)
+}
+
+/// A column type as SQL users read it: nested types spelled out (`struct<a: Int64, …>`,
+/// `list<Float32>`, `Float32[6]` for a fixed-size list), without Arrow's field metadata.
+fn type_name(t: &DataType) -> String {
+    match t {
+        DataType::Struct(fields) => {
+            // A stored field named for a LeRobot key (`observation/images/front`) by that key.
+            let name = |f: &arrow::datatypes::Field| {
+                f.metadata().get(lake_schemas::tables::NAME_METADATA).cloned().unwrap_or_else(|| f.name().clone())
+            };
+            let inner: Vec<String> = fields.iter().map(|f| format!("{}: {}", name(f), type_name(f.data_type()))).collect();
+            format!("struct<{}>", inner.join(", "))
+        }
+        DataType::List(item) | DataType::LargeList(item) => format!("list<{}>", type_name(item.data_type())),
+        DataType::FixedSizeList(item, n) => format!("{}[{n}]", type_name(item.data_type())),
+        other => other.to_string(),
+    }
 }
 
 /// Formats of `lake export`.

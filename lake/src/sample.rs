@@ -85,6 +85,11 @@ pub fn prefetch_in_range(text: &str) -> Result<usize, String> {
     }
 }
 
+/// A whole number of a comma-separated list (spaces around it allowed).
+fn whole_number(text: &str) -> Result<i64, String> {
+    text.trim().parse().map_err(|_| format!("`{}` is not a whole number", text.trim()))
+}
+
 /// A lookahead horizon: 0 (off) to [`lake_loader::MAX_HORIZON`] draws.
 pub fn horizon_in_range(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
@@ -272,7 +277,7 @@ pub struct SampleArgs {
     #[arg(long)]
     dataset: String,
     /// LeRobot `index` values (absolute step indices), comma-separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required = true, allow_negative_numbers = true, value_parser = whole_number)]
     indices: Vec<i64>,
     #[command(flatten)]
     windows: WindowArgs,
@@ -313,7 +318,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Sample only these episodes (comma-separated episode indices) [default: all].
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = whole_number)]
     episodes: Vec<i64>,
     /// Never sample the first N steps of an episode (LeRobot's `drop_n_first_frames`).
     #[arg(long, default_value_t = 0)]

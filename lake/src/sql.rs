@@ -81,6 +81,12 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
         return Error::Query(format!("SQL syntax error: {text}"));
     }
     let message = without_source_locations(e.strip_backtrace().trim());
+    if ["DDL not supported", "DML not supported", "Statement not supported"].iter().any(|m| message.contains(m)) {
+        return Error::Query(format!(
+            "lake answers queries only (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE): no tables are made or changed, and an answer is \
+             written with `lake sql --output FILE` ({message})"
+        ));
+    }
     match e.find_root() {
         D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),
         D::ArrowError(arrow, _) if matches!(**arrow, ArrowError::IoError(..) | ArrowError::ExternalError(_)) => Error::Storage(message),
@@ -345,10 +351,29 @@ impl LakeSql {
             if let Some((spec, why)) = self.unreadable.iter().find(|(spec, _)| spec.split('@').next() == Some(parts[1])) {
                 return Error::Storage(format!("dataset {spec} cannot be read: {why}"));
             }
+            let tables_of = |schema: &str| -> String {
+                let names = self.ctx.catalog(CATALOG).and_then(|c| c.schema(schema)).map(|s| s.table_names()).unwrap_or_default();
+                let mut names: Vec<String> = names.into_iter().collect();
+                names.sort();
+                names.join(", ")
+            };
             if parts.len() == 3 && parts[1] != SCHEMA && !self.datasets.iter().any(|d| d.name == parts[1]) {
+                if std::path::Path::new(&self.lake.uri(&format!("views/{}", parts[1]))).is_dir() {
+                    return Error::Query(format!(
+                        "{message}: `{}` is a view, not a dataset (`SELECT * FROM views WHERE view = '{}'` shows its datasets and \
+                         the query that selects its episodes)",
+                        parts[1], parts[1]
+                    ));
+                }
                 let have: Vec<&str> = self.datasets.iter().map(|d| d.name.as_str()).collect();
                 let have = if have.is_empty() { "none yet".to_string() } else { have.join(", ") };
                 return Error::Query(format!("{message}: the lake has no dataset `{}` (datasets: {have})", parts[1]));
+            }
+            if parts.len() == 3 {
+                let table = parts[2];
+                let hint = if table == "image_stats" { "; `lake stats NAME --images` makes a dataset's image_stats" } else { "" };
+                let whose = if parts[1] == SCHEMA { "the lake's tables".to_string() } else { format!("`{}`'s tables", parts[1]) };
+                return Error::Query(format!("{message} ({whose}: {}{hint})", tables_of(parts[1])));
             }
         }
         sql_error(&e)

@@ -233,7 +233,21 @@ impl Loader {
                 has_video: ds.cameras.iter().any(|c| c.video),
             };
             let w = match windows.delta_timestamps(&keys).map_err(|e| Error::request(format!("{}: {e}", ds.label)))? {
-                Some(delta) => resolve_windows(&delta, &keys).map_err(|e| Error::request(format!("{}: {e}", ds.label)))?,
+                Some(delta) => {
+                    let dropped = delta.iter().map(|(key, _)| key).find(|key| {
+                        !features.contains(key)
+                            && !cameras.contains(key)
+                            && matches!(ds.record.info["features"][key.as_str()]["dtype"].as_str(), Some("video" | "image"))
+                    });
+                    if let Some(key) = dropped {
+                        return Err(Error::request(format!(
+                            "{}: `{key}` is a camera its source declares, left out at ingest (--drop-missing-cameras: it had no \
+                             video); no window can show it",
+                            ds.label
+                        )));
+                    }
+                    resolve_windows(&delta, &keys).map_err(|e| Error::request(format!("{}: {e}", ds.label)))?
+                }
                 None => vec![],
             };
             let s = sample_schema(ds, &w);

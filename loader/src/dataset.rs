@@ -382,6 +382,14 @@ impl LoaderDataset {
                 let path = if table.uri().starts_with('/') && !uri.starts_with('/') { format!("/{uri}") } else { uri };
                 Error::layout(&self.label, format!("the frame table's file {path} is missing; run `{}` again", self.cache_command()))
             }
+            lance::Error::IO { .. } | lance::Error::CorruptFile { .. } => Error::layout(
+                &self.label,
+                format!(
+                    "the frame table cannot be read ({}): a file of it is damaged or cut short; run `{}` again",
+                    lake_store::lance_message(&source),
+                    self.cache_command()
+                ),
+            ),
             source => Error::Lance { dataset: self.label.clone(), table: crate::frames::FRAMES.into(), error: Box::new(source) },
         }
     }

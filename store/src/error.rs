@@ -94,7 +94,12 @@ pub fn lance_message(e: &lance::Error) -> String {
         // Lance keeps local paths without their leading `/`.
         return format!("file /{path} is damaged: {}", without_source_locations(&source.to_string()));
     }
-    without_source_locations(&e.to_string())
+    let message = without_source_locations(&e.to_string());
+    // Lance's variant name (`LanceError(IO): …`) says nothing to a user.
+    match message.strip_prefix("LanceError(").and_then(|rest| rest.split_once("): ")) {
+        Some((_, rest)) => rest.to_string(),
+        None => message,
+    }
 }
 
 /// `message` without the source file locations some libraries' errors carry (`, /…/x.rs:12:5`,

@@ -304,6 +304,8 @@ fn bad_sample_requests_are_refused_clearly() {
     let out = out.to_str().expect("utf-8");
     for (args, message) in [
         (vec!["--indices", "60"], "index 60 is not in any ingested episode (indices 0 to 59)"),
+        (vec!["--indices", "-1"], "index -1 is not in any ingested episode"),
+        (vec!["--indices", "1, x"], "`x` is not a whole number"),
         (vec!["--indices", "1", "--delta-timestamps", r#"{"action": [0.01]}"#], "not a multiple of 1/30"),
         (vec!["--indices", "1", "--delta-timestamps", r#"{"nope": [0.0]}"#], "`nope` is not a feature"),
         (vec!["--indices", "1", "--preset", "pi0"], "unknown preset `pi0`"),
@@ -317,6 +319,15 @@ fn bad_sample_requests_are_refused_clearly() {
     }
     let run = lake(&root, &["sample", "--dataset", "nope", "--indices", "1", "--out", out]);
     assert!(run.stderr.contains("no dataset or view `nope`"), "{run:#?}");
+    let missing = tmp.path().join("no/such/dir/x.arrow");
+    let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "1", "--out", missing.to_str().expect("utf-8")]);
+    assert!(
+        run.code == 2 && run.stderr.contains("does not exist") && !run.stderr.contains(".partial"),
+        "the directory, not a temporary file: {run:#?}"
+    );
+    let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", " 1, 2", "--out", out]);
+    assert_eq!(run.code, 0, "spaces after commas: {run:#?}");
+    std::fs::remove_file(out).expect("written");
     let dir = tmp.path().join("d.arrow");
     std::fs::create_dir(&dir).expect("dir");
     let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "1", "--out", dir.to_str().expect("utf-8")]);
@@ -411,14 +422,21 @@ fn frame_table_batches_equal_decoded_ones() {
         }
     });
 
-    // The table's data files gone: sampling fails and names one.
+    // The table's data files cut short, then gone: sampling fails, says so and names one.
     let files: Vec<std::path::PathBuf> =
         files_under(&root).into_iter().filter(|p| p.to_string_lossy().contains("frames.lance/data/")).collect();
     assert!(!files.is_empty(), "the frame table has data files under {}", root.display());
+    let out = tmp.path().join("x.arrow");
+    for f in &files {
+        std::fs::OpenOptions::new().write(true).open(f).and_then(|file| file.set_len(100)).expect("truncate");
+    }
+    let run = lake(&root, &["sample", "--dataset", name, "--indices", "0,7,300", "--preset", "act", "--out", out.to_str().expect("utf-8")]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(run.stderr.contains("damaged or cut short") && run.stderr.contains(&format!("run `lake cache {name}` again")), "{run:#?}");
+    assert!(!run.stderr.contains("LanceError"), "{run:#?}");
     for f in &files {
         std::fs::remove_file(f).expect("remove");
     }
-    let out = tmp.path().join("x.arrow");
     let run = lake(&root, &["sample", "--dataset", name, "--indices", "0,7,300", "--preset", "act", "--out", out.to_str().expect("utf-8")]);
     assert_ne!(run.code, 0, "{run:#?}");
     assert!(files.iter().any(|f| run.stderr.contains(f.to_str().expect("utf-8"))), "the error names the missing file: {run:#?}");

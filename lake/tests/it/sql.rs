@@ -36,6 +36,19 @@ fn bad_queries_get_datafusion_errors_with_position_and_missing_datasets_are_name
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("no dataset `no-such-set`") && run.stderr.contains("v30-av1-small"), "{}", run.stderr);
 
+    let run = lake(&root, &["sql", "SELECT * FROM nope"]);
+    assert!(run.code == 2 && run.stderr.contains("the lake's tables: ") && run.stderr.contains("feature_stats"), "{}", run.stderr);
+    let run = lake(&root, &["sql", "SELECT * FROM \"v30-av1-small\".image_stats"]);
+    assert!(run.code == 2 && run.stderr.contains("`lake stats NAME --images` makes"), "{}", run.stderr);
+    assert_eq!(lake(&root, &["view", "create", "few", "SELECT episode_index FROM episodes WHERE episode_index < 2"]).code, 0);
+    let run = lake(&root, &["sql", "SELECT count(*) FROM few.steps"]);
+    assert!(run.code == 2 && run.stderr.contains("`few` is a view, not a dataset"), "{}", run.stderr);
+    // Queries only, as the server answers.
+    for statement in ["CREATE TABLE t AS SELECT 1", "COPY (SELECT 1) TO '/tmp/lake-copy.csv'"] {
+        let run = lake(&root, &["sql", statement]);
+        assert!(run.code == 2 && run.stderr.contains("lake answers queries only"), "{statement}: {run:#?}");
+    }
+
     let run = lake(&root, &["sql", "SELECT no_such_column FROM steps"]);
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("no_such_column"), "{}", run.stderr);
