@@ -21,9 +21,18 @@ pub struct WindowArgs {
     /// none.
     #[arg(long, default_value = "none", conflicts_with = "delta_timestamps")]
     preset: String,
-    /// LeRobot `delta_timestamps` as JSON, e.g. '{"action": [0.0, 0.0333]}'.
-    #[arg(long)]
+    /// LeRobot `delta_timestamps` as JSON, e.g. '{"action": [0.0, 0.0333]}', or `@FILE` for
+    /// JSON read from FILE.
+    #[arg(long, value_parser = json_or_file)]
     delta_timestamps: Option<String>,
+}
+
+/// JSON given on the command line, or read from the file of `@FILE` (for JSON too long for one).
+fn json_or_file(text: &str) -> Result<String, String> {
+    match text.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}")),
+        None => Ok(text.to_string()),
+    }
 }
 
 impl WindowArgs {

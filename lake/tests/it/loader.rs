@@ -327,6 +327,12 @@ fn bad_sample_requests_are_refused_clearly() {
     );
     let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", " 1, 2", "--out", out]);
     assert_eq!(run.code, 0, "spaces after commas: {run:#?}");
+    let windows = tmp.path().join("windows.json");
+    std::fs::write(&windows, r#"{"action": [0.0, 0.0333333]}"#).expect("write");
+    let from_file = format!("@{}", windows.display());
+    let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "1", "--delta-timestamps", &from_file, "--out", out]);
+    assert_eq!(run.code, 0, "delta_timestamps from a file: {run:#?}");
+    assert!(read_arrow(Path::new(out)).column_by_name("action_is_pad").is_some(), "the file's windows");
     std::fs::remove_file(out).expect("written");
     let dir = tmp.path().join("d.arrow");
     std::fs::create_dir(&dir).expect("dir");
