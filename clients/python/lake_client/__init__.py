@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 import os
 import select
 import socket
@@ -102,7 +103,10 @@ class LakeClient:
         global _FLIGHT_PID
         _FLIGHT_PID = os.getpid()
         self.location = location
-        self._client = flight.FlightClient(location, generic_options=[("grpc.max_receive_message_length", -1)])
+        try:
+            self._client = flight.FlightClient(location, generic_options=[("grpc.max_receive_message_length", -1)])
+        except (pa.ArrowException, ValueError, TypeError) as e:
+            raise LakeError("bad_request", f"{location!r} is not a Flight location (grpc://HOST:PORT): {e}") from e
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._options = flight.FlightCallOptions(headers=headers)
 
@@ -140,7 +144,7 @@ class LakeClient:
             for chunk in reader:
                 yield chunk.data
             reader = None
-        except pa.ArrowException as e:
+        except _ArrowException as e:
             raise _lake_error(e) from e
         finally:
             if reader is not None:
@@ -153,10 +157,22 @@ class LakeError(Exception):
     shutting down: resume from the next step), `internal`) and the server's message. Over
     Flight, the pyarrow error it came from is its `__cause__`."""
 
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{message} ({code})")
+    def __init__(self, code: str, message: Optional[str] = None):
+        if message is None:
+            # One argument: the text of an error raised again elsewhere (torch re-raises a
+            # DataLoader worker's exception as its type called with the worker's traceback);
+            # the code is the one that text ends with.
+            last = [line for line in code.strip().splitlines() if line.strip()][-1:] or [""]
+            found = re.search(r"\((\w+)\)\s*$", last[0])
+            code, message = (found.group(1) if found else "internal"), code
+            super().__init__(message)
+        else:
+            super().__init__(f"{message} ({code})")
         self.code = code
         self.message = message
+
+    def __reduce__(self):
+        return (LakeError, (self.code, self.message))
 
 
 def _lake_error(e: Exception) -> LakeError:
@@ -467,6 +483,10 @@ def _under_stateful_dataloader() -> bool:
 
 # Whether this process has warned that its DataLoader workers' progress is not in the main
 # process's state_dict(), and that it was forked after a Flight client was made.
+# Kept for `except` clauses that run while the interpreter exits (a generator closed then), when
+# the module's globals may already be gone.
+_ArrowException = pa.ArrowException
+
 _WARNED_WORKER_STATE = False
 _WARNED_FORKED_FLIGHT = False
 
@@ -619,6 +639,13 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
                 RuntimeWarning,
                 stacklevel=2,
             )
+        if torch.utils.data.get_worker_info() is not None and getattr(self, "_unfinished", False):
+            raise RuntimeError(
+                "this DataLoader worker's stream was iterated before and left unfinished: a DataLoader with "
+                "persistent workers drops the batches its workers had made ahead when it is iterated again, so the "
+                "stream would skip them. Iterate it once (epochs=N covers several epochs), or continue with a new "
+                "dataset loaded from state_dict(after=<the last batch trained on>)"
+            )
         if self._own is not None and self._own != (worker, workers):
             raise ValueError(
                 f"this dataset holds the state of DataLoader worker {self._own[0]} of {self._own[1]}, but runs as "
@@ -654,6 +681,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             if limit is not None:
                 request["limit_batches"] = limit
         in_worker = torch.utils.data.get_worker_info() is not None
+        self._unfinished = in_worker
         for batch in source.batches(request):
             made_at = self.epoch * steps_per_epoch + self.step
             # This worker's next step, and the rank's next after this batch (its `lake.cursor`).
@@ -663,6 +691,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
                 out[key] = value if isinstance(value, list) else _tensor(value, shared=in_worker)
             out[CURSOR_KEY] = _tensor(np.array(divmod(made_at + 1, steps_per_epoch), dtype=np.int64), shared=in_worker)
             yield out
+        self._unfinished = False
 
     def state_dict(self, after: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Where the stream stands: the next batch is global step `step` of `epoch`, of the

@@ -83,6 +83,17 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
     def test_act_preset_epoch_matches_reference(self):
         self.check_preset("act")
 
+    def test_errors_pickle_and_rebuild_from_their_text(self):
+        import pickle
+
+        e = pickle.loads(pickle.dumps(LakeError("busy", "the server is full")))
+        self.assertEqual((e.code, e.message, str(e)), ("busy", "the server is full", "the server is full (busy)"))
+        again = LakeError("Caught LakeError in DataLoader worker process 0.\nTraceback ...\nlake_client.LakeError: gone (unavailable)\n")
+        self.assertEqual(again.code, "unavailable")
+        with self.assertRaises(LakeError) as bad:
+            LakeClient("http://127.0.0.1:1")
+        self.assertEqual(bad.exception.code, "bad_request")
+
     def test_datasets_are_listed(self):
         listed = {d["name"]: d for d in self.client.datasets()}
         self.assertIn(DATASET, listed)
@@ -272,6 +283,23 @@ class TorchDataset(unittest.TestCase):
             self.assertEqual(got, whole, f"{workers} workers")
         samples = [i for b in whole for i in b]
         self.assertEqual(len(samples), len(set(samples)), "no batch twice")
+
+    def test_worker_errors_keep_their_code_and_persistent_workers_are_not_reread(self):
+        from torch.utils.data import DataLoader
+
+        # A worker's refusal reaches the training loop as a LakeError with its code.
+        with self.assertRaises(LakeError) as refused:
+            next(iter(DataLoader(self.make(datasets="no-such-dataset"), batch_size=None, **workers_of(2))))
+        self.assertEqual(refused.exception.code, "not_found", str(refused.exception))
+        # Iterated again after a break, a DataLoader with persistent workers would skip the
+        # batches its workers had made ahead: refused, not skipped.
+        loader = DataLoader(self.make(), batch_size=None, persistent_workers=True, **workers_of(2))
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        with self.assertRaises(RuntimeError) as again:
+            next(iter(loader))
+        self.assertIn("iterated before and left unfinished", str(again.exception))
 
     def test_a_single_process_state_resumes_under_workers_across_epochs(self):
         from torch.utils.data import DataLoader

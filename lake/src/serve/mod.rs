@@ -287,8 +287,10 @@ impl SampleRequest {
         at_most("world_size", self.world_size, MAX_WORLD_SIZE)?;
         if self.rank >= self.world_size {
             return Err(Error::Invalid(format!(
-                "rank {} is outside a world of {} (ranks 0..{})",
-                self.rank, self.world_size, self.world_size
+                "rank {} is outside a world of {} (ranks 0 to {})",
+                self.rank,
+                self.world_size,
+                self.world_size - 1
             )));
         }
         if self.step_stride == 0 {
