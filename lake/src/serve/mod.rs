@@ -530,6 +530,9 @@ struct Making {
     /// Batches of this stream in lent room now (counted by [`LentRoom`], which must not hold
     /// the `Making` its batch sits in).
     lent: Arc<AtomicU64>,
+    /// The stream's own room, and how much of it a batch takes.
+    own: Arc<Semaphore>,
+    need: u32,
 }
 
 struct MakingState {
@@ -542,6 +545,9 @@ struct MakingState {
     waiting: bool,
     /// When the client last took a batch (or the stream started).
     last_taken: Instant,
+    /// The room of the batch last handed to the client (being encoded, sent, or waiting in the
+    /// transport for a client that paused), given back when the client asks for the next.
+    held: Option<(OwnedSemaphorePermit, Option<LentRoom>)>,
 }
 
 /// Room lent to a batch: the server's `lent_batches` unit and its stream's.
@@ -646,7 +652,20 @@ impl Service {
             }
             // A stream being polled now is read: left alone.
             let Ok(mut state) = making.state.try_lock() else { continue };
-            if !state.waiting && state.last_taken.elapsed() >= IDLE_LENDER && state.pipeline.take().is_some() {
+            if state.waiting || state.last_taken.elapsed() < IDLE_LENDER {
+                continue;
+            }
+            let mut freed = state.pipeline.take().is_some();
+            // The batch the client was handed last, in lent room, moves into the stream's own
+            // (free once its pipeline is gone): it stays where it is, in the transport, and the
+            // lent room is free.
+            if matches!(state.held, Some((_, Some(_))))
+                && let Ok(mine) = making.own.clone().try_acquire_many_owned(making.need)
+            {
+                state.held = Some((mine, None));
+                freed = true;
+            }
+            if freed {
                 self.metrics.reclaimed.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -977,8 +996,10 @@ impl Service {
         let lendable = 2 * self.resources.threads() as u64;
         let own = Arc::new(Semaphore::new(need as usize));
         let making = Arc::new(Making {
-            state: Mutex::new(MakingState { pipeline: None, delivered: 0, waiting: false, last_taken: Instant::now() }),
+            state: Mutex::new(MakingState { pipeline: None, delivered: 0, waiting: false, last_taken: Instant::now(), held: None }),
             lent: Arc::new(AtomicU64::new(0)),
+            own: own.clone(),
+            need,
         });
         self.lenders.lock().expect("not poisoned").push(Arc::downgrade(&making));
         // Batches begun with the lookahead (each exactly once; a batch made again after its
@@ -1041,7 +1062,6 @@ impl Service {
             Box::pin(made)
         };
         let service = self.clone();
-        let mut held: Option<(OwnedSemaphorePermit, Option<LentRoom>)> = None;
         // A shutdown ends the stream after the batch being sent, with an error (not the end of
         // a stream that was asked for), so that its client resumes from the next step.
         let mut stop = Some(Box::pin(stop));
@@ -1049,7 +1069,7 @@ impl Service {
             let _alive = (&guard, &reserved);
             // The client asks for another batch: the one it had is sent, its room is free. (Given
             // back here, not when the next batch arrives: a stream waiting for room holds none.)
-            drop(held.take());
+            drop(making.state.lock().expect("not poisoned").held.take());
             let Some(stopping) = stop.as_mut() else { return Poll::Ready(None) };
             if stopping.as_mut().poll(cx).is_ready() {
                 stop = None;
@@ -1066,8 +1086,8 @@ impl Service {
             let Some((item, permit, ready)) = next else { return Poll::Ready(None) };
             state.delivered += 1;
             state.last_taken = Instant::now();
+            state.held = Some(permit);
             drop(state);
-            held = Some(permit);
             drop(ready);
             let m = &service.metrics;
             m.batch_ns.fetch_add(last.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -1129,7 +1149,13 @@ impl Service {
                 "Streams whose lent room was taken back (their client not reading) for a stream waiting to start.",
                 g(&m.reclaimed),
             ),
-            ("lake_streams_waiting_for_memory", "gauge", "Streams waiting for room in the memory budget.", g(&m.waiting_for_memory)),
+            (
+                "lake_streams_waiting_for_memory",
+                "gauge",
+                "Streams whose next batch waits for their own room (held by the batch being sent, or made ahead): free room is lent \
+                 to at most twice the decode threads' batches, so this counts streams at their own pace, not a full budget.",
+                g(&m.waiting_for_memory),
+            ),
             ("lake_streams_waiting_to_start", "gauge", "Streams waiting for room in the memory budget to start.", g(&m.waiting_to_start)),
             ("lake_memory_budget_bytes", "gauge", "Bytes all streams' batches may hold.", budget.to_string()),
             (

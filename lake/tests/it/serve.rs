@@ -832,6 +832,21 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         drop(gone);
         let text = paused.prometheus().await;
         assert_eq!((metric(&text, "lake_lent_batches"), metric(&text, "lake_memory_used_bytes")), (0.0, 0.0), "{text}");
+        // A client paused holding a batch made in lent room (its second): that batch moves into
+        // its stream's own room, and the lent room is free for a stream waiting to start.
+        let (_, mut holding) = paused.batches(&request(0, 4)).await.expect("stream");
+        holding.next().await.expect("a batch").expect("batch");
+        holding.next().await.expect("a batch").expect("batch");
+        let (_, second) = paused.batches(&request(1, 4)).await.expect("fits beside the lent room");
+        let (_, third) = paused.batches(&request(2, 4)).await.expect("the paused stream's lent room is taken back, all of it");
+        let text = paused.prometheus().await;
+        assert_eq!(metric(&text, "lake_lent_batches"), 0.0, "the batch handed out sits in its own room now: {text}");
+        assert!(metric(&text, "lake_memory_used_bytes") <= metric(&text, "lake_memory_budget_bytes"), "{text}");
+        for batches in [second, third] {
+            assert_eq!(batches.try_collect::<Vec<_>>().await.expect("batches").len(), 4);
+        }
+        assert_eq!(holding.try_collect::<Vec<_>>().await.expect("the paused stream reads on").len(), 2);
+        assert_eq!(metric(&paused.prometheus().await, "lake_memory_used_bytes"), 0.0);
 
         // Room for three streams: while they are open, a fourth waits, then is refused as busy;
         // once they close, streams run again.
