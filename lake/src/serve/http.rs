@@ -181,13 +181,28 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
         lake_store::read_columns(lake, &record, lake_schemas::tables::STREAMS, &["camera", "kind", "codec", "width", "height", "max_gop"])
             .await?;
     let cameras = cameras_json(batches_json(&streams)?);
+    let features = features_json(&record.info, &cameras);
     let stats = crate::stats::stats_json(lake, &record, None).await.ok().map(|s| lake_schemas::pyjson::strict(&s));
     let frame_tables = lake_loader::frame_tables(lake, &record).await;
     Ok(json!({
         "name": record.name, "version": record.version, "fps": record.fps,
-        "features": record.info.get("features"), "cameras": cameras, "episodes": list, "stats": stats,
+        "features": features, "cameras": cameras, "episodes": list, "stats": stats,
         "counts": record.counts, "source": record.source, "frame_tables": frame_tables,
     }))
+}
+
+/// The source's features, each camera it declares that ingest left out (it had no video,
+/// `--drop-missing-cameras`) marked `"ingested": false`: no sample can show it.
+fn features_json(info: &Value, cameras: &Value) -> Value {
+    let mut features = info.get("features").cloned().unwrap_or(Value::Null);
+    let kept = |name: &str| cameras.as_array().into_iter().flatten().any(|c| c.get("camera").and_then(Value::as_str) == Some(name));
+    for (name, feature) in features.as_object_mut().into_iter().flatten() {
+        let camera = matches!(feature.get("dtype").and_then(Value::as_str), Some("video" | "image"));
+        if camera && !kept(name) && let Some(feature) = feature.as_object_mut() {
+            feature.insert("ingested".into(), false.into());
+        }
+    }
+    features
 }
 
 /// One entry per camera from the `streams` rows (one per camera and file): the first file's
@@ -604,7 +619,7 @@ fn paths_and_schemas(
                 "401": unauthorized}}},
             "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"},
                     "description": "NAME, NAME@VERSION, VIEW or VIEW@VERSION"}],
-                "responses": {"200": {"description": "a dataset's features, cameras (one entry each: codec, size, longest GOP, files), episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view",
+                "responses": {"200": {"description": "a dataset's features (a camera left out at ingest marked `\"ingested\": false`), cameras (one entry each: codec, size, longest GOP, files), episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view",
                         "content": {"application/json": {"schema": {"type": "object"}}}},
                     "400": error("not a valid name"), "401": unauthorized, "404": error("no such dataset, version or view")}}},
             "/v1/sample": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
@@ -619,4 +634,26 @@ fn paths_and_schemas(
                     "503": error("as many SQL queries run as the server runs at once (retry after the Retry-After seconds)")}}}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn a_camera_left_out_at_ingest_is_marked_not_ingested() {
+        let info = json!({"features": {
+            "action": {"dtype": "float32", "shape": [6]},
+            "observation.images.front": {"dtype": "video", "shape": [96, 128, 3]},
+            "observation.images.wrist": {"dtype": "video", "shape": [96, 128, 3]},
+            "observation.images.top": {"dtype": "image", "shape": [96, 128, 3]},
+        }});
+        let cameras = json!([{"camera": "observation.images.front", "files": 1}, {"camera": "observation.images.top", "files": 1}]);
+        let features = super::features_json(&info, &cameras);
+        assert_eq!(features["observation.images.wrist"]["ingested"], json!(false));
+        for kept in ["action", "observation.images.front", "observation.images.top"] {
+            assert!(features[kept].get("ingested").is_none(), "{kept}: {}", features[kept]);
+        }
+        assert_eq!(features["observation.images.wrist"]["shape"], json!([96, 128, 3]));
+    }
 }
