@@ -204,9 +204,21 @@ impl SampleRequest {
                 return Error::Invalid("bad sampling request: it must be a JSON object (`{\"datasets\": [...], ...}`)".into());
             }
             // The field, and JSON's words for the types rather than Rust's.
-            let why = e
-                .inner()
-                .to_string()
+            let inner = e.inner().to_string();
+            // serde_json reads a whole number past 64 bits as a float and says "floating point".
+            let too_big = inner
+                .strip_prefix("invalid type: floating point `")
+                .and_then(|rest| rest.split_once('`'))
+                .and_then(|(number, rest)| Some((number.parse::<f64>().ok()?, rest)))
+                .filter(|(number, _)| number.fract() == 0.0 && number.abs() >= 9.2e18);
+            let inner = match too_big {
+                Some((_, rest)) if rest.contains("expected u64") => format!("too large: expected a whole number from 0 to {}", u64::MAX),
+                Some((_, rest)) if rest.contains("expected i64") => {
+                    format!("out of range: expected a whole number from {} to {}", i64::MIN, i64::MAX)
+                }
+                _ => inner,
+            };
+            let why = inner
                 .replace("expected u64", "expected a whole number, 0 or more")
                 .replace("expected i64", "expected a whole number")
                 .replace("expected f64", "expected a number");
@@ -1286,5 +1298,17 @@ mod tests {
         assert_eq!(windows(r#"{"datasets": ["a"], "preset": "act"}"#), Windows::Preset(lake_loader::Preset::Act));
         let given = windows(r#"{"datasets": ["a"], "preset": "act", "delta_timestamps": {"action": [0.0]}}"#);
         assert_eq!(given, Windows::DeltaTimestamps(vec![("action".into(), vec![0.0])]));
+    }
+
+    #[test]
+    fn numbers_out_of_range_say_the_range() {
+        let refusal = |json: &str| SampleRequest::from_json(json.as_bytes()).expect_err(json).to_string();
+        let too_big = refusal(r#"{"datasets": ["a"], "seed": 18446744073709551616}"#);
+        assert!(too_big.contains("`seed`: too large: expected a whole number from 0 to 18446744073709551615"), "{too_big}");
+        let fraction = refusal(r#"{"datasets": ["a"], "seed": 1.5}"#);
+        assert!(fraction.contains("`seed`: invalid type: floating point `1.5`, expected a whole number, 0 or more"), "{fraction}");
+        let episode = refusal(r#"{"datasets": ["a"], "episodes": [1e19]}"#);
+        assert!(episode.contains("out of range: expected a whole number from -9223372036854775808"), "{episode}");
+        assert!(SampleRequest::from_json(br#"{"datasets": ["a"], "seed": 18446744073709551615}"#).is_ok());
     }
 }
