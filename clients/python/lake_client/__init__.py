@@ -91,6 +91,18 @@ def _datasets(datasets: Union[DatasetSpec, Sequence[DatasetSpec]]) -> List[Datas
 _FLIGHT_PID: Optional[int] = None
 
 
+# gRPC pings the server every 20 s on a quiet connection and gives up on it when a ping goes
+# unanswered for 20 s: a stream from a server that froze, or whose host went away, ends in a
+# `LakeError("unavailable")` instead of waiting for ever. Pings go on while a stream only
+# receives (`max_pings_without_data` 0), which is all a sampling stream does.
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
 class LakeClient:
     """A connection to `lake serve`'s Flight endpoint.
 
@@ -104,7 +116,7 @@ class LakeClient:
         _FLIGHT_PID = os.getpid()
         self.location = location
         try:
-            self._client = flight.FlightClient(location, generic_options=[("grpc.max_receive_message_length", -1)])
+            self._client = flight.FlightClient(location, generic_options=_GRPC_OPTIONS)
         except (pa.ArrowException, ValueError, TypeError) as e:
             raise LakeError("bad_request", f"{location!r} is not a Flight location (grpc://HOST:PORT): {e}") from e
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
@@ -136,25 +148,112 @@ class LakeClient:
 
     def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
         """The request's batches, in order (one record batch per training batch). Closing the
-        iterator early (or dropping it) cancels the stream, so the server stops preparing it."""
+        iterator early (or dropping it) cancels the stream, so the server stops preparing it.
+
+        The stream is read on a thread of its own, one batch ahead of the caller: a read
+        blocked in gRPC does not see Ctrl-C, a wait on that thread does."""
         ticket = flight.Ticket(json.dumps(request).encode())
-        reader = None
+        return _Prefetch(lambda: self._client.do_get(ticket, self._options))
+
+
+class _Prefetch:
+    """A Flight stream's batches, read by a daemon thread into a one-batch queue. Closing it
+    (or dropping it, or an exception in the caller such as Ctrl-C) cancels the stream. The
+    thread holds only the shared `_PrefetchState`, never this object, so dropping it is seen."""
+
+    def __init__(self, open_stream):
+        self._state = _PrefetchState()
+        self._done = False
+        threading.Thread(target=self._state.run, args=(open_stream,), name="lake-flight-stream", daemon=True).start()
+
+    def __iter__(self) -> "_Prefetch":
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if self._done:
+            raise StopIteration
         try:
-            reader = self._client.do_get(ticket, self._options)
-            for chunk in reader:
-                yield chunk.data
-            reader = None
-        except _ArrowException as e:
-            raise _lake_error(e) from e
-        finally:
-            if reader is not None:
+            item = self._state.queue.get()
+        except BaseException:
+            self.close()
+            raise
+        if item is _PrefetchState.END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            if isinstance(item, _ArrowException):
+                raise _lake_error(item) from item
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stops reading and cancels the stream, if it is still open."""
+        if not self._done:
+            self._done = True
+            self._state.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class _PrefetchState:
+    """What a `_Prefetch` and its reading thread share."""
+
+    END = object()
+
+    def __init__(self):
+        import queue
+
+        self.queue: "queue.Queue" = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.reader = None
+
+    def put(self, item) -> bool:
+        """Hands `item` over, waiting for room; False once the stream was closed."""
+        import queue
+
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self, open_stream) -> None:
+        try:
+            reader = open_stream()
+            with self.lock:
+                self.reader = reader
+                stopped = self.stop.is_set()
+            if stopped:
                 reader.cancel()
+                return
+            for chunk in reader:
+                if not self.put(chunk.data):
+                    return
+            self.put(self.END)
+        except BaseException as e:  # noqa: BLE001 (handed to the caller's thread)
+            if not self.stop.is_set():
+                self.put(e)
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.lock:
+            reader = self.reader
+        if reader is not None:
+            try:
+                reader.cancel()
+            except Exception:  # noqa: BLE001 (the stream may be gone already)
+                pass
 
 
 class LakeError(Exception):
     """A request the server refused or a stream that failed, over Flight or a local socket:
     `code` (`bad_request`, `not_found`, `busy`, `unauthorized`, `unavailable` (the server is
-    shutting down: resume from the next step), `internal`) and the server's message. Over
+    shutting down, or went away or stopped answering: resume from the next step), `internal`) and the server's message. Over
     Flight, the pyarrow error it came from is its `__cause__`."""
 
     def __init__(self, code: str, message: Optional[str] = None):
@@ -182,6 +281,8 @@ def _lake_error(e: Exception) -> LakeError:
     if "with message: " in text:
         text = text.split("with message: ", 1)[1]
     text = text.split(". gRPC client debug context", 1)[0].split(". Client context:", 1)[0]
+    if "keepalive watchdog timeout" in text:
+        text = "the server stopped answering: no reply to a ping in 20 s (gRPC keepalive watchdog timeout)"
     # pyarrow raises RESOURCE_EXHAUSTED as an ArrowInvalid ("gRPC returned resource exhausted
     # error"), so it is told apart by its text before the type says "bad request".
     if "resource exhausted" in str(e).lower() or "RESOURCE_EXHAUSTED" in str(e):

@@ -8,12 +8,15 @@ exactly from its state_dict and splits ranks disjointly (skipped without torch).
 
 import hashlib
 import os
+import signal
 import threading
+import time
 import unittest
 import warnings
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
 from lake_client import LakeClient, LakeError, LocalClient, batch_to_numpy
@@ -98,6 +101,54 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
         listed = {d["name"]: d for d in self.client.datasets()}
         self.assertIn(DATASET, listed)
         self.assertGreaterEqual(listed[DATASET]["version"], 1)
+
+
+class _SilentServer(flight.FlightServerBase):
+    """A Flight server whose streams start and then send nothing: a server that stopped
+    answering, as far as a reader waiting for its next batch can tell."""
+
+    def __init__(self):
+        super().__init__("grpc://127.0.0.1:0")
+        self.release = threading.Event()
+        self.cancelled = threading.Event()
+
+    def do_get(self, context, ticket):
+        schema = pa.schema([("index", pa.int64())])
+
+        def silent():
+            while not self.release.wait(0.05):
+                if context.is_cancelled():
+                    self.cancelled.set()
+                    return
+            yield pa.record_batch([pa.array([0])], schema=schema)
+
+        return flight.GeneratorStream(schema, silent())
+
+
+class AStreamThatStopsAnswering(unittest.TestCase):
+    def setUp(self):
+        self.server = _SilentServer()
+        self.client = LakeClient(f"grpc://127.0.0.1:{self.server.port}")
+
+    def tearDown(self):
+        self.server.release.set()
+        self.server.shutdown()
+
+    def test_ctrl_c_interrupts_a_wait_for_the_next_batch_and_cancels_the_stream(self):
+        batches = self.client.batches({"datasets": ["silent"]})
+        main = threading.main_thread().ident
+        threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+        started = time.monotonic()
+        with self.assertRaises(KeyboardInterrupt):
+            next(batches)
+        self.assertLess(time.monotonic() - started, 5.0)
+        self.assertTrue(self.server.cancelled.wait(5.0), "the server saw the stream cancelled")
+
+    def test_dropping_the_iterator_cancels_the_stream(self):
+        batches = self.client.batches({"datasets": ["silent"]})
+        time.sleep(0.2)
+        del batches
+        self.assertTrue(self.server.cancelled.wait(5.0), "the server saw the stream cancelled")
 
 
 @unittest.skipUnless(LOCAL, "the server has no local socket (LAKE_LOCAL)")
