@@ -243,6 +243,8 @@ fn demux(
         positions: vec![None; job.queries.len()],
         findings: Vec::new(),
     };
+    // For each query, the distance and PTS of the nearest frame so far.
+    let mut nearest: Vec<Option<(f64, i64)>> = vec![None; job.queries.len()];
     let episode_error = |kind: FindingKind, message: &str| -> Vec<Finding> {
         job.episodes
             .iter()
@@ -317,32 +319,34 @@ fn demux(
                 0
             }
         };
+        // LeRobot's rule: each query shows the frame nearest to it (of two equally near, the
+        // earlier), refused later when that is farther than the tolerance. Only frames within
+        // the tolerance can be that frame, so only their queries are looked at. The packet's
+        // own row names the query nearest to it.
         let t = seconds(packet.pts);
         let lo = job.queries.partition_point(|q| q.t < t - tol);
-        let mut shows = None;
+        let mut shows: Option<(f64, (i64, i64))> = None;
         for (qi, q) in job.queries.iter().enumerate().skip(lo) {
             if q.t > t + tol {
                 break;
             }
-            if (q.t - t).abs() > tol {
+            let distance = (q.t - t).abs();
+            if distance > tol {
                 continue;
             }
-            shows.get_or_insert((q.episode, q.frame));
-            if let Some(prev) = out.positions[qi] {
-                out.findings.push(
-                    Finding::error(
-                        FindingKind::FrameUnresolved,
-                        format!("two frames (packets {prev} and {pos}) lie within the tolerance of query time {:.6} s", q.t),
-                    )
-                    .with_file(&job.file.path)
-                    .with_episode(q.episode)
-                    .with_camera(&job.camera)
-                    .with_frame(q.frame),
-                );
-            } else {
+            if shows.is_none_or(|(d, _)| distance < d) {
+                shows = Some((distance, (q.episode, q.frame)));
+            }
+            let nearer = match nearest[qi] {
+                None => true,
+                Some((d, pts)) => distance < d || (distance == d && packet.pts < pts),
+            };
+            if nearer {
+                nearest[qi] = Some((distance, packet.pts));
                 out.positions[qi] = Some(pos);
             }
         }
+        let shows = shows.map(|(_, s)| s);
         all_pts.push(packet.pts);
         rows.push(job.stream, &job.camera, shows, &packet, offset);
         ctx.frames_done.fetch_add(1, Ordering::Relaxed);
@@ -412,7 +416,10 @@ fn demux(
         );
     }
     report_unresolved(job, &out.positions, &all_pts, seconds, tol, readable_until, &mut out.findings);
-    report_foreign_frames(job, &mut out.positions, &all_pts, seconds, tol, &mut out.findings);
+    // Where one episode's part of a file ends and the next begins is sure only to half a frame:
+    // a tolerance wider than that (LeRobot allows any) moves the border no further.
+    let border = if ctx.fps > 0.0 { tol.min(0.5 / ctx.fps) } else { tol };
+    report_foreign_frames(job, &mut out.positions, &all_pts, seconds, border, &mut out.findings);
     // A step whose frame cannot be decoded from any keyframe is as bad as a missing frame.
     for (qi, q) in job.queries.iter().enumerate() {
         if let Some(pos) = out.positions[qi]
@@ -571,7 +578,8 @@ fn report_unresolved(
 
 /// One error per episode for the steps whose frame lies in another episode's part of the file
 /// (before its own `from_timestamp`, or from the next episode's on): a timestamp or
-/// `from_timestamp` that points past the episode. Their frames are unresolved afterwards.
+/// `from_timestamp` that points past the episode. Their frames are unresolved afterwards. A part
+/// begins `tol` before its `from_timestamp`.
 fn report_foreign_frames(
     job: &StreamJob,
     positions: &mut [Option<u64>],
