@@ -2,7 +2,10 @@
 //! vectors, and the first pass that validates every row and collects the timestamps that video
 //! frames are resolved against.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use arrow::{
     array::{Array, ArrayRef, AsArray, FixedSizeListArray, RecordBatch},
@@ -251,13 +254,41 @@ fn cast_exact(
     }
     let back = arrow::compute::cast_with_options(&cast, from, &checked).map_err(|e| (0, format!("as {declared}: {e}")))?;
     let changed = arrow::compute::kernels::cmp::distinct(values, &back).map_err(|e| (0, e.to_string()))?;
-    match changed.values().set_indices().next() {
+    // Arrow compares floats by their bits: -0.0 comes back as 0.0, the same number.
+    let negative_zero = |i: usize| {
+        from.is_floating()
+            && arrow::compute::cast(&values.slice(i, 1), &DataType::Float64)
+                .is_ok_and(|v| v.as_primitive::<arrow::datatypes::Float64Type>().value(0) == 0.0)
+    };
+    match changed.values().set_indices().find(|i| !negative_zero(*i)) {
         None => Ok(cast),
         Some(i) => {
             let value = arrow::util::display::array_value_to_string(values, i).unwrap_or_default();
             Err((row_of(i), format!("holds {value} ({from}), which {declared} (the dtype info.json declares) cannot hold")))
         }
     }
+}
+
+/// The first row of each episode that `check` refuses, for a column `check` refused as a whole
+/// (which names only its first bad row): one bad episode must not hide another in the same file.
+fn refused_per_episode(
+    col: &ArrayRef,
+    episode: &[Option<i64>],
+    check: impl Fn(&ArrayRef) -> std::result::Result<(), (usize, FindingKind, String)>,
+) -> Vec<(usize, FindingKind, String)> {
+    let mut rows: BTreeMap<Option<i64>, Vec<u32>> = BTreeMap::new();
+    for (row, e) in episode.iter().enumerate() {
+        rows.entry(*e).or_default().push(row as u32);
+    }
+    let mut out = Vec::new();
+    for rows in rows.values() {
+        let refused = match arrow::compute::take(col.as_ref(), &arrow::array::UInt32Array::from(rows.clone()), None) {
+            Ok(part) => check(&part).err().map(|(r, kind, m)| (rows[r.min(rows.len() - 1)] as usize, kind, m)),
+            Err(e) => Some((rows[0] as usize, FindingKind::SchemaMismatch, e.to_string())),
+        };
+        out.extend(refused);
+    }
+    out
 }
 
 /// The encoded bytes of an image column's rows (HF `Image` struct `{bytes, path}` or binary).
@@ -524,11 +555,19 @@ fn check_batch(
         match role {
             Role::Numeric(f) => match normalize_numeric(col, f) {
                 Ok(values) => note_non_finite(name, &values, &episode, &frame, &mut scan.non_finite),
-                Err((row, kind, m)) => row_errors.push((row, kind, format!("column `{name}` {m}"))),
+                Err(_) => row_errors.extend(
+                    refused_per_episode(col, &episode, |c| normalize_numeric(c, f).map(drop))
+                        .into_iter()
+                        .map(|(row, kind, m)| (row, kind, format!("column `{name}` {m}"))),
+                ),
             },
             Role::Image(f) => match image_bytes(col) {
                 Ok(b) => images.push((f, b)),
-                Err((row, m)) => row_errors.push((row, FindingKind::ShapeMismatch, format!("column `{name}`: {m}"))),
+                Err(_) => row_errors.extend(
+                    refused_per_episode(col, &episode, |c| image_bytes(c).map(drop).map_err(|(r, m)| (r, FindingKind::ShapeMismatch, m)))
+                        .into_iter()
+                        .map(|(row, kind, m)| (row, kind, format!("column `{name}`: {m}"))),
+                ),
             },
             Role::Passthrough => {}
         }
@@ -664,9 +703,12 @@ mod tests {
         assert!(message.contains("holds 4.5 (Float64), which int64"), "{message}");
         let as_bool = Feature { dtype: "bool".into(), ..feature(vec![2]) };
         assert_eq!(normalize_numeric(&fractions, &as_bool).unwrap_err().0, 0, "2.0 is no bool");
-        let whole: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 300.0]));
+        let whole: ArrayRef = Arc::new(Float64Array::from(vec![1.0, 300.0, -0.0]));
         let as_int = Feature { dtype: "int64".into(), ..feature(vec![1]) };
-        assert_eq!(normalize_numeric(&whole, &as_int).unwrap().as_primitive::<Int64Type>().values(), &[1, 300]);
+        assert_eq!(normalize_numeric(&whole, &as_int).unwrap().as_primitive::<Int64Type>().values(), &[1, 300, 0], "-0.0 is 0");
+        let as_bool = Feature { dtype: "bool".into(), ..feature(vec![1]) };
+        let bits: ArrayRef = Arc::new(Float64Array::from(vec![1.0, -0.0]));
+        assert_eq!(normalize_numeric(&bits, &as_bool).unwrap().as_boolean().values().iter().collect::<Vec<_>>(), [true, false]);
         let as_byte = Feature { dtype: "uint8".into(), ..feature(vec![1]) };
         assert!(normalize_numeric(&whole, &as_byte).unwrap_err().2.contains("uint8"), "300 overflows a byte");
         let wide: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![1, 1 << 40]));

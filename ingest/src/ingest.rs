@@ -744,7 +744,9 @@ async fn write_steps(
                 if batch.num_rows() == 0 {
                     continue;
                 }
-                let (steps, images) = layout.convert(&batch, &tasks, &lookup, image_streams, ordinal)?;
+                let (steps, images) = layout
+                    .convert(&batch, &tasks, &lookup, image_streams, ordinal)
+                    .map_err(|e| Error::metadata(file.path.clone(), e.to_string()))?;
                 ordinal += steps.num_rows() as u64;
                 if steps_tx.send(Ok(steps)).await.is_err() {
                     break;

@@ -124,9 +124,15 @@ impl StepsLayout {
         for (name, role) in &self.columns {
             let col = batch.column_by_name(name).ok_or_else(|| Error::metadata(name.clone(), "column vanished between passes"))?;
             arrays.push(match role {
-                Role::Numeric(f) => {
-                    normalize_numeric(col, f).map_err(|(row, _, m)| Error::metadata(name.clone(), format!("row {row}: {m}")))?
-                }
+                Role::Numeric(f) => normalize_numeric(col, f).map_err(|(row, _, m)| {
+                    let at = |key: &str| {
+                        batch
+                            .column_by_name(key)
+                            .and_then(|c| cast(c, &DataType::Int64).ok())
+                            .map_or(-1, |c| c.as_primitive::<Int64Type>().value(row))
+                    };
+                    Error::metadata(name.clone(), format!("episode {}, frame {}: {m}", at("episode_index"), at("frame_index")))
+                })?,
                 _ => col.clone(),
             });
         }

@@ -198,7 +198,10 @@ fn features_json(info: &Value, cameras: &Value) -> Value {
     let kept = |name: &str| cameras.as_array().into_iter().flatten().any(|c| c.get("camera").and_then(Value::as_str) == Some(name));
     for (name, feature) in features.as_object_mut().into_iter().flatten() {
         let camera = matches!(feature.get("dtype").and_then(Value::as_str), Some("video" | "image"));
-        if camera && !kept(name) && let Some(feature) = feature.as_object_mut() {
+        if camera
+            && !kept(name)
+            && let Some(feature) = feature.as_object_mut()
+        {
             feature.insert("ingested".into(), false.into());
         }
     }

@@ -308,11 +308,41 @@ fn wrong_feature_shape() {
     refused(&root, &src, 1, &["data/chunk-000/file-000.parquet", "observation.state", "shape-mismatch", "15"]);
 }
 
+/// Rewrites the copy's `action` values (row-major, `width` per row) through `edit`.
+fn edit_actions(src: &Path, edit: impl FnOnce(&mut [f32], usize)) {
+    replace_column(src, "action", |column| {
+        let action = column.as_fixed_size_list();
+        let mut values: Vec<f32> = action.values().as_primitive::<Float32Type>().values().to_vec();
+        let width = action.value_length();
+        edit(&mut values, width as usize);
+        let field = match column.data_type() {
+            arrow::datatypes::DataType::FixedSizeList(f, _) => f.clone(),
+            other => panic!("action is {other}"),
+        };
+        std::sync::Arc::new(arrow::array::FixedSizeListArray::new(field, width, std::sync::Arc::new(Float32Array::from(values)), None))
+    });
+}
+
+/// Two episodes of one data file hold values their dtype cannot hold: the report names both,
+/// and `--skip-bad-episodes` leaves both out and keeps the others.
 #[test]
-fn a_declared_dtype_that_cannot_hold_the_values() {
-    let (_t, root, src) = setup("v30-h264-multifile");
+fn two_bad_episodes_of_one_data_file_are_both_reported_and_skipped() {
+    let (_t, root, src) = setup("v30-av1-small");
     edit_info(&src, |meta| meta["features"]["action"]["dtype"] = "int64".into());
-    refused(&root, &src, 1, &["data/chunk-000/file-000.parquet", "action", "schema-mismatch", "which int64"]);
+    // Whole numbers but in row 150 (episode 1, frame 51) and row 400 (episode 3, frame 63).
+    edit_actions(&src, |values, width| {
+        values.iter_mut().for_each(|v| *v = v.round());
+        values[150 * width] = 0.5;
+        values[400 * width + 1] = -2.5;
+    });
+    let err = refused(&root, &src, 1, &["2 errors in 2 of 6 episodes", "episode 1, frame 51", "episode 3, frame 63", "which int64"]);
+    assert!(err.contains("data/chunk-000/file-000.parquet, episode 3"), "{err}");
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    assert_eq!(out["record"]["counts"]["episodes"], 4);
+    let skipped: Vec<&String> = out["report"]["skipped"].as_object().expect("skipped").keys().collect();
+    assert_eq!(skipped, ["1", "3"]);
 }
 
 #[test]
@@ -355,17 +385,7 @@ fn timestamps_drifting_beyond_tolerance() {
 fn nan_actions_are_a_warning_and_make_their_statistics_nan() {
     let (_t, root, src) = setup("v30-av1-small");
     // Row 150 (episode 1, frame 51): action dimension 2 becomes NaN.
-    replace_column(&src, "action", |column| {
-        let action = column.as_fixed_size_list();
-        let mut values: Vec<f32> = action.values().as_primitive::<Float32Type>().values().to_vec();
-        let width = action.value_length();
-        values[150 * width as usize + 2] = f32::NAN;
-        let field = match column.data_type() {
-            arrow::datatypes::DataType::FixedSizeList(f, _) => f.clone(),
-            other => panic!("action is {other}"),
-        };
-        std::sync::Arc::new(arrow::array::FixedSizeListArray::new(field, width, std::sync::Arc::new(Float32Array::from(values)), None))
-    });
+    edit_actions(&src, |values, width| values[150 * width + 2] = f32::NAN);
     let run = ingest_ok(&root, &src, &[]);
     assert!(run.stdout.contains("warning[non-finite]") && run.stdout.contains("episode 1, frame 51"), "{run:#?}");
     let rows = crate::common::sql_rows(
