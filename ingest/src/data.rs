@@ -640,8 +640,10 @@ fn check_batch(
                 FindingKind::LengthMismatch,
                 format!("index is {idx}, expected {expected} (dataset_from_index {} + frame_index)", em.from_index),
             ))
-        } else if ti < 0 || ti as usize >= meta.tasks.len() {
-            Some((FindingKind::UnknownTask, format!("task_index {ti} has no row in the task table ({} tasks)", meta.tasks.len())))
+        } else if meta.task(ti).is_none() {
+            let table =
+                if meta.version.is_v2() { "no line of meta/tasks.jsonl has it" } else { "the task table has no row at that position" };
+            Some((FindingKind::UnknownTask, format!("task_index {ti}: {table} ({} tasks)", meta.tasks.len())))
         } else {
             None
         };

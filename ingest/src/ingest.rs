@@ -702,7 +702,7 @@ async fn write_steps(
     meta: &DatasetMeta,
     progress: &Progress,
 ) -> Result<(UncommittedPart, Vec<UncommittedPart>, Vec<u64>)> {
-    let tasks: Vec<String> = meta.tasks.iter().map(|t| t.task.clone()).collect();
+    let tasks = |task_index: i64| meta.task(task_index);
     let (steps_tx, steps_rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
     let steps_writer =
         tokio::spawn(lake_store::write_uncommitted(pending.table_uri(STEPS), layout.schema.clone(), receiver_stream(steps_rx)));

@@ -36,7 +36,9 @@ pub struct DatasetMeta {
     pub features: Vec<Feature>,
     /// Episodes, sorted by index.
     pub episodes: Vec<EpisodeMeta>,
-    /// Tasks in source row order (LeRobot looks a task up by row position).
+    /// Tasks, sorted by `task_index`, which is the key a step's `task_index` is looked up by:
+    /// the row position in v3.0's `tasks.parquet` (LeRobot looks tasks up with `iloc`), the
+    /// `task_index` of v2.x's `tasks.jsonl` lines (LeRobot builds a dict of them).
     pub tasks: Vec<TaskRow>,
     /// Statistics as LeRobot stored them.
     pub stats: Vec<StatRow>,
@@ -148,10 +150,67 @@ impl DatasetMeta {
         } else {
             meta.load_v3(source).await?;
         }
+        meta.key_tasks();
         meta.load_stats_json(source).await?;
         meta.check_totals();
         meta.check_features();
         Ok(meta)
+    }
+
+    /// The task a step's `task_index` names, if the task table has it.
+    pub fn task(&self, task_index: i64) -> Option<&str> {
+        self.tasks.binary_search_by_key(&task_index, |t| t.task_index).ok().map(|i| self.tasks[i].task.as_str())
+    }
+
+    /// Keys the tasks read in file order as LeRobot looks them up (see [`Self::tasks`]), with a
+    /// warning where the file's own numbers say otherwise.
+    fn key_tasks(&mut self) {
+        if self.version.is_v2() {
+            // A dict of the lines: of two lines with one `task_index`, the later wins.
+            let mut keyed: std::collections::BTreeMap<i64, String> = std::collections::BTreeMap::new();
+            let mut repeated = Vec::new();
+            for t in std::mem::take(&mut self.tasks) {
+                if let Some(earlier) = keyed.insert(t.task_index, t.task.clone())
+                    && earlier != t.task
+                {
+                    repeated.push(t.task_index);
+                }
+            }
+            if let Some(first) = repeated.first() {
+                self.findings.push(
+                    Finding::warning(
+                        FindingKind::BadMetadata,
+                        format!(
+                            "{} task_index value(s) appear again on a later line with another task (first: {first}); the later \
+                             line is used, as in LeRobot",
+                            repeated.len()
+                        ),
+                    )
+                    .with_file(TASKS_JSONL),
+                );
+            }
+            self.tasks = keyed.into_iter().map(|(task_index, task)| TaskRow { task_index, task }).collect();
+        } else {
+            let moved: Vec<(usize, i64)> =
+                self.tasks.iter().enumerate().filter(|(row, t)| t.task_index != *row as i64).map(|(row, t)| (row, t.task_index)).collect();
+            if let Some((row, declared)) = moved.first() {
+                self.findings.push(
+                    Finding::warning(
+                        FindingKind::BadMetadata,
+                        format!(
+                            "{} of {} rows have a task_index other than their position (first: row {row} says {declared}); a step's \
+                             task_index names the task at that row, as in LeRobot, and the lake numbers the tasks so",
+                            moved.len(),
+                            self.tasks.len()
+                        ),
+                    )
+                    .with_file(TASKS_PARQUET),
+                );
+            }
+            for (row, t) in self.tasks.iter_mut().enumerate() {
+                t.task_index = row as i64;
+            }
+        }
     }
 
     /// The video cameras, in feature order.
@@ -486,12 +545,10 @@ impl DatasetMeta {
             if let Some(d) = declared
                 && d != actual
             {
+                let lister = if name == "total_tasks" { "the task table" } else { "the episode metadata" };
                 self.findings.push(
-                    Finding::warning(
-                        FindingKind::TotalsMismatch,
-                        format!("info.json says {name} = {d}, the episode metadata lists {actual}"),
-                    )
-                    .with_file(INFO),
+                    Finding::warning(FindingKind::TotalsMismatch, format!("info.json says {name} = {d}, {lister} lists {actual}"))
+                        .with_file(INFO),
                 );
             }
         };

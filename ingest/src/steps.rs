@@ -111,10 +111,10 @@ impl StepsLayout {
     ///
     /// # Errors
     /// When a column cannot be converted (the first pass makes this unexpected).
-    pub fn convert(
+    pub fn convert<'t>(
         &self,
         batch: &RecordBatch,
-        tasks: &[String],
+        tasks: &dyn Fn(i64) -> Option<&'t str>,
         packet_row: &dyn Fn(i64, i64, usize) -> u64,
         image_streams: &[(u32, u64)],
         first_ordinal: u64,
@@ -143,7 +143,10 @@ impl StepsLayout {
         let (episode, frame, task_index) = (int("episode_index")?, int("frame_index")?, int("task_index")?);
         let mut task = StringBuilder::with_capacity(n, n * 32);
         for t in &task_index {
-            task.append_value(&tasks[*t as usize]);
+            task.append_value(
+                tasks(*t)
+                    .ok_or_else(|| Error::metadata("task_index", format!("{t} names no task (the first pass makes this unexpected)")))?,
+            );
         }
         arrays.push(Arc::new(task.finish()));
 

@@ -540,13 +540,27 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
     let mut columns: Vec<ArrayRef> = Vec::new();
     let new_episode: Vec<i64> = episodes.iter().enumerate().flat_map(|(i, e)| std::iter::repeat_n(i as i64, e.len as usize)).collect();
     // A view keeps only the tasks its steps use, numbered from 0 in their order (LeRobot looks a
-    // task up by its position in `tasks.parquet`); a whole dataset keeps its own numbering.
+    // task up by its position in `tasks.parquet`); a whole dataset keeps its own numbering where
+    // that is those positions (a v2.x source's `task_index` need not be).
+    let positional = {
+        let tasks = lake_store::read_columns(lake, &ds.record, tables::TASKS, &["task_index"]).await?;
+        let mut numbers: Vec<i64> = Vec::new();
+        for b in &tasks {
+            let c = cast(b.column(0), &DataType::Int64).map_err(arrow_err("task_index"))?;
+            numbers.extend(c.as_primitive::<Int64Type>().values().iter());
+        }
+        numbers.sort_unstable();
+        numbers.iter().enumerate().all(|(i, n)| *n == i as i64)
+    };
     let old_tasks =
         ds.steps.column_by_name("task_index").map(|c| cast(c, &DataType::Int64)).transpose().map_err(arrow_err("task_index"))?;
     let step_tasks: Option<Vec<i64>> =
         old_tasks.map(|tasks| rows.values().iter().map(|&r| tasks.as_primitive::<Int64Type>().value(r as usize)).collect());
-    let numbering =
-        crate::stats::Numbering::new(episodes.iter().map(|e| (e.episode_index, e.len as usize)).collect(), step_tasks.as_deref(), !whole);
+    let numbering = crate::stats::Numbering::new(
+        episodes.iter().map(|e| (e.episode_index, e.len as usize)).collect(),
+        step_tasks.as_deref(),
+        !whole || !positional,
+    );
     let new_task = numbering.tasks.as_ref().map(|(_, map)| map);
     let renumbered_tasks = numbering.tasks.as_ref().map(|(tasks, _)| tasks);
     for field in ds.steps.schema().fields() {
@@ -772,6 +786,9 @@ async fn tasks_table(lake: &Lake, ds: &LoaderDataset, renumber: Option<&BTreeMap
     let batches = lake_store::read_table(lake, &ds.record, tables::TASKS).await?;
     let source: SchemaRef = tables::tasks_schema();
     let mut all = concat_batches(&source, &batches).map_err(arrow_err("reading tasks"))?;
+    // In task_index order: LeRobot looks a task up by its row.
+    let order = arrow::compute::sort_to_indices(all.column(0), None, None).map_err(arrow_err("sorting tasks"))?;
+    all = arrow::compute::take_record_batch(&all, &order).map_err(arrow_err("sorting tasks"))?;
     if let Some(map) = renumber {
         let index = cast(all.column(0), &DataType::Int64).map_err(arrow_err("task_index"))?;
         let index = index.as_primitive::<Int64Type>();

@@ -416,3 +416,36 @@ fn declared_shape_and_fps_that_disagree_with_the_files_are_warnings() {
         assert!(findings.contains(says), "{says}: {findings}");
     }
 }
+
+/// v3.0's `tasks.parquet` rows out of `task_index` order: a step's `task_index` names the task at
+/// that row, as in LeRobot (`iloc`), the lake's task table numbers the tasks so, and a warning
+/// says the file's own numbers disagree.
+#[test]
+fn tasks_out_of_row_order_are_looked_up_by_row_with_a_warning() {
+    let (_t, root, src) = setup("v30-h264-multifile");
+    let path = src.join("meta/tasks.parquet");
+    let batches = read_parquet(&path);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let reversed: Vec<u64> = (0..all.num_rows() as u64).rev().collect();
+    let reversed = arrow::compute::take_record_batch(&all, &arrow::array::UInt64Array::from(reversed)).expect("take");
+    write_parquet(&path, &[reversed.clone()]);
+    let text = |c: &str| {
+        let c = arrow::compute::cast(reversed.column_by_name(c)?, &arrow::datatypes::DataType::Utf8).expect("text");
+        Some(c.as_string::<i32>().iter().map(|t| t.expect("task").to_string()).collect())
+    };
+    let by_row: Vec<String> = text("task").or_else(|| text("__index_level_0__")).expect("a task column");
+
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "reordered", "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    assert!(out["report"]["findings"].to_string().contains("have a task_index other than their position"), "{}", run.stdout);
+    let steps = crate::common::sql_rows(&root, "SELECT DISTINCT task_index, task FROM reordered.steps ORDER BY task_index");
+    assert!(!steps.is_empty());
+    for row in &steps {
+        let index = row["task_index"].as_i64().expect("task_index") as usize;
+        assert_eq!(row["task"].as_str(), Some(by_row[index].as_str()), "{steps:?}");
+    }
+    let table = crate::common::sql_rows(&root, "SELECT task_index, task FROM reordered.tasks ORDER BY task_index");
+    let table: Vec<&str> = table.iter().map(|r| r["task"].as_str().expect("task")).collect();
+    assert_eq!(table, by_row.iter().map(String::as_str).collect::<Vec<_>>());
+}

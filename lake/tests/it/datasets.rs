@@ -411,6 +411,31 @@ fn real_g1_v21_av1_missing_videos() {
     assert_eq!(count("g1-v20"), count("g1-pick-bottle-v21"));
     let v20: serde_json::Value = serde_json::from_str(&run_stats(&root, "g1-v20")).expect("stats");
     assert_eq!(v20["observation.images.cam_high"]["mean"], stats["observation.images.cam_high"]["mean"]);
+
+    // v2.x tasks are looked up by their `task_index`, not their line (LeRobot makes a dict of
+    // the lines): listed out of order, every step still gets task 0's text.
+    let task = "Pick up the yellow bottle on the table.";
+    let tasks = copy.join("meta/tasks.jsonl");
+    std::fs::write(&tasks, format!("{{\"task_index\": 1, \"task\": \"other\"}}\n{{\"task_index\": 0, \"task\": \"{task}\"}}\n"))
+        .expect("tasks");
+    ingest_ok(&root, &copy, &["--name", "g1-tasks", "--skip-bad-episodes"]);
+    let rows = crate::common::sql_rows(&root, "SELECT DISTINCT task_index, task FROM \"g1-tasks\".steps");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!((rows[0]["task_index"].as_i64(), rows[0]["task"].as_str()), (Some(0), Some(task)));
+    let table = crate::common::sql_rows(&root, "SELECT task_index, task FROM \"g1-tasks\".tasks");
+    assert_eq!(table.iter().map(|r| r["task"].as_str().expect("task")).collect::<Vec<_>>(), [task, "other"]);
+    // A task_index no line has is refused, naming the file's rule.
+    std::fs::write(&tasks, format!("{{\"task_index\": 5, \"task\": \"{task}\"}}\n")).expect("tasks");
+    let run = crate::common::lake(
+        &root,
+        &["ingest", copy.to_str().expect("utf-8"), "--name", "g1-unknown-task", "--skip-bad-episodes", "--json"],
+    );
+    assert_eq!(run.code, 1, "{run:#?}");
+    let out: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    let unknown = out["report"]["findings"].as_array().expect("findings").iter().filter(|f| f["kind"] == "unknown-task");
+    let messages: Vec<&str> = unknown.map(|f| f["message"].as_str().expect("message")).collect();
+    assert_eq!(messages.len(), 100, "one per episode");
+    assert!(messages.iter().all(|m| m.starts_with("task_index 0: no line of meta/tasks.jsonl has it")), "{messages:?}");
 }
 
 /// `lake stats NAME` (LeRobot's stats.json) as text.
