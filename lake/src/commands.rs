@@ -238,6 +238,9 @@ impl NewLake {
     fn forget_if_new(&self) {
         if let Some(existed) = self.made {
             self.lake.take_back(existed);
+        } else if let Some(existed) = self.lake.left_to_take_back() {
+            // A failed ingest beside this one created the lake and left it to this one.
+            self.lake.take_back(existed);
         }
     }
 }

@@ -35,6 +35,10 @@ const NEW_MARKER: &str = ".lake.json.new-";
 /// Where [`Lake::take_back`] moves the marker while it checks that no other writer started
 /// (followed by its pid: one left by a process that died is put back).
 const TAKING_BACK: &str = ".lake.json.taking-back-";
+/// Written by a failed first ingest that could not take back the lake it created because other
+/// writers were at work in it: the last of them to fail takes it back instead. Holds whether
+/// the directory existed before the lake.
+const UNCLAIMED: &str = "unclaimed.json";
 /// Layout version written to `lake.json`.
 const LAYOUT: u32 = 1;
 
@@ -51,6 +55,10 @@ pub struct Lake {
     root: PathBuf,
     display: String,
     store: Arc<dyn ObjectStore>,
+    /// Opened to be created where there is none ([`Lake::create`]).
+    creates: bool,
+    /// This handle made the lake again after a failed ingest beside it took it back.
+    remade: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A lease: which ingest is writing which directory, so that leftovers of a dead one can be told
@@ -223,7 +231,7 @@ impl Lake {
                 .map_err(|e| root_err(format!("cannot write {MARKER}: {e}")))?;
         }
         let store = LocalFileSystem::new_with_prefix(&abs).map_err(|e| root_err(e.to_string()))?.with_automatic_cleanup(true);
-        Ok(Self { root: abs, display: root.to_string(), store: Arc::new(store) })
+        Ok(Self { root: abs, display: root.to_string(), store: Arc::new(store), creates: create, remade: Arc::default() })
     }
 
     /// Takes back the lake this process created for an ingest that failed: removes the lake
@@ -241,6 +249,10 @@ impl Lake {
         let empty = |dir: &str| std::fs::read_dir(self.root.join(dir)).map_or(true, |mut d| d.next().is_none());
         if ![STAGING, CATALOG, VIEWS].iter().all(|dir| empty(dir)) {
             let _ = std::fs::rename(&aside, &marker);
+            if empty(CATALOG) && empty(VIEWS) {
+                // Only other writers' leases: the last of them to fail takes the lake back.
+                let _ = std::fs::write(self.root.join(UNCLAIMED), serde_json::json!({"dir_existed": dir_existed}).to_string());
+            }
             return false;
         }
         let removed = if dir_existed {
@@ -670,6 +682,33 @@ impl Lake {
         if let Some(message) = self.view_claims(name).await? {
             return Err(Error::View { name: name.to_string(), message });
         }
+        // A failed first ingest beside this one may take back the lake it created while this
+        // writer starts; a writer that may create the lake makes it again and starts over.
+        for _ in 0..4 {
+            match self.begin_once(name).await {
+                Err(Error::Root { .. }) if self.creates && !self.root.join(MARKER).is_file() => {
+                    Self::open_inner(&self.display, true)?;
+                    self.remade.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        self.begin_once(name).await
+    }
+
+    /// Whether a failed writer should take the lake back ([`Lake::take_back`]), and with which
+    /// `dir_existed`: this handle made the lake again after a failed first ingest beside it took
+    /// it back ([`Lake::begin`]), or that ingest could not, while others wrote, and left it to
+    /// the last of them.
+    pub fn left_to_take_back(&self) -> Option<bool> {
+        if self.remade.load(std::sync::atomic::Ordering::Relaxed) {
+            return Some(false);
+        }
+        let note: serde_json::Value = serde_json::from_slice(&std::fs::read(self.root.join(UNCLAIMED)).ok()?).ok()?;
+        Some(note["dir_existed"].as_bool().unwrap_or(true))
+    }
+
+    async fn begin_once(&self, name: &str) -> Result<PendingVersion> {
         let id = format!("{}-{}", Utc::now().format("%Y%m%dT%H%M%S"), &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let dir = format!("{DATASETS}/{name}/{id}");
         let lease = Lease { name: name.to_string(), dir: dir.clone(), pid: std::process::id(), host: hostname(), started_at: Utc::now() };
@@ -934,6 +973,8 @@ impl PendingVersion {
         // collection recognises as committed.
         let _ = self.lake.store.delete(&self.lease).await;
         self.lake.prune(STAGING);
+        // The lake holds a dataset now: no failed ingest is to take it back.
+        let _ = std::fs::remove_file(self.lake.root.join(UNCLAIMED));
         Ok(record)
     }
 
@@ -1193,10 +1234,16 @@ mod lifecycle_tests {
         // Alone: the lake directory goes, and a writer that opened it meanwhile finds no lake.
         let made = Lake::create(root.to_str().unwrap()).unwrap();
         let late = Lake::open(root.to_str().unwrap()).unwrap();
+        let creator = Lake::create(root.to_str().unwrap()).unwrap();
         assert!(made.take_back(false));
         assert!(!root.exists());
         let err = late.begin("ds").await.unwrap_err().to_string();
         assert!(err.contains("was removed while this ingest started"), "{err}");
+        // A writer that may create the lake (an ingest) makes it again and goes on.
+        let pending = creator.begin("ds").await.unwrap();
+        assert!(creator.left_to_take_back() == Some(false) && root.join(MARKER).is_file());
+        pending.abort().await.unwrap();
+        assert!(creator.take_back(false) && !root.exists());
 
         // Beside a writer whose lease is written: the lake stays, marker and all.
         let made = Lake::create(root.to_str().unwrap()).unwrap();
@@ -1204,9 +1251,12 @@ mod lifecycle_tests {
         let pending = other.begin("ds").await.unwrap();
         assert!(!made.take_back(false));
         assert!(root.join(MARKER).is_file() && taking_back(&root).is_empty());
+        // ... left to that writer, should it fail too, until it commits.
+        assert_eq!(other.left_to_take_back(), Some(false));
         let dir = pending.dir().to_string();
         pending.commit(|version| record("ds", version, &dir)).await.unwrap();
         assert_eq!(Lake::open(root.to_str().unwrap()).unwrap().datasets().await.unwrap().len(), 1);
+        assert_eq!(other.left_to_take_back(), None);
 
         // A marker left aside by a process that died meanwhile is put back by the next open.
         std::fs::rename(root.join(MARKER), root.join(format!("{TAKING_BACK}4194000"))).unwrap();
