@@ -187,6 +187,8 @@ fn main() -> ExitCode {
     // Blocking work a command left behind (a server's streams cut at shutdown) is not waited
     // for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Unpublished tables of work dropped on the way (a cancelled `lake cache`) go for good.
+    lake_store::remove_abandoned();
     match result {
         Ok(code) => code,
         // Stopped in the middle of a write: the file is removed, and the status says why.

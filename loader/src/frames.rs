@@ -439,7 +439,7 @@ struct RemoveOnDrop(Option<std::path::PathBuf>);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if let Some(dir) = self.0.take() {
-            let _ = std::fs::remove_dir_all(dir);
+            lake_store::remove_when_done(dir);
         }
     }
 }

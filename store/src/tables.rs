@@ -271,6 +271,25 @@ pub fn publish_dir(tmp: &std::path::Path, dest: &std::path::Path) -> std::io::Re
     Ok(())
 }
 
+/// Directories of unpublished work that a cancelled command dropped ([`remove_when_done`]).
+static ABANDONED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes `dir`, a derived table being written whose work was dropped, now and again at
+/// [`remove_abandoned`]: a write already under way on a blocking thread (the object store's
+/// file writes) may make files in it after the first removal.
+pub fn remove_when_done(dir: std::path::PathBuf) {
+    let _ = std::fs::remove_dir_all(&dir);
+    ABANDONED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(dir);
+}
+
+/// Removes the directories [`remove_when_done`] was given; for the end of a process, once its
+/// runtime has stopped.
+pub fn remove_abandoned() {
+    for dir in ABANDONED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
