@@ -74,14 +74,17 @@ impl Source {
     }
 
     /// Refuses a local `path` (relative to the root) that exists but is not a regular file
-    /// (after following links): a FIFO, socket or device would block or never end.
+    /// (after following links): a FIFO, socket or device would block or never end, and a
+    /// directory is not the file the dataset names.
     fn regular(&self, path: &str) -> Result<()> {
         use std::os::unix::fs::FileTypeExt;
         let Some(root) = &self.local else { return Ok(()) };
         let Ok(meta) = std::fs::metadata(root.join(path)) else { return Ok(()) };
         let kind = meta.file_type();
-        let what = if kind.is_file() || kind.is_dir() {
+        let what = if kind.is_file() {
             return Ok(());
+        } else if kind.is_dir() {
+            "a directory"
         } else if kind.is_fifo() {
             "a FIFO"
         } else if kind.is_socket() {

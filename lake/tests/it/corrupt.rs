@@ -237,7 +237,7 @@ fn overlapping_and_gapped_index_ranges() {
 /// A FIFO where a file should be (opening it would wait for a writer forever): refused at
 /// once, naming it, for a video and for `meta/info.json`.
 #[test]
-fn a_fifo_in_place_of_a_file() {
+fn a_fifo_or_directory_in_place_of_a_file() {
     let (_t, root, src) = setup("v30-h264-multifile");
     let fifo = |path: &Path| {
         std::fs::remove_file(path).expect("remove");
@@ -248,6 +248,13 @@ fn a_fifo_in_place_of_a_file() {
     refused(&root, &src, 2, &[video, "is a FIFO"]);
     fifo(&src.join("meta/info.json"));
     refused(&root, &src, 2, &["meta/info.json", "is a FIFO"]);
+    // A directory where a file should be is no missing file (which --drop-missing-cameras
+    // would take as a camera to leave out).
+    std::fs::remove_file(src.join("meta/info.json")).expect("remove");
+    std::fs::copy(testdata("v30-h264-multifile").join("meta/info.json"), src.join("meta/info.json")).expect("info");
+    std::fs::remove_file(src.join(video)).expect("remove");
+    std::fs::create_dir(src.join(video)).expect("dir");
+    refused(&root, &src, 2, &[video, "is a directory"]);
 }
 
 #[test]
