@@ -354,6 +354,8 @@ pub struct FileScan {
     pub findings: Vec<Finding>,
     /// The column plan (absent when the file could not be read).
     pub plan: Option<ColumnPlan>,
+    /// The `index` of the file's first and last rows, when it has any.
+    pub index_span: Option<(i64, i64)>,
     /// Per (column, episode): the first frame holding a NaN or infinite value, and how many
     /// values are.
     non_finite: std::collections::BTreeMap<(String, i64), (i64, u64)>,
@@ -420,6 +422,8 @@ pub async fn scan_file(
         {
             for (i, v) in index.as_primitive::<arrow::datatypes::Int64Type>().iter().enumerate() {
                 let Some(v) = v else { continue };
+                let first = scan.index_span.map_or(v, |(first, _)| first);
+                scan.index_span = Some((first, v));
                 if let Some(last) = last_index.filter(|last| v < *last) {
                     out_of_order = Some((rows_read + i as u64, v, last));
                     break;

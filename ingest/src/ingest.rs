@@ -395,6 +395,25 @@ impl Plan {
             .filter(|f| self.video_cameras.contains(&f.name) || f.kind() == FeatureKind::Image)
             .map(|f| f.name.clone())
             .collect();
+        // LeRobot reads the data files in path order as one table and finds a sample by its
+        // row: a file whose rows come before the previous file's breaks that (as rows out of
+        // order within a file do, which `scan_file` reports).
+        let mut spans: Vec<(&str, (i64, i64))> = scans.iter().filter_map(|(p, s)| Some((p.as_str(), s.index_span?))).collect();
+        spans.sort_by(|a, b| a.0.cmp(b.0));
+        if let Some(pair) = spans.windows(2).find(|w| w[1].1.0 < w[0].1.1) {
+            let ((before, (_, last)), (after, (first, _))) = (pair[0], pair[1]);
+            self.report.findings.push(
+                Finding::warning(
+                    FindingKind::BadMetadata,
+                    format!(
+                        "rows are not in `index` order across files: its first row has index {first}, but {before}, before it in \
+                         path order, ends at {last}; LeRobot reads the files in that order and finds a sample by its row, so its \
+                         sample i is not the step whose index is i (lake's is)"
+                    ),
+                )
+                .with_file(after),
+            );
+        }
         for (path, scan) in scans {
             self.report.findings.extend(scan.findings);
             if let Some(plan) = scan.plan {

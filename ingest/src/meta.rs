@@ -470,6 +470,25 @@ impl DatasetMeta {
                 return Err(Error::metadata(origin, format!("episode {} is listed twice", pair[0].index)));
             }
         }
+        // LeRobot finds an episode's metadata by its position (v3.0 refuses to load a dataset
+        // whose episodes are not 0..N-1; v2.x takes another episode's bounds).
+        if let Some((position, e)) = self.episodes.iter().enumerate().find(|(p, e)| e.index != *p as i64) {
+            let after =
+                position.checked_sub(1).map_or("the first episode".to_string(), |p| format!("after episode {}", self.episodes[p].index));
+            self.findings.push(
+                Finding::warning(
+                    FindingKind::BadMetadata,
+                    format!(
+                        "episode indices are not 0 to {}: episode {} comes {after}; LeRobot finds an episode's metadata by its \
+                         position, so it cannot read this dataset as it is (lake finds each by its index)",
+                        self.episodes.len() - 1,
+                        e.index
+                    ),
+                )
+                .with_file(origin)
+                .with_episode(e.index),
+            );
+        }
         // Steps are numbered by `index` from 0, each episode from where the one before ended:
         // two episodes claiming one index make a step unreachable (an error of the later one);
         // a gap (or a first index other than 0) leaves LeRobot, which finds sample `i` by its

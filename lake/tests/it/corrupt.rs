@@ -232,6 +232,21 @@ fn overlapping_and_gapped_index_ranges() {
     let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "reordered"]);
     assert_eq!(run.code, 0, "{run:#?}");
     assert!(run.stdout.contains("rows are not in `index` order (row 58 has index 0, after 604)"), "{run:#?}");
+
+    // Episode 5 numbered 9: LeRobot, which finds an episode's metadata by its position, cannot
+    // read that; a warning says so.
+    for path in [src.join("meta/episodes/chunk-000/file-000.parquet"), data] {
+        let batches = read_parquet(&path);
+        let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+        let i = all.schema().index_of("episode_index").expect("column");
+        let mut cols = all.columns().to_vec();
+        let renumbered = cols[i].as_primitive::<Int64Type>().values().iter().map(|e| if *e == 5 { 9 } else { *e });
+        cols[i] = std::sync::Arc::new(arrow::array::Int64Array::from_iter_values(renumbered));
+        write_parquet(&path, &[RecordBatch::try_new(all.schema(), cols).expect("batch")]);
+    }
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "renumbered"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("episode 9: episode indices are not 0 to 5: episode 9 comes after episode 4"), "{run:#?}");
 }
 
 /// A FIFO where a file should be (opening it would wait for a writer forever): refused at
@@ -455,4 +470,34 @@ fn tasks_out_of_row_order_are_looked_up_by_row_with_a_warning() {
     let table = crate::common::sql_rows(&root, "SELECT task_index, task FROM reordered.tasks ORDER BY task_index");
     let table: Vec<&str> = table.iter().map(|r| r["task"].as_str().expect("task")).collect();
     assert_eq!(table, by_row.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// Data files whose rows come before the previous file's in path order (LeRobot reads the files
+/// in that order as one table): a warning naming both, as for rows out of order in one file.
+#[test]
+fn rows_out_of_index_order_across_files_are_a_warning() {
+    let (_t, root, src) = setup("v30-h264-multifile");
+    let data = src.join("data/chunk-000");
+    std::fs::rename(data.join("file-001.parquet"), data.join("swap.parquet")).expect("rename");
+    std::fs::rename(data.join("file-002.parquet"), data.join("file-001.parquet")).expect("rename");
+    std::fs::rename(data.join("swap.parquet"), data.join("file-002.parquet")).expect("rename");
+    let episodes = src.join("meta/episodes/chunk-000/file-000.parquet");
+    let batches = read_parquet(&episodes);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let i = all.schema().index_of("data/file_index").expect("column");
+    let mut cols = all.columns().to_vec();
+    let swapped = cols[i].as_primitive::<Int64Type>().values().iter().map(|f| match f {
+        1 => 2,
+        2 => 1,
+        f => *f,
+    });
+    cols[i] = std::sync::Arc::new(arrow::array::Int64Array::from_iter_values(swapped));
+    write_parquet(&episodes, &[RecordBatch::try_new(all.schema(), cols).expect("batch")]);
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stdout.contains("data/chunk-000/file-002.parquet: rows are not in `index` order across files")
+            && run.stdout.contains("data/chunk-000/file-001.parquet, before it in path order, ends at 299"),
+        "{run:#?}"
+    );
 }
