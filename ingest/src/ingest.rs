@@ -688,6 +688,7 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
                         declared: declared.clone(),
                         queries: Vec::new(),
                         episodes: Vec::new(),
+                        left_out: Vec::new(),
                     });
                     jobs.last_mut().expect("just pushed")
                 }
@@ -704,8 +705,16 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
             }
         }
     }
+    // The parts of the files that episodes left out hold (skipped, or in files no kept episode
+    // shares): their frames are not extra frames of the file.
     for j in &mut jobs {
         j.queries.sort_by(|a, b| a.t.total_cmp(&b.t));
+        for em in meta.episodes.iter().filter(|e| !plan.kept.contains(&e.index)) {
+            if let Some(v) = em.videos.iter().find(|v| v.camera == j.camera && v.file == j.file.path) {
+                let to = v.to_timestamp.unwrap_or(v.from_timestamp + em.length as f64 / f64::from(meta.fps.max(1)));
+                j.left_out.push((v.from_timestamp, to));
+            }
+        }
     }
     jobs
 }

@@ -72,6 +72,8 @@ pub struct StreamJob {
     pub queries: Vec<Query>,
     /// `(episode, from_timestamp, to_timestamp, length)` of each episode in this file.
     pub episodes: Vec<(i64, f64, Option<f64>, i64)>,
+    /// `[from, to)` (seconds) of the parts of the file that hold episodes not ingested.
+    pub left_out: Vec<(f64, f64)>,
 }
 
 /// The result of one stream.
@@ -440,7 +442,8 @@ fn demux(
     }
     report_damaged(job, &damaged, &keyframes, &mut out.positions, &mut out.findings);
     let used: std::collections::HashSet<u64> = out.positions.iter().flatten().copied().collect();
-    let unused = out.packets - used.len() as u64;
+    let left_out = |pts: i64| job.left_out.iter().any(|(from, to)| (from - border..to - border).contains(&seconds(pts)));
+    let unused = (0..out.packets).filter(|p| !used.contains(p) && !all_pts.get(*p as usize).is_some_and(|pts| left_out(*pts))).count();
     if unused > 0 {
         out.findings.push(
             Finding::warning(FindingKind::FrameCountMismatch, format!("{unused} of the file's {} frames belong to no step", out.packets))

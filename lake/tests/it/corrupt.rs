@@ -365,6 +365,28 @@ fn two_bad_episodes_of_one_data_file_are_both_reported_and_skipped() {
     assert_eq!(out["record"]["counts"]["episodes"], 4);
     let skipped: Vec<&String> = out["report"]["skipped"].as_object().expect("skipped").keys().collect();
     assert_eq!(skipped, ["1", "3"]);
+    // The frames of the episodes left out are no extra frames of the video files.
+    assert!(!run.stdout.contains("frame-count-mismatch"), "{}", run.stdout);
+}
+
+/// Frames of a video file that no episode of the metadata covers are a warning.
+#[test]
+fn frames_no_episode_covers_are_a_warning() {
+    let (_t, root, src) = setup("v30-av1-small");
+    // The last episode (58 steps) gone from the data and the metadata, its frames kept.
+    for path in [src.join("data/chunk-000/file-000.parquet"), src.join("meta/episodes/chunk-000/file-000.parquet")] {
+        let batches = read_parquet(&path);
+        let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+        let episode = all.column_by_name("episode_index").expect("episode_index").as_primitive::<Int64Type>();
+        let keep: arrow::array::BooleanArray = episode.iter().map(|e| Some(e != Some(5))).collect();
+        write_parquet(&path, &[arrow::compute::filter_record_batch(&all, &keep).expect("filter")]);
+    }
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    for camera in ["front", "wrist"] {
+        let says = format!("observation.images.{camera}/chunk-000/file-000.mp4, camera observation.images.{camera}: 58 of the file's 600");
+        assert!(run.stdout.contains(&says) && run.stdout.contains("frames belong to no step"), "{says}: {run:#?}");
+    }
 }
 
 #[test]
