@@ -642,7 +642,11 @@ fn check_batch(
             let expected = em.from_index + fi;
             Some((
                 FindingKind::LengthMismatch,
-                format!("index is {idx}, expected {expected} (dataset_from_index {} + frame_index)", em.from_index),
+                format!(
+                    "index is {idx}, expected {expected} ({} {} + frame_index)",
+                    if meta.version.is_v2() { "the episode's first index, the lengths before it summed," } else { "dataset_from_index" },
+                    em.from_index
+                ),
             ))
         } else if meta.task(ti).is_none() {
             let table =
