@@ -129,6 +129,13 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         Ok(Outcome::Committed { record, report }) => {
             if !args.json {
                 render::ingest_summary(&mut std::io::stdout().lock(), &record, &report, root)?;
+                if let Some(directory) = renamed_directory(&args.source, options.name.is_none()) {
+                    outln!(
+                        "  note: named `{}` after its directory `{directory}` (a name holds ASCII letters and digits, `.`, `_` and \
+                         `-`; --name sets one)",
+                        record.name
+                    )?;
+                }
                 if let Err(e @ lake_store::Error::Record { .. }) = &previous {
                     outln!("  note: the version before cannot be read ({e}); this one replaces it")?;
                 }
@@ -222,6 +229,17 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
 
 /// The lake an ingest writes into, and whether this ingest made it: a failed first ingest
 /// takes back the lake directory (or, in a directory that was empty, the files) it created.
+/// The source directory's name, when the dataset was named after it (`derived`) and the name
+/// had to differ from it.
+fn renamed_directory(source: &str, derived: bool) -> Option<String> {
+    let location = lake_store::absolute_location(source);
+    let directory = location.trim_end_matches('/').rsplit('/').next()?;
+    let directory = lake_store::local_path(&format!("file:///{directory}"))
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| directory.to_string());
+    (derived && lake_store::validate_name(&directory).is_err()).then_some(directory)
+}
+
 struct NewLake {
     lake: Lake,
     /// Whether the directory existed before, when this ingest made the lake.

@@ -152,6 +152,16 @@ fn a_failed_first_ingest_leaves_no_lake_and_dot_is_named_after_its_directory() {
     let ls = lake(&root, &["ls", "--json"]);
     let records: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
     assert_eq!(records[0]["source"]["url"], testdata("v30-images-tiny").to_str().expect("utf-8"), "the source is recorded absolute");
+    assert!(!String::from_utf8_lossy(&run.stdout).contains("note: named"), "{run:?}");
+
+    // A directory name that is no dataset name is made one, and the summary says so.
+    let odd = tmp.path().join("my data ü");
+    lake_testkit::copy_dir(&testdata("v30-images-tiny"), &odd);
+    let run = crate::common::ingest_ok(&root, &odd, &[]);
+    assert!(
+        run.stdout.contains("as my_data__@1") && run.stdout.contains("note: named `my_data__` after its directory `my data ü`"),
+        "{run:#?}"
+    );
 }
 
 /// A command stopped by SIGTERM (what service managers and `timeout` send) removes the output
