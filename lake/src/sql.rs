@@ -827,11 +827,119 @@ pub fn flat_for_csv(batch: &RecordBatch) -> std::result::Result<RecordBatch, arr
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
+/// When a query run apart ([`LakeSql::stream_apart`]) is to stop: its deadline, or its answer
+/// dropped (a client that went away).
+#[derive(Debug)]
+struct Stop {
+    deadline: std::time::Instant,
+    dropped: std::sync::atomic::AtomicBool,
+    limit: std::time::Duration,
+}
+
+impl Stop {
+    fn why(&self) -> Option<String> {
+        if self.dropped.load(std::sync::atomic::Ordering::Relaxed) {
+            Some("the query's answer was dropped".into())
+        } else if std::time::Instant::now() >= self.deadline {
+            Some(format!("the query ran past the server's SQL timeout of {} s (`lake serve --sql-timeout`)", self.limit.as_secs()))
+        } else {
+            None
+        }
+    }
+}
+
+/// Sets [`Stop::dropped`] when the answer it is part of is dropped.
+struct DropStops(Arc<Stop>);
+
+impl Drop for DropStops {
+    fn drop(&mut self) {
+        self.0.dropped.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// An operator of a query run apart, watched: every batch it hands on first checks [`Stop`],
+/// and once the query is to stop its stream ends with that error. With every operator of a plan
+/// watched, a query stops within one batch of any operator, also inside a join that makes batch
+/// after batch from one input batch without ever yielding to its runtime. It stands in for the
+/// operator it watches, not above it: its children are the operator's, and it shows as the
+/// operator (in `EXPLAIN ANALYZE`, with its metrics).
+#[derive(Debug)]
+struct StoppableExec {
+    input: Arc<dyn ExecutionPlan>,
+    stop: Arc<Stop>,
+}
+
+impl StoppableExec {
+    /// `plan` with every operator watched.
+    fn watch(plan: Arc<dyn ExecutionPlan>, stop: &Arc<Stop>) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        plan.transform_up(|node| Ok(Transformed::yes(Arc::new(Self { input: node, stop: stop.clone() }) as Arc<dyn ExecutionPlan>)))
+            .map(|t| t.data)
+    }
+}
+
+impl DisplayAs for StoppableExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        self.input.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for StoppableExec {
+    fn name(&self) -> &str {
+        self.input.name()
+    }
+
+    fn downcast_delegate(&self) -> Option<&dyn ExecutionPlan> {
+        Some(self.input.as_ref())
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.input.children()
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self { input: self.input.clone().with_new_children(children)?, stop: self.stop.clone() }))
+    }
+
+    fn metrics(&self) -> Option<datafusion::physical_plan::metrics::MetricsSet> {
+        self.input.metrics()
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> datafusion::error::Result<SendableRecordBatchStream> {
+        let stop = self.stop.clone();
+        let batches = self.input.execute(partition, context)?.scan(false, move |stopped, batch| {
+            let next = match stop.why() {
+                _ if *stopped => None,
+                Some(why) => {
+                    *stopped = true;
+                    Some(Err(datafusion::error::DataFusionError::Execution(why)))
+                }
+                None => Some(batch),
+            };
+            futures::future::ready(next)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.input.schema(), batches)))
+    }
+}
+
 impl LakeSql {
+    /// The answer to `query`, every operator of its plan watched by `stop` ([`StoppableExec`]).
+    async fn stream_stoppable(&self, query: &str, stop: &Arc<Stop>) -> Result<SendableRecordBatchStream> {
+        let frame = self.plan(query).await?;
+        let context = Arc::new(frame.task_ctx());
+        let plan = frame.create_physical_plan().await.map_err(query_error)?;
+        let plan = StoppableExec::watch(plan, stop).map_err(query_error)?;
+        datafusion::physical_plan::execute_stream(plan, context).map_err(query_error)
+    }
+
     /// [`LakeSql::stream`] on a thread of its own, ended with an error at `deadline`. A query
     /// computes on the CPU without yielding for long stretches: on the server's runtime it
     /// would hold up every request there, and no timer could stop it. Here the server goes on
-    /// serving, the answer ends at the deadline, and the query stops at its next yield once its
+    /// serving, the answer ends at the deadline, and the query stops within a batch once its
     /// answer is dropped (a client that goes away) or the deadline passes, also while nobody
     /// reads it. An answer ends only with the query's own end: a thread that stops otherwise
     /// (a panic) ends it with an error, never as if it were complete. `hold` is kept until the
@@ -848,6 +956,12 @@ impl LakeSql {
     ) -> Result<SendableRecordBatchStream> {
         use datafusion::error::DataFusionError;
         let timeout = move || format!("the query ran past the server's SQL timeout of {} s (`lake serve --sql-timeout`)", limit.as_secs());
+        let stop = Arc::new(Stop {
+            deadline: std::time::Instant::now() + deadline.saturating_duration_since(tokio::time::Instant::now()),
+            dropped: false.into(),
+            limit,
+        });
+        let stops = DropStops(stop.clone());
         let (first_tx, first_rx) = tokio::sync::oneshot::channel::<Result<SchemaRef>>();
         // `None` is the end of the answer; a channel closed without it is a query that stopped.
         let (tx, rx) = tokio::sync::mpsc::channel::<Option<datafusion::error::Result<RecordBatch>>>(1);
@@ -863,11 +977,12 @@ impl LakeSql {
                         return;
                     }
                 };
-                // Dropping the stream stops DataFusion's tasks at their next yield.
+                // Every operator checks `stop` before it hands a batch on; dropping the stream
+                // stops DataFusion's tasks at their next yield.
                 runtime.block_on(async move {
                     let mut first_tx = first_tx;
                     let planned = tokio::select! {
-                        planned = self.stream(&query) => planned,
+                        planned = self.stream_stoppable(&query, &stop) => planned,
                         () = first_tx.closed() => return,
                         () = tokio::time::sleep_until(deadline) => return,
                     };
@@ -902,11 +1017,12 @@ impl LakeSql {
             Ok(Err(_)) => return Err(Error::Internal("the query's thread ended without an answer".into())),
             Ok(Ok(schema)) => schema?,
         };
-        let batches = futures::stream::unfold(Some(rx), move |state| async move {
-            let mut rx = state?;
+        // The answer dropped (a client that went away) stops the query at once.
+        let batches = futures::stream::unfold(Some((rx, stops)), move |state| async move {
+            let (mut rx, stops) = state?;
             let stopped = |why: String| Some((Err(DataFusionError::Execution(why)), None));
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(Some(item))) => Some((item, Some(rx))),
+                Ok(Some(Some(item))) => Some((item, Some((rx, stops)))),
                 Ok(Some(None)) => None,
                 Ok(None) if tokio::time::Instant::now() >= deadline => stopped(timeout()),
                 Ok(None) => stopped("the query stopped before its end (the server log says why)".into()),

@@ -1036,10 +1036,14 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     ingest_ok(&root, &testdata("v30-av1-small"), &[]);
-    let server = start_with(&root, &["--sql-timeout", "1", "--shutdown-wait", "2", "--sql-concurrency", "1"]);
+    // Two datasets: `steps` is a union, whose joins run longest without yielding.
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let server = start_with(&root, &["--sql-timeout", "3", "--shutdown-wait", "2", "--sql-concurrency", "1"]);
     let auth = format!("Bearer {TOKEN}");
-    // 600³ rows to filter: long past the timeout, and stopped at its next yield after it.
-    let heavy = b"SELECT count(*) FROM steps a, steps b, steps c WHERE a.index + b.index + c.index = -1";
+    // Billions of joined rows, made batch after batch from each input batch, where the join
+    // never yields to its runtime: long past the timeout, and stopped within a batch of it.
+    let heavy = b"SELECT count(*) FROM steps a JOIN steps b ON a.task_index = b.task_index \
+                  JOIN steps c ON b.task_index = c.task_index JOIN steps d ON c.task_index = d.task_index";
     let sql = |query: &'static [u8]| {
         let (addr, auth) = (server.http.clone(), auth.clone());
         move || http(&addr, "POST", "/v1/sql", &[("Authorization", auth.as_str()), ("Accept", "application/json")], query)
@@ -1068,13 +1072,22 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
     assert!(String::from_utf8_lossy(&probe).contains("--sql-concurrency"), "{}", String::from_utf8_lossy(&probe));
     let error = serde_json::from_slice::<Value>(&body).expect("a JSON error");
     assert_eq!(code, 400, "{error}");
-    assert!(error["error"].as_str().is_some_and(|e| e.contains("SQL timeout of 1 s")), "{error}");
+    assert!(error["error"].as_str().is_some_and(|e| e.contains("SQL timeout of 3 s")), "{error}");
     // Its thread stops within about a second of its timeout and gives the slot back.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while sql(b"SELECT count(*) FROM steps")().0 != 200 {
         assert!(std::time::Instant::now() < deadline, "the slot comes back");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // The operators watched for the timeout show as themselves, once each, as `lake sql` shows them.
+    let analyze = "EXPLAIN ANALYZE SELECT count(*) FROM steps a JOIN steps b ON a.task_index = b.task_index";
+    let (code, body) =
+        http(&server.http, "POST", "/v1/sql", &[("Authorization", auth.as_str()), ("Accept", "text/csv")], analyze.as_bytes());
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let local = crate::common::lake(&root, &["sql", "--format", "csv", analyze]);
+    let operators =
+        |plan: &str| plan.lines().map(|l| l.trim_start().split([':', ',']).next().unwrap_or("").to_string()).collect::<Vec<_>>();
+    assert_eq!(operators(&String::from_utf8_lossy(&body)), operators(&local.stdout));
 
     // Flight SQL shares the slots: while the heavy query holds the only one, a Flight SQL
     // query is told RESOURCE_EXHAUSTED (its client may retry), then answers once it is back.
