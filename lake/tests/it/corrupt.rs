@@ -472,7 +472,7 @@ fn tasks_out_of_row_order_are_looked_up_by_row_with_a_warning() {
     let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
     let reversed: Vec<u64> = (0..all.num_rows() as u64).rev().collect();
     let reversed = arrow::compute::take_record_batch(&all, &arrow::array::UInt64Array::from(reversed)).expect("take");
-    write_parquet(&path, &[reversed.clone()]);
+    write_parquet(&path, std::slice::from_ref(&reversed));
     let text = |c: &str| {
         let c = arrow::compute::cast(reversed.column_by_name(c)?, &arrow::datatypes::DataType::Utf8).expect("text");
         Some(c.as_string::<i32>().iter().map(|t| t.expect("task").to_string()).collect())
