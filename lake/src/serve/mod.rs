@@ -948,6 +948,7 @@ impl Service {
         // before it is refused.
         let waiting = (Gauge::up(self.clone(), |m| &m.waiting_for_memory), Gauge::up(self.clone(), |m| &m.waiting_to_start));
         let units = u32::try_from(held + need).unwrap_or(u32::MAX);
+        let mut stopping = self.stopping.subscribe();
         let admission = async {
             // Room lent to streams whose clients stopped reading is taken back while this waits.
             let acquire = self.memory.clone().acquire_many_owned(units);
@@ -955,13 +956,20 @@ impl Service {
             let mut look = tokio::time::interval(IDLE_LENDER / 4);
             loop {
                 tokio::select! {
-                    admitted = &mut acquire => break admitted,
+                    admitted = &mut acquire => break Some(admitted),
                     _ = look.tick() => self.reclaim_lent(),
+                    // A shutdown refuses the streams still waiting to start, at once.
+                    _ = stopping.wait_for(|s| *s) => break None,
                 }
             }
         };
         let admitted = tokio::time::timeout(self.options.admission_wait, admission).await;
         drop(waiting);
+        if matches!(admitted, Ok(None)) {
+            self.count_refusal(&Error::ShuttingDown);
+            return Err(Error::ShuttingDown);
+        }
+        let admitted = admitted.map(|a| a.expect("a shutdown returned above"));
         let Ok(Ok(reserved)) = admitted else {
             self.metrics.busy.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Busy(format!(
