@@ -261,7 +261,12 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
     let datasets: Vec<String> = lake.datasets().await?.into_iter().map(|r| r.name).collect();
     let views: Vec<String> = lake.views().await?.into_iter().map(|v| v.name).collect();
     let list = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
-    Err(Error::NotFound(format!("no dataset or view `{spec}` in the lake (datasets: {}; views: {})", list(&datasets), list(&views))))
+    Err(Error::NotFound(format!(
+        "no dataset or view `{}` in the lake (datasets: {}; views: {})",
+        lake_store::abbreviated(spec),
+        list(&datasets),
+        list(&views)
+    )))
 }
 
 /// The view `name` at `version` (`None`: its current version), or `None` when no view has the

@@ -10,7 +10,7 @@ pub enum Error {
         message: String,
     },
     /// A dataset name is not usable.
-    #[error("dataset name `{name}`: {message}")]
+    #[error("dataset name `{}`: {message}", abbreviated(name))]
     BadName {
         /// The name as given.
         name: String,
@@ -126,8 +126,24 @@ impl Error {
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A name as an error shows it: a long one (no valid name is over 128 characters) cut to its
+/// first 64 characters, with its length.
+pub fn abbreviated(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((end, _)) if name.chars().count() > 128 => format!("{}… ({} characters)", &name[..end], name.chars().count()),
+        _ => name.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn long_names_are_cut_in_errors() {
+        assert_eq!(super::abbreviated("ds"), "ds");
+        let long = "a".repeat(8000);
+        assert_eq!(super::abbreviated(&long), format!("{}… (8000 characters)", "a".repeat(64)));
+    }
+
     #[test]
     fn error_stays_small() {
         assert!(std::mem::size_of::<super::Error>() <= 96, "{}", std::mem::size_of::<super::Error>());

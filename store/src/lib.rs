@@ -19,7 +19,7 @@ pub use crate::{
         GarbageReport, Lake, PendingVersion, Unreadable, absolute_location, default_name, hostname, local_path, process_alive,
         validate_name,
     },
-    error::{Error, Result, lance_message, without_source_locations},
+    error::{Error, Result, abbreviated, lance_message, without_source_locations},
     tables::{
         UncommittedPart, commit_parts, open_lance, open_table, publish_dir, read_columns, read_columns_at, read_table, remove_abandoned,
         remove_when_done, write_table, write_uncommitted,

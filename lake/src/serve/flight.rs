@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{
     Footprint, Refusal, SampleRequest, Service,
     do_get::Answer,
-    flight_sql::{LakeFlightSql, check_message, is_flight_sql},
+    flight_sql::{self, LakeFlightSql, check_message, is_flight_sql},
     refusal,
 };
 use crate::Error;
@@ -47,7 +47,9 @@ impl LakeFlight {
     pub(super) async fn ticket_batches(&self, ticket: Ticket) -> Result<Answer, Status> {
         if is_flight_sql(&ticket.ticket) {
             self.decodes(&ticket.ticket, None)?;
-            return Ok(Answer::Messages(self.sql.do_get(Request::new(ticket)).await?.into_inner()));
+            let command = flight_sql::command_name(&ticket.ticket);
+            let answer = self.sql.do_get(Request::new(ticket)).await.map_err(|e| flight_sql::unanswered(e, &command))?;
+            return Ok(Answer::Messages(answer.into_inner()));
         }
         if ticket.ticket.is_empty() {
             self.service.count_bad();
@@ -78,10 +80,26 @@ impl LakeFlight {
     }
 
     /// The sampling request in a descriptor's command.
-    fn request_of(&self, bytes: &[u8]) -> Result<SampleRequest, Status> {
-        if bytes.is_empty() {
+    fn request_of(&self, descriptor: &FlightDescriptor) -> Result<SampleRequest, Status> {
+        let bytes = &descriptor.cmd;
+        let refused = |message: String| {
             self.service.count_bad();
-            return Err(Status::invalid_argument("the descriptor's command is empty; it must hold a JSON sampling request"));
+            Err(Status::invalid_argument(message))
+        };
+        if descriptor.r#type == arrow_flight::flight_descriptor::DescriptorType::Path as i32 {
+            return refused(format!(
+                "lake takes CMD descriptors (a JSON sampling request, or a Flight SQL command), not PATH descriptors ({:?})",
+                descriptor.path
+            ));
+        }
+        if bytes.is_empty() {
+            return refused("the descriptor's command is empty; it must hold a JSON sampling request".into());
+        }
+        if let Some(kind) = flight_sql::other_message(bytes) {
+            return refused(format!(
+                "the descriptor's command is a {kind} message, which lake does not take: it holds a JSON sampling request or a \
+                 Flight SQL command"
+            ));
         }
         self.service.parse_request(bytes).map_err(|e| status(&e))
     }
@@ -140,10 +158,11 @@ impl FlightService for LakeFlight {
         self.check(&request)?;
         if is_flight_sql(&request.get_ref().cmd) {
             self.decodes(&request.get_ref().cmd, None)?;
-            return self.sql.get_flight_info(request).await;
+            let command = flight_sql::command_name(&request.get_ref().cmd);
+            return self.sql.get_flight_info(request).await.map_err(|e| flight_sql::unanswered(e, &command));
         }
         let descriptor = request.into_inner();
-        let sample = self.request_of(&descriptor.cmd)?;
+        let sample = self.request_of(&descriptor)?;
         let plan = self.service.describe(&sample, Footprint::ENCODED).await.map_err(|e| status(&e))?;
         // The ticket reads the versions planned, whatever is ingested before it is redeemed.
         let pinned = SampleRequest { datasets: plan.datasets.clone(), ..sample };
@@ -172,10 +191,11 @@ impl FlightService for LakeFlight {
         self.check(&request)?;
         if is_flight_sql(&request.get_ref().cmd) {
             self.decodes(&request.get_ref().cmd, None)?;
-            let info = self.sql.get_flight_info(request).await?.into_inner();
+            let command = flight_sql::command_name(&request.get_ref().cmd);
+            let info = self.sql.get_flight_info(request).await.map_err(|e| flight_sql::unanswered(e, &command))?.into_inner();
             return Ok(Response::new(SchemaResult { schema: info.schema }));
         }
-        let sample = self.request_of(&request.get_ref().cmd)?;
+        let sample = self.request_of(request.get_ref())?;
         let schema = self.service.describe(&sample, Footprint::ENCODED).await.map_err(|e| status(&e))?.schema;
         let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()

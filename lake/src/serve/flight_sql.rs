@@ -48,6 +48,34 @@ pub fn is_flight_sql(bytes: &[u8]) -> bool {
     Any::decode(bytes).is_ok_and(|any| any.type_url.starts_with(FLIGHT_SQL_TYPE))
 }
 
+/// The type of a protobuf `Any` message that is not Flight SQL's (`type.googleapis.com/…`), when
+/// the bytes are one rather than text.
+pub fn other_message(bytes: &[u8]) -> Option<String> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+        return None;
+    }
+    let any = Any::decode(bytes).ok()?;
+    let typed = any.type_url.contains('/') && any.type_url.chars().all(|c| c.is_ascii_graphic());
+    (typed && !any.type_url.starts_with(FLIGHT_SQL_TYPE)).then_some(any.type_url)
+}
+
+/// The name of a Flight SQL command (`CommandGetXdbcTypeInfo`), for messages.
+pub fn command_name(bytes: &[u8]) -> String {
+    Any::decode(bytes).map_or_else(|_| "command".into(), |any| any.type_url.rsplit(['.', '/']).next().unwrap_or("command").to_string())
+}
+
+/// A Flight SQL command lake does not answer says so in its own words (the library's names its
+/// internal method).
+pub fn unanswered(status: Status, command: &str) -> Status {
+    if status.code() != tonic::Code::Unimplemented {
+        return status;
+    }
+    Status::unimplemented(format!(
+        "lake's Flight SQL does not answer {command}; it answers statement queries, prepared statements, and the catalogs, \
+         schemas, tables, table types and SqlInfo"
+    ))
+}
+
 /// Refuses a Flight SQL command or ticket (an `Any` with a Flight SQL type) whose message does
 /// not decode, or an action body that is not the action's request: `INVALID_ARGUMENT` naming
 /// what failed, rather than the library's `INTERNAL` with its debug text.

@@ -529,16 +529,16 @@ async fn openapi() -> Json<Value> {
 pub fn openapi_document() -> Value {
     let error =
         |why: &str| json!({"description": why, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}});
-    let unauthorized = error("no bearer token, or a wrong one (when the server has tokens)");
+    let mut unauthorized = error("no bearer token, or a wrong one (when the server has tokens)");
+    unauthorized["headers"] = json!({"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}});
     let plan_header = |what: &str| json!({"description": what, "schema": {"type": "integer", "minimum": 0}});
     let sample_stream = json!({"description": "the rank's batches as an Arrow IPC stream", "content": {ARROW_STREAM: {}},
         "headers": {
-            "Lake-Epoch-Len": plan_header("eligible steps per epoch"),
+            "Lake-Epoch-Len": plan_header("positions per epoch: the eligible steps (a mixture's summed and rounded up to whole blocks of 4096)"),
             "Lake-Steps-Per-Epoch": plan_header("global steps (batches per rank) per epoch; the stream goes on with step 0 of the next epoch after the last"),
             "Lake-Plan": {"description": "the plan as JSON, as Flight's GetFlightInfo has it in `app_metadata`: `epoch_len`, `steps_per_epoch` and `datasets` with every name pinned to the version read", "schema": {"type": "string"}}}});
-    let count = |description: &str| json!({"type": "integer", "minimum": 0, "description": description});
     let nullable = |t: &str, description: &str| json!({"type": [t, "null"], "minimum": 0, "description": description});
-    let mut document = paths_and_schemas(&error, &unauthorized, &sample_stream, &count, &nullable);
+    let mut document = paths_and_schemas(&error, &unauthorized, &sample_stream, &nullable);
     // What every operation may answer besides its own responses.
     for (_, operations) in document["paths"].as_object_mut().expect("paths").iter_mut() {
         for (method, operation) in operations.as_object_mut().expect("operations").iter_mut() {
@@ -547,6 +547,9 @@ pub fn openapi_document() -> Value {
             responses.insert("500".into(), error("the server failed (a damaged lake file, say); the server log has the details"));
             if method == "post" {
                 responses.insert("413".into(), error("the request body is over 2 MiB"));
+            }
+            if let Some(busy) = responses.get_mut("503") {
+                busy["headers"] = json!({"Retry-After": {"description": "seconds to wait before a retry (when busy, not when shutting down)", "schema": {"type": "integer"}}});
             }
         }
     }
@@ -557,7 +560,6 @@ fn paths_and_schemas(
     error: &dyn Fn(&str) -> Value,
     unauthorized: &Value,
     sample_stream: &Value,
-    count: &dyn Fn(&str) -> Value,
     nullable: &dyn Fn(&str, &str) -> Value,
 ) -> Value {
     let dataset_entry = json!({"oneOf": [
@@ -577,14 +579,14 @@ fn paths_and_schemas(
                                  "description": "datasets or views to sample from; more than one is a mixture by weight"},
                     "preset": {"type": "string", "enum": ["act", "diffusion", "none"], "default": "none",
                                "description": "window preset; ignored when delta_timestamps is given"},
-                    "delta_timestamps": {"type": ["object", "null"], "additionalProperties": {"type": "array", "items": {"type": "number"}},
+                    "delta_timestamps": {"type": ["object", "null"], "additionalProperties": {"type": "array", "minItems": 1, "items": {"type": "number"}},
                                          "description": "LeRobot's delta_timestamps: feature → offsets in seconds (multiples of 1/fps)"},
                     "batch_size": {"type": "integer", "minimum": 1, "maximum": super::MAX_BATCH_SIZE, "default": 32,
                                    "description": "samples per batch for each rank"},
-                    "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "sampler seed"},
+                    "seed": {"type": "integer", "minimum": 0, "maximum": u64::MAX, "default": 0, "description": "sampler seed"},
                     "epoch": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0, "description": "epoch to start in"},
-                    "start_step": count("global step to start at within the epoch (below the epoch's steps)"),
-                    "rank": count("this trainer's rank (below world_size)"),
+                    "start_step": {"type": "integer", "minimum": 0, "default": 0, "description": "global step to start at within the epoch (below the epoch's steps)"},
+                    "rank": {"type": "integer", "minimum": 0, "default": 0, "description": "this trainer's rank (below world_size)"},
                     "world_size": {"type": "integer", "minimum": 1, "maximum": super::MAX_WORLD_SIZE, "default": 1},
                     "limit_batches": nullable("integer", "batches to send; absent or null: indefinitely, across epochs"),
                     "step_stride": {"type": "integer", "minimum": 1, "maximum": super::MAX_WORLD_SIZE, "default": 1,

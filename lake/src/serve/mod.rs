@@ -82,6 +82,61 @@ impl<'de> Deserialize<'de> for DatasetRef {
     }
 }
 
+/// A whole number of a request, at least `MIN`: JSON's integers, and numbers written with a
+/// fraction of zero (`32.0`, as Python's `json` writes a float; JSON Schema's `integer` takes
+/// them too).
+fn whole<'de, const MIN: u64, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<u64, D::Error> {
+    struct Whole;
+    impl serde::de::Visitor<'_> for Whole {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a whole number, 0 or more")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<u64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<u64, E> {
+            // 2^64 and above are too large (as a float, u64::MAX rounds up to 2^64).
+            if v.fract() == 0.0 && v > -1.0 && v < 18_446_744_073_709_551_616.0 {
+                Ok(v as u64)
+            } else if v.fract() == 0.0 && v > 0.0 {
+                Err(E::custom(format!("too large: expected a whole number from 0 to {}", u64::MAX)))
+            } else {
+                Err(E::invalid_type(serde::de::Unexpected::Float(v), &self))
+            }
+        }
+    }
+    let v = deserializer.deserialize_any(Whole)?;
+    if v < MIN {
+        return Err(serde::de::Error::custom(format!("{v} is too small: expected a whole number, {MIN} or more")));
+    }
+    Ok(v)
+}
+
+/// [`whole`] or `null`.
+fn whole_or_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Option<u64>, D::Error> {
+    struct Maybe;
+    impl<'de> serde::de::Visitor<'de> for Maybe {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a whole number, 0 or more, or null")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+            whole::<0, D>(d).map(Some)
+        }
+    }
+    deserializer.deserialize_option(Maybe)
+}
+
 fn default_batch_size() -> u64 {
     32
 }
@@ -138,30 +193,30 @@ pub struct SampleRequest {
     #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub delta_timestamps: Option<serde_json::Value>,
     /// Samples per batch for each rank.
-    #[serde(default = "default_batch_size")]
+    #[serde(default = "default_batch_size", deserialize_with = "whole::<1, _>")]
     pub batch_size: u64,
     /// Sampler seed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::<0, _>")]
     pub seed: u64,
     /// Epoch to start in.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::<0, _>")]
     pub epoch: u64,
     /// Global step to start at within `epoch`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::<0, _>")]
     pub start_step: u64,
     /// This trainer's rank.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::<0, _>")]
     pub rank: u64,
     /// Number of ranks.
-    #[serde(default = "default_world_size")]
+    #[serde(default = "default_world_size", deserialize_with = "whole::<1, _>")]
     pub world_size: u64,
     /// Batches to send (none: indefinitely, across epochs).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub limit_batches: Option<u64>,
     /// Global steps from one batch to the next: 1 sends every step from `start_step` on; `n`
     /// sends every `n`-th, so that `n` readers of one rank (a DataLoader's workers) starting at
     /// consecutive steps take turns.
-    #[serde(default = "default_stride", skip_serializing_if = "is_one")]
+    #[serde(default = "default_stride", skip_serializing_if = "is_one", deserialize_with = "whole::<1, _>")]
     pub step_stride: u64,
     /// Drop each epoch's short last global batch.
     #[serde(default = "default_true")]
@@ -171,10 +226,10 @@ pub struct SampleRequest {
     #[serde(default, deserialize_with = "some_episodes", skip_serializing_if = "Vec::is_empty")]
     pub episodes: Vec<i64>,
     /// Never sample the first N steps of an episode.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::<0, _>")]
     pub drop_n_first_frames: u64,
     /// Never sample the last N steps of an episode.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::<0, _>")]
     pub drop_n_last_frames: u64,
     /// Every camera's frames at `"WxH"`, from each dataset's frame table of that size (`lake
     /// cache NAME --size WxH`); absent: as recorded.
@@ -282,6 +337,10 @@ impl SampleRequest {
                 },
                 DatasetRef::Weighted { name, weight } => (name.as_str(), Some(weight.to_string())),
             };
+            if name.split('@').next().is_none_or(|base| base.trim().is_empty()) {
+                let entry = serde_json::to_string(d).unwrap_or_default();
+                return Err(Error::Invalid(format!("the dataset entry {entry} names no dataset")));
+            }
             if let Some(w) = weight.filter(|w| !w.parse::<f64>().is_ok_and(|w| w.is_finite() && w > 0.0)) {
                 return Err(Error::Invalid(format!("dataset `{name}`: the weight {w} is not a positive finite number")));
             }
@@ -794,7 +853,12 @@ impl Service {
         let steps = sharding.steps_per_epoch(epoch_len);
         if steps == 0 {
             self.count_bad();
-            return Err(Error::Invalid(format!("the global batch of {global} is larger than the {epoch_len} eligible steps")));
+            let what = if request.datasets.len() > 1 {
+                "positions of the mixture's epoch (its datasets' eligible steps rounded up to whole blocks of 4096)"
+            } else {
+                "eligible steps"
+            };
+            return Err(Error::Invalid(format!("the global batch of {global} is larger than the {epoch_len} {what}")));
         }
         if request.start_step >= steps {
             self.count_bad();
@@ -1318,5 +1382,19 @@ mod tests {
         let episode = refusal(r#"{"datasets": ["a"], "episodes": [1e19]}"#);
         assert!(episode.contains("out of range: expected a whole number from -9223372036854775808"), "{episode}");
         assert!(SampleRequest::from_json(br#"{"datasets": ["a"], "seed": 18446744073709551615}"#).is_ok());
+        // Whole numbers written with a zero fraction (Python's json writes floats so) are whole.
+        let floats =
+            SampleRequest::from_json(br#"{"datasets": ["a"], "batch_size": 4.0, "rank": -0, "world_size": 2.0, "limit_batches": 3.0}"#)
+                .expect("whole numbers");
+        assert_eq!((floats.batch_size, floats.rank, floats.world_size, floats.limit_batches), (4, 0, 2, Some(3)));
+        let zero = refusal(r#"{"datasets": ["a"], "batch_size": 0}"#);
+        assert!(zero.contains("`batch_size`: 0 is too small: expected a whole number, 1 or more"), "{zero}");
+        let negative = refusal(r#"{"datasets": ["a"], "batch_size": -1}"#);
+        assert!(negative.contains("`batch_size`: invalid value: integer `-1`, expected a whole number"), "{negative}");
+        let text = refusal(r#"{"datasets": ["a"], "limit_batches": "4"}"#);
+        assert!(text.contains("`limit_batches`: invalid type: string \"4\", expected a whole number"), "{text}");
+        assert_eq!(SampleRequest::from_json(br#"{"datasets": ["a"], "limit_batches": null}"#).expect("null").limit_batches, None);
+        let unnamed = SampleRequest::from_json(br#"{"datasets": ["=1"]}"#).expect("parses").check().expect_err("no name").to_string();
+        assert!(unnamed.contains("names no dataset"), "{unnamed}");
     }
 }

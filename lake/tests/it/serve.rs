@@ -215,14 +215,14 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!([]), tonic::Code::InvalidArgument, "it must be a JSON object"),
             // Numbers too large for any lake are refused, never wrapped.
             (json!({"datasets": ["v30-av1-small"], "batch_size": 4294967296u64, "world_size": 4294967296u64}), tonic::Code::InvalidArgument, "batch_size is 4294967296; it may be at most"),
-            (json!({"datasets": ["v30-av1-small"], "world_size": 0}), tonic::Code::InvalidArgument, "world_size must be at least 1"),
+            (json!({"datasets": ["v30-av1-small"], "world_size": 0}), tonic::Code::InvalidArgument, "`world_size`: 0 is too small: expected a whole number, 1 or more"),
             (json!({"datasets": ["v30-av1-small"], "epoch": u64::MAX}), tonic::Code::InvalidArgument, "epoch is"),
             (json!({"datasets": ["v30-av1-small"], "drop_n_first_frames": u64::MAX, "drop_n_last_frames": u64::MAX}), tonic::Code::InvalidArgument, "drop_n_first_frames is"),
             (json!({"datasets": ["v30-av1-small"], "start_step": u64::MAX}), tonic::Code::InvalidArgument, "past the epoch's last step"),
             (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [1e300]}}), tonic::Code::InvalidArgument, "action: 1e300 s is more than 2^31 - 1 frames"),
             (json!({"datasets": ["v30-av1-small"], "preset": "bogus", "delta_timestamps": {"action": [0.0]}}), tonic::Code::InvalidArgument, "bogus"),
             (json!({"datasets": ["v30-av1-small=inf"]}), tonic::Code::InvalidArgument, "the weight inf is not a positive finite number"),
-            (json!({"datasets": ["v30-av1-small"], "step_stride": 0}), tonic::Code::InvalidArgument, "step_stride must be at least 1"),
+            (json!({"datasets": ["v30-av1-small"], "step_stride": 0}), tonic::Code::InvalidArgument, "`step_stride`: 0 is too small: expected a whole number, 1 or more"),
             (json!({"datasets": [{"name": "v30-av1-small"}]}), tonic::Code::InvalidArgument, "dataset `v30-av1-small`: `weight` is missing"),
             (json!({"datasets": [{"name": "v30-av1-small", "weight": 1, "foo": 3}]}), tonic::Code::InvalidArgument, "unknown field `foo`"),
             (json!({"datasets": ["v30-av1-small@1@2"]}), tonic::Code::InvalidArgument, "is not NAME or NAME@VERSION"),
@@ -1034,7 +1034,18 @@ fn flight_sql_answers_as_lake_sql_does_and_refuses_what_is_not_a_query() {
         let e = status(flight.do_action(action).await.err().expect("garbled body"));
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
         assert!(e.message().contains("body of the CreatePreparedStatement action cannot be decoded"), "{e:?}");
-        assert_eq!(bad() - bad_before, 2.0, "both counted");
+        // A PATH descriptor, and a protobuf message of another kind, are named as such.
+        let e = status(flight.get_flight_info(FlightDescriptor::new_path(vec!["steps".into()])).await.expect_err("path"));
+        assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("not PATH descriptors"), "{e:?}");
+        let other = arrow_flight::sql::Any { type_url: "type.googleapis.com/google.protobuf.Duration".into(), value: vec![].into() };
+        let e = status(flight.get_flight_info(FlightDescriptor::new_cmd(prost::Message::encode_to_vec(&other))).await.expect_err("other"));
+        assert!(e.message().contains("is a type.googleapis.com/google.protobuf.Duration message, which lake does not take"), "{e:?}");
+        assert_eq!(bad() - bad_before, 4.0, "each counted");
+        // A Flight SQL command lake does not answer says which, in lake's words.
+        let xdbc = arrow_flight::sql::Any::pack(&arrow_flight::sql::CommandGetXdbcTypeInfo { data_type: None }).expect("pack");
+        let e = status(flight.get_flight_info(FlightDescriptor::new_cmd(prost::Message::encode_to_vec(&xdbc))).await.expect_err("xdbc"));
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+        assert!(e.message().contains("does not answer CommandGetXdbcTypeInfo"), "{e:?}");
 
         // Without the token: refused.
         let mut anonymous = FlightSqlServiceClient::new(channel);
