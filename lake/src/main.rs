@@ -102,11 +102,32 @@ enum Command {
     Serve(server::ServeArgs),
 }
 
+/// Whether this process started with SIGINT ignored (a background job of a shell script):
+/// Ctrl-C at the terminal is then not meant for it, and lake keeps ignoring it.
+static INTERRUPT_IGNORED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn interrupt_ignored() -> bool {
+    *INTERRUPT_IGNORED.get_or_init(|| {
+        // SAFETY: reads the current action of SIGINT (a null new action changes nothing).
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGINT, std::ptr::null(), &raw mut current) == 0 && current.sa_sigaction == libc::SIG_IGN
+        }
+    })
+}
+
 /// Resolves when the process is asked to stop, with the exit status that says so: 130 for
-/// SIGINT (Ctrl-C), 143 for SIGTERM.
+/// SIGINT (Ctrl-C, unless the process started with it ignored), 143 for SIGTERM.
 async fn stop_requested() -> u8 {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+    let Ok(mut terminate) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    if interrupt_ignored() {
+        terminate.recv().await;
+        return 143;
+    }
+    let Ok(mut interrupt) = signal(SignalKind::interrupt()) else {
         return std::future::pending().await;
     };
     tokio::select! {
@@ -118,6 +139,8 @@ async fn stop_requested() -> u8 {
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
 /// errors, 130 cancelled with Ctrl-C, 143 stopped with SIGTERM.
 fn main() -> ExitCode {
+    // Before any signal handler is installed, which would hide an inherited SIG_IGN.
+    interrupt_ignored();
     let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

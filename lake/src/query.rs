@@ -303,7 +303,8 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             let (complete, rest) = split_statements(&statement);
             statement = rest;
             for query in complete {
-                let _ = editor.add_history_entry(query.as_str());
+                // Recalled, a statement runs as it is: with its `;`.
+                let _ = editor.add_history_entry(format!("{};", query.trim_end()));
                 if let Err(e) = run(session, &query, format, None).await {
                     // With the output's reader gone there is no one left to answer.
                     if crate::reader_gone(&e) {
@@ -337,7 +338,12 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             Err(e) => return Err(e),
         }
     }
-    // What is left at the end runs as if a `;` ended it (nothing, when it holds no code).
+    // What a script leaves at its end runs as if a `;` ended it (nothing, when it holds no
+    // code); at a terminal, Ctrl-D drops an unfinished statement, as it would a line.
+    if interactive && !statement.trim().is_empty() {
+        errln!("(the unfinished statement was not run: a statement ends with `;`)");
+        statement.clear();
+    }
     if gone.is_none() {
         for query in split_statements(&format!("{statement}\n;")).0 {
             if let Err(e) = run(session, &query, format, None).await {
@@ -670,11 +676,8 @@ fn tabs_shown(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowErr
 fn type_name(t: &DataType) -> String {
     match t {
         DataType::Struct(fields) => {
-            // A stored field named for a LeRobot key (`observation/images/front`) by that key.
-            let name = |f: &arrow::datatypes::Field| {
-                f.metadata().get(lake_schemas::tables::NAME_METADATA).cloned().unwrap_or_else(|| f.name().clone())
-            };
-            let inner: Vec<String> = fields.iter().map(|f| format!("{}: {}", name(f), type_name(f.data_type()))).collect();
+            // Members by the names a query uses (`packet_row['observation/images/front']`).
+            let inner: Vec<String> = fields.iter().map(|f| format!("{}: {}", f.name(), type_name(f.data_type()))).collect();
             format!("struct<{}>", inner.join(", "))
         }
         DataType::List(item) | DataType::LargeList(item) => format!("list<{}>", type_name(item.data_type())),

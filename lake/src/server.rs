@@ -206,12 +206,8 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     std::io::stdout().flush()?;
 
     // Ctrl-C, or SIGTERM (what service managers and container runtimes send).
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let shutdown = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
+        crate::stop_requested().await;
         errln!("shutting down: finishing the batches in flight");
     };
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);

@@ -13,8 +13,18 @@ use arrow::{
 
 /// The `lake` binary with `--lake root`.
 pub fn lake_cmd(root: &Path) -> Command {
+    use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lake"));
     cmd.arg("--lake").arg(root).env_remove("LAKE_ROOT").env_remove("LAKE_LOG").stdin(Stdio::null());
+    // Ctrl-C reaches lake as at a terminal, also when the tests run where SIGINT is ignored (a
+    // background job of a script), which lake would keep ignoring.
+    // SAFETY: between fork and exec this only resets a signal's action (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     cmd
 }
 

@@ -374,3 +374,33 @@ fn interrupted_or_killed_frame_caching_leaves_nothing_behind() {
     assert!(!storing(&root), "the table being stored was left behind");
     assert!(lake(&root, &["ls"]).stdout.contains("second@1"));
 }
+
+/// A lake started with SIGINT ignored (a background job of a shell script) keeps ignoring it:
+/// Ctrl-C at the terminal is not meant for it. SIGTERM still stops it.
+#[test]
+fn an_interrupt_ignored_by_the_parent_stays_ignored() {
+    use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let mut cmd = lake_cmd(&root);
+    cmd.args(["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0"]).stdout(Stdio::piped()).stderr(Stdio::null());
+    // SAFETY: between fork and exec this only sets a signal's action (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("serve");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("read");
+    assert!(first.starts_with("lake serving"), "{first}");
+    // SAFETY: signals to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().expect("wait").is_none(), "SIGINT stopped it");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().expect("exits").success());
+}
