@@ -347,8 +347,11 @@ impl LakeSql {
             && message.contains("not found")
         {
             let reference = rest.split('\'').next().unwrap_or_default();
-            let parts: Vec<&str> = reference.split('.').collect();
-            if let Some((spec, why)) = self.unreadable.iter().find(|(spec, _)| spec.split('@').next() == Some(parts[1])) {
+            // `lake.SCHEMA.TABLE`, where a dataset's schema may hold dots (`"my.data@2"`).
+            let within = reference.strip_prefix(&format!("{CATALOG}.")).unwrap_or(reference);
+            let (schema, table) = within.rsplit_once('.').unwrap_or((SCHEMA, within));
+            let base = schema.split('@').next().unwrap_or(schema);
+            if let Some((spec, why)) = self.unreadable.iter().find(|(spec, _)| spec.split('@').next() == Some(base)) {
                 return Error::Storage(format!("dataset {spec} cannot be read: {why}"));
             }
             let tables_of = |schema: &str| -> String {
@@ -357,24 +360,29 @@ impl LakeSql {
                 names.sort();
                 names.join(", ")
             };
-            if parts.len() == 3 && parts[1] != SCHEMA && !self.datasets.iter().any(|d| d.name == parts[1]) {
-                if std::path::Path::new(&self.lake.uri(&format!("views/{}", parts[1]))).is_dir() {
+            let known = self.ctx.catalog(CATALOG).is_some_and(|c| c.schema(schema).is_some());
+            if schema != SCHEMA && !known {
+                if std::path::Path::new(&self.lake.uri(&format!("views/{base}"))).is_dir() {
                     return Error::Query(format!(
-                        "{message}: `{}` is a view, not a dataset (`SELECT * FROM views WHERE view = '{}'` shows its datasets and \
-                         the query that selects its episodes)",
-                        parts[1], parts[1]
+                        "{message}: `{base}` is a view, not a dataset (`SELECT * FROM views WHERE view = '{base}'` shows its datasets and \
+                         the query that selects its episodes)"
+                    ));
+                }
+                // An unquoted name is folded to lower case.
+                if let Some(d) = self.datasets.iter().find(|d| d.name != base && d.name.eq_ignore_ascii_case(base)) {
+                    return Error::Query(format!(
+                        "{message}: the lake has no dataset `{base}`; `{}` has capitals, which a name keeps only in double quotes: \
+                         \"{}\".{table}",
+                        d.name, d.name
                     ));
                 }
                 let have: Vec<&str> = self.datasets.iter().map(|d| d.name.as_str()).collect();
                 let have = if have.is_empty() { "none yet".to_string() } else { have.join(", ") };
-                return Error::Query(format!("{message}: the lake has no dataset `{}` (datasets: {have})", parts[1]));
+                return Error::Query(format!("{message}: the lake has no dataset `{base}` (datasets: {have})"));
             }
-            if parts.len() == 3 {
-                let table = parts[2];
-                let hint = if table == "image_stats" { "; `lake stats NAME --images` makes a dataset's image_stats" } else { "" };
-                let whose = if parts[1] == SCHEMA { "the lake's tables".to_string() } else { format!("`{}`'s tables", parts[1]) };
-                return Error::Query(format!("{message} ({whose}: {}{hint})", tables_of(parts[1])));
-            }
+            let hint = if table == "image_stats" { "; `lake stats NAME --images` makes a dataset's image_stats" } else { "" };
+            let whose = if schema == SCHEMA { "the lake's tables".to_string() } else { format!("`{schema}`'s tables") };
+            return Error::Query(format!("{message} ({whose}: {}{hint})", tables_of(schema)));
         }
         sql_error(&e)
     }

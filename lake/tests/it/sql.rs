@@ -193,6 +193,9 @@ fn the_shell_reads_statements_and_lists_tables() {
     assert!(run.code == 0 && run.stdout.contains("v30-images-tiny@1.episodes") && run.stdout.contains("length"), "{run:#?}");
     let run = lake(&root, &["sql", "\\d \"v30-images-tiny@7\".episodes"]);
     assert!(run.code == 2 && run.stderr.contains("no dataset `v30-images-tiny@7`"), "{run:#?}");
+    // A table a version does not have is named as such, with the version's tables.
+    let run = lake(&root, &["sql", "SELECT 1 FROM \"v30-images-tiny@1\".nosuch"]);
+    assert!(run.code == 2 && run.stderr.contains("(`v30-images-tiny@1`'s tables: episodes, "), "{run:#?}");
     let mut child = lake_cmd(&root)
         .arg("sql")
         .env("LAKE_HISTORY", root.join("history"))
@@ -212,7 +215,7 @@ fn the_shell_reads_statements_and_lists_tables() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("feature_stats") && stdout.contains("\"v30-images-tiny\".steps"), "\\d lists tables: {stdout}");
     assert!(stdout.contains("| 60 |"), "a multi-line statement runs: {stdout}");
-    assert!(stdout.contains("observation.images.front"), "\\d NAME shows columns: {stdout}");
+    assert!(stdout.contains("struct<observation/images/front: UInt64>"), "\\d NAME shows columns by the names queries use: {stdout}");
     assert!(!stdout.contains("Int64(1)"), "\\q in a statement quits without running it: {stdout}");
 
     // A script whose output's reader has gone ends the shell quietly, not one error a statement.
