@@ -4,8 +4,8 @@
 //! A view's query returns an `episode_index` column, a `dataset` column (optional when the lake
 //! holds one dataset) and optionally a `weight` column (one value per dataset: its mixture
 //! weight). The selection is resolved when the view is made and pinned to the dataset versions
-//! current then, so later ingests, of other datasets or of new versions of the same ones, never
-//! change what a view draws.
+//! current then (or to the version a `dataset` value names, `NAME@VERSION`), so later ingests,
+//! of other datasets or of new versions of the same ones, never change what a view draws.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -102,16 +102,31 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
         return Err(invalid(name, "the query selects no episodes"));
     }
     let mut selected = Vec::new();
+    let mut records: Vec<lake_schemas::CommitRecord> = Vec::new();
     for (ds, wanted) in episodes {
-        let record = datasets.iter().find(|r| r.name == ds).ok_or_else(|| {
-            invalid(
+        // `NAME` is the dataset's latest version; `NAME@VERSION` that version.
+        let record = match ds.split_once('@') {
+            Some(_) => lake.resolve(&ds).await.map_err(|e| invalid(name, format!("dataset `{ds}`: {e}")))?,
+            None => datasets.iter().find(|r| r.name == ds).cloned().ok_or_else(|| {
+                invalid(
+                    name,
+                    format!(
+                        "the lake has no dataset `{ds}` (datasets: {})",
+                        datasets.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            })?,
+        };
+        if let Some(other) = records.iter().find(|r| r.name == record.name && r.version != record.version) {
+            return Err(invalid(
                 name,
                 format!(
-                    "the lake has no dataset `{ds}` (datasets: {})",
-                    datasets.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+                    "it selects two versions of `{}` ({} and {}); a view takes one of each dataset",
+                    record.name, other.version, record.version
                 ),
-            )
-        })?;
+            ));
+        }
+        let record = &record;
         let have = lake_store::read_columns(lake, record, lake_schemas::tables::EPISODES, &["episode_index"]).await?;
         let have: BTreeSet<i64> =
             have.iter().flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().iter().copied().collect::<Vec<_>>()).collect();
@@ -119,13 +134,14 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
             return Err(invalid(name, format!("dataset `{ds}` has no episode {missing}")));
         }
         selected.push(ViewDataset {
-            name: ds.clone(),
+            name: record.name.clone(),
             version: record.version,
             weight: weights.get(&ds).copied().unwrap_or(1.0),
             episodes: wanted.into_iter().collect(),
         });
+        records.push(record.clone());
     }
-    let records: Vec<&lake_schemas::CommitRecord> = selected.iter().filter_map(|d| datasets.iter().find(|r| r.name == d.name)).collect();
+    let records: Vec<&lake_schemas::CommitRecord> = records.iter().collect();
     if let Some(why) = sample_shape_mismatch(lake, &records).await? {
         return Err(invalid(name, format!("its samples could not stack: {why}; select from datasets that match, one view each otherwise")));
     }

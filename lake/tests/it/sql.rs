@@ -349,6 +349,17 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
         &["view", "create", "long", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'v30-av1-small' AND episode_index = 0"],
     );
     assert!(run.stdout.contains("view long@4 created"), "{run:#?}");
+
+    // A view pins the version its `dataset` column names (`NAME@VERSION`), and says so when the
+    // query read another version than the one it pins.
+    ingest_ok(&root, &testdata("v30-av1-small"), &["--tolerance-s", "0.0002"]);
+    let run =
+        lake(&root, &["view", "create", "old", "SELECT 'v30-av1-small@1' AS dataset, episode_index FROM \"v30-av1-small@1\".episodes"]);
+    assert!(run.code == 0 && run.stdout.contains("(v30-av1-small@1: 6 episodes)") && !run.stdout.contains("note"), "{run:#?}");
+    let run =
+        lake(&root, &["view", "create", "latest", "SELECT 'v30-av1-small' AS dataset, episode_index FROM \"v30-av1-small@1\".episodes"]);
+    assert!(run.code == 0 && run.stdout.contains("(v30-av1-small@2: 6 episodes)"), "{run:#?}");
+    assert!(run.stdout.contains("note: the query reads v30-av1-small@1, but the view draws v30-av1-small@2"), "{run:#?}");
 }
 
 /// The episode of every draw of epoch 0 of sampling `spec`, in order.
