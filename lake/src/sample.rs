@@ -326,6 +326,13 @@ pub struct BenchArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Epoch to start in (the order is a function of seed and epoch).
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
+    /// Global step to start at within the epoch (below the epoch's steps); the stream goes on
+    /// into the next epochs.
+    #[arg(long, default_value_t = 0)]
+    start_step: u64,
     /// Sample only these episodes (comma-separated episode indices) [default: all].
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = whole_number)]
     episodes: Vec<i64>,
@@ -472,8 +479,16 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let loader = Arc::new(Loader::new(datasets, &args.windows.windows()?, args.loader.options())?);
     let order = Arc::new(Order::new(args.seed, sources)?);
     let sharding = Sharding::new(args.batch_size, 0, 1, true)?;
-    if sharding.steps_per_epoch(order.epoch_len()) == 0 {
+    let steps = sharding.steps_per_epoch(order.epoch_len());
+    if steps == 0 {
         anyhow::bail!("the batch size {} is larger than the {} eligible", args.batch_size, lake::count(order.epoch_len(), "step"));
+    }
+    if args.start_step >= steps {
+        anyhow::bail!(
+            "--start-step {} is past the epoch's last step ({steps} steps of {} samples per epoch: 0..{steps})",
+            args.start_step,
+            args.batch_size
+        );
     }
     // An endless stream: the first batch (its latency reported on its own), then the
     // `prefetch` batches made ahead while the first was awaited (untimed), then the timed ones.
@@ -488,7 +503,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let request = StreamRequest {
         order: order.clone(),
         sharding,
-        start: Cursor { epoch: 0, step: 0 },
+        start: Cursor { epoch: args.epoch, step: args.start_step },
         limit: None,
         stride: 1,
         prefetch: args.prefetch,
@@ -532,6 +547,9 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let report = BenchReport {
         datasets: labels,
         preset: args.windows.delta_timestamps.clone().unwrap_or(args.windows.preset.clone()),
+        seed: args.seed,
+        epoch: args.epoch,
+        start_step: args.start_step,
         batch_size: args.batch_size,
         batches: args.batches,
         threads: loader_threads(&args.loader),
@@ -580,6 +598,9 @@ fn loader_threads(args: &LoaderArgs) -> usize {
 struct BenchReport {
     datasets: Vec<String>,
     preset: String,
+    seed: u64,
+    epoch: u64,
+    start_step: u64,
     batch_size: u64,
     batches: u64,
     threads: usize,
@@ -646,8 +667,12 @@ impl BenchReport {
                 format!(" · lookahead {lookahead} · frames from {}", if table { "the frame table" } else { "packets" })
             }
         };
+        let start = match (self.seed, self.epoch, self.start_step) {
+            (0, 0, 0) => String::new(),
+            (seed, epoch, step) => format!(" · seed {seed}, epoch {epoch} from step {step}"),
+        };
         outln!(
-            "lake bench: {} · {windows} · batch {} · {} · cache {}{frames}",
+            "lake bench: {} · {windows}{start} · batch {} · {} · cache {}{frames}",
             self.datasets.join(" + "),
             self.batch_size,
             lake::count(self.threads as u64, "thread"),
