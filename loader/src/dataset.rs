@@ -181,9 +181,13 @@ impl LoaderDataset {
         let frames_unreadable = if frames_table.is_none() { modified(&frames_uri) } else { None };
         if let Some(size) = frame_size {
             if frames_table.is_none() {
-                return Err(Error::request(format!(
-                    "{label}: no frame table of {size} frames: make one with `lake cache {label} --size {size}`"
-                )));
+                let recorded = !cameras.is_empty() && cameras.iter().all(|c| (c.height, c.width) == (size.height, size.width));
+                let hint = if recorded {
+                    format!("every camera is recorded at {size}: leave out the frame size to read the frames as recorded")
+                } else {
+                    format!("make one with `lake cache {label} --size {size}`")
+                };
+                return Err(Error::request(format!("{label}: no frame table of {size} frames: {hint}")));
             }
             for camera in &mut cameras {
                 (camera.height, camera.width) = (size.height, size.width);

@@ -15,7 +15,7 @@ use arrow::{
 use lake_schemas::{InfoJson, PathTemplate, TemplateValue};
 use lake_testkit::{FrameHash, PacketDecoder, read_parquet, sequential_frames, shared_dir, testdata};
 
-use crate::common::{binaries, floats, ingest_ok, ints, num, packet_rows, sql_rows, strings, table};
+use crate::common::{binaries, floats, ingest_ok, ints, lake, num, packet_rows, sql_rows, strings, table};
 
 /// One source step: global index, frame index, timestamp, and image bytes per image camera.
 #[derive(Debug, Clone)]
@@ -317,7 +317,15 @@ fn sample_h264_multifile_per_camera_offsets() {
 
 #[test]
 fn sample_png_images_in_parquet() {
-    let _ = check_dataset(&testdata("v30-images-tiny"), &[], &[0, 1, 2]);
+    let tmp = check_dataset(&testdata("v30-images-tiny"), &[], &[0, 1, 2]);
+    // Asking for the size every camera is recorded at, without a table of it, says so.
+    let out = tmp.path().join("x.arrow");
+    let run = lake(
+        &tmp.path().join("lake"),
+        &["sample", "--dataset", "v30-images-tiny", "--indices", "0", "--out", out.to_str().expect("utf-8"), "--frame-size", "48x36"],
+    );
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("every camera is recorded at 48x36: leave out the frame size"), "{run:#?}");
 }
 
 #[test]
