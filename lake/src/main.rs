@@ -136,6 +136,30 @@ async fn stop_requested() -> u8 {
     }
 }
 
+/// The environment variable a refused value came from, when the flag clap names in `error` was
+/// not on the command line but its variable is set (clap's message names only the flag).
+fn value_from_environment(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(error.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else { return None };
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let given = std::env::args_os().any(|a| a.to_str().is_some_and(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}="))));
+    if given {
+        return None;
+    }
+    fn find(command: &clap::Command, long: &str) -> Option<String> {
+        command
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long) && a.get_env().is_some())
+            .and_then(|a| a.get_env()?.to_str().map(String::from))
+            .or_else(|| command.get_subcommands().find_map(|c| find(c, long)))
+    }
+    let var = find(&<Cli as clap::CommandFactory>::command(), long)?;
+    std::env::var_os(&var).is_some().then_some(var)
+}
+
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal
 /// errors, 130 cancelled with Ctrl-C, 143 stopped with SIGTERM.
 fn main() -> ExitCode {
@@ -144,7 +168,17 @@ fn main() -> ExitCode {
     let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
+            match value_from_environment(&e) {
+                Some(var) => {
+                    let text = e.render().to_string();
+                    let (message, rest) = text.split_once("\n\n").unwrap_or((&text, ""));
+                    errln!(
+                        "{message}\n  (the value came from the environment variable {var}; a flag would override it)\n\n{}",
+                        rest.trim_end()
+                    );
+                }
+                None => drop(e.print()),
+            }
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
