@@ -31,7 +31,7 @@ use lake_schemas::{
     CodecParams, CommitRecord, FeatureKind, Finding, FindingKind, LAKE_FORMAT_VERSION, Severity, SourceRecord, TableCounts, TableSet,
     tables::{self, EPISODES, FEATURE_STATS, FINDINGS, PACKETS, STATS, STEPS, STREAMS, TASKS},
 };
-use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_name};
+use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_new_name};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
 use crate::{
@@ -142,7 +142,13 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     let source = Source::open(location)?;
     *progress.bytes_read.lock().expect("progress counter") = Some(source.counter());
     let name = options.name.clone().unwrap_or_else(|| default_name(location));
-    validate_name(&name)?;
+    validate_new_name(&name).map_err(|e| match (e, &options.name) {
+        (lake_store::Error::BadName { name, message }, None) => lake_store::Error::BadName {
+            name,
+            message: format!("{message} (the name comes from the source's directory; give one with --name)"),
+        },
+        (e, _) => e,
+    })?;
     progress.set_phase("reading metadata");
     lake.collect_garbage().await?;
     let meta = DatasetMeta::load(&source).await?;

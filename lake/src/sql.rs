@@ -180,7 +180,12 @@ impl LakeSql {
                     continue;
                 }
             };
-            catalog.register_schema(&record.name, dataset_schema(&tables)?).map_err(query_error)?;
+            // A dataset named as one of SQL's own schemas (allowed before those names were
+            // reserved) has none of its own: `"NAME@VERSION".steps` and the stacked tables
+            // read it.
+            if !lake_store::RESERVED_NAMES.contains(&record.name.as_str()) {
+                catalog.register_schema(&record.name, dataset_schema(&tables)?).map_err(query_error)?;
+            }
             for (table, plan) in tables {
                 stacked.entry(table).or_default().push((record.name.clone(), plan));
             }
@@ -274,7 +279,15 @@ impl LakeSql {
 
     async fn plan(&self, query: &str) -> Result<DataFrame> {
         self.open_versions(query).await?;
-        self.ctx.sql_with_options(query, self.options).await.map_err(|e| self.explain_error(e))
+        self.ctx.sql_with_options(query, self.options).await.map_err(|e| match self.explain_error(e) {
+            // The parser gives no position for what it missed at the end.
+            Error::Query(m) if m.starts_with("SQL syntax error") && m.ends_with("found: EOF") => {
+                let line = query.trim_end().lines().count().max(1);
+                let column = query.trim_end().lines().last().map_or(0, |l| l.chars().count()) + 1;
+                Error::Query(format!("{m} at the end of the query (Line: {line}, Column: {column})"))
+            }
+            e => e,
+        })
     }
 
     /// Opens the earlier version a table name (`"NAME@VERSION".steps`) refers to, if any, so
@@ -353,6 +366,13 @@ impl LakeSql {
             let base = schema.split('@').next().unwrap_or(schema);
             if let Some((spec, why)) = self.unreadable.iter().find(|(spec, _)| spec.split('@').next() == Some(base)) {
                 return Error::Storage(format!("dataset {spec} cannot be read: {why}"));
+            }
+            if let Some(d) = self.datasets.iter().find(|d| d.name == schema && lake_store::RESERVED_NAMES.contains(&schema)) {
+                return Error::Query(format!(
+                    "{message}: `{schema}` is SQL's own schema, not the dataset of that name (a name reserved since it was \
+                     ingested); read the dataset as \"{schema}@{}\".{table}, or from {table} WHERE dataset = '{schema}'",
+                    d.version
+                ));
             }
             let tables_of = |schema: &str| -> String {
                 let names = self.ctx.catalog(CATALOG).and_then(|c| c.schema(schema)).map(|s| s.table_names()).unwrap_or_default();

@@ -1036,6 +1036,27 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Names SQL gives schemas of its own: the schema of the tables spanning every dataset
+/// (`public`) and the one describing them (`information_schema`). A dataset (or view) so named
+/// would take their place.
+pub const RESERVED_NAMES: [&str; 2] = ["public", "information_schema"];
+
+/// [`validate_name`] for a name about to be given to a new dataset or view: also refuses the
+/// [`RESERVED_NAMES`], in any case.
+///
+/// # Errors
+/// [`Error::BadName`] saying what is wrong.
+pub fn validate_new_name(name: &str) -> Result<()> {
+    validate_name(name)?;
+    if RESERVED_NAMES.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+        return Err(Error::BadName {
+            name: name.to_string(),
+            message: format!("is reserved: SQL names its own schema `{}`; choose another", name.to_ascii_lowercase()),
+        });
+    }
+    Ok(())
+}
+
 /// The local path a location names: a path as it is, a `file://` URL decoded (`%20` is a
 /// space); `None` for URLs of other schemes and `file://` URLs that are not valid.
 pub fn local_path(location: &str) -> Option<PathBuf> {

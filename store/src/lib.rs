@@ -16,8 +16,8 @@ mod tables;
 
 pub use crate::{
     catalog::{
-        GarbageReport, Lake, PendingVersion, Unreadable, absolute_location, default_name, hostname, local_path, process_alive,
-        validate_name,
+        GarbageReport, Lake, PendingVersion, RESERVED_NAMES, Unreadable, absolute_location, default_name, hostname, local_path,
+        process_alive, validate_name, validate_new_name,
     },
     error::{Error, Result, abbreviated, lance_message, without_source_locations},
     tables::{

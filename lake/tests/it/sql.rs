@@ -31,6 +31,16 @@ fn bad_queries_get_datafusion_errors_with_position_and_missing_datasets_are_name
     let run = lake(&root, &["sql", "SELEC count(*) FROM steps"]);
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("Line: 1, Column: 1"), "syntax errors give the position: {}", run.stderr);
+    let run = lake(&root, &["sql", "SELECT count(*)\nFROM steps WHERE (dataset = 'x'  \n"]);
+    assert!(run.code == 2 && run.stderr.contains("found: EOF at the end of the query (Line: 2, Column: 32)"), "{}", run.stderr);
+
+    // SQL's own schema names are not dataset or view names (the lake is left as it was).
+    let before = lake_testkit::snapshot(&root, &[]);
+    let run = lake(&root, &["ingest", testdata("v30-images-tiny").to_str().expect("utf-8"), "--name", "public"]);
+    assert!(run.code == 2 && run.stderr.contains("dataset name `public`: is reserved"), "{run:#?}");
+    let run = lake(&root, &["view", "create", "Information_Schema", "SELECT dataset, episode_index FROM episodes"]);
+    assert!(run.code == 2 && run.stderr.contains("is reserved: SQL names its own schema `information_schema`"), "{run:#?}");
+    assert_eq!(lake_testkit::snapshot(&root, &[]), before);
 
     let run = lake(&root, &["sql", "SELECT count(*) FROM \"no-such-set\".steps"]);
     assert_eq!(run.code, 2, "{run:#?}");
