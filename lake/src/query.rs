@@ -538,34 +538,15 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
     let lake = Lake::open(root)?;
     match command {
         ViewCommand::Create { name, query, replace } => {
-            let v = views::create(&lake, &name, &query, replace).await?;
+            let views::Created { view: v, notes } = views::create(&lake, &name, &query, replace).await?;
             let parts: Vec<String> = v
                 .datasets
                 .iter()
                 .map(|d| format!("{}@{}: {}", d.name, d.version, lake::count(d.episodes.len() as u64, "episode")))
                 .collect();
             outln!("view {}@{} created: {} ({})", v.name, v.version, lake::count(v.episode_count() as u64, "episode"), parts.join("; "))?;
-            // A query that read another version than the one its `dataset` column pinned.
-            for d in &v.datasets {
-                let read: Vec<&str> = v
-                    .sql
-                    .match_indices(&format!("{}@", d.name))
-                    .filter_map(|(at, m)| {
-                        let digits = &v.sql[at + m.len()..];
-                        let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
-                        Some(&digits[..end]).filter(|n| !n.is_empty() && n.parse() != Ok(d.version))
-                    })
-                    .collect();
-                if let Some(other) = read.first() {
-                    outln!(
-                        "  note: the query reads {}@{other}, but the view draws {}@{}, the version its `dataset` column names; \
-                         `'{}@{other}' AS dataset` pins that one",
-                        d.name,
-                        d.name,
-                        d.version,
-                        d.name
-                    )?;
-                }
+            for note in notes {
+                outln!("  note: {note}")?;
             }
         }
         ViewCommand::Ls => {

@@ -20,7 +20,10 @@
 //! count(*) FROM steps WHERE dataset = 'x'` reads one column of one dataset's steps and never a
 //! video packet.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use arrow::{
     array::{ArrayRef, Float64Array, Int64Array, RecordBatch, RecordBatchOptions, StringArray, TimestampMicrosecondArray, UInt64Array},
@@ -317,6 +320,38 @@ impl LakeSql {
             catalog.register_schema(schema, dataset_schema(&tables)?).map_err(query_error)?;
         }
         Ok(())
+    }
+
+    /// The dataset versions `query` reads, by dataset name: `"NAME@VERSION".t` that version,
+    /// `"NAME".t` the latest, a table spanning every dataset every latest one. Empty for a
+    /// query that does not parse.
+    #[must_use]
+    pub fn versions_read(&self, query: &str) -> BTreeMap<String, BTreeSet<u64>> {
+        let mut read: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+        let state = self.ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let Ok(statement) = state.sql_to_statement(query, &dialect) else { return read };
+        let Ok(references) = state.resolve_table_references(&statement) else { return read };
+        for reference in references {
+            match reference.schema() {
+                None | Some(SCHEMA) if DATASET_TABLES.contains(&reference.table()) => {
+                    for d in &self.datasets {
+                        read.entry(d.name.clone()).or_default().insert(d.version);
+                    }
+                }
+                Some(schema) => {
+                    let (name, version) = match schema.split_once('@') {
+                        Some((name, v)) => (name, v.parse().ok()),
+                        None => (schema, self.datasets.iter().find(|d| d.name == schema).map(|d| d.version)),
+                    };
+                    if let Some(version) = version {
+                        read.entry(name.to_string()).or_default().insert(version);
+                    }
+                }
+                None => {}
+            }
+        }
+        read
     }
 
     /// Runs `query` and collects its result.

@@ -29,7 +29,7 @@ fn invalid(name: &str, message: impl std::fmt::Display) -> Error {
 /// # Errors
 /// When the name is taken or not valid, the query fails, lacks the columns above, names a
 /// dataset or episode the lake does not have, gives one dataset two weights, or selects nothing.
-pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Result<ViewRecord> {
+pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Result<Created> {
     if let Err(lake_store::Error::BadName { message, .. }) = lake_store::validate_new_name(name) {
         return Err(invalid(name, format!("not a valid view name: {message}")));
     }
@@ -101,8 +101,9 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
     if episodes.is_empty() {
         return Err(invalid(name, "the query selects no episodes"));
     }
-    let mut selected = Vec::new();
-    let mut records: Vec<lake_schemas::CommitRecord> = Vec::new();
+    // Each spelling resolved first: `NAME`, `NAME@2` and `NAME@02` may be one version, whose
+    // episodes are then merged (and whose weights must agree).
+    let mut merged: Vec<(lake_schemas::CommitRecord, BTreeSet<i64>, Option<(String, f64)>)> = Vec::new();
     for (ds, wanted) in episodes {
         // `NAME` is the dataset's latest version; `NAME@VERSION` that version.
         let record = match ds.split_once('@') {
@@ -117,29 +118,53 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
                 )
             })?,
         };
-        if let Some(other) = records.iter().find(|r| r.name == record.name && r.version != record.version) {
-            return Err(invalid(
-                name,
-                format!(
-                    "it selects two versions of `{}` ({} and {}); a view takes one of each dataset",
-                    record.name, other.version, record.version
-                ),
-            ));
+        let weight = weights.get(&ds).map(|&w| (ds.clone(), w));
+        match merged.iter_mut().find(|(r, ..)| r.name == record.name) {
+            Some((other, ..)) if other.version != record.version => {
+                return Err(invalid(
+                    name,
+                    format!(
+                        "it selects two versions of `{}` ({} and {}); a view takes one of each dataset",
+                        record.name, other.version, record.version
+                    ),
+                ));
+            }
+            Some((other, episodes, kept)) => {
+                if let (Some((first, a)), Some((second, b))) = (kept.as_ref(), weight.as_ref())
+                    && a != b
+                {
+                    return Err(invalid(
+                        name,
+                        format!(
+                            "dataset `{}@{}` has two weights ({a} as `{first}` and {b} as `{second}`); give one per dataset",
+                            other.name, other.version
+                        ),
+                    ));
+                }
+                episodes.extend(wanted);
+                if kept.is_none() {
+                    *kept = weight;
+                }
+            }
+            None => merged.push((record, wanted, weight)),
         }
-        let record = &record;
-        let have = lake_store::read_columns(lake, record, lake_schemas::tables::EPISODES, &["episode_index"]).await?;
+    }
+    let mut selected = Vec::new();
+    let mut records: Vec<lake_schemas::CommitRecord> = Vec::new();
+    for (record, wanted, weight) in merged {
+        let have = lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index"]).await?;
         let have: BTreeSet<i64> =
             have.iter().flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().iter().copied().collect::<Vec<_>>()).collect();
         if let Some(missing) = wanted.iter().find(|e| !have.contains(e)) {
-            return Err(invalid(name, format!("dataset `{ds}` has no episode {missing}")));
+            return Err(invalid(name, format!("dataset `{}@{}` has no episode {missing}", record.name, record.version)));
         }
         selected.push(ViewDataset {
             name: record.name.clone(),
             version: record.version,
-            weight: weights.get(&ds).copied().unwrap_or(1.0),
+            weight: weight.map_or(1.0, |(_, w)| w),
             episodes: wanted.into_iter().collect(),
         });
-        records.push(record.clone());
+        records.push(record);
     }
     let records: Vec<&lake_schemas::CommitRecord> = records.iter().collect();
     if let Some(why) = sample_shape_mismatch(lake, &records).await? {
@@ -155,7 +180,30 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
         datasets: selected,
     };
     view.version = lake.put_view(&view, replace).await?;
-    Ok(view)
+    // A query that read another version of a dataset than the one its `dataset` column pinned.
+    let read = sql.versions_read(query);
+    let notes = view
+        .datasets
+        .iter()
+        .filter_map(|d| {
+            let other = read.get(&d.name)?.iter().find(|&&v| v != d.version)?;
+            Some(format!(
+                "the query reads {name}@{other}, but the view draws {name}@{}, the version its `dataset` column names; \
+                 `'{name}@{other}' AS dataset` pins that one",
+                d.version,
+                name = d.name
+            ))
+        })
+        .collect();
+    Ok(Created { view, notes })
+}
+
+/// A view just made, and what its maker should know about it.
+pub struct Created {
+    /// The view's record, as stored.
+    pub view: ViewRecord,
+    /// Notes: each dataset the query read at another version than the view draws.
+    pub notes: Vec<String>,
 }
 
 /// What a version's samples are made of, in the order the loader puts them: each steps column

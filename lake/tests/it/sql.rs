@@ -370,6 +370,23 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
         lake(&root, &["view", "create", "latest", "SELECT 'v30-av1-small' AS dataset, episode_index FROM \"v30-av1-small@1\".episodes"]);
     assert!(run.code == 0 && run.stdout.contains("(v30-av1-small@2: 6 episodes)"), "{run:#?}");
     assert!(run.stdout.contains("note: the query reads v30-av1-small@1, but the view draws v30-av1-small@2"), "{run:#?}");
+    // And the other way: the query read the latest version, the view pins an older one.
+    let run =
+        lake(&root, &["view", "create", "pinned", "SELECT 'v30-av1-small@1' AS dataset, episode_index FROM \"v30-av1-small\".episodes"]);
+    assert!(run.code == 0 && run.stdout.contains("(v30-av1-small@1: 6 episodes)"), "{run:#?}");
+    assert!(run.stdout.contains("note: the query reads v30-av1-small@2, but the view draws v30-av1-small@1"), "{run:#?}");
+    // Spellings of one version are one dataset: episodes merged, weights that must agree.
+    let run = lake(
+        &root,
+        &["view", "create", "spelled", "SELECT 'v30-av1-small@1' AS dataset, 0 AS episode_index UNION ALL SELECT 'v30-av1-small@01', 1"],
+    );
+    assert!(run.code == 0 && run.stdout.contains("created: 2 episodes (v30-av1-small@1: 2 episodes)"), "{run:#?}");
+    let query = "SELECT 'v30-av1-small' AS dataset, 0 AS episode_index, 1.0 AS weight UNION ALL SELECT 'v30-av1-small@2', 1, 5.0";
+    let run = lake(&root, &["view", "create", "twice", query]);
+    assert!(
+        run.code == 2 && run.stderr.contains("`v30-av1-small@2` has two weights (1 as `v30-av1-small` and 5 as `v30-av1-small@2`)"),
+        "{run:#?}"
+    );
 }
 
 /// The episode of every draw of epoch 0 of sampling `spec`, in order.
