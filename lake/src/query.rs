@@ -292,7 +292,8 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
         };
         let trimmed = line.trim();
         // A `\\` command is read at the start of a line, a statement begun or not (`\\q` drops
-        // that statement), and after the statements a line ends.
+        // that statement), and anywhere in a line outside strings and comments: the text
+        // before it is SQL, the rest of the line the command.
         let mut command = trimmed.starts_with('\\').then(|| trimmed.to_string());
         if command.is_none() {
             if trimmed.is_empty() && statement.is_empty() {
@@ -300,8 +301,9 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             }
             statement.push_str(&line);
             statement.push('\n');
-            let (complete, rest) = split_statements(&statement);
+            let (complete, rest, found) = split_statements(&statement);
             statement = rest;
+            command = found;
             for query in complete {
                 // Recalled, a statement runs as it is: with its `;`.
                 let _ = editor.add_history_entry(format!("{};", query.trim_end()));
@@ -317,10 +319,6 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             }
             if gone.is_some() {
                 break;
-            }
-            if statement.trim_start().starts_with('\\') {
-                command = Some(statement.trim().to_string());
-                statement.clear();
             }
         }
         let Some(command) = command else { continue };
@@ -368,9 +366,10 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
 /// Splits `text` at the `;`s that end statements, not those in strings (`'…'`, `"…"`, `E'…'`
 /// with backslash escapes, `$tag$…$tag$`) or comments (block comments nesting as DataFusion's
 /// parser nests them): the complete statements, without their `;` (those holding no code left
-/// out), and the text after the last (empty when it holds neither code nor an open string or
-/// comment).
-fn split_statements(text: &str) -> (Vec<String>, String) {
+/// out), the text after the last (empty when it holds neither code nor an open string or
+/// comment), and a `\\` command: a backslash outside strings and comments (never SQL) ends
+/// the text there, and the rest of its line is the command.
+fn split_statements(text: &str) -> (Vec<String>, String, Option<String>) {
     #[derive(Clone, PartialEq)]
     enum In {
         Code,
@@ -399,6 +398,11 @@ fn split_statements(text: &str) -> (Vec<String>, String) {
                 }
                 (start, code) = (chars[i].0 + 1, false);
                 In::Code
+            }
+            (In::Code, '\\') => {
+                let at = chars[i].0;
+                let command = text[at..].lines().next().unwrap_or_default().trim().to_string();
+                return (complete, if code { text[start..at].to_string() } else { String::new() }, Some(command));
             }
             (In::Code, c) => {
                 code |= !c.is_whitespace();
@@ -451,7 +455,7 @@ fn split_statements(text: &str) -> (Vec<String>, String) {
         i += step;
     }
     let open = !matches!(state, In::Code | In::LineComment);
-    (complete, if code || open { text[start..].to_string() } else { String::new() })
+    (complete, if code || open { text[start..].to_string() } else { String::new() }, None)
 }
 
 fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> {
@@ -736,23 +740,33 @@ mod tests {
 
     #[test]
     fn statements_end_at_semicolons_outside_quotes_and_comments() {
-        let (done, rest) = split_statements("select 1 as a; select 2 as b;\n");
+        let (done, rest, _) = split_statements("select 1 as a; select 2 as b;\n");
         assert_eq!((done, rest), (vec!["select 1 as a".to_string(), "select 2 as b".to_string()], String::new()));
-        let (done, rest) = split_statements("select 'x;\ny' as s, \"a;b\" -- c;\n from t /* ; */;  select");
+        let (done, rest, _) = split_statements("select 'x;\ny' as s, \"a;b\" -- c;\n from t /* ; */;  select");
         assert_eq!(done, vec!["select 'x;\ny' as s, \"a;b\" -- c;\n from t /* ; */".to_string()]);
         assert_eq!(rest, "  select");
-        let (done, rest) = split_statements("select 'it''s;' ;\n;\n");
+        let (done, rest, _) = split_statements("select 'it''s;' ;\n;\n");
         assert_eq!((done, rest), (vec!["select 'it''s;'".to_string()], String::new()));
-        let (done, rest) = split_statements("select 'open;\n");
+        let (done, rest, _) = split_statements("select 'open;\n");
         assert!(done.is_empty() && rest == "select 'open;\n");
-        let (done, rest) = split_statements("select 1 as x; -- done\n");
+        let (done, rest, _) = split_statements("select 1 as x; -- done\n");
         assert_eq!((done, rest), (vec!["select 1 as x".to_string()], String::new()), "a trailing comment is no statement");
-        let (done, rest) = split_statements("/* a /* nested ; */ still ; */ select 2;");
+        let (done, rest, _) = split_statements("/* a /* nested ; */ still ; */ select 2;");
         assert_eq!((done, rest), (vec!["/* a /* nested ; */ still ; */ select 2".to_string()], String::new()));
-        let (done, rest) = split_statements("/* disabled:\nselect 2;\n");
+        let (done, rest, _) = split_statements("/* disabled:\nselect 2;\n");
         assert!(done.is_empty() && rest == "/* disabled:\nselect 2;\n", "an open comment goes on: {rest:?}");
-        let (done, rest) = split_statements("select E'a\\';' as a, $$x;y$$ as b, $t$p;$q$t$ as c, $1 as d; select 2");
+        let (done, rest, _) = split_statements("select E'a\\';' as a, $$x;y$$ as b, $t$p;$q$t$ as c, $1 as d; select 2");
         assert_eq!(done, vec!["select E'a\\';' as a, $$x;y$$ as b, $t$p;$q$t$ as c, $1 as d".to_string()]);
         assert_eq!(rest, " select 2");
+    }
+
+    #[test]
+    fn a_backslash_outside_strings_and_comments_starts_a_command() {
+        let split = split_statements("select 1; select 3 as x \\q\nselect 4;\n");
+        assert_eq!(split, (vec!["select 1".to_string()], " select 3 as x ".to_string(), Some("\\q".to_string())));
+        let split = split_statements("select 1;  \\d steps  \n");
+        assert_eq!(split, (vec!["select 1".to_string()], String::new(), Some("\\d steps".to_string())));
+        let split = split_statements("select '\\q' as a, E'\\\\' as b -- \\q\n/* \\d */;\n");
+        assert_eq!(split, (vec!["select '\\q' as a, E'\\\\' as b -- \\q\n/* \\d */".to_string()], String::new(), None));
     }
 }

@@ -218,7 +218,7 @@ fn the_shell_reads_statements_and_lists_tables() {
         .stdin
         .take()
         .expect("stdin")
-        .write_all(b"\\d\nSELECT count(*) AS n\n  FROM steps;\n\\d \"v30-images-tiny\".steps\nSELECT 1\n\\q\n")
+        .write_all(b"\\d\nSELECT count(*) AS n\n  FROM steps; \\d \"v30-images-tiny\".steps\nSELECT 1\n  AS one \\q\nSELECT 2;\n")
         .expect("write statements");
     let out = child.wait_with_output().expect("shell exits");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -226,7 +226,7 @@ fn the_shell_reads_statements_and_lists_tables() {
     assert!(stdout.contains("feature_stats") && stdout.contains("\"v30-images-tiny\".steps"), "\\d lists tables: {stdout}");
     assert!(stdout.contains("| 60 |"), "a multi-line statement runs: {stdout}");
     assert!(stdout.contains("struct<observation/images/front: UInt64>"), "\\d NAME shows columns by the names queries use: {stdout}");
-    assert!(!stdout.contains("Int64(1)"), "\\q in a statement quits without running it: {stdout}");
+    assert!(!stdout.contains("| one") && !stdout.contains("Int64(2)"), "\\q in a statement quits without running it: {stdout}");
 
     // A script whose output's reader has gone ends the shell quietly, not one error a statement.
     let mut child = lake_cmd(&root)
