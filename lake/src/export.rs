@@ -158,6 +158,9 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     // machine once its process is gone.
     let existing = out.exists();
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    if let Some(file) = parent.ancestors().find(|a| a.exists()).filter(|a| !a.is_dir()) {
+        return Err(invalid(format!("{} is not a directory; {} cannot be made under it", file.display(), out.display())));
+    }
     std::fs::create_dir_all(&parent).map_err(io(&parent))?;
     let beside = format!(".{}.partial-", out.file_name().and_then(|n| n.to_str()).unwrap_or("export"));
     remove_dead_partials(&parent, &beside, &host);

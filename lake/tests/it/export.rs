@@ -473,6 +473,8 @@ fn failed_exports_leave_nothing_behind() {
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("not empty"), "{}", run.stderr);
     assert_eq!(std::fs::read_dir(&occupied).expect("dir").count(), 1, "the directory is untouched");
+    let run = export(&root, "v30-images-tiny", "lerobot-v3", &occupied.join("keep.txt/sub/out"));
+    assert!(run.code == 2 && run.stderr.contains("keep.txt is not a directory; "), "{run:#?}");
 
     ingest_ok(&root, &testdata("v30-images-tiny"), &["--name", "twin"]);
     let run = lake(&root, &["view", "create", "both", "SELECT dataset, episode_index FROM episodes WHERE dataset <> 'v30-av1-small'"]);
