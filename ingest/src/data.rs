@@ -332,6 +332,39 @@ pub fn image_header(bytes: &[u8]) -> Option<(&'static str, u32, u32)> {
     Some((format, size.width as u32, size.height as u32))
 }
 
+/// Damage an encoded image's framing shows without decoding it: a PNG whose header chunk fails
+/// its CRC (what a header of garbage does) or that does not end with its `IEND` chunk, a JPEG
+/// that does not end with its end-of-image marker (both: bytes cut short).
+pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
+    match format {
+        "png" => {
+            // Signature (8 bytes), then IHDR: length (4), type (4), 13 bytes of data, CRC (4).
+            let ok = bytes.get(12..29).zip(bytes.get(29..33)).is_some_and(|(chunk, crc)| crc32fast::hash(chunk).to_be_bytes() == crc);
+            if !ok {
+                return Some("its PNG header chunk (IHDR) fails its checksum".into());
+            }
+            const IEND: [u8; 12] = [0, 0, 0, 0, b'I', b'E', b'N', b'D', 0xAE, 0x42, 0x60, 0x82];
+            (!bytes.ends_with(&IEND))
+                .then(|| format!("the PNG image is cut short: its {} bytes do not end with the IEND chunk", bytes.len()))
+        }
+        // Encoders may pad after the marker; a JPEG cut short has none near its end.
+        "mjpeg" => {
+            let tail = &bytes[bytes.len().saturating_sub(64)..];
+            (!tail.windows(2).any(|w| w == [0xFF, 0xD9]))
+                .then(|| format!("the JPEG image is cut short: its {} bytes do not end with the end-of-image marker", bytes.len()))
+        }
+        _ => None,
+    }
+}
+
+/// How people call an image format (`mjpeg` is FFmpeg's name for JPEG).
+pub fn image_format_name(format: &str) -> String {
+    match format {
+        "mjpeg" => "JPEG".into(),
+        other => other.to_ascii_uppercase(),
+    }
+}
+
 /// What the first pass learned about one episode's rows.
 #[derive(Debug, Clone, Default)]
 pub struct EpisodeRows {
@@ -578,13 +611,33 @@ fn check_batch(
     }
     for (f, rows) in &images {
         let declared = f.camera_hwc();
-        for (row, bytes) in rows.iter().enumerate() {
-            match image_header(bytes) {
+        let headers: Vec<Option<(&'static str, u32, u32)>> = rows.iter().map(|b| image_header(b)).collect();
+        // One format per column (a camera's frames share a decoder): the one most rows have.
+        let mut formats: BTreeMap<&str, usize> = BTreeMap::new();
+        for (format, ..) in headers.iter().flatten() {
+            *formats.entry(format).or_default() += 1;
+        }
+        let usual = formats.iter().max_by_key(|(_, n)| **n).map(|(f, _)| *f);
+        for (row, header) in headers.into_iter().enumerate() {
+            match header {
                 None => row_errors.push((
                     row,
                     FindingKind::CorruptFile,
                     format!("column `{}`: image bytes are not a PNG/JPEG/WebP/BMP/TIFF image", f.name),
                 )),
+                Some((format, ..)) if Some(format) != usual => row_errors.push((
+                    row,
+                    FindingKind::FormatMismatch,
+                    format!(
+                        "column `{}`: image is {} where the column's others are {}; lake takes one image format per camera",
+                        f.name,
+                        image_format_name(format),
+                        image_format_name(usual.unwrap_or_default())
+                    ),
+                )),
+                Some((format, ..)) if let Some(damage) = image_damage(format, rows[row]) => {
+                    row_errors.push((row, FindingKind::CorruptFile, format!("column `{}`: {damage}", f.name)));
+                }
                 Some((_, w, h)) => {
                     if let Some((dh, dw, _)) = declared
                         && (dh as u32 != h || dw as u32 != w)

@@ -442,6 +442,34 @@ impl Plan {
             }
             self.rows.extend(scan.episodes);
         }
+        // One image format per camera across files too (each file agrees within itself): the
+        // one most episodes have.
+        for cam in &self.image_cameras {
+            let format_of = |rows: &data::EpisodeRows| rows.image_formats.iter().find(|(c, ..)| c == cam).map(|(_, f, ..)| *f);
+            let mut formats: BTreeMap<&str, usize> = BTreeMap::new();
+            for format in self.rows.values().filter_map(format_of) {
+                *formats.entry(format).or_default() += 1;
+            }
+            let Some((&usual, _)) = formats.iter().max_by_key(|(_, n)| **n) else { continue };
+            for (path, _, episodes) in &self.data_files {
+                for e in episodes {
+                    let Some(format) = self.rows.get(e).and_then(format_of).filter(|f| *f != usual) else { continue };
+                    self.report.findings.push(
+                        Finding::error(
+                            FindingKind::FormatMismatch,
+                            format!(
+                                "column `{cam}`: images are {} where other episodes' are {}; lake takes one image format per camera",
+                                data::image_format_name(format),
+                                data::image_format_name(usual)
+                            ),
+                        )
+                        .with_file(path)
+                        .with_episode(*e)
+                        .with_frame(0),
+                    );
+                }
+            }
+        }
         Ok(())
     }
 

@@ -464,6 +464,22 @@ impl DatasetMeta {
     }
 
     fn sort_and_check_episodes(&mut self, origin: &str) -> Result<()> {
+        // Listed (shards in path order, rows in order) otherwise than by index: LeRobot takes
+        // an episode's metadata from the position its index names, another episode's.
+        if let Some(pair) = self.episodes.windows(2).find(|w| w[1].index < w[0].index) {
+            self.findings.push(
+                Finding::warning(
+                    FindingKind::BadMetadata,
+                    format!(
+                        "episodes are not listed in index order: episode {} comes after episode {}; LeRobot finds an episode's \
+                         metadata by its position, so it would read other episodes' bounds (lake finds each by its index)",
+                        pair[1].index, pair[0].index
+                    ),
+                )
+                .with_file(origin)
+                .with_episode(pair[1].index),
+            );
+        }
         self.episodes.sort_by_key(|e| e.index);
         for pair in self.episodes.windows(2) {
             if pair[0].index == pair[1].index {

@@ -121,6 +121,36 @@ fn damaged_packets_inside_a_file() {
     assert_eq!(sample("on"), sample("off"), "the stored frames of the kept episodes are the decoded ones");
 }
 
+/// Encoded images whose damage shows without decoding (bytes cut short, a header of garbage)
+/// and an image of another format than the rest of its camera's are each named with episode
+/// and frame.
+#[test]
+fn damaged_and_mixed_images_in_parquet() {
+    let (t, root, src) = setup("v30-images-tiny");
+    let jpeg_file = t.path().join("frame.jpg");
+    ffmpeg(&["-v", "error", "-f", "lavfi", "-i", "testsrc=s=48x36:d=1", "-frames:v", "1", jpeg_file.to_str().expect("utf-8")]);
+    let jpeg = std::fs::read(&jpeg_file).expect("jpeg");
+    replace_column(&src, "observation.images.front", |col| {
+        let images = col.as_struct();
+        let mut bytes: Vec<Vec<u8>> = images.column(0).as_binary::<i32>().iter().map(|b| b.expect("bytes").to_vec()).collect();
+        bytes[0] = jpeg.clone(); // episode 0, frame 0
+        let half = bytes[25].len() / 2;
+        bytes[25].truncate(half); // episode 1, frame 6
+        bytes[45][16..29].fill(0xAB); // episode 2, frame 5: the header's size and depth
+        let bytes: ArrayRef = std::sync::Arc::new(arrow::array::BinaryArray::from_iter_values(bytes));
+        std::sync::Arc::new(arrow::array::StructArray::new(images.fields().clone(), vec![bytes, images.column(1).clone()], None))
+    });
+    let data = "data/chunk-000/file-000.parquet, episode";
+    let err = refused(&root, &src, 1, &[data, "format-mismatch", "corrupt-file"]);
+    for says in [
+        "episode 0, frame 0: column `observation.images.front`: image is JPEG where the column's others are PNG",
+        "episode 1, frame 6: column `observation.images.front`: the PNG image is cut short",
+        "episode 2, frame 5: column `observation.images.front`: its PNG header chunk (IHDR) fails its checksum",
+    ] {
+        assert!(err.contains(says), "expected `{says}` in {err}");
+    }
+}
+
 #[test]
 fn declared_dtype_that_cannot_hold_the_values() {
     let (_t, root, src) = setup("v30-av1-small");
@@ -247,6 +277,16 @@ fn overlapping_and_gapped_index_ranges() {
     let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "renumbered"]);
     assert_eq!(run.code, 0, "{run:#?}");
     assert!(run.stdout.contains("episode 9: episode indices are not 0 to 5: episode 9 comes after episode 4"), "{run:#?}");
+    // Episode metadata rows listed out of index order: LeRobot would take each episode's
+    // bounds from the row at its index's position.
+    let episodes = src.join("meta/episodes/chunk-000/file-000.parquet");
+    let batches = read_parquet(&episodes);
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches).expect("concat");
+    let reversed = arrow::array::UInt32Array::from_iter_values((0..all.num_rows() as u32).rev());
+    write_parquet(&episodes, &[arrow::compute::take_record_batch(&all, &reversed).expect("take")]);
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--name", "reversed"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("episode 4: episodes are not listed in index order: episode 4 comes after episode 9"), "{run:#?}");
 }
 
 /// A FIFO where a file should be (opening it would wait for a writer forever): refused at
