@@ -213,6 +213,11 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
             message: "changed while the ingest read the source (its size or modification time differs); run the ingest again".into(),
         });
     }
+    // Cancelled (Ctrl-C, SIGTERM) at any time before the commit record: nothing is committed.
+    if let Err(e) = progress.check() {
+        pending.abort().await?;
+        return Err(e);
+    }
     progress.set_phase("committing");
     // Another ingest of the same source may have committed while this one ran: then this one
     // is the no-op it would have been had it started later.
@@ -241,6 +246,10 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     let seconds = plan.report.seconds;
     let same = (record_options.clone(), source_record.content_hash.clone());
     let is_same = move |now: &CommitRecord| now.options == same.0 && now.source.content_hash == same.1;
+    if let Err(e) = progress.check() {
+        pending.abort().await?;
+        return Err(e);
+    }
     let record = pending
         .commit(|version| CommitRecord {
             format_version: LAKE_FORMAT_VERSION,
@@ -644,18 +653,22 @@ async fn build(
     if steps != kept_steps {
         return Err(Error::Internal(format!("wrote {steps} steps, expected {kept_steps}")));
     }
+    progress.check()?;
     lake_store::commit_parts(&pending.table_uri(STEPS), layout.schema.clone(), vec![steps_part]).await?;
+    progress.check()?;
     let mut all_parts = video_parts;
     all_parts.extend(image_parts.iter().cloned());
     let packets = lake_store::commit_parts(&pending.table_uri(PACKETS), tables::packets_schema(), all_parts).await?;
 
     // Small tables.
+    progress.check()?;
     progress.set_phase("writing metadata tables");
     let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, &image_bytes, kept_steps, meta)?;
     let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
     let tasks_batch = tasks_table(meta)?;
     let stats_batch = stats_table(meta, &kept)?;
     progress.set_phase("computing exact feature statistics");
+    progress.check()?;
     let feature_stats_batch = crate::feature_stats::compute(&pending.table_uri(STEPS), &layout.schema).await?;
     for (e, reason) in &plan.report.skipped {
         plan.report.findings.push(
@@ -672,6 +685,7 @@ async fn build(
         (FEATURE_STATS, feature_stats_batch),
         (FINDINGS, findings_batch),
     ] {
+        progress.check()?;
         lake_store::write_table(&pending.table_uri(table), batch.schema(), vec![batch]).await?;
     }
 

@@ -306,6 +306,27 @@ fn interrupted_ingest_removes_everything_it_wrote() {
     let out = child.wait_with_output().expect("wait");
     assert_eq!(out.status.code(), Some(130), "{out:?}");
     assert_eq!(snapshot(&root, &[]), before, "Ctrl-C left files behind");
+
+    // Late, with every packet written and the small tables being made: still nothing is
+    // committed (SIGTERM, exit 143).
+    let mut child = lake_cmd(&root)
+        .args(["ingest", src.to_str().expect("utf-8"), "--name", "big"])
+        .env("LAKE_LOG", "lake_ingest=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains("phase=\"writing metadata tables\"") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut log, &mut line).expect("log") > 0, "the ingest ended before its last phase");
+    }
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    std::io::copy(&mut log, &mut std::io::sink()).expect("drain the log");
+    assert_eq!(child.wait().expect("wait").code(), Some(143));
+    assert_eq!(snapshot(&root, &[]), before, "a late SIGTERM committed or left files behind");
 }
 
 /// `lake cache` interrupted (Ctrl-C) leaves no unpublished table behind, and the leftovers of
