@@ -25,6 +25,14 @@ pub fn f64s(batch: &RecordBatch, name: &str) -> Option<Result<Vec<Option<f64>>, 
 
 /// Values of a string column (nulls as `None`).
 pub fn strings(col: &ArrayRef) -> Result<Vec<Option<String>>, String> {
+    // Bytes that are not UTF-8 are named (a cast would make them nulls).
+    if matches!(col.data_type(), DataType::Binary | DataType::LargeBinary | DataType::BinaryView) {
+        let bytes = cast(col, &DataType::LargeBinary).map_err(|e| e.to_string())?;
+        let bytes = bytes.as_binary::<i64>();
+        if let Some(row) = (0..bytes.len()).find(|&r| bytes.is_valid(r) && std::str::from_utf8(bytes.value(r)).is_err()) {
+            return Err(format!("row {row} is not UTF-8 text"));
+        }
+    }
     let a = cast(col, &DataType::Utf8).map_err(|e| e.to_string())?;
     Ok(a.as_string::<i32>().iter().map(|s| s.map(str::to_string)).collect())
 }

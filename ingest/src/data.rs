@@ -575,7 +575,7 @@ fn check_batch(
             cast(ts_col, &DataType::Float32).map_err(|e| e.to_string())?.as_primitive::<Float32Type>().iter().collect();
         Ok((int_col("episode_index")?, int_col("frame_index")?, int_col("index")?, int_col("task_index")?, ts))
     })();
-    let (episode, frame, index, task, ts) = match cols {
+    let (mut episode, frame, index, task, ts) = match cols {
         Ok(c) => c,
         Err(m) => {
             for e in by_index.values() {
@@ -585,6 +585,22 @@ fn check_batch(
             return Ok(());
         }
     };
+    // A row without its episode is an error of the episode whose rows surround it (the one
+    // before it, or after it at the start), named as such.
+    let nulls: Vec<usize> = (0..episode.len()).filter(|&r| episode[r].is_none()).collect();
+    for row in nulls {
+        let near = episode[..row].iter().rev().chain(episode[row + 1..].iter()).find_map(|e| *e);
+        let mut f = Finding::error(FindingKind::SchemaMismatch, "episode_index is null in this row").with_file(path);
+        if let Some(e) = near {
+            f = f.with_episode(e);
+            bad.insert(e, ());
+        }
+        if let Some(fr) = frame[row] {
+            f = f.with_frame(fr);
+        }
+        scan.findings.push(f);
+        episode[row] = near;
+    }
     // Per-column shape checks; the first bad row marks its episode.
     let mut row_errors: Vec<(usize, FindingKind, String)> = Vec::new();
     let mut images: Vec<(&Feature, Vec<&[u8]>)> = Vec::new();

@@ -151,6 +151,35 @@ fn damaged_and_mixed_images_in_parquet() {
     }
 }
 
+/// A row whose `episode_index` is null is an error of the episode around it; a task that is
+/// not UTF-8 text is named as such (not as a null).
+#[test]
+fn a_row_without_its_episode_and_a_task_that_is_not_text() {
+    let (_t, root, src) = setup("v30-av1-small");
+    replace_column(&src, "episode_index", |col| {
+        let mut episodes: Vec<Option<i64>> = col.as_primitive::<Int64Type>().iter().collect();
+        episodes[150] = None; // episode 1, frame 51
+        std::sync::Arc::new(arrow::array::Int64Array::from(episodes))
+    });
+    let err = refused(&root, &src, 1, &["data/chunk-000/file-000.parquet, episode 1, frame 51: episode_index is null in this row"]);
+    assert!(!err.contains("episode -1") && err.contains("1 error in 1 of 6 episodes"), "{err}");
+
+    let (_t, root, src) = setup("v30-av1-small");
+    let tasks = src.join("meta/tasks.parquet");
+    let batch = read_parquet(&tasks).remove(0);
+    let column = batch.schema().fields().iter().position(|f| f.name() != "task_index").expect("the task column");
+    let mut columns = batch.columns().to_vec();
+    let mut names: Vec<Vec<u8>> = columns[column].as_string::<i64>().iter().map(|t| t.expect("task").as_bytes().to_vec()).collect();
+    names[1] = b"\xff\xfe".to_vec();
+    columns[column] = std::sync::Arc::new(arrow::array::LargeBinaryArray::from_iter_values(names));
+    // Named `task`, the column is found without the pandas index metadata.
+    let mut fields: Vec<arrow::datatypes::Field> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields[column] = arrow::datatypes::Field::new("task", arrow::datatypes::DataType::LargeBinary, true);
+    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(fields));
+    write_parquet(&tasks, &[RecordBatch::try_new(schema, columns).expect("batch")]);
+    refused(&root, &src, 2, &["meta/tasks.parquet: column `task`: row 1 is not UTF-8 text"]);
+}
+
 #[test]
 fn declared_dtype_that_cannot_hold_the_values() {
     let (_t, root, src) = setup("v30-av1-small");
