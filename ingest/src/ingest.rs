@@ -139,6 +139,17 @@ pub enum Outcome {
 /// the lake is as it was before.
 pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progress: &Progress) -> Result<Outcome> {
     let started = Instant::now();
+    // Sources are read and recorded by text paths (object_store's): a directory whose name is
+    // not UTF-8 (reached as `.` from inside it) could be neither.
+    if let Some(path) = lake_store::local_path(location)
+        && let Ok(absolute) = std::path::absolute(&path)
+        && absolute.to_str().is_none()
+    {
+        return Err(Error::Unsupported(format!(
+            "the source's path {} is not UTF-8 text; lake reads and records sources by text paths: rename the directory",
+            absolute.to_string_lossy()
+        )));
+    }
     let source = Source::open(location)?;
     *progress.bytes_read.lock().expect("progress counter") = Some(source.counter());
     let name = options.name.clone().unwrap_or_else(|| default_name(location));

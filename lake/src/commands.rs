@@ -17,7 +17,7 @@ use crate::render;
 #[derive(Debug, clap::Args)]
 pub struct IngestArgs {
     /// The LeRobot dataset root (a directory with `meta/info.json`), path or file:// URL.
-    source: String,
+    source: std::path::PathBuf,
     /// Dataset name in the lake [default: the source directory's name].
     #[arg(long)]
     name: Option<String>,
@@ -89,6 +89,12 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     if !(args.tolerance_s > 0.0 && args.tolerance_s.is_finite()) {
         anyhow::bail!("--tolerance-s must be a positive number of seconds, got {}", args.tolerance_s);
     }
+    let Some(source) = args.source.to_str().map(str::to_string) else {
+        anyhow::bail!(
+            "the source's path {} is not UTF-8 text; lake reads and records sources by text paths: rename the directory",
+            args.source.to_string_lossy()
+        );
+    };
     let lake = NewLake::create(root)?;
     let mut options = IngestOptions {
         name: args.name,
@@ -100,7 +106,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = args.threads {
         options.threads = t.max(1);
     }
-    let name = options.name.clone().unwrap_or_else(|| lake_store::default_name(&args.source));
+    let name = options.name.clone().unwrap_or_else(|| lake_store::default_name(&source));
     let previous = lake.latest(&name).await;
     let progress = Arc::new(Progress::default());
     let cancel = progress.cancel.clone();
@@ -117,7 +123,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     });
     let ticker = std::io::stderr().is_terminal().then(|| spawn_progress(progress.clone()));
     let started = Instant::now();
-    let result = lake_ingest::ingest(&lake, &args.source, &options, &progress).await;
+    let result = lake_ingest::ingest(&lake, &source, &options, &progress).await;
     if let Some((bar, task)) = ticker {
         task.abort();
         bar.finish_and_clear();
@@ -129,7 +135,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         Ok(Outcome::Committed { record, report }) => {
             if !args.json {
                 render::ingest_summary(&mut std::io::stdout().lock(), &record, &report, root)?;
-                if let Some(directory) = renamed_directory(&args.source, options.name.is_none()) {
+                if let Some(directory) = renamed_directory(&source, options.name.is_none()) {
                     outln!(
                         "  note: named `{}` after its directory `{directory}` (a name holds ASCII letters and digits, `.`, `_` and \
                          `-`; --name sets one)",
@@ -171,7 +177,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                     record.version,
                     started.elapsed().as_secs_f64()
                 )?;
-                if record.source.url != lake_store::absolute_location(&args.source) {
+                if record.source.url != lake_store::absolute_location(&source) {
                     outln!(
                         "  note: {}@{} was ingested from {}, which holds the same content; the catalog keeps that source",
                         record.name,
@@ -202,7 +208,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                 serde_json::to_writer_pretty(&mut out, &serde_json::json!({"outcome": "failed", "error": format!("{e}")}))?;
                 writeln!(out)?;
             }
-            return Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", args.source));
+            return Err(e).with_context(|| format!("ingest of {} failed; the lake is unchanged", source));
         }
     };
     // Ctrl-C drops the frame table being stored (it is removed; the dataset stays committed).

@@ -145,6 +145,16 @@ fn a_failed_first_ingest_leaves_no_lake_and_dot_is_named_after_its_directory() {
     let run = lake(&root, &["ingest", testdata("v30-av1-small").join("meta/info.json").to_str().expect("utf-8")]);
     assert!(run.code != 0 && run.stderr.contains("is a file; give the dataset's directory"), "{run:#?}");
     assert_eq!(std::fs::read_dir(&root).expect("dir").count(), 0, "an empty directory stays empty");
+    // A directory whose name is not UTF-8, given as an argument or reached as `.`, is refused
+    // by name (sources are read and recorded by text paths).
+    use std::os::unix::ffi::OsStrExt;
+    let odd = tmp.path().join(std::ffi::OsStr::from_bytes(b"na\xffme"));
+    copy_dir(&testdata("v30-images-tiny"), &odd);
+    let run = lake_cmd(&root).arg("ingest").arg(&odd).output().expect("run");
+    assert!(run.status.code() == Some(2) && String::from_utf8_lossy(&run.stderr).contains("me is not UTF-8 text; "), "{run:?}");
+    let run = lake_cmd(&root).args(["ingest", "."]).current_dir(&odd).output().expect("run");
+    assert!(String::from_utf8_lossy(&run.stderr).contains("me is not UTF-8 text; "), "{run:?}");
+    assert_eq!(std::fs::read_dir(&root).expect("dir").count(), 0, "an empty directory stays empty");
 
     let run = lake_cmd(&root).args(["ingest", "."]).current_dir(testdata("v30-images-tiny")).output().expect("run");
     assert!(run.status.success(), "{run:?}");
