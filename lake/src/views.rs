@@ -322,11 +322,29 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
             .map(|d| Selection { dataset: format!("{}@{}", d.name, d.version), episodes: Some(d.episodes), weight: d.weight })
             .collect());
     }
+    Err(not_found(lake, spec).await?)
+}
+
+/// The error for a name that is neither a dataset nor a view: the lake's datasets and views,
+/// and a view of that name that was dropped (whose versions stay readable).
+///
+/// # Errors
+/// When the catalog cannot be read.
+pub async fn not_found(lake: &Lake, spec: &str) -> Result<Error> {
+    let name = spec.split('@').next().unwrap_or(spec);
     let datasets: Vec<String> = lake.datasets().await?.into_iter().map(|r| r.name).collect();
     let views: Vec<String> = lake.views().await?.into_iter().map(|v| v.name).collect();
     let list = |v: &[String]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
-    Err(Error::NotFound(format!(
-        "no dataset or view `{}` in the lake (datasets: {}; views: {})",
+    let dropped = match lake_store::validate_name(name) {
+        Ok(()) => lake.view_versions(name).await.unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    let dropped = match dropped.iter().map(|v| v.version.to_string()).collect::<Vec<_>>().as_slice() {
+        [] => String::new(),
+        versions => format!("; view `{name}` was dropped, its versions stay readable as `{name}@N` ({})", versions.join(", ")),
+    };
+    Ok(Error::NotFound(format!(
+        "no dataset or view `{}` in the lake (datasets: {}; views: {}){dropped}",
         lake_store::abbreviated(spec),
         list(&datasets),
         list(&views)
@@ -417,8 +435,17 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
         }
     }
     let mut out = Sampling { datasets: Vec::new(), sources: Vec::new() };
+    // A dataset named by several entries (with other weights, or through views) is opened once.
+    let mut opened: std::collections::HashMap<String, std::sync::Arc<lake_loader::LoaderDataset>> = Default::default();
     for selection in selections {
-        let ds = lake_loader::LoaderDataset::open_sized(lake, &selection.dataset, spec.frame_size).await?;
+        let ds = match opened.get(&selection.dataset) {
+            Some(ds) => ds.clone(),
+            None => {
+                let ds = lake_loader::LoaderDataset::open_sized(lake, &selection.dataset, spec.frame_size).await?;
+                opened.insert(selection.dataset.clone(), ds.clone());
+                ds
+            }
+        };
         if let Some(e) = spec.episodes.iter().find(|e| !ds.episodes.iter().any(|s| s.episode_index == **e)) {
             let skipped = match ds.record.counts.skipped_episodes {
                 0 => String::new(),

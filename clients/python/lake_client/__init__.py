@@ -283,6 +283,12 @@ def _lake_error(e: Exception) -> LakeError:
     text = text.split(". gRPC client debug context", 1)[0].split(". Client context:", 1)[0]
     if "keepalive watchdog timeout" in text:
         text = "the server stopped answering: no reply to a ping in 20 s (gRPC keepalive watchdog timeout)"
+    # An HTTP server answered gRPC (lake's HTTP port, or another service): not lake's Flight.
+    if "Received http2 header with status" in text:
+        return LakeError(
+            "unavailable",
+            f"no Flight service at this address ({text}): give lake serve's --flight address (grpc://HOST:PORT), not its --http one",
+        )
     # pyarrow raises RESOURCE_EXHAUSTED as an ArrowInvalid ("gRPC returned resource exhausted
     # error"), so it is told apart by its text before the type says "bad request".
     if "resource exhausted" in str(e).lower() or "RESOURCE_EXHAUSTED" in str(e):

@@ -30,6 +30,7 @@ except ImportError:
 
 LOCATION = os.environ.get("LAKE_FLIGHT", "grpc://127.0.0.1:50051")
 LOCAL = os.environ.get("LAKE_LOCAL")
+HTTP = os.environ.get("LAKE_HTTP")
 TOKEN = os.environ.get("LAKE_TOKEN")
 DATASET = os.environ.get("LAKE_DATASET", "v30-av1-small")
 REFERENCE_DIR = os.environ.get("LAKE_REFERENCE_DIR", "")
@@ -101,6 +102,13 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
         listed = {d["name"]: d for d in self.client.datasets()}
         self.assertIn(DATASET, listed)
         self.assertGreaterEqual(listed[DATASET]["version"], 1)
+
+    @unittest.skipUnless(HTTP, "LAKE_HTTP (the server's HTTP address) is not set")
+    def test_the_http_address_is_named_as_not_flights(self):
+        with self.assertRaises(LakeError) as refused:
+            LakeClient(f"grpc://{HTTP}", TOKEN).info({"datasets": [DATASET]})
+        self.assertEqual(refused.exception.code, "unavailable")
+        self.assertIn("give lake serve's --flight address", str(refused.exception))
 
 
 class _SilentServer(flight.FlightServerBase):

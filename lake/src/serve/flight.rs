@@ -167,12 +167,8 @@ impl FlightService for LakeFlight {
         // The ticket reads the versions planned, whatever is ingested before it is redeemed.
         let pinned = SampleRequest { datasets: plan.datasets.clone(), ..sample };
         let ticket = serde_json::to_vec(&pinned).map_err(|e| Status::internal(e.to_string()))?;
-        // Known up front when every batch is whole (an endless stream, or a short last batch
-        // within the limit, leave it unknown: -1).
-        let records = match pinned.limit_batches {
-            Some(limit) if pinned.drop_last => i64::try_from(limit.saturating_mul(pinned.batch_size)).unwrap_or(-1),
-            _ => -1,
-        };
+        // Known up front for a limited stream (an endless one leaves it unknown: -1).
+        let records = self.service.records(&pinned, plan.epoch_len).and_then(|n| i64::try_from(n).ok()).unwrap_or(-1);
         let info = FlightInfo::new()
             .try_with_schema(&plan.schema)
             .map_err(|e| Status::internal(e.to_string()))?

@@ -38,8 +38,11 @@ pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(api)
-        .fallback(|| async { Refused(StatusCode::NOT_FOUND, "no such endpoint (see /v1/openapi.json)".into()) })
-        .layer(middleware::from_fn(method_not_allowed_json))
+        .fallback(|State(service): State<Arc<Service>>| async move {
+            service.metrics.not_found.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Refused(StatusCode::NOT_FOUND, "no such endpoint (see /v1/openapi.json)".into())
+        })
+        .layer(middleware::from_fn_with_state(service.clone(), method_not_allowed_json))
         .with_state(service)
 }
 
@@ -54,13 +57,15 @@ async fn refuse_oversized(State(service): State<Arc<Service>>, request: Request,
     next.run(request).await
 }
 
-/// A 405 with a JSON body like every other error (its `Allow` header kept).
-async fn method_not_allowed_json(request: Request, next: Next) -> Response {
+/// A 405 with a JSON body like every other error (its `Allow` header kept), counted as a bad
+/// request.
+async fn method_not_allowed_json(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
     let response = next.run(request).await;
     if response.status() != StatusCode::METHOD_NOT_ALLOWED {
         return response;
     }
+    service.count_bad();
     let mut json = Refused(StatusCode::METHOD_NOT_ALLOWED, format!("{path} does not take {method} (see /v1/openapi.json)")).into_response();
     if let Some(value) = response.headers().get(header::ALLOW) {
         json.headers_mut().insert(header::ALLOW, value.clone());
@@ -163,8 +168,11 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
         None => (name, None),
     };
     let is_dataset = lake_store::validate_name(base).is_err() || lake.version_count(base).await.is_ok_and(|n| n > 0);
-    if !is_dataset && let Some(view) = crate::views::view(lake, base, version).await? {
-        return Ok(view_json(&view));
+    if !is_dataset {
+        return match crate::views::view(lake, base, version).await? {
+            Some(view) => Ok(view_json(&view)),
+            None => Err(crate::views::not_found(lake, name).await?),
+        };
     }
     let record = lake.resolve(name).await?;
     let episodes = lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index", "length"]).await?;

@@ -86,11 +86,11 @@ impl<'de> Deserialize<'de> for DatasetRef {
 /// fraction of zero (`32.0`, as Python's `json` writes a float; JSON Schema's `integer` takes
 /// them too).
 fn whole<'de, const MIN: u64, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<u64, D::Error> {
-    struct Whole;
-    impl serde::de::Visitor<'_> for Whole {
+    struct Whole<const MIN: u64>;
+    impl<const MIN: u64> serde::de::Visitor<'_> for Whole<MIN> {
         type Value = u64;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a whole number, 0 or more")
+            write!(f, "a whole number, {MIN} or more")
         }
         fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<u64, E> {
             Ok(v)
@@ -109,7 +109,7 @@ fn whole<'de, const MIN: u64, D: serde::Deserializer<'de>>(deserializer: D) -> s
             }
         }
     }
-    let v = deserializer.deserialize_any(Whole)?;
+    let v = deserializer.deserialize_any(Whole::<MIN>)?;
     if v < MIN {
         return Err(serde::de::Error::custom(format!("{v} is too small: expected a whole number, {MIN} or more")));
     }
@@ -239,11 +239,17 @@ pub struct SampleRequest {
 
 /// `episodes`, refused when it is an empty list (which would otherwise read as "every episode").
 fn some_episodes<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Vec<i64>, D::Error> {
-    let episodes = <Vec<i64> as serde::Deserialize>::deserialize(deserializer)?;
+    /// An episode index: a whole number like every other of the request (`3.0` too).
+    #[derive(Deserialize)]
+    struct Episode(#[serde(deserialize_with = "whole::<0, _>")] u64);
+    let episodes = <Vec<Episode> as serde::Deserialize>::deserialize(deserializer)?;
     if episodes.is_empty() {
         return Err(serde::de::Error::custom("`episodes` is empty: it selects no episode (leave it out to sample every episode)"));
     }
-    Ok(episodes)
+    episodes
+        .into_iter()
+        .map(|Episode(e)| i64::try_from(e).map_err(|_| serde::de::Error::custom(format!("episode {e} is too large: no lake has it"))))
+        .collect()
 }
 
 impl SampleRequest {
@@ -253,7 +259,7 @@ impl SampleRequest {
     /// [`Error::Invalid`] with serde's message (field and position).
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
         let mut json = serde_json::Deserializer::from_slice(bytes);
-        serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let request: Self = serde_path_to_error::deserialize(&mut json).map_err(|e| {
             let not_object = matches!(serde_json::from_slice::<serde_json::Value>(bytes), Ok(v) if !v.is_object());
             if not_object {
                 return Error::Invalid("bad sampling request: it must be a JSON object (`{\"datasets\": [...], ...}`)".into());
@@ -282,7 +288,12 @@ impl SampleRequest {
                 "." | "" | "?" => Error::Invalid(format!("bad sampling request: {why}")),
                 field => Error::Invalid(format!("bad sampling request: `{field}`: {why}")),
             }
-        })
+        })?;
+        // One request, nothing after it but whitespace (a second object, or the rest of a
+        // broken one, would otherwise be dropped without a word).
+        json.end()
+            .map_err(|e| Error::Invalid(format!("bad sampling request: more after the request's JSON object ({e}); send one object")))?;
+        Ok(request)
     }
 
     fn windows(&self) -> Result<Windows> {
@@ -577,7 +588,10 @@ pub struct Service {
     /// Decode counters of loaders no longer kept.
     retired: Mutex<DecodeStats>,
     stopping: tokio::sync::watch::Sender<bool>,
-    prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
+    /// The loaders of requests planned, by request; each made once, outside the map's lock, so
+    /// that a request slow to plan (a mixture of many datasets) holds up only those asking
+    /// for the same.
+    prepared: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Arc<Prepared>>>>>,
     /// Dataset versions' tables opened by earlier SQL sessions.
     sql_tables: crate::sql::OpenedTables,
     /// Streams that may hold lent room (see [`Service::reclaim_lent`]).
@@ -702,7 +716,7 @@ impl Service {
             sql_slots: Arc::new(Semaphore::new(sql_slots)),
             retired: Mutex::new(DecodeStats::default()),
             stopping,
-            prepared: tokio::sync::Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
             sql_tables: crate::sql::OpenedTables::default(),
             lenders: Mutex::new(Vec::new()),
             metrics: Metrics::default(),
@@ -798,34 +812,54 @@ impl Service {
         request.check()?;
         let request = &self.pinned(request).await;
         let key = request.key();
-        let mut prepared = self.prepared.lock().await;
-        if let Some(p) = prepared.get(&key) {
-            *p.last_used.lock().expect("not poisoned") = Instant::now();
-            return Ok(p.clone());
+        let slot = self.prepared.lock().expect("not poisoned").entry(key.clone()).or_default().clone();
+        let p = slot
+            .get_or_try_init(|| async {
+                let sampling = views::open_sampling(&self.lake, &request.spec()).await?;
+                let loader = Arc::new(Loader::with_resources(
+                    sampling.datasets,
+                    &request.windows()?,
+                    self.options.loader.frame_table,
+                    self.resources.clone(),
+                )?);
+                let order = Arc::new(Order::new(request.seed, sampling.sources)?);
+                Ok::<_, Error>(Arc::new(Prepared {
+                    datasets: request.datasets.clone(),
+                    loader,
+                    order,
+                    last_used: Mutex::new(Instant::now()),
+                    lookaheads: Mutex::default(),
+                }))
+            })
+            .await;
+        let mut prepared = self.prepared.lock().expect("not poisoned");
+        let p = match p {
+            Ok(p) => p.clone(),
+            Err(e) => {
+                // A refused request keeps no slot (unless another made it meanwhile).
+                if prepared.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot) && !s.initialized()) {
+                    prepared.remove(&key);
+                }
+                return Err(e);
+            }
+        };
+        *p.last_used.lock().expect("not poisoned") = Instant::now();
+        // Loaders beyond the limit go, the least recently used first (those being made stay).
+        while prepared.values().filter(|s| s.initialized()).count() > self.options.max_loaders.max(1) {
+            let Some(oldest) = prepared
+                .iter()
+                .filter_map(|(k, s)| Some((k, *s.get()?.last_used.lock().expect("not poisoned"))))
+                .filter(|(k, _)| **k != key)
+                .min_by_key(|(_, used)| *used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some(evicted) = prepared.remove(&oldest).and_then(|s| s.get().cloned()) {
+                let (old, mut retired) = (evicted.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
+                *retired = add_stats(&retired, &old);
+            }
         }
-        let sampling = views::open_sampling(&self.lake, &request.spec()).await?;
-        let loader = Arc::new(Loader::with_resources(
-            sampling.datasets,
-            &request.windows()?,
-            self.options.loader.frame_table,
-            self.resources.clone(),
-        )?);
-        let order = Arc::new(Order::new(request.seed, sampling.sources)?);
-        let p = Arc::new(Prepared {
-            datasets: request.datasets.clone(),
-            loader,
-            order,
-            last_used: Mutex::new(Instant::now()),
-            lookaheads: Mutex::default(),
-        });
-        if prepared.len() >= self.options.max_loaders.max(1)
-            && let Some(oldest) = prepared.iter().min_by_key(|(_, p)| *p.last_used.lock().expect("not poisoned")).map(|(k, _)| k.clone())
-            && let Some(evicted) = prepared.remove(&oldest)
-        {
-            let (old, mut retired) = (evicted.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
-            *retired = add_stats(&retired, &old);
-        }
-        prepared.insert(key, p.clone());
         Ok(p)
     }
 
@@ -868,6 +902,28 @@ impl Service {
             )));
         }
         Ok((sharding, steps))
+    }
+
+    /// The rows a request's stream sends in all, when known up front: a limited stream whose
+    /// batches are all whole (`drop_last`), or one of at most 2^20 batches, counted step by step
+    /// (short and empty batches at epochs' ends included). `None` for an endless stream.
+    pub fn records(&self, request: &SampleRequest, epoch_len: u64) -> Option<u64> {
+        let limit = request.limit_batches?;
+        let (sharding, _) = self.steps_of(request, epoch_len).ok()?;
+        if request.drop_last {
+            return limit.checked_mul(request.batch_size);
+        }
+        if limit > 1 << 20 {
+            return None;
+        }
+        let mut cursor = Cursor { epoch: request.epoch, step: request.start_step };
+        let mut rows = 0;
+        for _ in 0..limit {
+            let positions = sharding.positions(epoch_len, cursor.step);
+            rows += positions.end - positions.start;
+            cursor = (0..request.step_stride.max(1)).fold(cursor, |c, _| sharding.next(epoch_len, c));
+        }
+        Some(rows)
     }
 
     /// A read-only SQL session over the lake as it is now, whose spanning tables refuse to
@@ -1196,7 +1252,8 @@ impl Service {
     /// Decode counters of every loader the server has used.
     pub async fn decode_stats(&self) -> DecodeStats {
         let mut total = *self.retired.lock().expect("not poisoned");
-        for p in self.prepared.lock().await.values() {
+        let loaders: Vec<Arc<Prepared>> = self.prepared.lock().expect("not poisoned").values().filter_map(|s| s.get().cloned()).collect();
+        for p in loaders {
             total = add_stats(&total, &p.loader.decode_stats());
         }
         total

@@ -240,6 +240,20 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             assert_eq!(e.code(), code, "{bad}: {e:?}");
             assert!(e.message().contains(says), "{bad}: {}", e.message());
         }
+        // Bytes after the request's object are no part of any request.
+        for bad in [r#"{"datasets": ["v30-av1-small"]}{"batch_size": 0}"#, r#"{"datasets": ["v30-av1-small"]} xyz"#] {
+            let e = client.get_flight_info(FlightDescriptor::new_cmd(bad.to_string())).await.map_err(status).expect_err("refused");
+            assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("more after the request's JSON object"), "{e:?}");
+        }
+        // Whole numbers written as floats, in the episode list too; a limited stream whose
+        // epoch ends in a short batch still tells its rows up front (7 steps of 2 ranks of 40
+        // from step 5 of the 8 an epoch of 600 has: 40, 40, 0 for rank 1 at the short step
+        // (600 - 7 * 80 = 40 rows, all rank 0's), then 40 × 4 in the next epoch).
+        let counted = json!({"datasets": ["v30-av1-small"], "episodes": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "batch_size": 40.0,
+            "world_size": 2, "rank": 1, "drop_last": false, "start_step": 5, "limit_batches": 7});
+        let info = client.get_flight_info(FlightDescriptor::new_cmd(counted.to_string())).await.expect("planned");
+        let rows: usize = over_flight(&mut client, &counted).await.expect("counted").iter().map(RecordBatch::num_rows).sum();
+        assert_eq!((info.total_records, rows), (240, 240));
         let e = client.do_get(arrow_flight::Ticket::new(vec![b' '; 5 << 20])).await.map_err(status).expect_err("refused");
         assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("the ticket is over the 4 MiB limit"), "{e:?}");
         // A request just under the limit gets a ticket (larger: defaults and versions filled
@@ -400,11 +414,21 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         200,
         "the scheme is case-insensitive"
     );
+    let errors = |kind: &str| {
+        let (_, body) = http(&server.http, "GET", "/metrics", &[("Authorization", auth.as_str())], b"");
+        metric(&String::from_utf8_lossy(&body), &format!("lake_errors_total{{kind=\"{kind}\"}}"))
+    };
+    let (not_found, bad) = (errors("not_found"), errors("bad_request"));
     let (code, body) = http(&server.http, "GET", "/v1/nothing", &[("Authorization", auth.as_str())], b"");
     assert_eq!((code, serde_json::from_slice::<Value>(&body).expect("a JSON error")["error"].is_string()), (404, true));
     let (code, body) = http(&server.http, "GET", "/v1/sample", &[("Authorization", auth.as_str())], b"");
     let error = serde_json::from_slice::<Value>(&body).expect("a JSON error");
     assert_eq!((code, &error["error"]), (405, &json!("/v1/sample does not take GET (see /v1/openapi.json)")), "{error}");
+    assert_eq!(
+        (errors("not_found"), errors("bad_request")),
+        (not_found + 1.0, bad + 1.0),
+        "an unknown path and a wrong method are counted"
+    );
     assert_eq!(http(&server.http, "GET", "/healthz", &[], b"").0, 200);
 
     // SQL over HTTP answers as lake sql does; bad SQL is a 400 with DataFusion's message.
@@ -476,7 +500,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     // Datasets, OpenAPI and metrics.
     let (code, body) = http(&server.http, "GET", "/v1/datasets/nope", &[("Authorization", auth.as_str())], b"");
     let message = String::from_utf8_lossy(&body);
-    assert!(code == 404 && message.contains("no dataset `nope`") && !message.contains(root.to_str().expect("utf-8")), "{message}");
+    assert!(code == 404 && message.contains("no dataset or view `nope`") && !message.contains(root.to_str().expect("utf-8")), "{message}");
     let (code, body) = http(&server.http, "GET", "/v1/datasets/v30-av1-small", &[("Authorization", auth.as_str())], b"");
     assert_eq!(code, 200);
     let info: Value = serde_json::from_slice(&body).expect("json");
@@ -1098,6 +1122,7 @@ fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
         .env("PYTHONPATH", &client_dir)
         .env("LAKE_FLIGHT", server.flight.replace("http://", "grpc://"))
         .env("LAKE_LOCAL", &server.local)
+        .env("LAKE_HTTP", &server.http)
         .env("LAKE_TOKEN", TOKEN)
         .env("LAKE_DATASET", "v30-av1-small")
         .env("LAKE_REFERENCE_DIR", lake_testkit::shared_dir().join("fixtures/reference"))

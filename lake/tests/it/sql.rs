@@ -354,6 +354,7 @@ fn views_restrict_what_is_sampled_and_survive_later_ingests() {
     assert_eq!(epoch_episodes(&root, "long@1"), draws, "a dropped view's versions stay readable");
     let run = lake(&root, &["bench", "--dataset", "long", "--batch-size", "4", "--batches", "1"]);
     assert!(run.code != 0 && run.stderr.contains("no dataset or view `long`"), "{run:#?}");
+    assert!(run.stderr.contains("view `long` was dropped, its versions stay readable as `long@N` (1, 2)"), "{run:#?}");
     let run = lake(
         &root,
         &["view", "create", "long", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'v30-av1-small' AND episode_index = 0"],
