@@ -103,7 +103,9 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
     }
     // Each spelling resolved first: `NAME`, `NAME@2` and `NAME@02` may be one version, whose
     // episodes are then merged (and whose weights must agree).
-    let mut merged: Vec<(lake_schemas::CommitRecord, BTreeSet<i64>, Option<(String, f64)>)> = Vec::new();
+    // (version, its episodes, its weight with the spelling that gave it)
+    type Picked = (lake_schemas::CommitRecord, BTreeSet<i64>, Option<(String, f64)>);
+    let mut merged: Vec<Picked> = Vec::new();
     for (ds, wanted) in episodes {
         // `NAME` is the dataset's latest version; `NAME@VERSION` that version.
         let record = match ds.split_once('@') {
