@@ -333,7 +333,7 @@ pub fn image_header(bytes: &[u8]) -> Option<(&'static str, u32, u32)> {
 }
 
 /// Damage an encoded image's framing shows without decoding it: a PNG whose header chunk fails
-/// its CRC (what a header of garbage does) or that does not end with its `IEND` chunk, a JPEG
+/// its CRC (what a header of garbage does) or without its `IEND` chunk in its last 4 KiB, a JPEG
 /// that does not end with its end-of-image marker (both: bytes cut short).
 pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
     match format {
@@ -343,8 +343,10 @@ pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
             if !ok {
                 return Some("its PNG header chunk (IHDR) fails its checksum".into());
             }
+            // Decoders stop at IEND; writers may pad after it, a cut leaves none near the end.
             const IEND: [u8; 12] = [0, 0, 0, 0, b'I', b'E', b'N', b'D', 0xAE, 0x42, 0x60, 0x82];
-            (!bytes.ends_with(&IEND))
+            let tail = &bytes[bytes.len().saturating_sub(4096)..];
+            (!tail.windows(IEND.len()).any(|w| w == IEND))
                 .then(|| format!("the PNG image is cut short: its {} bytes do not end with the IEND chunk", bytes.len()))
         }
         // Encoders may pad after the marker; a JPEG cut short has none near its end.
@@ -376,6 +378,8 @@ pub struct EpisodeRows {
     pub max_drift: f64,
     /// Encoded image format per image camera, from the first row.
     pub image_formats: Vec<(String, &'static str, u32, u32)>,
+    /// Per image camera and format: the first frame in it and how many rows are.
+    pub format_rows: BTreeMap<(String, &'static str), (i64, u64)>,
 }
 
 /// What the first pass learned about one data file.
@@ -587,18 +591,25 @@ fn check_batch(
     };
     // A row without its episode is an error of the episode whose rows surround it (the one
     // before it, or after it at the start), named as such.
+    // (The first such row of each episode is reported; a batch with no episode at all once.)
     let nulls: Vec<usize> = (0..episode.len()).filter(|&r| episode[r].is_none()).collect();
+    let mut reported_unplaced = false;
     for row in nulls {
         let near = episode[..row].iter().rev().chain(episode[row + 1..].iter()).find_map(|e| *e);
-        let mut f = Finding::error(FindingKind::SchemaMismatch, "episode_index is null in this row").with_file(path);
-        if let Some(e) = near {
-            f = f.with_episode(e);
-            bad.insert(e, ());
+        let first = match near {
+            Some(e) => bad.insert(e, ()).is_none(),
+            None => !std::mem::replace(&mut reported_unplaced, true),
+        };
+        if first {
+            let mut f = Finding::error(FindingKind::SchemaMismatch, "episode_index is null in this row").with_file(path);
+            if let Some(e) = near {
+                f = f.with_episode(e);
+            }
+            if let Some(fr) = frame[row] {
+                f = f.with_frame(fr);
+            }
+            scan.findings.push(f);
         }
-        if let Some(fr) = frame[row] {
-            f = f.with_frame(fr);
-        }
-        scan.findings.push(f);
         episode[row] = near;
     }
     // Per-column shape checks; the first bad row marks its episode.
@@ -625,9 +636,11 @@ fn check_batch(
             Role::Passthrough => {}
         }
     }
+    let mut image_headers: Vec<(&str, Vec<Option<&'static str>>)> = Vec::new();
     for (f, rows) in &images {
         let declared = f.camera_hwc();
         let headers: Vec<Option<(&'static str, u32, u32)>> = rows.iter().map(|b| image_header(b)).collect();
+        image_headers.push((f.name.as_str(), headers.iter().map(|h| h.map(|(format, ..)| format)).collect()));
         // One format per column (a camera's frames share a decoder): the one most rows have.
         let mut formats: BTreeMap<&str, usize> = BTreeMap::new();
         for (format, ..) in headers.iter().flatten() {
@@ -671,7 +684,8 @@ fn check_batch(
     row_errors.sort_by_key(|e| e.0);
     let mut reported_rows: HashMap<i64, ()> = HashMap::new();
     for (row, kind, message) in row_errors {
-        let ep = episode[row].unwrap_or(-1);
+        // A row of no episode was reported above.
+        let Some(ep) = episode[row] else { continue };
         if reported_rows.insert(ep, ()).is_none() && !bad.contains_key(&ep) {
             let mut f = Finding::error(kind, message).with_file(path).with_episode(ep);
             if let Some(fr) = frame[row] {
@@ -684,7 +698,7 @@ fn check_batch(
 
     for row in 0..batch.num_rows() {
         let (Some(ep), Some(fi), Some(idx), Some(ti), Some(t)) = (episode[row], frame[row], index[row], task[row], ts[row]) else {
-            let ep = episode[row].unwrap_or(-1);
+            let Some(ep) = episode[row] else { continue };
             if bad.insert(ep, ()).is_none() {
                 scan.findings.push(Finding::error(FindingKind::SchemaMismatch, "null in an index column").with_file(path).with_episode(ep));
             }
@@ -732,6 +746,11 @@ fn check_batch(
         if rows.rows == 0 {
             rows.image_formats =
                 images.iter().filter_map(|(f, b)| image_header(b[row]).map(|(fmt, w, h)| (f.name.clone(), fmt, w, h))).collect();
+        }
+        for (camera, formats) in &image_headers {
+            if let Some(format) = formats[row] {
+                rows.format_rows.entry((camera.to_string(), format)).or_insert((fi, 0)).1 += 1;
+            }
         }
         rows.rows += 1;
         rows.timestamps.push(t);

@@ -31,7 +31,7 @@ use lake_schemas::{
     CodecParams, CommitRecord, FeatureKind, Finding, FindingKind, LAKE_FORMAT_VERSION, Severity, SourceRecord, TableCounts, TableSet,
     tables::{self, EPISODES, FEATURE_STATS, FINDINGS, PACKETS, STATS, STEPS, STREAMS, TASKS},
 };
-use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_new_name};
+use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_name, validate_new_name};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
 use crate::{
@@ -153,7 +153,10 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     let source = Source::open(location)?;
     *progress.bytes_read.lock().expect("progress counter") = Some(source.counter());
     let name = options.name.clone().unwrap_or_else(|| default_name(location));
-    validate_new_name(&name).map_err(|e| match (e, &options.name) {
+    // A name taken before it was reserved goes on taking versions.
+    let taken = validate_name(&name).is_ok() && lake.version_count(&name).await? > 0;
+    let check = if taken { validate_name } else { validate_new_name };
+    check(&name).map_err(|e| match (e, &options.name) {
         (lake_store::Error::BadName { name, message }, None) => lake_store::Error::BadName {
             name,
             message: format!("{message} (the name comes from the source's directory; give one with --name)"),
@@ -462,30 +465,34 @@ impl Plan {
             }
             self.rows.extend(scan.episodes);
         }
-        // One image format per camera across files too (each file agrees within itself): the
-        // one most episodes have.
+        // One image format per camera across batches and files too: the one most rows have.
         for cam in &self.image_cameras {
-            let format_of = |rows: &data::EpisodeRows| rows.image_formats.iter().find(|(c, ..)| c == cam).map(|(_, f, ..)| *f);
-            let mut formats: BTreeMap<&str, usize> = BTreeMap::new();
-            for format in self.rows.values().filter_map(format_of) {
-                *formats.entry(format).or_default() += 1;
+            let mut formats: BTreeMap<&str, u64> = BTreeMap::new();
+            for rows in self.rows.values() {
+                for ((c, format), (_, n)) in &rows.format_rows {
+                    if c == cam {
+                        *formats.entry(format).or_default() += n;
+                    }
+                }
             }
             let Some((&usual, _)) = formats.iter().max_by_key(|(_, n)| **n) else { continue };
             for (path, _, episodes) in &self.data_files {
                 for e in episodes {
-                    let Some(format) = self.rows.get(e).and_then(format_of).filter(|f| *f != usual) else { continue };
+                    let Some(rows) = self.rows.get(e) else { continue };
+                    let other = rows.format_rows.iter().find(|((c, format), _)| c == cam && *format != usual);
+                    let Some(((_, format), (frame, _))) = other else { continue };
                     self.report.findings.push(
                         Finding::error(
                             FindingKind::FormatMismatch,
                             format!(
-                                "column `{cam}`: images are {} where other episodes' are {}; lake takes one image format per camera",
+                                "column `{cam}`: image is {} where the camera's others are {}; lake takes one image format per camera",
                                 data::image_format_name(format),
                                 data::image_format_name(usual)
                             ),
                         )
                         .with_file(path)
                         .with_episode(*e)
-                        .with_frame(0),
+                        .with_frame(*frame),
                     );
                 }
             }

@@ -165,6 +165,14 @@ fn value_from_environment(error: &clap::Error) -> Option<String> {
 fn main() -> ExitCode {
     // Before any signal handler is installed, which would hide an inherited SIG_IGN.
     interrupt_ignored();
+    // An empty `LAKE_*` variable (a template's blank) counts as unset, as clap would otherwise
+    // parse "" as its flag's value.
+    for (name, value) in std::env::vars_os() {
+        if value.is_empty() && name.to_str().is_some_and(|n| n.starts_with("LAKE_")) {
+            // SAFETY: the process is single-threaded here: nothing else reads the environment.
+            unsafe { std::env::remove_var(&name) };
+        }
+    }
     let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

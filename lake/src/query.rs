@@ -290,36 +290,31 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             Err(rustyline::error::ReadlineError::Eof) => break,
             Err(e) => return Err(e.into()),
         };
-        let trimmed = line.trim();
-        // A `\\` command is read at the start of a line, a statement begun or not (`\\q` drops
-        // that statement), and anywhere in a line outside strings and comments: the text
-        // before it is SQL, the rest of the line the command.
-        let mut command = trimmed.starts_with('\\').then(|| trimmed.to_string());
-        if command.is_none() {
-            if trimmed.is_empty() && statement.is_empty() {
-                continue;
-            }
-            statement.push_str(&line);
-            statement.push('\n');
-            let (complete, rest, found) = split_statements(&statement);
-            statement = rest;
-            command = found;
-            for query in complete {
-                // Recalled, a statement runs as it is: with its `;`.
-                let _ = editor.add_history_entry(format!("{};", query.trim_end()));
-                if let Err(e) = run(session, &query, format, None).await {
-                    // With the output's reader gone there is no one left to answer.
-                    if crate::reader_gone(&e) {
-                        gone = Some(e);
-                        break;
-                    }
-                    errln!("error: {e:#}");
-                    failed = true;
+        // A `\\` command is read anywhere in a line outside strings and comments, a statement
+        // begun or not (`\\q` drops that statement): the text before it is SQL, the rest of the
+        // line the command.
+        if line.trim().is_empty() && statement.is_empty() {
+            continue;
+        }
+        statement.push_str(&line);
+        statement.push('\n');
+        let (complete, rest, command) = split_statements(&statement);
+        statement = rest;
+        for query in complete {
+            // Recalled, a statement runs as it is: with its `;`.
+            let _ = editor.add_history_entry(format!("{};", query.trim_end()));
+            if let Err(e) = run(session, &query, format, None).await {
+                // With the output's reader gone there is no one left to answer.
+                if crate::reader_gone(&e) {
+                    gone = Some(e);
+                    break;
                 }
+                errln!("error: {e:#}");
+                failed = true;
             }
-            if gone.is_some() {
-                break;
-            }
+        }
+        if gone.is_some() {
+            break;
         }
         let Some(command) = command else { continue };
         let _ = editor.add_history_entry(command.as_str());

@@ -99,6 +99,17 @@ fn whole_number(text: &str) -> Result<i64, String> {
     text.trim().parse().map_err(|_| format!("`{}` is not a whole number", text.trim()))
 }
 
+/// One index, or every index of the file of `@FILE` (separated by commas or whitespace).
+fn index_or_file(text: &str) -> Result<Vec<i64>, String> {
+    let Some(path) = text.trim().strip_prefix('@') else { return whole_number(text).map(|i| vec![i]) };
+    let contents = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    contents
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+        .map(|t| whole_number(t).map_err(|e| format!("{path}: {e}")))
+        .collect()
+}
+
 /// A lookahead horizon: 0 (off) to [`lake_loader::MAX_HORIZON`] draws.
 pub fn horizon_in_range(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
@@ -285,9 +296,10 @@ pub struct SampleArgs {
     /// Dataset name (optionally `NAME@VERSION`), or a view over one dataset.
     #[arg(long)]
     dataset: String,
-    /// LeRobot `index` values (absolute step indices), comma-separated.
-    #[arg(long, value_delimiter = ',', required = true, allow_negative_numbers = true, value_parser = whole_number)]
-    indices: Vec<i64>,
+    /// LeRobot `index` values (absolute step indices), comma-separated; `@FILE` reads them from
+    /// FILE (separated by commas, spaces or lines), for more than a command line holds.
+    #[arg(long, value_delimiter = ',', required = true, allow_negative_numbers = true, value_parser = index_or_file)]
+    indices: Vec<Vec<i64>>,
     #[command(flatten)]
     windows: WindowArgs,
     #[command(flatten)]
@@ -364,9 +376,13 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
     }
     let ds = LoaderDataset::open_sized(&lake, &selection.dataset, args.loader.frame_size).await?;
     let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
-    let draws = args.indices.iter().map(|&i| Ok(Draw { source: 0, row: ds.row_of_index(i)? })).collect::<anyhow::Result<Vec<_>>>()?;
+    let indices: Vec<i64> = args.indices.concat();
+    if indices.is_empty() {
+        anyhow::bail!("--indices names no step (an empty file?)");
+    }
+    let draws = indices.iter().map(|&i| Ok(Draw { source: 0, row: ds.row_of_index(i)? })).collect::<anyhow::Result<Vec<_>>>()?;
     if let Some(episodes) = &selection.episodes {
-        for (draw, index) in draws.iter().zip(&args.indices) {
+        for (draw, index) in draws.iter().zip(&indices) {
             let episode = ds.episodes.iter().find(|e| (e.first_row..e.first_row + e.len).contains(&draw.row)).map(|e| e.episode_index);
             if episode.is_none_or(|e| episodes.binary_search(&e).is_err()) {
                 anyhow::bail!("index {index} is in episode {}, which view `{}` does not select", episode.unwrap_or(-1), args.dataset);

@@ -25,10 +25,10 @@ fn socket_address(text: &str) -> Result<SocketAddr, String> {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Arrow Flight address, `HOST:PORT` (port 0 picks a free port).
-    #[arg(long, env = "LAKE_FLIGHT", default_value = "127.0.0.1:50051", value_parser = socket_address)]
+    #[arg(long, env = "LAKE_SERVE_FLIGHT", default_value = "127.0.0.1:50051", value_parser = socket_address)]
     flight: SocketAddr,
     /// HTTP address, `HOST:PORT` (port 0 picks a free port).
-    #[arg(long, env = "LAKE_HTTP", default_value = "127.0.0.1:8080", value_parser = socket_address)]
+    #[arg(long, env = "LAKE_SERVE_HTTP", default_value = "127.0.0.1:8080", value_parser = socket_address)]
     http: SocketAddr,
     /// File with one accepted bearer token per line; every endpoint but /healthz then needs one.
     #[arg(long, env = "LAKE_TOKEN_FILE")]
@@ -37,14 +37,14 @@ pub struct ServeArgs {
     #[arg(long, env = "LAKE_TOKENS", hide_env_values = true)]
     tokens: Option<String>,
     /// Decode threads, 1 to 256 [default: number of cores].
-    #[arg(long, env = "LAKE_THREADS", value_parser = crate::sample::threads_in_range)]
+    #[arg(long, env = "LAKE_SERVE_THREADS", value_parser = crate::sample::threads_in_range)]
     threads: Option<usize>,
     /// Decoded-frame cache budget in MiB, shared by every stream.
-    #[arg(long, env = "LAKE_CACHE_MB", default_value_t = lake_loader::DEFAULT_CACHE_MIB)]
+    #[arg(long, env = "LAKE_SERVE_CACHE_MB", default_value_t = lake_loader::DEFAULT_CACHE_MIB)]
     cache_mb: u64,
     /// MiB of batches each stream prepares ahead of its client (at least one batch; a batch
     /// counts twice, for its encoded copy).
-    #[arg(long, env = "LAKE_PREFETCH_MB", default_value_t = 128)]
+    #[arg(long, env = "LAKE_SERVE_PREFETCH_MB", default_value_t = 128)]
     prefetch_mb: u64,
     /// MiB all streams may hold together: each open stream's send buffer (one encoded batch)
     /// and the batches being made, ready or being sent (two encoded sizes each); a local
@@ -52,29 +52,29 @@ pub struct ServeArgs {
     /// for room for their next batch; a stream that cannot get its send buffer is refused
     /// (RESOURCE_EXHAUSTED / 503). The server's memory is about this plus the cache plus the
     /// open datasets.
-    #[arg(long, env = "LAKE_MEMORY_MB", default_value_t = 4096, value_parser = crate::sample::at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_MEMORY_MB", default_value_t = 4096, value_parser = crate::sample::at_least_one)]
     memory_mb: u64,
     /// Seconds a SQL query (HTTP or Flight SQL) may run before it is stopped and its answer
     /// ends with an error.
-    #[arg(long, env = "LAKE_SQL_TIMEOUT", default_value_t = 300, value_parser = crate::sample::at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_SQL_TIMEOUT", default_value_t = 300, value_parser = crate::sample::at_least_one)]
     sql_timeout: u64,
     /// SQL queries (HTTP or Flight SQL) run at once, each on a thread of its own; one more is
     /// refused as busy (503 / RESOURCE_EXHAUSTED) [default: the number of cores].
-    #[arg(long, env = "LAKE_SQL_CONCURRENCY", value_parser = crate::sample::at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_SQL_CONCURRENCY", value_parser = crate::sample::at_least_one)]
     sql_concurrency: Option<u64>,
     /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
     /// to keep frames a decode yields for the rank that shows them next, in the frame cache's
     /// room (0: off, at most 131072).
-    #[arg(long, env = "LAKE_LOOKAHEAD", default_value_t = lake_loader::DEFAULT_HORIZON, value_parser = crate::sample::horizon_in_range)]
+    #[arg(long, env = "LAKE_SERVE_LOOKAHEAD", default_value_t = lake_loader::DEFAULT_HORIZON, value_parser = crate::sample::horizon_in_range)]
     lookahead: u64,
     /// Also serve batch streams to trainers on this machine on a Unix socket at PATH, their
     /// batches written once into shared memory instead of through TCP (lake_loader's
     /// LocalLoader reads them); tokens apply as on the other endpoints.
-    #[arg(long, env = "LAKE_LOCAL", value_name = "PATH")]
+    #[arg(long, env = "LAKE_SERVE_LOCAL", value_name = "PATH")]
     local: Option<std::path::PathBuf>,
     /// Seconds a shutdown (Ctrl-C, SIGTERM) waits for open streams to finish the batch they
     /// are sending; streams whose clients stopped reading are cut after that.
-    #[arg(long, env = "LAKE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10)]
+    #[arg(long, env = "LAKE_SERVE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10)]
     shutdown_wait: u64,
 }
 

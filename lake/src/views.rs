@@ -30,7 +30,10 @@ fn invalid(name: &str, message: impl std::fmt::Display) -> Error {
 /// When the name is taken or not valid, the query fails, lacks the columns above, names a
 /// dataset or episode the lake does not have, gives one dataset two weights, or selects nothing.
 pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Result<Created> {
-    if let Err(lake_store::Error::BadName { message, .. }) = lake_store::validate_new_name(name) {
+    // A view named before its name was reserved may still be replaced.
+    let taken = lake_store::validate_name(name).is_ok() && !lake.view_versions(name).await?.is_empty();
+    let check = if taken { lake_store::validate_name } else { lake_store::validate_new_name };
+    if let Err(lake_store::Error::BadName { message, .. }) = check(name) {
         return Err(invalid(name, format!("not a valid view name: {message}")));
     }
     if lake.version_count(name).await? > 0 {

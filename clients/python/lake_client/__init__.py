@@ -283,8 +283,10 @@ def _lake_error(e: Exception) -> LakeError:
     text = text.split(". gRPC client debug context", 1)[0].split(". Client context:", 1)[0]
     if "keepalive watchdog timeout" in text:
         text = "the server stopped answering: no reply to a ping in 20 s (gRPC keepalive watchdog timeout)"
-    # An HTTP server answered gRPC (lake's HTTP port, or another service): not lake's Flight.
-    if "Received http2 header with status" in text:
+    # A plain HTTP server answered as no gRPC server does (lake's HTTP port, or another
+    # service): not lake's Flight. (A proxy's 502/503 in front of one is left as it is.)
+    found = re.search(r"Received http2 header with status: (\d+)", text)
+    if found and int(found.group(1)) in (404, 405, 415):
         return LakeError(
             "unavailable",
             f"no Flight service at this address ({text}): give lake serve's --flight address (grpc://HOST:PORT), not its --http one",

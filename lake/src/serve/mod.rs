@@ -152,6 +152,59 @@ fn default_stride() -> u64 {
 fn is_one(n: &u64) -> bool {
     *n == 1
 }
+/// How many `k` in `0..n` have `(a + k·b) mod m = m - 1` (for `a < m`): the visits of an
+/// epoch's last step by a stream from step `a` taking every `b`-th step of epochs of `m` steps.
+fn congruent_count(a: u64, b: u64, m: u64, n: u64) -> u64 {
+    fn gcd(x: u128, y: u128) -> u128 {
+        if y == 0 { x } else { gcd(y, x % y) }
+    }
+    // The inverse of `x` modulo `m` (x and m coprime), by the extended Euclidean algorithm.
+    fn inverse(x: i128, m: i128) -> i128 {
+        let (mut r0, mut r1, mut s0, mut s1) = (m, x % m, 0i128, 1i128);
+        while r1 != 0 {
+            let q = r0 / r1;
+            (r0, r1) = (r1, r0 - q * r1);
+            (s0, s1) = (s1, s0 - q * s1);
+        }
+        s0.rem_euclid(m)
+    }
+    let (a, b, m, n) = (u128::from(a % m), u128::from(b), u128::from(m), u128::from(n));
+    let target = m - 1 - a;
+    let d = gcd(b % m, m);
+    if target % d != 0 {
+        return 0;
+    }
+    let period = m / d;
+    let first = if period == 1 {
+        0
+    } else {
+        let (b, t, p) = ((b / d) % period, target / d, period);
+        (t * inverse(b as i128, p as i128) as u128) % p
+    };
+    if first >= n { 0 } else { u64::try_from(1 + (n - 1 - first) / period).unwrap_or(u64::MAX) }
+}
+
+/// A request's slot in [`Service::prepared`] while its loader is being made: when the last
+/// request waiting on it goes without one (refused, or its client gone mid-way), the empty slot
+/// leaves the map.
+struct Unmade<'a> {
+    map: &'a Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Arc<Prepared>>>>>,
+    key: String,
+    slot: Arc<tokio::sync::OnceCell<Arc<Prepared>>>,
+}
+
+impl Drop for Unmade<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().expect("not poisoned");
+        // Others clone the slot only under this lock: two holders (the map and this guard)
+        // mean no other request waits on it.
+        let last = map.get(&self.key).is_some_and(|s| Arc::ptr_eq(s, &self.slot) && Arc::strong_count(s) == 2);
+        if last && !self.slot.initialized() {
+            map.remove(&self.key);
+        }
+    }
+}
+
 /// A field's value whenever it is present, `null` included (absent fields take the default).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<serde_json::Value>, D::Error> {
     serde_json::Value::deserialize(d).map(Some)
@@ -240,16 +293,20 @@ pub struct SampleRequest {
 /// `episodes`, refused when it is an empty list (which would otherwise read as "every episode").
 fn some_episodes<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Vec<i64>, D::Error> {
     /// An episode index: a whole number like every other of the request (`3.0` too).
-    #[derive(Deserialize)]
-    struct Episode(#[serde(deserialize_with = "whole::<0, _>")] u64);
+    struct Episode(i64);
+    impl<'de> Deserialize<'de> for Episode {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            let e = whole::<0, D>(d)?;
+            i64::try_from(e)
+                .map(Episode)
+                .map_err(|_| serde::de::Error::custom(format!("too large: expected a whole number from 0 to {}", i64::MAX)))
+        }
+    }
     let episodes = <Vec<Episode> as serde::Deserialize>::deserialize(deserializer)?;
     if episodes.is_empty() {
         return Err(serde::de::Error::custom("`episodes` is empty: it selects no episode (leave it out to sample every episode)"));
     }
-    episodes
-        .into_iter()
-        .map(|Episode(e)| i64::try_from(e).map_err(|_| serde::de::Error::custom(format!("episode {e} is too large: no lake has it"))))
-        .collect()
+    Ok(episodes.into_iter().map(|Episode(e)| e).collect())
 }
 
 impl SampleRequest {
@@ -592,6 +649,8 @@ pub struct Service {
     /// that a request slow to plan (a mixture of many datasets) holds up only those asking
     /// for the same.
     prepared: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Arc<Prepared>>>>>,
+    /// Loaders that may be made at once ([`ServeOptions::max_loaders`]).
+    planning: Semaphore,
     /// Dataset versions' tables opened by earlier SQL sessions.
     sql_tables: crate::sql::OpenedTables,
     /// Streams that may hold lent room (see [`Service::reclaim_lent`]).
@@ -706,6 +765,7 @@ impl Service {
         let resources = Resources::new(options.loader.threads, options.loader.cache_bytes)?;
         let slots = 2 * resources.threads();
         let sql_slots = options.sql_concurrency.max(1);
+        let planning = Semaphore::new(options.max_loaders.max(1));
         let permits = usize::try_from((options.memory_bytes / UNIT).max(1)).unwrap_or(Semaphore::MAX_PERMITS).min(Semaphore::MAX_PERMITS);
         Ok(Arc::new(Self {
             lake,
@@ -717,6 +777,7 @@ impl Service {
             retired: Mutex::new(DecodeStats::default()),
             stopping,
             prepared: Mutex::new(HashMap::new()),
+            planning,
             sql_tables: crate::sql::OpenedTables::default(),
             lenders: Mutex::new(Vec::new()),
             metrics: Metrics::default(),
@@ -812,9 +873,16 @@ impl Service {
         request.check()?;
         let request = &self.pinned(request).await;
         let key = request.key();
-        let slot = self.prepared.lock().expect("not poisoned").entry(key.clone()).or_default().clone();
-        let p = slot
+        let guard = {
+            let mut prepared = self.prepared.lock().expect("not poisoned");
+            Unmade { map: &self.prepared, slot: prepared.entry(key.clone()).or_default().clone(), key: key.clone() }
+        };
+        let p = guard
+            .slot
             .get_or_try_init(|| async {
+                // At most `max_loaders` made at once (a burst of new requests would otherwise
+                // open every one's datasets together, before the limit trims them).
+                let _permit = self.planning.acquire().await.map_err(|_| Error::ShuttingDown)?;
                 let sampling = views::open_sampling(&self.lake, &request.spec()).await?;
                 let loader = Arc::new(Loader::with_resources(
                     sampling.datasets,
@@ -831,18 +899,11 @@ impl Service {
                     lookaheads: Mutex::default(),
                 }))
             })
-            .await;
+            .await?
+            .clone();
+        drop(guard);
+        let p = &p;
         let mut prepared = self.prepared.lock().expect("not poisoned");
-        let p = match p {
-            Ok(p) => p.clone(),
-            Err(e) => {
-                // A refused request keeps no slot (unless another made it meanwhile).
-                if prepared.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot) && !s.initialized()) {
-                    prepared.remove(&key);
-                }
-                return Err(e);
-            }
-        };
         *p.last_used.lock().expect("not poisoned") = Instant::now();
         // Loaders beyond the limit go, the least recently used first (those being made stay).
         while prepared.values().filter(|s| s.initialized()).count() > self.options.max_loaders.max(1) {
@@ -860,7 +921,7 @@ impl Service {
                 *retired = add_stats(&retired, &old);
             }
         }
-        Ok(p)
+        Ok(p.clone())
     }
 
     /// The schema of a request's batches and the shape of its epochs, for a stream over a
@@ -904,26 +965,19 @@ impl Service {
         Ok((sharding, steps))
     }
 
-    /// The rows a request's stream sends in all, when known up front: a limited stream whose
-    /// batches are all whole (`drop_last`), or one of at most 2^20 batches, counted step by step
-    /// (short and empty batches at epochs' ends included). `None` for an endless stream.
+    /// The rows a request's stream sends in all, when known up front (a limited stream): every
+    /// batch whole, less what this rank misses at each visit of an epoch's short last step.
+    /// `None` for an endless stream.
     pub fn records(&self, request: &SampleRequest, epoch_len: u64) -> Option<u64> {
         let limit = request.limit_batches?;
-        let (sharding, _) = self.steps_of(request, epoch_len).ok()?;
-        if request.drop_last {
-            return limit.checked_mul(request.batch_size);
-        }
-        if limit > 1 << 20 {
-            return None;
-        }
-        let mut cursor = Cursor { epoch: request.epoch, step: request.start_step };
-        let mut rows = 0;
-        for _ in 0..limit {
-            let positions = sharding.positions(epoch_len, cursor.step);
-            rows += positions.end - positions.start;
-            cursor = (0..request.step_stride.max(1)).fold(cursor, |c, _| sharding.next(epoch_len, c));
-        }
-        Some(rows)
+        let (sharding, steps) = self.steps_of(request, epoch_len).ok()?;
+        let last = sharding.positions(epoch_len, steps - 1);
+        let short = sharding.per_rank() - (last.end - last.start);
+        // Global steps from the start: start_step + k * stride for k in 0..limit, each at step
+        // (start_step + k * stride) mod steps of its epoch.
+        let visits = if short == 0 { 0 } else { congruent_count(request.start_step, request.step_stride.max(1), steps, limit) };
+        let rows = u128::from(limit) * u128::from(sharding.per_rank()) - u128::from(visits) * u128::from(short);
+        u64::try_from(rows).ok()
     }
 
     /// A read-only SQL session over the lake as it is now, whose spanning tables refuse to
@@ -1430,6 +1484,23 @@ mod tests {
     }
 
     #[test]
+    fn visits_of_an_epochs_last_step_are_counted_as_a_walk_would() {
+        for m in 1..12u64 {
+            for b in 1..15u64 {
+                for a in 0..m {
+                    for n in 0..40u64 {
+                        let walked = (0..n).filter(|k| (a + k * b) % m == m - 1).count() as u64;
+                        assert_eq!(congruent_count(a, b, m, n), walked, "a {a} b {b} m {m} n {n}");
+                    }
+                }
+            }
+        }
+        // Large values answer at once.
+        assert_eq!(congruent_count(0, 65_536, 1 << 40, 1 << 40), 0);
+        assert_eq!(congruent_count(3, 1, 4, u64::MAX), u64::MAX / 4 + 1);
+    }
+
+    #[test]
     fn numbers_out_of_range_say_the_range() {
         let refusal = |json: &str| SampleRequest::from_json(json.as_bytes()).expect_err(json).to_string();
         let too_big = refusal(r#"{"datasets": ["a"], "seed": 18446744073709551616}"#);
@@ -1437,7 +1508,7 @@ mod tests {
         let fraction = refusal(r#"{"datasets": ["a"], "seed": 1.5}"#);
         assert!(fraction.contains("`seed`: invalid type: floating point `1.5`, expected a whole number, 0 or more"), "{fraction}");
         let episode = refusal(r#"{"datasets": ["a"], "episodes": [1e19]}"#);
-        assert!(episode.contains("out of range: expected a whole number from -9223372036854775808"), "{episode}");
+        assert!(episode.contains("`episodes[0]`: too large: expected a whole number from 0 to 9223372036854775807"), "{episode}");
         assert!(SampleRequest::from_json(br#"{"datasets": ["a"], "seed": 18446744073709551615}"#).is_ok());
         // Whole numbers written with a zero fraction (Python's json writes floats so) are whole.
         let floats =

@@ -15,7 +15,13 @@ use arrow::{
 pub fn lake_cmd(root: &Path) -> Command {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lake"));
-    cmd.arg("--lake").arg(root).env_remove("LAKE_ROOT").env_remove("LAKE_LOG").stdin(Stdio::null());
+    cmd.arg("--lake").arg(root).stdin(Stdio::null());
+    // lake's settings come from the test, never from the environment it runs in.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| n.starts_with("LAKE_")) {
+            cmd.env_remove(name);
+        }
+    }
     // Ctrl-C reaches lake as at a terminal, also when the tests run where SIGINT is ignored (a
     // background job of a script), which lake would keep ignoring.
     // SAFETY: between fork and exec this only resets a signal's action (async-signal-safe).

@@ -326,6 +326,19 @@ fn sample_png_images_in_parquet() {
     );
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("every camera is recorded at 48x36: leave out the frame size"), "{run:#?}");
+    // Indices from a file (for more than a command line holds) are those indices.
+    let list = tmp.path().join("indices.txt");
+    std::fs::write(&list, "5, 3\n59\n").expect("write");
+    let (from_file, inline) = (tmp.path().join("f.arrow"), tmp.path().join("i.arrow"));
+    let at = format!("@{}", list.display());
+    for (indices, out) in [(format!("0,{at},1"), &from_file), ("0,5,3,59,1".to_string(), &inline)] {
+        let run = lake(
+            &tmp.path().join("lake"),
+            &["sample", "--dataset", "v30-images-tiny", "--indices", &indices, "--out", out.to_str().expect("utf-8")],
+        );
+        assert_eq!(run.code, 0, "{run:#?}");
+    }
+    assert_eq!(crate::common::read_arrow(&from_file), crate::common::read_arrow(&inline));
 }
 
 #[test]

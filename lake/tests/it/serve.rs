@@ -623,19 +623,20 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
     std::fs::write(&empty, "first\nsecond # the CI runner\n").expect("write");
     let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--token-file", empty.to_str().expect("utf-8")]);
     assert!(run.code != 0 && run.stderr.contains("token 2") && run.stderr.contains("whitespace"), "{run:#?}");
-    // Settings come from `LAKE_*` variables too, and a bad one is named.
+    // Settings come from `LAKE_*` variables too (an empty one unset), and a bad one is named.
     let out = lake_cmd(&root)
         .args(["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0"])
         .env("LAKE_TOKEN_FILE", &empty)
+        .env("LAKE_SERVE_CACHE_MB", "") // an empty variable is unset
         .output()
         .expect("run lake");
     assert!(out.status.code() == Some(2) && String::from_utf8_lossy(&out.stderr).contains("token 2"), "{out:#?}");
-    let out = lake_cmd(&root).args(["serve", "--http", "127.0.0.1:0"]).env("LAKE_MEMORY_MB", "4 GB").output().expect("run lake");
+    let out = lake_cmd(&root).args(["serve", "--http", "127.0.0.1:0"]).env("LAKE_SERVE_MEMORY_MB", "4 GB").output().expect("run lake");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.code() == Some(2)
             && stderr.contains("'4 GB' for '--memory-mb")
-            && stderr.contains("environment variable LAKE_MEMORY_MB"),
+            && stderr.contains("environment variable LAKE_SERVE_MEMORY_MB"),
         "{out:#?}"
     );
 
