@@ -553,7 +553,7 @@ fn report_unresolved(
                 .min_by(|a, b| (a - q.t).abs().total_cmp(&(b - q.t).abs()))
         };
         let near = match nearest {
-            Some(n) => format!("the nearest frame is at {n:.6} s ({:.3} ms away)", (n - q.t).abs() * 1e3),
+            Some(n) => format!("the nearest frame is at {n:.6} s ({} away)", milliseconds((n - q.t).abs())),
             None => "the file has no frames".into(),
         };
         let last = sorted
@@ -564,8 +564,8 @@ fn report_unresolved(
             Finding::error(
                 FindingKind::FrameUnresolved,
                 format!(
-                    "{count} steps have no video frame within {:.3} ms of their time; first: query {:.6} s (from_timestamp {:.6} + timestamp {:.6}), {near}{last}",
-                    tol * 1e3,
+                    "{count} steps have no video frame within {} of their time; first: query {:.6} s (from_timestamp {:.6} + timestamp {:.6}), {near}{last}",
+                    milliseconds(tol),
                     q.t,
                     q.from_timestamp,
                     q.t - q.from_timestamp,
@@ -673,4 +673,11 @@ fn check_declared(job: &StreamJob, facts: &StreamFacts, fps: f64, findings: &mut
     {
         findings.push(warn(FindingKind::FormatMismatch, format!("info.json declares pixel format `{d}`, the file has `{a}`")));
     }
+}
+
+/// Seconds as milliseconds, to three decimals, or in scientific notation below a microsecond
+/// (a tolerance of 1e-9 s is not "0.000 ms").
+fn milliseconds(seconds: f64) -> String {
+    let ms = seconds * 1e3;
+    if ms == 0.0 || ms.abs() >= 1e-3 { format!("{ms:.3} ms") } else { format!("{ms:.2e} ms") }
 }

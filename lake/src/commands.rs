@@ -157,12 +157,22 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                         )?;
                     }
                     if previous.source.url != record.source.url {
-                        outln!(
-                            "  note: {}@{} came from another source, {}; name this one with --name to keep them apart",
-                            previous.name,
-                            previous.version,
-                            previous.source.url
-                        )?;
+                        if previous.source.content_hash == record.source.content_hash {
+                            // The same content under another path, made a new version by other options.
+                            outln!(
+                                "  note: {}@{} came from {}, which holds the same content; this version differs in its ingest options",
+                                previous.name,
+                                previous.version,
+                                previous.source.url
+                            )?;
+                        } else {
+                            outln!(
+                                "  note: {}@{} came from another source, {}; name this one with --name to keep them apart",
+                                previous.name,
+                                previous.version,
+                                previous.source.url
+                            )?;
+                        }
                     }
                 }
             }
@@ -444,7 +454,9 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &datasets)?;
+        // As the text: the datasets' records, the views' and what cannot be read whole.
+        let listing = serde_json::json!({"datasets": datasets, "views": views, "unreadable": problems});
+        serde_json::to_writer_pretty(&mut out, &listing)?;
         writeln!(out)?;
         for p in &problems {
             errln!("warning: {p}");

@@ -632,14 +632,15 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
         let spec = format!("{}@{}", record.name, record.version);
         let began = std::time::Instant::now();
         let report = lake::stats::write_image_stats(&lake, &spec).await?;
-        errln!(
-            "image statistics of {spec}: {}, {} decoded, {:.1} s",
-            lake::count(report.cameras as u64, "camera"),
-            lake::count(report.frames as u64, "frame"),
-            began.elapsed().as_secs_f64()
-        );
         if report.cameras == 0 {
             errln!("{spec} has no cameras: there are no image statistics to compute");
+        } else {
+            errln!(
+                "image statistics of {spec}: {}, {} decoded, {:.1} s",
+                lake::count(report.cameras as u64, "camera"),
+                lake::count(report.frames as u64, "frame"),
+                began.elapsed().as_secs_f64()
+            );
         }
     }
     let json = lake::stats::stats_json(&lake, &record, episodes.as_ref()).await?;

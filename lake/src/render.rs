@@ -316,9 +316,14 @@ pub fn inspect(
     }
     for (i, f) in t.frame_tables.iter().enumerate() {
         let size = f.size.map_or_else(|| "recorded size".to_string(), |s| s.to_string());
-        let what = match (f.storage, f.frames) {
-            (Some(storage), Some(frames)) => format!("{frames} frames, {storage}, {}", bytes(f.bytes)),
-            _ => format!("unreadable, {} (run `lake cache` again)", bytes(f.bytes)),
+        let again = match f.size {
+            Some(size) => format!("`lake cache {}@{} --size {size}`", record.name, record.version),
+            None => format!("`lake cache {}@{}`", record.name, record.version),
+        };
+        let what = match (f.storage, f.frames, &f.damage) {
+            (Some(storage), Some(frames), None) => format!("{frames} frames, {storage}, {}", bytes(f.bytes)),
+            (Some(_), Some(_), Some(damage)) => format!("damaged outside lake: {damage} (run {again} again)"),
+            _ => format!("unreadable, {} (run {again} again)", bytes(f.bytes)),
         };
         writeln!(out, "{:<10}{size}: {what}", if i == 0 { "frames" } else { "" })?;
     }

@@ -442,13 +442,23 @@ fn room_for(raw: u64, free: u64, storage: FrameStorage, what: &str) -> anyhow::R
     if raw.saturating_add(raw / 20) <= free {
         return Ok(None);
     }
-    let (raw_gb, free_gb) = (raw as f64 / 1e9, free as f64 / 1e9);
+    let (raw, free) = (decimal_bytes(raw), decimal_bytes(free));
     match storage {
-        FrameStorage::Plain => {
-            anyhow::bail!("{what} are {raw_gb:.1} GB of RGB, more than the {free_gb:.1} GB free where the lake is; nothing was written")
-        }
-        _ => Ok(Some(format!("{what} are {raw_gb:.1} GB of RGB before compression, and {free_gb:.1} GB are free where the lake is"))),
+        FrameStorage::Plain => anyhow::bail!("{what} are {raw} of RGB, more than the {free} free where the lake is; nothing was written"),
+        _ => Ok(Some(format!("{what} are {raw} of RGB before compression, and {free} are free where the lake is"))),
     }
+}
+
+/// Bytes in the decimal unit that keeps one to three digits before the point (`32.0 MB`).
+fn decimal_bytes(n: u64) -> String {
+    let units = ["bytes", "kB", "MB", "GB", "TB", "PB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < units.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} bytes") } else { format!("{value:.1} {}", units[unit]) }
 }
 
 /// Bytes free to this user on the filesystem holding `path`, when the system says.
@@ -757,6 +767,8 @@ mod tests {
             refused.to_string(),
             "ds@1: 1200 frames at 8192x8192 are 241.0 GB of RGB, more than the 45.0 GB free where the lake is; nothing was written"
         );
+        let small = room_for(32_000_000, 19_400_000, FrameStorage::Plain, "ds@1: 900 frames").unwrap_err();
+        assert!(small.to_string().contains("are 32.0 MB of RGB, more than the 19.4 MB free"), "{small}");
         let warned = room_for(241_000_000_000, 45_000_000_000, FrameStorage::Zstd, "ds@1").unwrap().expect("a warning");
         assert!(warned.contains("before compression"), "{warned}");
         assert!(free_bytes("/").is_some(), "statvfs reads the root filesystem");

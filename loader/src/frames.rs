@@ -292,6 +292,10 @@ pub struct FrameTableInfo {
     pub frames: Option<usize>,
     /// Bytes on disk.
     pub bytes: u64,
+    /// What is wrong with its files, if anything (a data file missing, or of another size than
+    /// the one written: damaged outside lake).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damage: Option<String>,
 }
 
 /// The frame tables of a dataset version (`frames.lance`, `frames-WxH.lance`), recorded size
@@ -322,7 +326,11 @@ pub async fn frame_tables(lake: &Lake, record: &lake_schemas::CommitRecord) -> V
             Some(t) => t.count_rows(None).await.ok(),
             None => None,
         };
-        out.push(FrameTableInfo { size, storage, frames, bytes: dir_bytes(&path) });
+        let damage = match (&opened, path.file_name().and_then(|n| n.to_str())) {
+            (Some(t), Some(name)) => lake.data_file_damage(&format!("{}/{name}", record.tables.dir), t).await.ok().flatten(),
+            _ => None,
+        };
+        out.push(FrameTableInfo { size, storage, frames, bytes: dir_bytes(&path), damage });
     }
     out
 }

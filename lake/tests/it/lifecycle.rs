@@ -127,7 +127,7 @@ fn a_version_whose_tables_were_lost_says_so_and_a_reingest_replaces_it() {
 fn latest_dir(root: &Path, name: &str) -> std::path::PathBuf {
     let ls = lake(root, &["ls", "--json"]);
     let records: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
-    let record = records.as_array().expect("list").iter().find(|r| r["name"] == name).expect("the dataset");
+    let record = records["datasets"].as_array().expect("list").iter().find(|r| r["name"] == name).expect("the dataset");
     root.join(record["tables"]["dir"].as_str().expect("dir"))
 }
 
@@ -161,7 +161,12 @@ fn a_failed_first_ingest_leaves_no_lake_and_dot_is_named_after_its_directory() {
     assert!(String::from_utf8_lossy(&run.stdout).contains("as v30-images-tiny@1"), "{run:?}");
     let ls = lake(&root, &["ls", "--json"]);
     let records: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
-    assert_eq!(records[0]["source"]["url"], testdata("v30-images-tiny").to_str().expect("utf-8"), "the source is recorded absolute");
+    assert_eq!(
+        records["datasets"][0]["source"]["url"],
+        testdata("v30-images-tiny").to_str().expect("utf-8"),
+        "the source is recorded absolute"
+    );
+    assert_eq!((records["views"].as_array().map(Vec::len), records["unreadable"].as_array().map(Vec::len)), (Some(0), Some(0)));
     assert!(!String::from_utf8_lossy(&run.stdout).contains("note: named"), "{run:?}");
 
     // A directory name that is no dataset name is made one, and the summary says so.

@@ -440,6 +440,8 @@ fn frame_table_batches_equal_decoded_ones() {
     assert_ne!(run.code, 0, "{run:#?}");
     assert!(run.stderr.contains("damaged or cut short") && run.stderr.contains(&format!("run `lake cache {name}` again")), "{run:#?}");
     assert!(!run.stderr.contains("LanceError"), "{run:#?}");
+    let inspect = lake(&root, &["inspect", name]);
+    assert!(inspect.stdout.contains("recorded size: damaged outside lake: its data file data/"), "inspect says so: {inspect:#?}");
     for f in &files {
         std::fs::remove_file(f).expect("remove");
     }
