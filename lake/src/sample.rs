@@ -54,7 +54,7 @@ pub struct LoaderArgs {
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     cache: String,
     /// Decoded-frame cache budget in MiB.
-    #[arg(long, default_value_t = lake_loader::DEFAULT_CACHE_MIB)]
+    #[arg(long, default_value_t = lake_loader::DEFAULT_CACHE_MIB, value_parser = mebibytes)]
     cache_mb: u64,
     /// Read frames from the dataset's stored frame table (`lake cache`) when it has one: on or
     /// off (decode from packets).
@@ -72,6 +72,43 @@ pub fn at_least_one(text: &str) -> Result<u64, String> {
         Ok(n @ 1..) => Ok(n),
         Ok(_) => Err("must be at least 1".into()),
         Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
+/// The most MiB a memory setting takes: 16 TiB (far beyond any machine's, and clear of
+/// overflowing as bytes).
+const MAX_MIB: u64 = 1 << 24;
+
+/// A size in MiB, 0 to 16 TiB.
+pub fn mebibytes(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if n <= MAX_MIB => Ok(n),
+        _ => Err(format!("`{text}` is not a number of MiB from 0 to {MAX_MIB} (16 TiB)")),
+    }
+}
+
+/// A size in MiB, 1 to 16 TiB.
+pub fn mebibytes_at_least_one(text: &str) -> Result<u64, String> {
+    match mebibytes(text)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+/// A number of seconds, 0 to a year (a deadline further off is none, and would overflow a clock).
+pub fn seconds(text: &str) -> Result<u64, String> {
+    const YEAR: u64 = 365 * 24 * 3600;
+    match text.trim().parse::<u64>() {
+        Ok(n) if n <= YEAR => Ok(n),
+        _ => Err(format!("`{text}` is not a number of seconds from 0 to {YEAR} (a year)")),
+    }
+}
+
+/// [`seconds`], at least 1.
+pub fn seconds_at_least_one(text: &str) -> Result<u64, String> {
+    match seconds(text)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
     }
 }
 
@@ -511,9 +548,10 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if args.start_step >= steps {
         anyhow::bail!(
-            "--start-step {} is past the epoch's last step ({steps} steps of {} samples per epoch: 0..{steps})",
+            "--start-step {} is past the epoch's last step ({steps} steps of {} samples per epoch: steps 0 to {})",
             args.start_step,
-            args.batch_size
+            args.batch_size,
+            steps - 1
         );
     }
     // An endless stream: the first batch (its latency reported on its own), then the

@@ -40,11 +40,11 @@ pub struct ServeArgs {
     #[arg(long, env = "LAKE_SERVE_THREADS", value_parser = crate::sample::threads_in_range)]
     threads: Option<usize>,
     /// Decoded-frame cache budget in MiB, shared by every stream.
-    #[arg(long, env = "LAKE_SERVE_CACHE_MB", default_value_t = lake_loader::DEFAULT_CACHE_MIB)]
+    #[arg(long, env = "LAKE_SERVE_CACHE_MB", default_value_t = lake_loader::DEFAULT_CACHE_MIB, value_parser = crate::sample::mebibytes)]
     cache_mb: u64,
     /// MiB of batches each stream prepares ahead of its client (at least one batch; a batch
     /// counts twice, for its encoded copy).
-    #[arg(long, env = "LAKE_SERVE_PREFETCH_MB", default_value_t = 128)]
+    #[arg(long, env = "LAKE_SERVE_PREFETCH_MB", default_value_t = 128, value_parser = crate::sample::mebibytes)]
     prefetch_mb: u64,
     /// MiB all streams may hold together: each open stream's send buffer (one encoded batch)
     /// and the batches being made, ready or being sent (two encoded sizes each); a local
@@ -52,11 +52,11 @@ pub struct ServeArgs {
     /// for room for their next batch; a stream that cannot get its send buffer is refused
     /// (RESOURCE_EXHAUSTED / 503). The server's memory is about this plus the cache plus the
     /// open datasets.
-    #[arg(long, env = "LAKE_SERVE_MEMORY_MB", default_value_t = 4096, value_parser = crate::sample::at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_MEMORY_MB", default_value_t = 4096, value_parser = crate::sample::mebibytes_at_least_one)]
     memory_mb: u64,
     /// Seconds a SQL query (HTTP or Flight SQL) may run before it is stopped and its answer
     /// ends with an error.
-    #[arg(long, env = "LAKE_SERVE_SQL_TIMEOUT", default_value_t = 300, value_parser = crate::sample::at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_SQL_TIMEOUT", default_value_t = 300, value_parser = crate::sample::seconds_at_least_one)]
     sql_timeout: u64,
     /// SQL queries (HTTP or Flight SQL) run at once, each on a thread of its own; one more is
     /// refused as busy (503 / RESOURCE_EXHAUSTED) [default: the number of cores].
@@ -74,7 +74,7 @@ pub struct ServeArgs {
     local: Option<std::path::PathBuf>,
     /// Seconds a shutdown (Ctrl-C, SIGTERM) waits for open streams to finish the batch they
     /// are sending; streams whose clients stopped reading are cut after that.
-    #[arg(long, env = "LAKE_SERVE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10)]
+    #[arg(long, env = "LAKE_SERVE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10, value_parser = crate::sample::seconds)]
     shutdown_wait: u64,
 }
 

@@ -632,6 +632,11 @@ async fn receive(
             Ok((wire::DONE, _)) => return,
             Ok((wire::ERROR, payload)) => Err(refused(&payload)),
             Ok((kind, _)) => failed(format!("an unexpected message {kind}")),
+            // Closed without an error message: the server stopped (or cut a client that held
+            // every slot through a shutdown) or went away, as a Flight stream's UNAVAILABLE.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Request(
+                "server: the server closed the stream (it stopped or went away); resume from the next step (unavailable)".into(),
+            )),
             Err(e) => failed(format!("the connection failed: {e}")),
         };
         let end = item.is_err();

@@ -378,7 +378,8 @@ class _LocalStream:
             warnings.warn(
                 f"a local stream has waited {STALL_WARNING_S:g} s for its next batch while {self.held} batches hold "
                 f"all {self.slots} of its slots: drop a batch (or copy it) before asking for the next, or ask for "
-                "more slots",
+                "more slots (a `for` loop holds its last batch while it asks for the next: with one slot, `del` it "
+                "at the end of the loop body)",
                 RuntimeWarning,
                 stacklevel=4,
             )
@@ -396,7 +397,9 @@ class _LocalStream:
             self._wait_for_data()
             data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
             if not data:
-                raise LakeError("protocol", "the server closed the stream")
+                # Closed without an error message: the server stopped (or cut a client that
+                # held every slot through a shutdown) or went away, as Flight's UNAVAILABLE.
+                raise LakeError("unavailable", "the server closed the stream (it stopped or went away); resume from the next step")
             self.buf += data
             self.fds += fds
 
@@ -431,7 +434,8 @@ class LocalClient:
     place. A slot goes back to the server when the last array of its batch is garbage; a stream
     has `slots` (default 2) and waits while all are held, so keep at most that many batches (or
     copy them, as `batch_to_numpy(...)` + `np.array` does); after `STALL_WARNING_S` (10 s) of
-    waiting so it warns (`RuntimeWarning`).
+    waiting so it warns (`RuntimeWarning`). A `for` loop holds its last batch while it asks for
+    the next, so with `slots=1` it must `del` the batch at the end of its body.
     """
 
     def __init__(self, path: str, token: Optional[str] = None, slots: int = 2):

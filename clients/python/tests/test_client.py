@@ -9,6 +9,8 @@ exactly from its state_dict and splits ranks disjointly (skipped without torch).
 import hashlib
 import os
 import signal
+import socket
+import tempfile
 import threading
 import time
 import unittest
@@ -131,6 +133,29 @@ class _SilentServer(flight.FlightServerBase):
             yield pa.record_batch([pa.array([0])], schema=schema)
 
         return flight.GeneratorStream(schema, silent())
+
+
+class ALocalServerThatGoesAway(unittest.TestCase):
+    def test_a_stream_closed_without_an_error_is_unavailable(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "lake.sock")
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(path)
+            server.listen(1)
+
+            def read_the_request_and_go():
+                conn, _ = server.accept()
+                conn.recv(1 << 16)
+                conn.close()
+
+            thread = threading.Thread(target=read_the_request_and_go)
+            thread.start()
+            with self.assertRaises(LakeError) as gone:
+                next(LocalClient(path).batches({"datasets": ["x"]}))
+            thread.join()
+            server.close()
+        self.assertEqual(gone.exception.code, "unavailable")
+        self.assertIn("resume from the next step", str(gone.exception))
 
 
 class AStreamThatStopsAnswering(unittest.TestCase):

@@ -958,8 +958,9 @@ impl Service {
         if request.start_step >= steps {
             self.count_bad();
             return Err(Error::Invalid(format!(
-                "start_step {} is past the epoch's last step ({steps} steps of {global} samples per epoch: 0..{steps})",
-                request.start_step
+                "start_step {} is past the epoch's last step ({steps} steps of {global} samples per epoch: steps 0 to {})",
+                request.start_step,
+                steps - 1
             )));
         }
         Ok((sharding, steps))

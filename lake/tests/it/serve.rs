@@ -631,6 +631,13 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
         .output()
         .expect("run lake");
     assert!(out.status.code() == Some(2) && String::from_utf8_lossy(&out.stderr).contains("token 2"), "{out:#?}");
+    // Sizes and times past what any server needs are refused, not wrapped or overflowed later.
+    for (flag, value, says) in
+        [("--memory-mb", "17592186044416", "not a number of MiB"), ("--sql-timeout", "9223372036854775807", "not a number of seconds")]
+    {
+        let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", flag, value]);
+        assert!(run.code == 2 && run.stderr.contains(says), "{run:#?}");
+    }
     let out = lake_cmd(&root).args(["serve", "--http", "127.0.0.1:0"]).env("LAKE_SERVE_MEMORY_MB", "4 GB").output().expect("run lake");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
