@@ -1031,8 +1031,9 @@ impl LakeSql {
         std::thread::Builder::new()
             .name("lake-sql".into())
             .spawn(move || {
-                // Held (a server's SQL slot) for as long as the query's thread runs.
-                let _hold = hold;
+                // Held (a server's SQL slot) for as long as the query runs: until its answer
+                // ends, before the end reaches the client (which may then ask again at once).
+                let mut hold = Some(hold);
                 let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(runtime) => runtime,
                     Err(e) => {
@@ -1066,6 +1067,9 @@ impl LakeSql {
                             () = tokio::time::sleep_until(deadline) => return,
                         };
                         let end = item.is_none();
+                        if !matches!(item, Some(Ok(_))) {
+                            drop(hold.take());
+                        }
                         match tokio::time::timeout_at(deadline, tx.send(item)).await {
                             Ok(Ok(())) if !end => {}
                             _ => return,
