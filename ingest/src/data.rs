@@ -333,8 +333,8 @@ pub fn image_header(bytes: &[u8]) -> Option<(&'static str, u32, u32)> {
 }
 
 /// Damage an encoded image's framing shows without decoding it: a PNG whose header chunk fails
-/// its CRC (what a header of garbage does) or without its `IEND` chunk in its last 4 KiB, a JPEG
-/// that does not end with its end-of-image marker (both: bytes cut short).
+/// its CRC (what a header of garbage does) or without its `IEND` chunk, a JPEG without its
+/// end-of-image marker (both: bytes cut short; padding after them is taken).
 pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
     match format {
         "png" => {
@@ -343,18 +343,15 @@ pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
             if !ok {
                 return Some("its PNG header chunk (IHDR) fails its checksum".into());
             }
-            // Decoders stop at IEND; writers may pad after it, a cut leaves none near the end.
+            // Decoders stop at IEND and writers may pad after it: searched from the end (where
+            // it is found at once), a cut image has none.
             const IEND: [u8; 12] = [0, 0, 0, 0, b'I', b'E', b'N', b'D', 0xAE, 0x42, 0x60, 0x82];
-            let tail = &bytes[bytes.len().saturating_sub(4096)..];
-            (!tail.windows(IEND.len()).any(|w| w == IEND))
-                .then(|| format!("the PNG image is cut short: its {} bytes do not end with the IEND chunk", bytes.len()))
+            (!bytes.windows(IEND.len()).rev().any(|w| w == IEND))
+                .then(|| format!("the PNG image is cut short: its {} bytes hold no IEND chunk", bytes.len()))
         }
-        // Encoders may pad after the marker; a JPEG cut short has none near its end.
-        "mjpeg" => {
-            let tail = &bytes[bytes.len().saturating_sub(64)..];
-            (!tail.windows(2).any(|w| w == [0xFF, 0xD9]))
-                .then(|| format!("the JPEG image is cut short: its {} bytes do not end with the end-of-image marker", bytes.len()))
-        }
+        // Encoders may pad after the marker (searched from the end); a JPEG cut short has none.
+        "mjpeg" => (!bytes.windows(2).rev().any(|w| w == [0xFF, 0xD9]))
+            .then(|| format!("the JPEG image is cut short: its {} bytes hold no end-of-image marker", bytes.len())),
         _ => None,
     }
 }

@@ -467,7 +467,8 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
             writeln!(out, "\nviews (lake view show NAME):")?;
             for v in views {
                 let on: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
-                writeln!(out, "  {:<28} {:>6} episodes  from {}", format!("{}@{}", v.name, v.version), v.episode_count(), on.join(", "))?;
+                let episodes = lake::count(v.episode_count() as u64, "episode");
+                writeln!(out, "  {:<28} {episodes:>14}  from {}", format!("{}@{}", v.name, v.version), on.join(", "))?;
             }
         }
         if !problems.is_empty() {

@@ -375,8 +375,9 @@ pub struct BenchArgs {
     /// Sampler seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Epoch to start in (the order is a function of seed and epoch).
-    #[arg(long, default_value_t = 0)]
+    /// Epoch to start in (the order is a function of seed and epoch), 0 to 2^32 - 1 as a
+    /// sampling request takes.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(..=u64::from(u32::MAX)))]
     epoch: u64,
     /// Global step to start at within the epoch (below the epoch's steps); the stream goes on
     /// into the next epochs.

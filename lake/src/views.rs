@@ -193,7 +193,7 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
         .filter_map(|d| {
             let other = read.get(&d.name)?.iter().find(|&&v| v != d.version)?;
             Some(format!(
-                "the query reads {name}@{other}, but the view draws {name}@{}, the version its `dataset` column names; \
+                "the query reads {name}@{other}, but the view draws {name}@{}, from its `dataset` column; \
                  `'{name}@{other}' AS dataset` pins that one",
                 d.version,
                 name = d.name

@@ -395,7 +395,11 @@ class _LocalStream:
                     del self.buf[: 4 + length]
                     return kind, payload
             self._wait_for_data()
-            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
+            except (ConnectionResetError, BrokenPipeError):
+                # A server killed with our slot give-backs unread resets the connection.
+                data, fds = b"", []
             if not data:
                 # Closed without an error message: the server stopped (or cut a client that
                 # held every slot through a shutdown) or went away, as Flight's UNAVAILABLE.

@@ -151,6 +151,21 @@ fn damaged_and_mixed_images_in_parquet() {
     }
 }
 
+/// Bytes after a PNG's IEND chunk (writers may pad) are no damage: the dataset ingests whole.
+#[test]
+fn padding_after_an_image_is_taken() {
+    let (_t, root, src) = setup("v30-images-tiny");
+    replace_column(&src, "observation.images.front", |col| {
+        let images = col.as_struct();
+        let mut bytes: Vec<Vec<u8>> = images.column(0).as_binary::<i32>().iter().map(|b| b.expect("bytes").to_vec()).collect();
+        bytes[24].extend(std::iter::repeat_n(0u8, 8192));
+        let bytes: ArrayRef = std::sync::Arc::new(arrow::array::BinaryArray::from_iter_values(bytes));
+        std::sync::Arc::new(arrow::array::StructArray::new(images.fields().clone(), vec![bytes, images.column(1).clone()], None))
+    });
+    let run = ingest_ok(&root, &src, &["--name", "padded"]);
+    assert!(run.stdout.contains("3 of 3 episodes"), "{run:#?}");
+}
+
 /// A row whose `episode_index` is null is an error of the episode around it; a task that is
 /// not UTF-8 text is named as such (not as a null).
 #[test]
