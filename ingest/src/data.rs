@@ -333,8 +333,9 @@ pub fn image_header(bytes: &[u8]) -> Option<(&'static str, u32, u32)> {
 }
 
 /// Damage an encoded image's framing shows without decoding it: a PNG whose header chunk fails
-/// its CRC (what a header of garbage does) or without its `IEND` chunk, a JPEG without its
-/// end-of-image marker (both: bytes cut short; padding after them is taken).
+/// its CRC (what a header of garbage does) or that does not end with its `IEND` chunk, a JPEG
+/// that does not end with its end-of-image marker (both: bytes cut short; padding of zeros or
+/// 0xFF after them is taken).
 pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
     match format {
         "png" => {
@@ -343,17 +344,23 @@ pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
             if !ok {
                 return Some("its PNG header chunk (IHDR) fails its checksum".into());
             }
-            // Decoders stop at IEND and writers may pad after it: searched from the end (where
-            // it is found at once), a cut image has none.
             const IEND: [u8; 12] = [0, 0, 0, 0, b'I', b'E', b'N', b'D', 0xAE, 0x42, 0x60, 0x82];
-            (!bytes.windows(IEND.len()).rev().any(|w| w == IEND))
-                .then(|| format!("the PNG image is cut short: its {} bytes hold no IEND chunk", bytes.len()))
+            (!ends_with(bytes, &IEND))
+                .then(|| format!("the PNG image is cut short: its {} bytes do not end with the IEND chunk", bytes.len()))
         }
-        // Encoders may pad after the marker (searched from the end); a JPEG cut short has none.
-        "mjpeg" => (!bytes.windows(2).rev().any(|w| w == [0xFF, 0xD9]))
-            .then(|| format!("the JPEG image is cut short: its {} bytes hold no end-of-image marker", bytes.len())),
+        "mjpeg" => (!ends_with(bytes, &[0xFF, 0xD9]))
+            .then(|| format!("the JPEG image is cut short: its {} bytes do not end with the end-of-image marker", bytes.len())),
         _ => None,
     }
+}
+
+/// Whether `bytes` end with `marker`, padding after it taken (writers pad with zeros or 0xFF):
+/// the last marker is looked for from the end, and only padding may follow it (an earlier
+/// one, a thumbnail's, followed by more of the image, is no end).
+fn ends_with(bytes: &[u8], marker: &[u8]) -> bool {
+    let padding = bytes.iter().rev().take_while(|b| matches!(b, 0x00 | 0xFF)).count();
+    // The marker itself may end in padding bytes (a JPEG's EOI is FF D9).
+    (0..=padding).any(|p| bytes[..bytes.len() - p].ends_with(marker))
 }
 
 /// How people call an image format (`mjpeg` is FFmpeg's name for JPEG).
@@ -811,6 +818,17 @@ mod tests {
         assert_eq!(normalize_numeric(&wide, &feature(vec![1])).unwrap().data_type(), &DataType::Float32, "any number is a float");
         assert!(normalize_numeric(&scalars, &feature(vec![3])).is_err());
         assert_eq!(normalize_numeric(&scalars, &feature(vec![1])).unwrap().data_type(), &DataType::Float32);
+    }
+
+    #[test]
+    fn images_end_with_their_marker_padding_taken() {
+        let eoi = [0xFF, 0xD9];
+        assert!(ends_with(&[0xFF, 0xD8, 1, 2, 0xFF, 0xD9], &eoi));
+        assert!(ends_with(&[0xFF, 0xD8, 1, 2, 0xFF, 0xD9, 0, 0, 0xFF], &eoi), "padding after the marker");
+        // A thumbnail's marker, then more of the image, cut short: no end.
+        assert!(!ends_with(&[0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0x34, 0x56], &eoi));
+        assert!(!ends_with(&[0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0, 0], &eoi));
+        assert!(image_damage("mjpeg", &[0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0x34]).is_some_and(|m| m.contains("cut short")));
     }
 
     #[test]

@@ -478,6 +478,10 @@ impl Plan {
             let Some((&usual, _)) = formats.iter().max_by_key(|(_, n)| **n) else { continue };
             for (path, _, episodes) in &self.data_files {
                 for e in episodes {
+                    // An episode already refused (by a batch's own check) is not named twice.
+                    if self.report.findings.iter().any(|f| f.is_error() && f.episode == Some(*e)) {
+                        continue;
+                    }
                     let Some(rows) = self.rows.get(e) else { continue };
                     let other = rows.format_rows.iter().find(|((c, format), _)| c == cam && *format != usual);
                     let Some(((_, format), (frame, _))) = other else { continue };

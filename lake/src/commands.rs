@@ -157,7 +157,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                         )?;
                     }
                     if previous.source.url != record.source.url {
-                        if previous.source.content_hash == record.source.content_hash {
+                        if previous.source.content_hash == record.source.content_hash && previous.options != record.options {
                             // The same content under another path, made a new version by other options.
                             outln!(
                                 "  note: {}@{} came from {}, which holds the same content; this version differs in its ingest options",

@@ -165,10 +165,12 @@ fn value_from_environment(error: &clap::Error) -> Option<String> {
 fn main() -> ExitCode {
     // Before any signal handler is installed, which would hide an inherited SIG_IGN.
     interrupt_ignored();
-    // An empty `LAKE_*` variable (a template's blank) counts as unset, as clap would otherwise
-    // parse "" as its flag's value.
+    // An empty variable of a flag (a template's blank) counts as unset, as clap would otherwise
+    // parse "" as the flag's value.
+    // (Only the variables flags read: an empty LAKE_HISTORY still means no history file.)
+    let flag_variable = |n: &str| n.starts_with("LAKE_SERVE_") || matches!(n, "LAKE_ROOT" | "LAKE_TOKENS" | "LAKE_TOKEN_FILE");
     for (name, value) in std::env::vars_os() {
-        if value.is_empty() && name.to_str().is_some_and(|n| n.starts_with("LAKE_")) {
+        if value.is_empty() && name.to_str().is_some_and(flag_variable) {
             // SAFETY: the process is single-threaded here: nothing else reads the environment.
             unsafe { std::env::remove_var(&name) };
         }

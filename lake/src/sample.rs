@@ -136,15 +136,29 @@ fn whole_number(text: &str) -> Result<i64, String> {
     text.trim().parse().map_err(|_| format!("`{}` is not a whole number", text.trim()))
 }
 
-/// One index, or every index of the file of `@FILE` (separated by commas or whitespace).
+/// Comma-separated indices, each a number or `@FILE` (every index of the file, separated by
+/// commas or whitespace); an argument that starts with `@` is one file, commas in its path
+/// and all.
 fn index_or_file(text: &str) -> Result<Vec<i64>, String> {
-    let Some(path) = text.trim().strip_prefix('@') else { return whole_number(text).map(|i| vec![i]) };
-    let contents = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    contents
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|t| !t.is_empty())
-        .map(|t| whole_number(t).map_err(|e| format!("{path}: {e}")))
-        .collect()
+    let from_file = |path: &str| -> Result<Vec<i64>, String> {
+        let contents = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        contents
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|t| !t.is_empty())
+            .map(|t| whole_number(t).map_err(|e| format!("{path}: {e}")))
+            .collect()
+    };
+    if let Some(path) = text.trim().strip_prefix('@') {
+        return from_file(path);
+    }
+    let mut indices = Vec::new();
+    for piece in text.split(',') {
+        match piece.trim().strip_prefix('@') {
+            Some(path) => indices.extend(from_file(path)?),
+            None => indices.push(whole_number(piece)?),
+        }
+    }
+    Ok(indices)
 }
 
 /// A lookahead horizon: 0 (off) to [`lake_loader::MAX_HORIZON`] draws.
@@ -335,7 +349,7 @@ pub struct SampleArgs {
     dataset: String,
     /// LeRobot `index` values (absolute step indices), comma-separated; `@FILE` reads them from
     /// FILE (separated by commas, spaces or lines), for more than a command line holds.
-    #[arg(long, value_delimiter = ',', required = true, allow_negative_numbers = true, value_parser = index_or_file)]
+    #[arg(long, required = true, allow_negative_numbers = true, value_parser = index_or_file)]
     indices: Vec<Vec<i64>>,
     #[command(flatten)]
     windows: WindowArgs,

@@ -1066,8 +1066,9 @@ impl LakeSql {
                             () = tx.closed() => return,
                             () = tokio::time::sleep_until(deadline) => return,
                         };
-                        let end = item.is_none();
-                        if !matches!(item, Some(Ok(_))) {
+                        // The end, or an error (which ends the answer too).
+                        let end = !matches!(item, Some(Ok(_)));
+                        if end {
                             drop(hold.take());
                         }
                         match tokio::time::timeout_at(deadline, tx.send(item)).await {

@@ -551,12 +551,21 @@ async fn receive(
     let mut warned = false;
     let mut segments: HashMap<u32, (Arc<SharedMemory>, u64)> = HashMap::new();
     let failed = |what: String| Err(Error::Request(format!("server: {what}")));
+    // Closed without an error message, or reset (a server killed with our give-backs unread):
+    // the server stopped (or cut a client that held every slot through a shutdown) or went
+    // away, as a Flight stream's UNAVAILABLE.
+    let gone =
+        || Error::Request("server: the server closed the stream (it stopped or went away); resume from the next step (unavailable)".into());
+    let closed =
+        |e: &io::Error| matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe);
     loop {
         let message = tokio::select! {
             m = inbox.next(&socket) => m,
             Some((segment, slot)) = released.recv() => {
                 let message = wire::frame(wire::RELEASE, &[&segment.to_le_bytes(), &slot.to_le_bytes()]);
-                if write_all(&socket, &message).await.is_err() {
+                if let Err(e) = write_all(&socket, &message).await {
+                    // Never a silent end, which would read as the stream's last batch.
+                    let _ = batches.send(Err(if closed(&e) { gone() } else { Error::Request(format!("server: the connection failed: {e}")) })).await;
                     return;
                 }
                 continue;
@@ -632,11 +641,7 @@ async fn receive(
             Ok((wire::DONE, _)) => return,
             Ok((wire::ERROR, payload)) => Err(refused(&payload)),
             Ok((kind, _)) => failed(format!("an unexpected message {kind}")),
-            // Closed without an error message: the server stopped (or cut a client that held
-            // every slot through a shutdown) or went away, as a Flight stream's UNAVAILABLE.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Request(
-                "server: the server closed the stream (it stopped or went away); resume from the next step (unavailable)".into(),
-            )),
+            Err(e) if closed(&e) => Err(gone()),
             Err(e) => failed(format!("the connection failed: {e}")),
         };
         let end = item.is_err();

@@ -475,7 +475,10 @@ class LocalClient:
     def _open(self, stream: _LocalStream, kind: bytes, prefix: bytes, request: Dict[str, Any]) -> pa.Schema:
         """Sends the opening message (`H` hello or `Q` describe) and reads the schema back."""
         token = (self.token or "").encode()
-        stream.sock.sendall(_frame(kind, prefix + struct.pack("<I", len(token)) + token + json.dumps(request).encode()))
+        try:
+            stream.sock.sendall(_frame(kind, prefix + struct.pack("<I", len(token)) + token + json.dumps(request).encode()))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server went: reading says so (`unavailable`)
         kind, payload = stream.next()
         if kind == b"E":
             raise self._refused(payload)

@@ -143,19 +143,24 @@ class ALocalServerThatGoesAway(unittest.TestCase):
             server.bind(path)
             server.listen(1)
 
-            def read_the_request_and_go():
+            def go(read_first):
                 conn, _ = server.accept()
-                conn.recv(1 << 16)
+                if read_first:
+                    conn.recv(1 << 16)
+                else:
+                    time.sleep(0.2)  # the request arrives, unread: closing resets the connection
                 conn.close()
 
-            thread = threading.Thread(target=read_the_request_and_go)
-            thread.start()
-            with self.assertRaises(LakeError) as gone:
-                next(LocalClient(path).batches({"datasets": ["x"]}))
-            thread.join()
+            # Closed after reading the request (an end of file), and with it unread (a reset).
+            for read_first in (True, False):
+                thread = threading.Thread(target=go, args=(read_first,))
+                thread.start()
+                with self.assertRaises(LakeError) as gone:
+                    next(LocalClient(path).batches({"datasets": ["x"]}))
+                thread.join()
+                self.assertEqual(gone.exception.code, "unavailable", read_first)
+                self.assertIn("resume from the next step", str(gone.exception))
             server.close()
-        self.assertEqual(gone.exception.code, "unavailable")
-        self.assertIn("resume from the next step", str(gone.exception))
 
 
 class AStreamThatStopsAnswering(unittest.TestCase):
