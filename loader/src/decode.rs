@@ -16,6 +16,7 @@ use std::{ffi::CString, mem::MaybeUninit};
 
 use ffmpeg_next::{self as ffmpeg, ffi};
 use lake_schemas::CodecParams;
+use turbojpeg_sys as tj;
 
 /// The codec facts a decoder is opened from (a row of the `streams` table).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,18 +71,23 @@ fn from_name(name: Option<&str>, lookup: unsafe extern "C" fn(*const std::ffi::c
 
 /// A decoder for one stream, reused across GOPs.
 pub struct StreamDecoder {
-    decoder: ffmpeg::decoder::Video,
-    converter: Option<RgbConverter>,
-    /// Encoded images: every packet is a picture of its own and comes out at once.
-    intra_only: bool,
+    engine: Engine,
     /// The stream this decoder was opened for.
     pub stream: u32,
     /// Picture size in pixels.
     pixels: u64,
 }
 
-// SAFETY: the decoder and converter own their FFmpeg contexts exclusively and are only used
-// through `&mut self`; FFmpeg contexts may move between threads.
+/// What decodes a stream: the library LeRobot's reader decodes it with.
+enum Engine {
+    /// Videos, and pictures other than JPEG: FFmpeg, then torchcodec's conversion to RGB.
+    Ffmpeg(FfmpegDecoder),
+    /// JPEG pictures: libjpeg-turbo, as PIL decodes them.
+    Jpeg(JpegDecoder),
+}
+
+// SAFETY: the decoders and converter own their FFmpeg contexts and TurboJPEG handle exclusively
+// and are only used through `&mut self`; both libraries' contexts may move between threads.
 unsafe impl Send for StreamDecoder {}
 
 impl std::fmt::Debug for StreamDecoder {
@@ -91,43 +97,49 @@ impl std::fmt::Debug for StreamDecoder {
 }
 
 impl StreamDecoder {
-    /// Opens a single-threaded decoder for the stream (lake runs many decoders in parallel).
+    /// Opens a single-threaded decoder for the stream (lake runs many decoders in parallel):
+    /// libjpeg-turbo for JPEG pictures (the decoder PIL uses, so the pixels are LeRobot's), FFmpeg
+    /// for videos and other pictures.
     ///
     /// # Errors
     /// When FFmpeg has no decoder for the codec or cannot open it.
     pub fn open(config: &StreamConfig) -> DecodeResult<Self> {
-        let mut ctx = codec_context(&config.params)?;
-        // SAFETY: a context we own, not opened yet.
-        unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
-        let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
+        let engine = if config.kind == "image" && config.params.codec == "mjpeg" {
+            Engine::Jpeg(JpegDecoder::new()?)
+        } else {
+            Engine::Ffmpeg(FfmpegDecoder::open(config)?)
+        };
         let pixels = u64::from(config.params.width) * u64::from(config.params.height);
-        Ok(Self { decoder, converter: None, intra_only: config.kind == "image", stream: config.stream, pixels })
+        Ok(Self { engine, stream: config.stream, pixels })
     }
 
     /// About the memory this decoder holds between GOPs (after a flush): its context and the
     /// picture buffers its pool keeps. Measured with FFmpeg's libdav1d decoder, single-threaded:
-    /// 1.6 MB at 640x480, 0.5 MB at 128x96.
+    /// 1.6 MB at 640x480, 0.5 MB at 128x96. libjpeg-turbo frees a picture's buffers when the
+    /// picture is done and keeps only its context.
     pub fn idle_bytes(&self) -> u64 {
-        (448 << 10) + 4 * self.pixels
+        match self.engine {
+            Engine::Ffmpeg(_) => (448 << 10) + 4 * self.pixels,
+            Engine::Jpeg(_) => 64 << 10,
+        }
     }
 
     /// Decodes `packets` (`(pts, dts, keyframe flag, bytes)` in decode order, starting at a
-    /// keyframe) and
-    /// returns the frames whose pts is in `wanted`, as RGB, in the order of `wanted`.
+    /// keyframe) and returns the frames whose pts is in `wanted`, as RGB, in the order of
+    /// `wanted`.
     ///
     /// Video decoders are drained and flushed after every GOP, ready for the next. Image
-    /// decoders (PNG, JPEG) put out each picture as soon as they get it. The keyframe flag
-    /// matters: FFmpeg's PNG decoder adds the previous picture to a packet without it.
+    /// decoders put out each picture as soon as they get it (of JPEG pictures, only the wanted
+    /// ones are decoded). The keyframe flag matters: FFmpeg's PNG decoder adds the previous
+    /// picture to a packet without it.
     ///
     /// # Errors
-    /// When FFmpeg rejects a packet, or a wanted frame does not come out.
+    /// When the decoder rejects a packet, or a wanted frame does not come out.
     pub fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
-        let mut found: Vec<Option<RgbFrame>> = vec![None; wanted.len()];
-        self.decode_each(packets, wanted, |this, i, frame| {
-            found[i] = Some(this.convert(frame)?);
-            Ok(())
-        })?;
-        Ok(found.into_iter().map(|f| f.expect("every wanted frame came out")).collect())
+        match &mut self.engine {
+            Engine::Ffmpeg(d) => d.decode(packets, wanted),
+            Engine::Jpeg(d) => wanted.iter().map(|&pts| d.decode(pts, picture(packets, pts)?)).collect(),
+        }
     }
 
     /// [`StreamDecoder::decode`] into place: the frame whose pts is `wanted[i]` is written as RGB
@@ -143,6 +155,79 @@ impl StreamDecoder {
         outs: &mut [&mut [MaybeUninit<u8>]],
     ) -> DecodeResult<()> {
         assert_eq!(wanted.len(), outs.len(), "a place for every wanted frame");
+        match &mut self.engine {
+            Engine::Ffmpeg(d) => d.decode_into(packets, wanted, outs),
+            Engine::Jpeg(d) => {
+                for (&pts, out) in wanted.iter().zip(outs.iter_mut()) {
+                    d.decode_into(pts, picture(packets, pts)?, out)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sequential decoding of a whole stream: feeds one packet (in decode order) and returns
+    /// the frames that came out, as `(pts, RGB)`. Call [`StreamDecoder::finish`] at the end.
+    ///
+    /// # Errors
+    /// When the decoder rejects the packet or fails to decode.
+    pub fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+        match &mut self.engine {
+            Engine::Ffmpeg(d) => d.feed(pts, dts, key, data),
+            Engine::Jpeg(d) => Ok(vec![(pts, d.decode(pts, data)?)]),
+        }
+    }
+
+    /// Ends a sequential decode: drains the frames still inside the decoder and makes it ready
+    /// for another stream position.
+    ///
+    /// # Errors
+    /// When FFmpeg fails to drain.
+    pub fn finish(&mut self) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+        match &mut self.engine {
+            Engine::Ffmpeg(d) => d.finish(),
+            Engine::Jpeg(_) => Ok(Vec::new()),
+        }
+    }
+}
+
+/// The packet of the picture with presentation time `pts` (pictures are packets of their own).
+fn picture<'a>(packets: &[(i64, i64, bool, &'a [u8])], pts: i64) -> DecodeResult<&'a [u8]> {
+    packets.iter().find(|p| p.0 == pts).map(|p| p.3).ok_or_else(|| DecodeError(format!("no picture with pts {pts} among the packets")))
+}
+
+/// A stream FFmpeg decodes, with the conversion to RGB torchcodec makes after it.
+struct FfmpegDecoder {
+    decoder: ffmpeg::decoder::Video,
+    converter: Option<RgbConverter>,
+    /// Encoded images: every packet is a picture of its own and comes out at once.
+    intra_only: bool,
+}
+
+impl FfmpegDecoder {
+    fn open(config: &StreamConfig) -> DecodeResult<Self> {
+        let mut ctx = codec_context(&config.params)?;
+        // SAFETY: a context we own, not opened yet.
+        unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
+        let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
+        Ok(Self { decoder, converter: None, intra_only: config.kind == "image" })
+    }
+
+    fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
+        let mut found: Vec<Option<RgbFrame>> = vec![None; wanted.len()];
+        self.decode_each(packets, wanted, |this, i, frame| {
+            found[i] = Some(this.convert(frame)?);
+            Ok(())
+        })?;
+        Ok(found.into_iter().map(|f| f.expect("every wanted frame came out")).collect())
+    }
+
+    fn decode_into(
+        &mut self,
+        packets: &[(i64, i64, bool, &[u8])],
+        wanted: &[i64],
+        outs: &mut [&mut [MaybeUninit<u8>]],
+    ) -> DecodeResult<()> {
         self.decode_each(packets, wanted, |this, i, frame| this.convert_into(frame, outs[i]))
     }
 
@@ -214,12 +299,7 @@ impl StreamDecoder {
         }
     }
 
-    /// Sequential decoding of a whole stream: feeds one packet (in decode order) and returns
-    /// the frames that came out, as `(pts, RGB)`. Call [`StreamDecoder::finish`] at the end.
-    ///
-    /// # Errors
-    /// When FFmpeg rejects the packet or fails to decode.
-    pub fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+    fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> DecodeResult<Vec<(i64, RgbFrame)>> {
         let mut p = ffmpeg::Packet::copy(data);
         p.set_pts(Some(pts));
         p.set_dts(Some(dts));
@@ -236,12 +316,7 @@ impl StreamDecoder {
         Ok(out)
     }
 
-    /// Ends a sequential decode: drains the frames still inside the decoder and makes it ready
-    /// for another stream position.
-    ///
-    /// # Errors
-    /// When FFmpeg fails to drain.
-    pub fn finish(&mut self) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+    fn finish(&mut self) -> DecodeResult<Vec<(i64, RgbFrame)>> {
         let mut out = Vec::new();
         if !self.intra_only {
             self.decoder.send_eof().map_err(ff("end of stream"))?;
@@ -269,6 +344,121 @@ impl StreamDecoder {
 
     fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
         self.converter(frame)?.convert_into(frame, out)
+    }
+}
+
+/// JPEG pictures of `image` features, decoded the way LeRobot reads them. LeRobot's parquet
+/// reader (Hugging Face `datasets`) opens pictures with PIL, and PIL decodes JPEG with
+/// libjpeg-turbo's defaults: the accurate integer IDCT, "fancy" (smooth) chroma upsampling and
+/// libjpeg's own YCbCr to RGB arithmetic. FFmpeg's JPEG decoder and swscale round differently
+/// (up to 29 levels apart on 4:2:0 pictures), so lake calls libjpeg-turbo through TurboJPEG with
+/// no flags, which makes the same choices; the bytes are PIL's, also across libjpeg-turbo 2.1
+/// (Debian's) and 3.x (PIL's wheels). Greyscale pictures come out as three equal channels.
+struct JpegDecoder(tj::tjhandle);
+
+impl Drop for JpegDecoder {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from tjInitDecompress and is destroyed once, here.
+        unsafe { tj::tjDestroy(self.0) };
+    }
+}
+
+impl JpegDecoder {
+    fn new() -> DecodeResult<Self> {
+        // SAFETY: a plain constructor; null means failure.
+        let handle = unsafe { tj::tjInitDecompress() };
+        if handle.is_null() {
+            return Err(DecodeError("libjpeg-turbo could not make a decompressor".into()));
+        }
+        Ok(Self(handle))
+    }
+
+    /// Whether a TurboJPEG call went through. libjpeg's warnings (extraneous bytes before a
+    /// marker, a damaged entropy segment it decodes around) still give a whole picture, and
+    /// PIL takes it, so only errors fail; a cut-off file is refused at ingest already.
+    fn check(&self, rc: std::ffi::c_int, pts: i64) -> DecodeResult<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: a query of a valid handle.
+        if unsafe { tj::tjGetErrorCode(self.0) } == tj::TJERR_TJERR_WARNING as std::ffi::c_int {
+            return Ok(());
+        }
+        Err(DecodeError(format!("JPEG picture pts {pts}: {}", self.message())))
+    }
+
+    /// libjpeg's message about the last call.
+    fn message(&self) -> String {
+        // SAFETY: the handle is valid; the string lives in it until the next call, and is copied.
+        unsafe { std::ffi::CStr::from_ptr(tj::tjGetErrorStr2(self.0)).to_string_lossy().into_owned() }
+    }
+
+    /// Width and height of the picture, from its header. CMYK pictures are refused: PIL reads
+    /// them as four channels, which no RGB camera column can hold.
+    fn size(&mut self, pts: i64, data: &[u8]) -> DecodeResult<(usize, usize)> {
+        let (mut width, mut height, mut subsampling, mut colorspace) = (0, 0, 0, 0);
+        // SAFETY: the buffer and its length describe `data`; the outputs are plain integers.
+        let rc = unsafe {
+            tj::tjDecompressHeader3(
+                self.0,
+                data.as_ptr(),
+                data.len() as std::ffi::c_ulong,
+                &mut width,
+                &mut height,
+                &mut subsampling,
+                &mut colorspace,
+            )
+        };
+        self.check(rc, pts)?;
+        if [tj::TJCS_TJCS_CMYK, tj::TJCS_TJCS_YCCK].contains(&(colorspace as tj::TJCS)) {
+            return Err(DecodeError(format!("JPEG picture pts {pts} is CMYK: LeRobot reads it as 4 channels, not RGB")));
+        }
+        if width <= 0 || height <= 0 {
+            // libjpeg only warned on the way (a header cut short, bytes that are no marker).
+            let why = if rc == 0 { format!("its header gives no size ({width}x{height})") } else { self.message() };
+            return Err(DecodeError(format!("JPEG picture pts {pts}: {why}")));
+        }
+        Ok((width as usize, height as usize))
+    }
+
+    fn decode(&mut self, pts: i64, data: &[u8]) -> DecodeResult<RgbFrame> {
+        let (w, h) = self.size(pts, data)?;
+        let mut frame = Vec::with_capacity(w * h * 3);
+        self.decompress(pts, data, (w, h), &mut frame.spare_capacity_mut()[..w * h * 3])?;
+        // SAFETY: `decompress` wrote all `w * h * 3` bytes.
+        unsafe { frame.set_len(w * h * 3) };
+        Ok(RgbFrame { width: w as u32, height: h as u32, data: frame })
+    }
+
+    /// Decodes the picture into `out`, which must be exactly its `height * width * 3` bytes; all
+    /// of them are written when this returns `Ok`.
+    fn decode_into(&mut self, pts: i64, data: &[u8], out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+        let (w, h) = self.size(pts, data)?;
+        if out.len() != w * h * 3 {
+            return Err(DecodeError(format!("a {w}x{h} picture where {} bytes of RGB were expected", out.len())));
+        }
+        self.decompress(pts, data, (w, h), out)
+    }
+
+    /// Decodes a picture of size `(w, h)` into `out`, which holds `h * w * 3` bytes.
+    fn decompress(&mut self, pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+        assert_eq!(out.len(), w * h * 3, "room for the picture");
+        // SAFETY: the destination holds h rows of w * 3 bytes (asserted above), the size the
+        // picture decodes to; libjpeg-turbo writes every row, also when it only warned.
+        let rc = unsafe {
+            tj::tjDecompress2(
+                self.0,
+                data.as_ptr(),
+                data.len() as std::ffi::c_ulong,
+                out.as_mut_ptr().cast::<u8>(),
+                w as std::ffi::c_int,
+                (w * 3) as std::ffi::c_int,
+                h as std::ffi::c_int,
+                tj::TJPF_TJPF_RGB as std::ffi::c_int,
+                0,
+            )
+        };
+        self.check(rc, pts)
     }
 }
 
@@ -574,5 +764,98 @@ pub fn codec_context(params: &CodecParams) -> DecodeResult<ffmpeg::codec::Contex
             (*raw).extradata_size = extra.len() as i32;
         }
         Ok(ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `w`x`h` picture of `format` pixels (`channels` bytes each) encoded by libjpeg-turbo.
+    fn encode(pixels: &[u8], (w, h): (usize, usize), format: tj::TJPF, subsampling: tj::TJSAMP) -> Vec<u8> {
+        // SAFETY: TurboJPEG's compressor on a buffer of h rows of `pixels.len() / h` bytes; the
+        // output buffer it allocates is copied and freed.
+        unsafe {
+            let handle = tj::tjInitCompress();
+            assert!(!handle.is_null());
+            let (mut out, mut size) = (std::ptr::null_mut(), 0);
+            let pitch = (pixels.len() / h) as std::ffi::c_int;
+            let rc =
+                tj::tjCompress2(handle, pixels.as_ptr(), w as _, pitch, h as _, format as _, &mut out, &mut size, subsampling as _, 80, 0);
+            assert_eq!(rc, 0, "{:?}", std::ffi::CStr::from_ptr(tj::tjGetErrorStr2(handle)));
+            let bytes = std::slice::from_raw_parts(out, size as usize).to_vec();
+            tj::tjFree(out);
+            tj::tjDestroy(handle);
+            bytes
+        }
+    }
+
+    fn scene((w, h): (usize, usize), channels: usize) -> Vec<u8> {
+        (0..w * h * channels).map(|i| ((i * 7 + i / (w * channels) * 13) % 251) as u8).collect()
+    }
+
+    fn jpeg_stream((w, h): (usize, usize)) -> StreamDecoder {
+        let params = CodecParams { codec: "mjpeg".into(), width: w as u32, height: h as u32, ..CodecParams::default() };
+        let decoder = StreamDecoder::open(&StreamConfig { stream: 3, camera: "cam".into(), kind: "image".into(), params }).expect("open");
+        assert!(matches!(decoder.engine, Engine::Jpeg(_)), "JPEG pictures are decoded by libjpeg-turbo");
+        decoder
+    }
+
+    #[test]
+    fn jpeg_pictures_come_out_where_they_are_wanted() {
+        let size = (37, 21);
+        let a = encode(&scene(size, 3), size, tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);
+        let b = encode(&scene(size, 3).iter().map(|v| 255 - v).collect::<Vec<_>>(), size, tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_444);
+        let mut d = jpeg_stream(size);
+        let packets = [(0, 0, true, a.as_slice()), (1, 1, true, b.as_slice())];
+        let frames = d.decode(&packets, &[1, 0, 1]).expect("decode");
+        assert_eq!(frames.len(), 3);
+        assert!(frames.iter().all(|f| (f.width, f.height, f.data.len()) == (37, 21, 37 * 21 * 3)));
+        assert_eq!(frames[0], frames[2]);
+        assert_ne!(frames[0], frames[1]);
+        // Sequential decoding and decoding into place give the same bytes.
+        assert_eq!(d.feed(0, 0, true, &a).expect("feed"), vec![(0, frames[1].clone())]);
+        assert!(d.finish().expect("finish").is_empty());
+        let mut place = vec![MaybeUninit::new(0u8); 37 * 21 * 3];
+        d.decode_into(&packets, &[1], &mut [&mut place]).expect("into");
+        assert!(place.iter().zip(&frames[0].data).all(|(p, f)| unsafe { p.assume_init() } == *f));
+        // A place of another size, or a picture not among the packets, is an error.
+        let mut small = vec![MaybeUninit::new(0u8); 10];
+        let e = d.decode_into(&packets, &[0], &mut [&mut small]).expect_err("wrong size");
+        assert!(e.0.contains("a 37x21 picture where 10 bytes"), "{e}");
+        let e = d.decode(&packets, &[2]).expect_err("no such picture");
+        assert_eq!(e.0, "no picture with pts 2 among the packets");
+        // Greyscale pictures come out as three equal channels.
+        let grey = encode(&scene(size, 1), size, tj::TJPF_TJPF_GRAY, tj::TJSAMP_TJSAMP_GRAY);
+        let frame = d.decode(&[(5, 5, true, grey.as_slice())], &[5]).expect("grey").remove(0);
+        assert!(frame.data.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    }
+
+    #[test]
+    fn libjpeg_warnings_keep_the_picture_as_pil_does() {
+        let size = (64, 48);
+        let clean = encode(&scene(size, 3), size, tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);
+        assert_eq!(&clean[clean.len() - 2..], &[0xFF, 0xD9]);
+        // Bytes between the last entropy-coded data and the end marker: libjpeg warns
+        // ("extraneous bytes before marker") and decodes the picture in full.
+        let mut noisy = clean[..clean.len() - 2].to_vec();
+        noisy.extend_from_slice(&[0x12, 0x34, 0x56, 0xFF, 0xD9]);
+        let mut d = jpeg_stream(size);
+        let want = d.decode(&[(0, 0, true, clean.as_slice())], &[0]).expect("clean");
+        assert_eq!(d.decode(&[(0, 0, true, noisy.as_slice())], &[0]).expect("warned only"), want);
+    }
+
+    #[test]
+    fn damaged_and_cmyk_pictures_are_errors_naming_the_picture() {
+        let size = (16, 16);
+        let mut d = jpeg_stream(size);
+        let e = d.decode(&[(7, 7, true, b"\xFF\xD8 not a picture".as_slice())], &[7]).expect_err("garbage");
+        assert!(e.0.starts_with("JPEG picture pts 7: ") && e.0.len() > 24, "{e}");
+        let cmyk = encode(&scene(size, 4), size, tj::TJPF_TJPF_CMYK, tj::TJSAMP_TJSAMP_444);
+        let e = d.decode(&[(9, 9, true, cmyk.as_slice())], &[9]).expect_err("cmyk");
+        assert_eq!(e.0, "JPEG picture pts 9 is CMYK: LeRobot reads it as 4 channels, not RGB");
+        // The decoder is still good for the next picture.
+        let good = encode(&scene(size, 3), size, tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);
+        assert_eq!(d.decode(&[(1, 1, true, good.as_slice())], &[1]).expect("good").len(), 1);
     }
 }

@@ -290,6 +290,57 @@ fn parity_png_images_in_parquet() {
     check_dataset(&shared_dir().join("fixtures/v30-images-tiny"), &[], true);
 }
 
+/// JPEG pictures inside the parquet (datasets converted from other formats carry them): every
+/// frame equals what LeRobot's reader returned for it (PIL on libjpeg-turbo), decoded from the
+/// packets and from a frame table, for 4:2:0, 4:2:2 and progressive 4:4:4 pictures of a size that
+/// is no multiple of the JPEG block.
+#[test]
+fn parity_jpeg_images_in_parquet() {
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(testdata("v30-images-jpeg").join("../../reference/v30-images-jpeg.json")).expect("reference"),
+    )
+    .expect("json");
+    let camera = reference["camera"].as_str().expect("camera");
+    let want: Vec<&str> = reference["sha256_by_index"].as_array().expect("hashes").iter().map(|h| h.as_str().expect("hex")).collect();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-jpeg"), &[]);
+    let indices: Vec<String> = (0..want.len()).map(|i| i.to_string()).collect();
+    let sample = |out: &str| {
+        let out = tmp.path().join(out);
+        let run = lake(
+            &root,
+            &[
+                "sample",
+                "--dataset",
+                "v30-images-jpeg",
+                "--indices",
+                &indices.join(","),
+                "--preset",
+                "none",
+                "--out",
+                out.to_str().expect("utf-8"),
+            ],
+        );
+        assert_eq!(run.code, 0, "{run:#?}");
+        let got = read_arrow(&out);
+        let index = got.column_by_name("index").expect("index").as_primitive::<Int64Type>().clone();
+        let column = got.column_by_name(camera).expect("camera column");
+        (0..got.num_rows()).map(|row| (index.value(row) as usize, frame_hashes(column, row, 36 * 48 * 3).remove(0))).collect::<Vec<_>>()
+    };
+    for (label, out) in [("from packets", "packets.arrow"), ("from the frame table", "table.arrow")] {
+        if out == "table.arrow" {
+            let run = lake(&root, &["cache", "v30-images-jpeg"]);
+            assert_eq!(run.code, 0, "{run:#?}");
+        }
+        let got = sample(out);
+        assert_eq!(got.len(), want.len());
+        for (index, hash) in got {
+            assert_eq!(hash, want[index], "{label}: index {index}");
+        }
+    }
+}
+
 #[test]
 fn parity_real_lingzu_mpeg4_gop12() {
     check_dataset(&shared_dir().join("lerobot-real/lingzu-open50-v30"), &["--skip-bad-episodes"], false);
