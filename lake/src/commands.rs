@@ -72,6 +72,17 @@ pub struct LsArgs {
     json: bool,
 }
 
+/// Arguments of `lake rm`.
+#[derive(Debug, clap::Args)]
+pub struct RmArgs {
+    /// The dataset to remove, with every version.
+    name: String,
+    /// Remove it also when views select from it (loading them then fails, saying it was
+    /// removed).
+    #[arg(long)]
+    force: bool,
+}
+
 /// Arguments of `lake inspect`.
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
@@ -425,6 +436,55 @@ fn spawn_progress(progress: Arc<Progress>) -> (indicatif::ProgressBar, tokio::ta
     (bar, task)
 }
 
+/// `lake rm`: removes a dataset, every version of it, and frees its files.
+pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
+    let lake = Lake::open(root)?;
+    let name = args.name.as_str();
+    if let Some((dataset, version)) = name.split_once('@') {
+        anyhow::bail!(
+            "`{name}`: lake rm takes a dataset's name alone (`lake rm {dataset}`) and removes every version; a single version \
+             ({version}) cannot be removed"
+        );
+    }
+    if lake.view(name).await.ok().flatten().is_some() {
+        anyhow::bail!("`{name}` is a view; drop it with `lake view drop {name}`");
+    }
+    // No such dataset: the lake's datasets, and when it was removed already.
+    lake.resolve(name).await?;
+    let users: Vec<String> = lake
+        .views()
+        .await?
+        .into_iter()
+        .filter(|v| v.datasets.iter().any(|d| d.name == name))
+        .map(|v| format!("{}@{}", v.name, v.version))
+        .collect();
+    if !users.is_empty() && !args.force {
+        anyhow::bail!(
+            "dataset `{name}` is selected from by {} {}: drop {} first (`lake view drop NAME`), or pass --force (loading {} then \
+             fails, saying the dataset was removed)",
+            if users.len() == 1 { "view" } else { "views" },
+            users.join(", "),
+            if users.len() == 1 { "it" } else { "them" },
+            if users.len() == 1 { "it" } else { "them" },
+        );
+    }
+    let report = lake.remove(name).await?;
+    let versions = match report.versions.as_slice() {
+        [v] => format!("version {v}"),
+        [first, .., last] => format!("versions {first} to {last}"),
+        [] => "no versions left to delete".into(),
+    };
+    outln!("removed dataset {name} ({versions}; {} freed)", lake::decimal_bytes(report.bytes))?;
+    if !users.is_empty() {
+        outln!("  views that select from it and now fail to load: {}", users.join(", "))?;
+    }
+    if !report.kept.is_empty() {
+        let kept: Vec<String> = report.kept.iter().map(|v| format!("{name}@{v}")).collect();
+        outln!("  an ingest committed {} meanwhile; it stays", kept.join(", "))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let (datasets, unreadable) = lake.datasets_listed().await?;
@@ -466,7 +526,11 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         if !views.is_empty() {
             writeln!(out, "\nviews (lake view show NAME):")?;
             for v in views {
-                let on: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
+                let mut on = Vec::new();
+                for d in &v.datasets {
+                    let removed = lake.removal(&d.name).await.ok().flatten().is_some_and(|r| d.version <= r.through_version);
+                    on.push(format!("{}@{}{}", d.name, d.version, if removed { " (removed with lake rm)" } else { "" }));
+                }
                 let episodes = lake::count(v.episode_count() as u64, "episode");
                 writeln!(out, "  {:<28} {episodes:>14}  from {}", format!("{}@{}", v.name, v.version), on.join(", "))?;
             }

@@ -77,6 +77,11 @@ enum Command {
     Ingest(commands::IngestArgs),
     /// List the datasets in the lake (latest version of each).
     Ls(commands::LsArgs),
+    /// Remove a dataset from the lake: every version, its tables and frame tables.
+    ///
+    /// Streams and servers reading it fail from then on. Its version numbers stay taken: an
+    /// ingest under the name later continues after them.
+    Rm(commands::RmArgs),
     /// Show a dataset: features, cameras (codec, size, GOP), episodes, tasks, findings.
     Inspect(commands::InspectArgs),
     /// Write the LeRobot samples of given step indices to an Arrow IPC file.
@@ -224,6 +229,7 @@ fn main() -> ExitCode {
             match cli.command {
                 Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
                 Command::Ls(args) => commands::ls(&cli.lake, args).await,
+                Command::Rm(args) => commands::rm(&cli.lake, args).await,
                 Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
                 Command::Sample(args) => sample::sample(&cli.lake, args).await,
                 Command::Bench(args) => sample::bench(&cli.lake, args).await,

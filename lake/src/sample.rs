@@ -494,23 +494,11 @@ fn room_for(raw: u64, free: u64, storage: FrameStorage, what: &str) -> anyhow::R
     if raw.saturating_add(raw / 20) <= free {
         return Ok(None);
     }
-    let (raw, free) = (decimal_bytes(raw), decimal_bytes(free));
+    let (raw, free) = (lake::decimal_bytes(raw), lake::decimal_bytes(free));
     match storage {
         FrameStorage::Plain => anyhow::bail!("{what} are {raw} of RGB, more than the {free} free where the lake is; nothing was written"),
         _ => Ok(Some(format!("{what} are {raw} of RGB before compression, and {free} are free where the lake is"))),
     }
-}
-
-/// Bytes in the decimal unit that keeps one to three digits before the point (`32.0 MB`).
-fn decimal_bytes(n: u64) -> String {
-    let units = ["bytes", "kB", "MB", "GB", "TB", "PB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit + 1 < units.len() {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} bytes") } else { format!("{value:.1} {}", units[unit]) }
 }
 
 /// Bytes free to this user on the filesystem holding `path`, when the system says.

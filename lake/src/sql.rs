@@ -433,7 +433,14 @@ impl LakeSql {
                 }
                 let have: Vec<&str> = self.datasets.iter().map(|d| d.name.as_str()).collect();
                 let have = if have.is_empty() { "none yet".to_string() } else { have.join(", ") };
-                return Error::Query(format!("{message}: the lake has no dataset `{base}` (datasets: {have})"));
+                let removed = lake_store::validate_name(base)
+                    .ok()
+                    .and_then(|()| std::fs::read(self.lake.uri(&format!("removed/{base}.json"))).ok())
+                    .and_then(|bytes| serde_json::from_slice::<lake_store::Removal>(&bytes).ok());
+                return Error::Query(format!(
+                    "{message}: the lake has no dataset `{base}` (datasets: {have}){}",
+                    lake_store::removed_hint(removed.as_ref())
+                ));
             }
             let hint = if table == "image_stats" { "; `lake stats NAME --images` makes a dataset's image_stats" } else { "" };
             let whose = if schema == SCHEMA { "the lake's tables".to_string() } else { format!("`{schema}`'s tables") };

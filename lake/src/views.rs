@@ -348,8 +348,12 @@ pub async fn not_found(lake: &Lake, spec: &str) -> Result<Error> {
         [] => String::new(),
         versions => format!("; view `{name}` was dropped, its versions stay readable as `{name}@N` ({})", versions.join(", ")),
     };
+    let removed = match lake_store::validate_name(name) {
+        Ok(()) => lake_store::removed_hint(lake.removal(name).await.ok().flatten().as_ref()),
+        Err(_) => String::new(),
+    };
     Ok(Error::NotFound(format!(
-        "no dataset or view `{}` in the lake (datasets: {}; views: {}){dropped}",
+        "no dataset or view `{}` in the lake (datasets: {}; views: {}){dropped}{removed}",
         lake_store::abbreviated(spec),
         list(&datasets),
         list(&views)

@@ -7,12 +7,19 @@
 //!   datasets/<name>/<id>/<table>.lance
 //!   staging/<id>.json               lease of an ingest in flight (removed on commit or abort)
 //!   views/<name>/v00000001.json     named training sets (`lake view create`), one record per version
+//!   removed/<name>.json             `lake rm`: the dataset's versions up to one number are gone
 //! ```
 //!
 //! A version's tables are written into a fresh `datasets/<name>/<id>/` directory nobody reads,
 //! then published by creating its commit record with create-if-absent semantics. Readers only
 //! follow commit records, so a failed or killed ingest never shows a half dataset; its leftovers
 //! are removed by [`Lake::collect_garbage`], which every ingest runs first.
+//!
+//! `lake rm` ([`Lake::remove`]) writes the dataset's removal record first: from then on every
+//! reader treats its versions up to that number as gone, and the record keeps their numbers
+//! taken (a later ingest of the name continues after them, so `NAME@N` never means two things).
+//! Their tables and commit records are deleted after it; garbage collection finishes a removal
+//! that was interrupted.
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
@@ -28,6 +35,7 @@ const CATALOG: &str = "catalog";
 const DATASETS: &str = "datasets";
 const STAGING: &str = "staging";
 const VIEWS: &str = "views";
+const REMOVED: &str = "removed";
 const MARKER: &str = "lake.json";
 /// What a new lake's marker is written as before it is renamed into place (followed by the
 /// writer's pid).
@@ -41,6 +49,40 @@ const TAKING_BACK: &str = ".lake.json.taking-back-";
 const UNCLAIMED: &str = "unclaimed.json";
 /// Layout version written to `lake.json`.
 const LAYOUT: u32 = 1;
+
+/// A dataset's removal by `lake rm`: its versions up to `through_version` are gone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Removal {
+    /// Dataset name.
+    pub name: String,
+    /// The newest version removed; every older one went with it.
+    pub through_version: u64,
+    /// When it was removed (the last time, when the name was removed again).
+    pub removed_at: DateTime<Utc>,
+}
+
+impl std::fmt::Display for Removal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let versions = match self.through_version {
+            1 => "version 1".to_string(),
+            n => format!("versions 1 to {n}"),
+        };
+        write!(f, "`{}` was removed with `lake rm` at {} ({versions})", self.name, self.removed_at.format("%Y-%m-%d %H:%M:%S UTC"))
+    }
+}
+
+/// What [`Lake::remove`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemovalReport {
+    /// The removal as recorded.
+    pub removal: Removal,
+    /// The versions whose tables and records were deleted now (older removals' are not).
+    pub versions: Vec<u64>,
+    /// Bytes of table files deleted.
+    pub bytes: u64,
+    /// Versions committed by an ingest while the removal was written: they stay.
+    pub kept: Vec<u64>,
+}
 
 /// The contents of `lake.json`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -127,6 +169,8 @@ pub struct Unreadable {
 pub struct GarbageReport {
     /// Directories of ingests that died before committing.
     pub removed_dirs: Vec<String>,
+    /// Versions (dataset, version) whose deletion by an interrupted `lake rm` was finished.
+    pub finished_removals: Vec<(String, u64)>,
 }
 
 impl Lake {
@@ -208,7 +252,7 @@ impl Lake {
             if !entries.is_empty() {
                 // Another command creating the lake right now puts its marker in a moment.
                 let lake_made =
-                    entries.iter().all(|n| [CATALOG, STAGING, DATASETS, VIEWS].contains(&n.as_str()) || n.starts_with(NEW_MARKER));
+                    entries.iter().all(|n| [CATALOG, STAGING, DATASETS, VIEWS, REMOVED].contains(&n.as_str()) || n.starts_with(NEW_MARKER));
                 for _ in 0..50 {
                     if !lake_made || marker.is_file() {
                         break;
@@ -247,7 +291,7 @@ impl Lake {
         }
         // Staging first: a writer's lease goes only once its commit record is there.
         let empty = |dir: &str| std::fs::read_dir(self.root.join(dir)).map_or(true, |mut d| d.next().is_none());
-        if ![STAGING, CATALOG, VIEWS].iter().all(|dir| empty(dir)) {
+        if ![STAGING, CATALOG, VIEWS, REMOVED].iter().all(|dir| empty(dir)) {
             let _ = std::fs::rename(&aside, &marker);
             if empty(CATALOG) && empty(VIEWS) {
                 // Only other writers' leases: the last of them to fail takes the lake back.
@@ -377,13 +421,15 @@ impl Lake {
     /// # Errors
     /// When the catalog cannot be listed or read.
     pub async fn datasets_listed(&self) -> Result<(Vec<CommitRecord>, Vec<Unreadable>)> {
+        let removed = self.removals().await?;
         let mut latest: BTreeMap<String, Path> = BTreeMap::new();
         for path in self.list(CATALOG).await? {
             let parts: Vec<_> = path.parts().collect();
             if parts.len() == 3 && parts[2].as_ref().ends_with(".json") {
                 let name = parts[1].as_ref().to_string();
                 let newer = latest.get(&name).is_none_or(|p| p.as_ref() < path.as_ref());
-                if newer {
+                let gone = removed.get(&name).is_some_and(|r| version_of(&path).is_some_and(|v| v <= r.through_version));
+                if newer && !gone {
                     latest.insert(name, path);
                 }
             }
@@ -425,13 +471,110 @@ impl Lake {
         Ok(self.version_paths(name).await?.len())
     }
 
-    /// The commit records of `name`, oldest first (their names order them).
+    /// The commit records of `name`, oldest first (their names order them), without the
+    /// versions `lake rm` removed.
     async fn version_paths(&self, name: &str) -> Result<Vec<Path>> {
+        let paths = self.all_version_paths(name).await?;
+        let gone = self.removal(name).await?.map_or(0, |r| r.through_version);
+        Ok(paths.into_iter().filter(|p| version_of(p).is_none_or(|v| v > gone)).collect())
+    }
+
+    /// The commit records of `name`, oldest first, also those of removed versions whose
+    /// deletion is not done yet.
+    async fn all_version_paths(&self, name: &str) -> Result<Vec<Path>> {
         validate_name(name)?;
         let mut paths: Vec<Path> =
             self.list(&format!("{CATALOG}/{name}")).await?.into_iter().filter(|p| p.as_ref().ends_with(".json")).collect();
         paths.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
         Ok(paths)
+    }
+
+    /// The removal of `name` by `lake rm`, if it was ever removed.
+    ///
+    /// # Errors
+    /// When the removal record cannot be read or parsed.
+    pub async fn removal(&self, name: &str) -> Result<Option<Removal>> {
+        validate_name(name)?;
+        let path = Path::from(format!("{REMOVED}/{name}.json"));
+        match self.get_json(&path).await {
+            Ok(removal) => Ok(Some(removal)),
+            Err(Error::ObjectStore { source: object_store::Error::NotFound { .. }, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every removal record, by dataset name.
+    async fn removals(&self) -> Result<BTreeMap<String, Removal>> {
+        let mut out = BTreeMap::new();
+        for path in self.list(REMOVED).await? {
+            let removal: Removal = self.get_json(&path).await?;
+            out.insert(removal.name.clone(), removal);
+        }
+        Ok(out)
+    }
+
+    /// Removes dataset `name` (`lake rm`): every committed version, its tables (frame tables
+    /// included) and commit records. The removal record is written first and is the moment it
+    /// happens: from then on no reader sees those versions, a later ingest of the name numbers
+    /// its versions after them, and `NAME@N` of a removed version says it was removed. An
+    /// ingest of the name that commits meanwhile keeps its version.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the lake has no such dataset, or an I/O error (the removal is
+    /// then finished by the next garbage collection, or `lake rm` again).
+    pub async fn remove(&self, name: &str) -> Result<RemovalReport> {
+        let Some(through) = self.version_paths(name).await?.iter().filter_map(version_of).max() else {
+            return Err(self.not_found(name).await);
+        };
+        let removal = Removal { name: name.to_string(), through_version: through, removed_at: Utc::now() };
+        let path = Path::from(format!("{REMOVED}/{name}.json"));
+        let body = serde_json::to_vec_pretty(&removal).expect("removal record serialises");
+        self.store.put(&path, PutPayload::from(body)).await.map_err(Error::store(path.to_string()))?;
+        let (versions, bytes) = self.finish_removal(&removal).await?;
+        let kept = self.version_paths(name).await?.iter().filter_map(version_of).collect();
+        Ok(RemovalReport { removal, versions, bytes, kept })
+    }
+
+    /// Deletes the tables and commit records of the versions `removal` covers that are still
+    /// there: the version directory first, then the record, so that an interrupted removal
+    /// leaves records (hidden) that name what is left to delete. Returns the versions deleted
+    /// and the bytes their tables held.
+    async fn finish_removal(&self, removal: &Removal) -> Result<(Vec<u64>, u64)> {
+        let (mut versions, mut bytes) = (Vec::new(), 0);
+        for path in self.all_version_paths(&removal.name).await? {
+            let Some(version) = version_of(&path).filter(|v| *v <= removal.through_version) else { continue };
+            // A record that cannot be parsed names no directory; it goes, and its tables stay
+            // for a look by hand (the dataset's directory is not swept: an ingest may be writing
+            // into it).
+            if let Ok(record) = self.read_record(&path).await
+                && record.tables.dir.starts_with(&format!("{DATASETS}/{}/", removal.name))
+            {
+                bytes += self.delete_prefix(&record.tables.dir).await?;
+            }
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(path.to_string())(e)),
+            }
+            versions.push(version);
+        }
+        // (Each version's directory went with its tables, and its emptied parents with it.)
+        self.prune(&format!("{CATALOG}/{}", removal.name));
+        Ok((versions, bytes))
+    }
+
+    /// The error for a dataset `spec` the lake does not have, listing what it has and saying
+    /// when `lake rm` removed it.
+    async fn not_found(&self, spec: &str) -> Error {
+        let name = spec.rsplit_once('@').map_or(spec, |(n, _)| n);
+        Error::NotFound {
+            name: spec.to_string(),
+            root: self.display.clone(),
+            available: match self.datasets().await {
+                Ok(records) => records.into_iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
+                Err(e) => return e,
+            },
+            removed: self.removal(name).await.ok().flatten().map(Box::new),
+        }
     }
 
     /// The latest version of `name`, if any (one listing and one record read, whatever the
@@ -500,11 +643,7 @@ impl Lake {
         }
         match found {
             Some(r) => Ok(r),
-            None => Err(Error::NotFound {
-                name: spec.to_string(),
-                root: self.display.clone(),
-                available: self.datasets().await?.into_iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
-            }),
+            None => Err(self.not_found(spec).await),
         }
     }
 
@@ -815,7 +954,7 @@ impl Lake {
             }
             // A record that cannot be read might be the one naming this directory: it stays.
             let mut committed = false;
-            for path in self.version_paths(&lease.name).await? {
+            for path in self.all_version_paths(&lease.name).await? {
                 committed |= self.read_record(&path).await.map_or(true, |r| r.tables.dir == lease.dir);
             }
             if !committed {
@@ -824,6 +963,10 @@ impl Lake {
             }
             self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
             self.prune(STAGING);
+        }
+        for removal in self.removals().await?.values() {
+            let (versions, _) = self.finish_removal(removal).await?;
+            report.finished_removals.extend(versions.into_iter().map(|v| (removal.name.clone(), v)));
         }
         Ok(report)
     }
@@ -847,15 +990,24 @@ impl Lake {
         self.get_json(path).await
     }
 
-    async fn delete_prefix(&self, prefix: &str) -> Result<()> {
-        for path in self.list(prefix).await? {
-            match self.store.delete(&path).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::store(path.to_string())(e)),
+    /// Deletes every object under `prefix` and returns the bytes they held.
+    async fn delete_prefix(&self, prefix: &str) -> Result<u64> {
+        let listed = Path::from(prefix);
+        let objects = match self.store.list(Some(&listed)).try_collect::<Vec<_>>().await {
+            Ok(v) => v,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(Error::store(listed.to_string())(e)),
+        };
+        let mut bytes = 0;
+        for meta in objects {
+            match self.store.delete(&meta.location).await {
+                Ok(()) => bytes += meta.size,
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(meta.location.to_string())(e)),
             }
         }
         self.prune(prefix);
-        Ok(())
+        Ok(bytes)
     }
 
     /// Removes the directories left empty in `dir` (relative to the root), `dir` itself when it
@@ -950,7 +1102,10 @@ impl PendingVersion {
             self.abort_inner().await?;
             return Err(Error::View { name: self.name.clone(), message });
         }
-        let version = self.lake.version_paths(&self.name).await?.last().and_then(version_of).map_or(1, |v| v + 1);
+        // After every version there was, removed ones included: a number never names two.
+        let last = self.lake.all_version_paths(&self.name).await?.last().and_then(version_of).unwrap_or(0);
+        let removed = self.lake.removal(&self.name).await?.map_or(0, |r| r.through_version);
+        let version = last.max(removed) + 1;
         let record = make(version);
         let path = Path::from(format!("{CATALOG}/{}/v{version:08}.json", self.name));
         let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
@@ -1289,6 +1444,69 @@ mod lifecycle_tests {
         std::fs::create_dir(&empty).unwrap();
         assert!(Lake::create(empty.to_str().unwrap()).unwrap().take_back(true));
         assert!(empty.is_dir() && std::fs::read_dir(&empty).unwrap().next().is_none());
+    }
+
+    /// Commits a version of `name` with one table file in its directory; returns the directory.
+    async fn commit_version(lake: &Lake, name: &str) -> String {
+        let pending = lake.begin(name).await.unwrap();
+        let dir = pending.dir().to_string();
+        write_file(lake, &format!("{dir}/steps.lance/data/part.lance"));
+        pending.commit(|version| record(name, version, &dir)).await.unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_removed_dataset_is_gone_and_its_version_numbers_stay_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let dirs = [commit_version(&lake, "ds").await, commit_version(&lake, "ds").await];
+        let other = commit_version(&lake, "other").await;
+        let report = lake.remove("ds").await.unwrap();
+        assert_eq!((report.versions.clone(), report.bytes, report.kept.clone()), (vec![1, 2], 8, vec![]));
+        assert_eq!(report.removal.through_version, 2);
+        for dir in &dirs {
+            assert!(!lake.root.join(dir).exists(), "{dir} deleted");
+        }
+        assert!(!lake.root.join("catalog/ds").exists() && !lake.root.join("datasets/ds").exists());
+        assert!(lake.root.join(&other).exists(), "other datasets keep their files");
+        let names: Vec<String> = lake.datasets().await.unwrap().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["other"]);
+        assert!(lake.latest("ds").await.unwrap().is_none() && lake.versions("ds").await.unwrap().is_empty());
+        for spec in ["ds", "ds@1", "ds@2"] {
+            let e = lake.resolve(spec).await.unwrap_err().to_string();
+            assert!(e.contains(&format!("no dataset `{spec}`")) && e.contains("`ds` was removed with `lake rm` at "), "{e}");
+            assert!(e.ends_with("(versions 1 to 2)"), "{e}");
+        }
+        assert!(matches!(lake.remove("ds").await.unwrap_err(), Error::NotFound { removed: Some(_), .. }));
+        // An ingest under the name later continues after the removed versions.
+        commit_version(&lake, "ds").await;
+        assert_eq!(lake.resolve("ds").await.unwrap().version, 3);
+        assert!(lake.resolve("ds@2").await.is_err());
+        let report = lake.remove("ds").await.unwrap();
+        assert_eq!((report.versions, report.removal.through_version), (vec![3], 3));
+        assert!(lake.resolve("ds@1").await.unwrap_err().to_string().ends_with("(versions 1 to 3)"));
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_removal_hides_its_versions_and_garbage_collection_finishes_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let first = commit_version(&lake, "ds").await;
+        let second = commit_version(&lake, "ds").await;
+        // `lake rm` killed right after writing its removal record (through version 1 only:
+        // version 2 came after it, as an ingest committing meanwhile would).
+        let removal = Removal { name: "ds".into(), through_version: 1, removed_at: Utc::now() };
+        write_file(&lake, "removed/ds.json");
+        std::fs::write(lake.root.join("removed/ds.json"), serde_json::to_vec(&removal).unwrap()).unwrap();
+        let listed: Vec<(String, u64)> = lake.datasets().await.unwrap().into_iter().map(|r| (r.name, r.version)).collect();
+        assert_eq!(listed, [("ds".to_string(), 2)]);
+        assert_eq!(lake.versions("ds").await.unwrap().len(), 1);
+        assert!(lake.resolve("ds@1").await.is_err() && lake.root.join(&first).exists());
+        let report = lake.collect_garbage().await.unwrap();
+        assert_eq!(report.finished_removals, [("ds".to_string(), 1)]);
+        assert!(!lake.root.join(&first).exists() && lake.root.join(&second).exists());
+        assert!(!lake.root.join("catalog/ds/v00000001.json").exists() && lake.root.join("catalog/ds/v00000002.json").exists());
+        assert!(lake.collect_garbage().await.unwrap().finished_removals.is_empty());
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@ pub enum Error {
         message: String,
     },
     /// No dataset (or version) of that name.
-    #[error("no dataset `{name}` in the lake at {root}{}", available_hint(.available))]
+    #[error("no dataset `{name}` in the lake at {root}{}{}", available_hint(.available), removed_hint(.removed.as_deref()))]
     NotFound {
         /// The name asked for (with `@version` when one was given).
         name: String,
@@ -26,6 +26,8 @@ pub enum Error {
         root: String,
         /// The datasets that do exist.
         available: Vec<String>,
+        /// When `lake rm` removed the dataset of that name.
+        removed: Option<Box<crate::Removal>>,
     },
     /// A view name is taken, or a view does not exist.
     #[error("view `{name}`: {message}")]
@@ -76,6 +78,11 @@ pub enum Error {
         /// Arrow's error.
         source: arrow_schema::ArrowError,
     },
+}
+
+/// `; NAME was removed …` when a removal explains why a dataset is missing.
+pub fn removed_hint(removed: Option<&crate::Removal>) -> String {
+    removed.map_or_else(String::new, |r| format!("; {r}"))
 }
 
 fn available_hint(available: &[String]) -> String {

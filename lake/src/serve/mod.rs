@@ -1442,9 +1442,11 @@ pub fn refusal(e: &Error) -> (Refusal, String) {
         return (kind, format!("{what}; the server log has the details"));
     }
     // The lake's path on the server's disk is no business of its clients.
-    if let Error::Store(S::NotFound { name, available, .. }) | Error::Loader(L::Store(S::NotFound { name, available, .. })) = e {
+    if let Error::Store(S::NotFound { name, available, removed, .. })
+    | Error::Loader(L::Store(S::NotFound { name, available, removed, .. })) = e
+    {
         let has = if available.is_empty() { "the lake is empty".to_string() } else { format!("it has: {}", available.join(", ")) };
-        return (kind, format!("no dataset `{name}` in the lake ({has})"));
+        return (kind, format!("no dataset `{name}` in the lake ({has}){}", lake_store::removed_hint(removed.as_deref())));
     }
     (kind, e.to_string())
 }

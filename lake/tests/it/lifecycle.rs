@@ -124,6 +124,74 @@ fn a_version_whose_tables_were_lost_says_so_and_a_reingest_replaces_it() {
 }
 
 /// The directory of a dataset's latest version, from its commit record.
+/// `lake rm`: the dataset's files go, every other dataset stays byte for byte, views over it
+/// hold it back unless forced, and whatever asks for it afterwards is told it was removed.
+#[test]
+fn lake_rm_removes_a_dataset_and_says_so_to_whoever_asks_for_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    ingest_ok(&root, &testdata("v30-images-jpeg"), &["--name", "v30-images-tiny"]);
+    ingest_ok(&root, &testdata("v30-h264-multifile"), &[]);
+    let view = lake(
+        &root,
+        &["view", "create", "first", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'v30-images-tiny' AND episode_index = 0"],
+    );
+    assert_eq!(view.code, 0, "{view:#?}");
+    let kept = |snap: &std::collections::BTreeMap<String, String>| -> Vec<(String, String)> {
+        snap.iter().filter(|(p, _)| p.contains("v30-h264-multifile")).map(|(p, h)| (p.clone(), h.clone())).collect()
+    };
+    let before = snapshot(&root, &[]);
+
+    for (args, says) in [
+        (vec!["rm", "v30-images-tiny"], "is selected from by view first@1: drop it first"),
+        (vec!["rm", "v30-images-tiny@1"], "lake rm takes a dataset's name alone"),
+        (vec!["rm", "first"], "`first` is a view; drop it with `lake view drop first`"),
+        (vec!["rm", "nothing"], "no dataset `nothing` in the lake"),
+    ] {
+        let run = lake(&root, &args);
+        assert_eq!(run.code, 2, "{args:?}: {run:#?}");
+        assert!(run.stderr.contains(says), "{args:?}: {run:#?}");
+        assert_eq!(snapshot(&root, &[]), before, "{args:?} changed the lake");
+    }
+
+    let run = lake(&root, &["rm", "v30-images-tiny", "--force"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.starts_with("removed dataset v30-images-tiny (versions 1 to 2; "), "{run:#?}");
+    assert!(run.stdout.contains("views that select from it and now fail to load: first@1"), "{run:#?}");
+    let after = snapshot(&root, &[]);
+    assert!(!after.keys().any(|p| p.starts_with("datasets/v30-images-tiny") || p.starts_with("catalog/v30-images-tiny")), "{after:#?}");
+    assert_eq!(kept(&after), kept(&before), "the other dataset is untouched");
+
+    let ls = lake(&root, &["ls"]);
+    assert!(ls.stdout.contains("v30-h264-multifile@1") && !ls.stdout.contains("\nv30-images-tiny@"), "{ls:#?}");
+    assert!(ls.stdout.contains("from v30-images-tiny@2 (removed with lake rm)\n"), "{ls:#?}");
+    let out = tmp.path().join("s.arrow");
+    let out = out.to_str().expect("utf-8");
+    for (args, says) in [
+        (vec!["inspect", "v30-images-tiny"], "no dataset `v30-images-tiny` in the lake"),
+        (vec!["sample", "--dataset", "v30-images-tiny@1", "--indices", "0", "--out", out], "no dataset or view `v30-images-tiny@1`"),
+        (vec!["sample", "--dataset", "first", "--indices", "0", "--out", out], "no dataset `v30-images-tiny@2`"),
+        (vec!["sql", "SELECT count(*) FROM \"v30-images-tiny\".steps"], "the lake has no dataset `v30-images-tiny`"),
+        (vec!["rm", "v30-images-tiny"], "no dataset `v30-images-tiny` in the lake"),
+    ] {
+        let run = lake(&root, &args);
+        assert_ne!(run.code, 0, "{args:?}: {run:#?}");
+        assert!(run.stderr.contains(says), "{args:?}: {run:#?}");
+        assert!(run.stderr.contains("`v30-images-tiny` was removed with `lake rm` at "), "{args:?}: {run:#?}");
+        assert!(run.stderr.contains("(versions 1 to 2)"), "{args:?}: {run:#?}");
+    }
+    // SQL over every dataset answers without it.
+    let sql = lake(&root, &["sql", "--format", "csv", "SELECT dataset, count(*) AS n FROM steps GROUP BY dataset"]);
+    assert_eq!(sql.stdout, "dataset,n\nv30-h264-multifile,300\n", "{sql:#?}");
+
+    // The name is free again, and its versions continue after the removed ones.
+    let run = ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    assert!(run.stdout.contains("as v30-images-tiny@3"), "{run:#?}");
+    let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0", "--out", out]);
+    assert_eq!(run.code, 0, "{run:#?}");
+}
+
 fn latest_dir(root: &Path, name: &str) -> std::path::PathBuf {
     let ls = lake(root, &["ls", "--json"]);
     let records: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
