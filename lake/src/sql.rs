@@ -341,7 +341,7 @@ impl LakeSql {
                 }
                 Some(schema) => {
                     let (name, version) = match schema.split_once('@') {
-                        Some((name, v)) => (name, v.parse().ok()),
+                        Some((name, v)) => (name, lake_store::parse_version(v)),
                         None => (schema, self.datasets.iter().find(|d| d.name == schema).map(|d| d.version)),
                     };
                     if let Some(version) = version {

@@ -374,7 +374,7 @@ pub async fn view(lake: &Lake, name: &str, version: Option<&str>) -> Result<Opti
     if versions.is_empty() {
         return Ok(None);
     }
-    let wanted = version.trim_start_matches('v').parse::<u64>().ok();
+    let wanted = lake_store::parse_version(version);
     match versions.iter().find(|v| Some(v.version) == wanted) {
         Some(v) => Ok(Some(v.clone())),
         None => Err(Error::NotFound(format!(

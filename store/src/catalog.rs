@@ -609,10 +609,8 @@ impl Lake {
     pub async fn resolve(&self, spec: &str) -> Result<CommitRecord> {
         let (name, version) = match spec.rsplit_once('@') {
             Some((name, v)) => {
-                let v: u64 = v
-                    .trim_start_matches('v')
-                    .parse()
-                    .map_err(|_| Error::BadName { name: spec.to_string(), message: "expected NAME or NAME@VERSION (a number)".into() })?;
+                let v = parse_version(v)
+                    .ok_or_else(|| Error::BadName { name: spec.to_string(), message: "expected NAME or NAME@VERSION (a number)".into() })?;
                 (name, Some(v))
             }
             None => (spec, None),
@@ -1172,6 +1170,16 @@ fn version_of(path: &Path) -> Option<u64> {
     path.filename()?.strip_prefix('v')?.strip_suffix(".json")?.parse().ok()
 }
 
+/// A version as written after `@`: digits, optionally after one `v` (`3`, `03`, `v3`); not a
+/// sign, a space or anything else `u64::from_str` would take or ignore.
+pub fn parse_version(text: &str) -> Option<u64> {
+    let digits = text.strip_prefix('v').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Checks that `name` can be a dataset name: letters, digits, `.`, `_`, `-`, at most 128 bytes,
 /// not starting with `.` or `-`.
 ///
@@ -1296,6 +1304,11 @@ mod tests {
 
     #[test]
     fn names() {
+        for (text, version) in
+            [("3", Some(3)), ("03", Some(3)), ("v3", Some(3)), ("+1", None), ("vv3", None), ("", None), ("v", None), (" 3", None)]
+        {
+            assert_eq!(parse_version(text), version, "{text:?}");
+        }
         assert!(validate_name("so101_v3.0-small").is_ok());
         for bad in ["", ".hidden", "-x", "a/b", "a b", "a@1"] {
             assert!(validate_name(bad).is_err(), "{bad}");
