@@ -449,8 +449,12 @@ pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
     if lake.view(name).await.ok().flatten().is_some() {
         anyhow::bail!("`{name}` is a view; drop it with `lake view drop {name}`");
     }
-    // No such dataset: the lake's datasets, and when it was removed already.
-    lake.resolve(name).await?;
+    // No such dataset: the lake's datasets, and when it was removed already. (One whose removal
+    // record was damaged outside lake is removed again, whatever is left of it.)
+    match lake.resolve(name).await {
+        Ok(_) | Err(lake_store::Error::Record { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
     let users: Vec<String> = lake
         .views()
         .await?
@@ -489,37 +493,56 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let (datasets, unreadable) = lake.datasets_listed().await?;
     let (views, unreadable_views) = lake.views_listed().await?;
-    // What is damaged (outside lake) is named, beside the list: JSON readers get it on stderr.
-    let mut problems = Vec::new();
+    // What is damaged (outside lake) is named, beside the list: as text, and as objects for
+    // JSON readers (`kind`, `name`, `version`, what cannot be read and why, the same `message`).
+    let mut problems: Vec<(serde_json::Value, String)> = Vec::new();
     for d in &datasets {
         let damaged = lake.damaged_tables(d).await?;
         if !damaged.is_empty() {
             let tables: Vec<String> = damaged.iter().map(|(table, why)| format!("{table} ({why})")).collect();
-            problems.push(format!(
+            let message = format!(
                 "dataset {}@{} cannot be read whole: {}; ingesting its source again makes a whole version",
                 d.name,
                 d.version,
                 tables.join(", ")
-            ));
+            );
+            let tables: Vec<serde_json::Value> =
+                damaged.iter().map(|(table, why)| serde_json::json!({"table": table, "why": why})).collect();
+            let entry = serde_json::json!({"kind": "dataset", "name": d.name, "version": d.version, "tables": tables, "message": message});
+            problems.push((entry, message));
         }
     }
     for u in &unreadable {
-        problems.push(format!(
-            "dataset {}@{} is left out: its catalog record {} cannot be read ({}); ingesting its source again makes the next version",
-            u.name, u.version, u.path, u.why
-        ));
+        let message = if u.path.starts_with("removed/") {
+            format!(
+                "dataset {}@{} is left out: its removal record {} cannot be read ({}); `lake rm {}` removes what is left of it",
+                u.name, u.version, u.path, u.why, u.name
+            )
+        } else {
+            format!(
+                "dataset {}@{} is left out: its catalog record {} cannot be read ({}); ingesting its source again makes the next \
+                 version",
+                u.name, u.version, u.path, u.why
+            )
+        };
+        let entry = serde_json::json!({"kind": "dataset", "name": u.name, "version": u.version, "record": u.path, "why": u.why, "message": message});
+        problems.push((entry, message));
     }
     for u in &unreadable_views {
-        problems.push(format!("view {}@{} is left out: its record {} cannot be read ({})", u.name, u.version, u.path, u.why));
+        let message = format!("view {}@{} is left out: its record {} cannot be read ({})", u.name, u.version, u.path, u.why);
+        let entry =
+            serde_json::json!({"kind": "view", "name": u.name, "version": u.version, "record": u.path, "why": u.why, "message": message});
+        problems.push((entry, message));
     }
     let mut out = std::io::stdout().lock();
     if args.json {
         // As the text: the datasets' records, the views' and what cannot be read whole.
-        let listing = serde_json::json!({"datasets": datasets, "views": views, "unreadable": problems});
+        let entries: Vec<&serde_json::Value> = problems.iter().map(|(entry, _)| entry).collect();
+        let listing = serde_json::json!({"datasets": datasets, "views": views, "unreadable": entries});
         serde_json::to_writer_pretty(&mut out, &listing)?;
         writeln!(out)?;
-        for p in &problems {
-            errln!("warning: {p}");
+        for (_, message) in &problems {
+            errln!("warning: {message}");
         }
     } else {
         render::dataset_list(&mut out, &datasets, root)?;
@@ -537,8 +560,8 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         }
         if !problems.is_empty() {
             writeln!(out, "\ndamaged outside lake:")?;
-            for p in &problems {
-                writeln!(out, "  {p}")?;
+            for (_, message) in &problems {
+                writeln!(out, "  {message}")?;
             }
         }
     }

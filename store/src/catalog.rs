@@ -428,7 +428,10 @@ impl Lake {
             if parts.len() == 3 && parts[2].as_ref().ends_with(".json") {
                 let name = parts[1].as_ref().to_string();
                 let newer = latest.get(&name).is_none_or(|p| p.as_ref() < path.as_ref());
-                let gone = removed.get(&name).is_some_and(|r| version_of(&path).is_some_and(|v| v <= r.through_version));
+                let gone = removed.get(&name).is_some_and(|r| match r {
+                    Ok(r) => version_of(&path).is_some_and(|v| v <= r.through_version),
+                    Err(_) => false,
+                });
                 if newer && !gone {
                     latest.insert(name, path);
                 }
@@ -436,6 +439,16 @@ impl Lake {
         }
         let (mut out, mut unreadable) = (Vec::with_capacity(latest.len()), Vec::new());
         for (name, path) in &latest {
+            // Which of its versions `lake rm` removed is unknown: none is shown.
+            if let Some(Err((removal, why))) = removed.get(name) {
+                unreadable.push(Unreadable {
+                    name: name.clone(),
+                    version: version_of(path).unwrap_or_default(),
+                    path: removal.clone(),
+                    why: why.clone(),
+                });
+                continue;
+            }
             match self.read_record(path).await {
                 Ok(record) => out.push(record),
                 Err(Error::Record { path, source }) => unreadable.push(Unreadable {
@@ -503,12 +516,17 @@ impl Lake {
         }
     }
 
-    /// Every removal record, by dataset name.
-    async fn removals(&self) -> Result<BTreeMap<String, Removal>> {
+    /// Every removal record, by dataset name; one damaged outside lake is the parse error (with
+    /// its path), for its dataset alone.
+    async fn removals(&self) -> Result<BTreeMap<String, std::result::Result<Removal, (String, String)>>> {
         let mut out = BTreeMap::new();
         for path in self.list(REMOVED).await? {
-            let removal: Removal = self.get_json(&path).await?;
-            out.insert(removal.name.clone(), removal);
+            let Some(name) = path.filename().and_then(|f| f.strip_suffix(".json")).map(String::from) else { continue };
+            match self.get_json::<Removal>(&path).await {
+                Ok(removal) => out.insert(name, Ok(removal)),
+                Err(Error::Record { path, source }) => out.insert(name, Err((path, source.to_string()))),
+                Err(e) => return Err(e),
+            };
         }
         Ok(out)
     }
@@ -523,7 +541,13 @@ impl Lake {
     /// [`Error::NotFound`] when the lake has no such dataset, or an I/O error (the removal is
     /// then finished by the next garbage collection, or `lake rm` again).
     pub async fn remove(&self, name: &str) -> Result<RemovalReport> {
-        let Some(through) = self.version_paths(name).await?.iter().filter_map(version_of).max() else {
+        let versions = match self.version_paths(name).await {
+            Ok(paths) => paths,
+            // Its removal record was damaged outside lake: what is left of it goes.
+            Err(Error::Record { .. }) => self.all_version_paths(name).await?,
+            Err(e) => return Err(e),
+        };
+        let Some(through) = versions.iter().filter_map(version_of).max() else {
             return Err(self.not_found(name).await);
         };
         let removal = Removal { name: name.to_string(), through_version: through, removed_at: Utc::now() };
@@ -962,7 +986,7 @@ impl Lake {
             self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
             self.prune(STAGING);
         }
-        for removal in self.removals().await?.values() {
+        for removal in self.removals().await?.values().filter_map(|r| r.as_ref().ok()) {
             let (versions, _) = self.finish_removal(removal).await?;
             report.finished_removals.extend(versions.into_iter().map(|v| (removal.name.clone(), v)));
         }
@@ -1520,6 +1544,19 @@ mod lifecycle_tests {
         assert!(!lake.root.join(&first).exists() && lake.root.join(&second).exists());
         assert!(!lake.root.join("catalog/ds/v00000001.json").exists() && lake.root.join("catalog/ds/v00000002.json").exists());
         assert!(lake.collect_garbage().await.unwrap().finished_removals.is_empty());
+
+        // A removal record damaged outside lake takes out its dataset alone, and `remove`
+        // removes what is left of it.
+        commit_version(&lake, "other").await;
+        std::fs::write(lake.root.join("removed/ds.json"), b"{\"name\": ").unwrap();
+        let (listed, unreadable) = lake.datasets_listed().await.unwrap();
+        assert_eq!(listed.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["other"]);
+        assert_eq!((unreadable[0].name.as_str(), unreadable[0].version, unreadable[0].path.as_str()), ("ds", 2, "removed/ds.json"));
+        assert!(lake.collect_garbage().await.unwrap().finished_removals.is_empty());
+        let report = lake.remove("ds").await.unwrap();
+        assert_eq!((report.versions, report.removal.through_version), (vec![2], 2));
+        assert!(!lake.root.join(&second).exists());
+        assert!(lake.datasets_listed().await.unwrap().1.is_empty());
     }
 
     #[tokio::test]

@@ -190,6 +190,23 @@ fn lake_rm_removes_a_dataset_and_says_so_to_whoever_asks_for_it() {
     assert!(run.stdout.contains("as v30-images-tiny@3"), "{run:#?}");
     let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0", "--out", out]);
     assert_eq!(run.code, 0, "{run:#?}");
+
+    // A removal record damaged outside lake takes out its dataset alone, says so (also as JSON),
+    // and `lake rm` removes what is left.
+    std::fs::write(root.join("removed/v30-images-tiny.json"), b"{\"name\": ").expect("damage");
+    let ls = lake(&root, &["ls", "--json"]);
+    assert_eq!(ls.code, 0, "{ls:#?}");
+    let listing: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
+    let names: Vec<&str> = listing["datasets"].as_array().expect("list").iter().map(|d| d["name"].as_str().expect("name")).collect();
+    assert_eq!(names, ["v30-h264-multifile"]);
+    let entry = &listing["unreadable"][0];
+    assert_eq!((&entry["kind"], &entry["name"], &entry["version"]), (&"dataset".into(), &"v30-images-tiny".into(), &3.into()), "{entry}");
+    assert_eq!(entry["record"], "removed/v30-images-tiny.json");
+    assert!(entry["message"].as_str().expect("message").ends_with("`lake rm v30-images-tiny` removes what is left of it"), "{entry}");
+    assert!(ls.stderr.contains("warning: dataset v30-images-tiny@3 is left out: its removal record"), "{ls:#?}");
+    let run = lake(&root, &["rm", "v30-images-tiny", "--force"]);
+    assert!(run.code == 0 && run.stdout.starts_with("removed dataset v30-images-tiny (version 3; "), "{run:#?}");
+    assert!(!root.join("datasets/v30-images-tiny").exists() && lake(&root, &["ls"]).stderr.is_empty());
 }
 
 fn latest_dir(root: &Path, name: &str) -> std::path::PathBuf {
