@@ -105,7 +105,7 @@ impl StreamDecoder {
     /// When FFmpeg has no decoder for the codec or cannot open it.
     pub fn open(config: &StreamConfig) -> DecodeResult<Self> {
         let engine = if config.kind == "image" && config.params.codec == "mjpeg" {
-            Engine::Jpeg(JpegDecoder::new()?)
+            Engine::Jpeg(JpegDecoder::new(&config.params))
         } else {
             Engine::Ffmpeg(FfmpegDecoder::open(config)?)
         };
@@ -115,12 +115,12 @@ impl StreamDecoder {
 
     /// About the memory this decoder holds between GOPs (after a flush): its context and the
     /// picture buffers its pool keeps. Measured with FFmpeg's libdav1d decoder, single-threaded:
-    /// 1.6 MB at 640x480, 0.5 MB at 128x96. libjpeg-turbo frees a picture's buffers when the
-    /// picture is done and keeps only its context.
+    /// 1.6 MB at 640x480, 0.5 MB at 128x96. A JPEG picture's decompressor lives only while the
+    /// picture decodes.
     pub fn idle_bytes(&self) -> u64 {
         match self.engine {
             Engine::Ffmpeg(_) => (448 << 10) + 4 * self.pixels,
-            Engine::Jpeg(_) => 64 << 10,
+            Engine::Jpeg(_) => 0,
         }
     }
 
@@ -354,103 +354,82 @@ impl FfmpegDecoder {
 /// (up to 29 levels apart on 4:2:0 pictures), so lake calls libjpeg-turbo through TurboJPEG with
 /// no flags, which makes the same choices; the bytes are PIL's, also across libjpeg-turbo 2.1
 /// (Debian's) and 3.x (PIL's wheels). Greyscale pictures come out as three equal channels.
-struct JpegDecoder(tj::tjhandle);
+///
+/// As PIL opens every picture afresh, each picture gets a decompressor of its own: libjpeg keeps
+/// a picture's Huffman and quantisation tables for the next one, which would decode a picture
+/// without tables (as cameras' MJPEG frames are) with its predecessor's, and a failure would
+/// leave the next picture a decompressor half way through a header.
+struct JpegDecoder {
+    /// The stream's picture size (ingest checked that every picture has it).
+    size: (usize, usize),
+}
 
-impl Drop for JpegDecoder {
+/// A TurboJPEG decompressor, for one picture.
+struct TurboJpeg(tj::tjhandle);
+
+impl Drop for TurboJpeg {
     fn drop(&mut self) {
         // SAFETY: the handle came from tjInitDecompress and is destroyed once, here.
         unsafe { tj::tjDestroy(self.0) };
     }
 }
 
+/// The beginnings of libjpeg's warnings (`JWRN_*`): a picture that only drew these is whole, and
+/// PIL takes it. A truncated file ("Premature end of JPEG file") is not among them: PIL refuses
+/// it, and so does lake (ingest already refuses pictures that do not end with their end marker).
+const LIBJPEG_WARNINGS: [&str; 6] = [
+    "Corrupt JPEG data: ",
+    "Unknown Adobe color transform code",
+    "Inconsistent progression sequence",
+    "Warning: unknown JFIF revision",
+    "Invalid SOS parameters for sequential JPEG",
+    "Application transferred too many scanlines",
+];
+
 impl JpegDecoder {
-    fn new() -> DecodeResult<Self> {
-        // SAFETY: a plain constructor; null means failure.
-        let handle = unsafe { tj::tjInitDecompress() };
-        if handle.is_null() {
-            return Err(DecodeError("libjpeg-turbo could not make a decompressor".into()));
-        }
-        Ok(Self(handle))
-    }
-
-    /// Whether a TurboJPEG call went through. libjpeg's warnings (extraneous bytes before a
-    /// marker, a damaged entropy segment it decodes around) still give a whole picture, and
-    /// PIL takes it, so only errors fail; a cut-off file is refused at ingest already.
-    fn check(&self, rc: std::ffi::c_int, pts: i64) -> DecodeResult<()> {
-        if rc == 0 {
-            return Ok(());
-        }
-        // SAFETY: a query of a valid handle.
-        if unsafe { tj::tjGetErrorCode(self.0) } == tj::TJERR_TJERR_WARNING as std::ffi::c_int {
-            return Ok(());
-        }
-        Err(DecodeError(format!("JPEG picture pts {pts}: {}", self.message())))
-    }
-
-    /// libjpeg's message about the last call.
-    fn message(&self) -> String {
-        // SAFETY: the handle is valid; the string lives in it until the next call, and is copied.
-        unsafe { std::ffi::CStr::from_ptr(tj::tjGetErrorStr2(self.0)).to_string_lossy().into_owned() }
-    }
-
-    /// Width and height of the picture, from its header. CMYK pictures are refused: PIL reads
-    /// them as four channels, which no RGB camera column can hold.
-    fn size(&mut self, pts: i64, data: &[u8]) -> DecodeResult<(usize, usize)> {
-        let (mut width, mut height, mut subsampling, mut colorspace) = (0, 0, 0, 0);
-        // SAFETY: the buffer and its length describe `data`; the outputs are plain integers.
-        let rc = unsafe {
-            tj::tjDecompressHeader3(
-                self.0,
-                data.as_ptr(),
-                data.len() as std::ffi::c_ulong,
-                &mut width,
-                &mut height,
-                &mut subsampling,
-                &mut colorspace,
-            )
-        };
-        self.check(rc, pts)?;
-        if [tj::TJCS_TJCS_CMYK, tj::TJCS_TJCS_YCCK].contains(&(colorspace as tj::TJCS)) {
-            return Err(DecodeError(format!("JPEG picture pts {pts} is CMYK: LeRobot reads it as 4 channels, not RGB")));
-        }
-        if width <= 0 || height <= 0 {
-            // libjpeg only warned on the way (a header cut short, bytes that are no marker).
-            let why = if rc == 0 { format!("its header gives no size ({width}x{height})") } else { self.message() };
-            return Err(DecodeError(format!("JPEG picture pts {pts}: {why}")));
-        }
-        Ok((width as usize, height as usize))
+    fn new(params: &CodecParams) -> Self {
+        Self { size: (params.width as usize, params.height as usize) }
     }
 
     fn decode(&mut self, pts: i64, data: &[u8]) -> DecodeResult<RgbFrame> {
-        let (w, h) = self.size(pts, data)?;
-        let mut frame = Vec::with_capacity(w * h * 3);
-        self.decompress(pts, data, (w, h), &mut frame.spare_capacity_mut()[..w * h * 3])?;
-        // SAFETY: `decompress` wrote all `w * h * 3` bytes.
-        unsafe { frame.set_len(w * h * 3) };
+        let (w, h) = self.size;
+        let mut frame = vec![0u8; w * h * 3];
+        self.decompress(pts, data, (w, h), frame.as_mut_ptr(), frame.len())?;
         Ok(RgbFrame { width: w as u32, height: h as u32, data: frame })
     }
 
     /// Decodes the picture into `out`, which must be exactly its `height * width * 3` bytes; all
     /// of them are written when this returns `Ok`.
     fn decode_into(&mut self, pts: i64, data: &[u8], out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
-        let (w, h) = self.size(pts, data)?;
+        let (w, h) = jpeg_size(pts, data)?;
         if out.len() != w * h * 3 {
             return Err(DecodeError(format!("a {w}x{h} picture where {} bytes of RGB were expected", out.len())));
         }
-        self.decompress(pts, data, (w, h), out)
+        // Zeroed first: every byte is initialised whatever libjpeg writes.
+        out.fill(MaybeUninit::new(0));
+        self.decompress(pts, data, (w, h), out.as_mut_ptr().cast::<u8>(), out.len())
     }
 
-    /// Decodes a picture of size `(w, h)` into `out`, which holds `h * w * 3` bytes.
-    fn decompress(&mut self, pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
-        assert_eq!(out.len(), w * h * 3, "room for the picture");
-        // SAFETY: the destination holds h rows of w * 3 bytes (asserted above), the size the
-        // picture decodes to; libjpeg-turbo writes every row, also when it only warned.
+    /// Decodes a picture that must be `(w, h)` into the `len` initialised bytes at `out`.
+    fn decompress(&mut self, pts: i64, data: &[u8], (w, h): (usize, usize), out: *mut u8, len: usize) -> DecodeResult<()> {
+        assert_eq!(len, w * h * 3, "room for the picture");
+        let size = jpeg_size(pts, data)?;
+        if size != (w, h) {
+            return Err(DecodeError(format!("JPEG picture pts {pts} is {}x{}, where this stream's pictures are {w}x{h}", size.0, size.1)));
+        }
+        // SAFETY: a plain constructor; null means failure.
+        let handle = TurboJpeg(unsafe { tj::tjInitDecompress() });
+        if handle.0.is_null() {
+            return Err(DecodeError("libjpeg-turbo could not make a decompressor".into()));
+        }
+        // SAFETY: `out` holds h rows of w * 3 initialised bytes (asserted above), the size the
+        // picture decodes to at scale 1 (its header says so); `data` is read within its length.
         let rc = unsafe {
             tj::tjDecompress2(
-                self.0,
+                handle.0,
                 data.as_ptr(),
                 data.len() as std::ffi::c_ulong,
-                out.as_mut_ptr().cast::<u8>(),
+                out,
                 w as std::ffi::c_int,
                 (w * 3) as std::ffi::c_int,
                 h as std::ffi::c_int,
@@ -458,7 +437,64 @@ impl JpegDecoder {
                 0,
             )
         };
-        self.check(rc, pts)
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: queries of a valid handle; the message is copied before the handle goes.
+        let (warned, message) = unsafe {
+            let code = tj::tjGetErrorCode(handle.0);
+            (
+                code == tj::TJERR_TJERR_WARNING as std::ffi::c_int,
+                std::ffi::CStr::from_ptr(tj::tjGetErrorStr2(handle.0)).to_string_lossy().into_owned(),
+            )
+        };
+        // TurboJPEG says "warning" for a call that warned at all, also when an error followed;
+        // its message is then the error's (libjpeg keeps the first warning's text otherwise).
+        if warned && LIBJPEG_WARNINGS.iter().any(|w| message.starts_with(w)) {
+            return Ok(());
+        }
+        Err(DecodeError(format!("JPEG picture pts {pts}: {message}")))
+    }
+}
+
+/// Width and height of a JPEG picture, from its frame header (SOF), read without libjpeg.
+/// Pictures with four components (CMYK, YCCK) are refused: PIL reads them as four channels,
+/// which no RGB camera column can hold.
+fn jpeg_size(pts: i64, data: &[u8]) -> DecodeResult<(usize, usize)> {
+    let bad = |why: &str| DecodeError(format!("JPEG picture pts {pts}: {why}"));
+    if !data.starts_with(&[0xFF, 0xD8]) {
+        return Err(bad("it does not start with a JPEG start-of-image marker"));
+    }
+    let mut at = 2;
+    loop {
+        // Markers may be padded with any number of 0xFF bytes.
+        while data.get(at) == Some(&0xFF) && data.get(at + 1) == Some(&0xFF) {
+            at += 1;
+        }
+        let (Some(&0xFF), Some(&marker)) = (data.get(at), data.get(at + 1)) else {
+            return Err(bad("no frame header (SOF) before the picture data"));
+        };
+        let length = match (data.get(at + 2), data.get(at + 3)) {
+            (Some(&hi), Some(&lo)) => usize::from(hi) << 8 | usize::from(lo),
+            _ => return Err(bad("its header is cut short")),
+        };
+        let is_frame = matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC);
+        if is_frame {
+            let Some(header) = data.get(at + 4..at + 10) else { return Err(bad("its frame header (SOF) is cut short")) };
+            let (height, width, components) =
+                (usize::from(header[1]) << 8 | usize::from(header[2]), usize::from(header[3]) << 8 | usize::from(header[4]), header[5]);
+            if components == 4 {
+                return Err(DecodeError(format!("JPEG picture pts {pts} is CMYK: LeRobot reads it as 4 channels, not RGB")));
+            }
+            if width == 0 || height == 0 {
+                return Err(bad(&format!("its frame header gives no size ({width}x{height})")));
+            }
+            return Ok((width, height));
+        }
+        if marker == 0xDA || length < 2 {
+            return Err(bad("no frame header (SOF) before the picture data"));
+        }
+        at += 2 + length;
     }
 }
 
@@ -854,8 +890,23 @@ mod tests {
         let cmyk = encode(&scene(size, 4), size, tj::TJPF_TJPF_CMYK, tj::TJSAMP_TJSAMP_444);
         let e = d.decode(&[(9, 9, true, cmyk.as_slice())], &[9]).expect_err("cmyk");
         assert_eq!(e.0, "JPEG picture pts 9 is CMYK: LeRobot reads it as 4 channels, not RGB");
-        // The decoder is still good for the next picture.
+        // A warning (bytes before the scan's marker) followed by an error (the scan names a
+        // Huffman table no segment defines) is an error, not a picture.
         let good = encode(&scene(size, 3), size, tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);
+        let sos = good.windows(2).position(|m| m == [0xFF, 0xDA]).expect("scan header");
+        let mut broken = good[..sos].to_vec();
+        broken.extend_from_slice(&[0x01, 0x02, 0x03]);
+        broken.extend_from_slice(&good[sos..]);
+        let first_component = sos + 3 + 4 + 1 + 1;
+        assert_eq!(broken[first_component], 0x00, "luma uses tables 0/0");
+        broken[first_component] = 0x33;
+        let e = d.decode(&[(4, 4, true, broken.as_slice())], &[4]).expect_err("warned, then failed");
+        assert!(e.0.starts_with("JPEG picture pts 4: ") && e.0.contains("Huffman table"), "{e}");
+        // A picture of another size than the stream's is refused before anything is made for it.
+        let big = encode(&scene((32, 16), 3), (32, 16), tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);
+        let e = d.decode(&[(6, 6, true, big.as_slice())], &[6]).expect_err("other size");
+        assert_eq!(e.0, "JPEG picture pts 6 is 32x16, where this stream's pictures are 16x16");
+        // The decoder is still good for the next picture.
         assert_eq!(d.decode(&[(1, 1, true, good.as_slice())], &[1]).expect("good").len(), 1);
     }
 }
