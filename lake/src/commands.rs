@@ -446,22 +446,20 @@ pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
              ({version}) cannot be removed"
         );
     }
+    lake_store::validate_name(name)?;
     if lake.view(name).await.ok().flatten().is_some() {
         anyhow::bail!("`{name}` is a view; drop it with `lake view drop {name}`");
     }
-    // No such dataset: the lake's datasets, and when it was removed already. (One whose removal
-    // record was damaged outside lake is removed again, whatever is left of it.)
-    match lake.resolve(name).await {
-        Ok(_) | Err(lake_store::Error::Record { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let users: Vec<String> = lake
-        .views()
-        .await?
-        .into_iter()
-        .filter(|v| v.datasets.iter().any(|d| d.name == name))
-        .map(|v| format!("{}@{}", v.name, v.version))
-        .collect();
+    // Views over versions still there (those over versions removed before fail already).
+    let gone = lake.removal(name).await?.map_or(0, |r| r.through_version);
+    let users_of = |views: Vec<lake_schemas::ViewRecord>, through: u64| -> Vec<String> {
+        views
+            .into_iter()
+            .filter(|v| v.datasets.iter().any(|d| d.name == name && d.version > gone && d.version <= through))
+            .map(|v| format!("{}@{}", v.name, v.version))
+            .collect()
+    };
+    let users = users_of(lake.views().await?, u64::MAX);
     if !users.is_empty() && !args.force {
         anyhow::bail!(
             "dataset `{name}` is selected from by {} {}: drop {} first (`lake view drop NAME`), or pass --force (loading {} then \
@@ -476,9 +474,19 @@ pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
     let versions = match report.versions.as_slice() {
         [v] => format!("version {v}"),
         [first, .., last] => format!("versions {first} to {last}"),
-        [] => "no versions left to delete".into(),
+        [] => "no files were left to delete".into(),
     };
-    outln!("removed dataset {name} ({versions}; {} freed)", lake::decimal_bytes(report.bytes))?;
+    let freed = lake::decimal_bytes(report.bytes);
+    if report.finished_earlier {
+        outln!(
+            "finished removing dataset {name}, removed at {} ({versions}; {freed} freed)",
+            report.removal.removed_at.format("%Y-%m-%d %H:%M:%S UTC")
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!("removed dataset {name} ({versions}; {freed} freed)")?;
+    // Also the views made while it was removed.
+    let users = users_of(lake.views().await?, report.removal.through_version);
     if !users.is_empty() {
         outln!("  views that select from it and now fail to load: {}", users.join(", "))?;
     }
@@ -513,18 +521,11 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     for u in &unreadable {
-        let message = if u.path.starts_with("removed/") {
-            format!(
-                "dataset {}@{} is left out: its removal record {} cannot be read ({}); `lake rm {}` removes what is left of it",
-                u.name, u.version, u.path, u.why, u.name
-            )
-        } else {
-            format!(
-                "dataset {}@{} is left out: its catalog record {} cannot be read ({}); ingesting its source again makes the next \
-                 version",
-                u.name, u.version, u.path, u.why
-            )
-        };
+        let message = format!(
+            "dataset {}@{} is left out: its catalog record {} cannot be read ({}); ingesting its source again makes the next \
+             version",
+            u.name, u.version, u.path, u.why
+        );
         let entry = serde_json::json!({"kind": "dataset", "name": u.name, "version": u.version, "record": u.path, "why": u.why, "message": message});
         problems.push((entry, message));
     }

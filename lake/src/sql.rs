@@ -107,6 +107,8 @@ pub struct LakeSql {
     unreadable: Vec<(String, String)>,
     /// Derived tables (made beside a version after its ingest) that could not be opened, and why.
     skipped_tables: Vec<(&'static str, String)>,
+    /// Datasets `lake rm` removed (their latest removal), to say so of a query naming one.
+    removed: std::collections::BTreeMap<String, lake_store::Removal>,
     options: SQLOptions,
 }
 
@@ -206,7 +208,8 @@ impl LakeSql {
         }
         public.register_table("datasets".into(), Arc::new(mem_table(datasets_batch(&datasets))?)).map_err(query_error)?;
         public.register_table("views".into(), Arc::new(mem_table(views_batch(&views))?)).map_err(query_error)?;
-        Ok(Self { ctx, lake: lake.clone(), datasets: readable, unreadable, skipped_tables, options: SQLOptions::new() })
+        let removed = lake.removed_datasets().await?;
+        Ok(Self { ctx, lake: lake.clone(), datasets: readable, unreadable, skipped_tables, removed, options: SQLOptions::new() })
     }
 
     /// Refuses every statement but queries: no DDL (`CREATE EXTERNAL TABLE` would read any file
@@ -433,13 +436,9 @@ impl LakeSql {
                 }
                 let have: Vec<&str> = self.datasets.iter().map(|d| d.name.as_str()).collect();
                 let have = if have.is_empty() { "none yet".to_string() } else { have.join(", ") };
-                let removed = lake_store::validate_name(base)
-                    .ok()
-                    .and_then(|()| std::fs::read(self.lake.uri(&format!("removed/{base}.json"))).ok())
-                    .and_then(|bytes| serde_json::from_slice::<lake_store::Removal>(&bytes).ok());
                 return Error::Query(format!(
                     "{message}: the lake has no dataset `{base}` (datasets: {have}){}",
-                    lake_store::removed_hint(removed.as_ref())
+                    lake_store::removed_hint(self.removed.get(base))
                 ));
             }
             let hint = if table == "image_stats" { "; `lake stats NAME --images` makes a dataset's image_stats" } else { "" };

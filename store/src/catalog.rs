@@ -7,7 +7,7 @@
 //!   datasets/<name>/<id>/<table>.lance
 //!   staging/<id>.json               lease of an ingest in flight (removed on commit or abort)
 //!   views/<name>/v00000001.json     named training sets (`lake view create`), one record per version
-//!   removed/<name>.json             `lake rm`: the dataset's versions up to one number are gone
+//!   removed/<name>/v00000003.json   `lake rm`: the dataset's versions up to 3 are gone (one per rm)
 //! ```
 //!
 //! A version's tables are written into a fresh `datasets/<name>/<id>/` directory nobody reads,
@@ -50,22 +50,28 @@ const UNCLAIMED: &str = "unclaimed.json";
 /// Layout version written to `lake.json`.
 const LAYOUT: u32 = 1;
 
-/// A dataset's removal by `lake rm`: its versions up to `through_version` are gone.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A dataset's removal by one `lake rm`: its versions `from_version..=through_version` went
+/// then. The record's path carries the dataset and `through_version`
+/// (`removed/<name>/v<through>.json`), its time is the record's; what the file holds is for
+/// people, so a record damaged outside lake still counts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Removal {
     /// Dataset name.
     pub name: String,
-    /// The newest version removed; every older one went with it.
+    /// The oldest version this removal took (the one after the previous removal's last).
+    pub from_version: u64,
+    /// The newest version removed; every older one is gone too.
     pub through_version: u64,
-    /// When it was removed (the last time, when the name was removed again).
+    /// When it was removed.
     pub removed_at: DateTime<Utc>,
 }
 
 impl std::fmt::Display for Removal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let versions = match self.through_version {
-            1 => "version 1".to_string(),
-            n => format!("versions 1 to {n}"),
+        let versions = if self.from_version == self.through_version {
+            format!("version {}", self.through_version)
+        } else {
+            format!("versions {} to {}", self.from_version, self.through_version)
         };
         write!(f, "`{}` was removed with `lake rm` at {} ({versions})", self.name, self.removed_at.format("%Y-%m-%d %H:%M:%S UTC"))
     }
@@ -82,6 +88,8 @@ pub struct RemovalReport {
     pub bytes: u64,
     /// Versions committed by an ingest while the removal was written: they stay.
     pub kept: Vec<u64>,
+    /// This finished an earlier removal that was interrupted (nothing was visible).
+    pub finished_earlier: bool,
 }
 
 /// The contents of `lake.json`.
@@ -421,17 +429,14 @@ impl Lake {
     /// # Errors
     /// When the catalog cannot be listed or read.
     pub async fn datasets_listed(&self) -> Result<(Vec<CommitRecord>, Vec<Unreadable>)> {
-        let removed = self.removals().await?;
+        let removed = self.removed_through().await?;
         let mut latest: BTreeMap<String, Path> = BTreeMap::new();
         for path in self.list(CATALOG).await? {
             let parts: Vec<_> = path.parts().collect();
             if parts.len() == 3 && parts[2].as_ref().ends_with(".json") {
                 let name = parts[1].as_ref().to_string();
                 let newer = latest.get(&name).is_none_or(|p| p.as_ref() < path.as_ref());
-                let gone = removed.get(&name).is_some_and(|r| match r {
-                    Ok(r) => version_of(&path).is_some_and(|v| v <= r.through_version),
-                    Err(_) => false,
-                });
+                let gone = removed.get(&name).is_some_and(|through| version_of(&path).is_some_and(|v| v <= *through));
                 if newer && !gone {
                     latest.insert(name, path);
                 }
@@ -439,16 +444,6 @@ impl Lake {
         }
         let (mut out, mut unreadable) = (Vec::with_capacity(latest.len()), Vec::new());
         for (name, path) in &latest {
-            // Which of its versions `lake rm` removed is unknown: none is shown.
-            if let Some(Err((removal, why))) = removed.get(name) {
-                unreadable.push(Unreadable {
-                    name: name.clone(),
-                    version: version_of(path).unwrap_or_default(),
-                    path: removal.clone(),
-                    why: why.clone(),
-                });
-                continue;
-            }
             match self.read_record(path).await {
                 Ok(record) => out.push(record),
                 Err(Error::Record { path, source }) => unreadable.push(Unreadable {
@@ -502,78 +497,120 @@ impl Lake {
         Ok(paths)
     }
 
-    /// The removal of `name` by `lake rm`, if it was ever removed.
+    /// The removals of `name` by `lake rm`, oldest first.
     ///
     /// # Errors
-    /// When the removal record cannot be read or parsed.
-    pub async fn removal(&self, name: &str) -> Result<Option<Removal>> {
+    /// When the removal records cannot be listed.
+    pub async fn removals(&self, name: &str) -> Result<Vec<Removal>> {
         validate_name(name)?;
-        let path = Path::from(format!("{REMOVED}/{name}.json"));
-        match self.get_json(&path).await {
-            Ok(removal) => Ok(Some(removal)),
-            Err(Error::ObjectStore { source: object_store::Error::NotFound { .. }, .. }) => Ok(None),
-            Err(e) => Err(e),
+        let prefix = Path::from(format!("{REMOVED}/{name}"));
+        let listed = match self.store.list(Some(&prefix)).try_collect::<Vec<_>>().await {
+            Ok(v) => v,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(Error::store(prefix.to_string())(e)),
+        };
+        let mut records: Vec<(u64, DateTime<Utc>)> =
+            listed.iter().filter_map(|m| Some((version_of(&m.location)?, m.last_modified))).collect();
+        records.sort();
+        let mut from = 1;
+        let mut out = Vec::with_capacity(records.len());
+        for (through, removed_at) in records {
+            out.push(Removal { name: name.to_string(), from_version: from, through_version: through, removed_at });
+            from = through + 1;
         }
+        Ok(out)
     }
 
-    /// Every removal record, by dataset name; one damaged outside lake is the parse error (with
-    /// its path), for its dataset alone.
-    async fn removals(&self) -> Result<BTreeMap<String, std::result::Result<Removal, (String, String)>>> {
+    /// The latest removal of `name` by `lake rm`, if it was ever removed.
+    ///
+    /// # Errors
+    /// When the removal records cannot be listed.
+    pub async fn removal(&self, name: &str) -> Result<Option<Removal>> {
+        Ok(self.removals(name).await?.pop())
+    }
+
+    /// The latest removal of every dataset `lake rm` removed, by name.
+    ///
+    /// # Errors
+    /// When the removal records cannot be listed.
+    pub async fn removed_datasets(&self) -> Result<BTreeMap<String, Removal>> {
         let mut out = BTreeMap::new();
+        for name in self.removed_through().await?.into_keys() {
+            if validate_name(&name).is_ok()
+                && let Some(removal) = self.removal(&name).await?
+            {
+                out.insert(name, removal);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest version `lake rm` removed, by dataset name.
+    async fn removed_through(&self) -> Result<BTreeMap<String, u64>> {
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
         for path in self.list(REMOVED).await? {
-            let Some(name) = path.filename().and_then(|f| f.strip_suffix(".json")).map(String::from) else { continue };
-            match self.get_json::<Removal>(&path).await {
-                Ok(removal) => out.insert(name, Ok(removal)),
-                Err(Error::Record { path, source }) => out.insert(name, Err((path, source.to_string()))),
-                Err(e) => return Err(e),
-            };
+            let parts: Vec<_> = path.parts().collect();
+            if let (3, Some(through)) = (parts.len(), version_of(&path)) {
+                let newest = out.entry(parts[1].as_ref().to_string()).or_default();
+                *newest = (*newest).max(through);
+            }
         }
         Ok(out)
     }
 
     /// Removes dataset `name` (`lake rm`): every committed version, its tables (frame tables
-    /// included) and commit records. The removal record is written first and is the moment it
-    /// happens: from then on no reader sees those versions, a later ingest of the name numbers
-    /// its versions after them, and `NAME@N` of a removed version says it was removed. An
-    /// ingest of the name that commits meanwhile keeps its version.
+    /// included) and commit records. The removal record is written first (create-only, named by
+    /// the newest version it takes) and is the moment it happens: from then on no reader sees
+    /// those versions, a later ingest of the name numbers its versions after them, and `NAME@N`
+    /// of a removed version says it was removed. An ingest of the name that commits meanwhile
+    /// keeps its version. With nothing left to remove, this finishes a removal that was
+    /// interrupted.
     ///
     /// # Errors
-    /// [`Error::NotFound`] when the lake has no such dataset, or an I/O error (the removal is
-    /// then finished by the next garbage collection, or `lake rm` again).
+    /// [`Error::NotFound`] when the lake has no such dataset (and no removal is left to
+    /// finish); [`Error::Unfinished`] when the dataset is removed but deleting its files
+    /// failed; an I/O error when the removal record cannot be written (nothing changed).
     pub async fn remove(&self, name: &str) -> Result<RemovalReport> {
-        let versions = match self.version_paths(name).await {
-            Ok(paths) => paths,
-            // Its removal record was damaged outside lake: what is left of it goes.
-            Err(Error::Record { .. }) => self.all_version_paths(name).await?,
-            Err(e) => return Err(e),
-        };
-        let Some(through) = versions.iter().filter_map(version_of).max() else {
+        let Some(through) = self.version_paths(name).await?.iter().filter_map(version_of).max() else {
+            if let Some(removal) = self.removal(name).await? {
+                let (versions, bytes) = self.finish_removal(name, removal.through_version).await.map_err(|e| unfinished(name, &e))?;
+                if !versions.is_empty() {
+                    return Ok(RemovalReport { removal, versions, bytes, kept: Vec::new(), finished_earlier: true });
+                }
+            }
             return Err(self.not_found(name).await);
         };
-        let removal = Removal { name: name.to_string(), through_version: through, removed_at: Utc::now() };
-        let path = Path::from(format!("{REMOVED}/{name}.json"));
-        let body = serde_json::to_vec_pretty(&removal).expect("removal record serialises");
-        self.store.put(&path, PutPayload::from(body)).await.map_err(Error::store(path.to_string()))?;
-        let (versions, bytes) = self.finish_removal(&removal).await?;
+        let path = Path::from(format!("{REMOVED}/{name}/v{through:08}.json"));
+        let body = serde_json::json!({"name": name, "through_version": through, "removed_at": Utc::now()});
+        let body = serde_json::to_vec_pretty(&body).expect("removal record serialises");
+        match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await {
+            // Another `lake rm` of the same versions at the same moment: one record says it.
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => return Err(Error::store(path.to_string())(e)),
+        }
+        let removal = self.removals(name).await?.into_iter().find(|r| r.through_version == through).expect("the record just written");
+        let (versions, bytes) = self.finish_removal(name, through).await.map_err(|e| unfinished(name, &e))?;
         let kept = self.version_paths(name).await?.iter().filter_map(version_of).collect();
-        Ok(RemovalReport { removal, versions, bytes, kept })
+        Ok(RemovalReport { removal, versions, bytes, kept, finished_earlier: false })
     }
 
-    /// Deletes the tables and commit records of the versions `removal` covers that are still
-    /// there: the version directory first, then the record, so that an interrupted removal
-    /// leaves records (hidden) that name what is left to delete. Returns the versions deleted
-    /// and the bytes their tables held.
-    async fn finish_removal(&self, removal: &Removal) -> Result<(Vec<u64>, u64)> {
+    /// Deletes the tables and commit records of the versions of `name` up to `through` that are
+    /// still there: the version directory first, then the record, so that an interrupted
+    /// removal leaves records (hidden) that name what is left to delete. Returns the versions
+    /// deleted and the bytes their tables held.
+    async fn finish_removal(&self, name: &str, through: u64) -> Result<(Vec<u64>, u64)> {
         let (mut versions, mut bytes) = (Vec::new(), 0);
-        for path in self.all_version_paths(&removal.name).await? {
-            let Some(version) = version_of(&path).filter(|v| *v <= removal.through_version) else { continue };
-            // A record that cannot be parsed names no directory; it goes, and its tables stay
-            // for a look by hand (the dataset's directory is not swept: an ingest may be writing
-            // into it).
-            if let Ok(record) = self.read_record(&path).await
-                && record.tables.dir.starts_with(&format!("{DATASETS}/{}/", removal.name))
-            {
-                bytes += self.delete_prefix(&record.tables.dir).await?;
+        for path in self.all_version_paths(name).await? {
+            let Some(version) = version_of(&path).filter(|v| *v <= through) else { continue };
+            match self.read_record(&path).await {
+                Ok(record) if record.tables.dir.starts_with(&format!("{DATASETS}/{name}/")) => {
+                    bytes += self.delete_prefix(&record.tables.dir).await?;
+                }
+                // A record damaged outside lake names no directory: it goes, and its tables
+                // stay for a look by hand (the dataset's directory is not swept: an ingest may
+                // be writing into it).
+                Ok(_) | Err(Error::Record { .. }) => {}
+                Err(e) => return Err(e),
             }
             match self.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -582,14 +619,22 @@ impl Lake {
             versions.push(version);
         }
         // (Each version's directory went with its tables, and its emptied parents with it.)
-        self.prune(&format!("{CATALOG}/{}", removal.name));
+        self.prune(&format!("{CATALOG}/{name}"));
         Ok((versions, bytes))
     }
 
     /// The error for a dataset `spec` the lake does not have, listing what it has and saying
-    /// when `lake rm` removed it.
+    /// when `lake rm` removed it (the removal of that version, when one is given).
     async fn not_found(&self, spec: &str) -> Error {
-        let name = spec.rsplit_once('@').map_or(spec, |(n, _)| n);
+        let (name, version) = match spec.rsplit_once('@') {
+            Some((name, v)) => (name, parse_version(v)),
+            None => (spec, None),
+        };
+        let removals = if validate_name(name).is_ok() { self.removals(name).await.unwrap_or_default() } else { Vec::new() };
+        let removed = match version {
+            Some(v) => removals.into_iter().find(|r| (r.from_version..=r.through_version).contains(&v)),
+            None => removals.into_iter().next_back(),
+        };
         Error::NotFound {
             name: spec.to_string(),
             root: self.display.clone(),
@@ -597,7 +642,7 @@ impl Lake {
                 Ok(records) => records.into_iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
                 Err(e) => return e,
             },
-            removed: self.removal(name).await.ok().flatten().map(Box::new),
+            removed: removed.map(Box::new),
         }
     }
 
@@ -758,6 +803,12 @@ impl Lake {
         validate_name(&view.name)?;
         let taken = || Error::View { name: view.name.clone(), message: "a dataset has this name; choose another".into() };
         if self.dataset_claims(&view.name).await? {
+            if self.version_paths(&view.name).await?.is_empty()
+                && let Some(removal) = self.removal(&view.name).await?
+            {
+                let message = format!("{removal}, and its name stays a dataset's (`NAME@N` never names two things); choose another");
+                return Err(Error::View { name: view.name.clone(), message });
+            }
             return Err(taken());
         }
         if !replace && self.view(&view.name).await?.is_some() {
@@ -919,7 +970,8 @@ impl Lake {
 
     /// Whether a dataset has `name`: a committed version, or an ingest under way (its lease).
     async fn dataset_claims(&self, name: &str) -> Result<bool> {
-        if !self.version_paths(name).await?.is_empty() {
+        // A removed dataset keeps its name, so that `NAME@N` never names two things.
+        if !self.all_version_paths(name).await?.is_empty() || self.removal(name).await?.is_some() {
             return Ok(true);
         }
         let host = hostname();
@@ -986,9 +1038,11 @@ impl Lake {
             self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
             self.prune(STAGING);
         }
-        for removal in self.removals().await?.values().filter_map(|r| r.as_ref().ok()) {
-            let (versions, _) = self.finish_removal(removal).await?;
-            report.finished_removals.extend(versions.into_iter().map(|v| (removal.name.clone(), v)));
+        for (name, through) in self.removed_through().await? {
+            if validate_name(&name).is_ok() {
+                let (versions, _) = self.finish_removal(&name, through).await?;
+                report.finished_removals.extend(versions.into_iter().map(|v| (name.clone(), v)));
+            }
         }
         Ok(report)
     }
@@ -1187,6 +1241,11 @@ impl Drop for PendingVersion {
             self.lake.prune(STAGING);
         }
     }
+}
+
+/// The error of a removal whose record is written but whose files could not all be deleted.
+fn unfinished(name: &str, e: &Error) -> Error {
+    Error::Unfinished { name: name.to_string(), message: e.to_string() }
 }
 
 /// The version number a record's path names (`…/v00000003.json`).
@@ -1521,42 +1580,58 @@ mod lifecycle_tests {
         assert!(lake.resolve("ds@2").await.is_err());
         let report = lake.remove("ds").await.unwrap();
         assert_eq!((report.versions, report.removal.through_version), (vec![3], 3));
-        assert!(lake.resolve("ds@1").await.unwrap_err().to_string().ends_with("(versions 1 to 3)"));
+        // Each version's message names the removal that took it.
+        assert!(lake.resolve("ds@1").await.unwrap_err().to_string().ends_with("(versions 1 to 2)"));
+        assert!(lake.resolve("ds@3").await.unwrap_err().to_string().ends_with("(version 3)"));
+        assert!(lake.resolve("ds").await.unwrap_err().to_string().ends_with("(version 3)"));
+        assert_eq!(lake.removals("ds").await.unwrap().len(), 2);
     }
 
     #[tokio::test]
-    async fn an_interrupted_removal_hides_its_versions_and_garbage_collection_finishes_it() {
+    async fn an_interrupted_removal_hides_its_versions_and_is_finished_later() {
         let tmp = tempfile::tempdir().unwrap();
         let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
         let first = commit_version(&lake, "ds").await;
         let second = commit_version(&lake, "ds").await;
         // `lake rm` killed right after writing its removal record (through version 1 only:
-        // version 2 came after it, as an ingest committing meanwhile would).
-        let removal = Removal { name: "ds".into(), through_version: 1, removed_at: Utc::now() };
-        write_file(&lake, "removed/ds.json");
-        std::fs::write(lake.root.join("removed/ds.json"), serde_json::to_vec(&removal).unwrap()).unwrap();
+        // version 2 came after it, as an ingest committing meanwhile would). What the record
+        // holds is for people: its path says what was removed, even when damaged.
+        write_file(&lake, "removed/ds/v00000001.json");
+        write_file(&lake, "removed/ds/notes.txt");
+        write_file(&lake, "removed/stray.json");
         let listed: Vec<(String, u64)> = lake.datasets().await.unwrap().into_iter().map(|r| (r.name, r.version)).collect();
         assert_eq!(listed, [("ds".to_string(), 2)]);
         assert_eq!(lake.versions("ds").await.unwrap().len(), 1);
-        assert!(lake.resolve("ds@1").await.is_err() && lake.root.join(&first).exists());
+        let e = lake.resolve("ds@1").await.unwrap_err().to_string();
+        assert!(e.contains("`ds` was removed with `lake rm` at ") && e.ends_with("(version 1)"), "{e}");
+        assert!(!lake.resolve("ds@3").await.unwrap_err().to_string().contains("removed"), "no removal covers version 3");
+        assert!(lake.root.join(&first).exists());
         let report = lake.collect_garbage().await.unwrap();
         assert_eq!(report.finished_removals, [("ds".to_string(), 1)]);
         assert!(!lake.root.join(&first).exists() && lake.root.join(&second).exists());
         assert!(!lake.root.join("catalog/ds/v00000001.json").exists() && lake.root.join("catalog/ds/v00000002.json").exists());
         assert!(lake.collect_garbage().await.unwrap().finished_removals.is_empty());
 
-        // A removal record damaged outside lake takes out its dataset alone, and `remove`
-        // removes what is left of it.
-        commit_version(&lake, "other").await;
-        std::fs::write(lake.root.join("removed/ds.json"), b"{\"name\": ").unwrap();
-        let (listed, unreadable) = lake.datasets_listed().await.unwrap();
-        assert_eq!(listed.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["other"]);
-        assert_eq!((unreadable[0].name.as_str(), unreadable[0].version, unreadable[0].path.as_str()), ("ds", 2, "removed/ds.json"));
-        assert!(lake.collect_garbage().await.unwrap().finished_removals.is_empty());
+        // Killed again, after the record for version 2: `remove` finishes it (nothing is left to
+        // see, so there is nothing else to remove).
+        write_file(&lake, "removed/ds/v00000002.json");
+        assert!(lake.datasets().await.unwrap().is_empty());
         let report = lake.remove("ds").await.unwrap();
-        assert_eq!((report.versions, report.removal.through_version), (vec![2], 2));
+        assert!(report.finished_earlier && report.versions == [2] && report.removal.from_version == 2, "{report:?}");
         assert!(!lake.root.join(&second).exists());
-        assert!(lake.datasets_listed().await.unwrap().1.is_empty());
+        assert!(matches!(lake.remove("ds").await.unwrap_err(), Error::NotFound { removed: Some(_), .. }));
+        // A view cannot take a removed dataset's name.
+        let view = ViewRecord {
+            name: "ds".into(),
+            version: 0,
+            sql: "SELECT 1".into(),
+            created_at: Utc::now(),
+            lake_versions: Vec::new(),
+            datasets: Vec::new(),
+            dropped: false,
+        };
+        let e = lake.put_view(&view, false).await.unwrap_err().to_string();
+        assert!(e.contains("`ds` was removed with `lake rm`") && e.contains("choose another"), "{e}");
     }
 
     #[tokio::test]

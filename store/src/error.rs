@@ -45,6 +45,17 @@ pub enum Error {
         /// The version both tried to commit.
         version: u64,
     },
+    /// A dataset is removed (its removal record is written) but deleting its files failed.
+    #[error(
+        "dataset `{name}` is removed (no reader sees it any more), but deleting its files failed: {message}; `lake rm {name}` again, \
+         or the next ingest, deletes what is left"
+    )]
+    Unfinished {
+        /// Dataset name.
+        name: String,
+        /// Why deleting failed.
+        message: String,
+    },
     /// A catalog record could not be read.
     #[error("catalog record {path}: {source}")]
     Record {

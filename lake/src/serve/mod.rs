@@ -902,6 +902,18 @@ impl Service {
             .await?
             .clone();
         drop(guard);
+        // A dataset `lake rm` removed since the loader was made is gone for new requests too.
+        let removed = self.lake.removed_datasets().await?;
+        for ds in p.loader.datasets() {
+            if let Some(removal) = removed.get(&ds.record.name).filter(|r| ds.record.version <= r.through_version) {
+                let evicted = self.prepared.lock().expect("not poisoned").remove(&key);
+                if let Some(evicted) = evicted.and_then(|s| s.get().cloned()) {
+                    let (old, mut retired) = (evicted.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
+                    *retired = add_stats(&retired, &old);
+                }
+                return Err(Error::NotFound(format!("no dataset `{}` in the lake: {removal}", ds.label)));
+            }
+        }
         let p = &p;
         let mut prepared = self.prepared.lock().expect("not poisoned");
         *p.last_used.lock().expect("not poisoned") = Instant::now();

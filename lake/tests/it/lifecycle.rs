@@ -123,7 +123,6 @@ fn a_version_whose_tables_were_lost_says_so_and_a_reingest_replaces_it() {
     assert!(fourth.stdout.contains("v30-images-tiny@4") && fourth.stdout.contains("the version before cannot be read"), "{fourth:#?}");
 }
 
-/// The directory of a dataset's latest version, from its commit record.
 /// `lake rm`: the dataset's files go, every other dataset stays byte for byte, views over it
 /// hold it back unless forced, and whatever asks for it afterwards is told it was removed.
 #[test]
@@ -185,30 +184,40 @@ fn lake_rm_removes_a_dataset_and_says_so_to_whoever_asks_for_it() {
     let sql = lake(&root, &["sql", "--format", "csv", "SELECT dataset, count(*) AS n FROM steps GROUP BY dataset"]);
     assert_eq!(sql.stdout, "dataset,n\nv30-h264-multifile,300\n", "{sql:#?}");
 
-    // The name is free again, and its versions continue after the removed ones.
+    // An ingest under the name continues after the removed versions; a view cannot take it.
     let run = ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
     assert!(run.stdout.contains("as v30-images-tiny@3"), "{run:#?}");
     let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0", "--out", out]);
     assert_eq!(run.code, 0, "{run:#?}");
 
-    // A removal record damaged outside lake takes out its dataset alone, says so (also as JSON),
-    // and `lake rm` removes what is left.
-    std::fs::write(root.join("removed/v30-images-tiny.json"), b"{\"name\": ").expect("damage");
+    // A damaged commit record: `lake ls --json` names it as an object.
+    let record = root.join("catalog/v30-images-tiny/v00000003.json");
+    let intact = std::fs::read(&record).expect("record");
+    std::fs::write(&record, b"{\"name\": ").expect("damage");
     let ls = lake(&root, &["ls", "--json"]);
     assert_eq!(ls.code, 0, "{ls:#?}");
     let listing: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
-    let names: Vec<&str> = listing["datasets"].as_array().expect("list").iter().map(|d| d["name"].as_str().expect("name")).collect();
-    assert_eq!(names, ["v30-h264-multifile"]);
     let entry = &listing["unreadable"][0];
     assert_eq!((&entry["kind"], &entry["name"], &entry["version"]), (&"dataset".into(), &"v30-images-tiny".into(), &3.into()), "{entry}");
-    assert_eq!(entry["record"], "removed/v30-images-tiny.json");
-    assert!(entry["message"].as_str().expect("message").ends_with("`lake rm v30-images-tiny` removes what is left of it"), "{entry}");
-    assert!(ls.stderr.contains("warning: dataset v30-images-tiny@3 is left out: its removal record"), "{ls:#?}");
-    let run = lake(&root, &["rm", "v30-images-tiny", "--force"]);
-    assert!(run.code == 0 && run.stdout.starts_with("removed dataset v30-images-tiny (version 3; "), "{run:#?}");
-    assert!(!root.join("datasets/v30-images-tiny").exists() && lake(&root, &["ls"]).stderr.is_empty());
+    assert_eq!(entry["record"], "catalog/v30-images-tiny/v00000003.json");
+    assert!(entry["why"].as_str().is_some_and(|w| !w.is_empty()) && entry["message"].as_str().is_some(), "{entry}");
+    assert!(ls.stderr.contains("warning: dataset v30-images-tiny@3 is left out: its catalog record"), "{ls:#?}");
+    std::fs::write(&record, intact).expect("repair");
+
+    // `lake rm` killed after its removal record (made here by hand): nothing of the version is
+    // seen, and the next `lake rm` finishes deleting it.
+    std::fs::write(root.join("removed/v30-images-tiny/v00000003.json"), b"").expect("record");
+    let ls = lake(&root, &["ls"]);
+    assert!(!ls.stdout.contains("\nv30-images-tiny@") && ls.stderr.is_empty(), "{ls:#?}");
+    let run = lake(&root, &["rm", "v30-images-tiny"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.starts_with("finished removing dataset v30-images-tiny, removed at "), "{run:#?}");
+    assert!(run.stdout.contains(" (version 3; ") && !root.join("datasets/v30-images-tiny").exists(), "{run:#?}");
+    let view = lake(&root, &["view", "create", "v30-images-tiny", "SELECT dataset, episode_index FROM episodes"]);
+    assert!(view.code != 0 && view.stderr.contains("`v30-images-tiny` was removed with `lake rm`"), "{view:#?}");
 }
 
+/// The directory of a dataset's latest version, from its commit record.
 fn latest_dir(root: &Path, name: &str) -> std::path::PathBuf {
     let ls = lake(root, &["ls", "--json"]);
     let records: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
