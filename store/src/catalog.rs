@@ -620,7 +620,44 @@ impl Lake {
         }
         // (Each version's directory went with its tables, and its emptied parents with it.)
         self.prune(&format!("{CATALOG}/{name}"));
+        bytes += self.sweep_unnamed_versions(name).await?;
         Ok((versions, bytes))
+    }
+
+    /// Deletes the version directories of `name` that neither a commit record nor an ingest's
+    /// lease names: what `lake cache` or `lake stats --images` published into a version while
+    /// `lake rm` removed it. Directories are listed first, then leases, then records: a writer
+    /// writes its lease before its directory and drops it only once its record is there, so a
+    /// live writer's directory is always named by one of them. Anything unreadable among them
+    /// might name a directory, and then nothing is swept.
+    async fn sweep_unnamed_versions(&self, name: &str) -> Result<u64> {
+        let Ok(entries) = std::fs::read_dir(self.root.join(DATASETS).join(name)) else { return Ok(0) };
+        let found: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().to_str().map(|id| format!("{DATASETS}/{name}/{id}")))
+            .collect();
+        if found.is_empty() {
+            return Ok(0);
+        }
+        let mut named = std::collections::HashSet::new();
+        for path in self.list(STAGING).await? {
+            match self.get_json::<Lease>(&path).await {
+                Ok(lease) => named.insert(lease.dir),
+                Err(_) => return Ok(0),
+            };
+        }
+        for path in self.all_version_paths(name).await? {
+            match self.read_record(&path).await {
+                Ok(record) => named.insert(record.tables.dir),
+                Err(_) => return Ok(0),
+            };
+        }
+        let mut bytes = 0;
+        for dir in found.iter().filter(|d| !named.contains(*d)) {
+            bytes += self.delete_prefix(dir).await?;
+        }
+        Ok(bytes)
     }
 
     /// The error for a dataset `spec` the lake does not have, listing what it has and saying
@@ -1611,6 +1648,13 @@ mod lifecycle_tests {
         assert!(!lake.root.join(&first).exists() && lake.root.join(&second).exists());
         assert!(!lake.root.join("catalog/ds/v00000001.json").exists() && lake.root.join("catalog/ds/v00000002.json").exists());
         assert!(lake.collect_garbage().await.unwrap().finished_removals.is_empty());
+        // A frame table published into version 1 while it was removed: nothing names it, and
+        // the next collection deletes it; an ingest's directory (named by its lease) stays.
+        write_file(&lake, &format!("{first}/frames.lance/data/part.lance"));
+        let pending = lake.begin("ds").await.unwrap();
+        lake.collect_garbage().await.unwrap();
+        assert!(!lake.root.join(&first).exists() && lake.root.join(pending.dir()).is_dir() && lake.root.join(&second).exists());
+        pending.abort().await.unwrap();
 
         // Killed again, after the record for version 2: `remove` finishes it (nothing is left to
         // see, so there is nothing else to remove).
