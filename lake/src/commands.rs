@@ -572,7 +572,8 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
 pub async fn inspect(root: &str, args: InspectArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let record = lake.resolve(&args.dataset).await?;
-    let versions = lake.version_count(&record.name).await?;
+    // Version numbers run on across removals (`lake rm`): the newest number, not a count.
+    let versions = lake.latest(&record.name).await.ok().flatten().map_or(record.version, |r| r.version.max(record.version));
     for (table, why) in lake.damaged_tables(&record).await? {
         errln!(
             "warning: table {table} of {}@{} cannot be read whole ({why}); ingesting its source again makes a whole version",

@@ -273,7 +273,7 @@ impl InspectTables {
 pub fn inspect(
     out: &mut impl Write,
     record: &CommitRecord,
-    versions: usize,
+    versions: u64,
     t: &InspectTables,
     max_episodes: usize,
 ) -> std::io::Result<()> {
