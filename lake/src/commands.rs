@@ -539,7 +539,8 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         // As the text: the datasets' records, the views' and what cannot be read whole.
         let entries: Vec<&serde_json::Value> = problems.iter().map(|(entry, _)| entry).collect();
-        let listing = serde_json::json!({"datasets": datasets, "views": views, "unreadable": entries});
+        let removed: Vec<lake_store::Removal> = lake.removed_datasets().await?.into_values().collect();
+        let listing = serde_json::json!({"datasets": datasets, "views": views, "unreadable": entries, "removed": removed});
         serde_json::to_writer_pretty(&mut out, &listing)?;
         writeln!(out)?;
         for (_, message) in &problems {

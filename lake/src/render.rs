@@ -270,13 +270,7 @@ impl InspectTables {
     }
 }
 
-pub fn inspect(
-    out: &mut impl Write,
-    record: &CommitRecord,
-    versions: u64,
-    t: &InspectTables,
-    max_episodes: usize,
-) -> std::io::Result<()> {
+pub fn inspect(out: &mut impl Write, record: &CommitRecord, versions: u64, t: &InspectTables, max_episodes: usize) -> std::io::Result<()> {
     writeln!(
         out,
         "dataset   {}@{} (version {} of {versions}), committed {}",

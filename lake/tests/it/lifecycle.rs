@@ -162,6 +162,13 @@ fn lake_rm_removes_a_dataset_and_says_so_to_whoever_asks_for_it() {
     assert!(!after.keys().any(|p| p.starts_with("datasets/v30-images-tiny") || p.starts_with("catalog/v30-images-tiny")), "{after:#?}");
     assert_eq!(kept(&after), kept(&before), "the other dataset is untouched");
 
+    let ls = lake(&root, &["ls", "--json"]);
+    let listing: serde_json::Value = serde_json::from_str(&ls.stdout).expect("json");
+    let removed = &listing["removed"][0];
+    assert_eq!(
+        (&removed["name"], &removed["from_version"], &removed["through_version"]),
+        (&"v30-images-tiny".into(), &1.into(), &2.into())
+    );
     let ls = lake(&root, &["ls"]);
     assert!(ls.stdout.contains("v30-h264-multifile@1") && !ls.stdout.contains("\nv30-images-tiny@"), "{ls:#?}");
     assert!(ls.stdout.contains("from v30-images-tiny@2 (removed with lake rm)\n"), "{ls:#?}");
