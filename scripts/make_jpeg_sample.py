@@ -4,7 +4,8 @@ LeRobot's own reader returns for it.
 LeRobot's writer stores `image` features as PNG, but datasets converted from other formats often
 carry JPEG bytes in the parquet. This copies `v30-images-tiny` and re-encodes every picture as
 JPEG with PIL (episode 0: quality 75, 4:2:0; episode 1: quality 90, 4:4:4, progressive; episode
-2: quality 60, 4:2:2), then loads the result with `LeRobotDataset` and writes, for every index,
+2: quality 60, 4:2:2, stored upside down with EXIF orientation 3, which LeRobot's reader turns
+upright), then loads the result with `LeRobotDataset` and writes, for every index,
 the SHA-256 of the camera frame `__getitem__` returns (as HWC uint8 bytes) to
 `testdata/reference/v30-images-jpeg.json`. lake's tests compare its samples with those hashes.
 
@@ -33,13 +34,21 @@ CAMERA = "observation.images.front"
 ENCODINGS = {
     0: {"quality": 75},
     1: {"quality": 90, "subsampling": 0, "progressive": True},
-    2: {"quality": 60, "subsampling": 1},
+    2: {"quality": 60, "subsampling": 1, "orientation": 3},
 }
 
 
 def jpeg(png: bytes, episode: int) -> bytes:
+    options = dict(ENCODINGS[episode])
+    picture = Image.open(io.BytesIO(png)).convert("RGB")
+    if orientation := options.pop("orientation", None):
+        # Stored turned so that the orientation turns it back: the frames look as in the PNGs.
+        picture = picture.transpose(Image.Transpose.ROTATE_180)
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        options["exif"] = exif
     out = io.BytesIO()
-    Image.open(io.BytesIO(png)).convert("RGB").save(out, format="JPEG", **ENCODINGS[episode])
+    picture.save(out, format="JPEG", **options)
     return out.getvalue()
 
 

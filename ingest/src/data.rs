@@ -318,8 +318,14 @@ pub fn image_bytes(col: &ArrayRef) -> std::result::Result<Vec<&[u8]>, (usize, St
     Ok(out)
 }
 
-/// Format and size of an encoded image, read from its header.
+/// Format and size of an encoded image, read from its header. A JPEG's is the size LeRobot's
+/// reader shows, its EXIF orientation applied (a quarter turn swaps width and height), and its
+/// headers are read as libjpeg reads them (bytes between segments skipped).
 pub fn image_header(bytes: &[u8]) -> Option<(&'static str, u32, u32)> {
+    if bytes.starts_with(&[0xFF, 0xD8]) {
+        let (w, h) = lake_schemas::picture::jpeg_header(bytes).ok()?.shown_size();
+        return Some(("mjpeg", w, h));
+    }
     let format = match imagesize::image_type(bytes).ok()? {
         imagesize::ImageType::Png => "png",
         imagesize::ImageType::Jpeg => "mjpeg",
@@ -333,9 +339,10 @@ pub fn image_header(bytes: &[u8]) -> Option<(&'static str, u32, u32)> {
 }
 
 /// Damage an encoded image's framing shows without decoding it: a PNG whose header chunk fails
-/// its CRC (what a header of garbage does) or that does not end with its `IEND` chunk, a JPEG
-/// that does not end with its end-of-image marker (both: bytes cut short; padding of zeros or
-/// 0xFF after them is taken).
+/// its CRC (what a header of garbage does) or that does not end with its `IEND` chunk (padding of
+/// zeros or 0xFF after it is taken), a JPEG whose scans do not reach its end-of-image marker
+/// (bytes after it are not read, as PIL does not read them): both cut short. And a JPEG this
+/// build cannot decode as LeRobot reads it (CMYK, 12-bit, lossless).
 pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
     match format {
         "png" => {
@@ -348,8 +355,12 @@ pub fn image_damage(format: &str, bytes: &[u8]) -> Option<String> {
             (!ends_with(bytes, &IEND))
                 .then(|| format!("the PNG image is cut short: its {} bytes do not end with the IEND chunk", bytes.len()))
         }
-        "mjpeg" => (!ends_with(bytes, &[0xFF, 0xD9]))
-            .then(|| format!("the JPEG image is cut short: its {} bytes do not end with the end-of-image marker", bytes.len())),
+        "mjpeg" => {
+            if lake_schemas::picture::jpeg_cut_short(bytes) {
+                return Some(format!("the JPEG image is cut short: its {} bytes end before its end-of-image marker", bytes.len()));
+            }
+            lake_schemas::picture::jpeg_header(bytes).ok()?.unsupported()
+        }
         _ => None,
     }
 }
@@ -828,7 +839,11 @@ mod tests {
         // A thumbnail's marker, then more of the image, cut short: no end.
         assert!(!ends_with(&[0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0x34, 0x56], &eoi));
         assert!(!ends_with(&[0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0, 0], &eoi));
-        assert!(image_damage("mjpeg", &[0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0x34]).is_some_and(|m| m.contains("cut short")));
+        // A JPEG: a thumbnail's end marker inside its segment is no end; bytes after the real
+        // end are not read.
+        let thumbnail_then_cut = [0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0x34];
+        assert!(image_damage("mjpeg", &thumbnail_then_cut).is_some_and(|m| m.contains("cut short")));
+        assert!(image_damage("mjpeg", &[0xFF, 0xD8, 0xFF, 0xD9, b'\r', b'\n']).is_none());
     }
 
     #[test]

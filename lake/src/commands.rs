@@ -574,7 +574,7 @@ pub async fn inspect(root: &str, args: InspectArgs) -> anyhow::Result<ExitCode> 
     let lake = Lake::open(root)?;
     let record = lake.resolve(&args.dataset).await?;
     // Version numbers run on across removals (`lake rm`): the newest number, not a count.
-    let versions = lake.latest(&record.name).await.ok().flatten().map_or(record.version, |r| r.version.max(record.version));
+    let versions = lake.newest_version(&record.name).await?.map_or(record.version, |v| v.max(record.version));
     for (table, why) in lake.damaged_tables(&record).await? {
         errln!(
             "warning: table {table} of {}@{} cannot be read whole ({why}); ingesting its source again makes a whole version",

@@ -349,7 +349,10 @@ pub async fn not_found(lake: &Lake, spec: &str) -> Result<Error> {
         versions => format!("; view `{name}` was dropped, its versions stay readable as `{name}@N` ({})", versions.join(", ")),
     };
     let removed = match lake_store::validate_name(name) {
-        Ok(()) => lake_store::removed_hint(lake.removal(name).await.ok().flatten().as_ref()),
+        Ok(()) => {
+            let version = spec.rsplit_once('@').and_then(|(_, v)| lake_store::parse_version(v));
+            lake_store::removed_hint(lake.removal_of(name, version).await.ok().flatten().as_ref())
+        }
         Err(_) => String::new(),
     };
     Ok(Error::NotFound(format!(

@@ -16,6 +16,7 @@ use std::{ffi::CString, mem::MaybeUninit};
 
 use ffmpeg_next::{self as ffmpeg, ffi};
 use lake_schemas::CodecParams;
+use lake_schemas::picture;
 use turbojpeg_sys as tj;
 
 /// The codec facts a decoder is opened from (a row of the `streams` table).
@@ -355,6 +356,10 @@ impl FfmpegDecoder {
 /// no flags, which makes the same choices; the bytes are PIL's, also across libjpeg-turbo 2.1
 /// (Debian's) and 3.x (PIL's wheels). Greyscale pictures come out as three equal channels.
 ///
+/// Hugging Face `datasets` turns a picture upright by its EXIF orientation
+/// (`ImageOps.exif_transpose`) before LeRobot sees it, and so does lake: the stream's size is
+/// the size shown.
+///
 /// As PIL opens every picture afresh, each picture gets a decompressor of its own: libjpeg keeps
 /// a picture's Huffman and quantisation tables for the next one, which would decode a picture
 /// without tables (as cameras' MJPEG frames are) with its predecessor's, and a failure would
@@ -394,107 +399,109 @@ impl JpegDecoder {
     fn decode(&mut self, pts: i64, data: &[u8]) -> DecodeResult<RgbFrame> {
         let (w, h) = self.size;
         let mut frame = vec![0u8; w * h * 3];
-        self.decompress(pts, data, (w, h), frame.as_mut_ptr(), frame.len())?;
+        self.decompress(pts, data, &mut frame)?;
         Ok(RgbFrame { width: w as u32, height: h as u32, data: frame })
     }
 
     /// Decodes the picture into `out`, which must be exactly its `height * width * 3` bytes; all
     /// of them are written when this returns `Ok`.
     fn decode_into(&mut self, pts: i64, data: &[u8], out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
-        let (w, h) = jpeg_size(pts, data)?;
+        // Zeroed first: every byte is initialised whatever libjpeg writes.
+        out.fill(MaybeUninit::new(0));
+        // SAFETY: every byte was just initialised; `u8` and `MaybeUninit<u8>` share a layout.
+        let out = unsafe { &mut *(std::ptr::from_mut(out) as *mut [u8]) };
+        self.decompress(pts, data, out)
+    }
+
+    /// Decodes a picture into `out` (the stream's size, as shown: its EXIF orientation applied,
+    /// as LeRobot's reader applies it).
+    fn decompress(&mut self, pts: i64, data: &[u8], out: &mut [u8]) -> DecodeResult<()> {
+        let header = picture::jpeg_header(data).map_err(|why| DecodeError(format!("JPEG picture pts {pts}: {why}")))?;
+        if let Some(why) = header.unsupported() {
+            return Err(DecodeError(format!("JPEG picture pts {pts}: {why}")));
+        }
+        let (sw, sh) = header.shown_size();
+        let (w, h) = self.size;
+        if (sw as usize, sh as usize) != (w, h) {
+            return Err(DecodeError(format!("JPEG picture pts {pts} is {sw}x{sh}, where this stream's pictures are {w}x{h}")));
+        }
         if out.len() != w * h * 3 {
             return Err(DecodeError(format!("a {w}x{h} picture where {} bytes of RGB were expected", out.len())));
         }
-        // Zeroed first: every byte is initialised whatever libjpeg writes.
-        out.fill(MaybeUninit::new(0));
-        self.decompress(pts, data, (w, h), out.as_mut_ptr().cast::<u8>(), out.len())
-    }
-
-    /// Decodes a picture that must be `(w, h)` into the `len` initialised bytes at `out`.
-    fn decompress(&mut self, pts: i64, data: &[u8], (w, h): (usize, usize), out: *mut u8, len: usize) -> DecodeResult<()> {
-        assert_eq!(len, w * h * 3, "room for the picture");
-        let size = jpeg_size(pts, data)?;
-        if size != (w, h) {
-            return Err(DecodeError(format!("JPEG picture pts {pts} is {}x{}, where this stream's pictures are {w}x{h}", size.0, size.1)));
+        let stored = (header.width as usize, header.height as usize);
+        if header.orientation == 1 {
+            return turbojpeg_rgb(pts, data, stored, out);
         }
-        // SAFETY: a plain constructor; null means failure.
-        let handle = TurboJpeg(unsafe { tj::tjInitDecompress() });
-        if handle.0.is_null() {
-            return Err(DecodeError("libjpeg-turbo could not make a decompressor".into()));
-        }
-        // SAFETY: `out` holds h rows of w * 3 initialised bytes (asserted above), the size the
-        // picture decodes to at scale 1 (its header says so); `data` is read within its length.
-        let rc = unsafe {
-            tj::tjDecompress2(
-                handle.0,
-                data.as_ptr(),
-                data.len() as std::ffi::c_ulong,
-                out,
-                w as std::ffi::c_int,
-                (w * 3) as std::ffi::c_int,
-                h as std::ffi::c_int,
-                tj::TJPF_TJPF_RGB as std::ffi::c_int,
-                0,
-            )
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        // SAFETY: queries of a valid handle; the message is copied before the handle goes.
-        let (warned, message) = unsafe {
-            let code = tj::tjGetErrorCode(handle.0);
-            (
-                code == tj::TJERR_TJERR_WARNING as std::ffi::c_int,
-                std::ffi::CStr::from_ptr(tj::tjGetErrorStr2(handle.0)).to_string_lossy().into_owned(),
-            )
-        };
-        // TurboJPEG says "warning" for a call that warned at all, also when an error followed;
-        // its message is then the error's (libjpeg keeps the first warning's text otherwise).
-        if warned && LIBJPEG_WARNINGS.iter().any(|w| message.starts_with(w)) {
-            return Ok(());
-        }
-        Err(DecodeError(format!("JPEG picture pts {pts}: {message}")))
+        let mut upright = vec![0u8; out.len()];
+        turbojpeg_rgb(pts, data, stored, &mut upright)?;
+        orient(&upright, stored, header.orientation, out);
+        Ok(())
     }
 }
 
-/// Width and height of a JPEG picture, from its frame header (SOF), read without libjpeg.
-/// Pictures with four components (CMYK, YCCK) are refused: PIL reads them as four channels,
-/// which no RGB camera column can hold.
-fn jpeg_size(pts: i64, data: &[u8]) -> DecodeResult<(usize, usize)> {
-    let bad = |why: &str| DecodeError(format!("JPEG picture pts {pts}: {why}"));
-    if !data.starts_with(&[0xFF, 0xD8]) {
-        return Err(bad("it does not start with a JPEG start-of-image marker"));
+/// Decodes a JPEG picture of `(w, h)` (as stored) into `out`, `h` rows of `w * 3` bytes, with a
+/// decompressor of its own.
+fn turbojpeg_rgb(pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [u8]) -> DecodeResult<()> {
+    assert_eq!(out.len(), w * h * 3, "room for the picture");
+    // SAFETY: a plain constructor; null means failure.
+    let handle = TurboJpeg(unsafe { tj::tjInitDecompress() });
+    if handle.0.is_null() {
+        return Err(DecodeError("libjpeg-turbo could not make a decompressor".into()));
     }
-    let mut at = 2;
-    loop {
-        // Markers may be padded with any number of 0xFF bytes.
-        while data.get(at) == Some(&0xFF) && data.get(at + 1) == Some(&0xFF) {
-            at += 1;
-        }
-        let (Some(&0xFF), Some(&marker)) = (data.get(at), data.get(at + 1)) else {
-            return Err(bad("no frame header (SOF) before the picture data"));
+    // SAFETY: `out` holds h rows of w * 3 bytes (asserted above), the size the picture decodes to
+    // at scale 1 (its header says so); `data` is read within its length.
+    let rc = unsafe {
+        tj::tjDecompress2(
+            handle.0,
+            data.as_ptr(),
+            data.len() as std::ffi::c_ulong,
+            out.as_mut_ptr(),
+            w as std::ffi::c_int,
+            (w * 3) as std::ffi::c_int,
+            h as std::ffi::c_int,
+            tj::TJPF_TJPF_RGB as std::ffi::c_int,
+            0,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: queries of a valid handle; the message is copied before the handle goes.
+    let (warned, message) = unsafe {
+        let code = tj::tjGetErrorCode(handle.0);
+        (
+            code == tj::TJERR_TJERR_WARNING as std::ffi::c_int,
+            std::ffi::CStr::from_ptr(tj::tjGetErrorStr2(handle.0)).to_string_lossy().into_owned(),
+        )
+    };
+    // TurboJPEG says "warning" for a call that warned at all, also when an error followed;
+    // its message is then the error's (libjpeg keeps the first warning's text otherwise).
+    if warned && LIBJPEG_WARNINGS.iter().any(|w| message.starts_with(w)) {
+        return Ok(());
+    }
+    Err(DecodeError(format!("JPEG picture pts {pts}: {message}")))
+}
+
+/// Turns an RGB picture stored `(w, h)` upright by its EXIF orientation, as PIL's
+/// `ImageOps.exif_transpose` does: 2 mirrored, 3 half a turn, 4 flipped, 5 transposed, 6 a
+/// quarter turn clockwise, 7 transversed, 8 a quarter turn anticlockwise (5 to 8 swap width and
+/// height).
+fn orient(src: &[u8], (w, h): (usize, usize), orientation: u8, out: &mut [u8]) {
+    let width = if orientation >= 5 { h } else { w };
+    for (i, pixel) in out.chunks_exact_mut(3).enumerate() {
+        let (y, x) = (i / width, i % width);
+        let (sy, sx) = match orientation {
+            2 => (y, w - 1 - x),
+            3 => (h - 1 - y, w - 1 - x),
+            4 => (h - 1 - y, x),
+            5 => (x, y),
+            6 => (h - 1 - x, y),
+            7 => (h - 1 - x, w - 1 - y),
+            8 => (x, w - 1 - y),
+            _ => (y, x),
         };
-        let length = match (data.get(at + 2), data.get(at + 3)) {
-            (Some(&hi), Some(&lo)) => usize::from(hi) << 8 | usize::from(lo),
-            _ => return Err(bad("its header is cut short")),
-        };
-        let is_frame = matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC);
-        if is_frame {
-            let Some(header) = data.get(at + 4..at + 10) else { return Err(bad("its frame header (SOF) is cut short")) };
-            let (height, width, components) =
-                (usize::from(header[1]) << 8 | usize::from(header[2]), usize::from(header[3]) << 8 | usize::from(header[4]), header[5]);
-            if components == 4 {
-                return Err(DecodeError(format!("JPEG picture pts {pts} is CMYK: LeRobot reads it as 4 channels, not RGB")));
-            }
-            if width == 0 || height == 0 {
-                return Err(bad(&format!("its frame header gives no size ({width}x{height})")));
-            }
-            return Ok((width, height));
-        }
-        if marker == 0xDA || length < 2 {
-            return Err(bad("no frame header (SOF) before the picture data"));
-        }
-        at += 2 + length;
+        let at = (sy * w + sx) * 3;
+        pixel.copy_from_slice(&src[at..at + 3]);
     }
 }
 
@@ -867,6 +874,44 @@ mod tests {
         assert!(frame.data.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
     }
 
+    /// `jpeg` with an EXIF segment saying `orientation` right after its start marker.
+    fn with_orientation(jpeg: &[u8], orientation: u16) -> Vec<u8> {
+        let mut tiff = b"MM\0\x2A\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01".to_vec();
+        tiff.extend_from_slice(&orientation.to_be_bytes());
+        tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        let mut out = jpeg[..2].to_vec();
+        out.extend_from_slice(&[0xFF, 0xE1]);
+        out.extend_from_slice(&((2 + 6 + tiff.len()) as u16).to_be_bytes());
+        out.extend_from_slice(b"Exif\0\0");
+        out.extend_from_slice(&tiff);
+        out.extend_from_slice(&jpeg[2..]);
+        out
+    }
+
+    #[test]
+    fn exif_orientation_turns_pictures_as_lerobots_reader_does() {
+        let (w, h) = (5, 3);
+        let jpeg = encode(&scene((w, h), 3), (w, h), tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_444);
+        let upright = jpeg_stream((w, h)).decode(&[(0, 0, true, jpeg.as_slice())], &[0]).expect("plain").remove(0).data;
+        let at = |y: usize, x: usize| &upright[(y * w + x) * 3..(y * w + x) * 3 + 3];
+        // Orientation 6: a quarter turn clockwise, 3x5 shown; 3: half a turn; 1: as stored.
+        let turned = jpeg_stream((h, w)).decode(&[(0, 0, true, with_orientation(&jpeg, 6).as_slice())], &[0]).expect("6").remove(0);
+        assert_eq!((turned.width, turned.height), (3, 5));
+        for y in 0..w {
+            for x in 0..h {
+                assert_eq!(&turned.data[(y * h + x) * 3..(y * h + x) * 3 + 3], at(h - 1 - x, y), "({y}, {x})");
+            }
+        }
+        let half = jpeg_stream((w, h)).decode(&[(0, 0, true, with_orientation(&jpeg, 3).as_slice())], &[0]).expect("3").remove(0);
+        assert_eq!(&half.data[..3], at(h - 1, w - 1));
+        let same = jpeg_stream((w, h)).decode(&[(0, 0, true, with_orientation(&jpeg, 1).as_slice())], &[0]).expect("1").remove(0);
+        assert_eq!(same.data, upright);
+        // The stream's size is the shown one: a turned picture in a stream of the stored size is
+        // another size.
+        let e = jpeg_stream((w, h)).decode(&[(2, 2, true, with_orientation(&jpeg, 8).as_slice())], &[2]).expect_err("size");
+        assert_eq!(e.0, "JPEG picture pts 2 is 3x5, where this stream's pictures are 5x3");
+    }
+
     #[test]
     fn libjpeg_warnings_keep_the_picture_as_pil_does() {
         let size = (64, 48);
@@ -889,7 +934,7 @@ mod tests {
         assert!(e.0.starts_with("JPEG picture pts 7: ") && e.0.len() > 24, "{e}");
         let cmyk = encode(&scene(size, 4), size, tj::TJPF_TJPF_CMYK, tj::TJSAMP_TJSAMP_444);
         let e = d.decode(&[(9, 9, true, cmyk.as_slice())], &[9]).expect_err("cmyk");
-        assert_eq!(e.0, "JPEG picture pts 9 is CMYK: LeRobot reads it as 4 channels, not RGB");
+        assert_eq!(e.0, "JPEG picture pts 9: the JPEG picture is CMYK: LeRobot reads it as 4 channels, and lake's camera columns are RGB");
         // A warning (bytes before the scan's marker) followed by an error (the scan names a
         // Huffman table no segment defines) is an error, not a picture.
         let good = encode(&scene(size, 3), size, tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);

@@ -15,6 +15,7 @@ mod codec;
 mod error;
 mod finding;
 mod lerobot;
+pub mod picture;
 pub mod pyjson;
 pub mod tables;
 mod template;

@@ -471,6 +471,14 @@ impl Lake {
         Ok(out)
     }
 
+    /// The newest version number of `name` (its record is not read), if it has one.
+    ///
+    /// # Errors
+    /// When the catalog cannot be listed.
+    pub async fn newest_version(&self, name: &str) -> Result<Option<u64>> {
+        Ok(self.version_paths(name).await?.iter().filter_map(version_of).max())
+    }
+
     /// How many versions of `name` were committed (their records are not read).
     ///
     /// # Errors
@@ -510,8 +518,9 @@ impl Lake {
             Err(e) => return Err(Error::store(prefix.to_string())(e)),
         };
         let mut records: Vec<(u64, DateTime<Utc>)> =
-            listed.iter().filter_map(|m| Some((version_of(&m.location)?, m.last_modified))).collect();
+            listed.iter().filter_map(|m| Some((removal_record(&m.location).filter(|(n, _)| n == name)?.1, m.last_modified))).collect();
         records.sort();
+        records.dedup_by_key(|(through, _)| *through);
         let mut from = 1;
         let mut out = Vec::with_capacity(records.len());
         for (through, removed_at) in records {
@@ -519,6 +528,24 @@ impl Lake {
             from = through + 1;
         }
         Ok(out)
+    }
+
+    /// The removal of version `version` of `name` (the removal that took it), or, without a
+    /// version or when none took it while nothing of the name is left, the latest removal.
+    ///
+    /// # Errors
+    /// When the removal records or the catalog cannot be listed.
+    pub async fn removal_of(&self, name: &str, version: Option<u64>) -> Result<Option<Removal>> {
+        let mut removals = self.removals(name).await?;
+        if let Some(v) = version
+            && let Some(i) = removals.iter().position(|r| (r.from_version..=r.through_version).contains(&v))
+        {
+            return Ok(Some(removals.swap_remove(i)));
+        }
+        if version.is_some() && !self.version_paths(name).await?.is_empty() {
+            return Ok(None);
+        }
+        Ok(removals.pop())
     }
 
     /// The latest removal of `name` by `lake rm`, if it was ever removed.
@@ -549,9 +576,8 @@ impl Lake {
     async fn removed_through(&self) -> Result<BTreeMap<String, u64>> {
         let mut out: BTreeMap<String, u64> = BTreeMap::new();
         for path in self.list(REMOVED).await? {
-            let parts: Vec<_> = path.parts().collect();
-            if let (3, Some(through)) = (parts.len(), version_of(&path)) {
-                let newest = out.entry(parts[1].as_ref().to_string()).or_default();
+            if let Some((name, through)) = removal_record(&path) {
+                let newest = out.entry(name).or_default();
                 *newest = (*newest).max(through);
             }
         }
@@ -571,15 +597,19 @@ impl Lake {
     /// finish); [`Error::Unfinished`] when the dataset is removed but deleting its files
     /// failed; an I/O error when the removal record cannot be written (nothing changed).
     pub async fn remove(&self, name: &str) -> Result<RemovalReport> {
+        let before = self.removal(name).await?;
         let Some(through) = self.version_paths(name).await?.iter().filter_map(version_of).max() else {
-            if let Some(removal) = self.removal(name).await? {
+            if let Some(removal) = before {
                 let (versions, bytes) = self.finish_removal(name, removal.through_version).await.map_err(|e| unfinished(name, &e))?;
-                if !versions.is_empty() {
+                if !versions.is_empty() || bytes > 0 {
                     return Ok(RemovalReport { removal, versions, bytes, kept: Vec::new(), finished_earlier: true });
                 }
             }
             return Err(self.not_found(name).await);
         };
+        if through == u64::MAX {
+            return Err(Error::BadName { name: name.to_string(), message: format!("version {through} cannot be followed by another") });
+        }
         let path = Path::from(format!("{REMOVED}/{name}/v{through:08}.json"));
         let body = serde_json::json!({"name": name, "through_version": through, "removed_at": Utc::now()});
         let body = serde_json::to_vec_pretty(&body).expect("removal record serialises");
@@ -588,9 +618,10 @@ impl Lake {
             Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
             Err(e) => return Err(Error::store(path.to_string())(e)),
         }
-        let removal = self.removals(name).await?.into_iter().find(|r| r.through_version == through).expect("the record just written");
+        let from_version = before.map_or(1, |r| r.through_version + 1);
+        let removal = Removal { name: name.to_string(), from_version, through_version: through, removed_at: Utc::now() };
         let (versions, bytes) = self.finish_removal(name, through).await.map_err(|e| unfinished(name, &e))?;
-        let kept = self.version_paths(name).await?.iter().filter_map(version_of).collect();
+        let kept = self.version_paths(name).await.unwrap_or_default().iter().filter_map(version_of).collect();
         Ok(RemovalReport { removal, versions, bytes, kept, finished_earlier: false })
     }
 
@@ -610,6 +641,8 @@ impl Lake {
                 // stay for a look by hand (the dataset's directory is not swept: an ingest may
                 // be writing into it).
                 Ok(_) | Err(Error::Record { .. }) => {}
+                // Another removal (or garbage collection) deleted it meanwhile: done.
+                Err(Error::ObjectStore { source: object_store::Error::NotFound { .. }, .. }) => continue,
                 Err(e) => return Err(e),
             }
             match self.store.delete(&path).await {
@@ -632,30 +665,34 @@ impl Lake {
     /// might name a directory, and then nothing is swept.
     async fn sweep_unnamed_versions(&self, name: &str) -> Result<u64> {
         let Ok(entries) = std::fs::read_dir(self.root.join(DATASETS).join(name)) else { return Ok(0) };
+        // Ids are compared, not paths: a version's id (time and random) is unique in the lake,
+        // also where the file system folds `Foo` and `foo` together.
         let found: Vec<String> = entries
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| e.file_name().to_str().map(|id| format!("{DATASETS}/{name}/{id}")))
+            .filter_map(|e| e.file_name().to_str().map(String::from))
             .collect();
         if found.is_empty() {
             return Ok(0);
         }
-        let mut named = std::collections::HashSet::new();
+        // A lease is `staging/<id>.json` for the directory `datasets/<name>/<id>`: its file name
+        // protects the directory, whether or not its contents can be read.
+        let mut named: std::collections::HashSet<String> = std::collections::HashSet::new();
         for path in self.list(STAGING).await? {
-            match self.get_json::<Lease>(&path).await {
-                Ok(lease) => named.insert(lease.dir),
-                Err(_) => return Ok(0),
-            };
+            if let Some(id) = path.filename().map(|f| f.split('.').next().unwrap_or(f).to_string()) {
+                named.insert(id);
+            }
         }
         for path in self.all_version_paths(name).await? {
             match self.read_record(&path).await {
-                Ok(record) => named.insert(record.tables.dir),
+                Ok(record) => named.insert(record.tables.dir.rsplit('/').next().unwrap_or_default().to_string()),
+                // A damaged record might name any of them.
                 Err(_) => return Ok(0),
             };
         }
         let mut bytes = 0;
-        for dir in found.iter().filter(|d| !named.contains(*d)) {
-            bytes += self.delete_prefix(dir).await?;
+        for id in found.iter().filter(|id| !named.contains(*id)) {
+            bytes += self.delete_prefix(&format!("{DATASETS}/{name}/{id}")).await?;
         }
         Ok(bytes)
     }
@@ -667,11 +704,7 @@ impl Lake {
             Some((name, v)) => (name, parse_version(v)),
             None => (spec, None),
         };
-        let removals = if validate_name(name).is_ok() { self.removals(name).await.unwrap_or_default() } else { Vec::new() };
-        let removed = match version {
-            Some(v) => removals.into_iter().find(|r| (r.from_version..=r.through_version).contains(&v)),
-            None => removals.into_iter().next_back(),
-        };
+        let removed = if validate_name(name).is_ok() { self.removal_of(name, version).await.ok().flatten() } else { None };
         Error::NotFound {
             name: spec.to_string(),
             root: self.display.clone(),
@@ -1076,8 +1109,11 @@ impl Lake {
             self.prune(STAGING);
         }
         for (name, through) in self.removed_through().await? {
-            if validate_name(&name).is_ok() {
-                let (versions, _) = self.finish_removal(&name, through).await?;
+            // One that cannot be finished now (another removal at work, a file that will not
+            // go) is left for later: it must not fail the ingest that collects.
+            if validate_name(&name).is_ok()
+                && let Ok((versions, _)) = self.finish_removal(&name, through).await
+            {
                 report.finished_removals.extend(versions.into_iter().map(|v| (name.clone(), v)));
             }
         }
@@ -1283,6 +1319,16 @@ impl Drop for PendingVersion {
 /// The error of a removal whose record is written but whose files could not all be deleted.
 fn unfinished(name: &str, e: &Error) -> Error {
     Error::Unfinished { name: name.to_string(), message: e.to_string() }
+}
+
+/// The dataset and version a removal record's path names: exactly `removed/<name>/v00000003.json`
+/// (as `lake rm` writes it; nothing else in `removed/` counts), with a version that another can
+/// follow.
+fn removal_record(path: &Path) -> Option<(String, u64)> {
+    let parts: Vec<_> = path.parts().collect();
+    let [dir, name, file] = parts.as_slice() else { return None };
+    let through = version_of(path).filter(|v| *v < u64::MAX)?;
+    (dir.as_ref() == REMOVED && file.as_ref() == format!("v{through:08}.json")).then(|| (name.as_ref().to_string(), through))
 }
 
 /// The version number a record's path names (`…/v00000003.json`).
@@ -1634,8 +1680,16 @@ mod lifecycle_tests {
         // version 2 came after it, as an ingest committing meanwhile would). What the record
         // holds is for people: its path says what was removed, even when damaged.
         write_file(&lake, "removed/ds/v00000001.json");
-        write_file(&lake, "removed/ds/notes.txt");
-        write_file(&lake, "removed/stray.json");
+        // Nothing else in `removed/` counts.
+        for odd in [
+            "removed/ds/notes.txt",
+            "removed/stray.json",
+            "removed/ds/x/v00000009.json",
+            "removed/ds/v2.json",
+            "removed/ds/v18446744073709551615.json",
+        ] {
+            write_file(&lake, odd);
+        }
         let listed: Vec<(String, u64)> = lake.datasets().await.unwrap().into_iter().map(|r| (r.name, r.version)).collect();
         assert_eq!(listed, [("ds".to_string(), 2)]);
         assert_eq!(lake.versions("ds").await.unwrap().len(), 1);
@@ -1652,9 +1706,17 @@ mod lifecycle_tests {
         // the next collection deletes it; an ingest's directory (named by its lease) stays.
         write_file(&lake, &format!("{first}/frames.lance/data/part.lance"));
         let pending = lake.begin("ds").await.unwrap();
+        // A lease whose contents cannot be read still protects its directory (its name is the id).
+        let unreadable = "datasets/ds/20261126T000000-000000000000";
+        write_file(&lake, &format!("{unreadable}/steps.lance/x"));
+        write_file(&lake, "staging/20261126T000000-000000000000.json");
         lake.collect_garbage().await.unwrap();
         assert!(!lake.root.join(&first).exists() && lake.root.join(pending.dir()).is_dir() && lake.root.join(&second).exists());
+        assert!(lake.root.join(unreadable).is_dir());
         pending.abort().await.unwrap();
+        std::fs::remove_file(lake.root.join("staging/20261126T000000-000000000000.json")).unwrap();
+        lake.collect_garbage().await.unwrap();
+        assert!(!lake.root.join(unreadable).exists(), "unnamed once its lease is gone");
 
         // Killed again, after the record for version 2: `remove` finishes it (nothing is left to
         // see, so there is nothing else to remove).

@@ -903,12 +903,14 @@ impl Service {
             .clone();
         drop(guard);
         // A dataset `lake rm` removed since the loader was made is gone for new requests too.
-        let removed = self.lake.removed_datasets().await?;
         for ds in p.loader.datasets() {
-            if let Some(removal) = removed.get(&ds.record.name).filter(|r| ds.record.version <= r.through_version) {
-                let evicted = self.prepared.lock().expect("not poisoned").remove(&key);
-                if let Some(evicted) = evicted.and_then(|s| s.get().cloned()) {
-                    let (old, mut retired) = (evicted.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
+            let removal = self.lake.removal_of(&ds.record.name, Some(ds.record.version)).await?;
+            if let Some(removal) = removal.filter(|r| ds.record.version <= r.through_version) {
+                let mut prepared = self.prepared.lock().expect("not poisoned");
+                // Only this loader's slot (a request may be making a new one under the key).
+                if prepared.get(&key).and_then(|s| s.get()).is_some_and(|made| Arc::ptr_eq(made, &p)) {
+                    prepared.remove(&key);
+                    let (old, mut retired) = (p.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
                     *retired = add_stats(&retired, &old);
                 }
                 return Err(Error::NotFound(format!("no dataset `{}` in the lake: {removal}", ds.label)));

@@ -293,7 +293,8 @@ fn parity_png_images_in_parquet() {
 /// JPEG pictures inside the parquet (datasets converted from other formats carry them): every
 /// frame equals what LeRobot's reader returned for it (PIL on libjpeg-turbo), decoded from the
 /// packets and from a frame table, for 4:2:0, 4:2:2 and progressive 4:4:4 pictures of a size that
-/// is no multiple of the JPEG block.
+/// is no multiple of the JPEG block, and pictures stored upside down with an EXIF orientation
+/// (LeRobot's reader turns them upright).
 #[test]
 fn parity_jpeg_images_in_parquet() {
     let reference: serde_json::Value = serde_json::from_str(
