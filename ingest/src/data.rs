@@ -374,6 +374,22 @@ fn ends_with(bytes: &[u8], marker: &[u8]) -> bool {
     (0..=padding).any(|p| bytes[..bytes.len() - p].ends_with(marker))
 }
 
+/// Whether a WebP picture is lossy: its first image chunk is `VP8 ` (lossless ones are `VP8L`;
+/// an extended file's `VP8X` header comes before either).
+fn webp_lossy(bytes: &[u8]) -> bool {
+    let mut at = 12;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        match &chunk[..4] {
+            b"VP8 " => return true,
+            b"VP8L" => return false,
+            _ => {}
+        }
+        let size = u32::from_le_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]) as usize;
+        at += 8 + size + size % 2;
+    }
+    false
+}
+
 /// How people call an image format (`mjpeg` is FFmpeg's name for JPEG).
 pub fn image_format_name(format: &str) -> String {
     match format {
@@ -662,6 +678,23 @@ fn check_batch(
             *formats.entry(format).or_default() += 1;
         }
         let usual = formats.iter().max_by_key(|(_, n)| **n).map(|(f, _)| *f);
+        // Lossy WebP: PIL decodes it with libwebp, lake with FFmpeg, whose chroma upsampling and
+        // colour arithmetic differ: said once per file and camera.
+        if usual == Some("webp") && rows.iter().any(|b| webp_lossy(b)) {
+            let warning = Finding::warning(
+                FindingKind::FormatMismatch,
+                format!(
+                    "column `{}` holds lossy WebP pictures: lake decodes them with FFmpeg, whose pixels differ from those PIL \
+                     (libwebp) gives LeRobot by up to a few dozen levels; lossless WebP, PNG and JPEG pictures are LeRobot's \
+                     exactly",
+                    f.name
+                ),
+            )
+            .with_file(path);
+            if !scan.findings.contains(&warning) {
+                scan.findings.push(warning);
+            }
+        }
         for (row, header) in headers.into_iter().enumerate() {
             match header {
                 None => row_errors.push((
@@ -844,6 +877,24 @@ mod tests {
         let thumbnail_then_cut = [0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD8, 0xFF, 0xD9, 0x12, 0x34];
         assert!(image_damage("mjpeg", &thumbnail_then_cut).is_some_and(|m| m.contains("cut short")));
         assert!(image_damage("mjpeg", &[0xFF, 0xD8, 0xFF, 0xD9, b'\r', b'\n']).is_none());
+    }
+
+    #[test]
+    fn lossy_webp_is_told_from_lossless() {
+        let riff = |chunks: &[(&[u8; 4], usize)]| {
+            let mut out = b"RIFF\0\0\0\0WEBP".to_vec();
+            for (fourcc, size) in chunks {
+                out.extend_from_slice(*fourcc);
+                out.extend_from_slice(&(*size as u32).to_le_bytes());
+                out.extend(std::iter::repeat_n(0u8, size + size % 2));
+            }
+            out
+        };
+        assert!(webp_lossy(&riff(&[(b"VP8 ", 10)])));
+        assert!(!webp_lossy(&riff(&[(b"VP8L", 10)])));
+        assert!(webp_lossy(&riff(&[(b"VP8X", 10), (b"ICCP", 3), (b"VP8 ", 4)])));
+        assert!(!webp_lossy(&riff(&[(b"VP8X", 10), (b"VP8L", 4)])));
+        assert!(!webp_lossy(b"RIFF"));
     }
 
     #[test]
