@@ -600,7 +600,8 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let cache = loader.cache_stats();
     let decode = loader.decode_stats();
 
-    // The decode-bound limit: FFmpeg alone decoding exactly the GOPs these batches need (per
+    // The decode-bound limit: the decoders alone (FFmpeg; libjpeg-turbo for JPEG pictures)
+    // decoding exactly the GOPs these batches need (per
     // batch, as the loader plans them without a cache) and converting the wanted frames.
     let mut jobs = Vec::new();
     for c in &timed_cursors {
@@ -784,7 +785,7 @@ impl BenchReport {
             return Ok(());
         }
         outln!(
-            "  decode-bound limit {:.3} CPU ms/sample ({} frames from {} packets, FFmpeg alone): lake runs at {:.0} % of it",
+            "  decode-bound limit {:.3} CPU ms/sample ({} frames from {} packets, decoders alone): lake runs at {:.0} % of it",
             self.bound_cpu_ms_per_sample,
             self.bound_frames,
             self.bound_packets,

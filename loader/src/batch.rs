@@ -517,9 +517,9 @@ impl Loader {
         jobs
     }
 
-    /// The CPU time FFmpeg alone needs for `jobs`: decode each GOP's packets (read into memory
-    /// beforehand, not timed) with one reused decoder per stream and convert the wanted frames
-    /// to RGB, on this thread. This is the decode-bound limit a loader is measured against.
+    /// The CPU time the decoders alone (FFmpeg; libjpeg-turbo for JPEG pictures) need for
+    /// `jobs`: decode each GOP's packets (read into memory beforehand, not timed) with one
+    /// reused decoder per stream and convert the wanted frames to RGB, on this thread. This is the decode-bound limit a loader is measured against.
     ///
     /// # Errors
     /// When packets cannot be read or decoded.
