@@ -129,9 +129,12 @@ pub fn jpeg_header(bytes: &[u8]) -> Result<JpegHeader, String> {
     }
 }
 
-/// Whether a JPEG picture is cut short: its scans do not reach the end-of-image marker. Bytes
-/// after that marker (padding, a second picture, junk) are not read, as PIL does not read them;
-/// markers inside segments (an EXIF thumbnail's) are skipped with their segment.
+/// Whether a JPEG picture is cut short: no end-of-image marker follows its first scan's header.
+/// The headers before it are walked by their lengths (so a thumbnail's end marker inside an
+/// EXIF segment is no end); after it, entropy-coded data never holds 0xFF 0xD9 (a 0xFF there is
+/// followed by 0x00 or a restart marker), so the first such pair is the end, also when the data
+/// before it is damaged (libjpeg decodes around that, with a warning). What follows the end is
+/// not read, as PIL does not read it.
 pub fn jpeg_cut_short(bytes: &[u8]) -> bool {
     if !bytes.starts_with(&[0xFF, 0xD8]) {
         return true;
@@ -140,19 +143,19 @@ pub fn jpeg_cut_short(bytes: &[u8]) -> bool {
     loop {
         let Some((marker, after)) = next_marker(bytes, at) else { return true };
         at = after;
-        match marker {
-            0xD9 => return false,
-            m if standalone(m) => {}
-            _ => {
-                let Some(length) = bytes.get(at..at + 2).map(|l| usize::from(l[0]) << 8 | usize::from(l[1])) else { return true };
-                if at + length > bytes.len() {
-                    return true;
-                }
-                // After a scan's header comes its entropy-coded data, where 0xFF is followed by
-                // 0x00 (a stuffed byte) or a restart marker until the next real marker, which
-                // `next_marker` finds.
-                at += length;
-            }
+        if marker == 0xD9 {
+            return false;
+        }
+        if standalone(marker) {
+            continue;
+        }
+        let Some(length) = bytes.get(at..at + 2).map(|l| usize::from(l[0]) << 8 | usize::from(l[1])) else { return true };
+        if at + length > bytes.len() {
+            return true;
+        }
+        at += length;
+        if marker == 0xDA {
+            return !bytes[at..].windows(2).any(|pair| pair == [0xFF, 0xD9]);
         }
     }
 }
@@ -261,6 +264,12 @@ mod tests {
         let cut = thumb.len() - 8;
         thumb.truncate(cut);
         assert!(jpeg_cut_short(&thumb));
+        // Damaged entropy data that looks like a marker with a length past the end: the end
+        // marker after it still ends the picture.
+        let mut damaged = whole;
+        let data = damaged.len() - 9;
+        damaged[data..data + 4].copy_from_slice(&[0xFF, 0xC4, 0xFF, 0xF0]);
+        assert!(!jpeg_cut_short(&damaged));
     }
 
     #[test]
