@@ -551,11 +551,7 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         if !views.is_empty() {
             writeln!(out, "\nviews (lake view show NAME):")?;
             for v in views {
-                let mut on = Vec::new();
-                for d in &v.datasets {
-                    let removed = lake.removal(&d.name).await.ok().flatten().is_some_and(|r| d.version <= r.through_version);
-                    on.push(format!("{}@{}{}", d.name, d.version, if removed { " (removed with lake rm)" } else { "" }));
-                }
+                let on = lake::views::sources(&lake, &v).await;
                 let episodes = lake::count(v.episode_count() as u64, "episode");
                 writeln!(out, "  {:<28} {episodes:>14}  from {}", format!("{}@{}", v.name, v.version), on.join(", "))?;
             }

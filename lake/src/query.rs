@@ -556,18 +556,15 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             if all.is_empty() {
                 outln!("no views in {}", lake.display_root())?;
             }
-            let rows: Vec<[String; 4]> = all
-                .iter()
-                .map(|v| {
-                    let on: Vec<String> = v.datasets.iter().map(|d| format!("{}@{}", d.name, d.version)).collect();
-                    [
-                        format!("{}@{}", v.name, v.version),
-                        v.episode_count().to_string(),
-                        v.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                        on.join(", "),
-                    ]
-                })
-                .collect();
+            let mut rows: Vec<[String; 4]> = Vec::with_capacity(all.len());
+            for v in &all {
+                rows.push([
+                    format!("{}@{}", v.name, v.version),
+                    v.episode_count().to_string(),
+                    v.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    views::sources(&lake, v).await.join(", "),
+                ]);
+            }
             if !rows.is_empty() {
                 let width = |i: usize, title: &str| rows.iter().map(|r| r[i].len()).chain([title.len()]).max().unwrap_or(0);
                 let (name_w, episodes_w) = (width(0, "view"), width(1, "episodes"));

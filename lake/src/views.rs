@@ -363,6 +363,17 @@ pub async fn not_found(lake: &Lake, spec: &str) -> Result<Error> {
     )))
 }
 
+/// The dataset versions a view selects from, as `NAME@VERSION`, each marked when `lake rm`
+/// removed it (the view then fails to load).
+pub async fn sources(lake: &Lake, view: &ViewRecord) -> Vec<String> {
+    let mut out = Vec::with_capacity(view.datasets.len());
+    for d in &view.datasets {
+        let removed = lake.removal_of(&d.name, Some(d.version)).await.ok().flatten().is_some_and(|r| d.version <= r.through_version);
+        out.push(format!("{}@{}{}", d.name, d.version, if removed { " (removed with lake rm)" } else { "" }));
+    }
+    out
+}
+
 /// The view `name` at `version` (`None`: its current version), or `None` when no view has the
 /// name at all.
 ///

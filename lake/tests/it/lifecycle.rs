@@ -172,6 +172,8 @@ fn lake_rm_removes_a_dataset_and_says_so_to_whoever_asks_for_it() {
     let ls = lake(&root, &["ls"]);
     assert!(ls.stdout.contains("v30-h264-multifile@1") && !ls.stdout.contains("\nv30-images-tiny@"), "{ls:#?}");
     assert!(ls.stdout.contains("from v30-images-tiny@2 (removed with lake rm)\n"), "{ls:#?}");
+    let views = lake(&root, &["view", "ls"]);
+    assert!(views.stdout.contains("  v30-images-tiny@2 (removed with lake rm)\n"), "{views:#?}");
     let out = tmp.path().join("s.arrow");
     let out = out.to_str().expect("utf-8");
     for (args, says) in [
