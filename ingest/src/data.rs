@@ -385,7 +385,10 @@ fn webp_lossy(bytes: &[u8]) -> bool {
             _ => {}
         }
         let size = u32::from_le_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]) as usize;
-        at += 8 + size + size % 2;
+        match at.checked_add(8).and_then(|a| a.checked_add(size)).and_then(|a| a.checked_add(size % 2)) {
+            Some(next) => at = next,
+            None => return false,
+        }
     }
     false
 }
@@ -678,6 +681,7 @@ fn check_batch(
             *formats.entry(format).or_default() += 1;
         }
         let usual = formats.iter().max_by_key(|(_, n)| **n).map(|(f, _)| *f);
+        let first_size = headers.iter().flatten().next().map(|(_, w, h)| (*w, *h));
         // Lossy WebP: PIL decodes it with libwebp, lake with FFmpeg, whose chroma upsampling and
         // colour arithmetic differ: said once per file and camera.
         if usual == Some("webp") && rows.iter().any(|b| webp_lossy(b)) {
@@ -723,6 +727,16 @@ fn check_batch(
                             row,
                             FindingKind::ShapeMismatch,
                             format!("column `{}`: image is {w}x{h}, info.json declares {dw}x{dh}", f.name),
+                        ));
+                    } else if declared.is_none()
+                        && let Some((fw, fh)) = first_size
+                        && (fw, fh) != (w, h)
+                    {
+                        // No declared size to check against: a camera's pictures share one.
+                        row_errors.push((
+                            row,
+                            FindingKind::ShapeMismatch,
+                            format!("column `{}`: image is {w}x{h}, where the column's first is {fw}x{fh}", f.name),
                         ));
                     }
                 }

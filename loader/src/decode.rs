@@ -487,21 +487,24 @@ fn turbojpeg_rgb(pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [u8]) 
 /// quarter turn clockwise, 7 transversed, 8 a quarter turn anticlockwise (5 to 8 swap width and
 /// height).
 fn orient(src: &[u8], (w, h): (usize, usize), orientation: u8, out: &mut [u8]) {
+    // Where the source pixel of output (y, x) is, per orientation (chosen once, not per pixel).
+    let source: fn(usize, usize, usize, usize) -> (usize, usize) = match orientation {
+        2 => |y, x, w, _| (y, w - 1 - x),
+        3 => |y, x, w, h| (h - 1 - y, w - 1 - x),
+        4 => |y, x, _, h| (h - 1 - y, x),
+        5 => |y, x, _, _| (x, y),
+        6 => |y, x, _, h| (h - 1 - x, y),
+        7 => |y, x, w, h| (h - 1 - x, w - 1 - y),
+        8 => |y, x, w, _| (x, w - 1 - y),
+        _ => |y, x, _, _| (y, x),
+    };
     let width = if orientation >= 5 { h } else { w };
-    for (i, pixel) in out.chunks_exact_mut(3).enumerate() {
-        let (y, x) = (i / width, i % width);
-        let (sy, sx) = match orientation {
-            2 => (y, w - 1 - x),
-            3 => (h - 1 - y, w - 1 - x),
-            4 => (h - 1 - y, x),
-            5 => (x, y),
-            6 => (h - 1 - x, y),
-            7 => (h - 1 - x, w - 1 - y),
-            8 => (x, w - 1 - y),
-            _ => (y, x),
-        };
-        let at = (sy * w + sx) * 3;
-        pixel.copy_from_slice(&src[at..at + 3]);
+    for (y, row) in out.chunks_exact_mut(width * 3).enumerate() {
+        for (x, pixel) in row.chunks_exact_mut(3).enumerate() {
+            let (sy, sx) = source(y, x, w, h);
+            let at = (sy * w + sx) * 3;
+            pixel.copy_from_slice(&src[at..at + 3]);
+        }
     }
 }
 

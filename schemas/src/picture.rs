@@ -77,26 +77,34 @@ fn frame_marker(marker: u8) -> bool {
     matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC)
 }
 
-/// Reads a JPEG picture's headers up to its first scan.
+/// Reads a JPEG picture's headers up to its first scan, refusing what PIL or libjpeg refuse:
+/// no marker after the start marker, a marker PIL does not know (0xFF01 to 0xFFBF), a second
+/// start or frame header, a frame header libjpeg cannot decode (0xC8, 0xDE, 0xDF, 0xF0 to 0xFD)
+/// or of a length its components do not give.
 ///
 /// # Errors
 /// What is wrong, when the bytes are no JPEG or its headers are cut short or have no frame
 /// header before the first scan.
 pub fn jpeg_header(bytes: &[u8]) -> Result<JpegHeader, String> {
-    if !bytes.starts_with(&[0xFF, 0xD8]) {
+    if !bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         return Err("it does not start with a JPEG start-of-image marker".into());
     }
-    let (mut frame, mut orientation, mut at) = (None, 1, 2);
+    let mut frame: Option<JpegHeader> = None;
+    let mut exif: Option<Vec<u8>> = None;
+    let mut xmp: Option<&[u8]> = None;
+    let mut at = 2;
     loop {
         let Some((marker, after)) = next_marker(bytes, at) else {
             return Err("its headers are cut short before the first scan".into());
         };
         at = after;
-        if marker == 0xD9 {
-            return Err("it ends before its first scan".into());
-        }
-        if standalone(marker) {
-            continue;
+        match marker {
+            0xD9 => return Err("it ends before its first scan".into()),
+            0xD8 => return Err("it has a second start-of-image marker".into()),
+            0x01..=0xBF => return Err(format!("it has no JPEG marker where one is expected (0xFF{marker:02X})")),
+            0xC8 | 0xDE | 0xDF | 0xF0..=0xFD => return Err(format!("it has a marker libjpeg does not decode (0xFF{marker:02X})")),
+            m if standalone(m) => continue,
+            _ => {}
         }
         let Some(length) = bytes.get(at..at + 2).map(|l| usize::from(l[0]) << 8 | usize::from(l[1])) else {
             return Err("its headers are cut short before the first scan".into());
@@ -105,36 +113,50 @@ pub fn jpeg_header(bytes: &[u8]) -> Result<JpegHeader, String> {
             return Err(format!("its segment 0xFF{marker:02X} is cut short"));
         };
         if marker == 0xDA {
-            return frame
-                .ok_or_else(|| "it has no frame header (SOF) before its first scan".to_string())
-                .map(|f: JpegHeader| JpegHeader { orientation, ..f });
+            let frame = frame.ok_or_else(|| "it has no frame header (SOF) before its first scan".to_string())?;
+            let orientation = match exif.as_deref().map(exif_orientation) {
+                Some(Tag::Value(v)) => v,
+                Some(Tag::Invalid) => 1,
+                // No orientation tag in the EXIF block: PIL looks in the XMP packet.
+                Some(Tag::Absent) | None => xmp.and_then(xmp_orientation).unwrap_or(1),
+            };
+            return Ok(JpegHeader { orientation, ..frame });
         }
-        if frame_marker(marker) && frame.is_none() {
+        if frame_marker(marker) {
+            if frame.is_some() {
+                return Err("it has a second frame header (SOF)".into());
+            }
             let [precision, h0, h1, w0, w1, components, ..] = *segment else {
                 return Err("its frame header (SOF) is cut short".into());
             };
+            if segment.len() != 6 + 3 * usize::from(components) {
+                return Err(format!("its frame header (SOF) is {} bytes long for {components} components", segment.len() + 2));
+            }
             let (width, height) = (u32::from(w0) << 8 | u32::from(w1), u32::from(h0) << 8 | u32::from(h1));
             if width == 0 || height == 0 {
                 return Err(format!("its frame header gives no size ({width}x{height})"));
             }
             frame = Some(JpegHeader { width, height, components, precision, process: marker, orientation: 1 });
         }
-        // The last EXIF segment counts, as in PIL.
-        if marker == 0xE1
-            && let Some(tiff) = segment.strip_prefix(b"Exif\0\0")
-        {
-            orientation = exif_orientation(tiff).unwrap_or(1);
+        if marker == 0xE1 {
+            // PIL takes the first EXIF segment and appends the later ones' bytes to it; of XMP
+            // packets, the last.
+            if let Some(more) = segment.strip_prefix(b"Exif\0\0") {
+                exif.get_or_insert_with(Vec::new).extend_from_slice(more);
+            } else if segment.starts_with(b"http://ns.adobe.com/xap/1.0/\0") {
+                xmp = Some(segment);
+            }
         }
         at += length;
     }
 }
 
-/// Whether a JPEG picture is cut short: no end-of-image marker follows its first scan's header.
-/// The headers before it are walked by their lengths (so a thumbnail's end marker inside an
-/// EXIF segment is no end); after it, entropy-coded data never holds 0xFF 0xD9 (a 0xFF there is
-/// followed by 0x00 or a restart marker), so the first such pair is the end, also when the data
-/// before it is damaged (libjpeg decodes around that, with a warning). What follows the end is
-/// not read, as PIL does not read it.
+/// Whether a JPEG picture is cut short: its markers, walked as libjpeg walks them (segments by
+/// their lengths, entropy-coded data up to the next marker, restart markers and stuffed bytes
+/// within it), do not reach an end-of-image marker. So a thumbnail's end marker inside an EXIF
+/// segment, or one inside a comment between progressive scans, is no end, and a segment that
+/// runs past the last byte is cut short. What follows the end is not read, as PIL does not read
+/// it.
 pub fn jpeg_cut_short(bytes: &[u8]) -> bool {
     if !bytes.starts_with(&[0xFF, 0xD8]) {
         return true;
@@ -143,53 +165,97 @@ pub fn jpeg_cut_short(bytes: &[u8]) -> bool {
     loop {
         let Some((marker, after)) = next_marker(bytes, at) else { return true };
         at = after;
-        if marker == 0xD9 {
-            return false;
-        }
-        if standalone(marker) {
-            continue;
-        }
-        let Some(length) = bytes.get(at..at + 2).map(|l| usize::from(l[0]) << 8 | usize::from(l[1])) else { return true };
-        if at + length > bytes.len() {
-            return true;
-        }
-        at += length;
-        if marker == 0xDA {
-            return !bytes[at..].windows(2).any(|pair| pair == [0xFF, 0xD9]);
+        match marker {
+            0xD9 => return false,
+            m if standalone(m) => {}
+            _ => {
+                let Some(length) = bytes.get(at..at + 2).map(|l| usize::from(l[0]) << 8 | usize::from(l[1])) else { return true };
+                match at.checked_add(length) {
+                    Some(end) if end <= bytes.len() => at = end,
+                    _ => return true,
+                }
+            }
         }
     }
 }
 
-/// The Orientation tag (0x0112) of IFD0 in an EXIF (TIFF) block, when it is 1 to 8.
-fn exif_orientation(tiff: &[u8]) -> Option<u8> {
-    let little = match tiff.get(0..2)? {
-        b"II" => true,
-        b"MM" => false,
-        _ => return None,
-    };
+/// What an EXIF block says of the orientation.
+#[derive(Debug, PartialEq, Eq)]
+enum Tag {
+    /// No Orientation tag PIL would load.
+    Absent,
+    /// A tag whose value is no orientation (PIL then turns nothing, and reads no XMP).
+    Invalid,
+    /// An orientation, 1 to 8.
+    Value(u8),
+}
+
+/// The Orientation tag (0x0112) of IFD0 in an EXIF (TIFF) block, read as PIL reads it: the
+/// TIFF prefixes PIL knows, entries of SHORT, LONG, SSHORT or SLONG type with at least one value
+/// (inline in the entry when they fit, else at the offset it holds), the first such entry
+/// winning.
+fn exif_orientation(tiff: &[u8]) -> Tag {
+    const PREFIXES: [&[u8; 4]; 6] = [b"MM\0\x2A", b"II\x2A\0", b"MM\x2A\0", b"II\0\x2A", b"MM\0\x2B", b"II\x2B\0"];
+    let Some(prefix) = tiff.get(0..4) else { return Tag::Absent };
+    if !PREFIXES.iter().any(|p| p.as_slice() == prefix) {
+        return Tag::Absent;
+    }
+    let little = prefix[0] == b'I';
+    let bytes_at = |at: usize, n: usize| at.checked_add(n).and_then(|end| tiff.get(at..end));
     let u16_at =
-        |at: usize| tiff.get(at..at + 2).map(|b| if little { u16::from_le_bytes([b[0], b[1]]) } else { u16::from_be_bytes([b[0], b[1]]) });
+        |at: usize| bytes_at(at, 2).map(|b| if little { u16::from_le_bytes([b[0], b[1]]) } else { u16::from_be_bytes([b[0], b[1]]) });
     let u32_at = |at: usize| {
-        tiff.get(at..at + 4).map(|b| {
+        bytes_at(at, 4).map(|b| {
             let b = [b[0], b[1], b[2], b[3]];
             if little { u32::from_le_bytes(b) } else { u32::from_be_bytes(b) }
         })
     };
-    let ifd = u32_at(4)? as usize;
-    let entries = usize::from(u16_at(ifd)?);
-    for i in 0..entries {
-        let entry = ifd + 2 + 12 * i;
-        if u16_at(entry)? != 0x0112 {
+    let Some(ifd) = u32_at(4).map(|o| o as usize) else { return Tag::Absent };
+    let Some(entries) = u16_at(ifd) else { return Tag::Absent };
+    for i in 0..usize::from(entries) {
+        let entry = ifd.saturating_add(2 + 12 * i);
+        let (Some(tag), Some(kind), Some(count)) = (u16_at(entry), u16_at(entry.saturating_add(2)), u32_at(entry.saturating_add(4))) else {
+            return Tag::Absent;
+        };
+        if tag != 0x0112 || count == 0 {
             continue;
         }
-        let value = match u16_at(entry + 2)? {
-            3 => u32::from(u16_at(entry + 8)?),
-            4 => u32_at(entry + 8)?,
-            _ => return None,
+        let size = match kind {
+            3 | 8 => 2,
+            4 | 9 => 4,
+            _ => continue,
         };
-        return u8::try_from(value).ok().filter(|v| (1..=8).contains(v));
+        let inline = u64::from(count) * size <= 4;
+        let at = if inline { Some(entry.saturating_add(8)) } else { u32_at(entry.saturating_add(8)).map(|o| o as usize) };
+        let value = match (kind, at) {
+            (3, Some(at)) => u16_at(at).map(i64::from),
+            (8, Some(at)) => u16_at(at).map(|v| i64::from(v as i16)),
+            (4, Some(at)) => u32_at(at).map(i64::from),
+            (9, Some(at)) => u32_at(at).map(|v| i64::from(v as i32)),
+            _ => None,
+        };
+        return match value {
+            Some(v @ 1..=8) => Tag::Value(v as u8),
+            Some(_) => Tag::Invalid,
+            None => Tag::Absent,
+        };
     }
-    None
+    Tag::Absent
+}
+
+/// The orientation an XMP packet gives (`tiff:Orientation="6"` or `<tiff:Orientation>6<`), as
+/// PIL finds it when the EXIF block has none.
+fn xmp_orientation(xmp: &[u8]) -> Option<u8> {
+    let key = b"tiff:Orientation";
+    let at = xmp.windows(key.len()).position(|w| w == key)? + key.len();
+    let (quote, digit) = (xmp.get(at)?, xmp.get(at + 1..)?);
+    let digit = match quote {
+        b'=' if digit.first() == Some(&b'"') => *digit.get(1)?,
+        b'>' => *digit.first()?,
+        _ => return None,
+    };
+    let v = digit.checked_sub(b'0').filter(|v| *v <= 9)?;
+    (1..=8).contains(&v).then_some(v)
 }
 
 #[cfg(test)]
@@ -245,9 +311,64 @@ mod tests {
         assert_eq!(jpeg_header(&skeleton(48, 36, Some(&tiff(true, 9)))).unwrap().orientation, 1, "no such orientation");
         // Junk and fill bytes between segments are skipped, as libjpeg skips them.
         let mut junk = skeleton(48, 36, None);
-        junk.splice(2..2, [0x00, 0x13, 0x37, 0xFF, 0xFF]);
+        let sos = junk.windows(2).position(|m| m == [0xFF, 0xDA]).unwrap();
+        junk.splice(sos..sos, [0x00, 0x13, 0x37, 0xFF, 0xFF]);
         assert_eq!(jpeg_header(&junk).unwrap().shown_size(), (48, 36));
         assert!(jpeg_header(b"\x89PNG").is_err() && jpeg_header(&[0xFF, 0xD8, 0xFF, 0xC0, 0x00]).is_err());
+        // What PIL or libjpeg refuse: no marker right after the start, a marker PIL does not
+        // know, a second frame header.
+        let plain_bytes = skeleton(48, 36, None);
+        let mut no_ff = plain_bytes.clone();
+        no_ff.insert(2, 0x00);
+        assert!(jpeg_header(&no_ff).is_err());
+        let mut tem = plain_bytes.clone();
+        tem.splice(2..2, [0xFF, 0x01]);
+        assert!(jpeg_header(&tem).unwrap_err().contains("0xFF01"));
+        let sof = plain_bytes.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+        let mut two = plain_bytes.clone();
+        two.splice(sof..sof, plain_bytes[sof..sof + 13].to_vec());
+        assert!(jpeg_header(&two).unwrap_err().contains("second frame header"));
+    }
+
+    /// `skeleton` with APP1 segments of `payloads` (each after its own prefix) after SOI.
+    fn with_app1(payloads: &[&[u8]]) -> Vec<u8> {
+        let base = skeleton(48, 36, None);
+        let mut out = base[..2].to_vec();
+        for p in payloads {
+            out.extend_from_slice(&[0xFF, 0xE1]);
+            out.extend_from_slice(&((p.len() + 2) as u16).to_be_bytes());
+            out.extend_from_slice(p);
+        }
+        out.extend_from_slice(&base[2..]);
+        out
+    }
+
+    #[test]
+    fn orientation_is_found_where_pil_finds_it() {
+        let exif = |o: u16| [b"Exif\0\0".as_slice(), &tiff(true, o)].concat();
+        // PIL reads the first EXIF segment with the later ones' bytes after it.
+        assert_eq!(jpeg_header(&with_app1(&[&exif(6), &exif(1)])).unwrap().orientation, 6);
+        // XMP counts when the EXIF block has no orientation tag, not when it has an invalid one.
+        let xmp = b"http://ns.adobe.com/xap/1.0/\0<x:xmpmeta><rdf:Description tiff:Orientation=\"8\"/></x:xmpmeta>";
+        assert_eq!(jpeg_header(&with_app1(&[xmp])).unwrap().orientation, 8);
+        let xmp_element = b"http://ns.adobe.com/xap/1.0/\0<tiff:Orientation>3</tiff:Orientation>";
+        assert_eq!(jpeg_header(&with_app1(&[xmp_element])).unwrap().orientation, 3);
+        assert_eq!(jpeg_header(&with_app1(&[&exif(9), xmp])).unwrap().orientation, 1);
+        // A TIFF prefix PIL does not know: no orientation.
+        let mut unknown = tiff(true, 6);
+        unknown[2..4].copy_from_slice(&[0, 0]);
+        assert_eq!(exif_orientation(&unknown), Tag::Absent);
+        // SSHORT counts; a count of 0 does not, and a later entry then does.
+        let mut sshort = tiff(false, 6);
+        sshort[12..14].copy_from_slice(&8u16.to_be_bytes());
+        assert_eq!(exif_orientation(&sshort), Tag::Value(6));
+        let mut empty = tiff(false, 6);
+        empty[14..18].copy_from_slice(&0u32.to_be_bytes());
+        assert_eq!(exif_orientation(&empty), Tag::Absent);
+        // An IFD offset past the block: nothing, no panic.
+        let mut far = tiff(true, 6);
+        far[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(exif_orientation(&far), Tag::Absent);
     }
 
     #[test]
@@ -264,12 +385,18 @@ mod tests {
         let cut = thumb.len() - 8;
         thumb.truncate(cut);
         assert!(jpeg_cut_short(&thumb));
-        // Damaged entropy data that looks like a marker with a length past the end: the end
-        // marker after it still ends the picture.
-        let mut damaged = whole;
+        // Damaged entropy data that looks like a segment running past the last byte: cut short
+        // (libjpeg hits the end of the data inside it).
+        let mut damaged = whole.clone();
         let data = damaged.len() - 9;
-        damaged[data..data + 4].copy_from_slice(&[0xFF, 0xC4, 0xFF, 0xF0]);
-        assert!(!jpeg_cut_short(&damaged));
+        damaged[data..data + 4].copy_from_slice(&[0xFF, 0xFE, 0xFF, 0xF0]);
+        assert!(jpeg_cut_short(&damaged));
+        // An end marker inside a comment between scans is no end.
+        let mut comment = whole[..whole.len() - 2].to_vec();
+        comment.extend_from_slice(&[0xFF, 0xFE, 0x00, 0x04, 0xFF, 0xD9]);
+        assert!(jpeg_cut_short(&comment));
+        comment.extend_from_slice(&[0xFF, 0xD9]);
+        assert!(!jpeg_cut_short(&comment));
     }
 
     #[test]
