@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, process::ExitCode};
 
 use anyhow::Context;
-use lake::serve::{ServeOptions, Service, do_get, flight::LakeFlight, http};
+use lake::serve::{ServeOptions, Service, do_get, flight::LakeFlight, http, linger};
 use lake_store::Lake;
 
 /// `HOST:PORT`, the host an IP address or a name (`localhost:8080`: its first address).
@@ -214,13 +214,16 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut flight_stop = stop_tx.subscribe();
     let mut http_stop = stop_tx.subscribe();
+    // Connections close without losing what was sent last (see `linger`).
+    let closes = linger::Closes::default();
+    let flight_listener = linger::Listener::new(flight_listener, closes.clone());
+    let http_listener = linger::Listener::new(http_listener, closes.clone());
     let flight = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .initial_stream_window_size(32 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size((1 << 24) - 1)
         .add_routes(flight_routes(LakeFlight::new(service.clone())))
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(flight_listener), async move {
+        .serve_with_incoming_shutdown(flight_listener.incoming(), async move {
             let _ = flight_stop.recv().await;
         });
     let http = axum::serve(http_listener, http::router(service.clone())).with_graceful_shutdown(async move {
@@ -246,6 +249,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         if let Some(local) = local {
             local.await?;
         }
+        closes.finished().await;
         anyhow::Ok(())
     })
     .await;

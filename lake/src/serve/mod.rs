@@ -1419,6 +1419,7 @@ pub mod do_get;
 pub mod flight;
 pub mod flight_sql;
 pub mod http;
+pub mod linger;
 pub mod local;
 
 /// How a failed request is answered.
