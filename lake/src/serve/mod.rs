@@ -610,6 +610,9 @@ struct Prepared {
     /// The lookahead the open streams of each global batch and `drop_last` share (the ranks
     /// of one job): alive while one of them is.
     lookaheads: Mutex<HashMap<(u64, bool), Weak<Lookahead>>>,
+    /// When the streams over this loader last looked whether `lake rm` removed one of its
+    /// datasets.
+    removal_looked: Mutex<Option<Instant>>,
 }
 
 impl Prepared {
@@ -659,13 +662,16 @@ pub struct Service {
     pub metrics: Metrics,
 }
 
+/// How often the streams over a loader look whether `lake rm` removed one of its datasets.
+const REMOVAL_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long a client must have left a stream's batches untaken before the room lent to it may
 /// be taken back for a stream that waits to start.
 const IDLE_LENDER: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A batch made for a stream: the loader's result, its room, and the `ready_batches` unit.
-type Made =
-    (std::result::Result<lake_loader::LoadedBatch<SampleBatch>, lake_loader::Error>, (OwnedSemaphorePermit, Option<LentRoom>), Gauge);
+/// A batch made for a stream: the loader's result (or why the stream ends), its room, and the
+/// `ready_batches` unit.
+type Made = (Result<lake_loader::LoadedBatch<SampleBatch>>, (OwnedSemaphorePermit, Option<LentRoom>), Gauge);
 
 /// The batches a stream is making, shared with admission, which takes them back from a client
 /// that does not read while room lent to it is wanted (see [`Service::reclaim_lent`]).
@@ -869,6 +875,39 @@ impl Service {
         pinned
     }
 
+    /// The first dataset of `prepared`'s loader that `lake rm` removed, with its removal.
+    async fn removed_from(&self, prepared: &Prepared) -> Result<Option<(String, lake_store::Removal)>> {
+        for ds in prepared.loader.datasets() {
+            let removal = self.lake.removal_of(&ds.record.name, Some(ds.record.version)).await?;
+            if let Some(removal) = removal.filter(|r| ds.record.version <= r.through_version) {
+                return Ok(Some((ds.label.clone(), removal)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The error that ends a stream over `prepared` when `lake rm` removed one of its datasets
+    /// (its files are gone, or soon will be): looked for after a batch failed, and before
+    /// making one at most every [`REMOVAL_LOOK`] (streams over one loader share the look), so
+    /// that a stream ends with the reason whether or not its next batch would have found the
+    /// files it needs.
+    async fn ended_by_removal(&self, prepared: &Prepared, failed: bool) -> Option<Error> {
+        {
+            let mut looked = prepared.removal_looked.lock().expect("not poisoned");
+            if !failed && looked.is_some_and(|at| at.elapsed() < REMOVAL_LOOK) {
+                return None;
+            }
+            *looked = Some(Instant::now());
+        }
+        match self.removed_from(prepared).await {
+            Ok(Some((label, removal))) => {
+                Some(Error::NotFound(format!("dataset `{label}` was removed from the lake while this stream read it: {removal}")))
+            }
+            // A lake whose records cannot be listed now fails the batch that needs it instead.
+            Ok(None) | Err(_) => None,
+        }
+    }
+
     async fn prepare(&self, request: &SampleRequest) -> Result<Arc<Prepared>> {
         request.check()?;
         let request = &self.pinned(request).await;
@@ -897,24 +936,22 @@ impl Service {
                     order,
                     last_used: Mutex::new(Instant::now()),
                     lookaheads: Mutex::default(),
+                    removal_looked: Mutex::default(),
                 }))
             })
             .await?
             .clone();
         drop(guard);
         // A dataset `lake rm` removed since the loader was made is gone for new requests too.
-        for ds in p.loader.datasets() {
-            let removal = self.lake.removal_of(&ds.record.name, Some(ds.record.version)).await?;
-            if let Some(removal) = removal.filter(|r| ds.record.version <= r.through_version) {
-                let mut prepared = self.prepared.lock().expect("not poisoned");
-                // Only this loader's slot (a request may be making a new one under the key).
-                if prepared.get(&key).and_then(|s| s.get()).is_some_and(|made| Arc::ptr_eq(made, &p)) {
-                    prepared.remove(&key);
-                    let (old, mut retired) = (p.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
-                    *retired = add_stats(&retired, &old);
-                }
-                return Err(Error::NotFound(format!("no dataset `{}` in the lake: {removal}", ds.label)));
+        if let Some((label, removal)) = self.removed_from(&p).await? {
+            let mut prepared = self.prepared.lock().expect("not poisoned");
+            // Only this loader's slot (a request may be making a new one under the key).
+            if prepared.get(&key).and_then(|s| s.get()).is_some_and(|made| Arc::ptr_eq(made, &p)) {
+                prepared.remove(&key);
+                let (old, mut retired) = (p.loader.decode_stats(), self.retired.lock().expect("not poisoned"));
+                *retired = add_stats(&retired, &old);
             }
+            return Err(Error::NotFound(format!("no dataset `{label}` in the lake: {removal}")));
         }
         let p = &p;
         let mut prepared = self.prepared.lock().expect("not poisoned");
@@ -1216,10 +1253,11 @@ impl Service {
         let begun = Arc::new(AtomicU64::new(0));
         let member = member.map(Arc::new);
         let (loader, order, memory, counted) = (prepared.loader.clone(), prepared.order.clone(), self.memory.clone(), self.clone());
+        let read = prepared.clone();
         let lender = making.lent.clone();
         let build = move |from: u64| -> Pin<Box<dyn Stream<Item = Made> + Send>> {
             let (memory, own, counted, lender) = (memory.clone(), own.clone(), counted.clone(), lender.clone());
-            let (loader, order, member, begun) = (loader.clone(), order.clone(), member.clone(), begun.clone());
+            let (loader, order, member, begun, read) = (loader.clone(), order.clone(), member.clone(), begun.clone(), read.clone());
             let lending = counted.clone();
             let made = futures::stream::iter(lake_loader::cursors(&stream_request).zip(0u64..).skip(from as usize))
                 .then(move |(cursor, index)| {
@@ -1241,7 +1279,7 @@ impl Service {
                     }
                 })
                 .map(move |(cursor, index, permit)| {
-                    let (loader, order, service) = (loader.clone(), order.clone(), counted.clone());
+                    let (loader, order, service, read) = (loader.clone(), order.clone(), counted.clone(), read.clone());
                     let ahead = match &member {
                         Some(m) if index >= begun.load(Ordering::Relaxed) => {
                             begun.store(index + 1, Ordering::Relaxed);
@@ -1259,7 +1297,13 @@ impl Service {
                             let slot = service.making.clone().acquire_owned().await.expect("the making slots are never closed");
                             drop(queued);
                             let _making = (Gauge::up(service.clone(), |m| &m.batches_in_progress), slot);
-                            lake_loader::load_samples_with(&loader, &order, sharding, cursor, &ahead).await
+                            if let Some(removed) = service.ended_by_removal(&read, false).await {
+                                return Err(removed);
+                            }
+                            match lake_loader::load_samples_with(&loader, &order, sharding, cursor, &ahead).await {
+                                Ok(loaded) => Ok(loaded),
+                                Err(e) => Err(service.ended_by_removal(&read, true).await.unwrap_or(Error::Loader(e))),
+                            }
                         }
                     }));
                     async move {
@@ -1311,7 +1355,7 @@ impl Service {
                 Err(e) => {
                     m.stream_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!("stream failed: {e}");
-                    Err(Error::Loader(e))
+                    Err(e)
                 }
             }))
         });

@@ -610,7 +610,7 @@ fn episodes_of(batches: &[RecordBatch]) -> Vec<i64> {
 }
 
 #[test]
-fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
+fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reason() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     ingest_ok(&root, &testdata("v30-av1-small"), &[]);
@@ -650,6 +650,7 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
     // The drain bound gives the Flight reader below time to take the batches sent before
     // SIGTERM and the status after them, also on a loaded machine, before the stalled HTTP
     // client is cut.
+    ingest_ok(&root, &testdata("v30-images-tiny"), &["--name", "doomed"]);
     let mut server = start_with(&root, &["--shutdown-wait", "20"]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
@@ -667,6 +668,31 @@ fn a_stride_shares_a_ranks_steps_and_sigterm_ends_streams_for_a_resume() {
         let taking_turns: Vec<RecordBatch> = even.into_iter().zip(odd).flat_map(|(a, b)| [a, b]).collect();
         // Steps 146..152 cross the end of the epoch (600 / 4 = 150 steps) into the next.
         same_rows(&taking_turns, &want, "two readers taking turns");
+
+        // `lake rm` of a dataset a stream reads ends that stream with NOT_FOUND and the reason
+        // (not a failure to read files), refuses new requests for it, and leaves the rest served.
+        let doomed = json!({"datasets": ["doomed"], "preset": "act", "batch_size": 2, "seed": 1});
+        let info = client.get_flight_info(FlightDescriptor::new_cmd(doomed.to_string())).await.expect("info");
+        let mut reading = client.do_get(info.endpoint[0].ticket.clone().expect("ticket")).await.expect("do_get");
+        reading.next().await.expect("a batch").expect("batch");
+        let run = lake(&root, &["rm", "doomed"]);
+        assert_eq!(run.code, 0, "{run:#?}");
+        let ended = loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(30), reading.next()).await.expect("the stream ends") {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => break status(e),
+                None => panic!("the stream ended as if it were complete"),
+            }
+        };
+        assert_eq!(ended.code(), tonic::Code::NotFound, "{ended:?}");
+        assert!(
+            ended.message().contains("dataset `doomed@1` was removed from the lake while this stream read it: `doomed` was removed with `lake rm` at "),
+            "{ended:?}"
+        );
+        let again = over_flight(&mut client, &doomed).await.expect_err("removed");
+        assert!(again.code() == tonic::Code::NotFound && again.message().contains("`doomed` was removed with `lake rm`"), "{again:?}");
+        let (code, body) = http(&server.http, "POST", "/v1/sample", &[("Authorization", &format!("Bearer {TOKEN}"))], doomed.to_string().as_bytes());
+        assert!(code == 404 && String::from_utf8_lossy(&body).contains("`doomed` was removed with `lake rm`"), "{code} {body:?}");
 
         // An endless stream; SIGTERM ends it after the batch in flight, with UNAVAILABLE, and
         // the server drains and exits.
