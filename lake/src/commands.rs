@@ -477,14 +477,29 @@ pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
         [] => "no files were left to delete".into(),
     };
     let freed = lake::decimal_bytes(report.bytes);
+    // An ingest of the name is not stopped: it commits after the removed versions.
+    let under_way = |report: &lake_store::RemovalReport| -> anyhow::Result<()> {
+        for ingest in &report.under_way {
+            outln!(
+                "  an ingest of {name} (pid {} on {}, started {}) goes on and commits as {name}@{} or later",
+                ingest.pid,
+                ingest.host,
+                ingest.started_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                report.removal.through_version + 1
+            )?;
+        }
+        Ok(())
+    };
     if report.finished_earlier {
         outln!(
             "finished removing dataset {name}, removed at {} ({versions}; {freed} freed)",
             report.removal.removed_at.format("%Y-%m-%d %H:%M:%S UTC")
         )?;
+        under_way(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
     outln!("removed dataset {name} ({versions}; {freed} freed)")?;
+    under_way(&report)?;
     // Also the views made while it was removed.
     let users = users_of(lake.views().await?, report.removal.through_version);
     if !users.is_empty() {

@@ -90,6 +90,19 @@ pub struct RemovalReport {
     pub kept: Vec<u64>,
     /// This finished an earlier removal that was interrupted (nothing was visible).
     pub finished_earlier: bool,
+    /// Ingests of the name under way: not stopped, each commits a version after the removed ones.
+    pub under_way: Vec<IngestUnderWay>,
+}
+
+/// An ingest at work on a dataset (from its lease).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IngestUnderWay {
+    /// Its process.
+    pub pid: u32,
+    /// The host it runs on.
+    pub host: String,
+    /// When it began writing.
+    pub started_at: DateTime<Utc>,
 }
 
 /// The contents of `lake.json`.
@@ -602,7 +615,8 @@ impl Lake {
             if let Some(removal) = before {
                 let (versions, bytes) = self.finish_removal(name, removal.through_version).await.map_err(|e| unfinished(name, &e))?;
                 if !versions.is_empty() || bytes > 0 {
-                    return Ok(RemovalReport { removal, versions, bytes, kept: Vec::new(), finished_earlier: true });
+                    let under_way = self.ingests_under_way(name).await?;
+                    return Ok(RemovalReport { removal, versions, bytes, kept: Vec::new(), finished_earlier: true, under_way });
                 }
             }
             return Err(self.not_found(name).await);
@@ -622,7 +636,8 @@ impl Lake {
         let removal = Removal { name: name.to_string(), from_version, through_version: through, removed_at: Utc::now() };
         let (versions, bytes) = self.finish_removal(name, through).await.map_err(|e| unfinished(name, &e))?;
         let kept = self.version_paths(name).await.unwrap_or_default().iter().filter_map(version_of).collect();
-        Ok(RemovalReport { removal, versions, bytes, kept, finished_earlier: false })
+        let under_way = self.ingests_under_way(name).await.unwrap_or_default();
+        Ok(RemovalReport { removal, versions, bytes, kept, finished_earlier: false, under_way })
     }
 
     /// Deletes the tables and commit records of the versions of `name` up to `through` that are
@@ -1044,17 +1059,24 @@ impl Lake {
         if !self.all_version_paths(name).await?.is_empty() || self.removal(name).await?.is_some() {
             return Ok(true);
         }
+        Ok(!self.ingests_under_way(name).await?.is_empty())
+    }
+
+    /// The ingests of `name` at work now: their leases, where the writer is alive.
+    async fn ingests_under_way(&self, name: &str) -> Result<Vec<IngestUnderWay>> {
         let host = hostname();
+        let mut found = Vec::new();
         for lease_path in self.list(STAGING).await? {
             if let Ok(lease) = self.get_json::<Lease>(&lease_path).await
                 && lease.name == name
                 && lease.names_its_own_version(&lease_path)
                 && !lease.is_dead(&host)
             {
-                return Ok(true);
+                found.push(IngestUnderWay { pid: lease.pid, host: lease.host, started_at: lease.started_at });
             }
         }
-        Ok(false)
+        found.sort_by_key(|i| i.started_at);
+        Ok(found)
     }
 
     /// Creates `dir` (relative to the root) and its parents, again when a writer that finished
@@ -1640,9 +1662,15 @@ mod lifecycle_tests {
         let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
         let dirs = [commit_version(&lake, "ds").await, commit_version(&lake, "ds").await];
         let other = commit_version(&lake, "other").await;
+        // An ingest of the name under way is named, and goes on.
+        let writing = lake.begin("ds").await.unwrap();
         let report = lake.remove("ds").await.unwrap();
         assert_eq!((report.versions.clone(), report.bytes, report.kept.clone()), (vec![1, 2], 8, vec![]));
         assert_eq!(report.removal.through_version, 2);
+        assert_eq!(report.under_way.len(), 1, "{report:?}");
+        assert_eq!((report.under_way[0].pid, report.under_way[0].host.as_str()), (std::process::id(), hostname().as_str()));
+        assert!(lake.root.join(writing.dir()).is_dir(), "the ingest's directory stays");
+        writing.abort().await.unwrap();
         for dir in &dirs {
             assert!(!lake.root.join(dir).exists(), "{dir} deleted");
         }
