@@ -260,11 +260,21 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok(done) => done.map(|()| ExitCode::SUCCESS),
         Err(_) => {
             let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
-            errln!(
-                "shutting down: {open} stream{} still open {wait:?} after the shutdown began (clients not reading); closing {}",
-                if open == 1 { "" } else { "s" },
-                if open == 1 { "it" } else { "them" }
-            );
+            if open > 0 {
+                errln!(
+                    "shutting down: {open} stream{} still open {wait:?} after the shutdown began (clients not reading); closing {}",
+                    if open == 1 { "" } else { "s" },
+                    if open == 1 { "it" } else { "them" }
+                );
+            } else {
+                let connections = closes.open();
+                errln!(
+                    "shutting down: {connections} connection{} still closing {wait:?} after the shutdown began (clients not taking \
+                     the last bytes); closing {}",
+                    if connections == 1 { "" } else { "s" },
+                    if connections == 1 { "it" } else { "them" }
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -1,15 +1,17 @@
 //! TCP connections that end without losing their last bytes.
 //!
-//! A socket closed while bytes from the client sit unread in its receive buffer makes the
-//! kernel reset the connection, and the reset throws away what the server wrote that has not
-//! reached the client yet. An HTTP/2 client sends window updates and pings while it reads, so
-//! a Flight stream ended at a shutdown could lose its last batches and the `UNAVAILABLE`
-//! status that tells its client to resume (seen on a loaded machine: the client got "connection
-//! reset" instead); an HTTP/1 client refused before its body was read could lose the refusal.
-//! So when the server is done with a connection, its socket goes to a task that ends the
-//! server's side (FIN after everything written) and reads what the client still sends until
-//! the client has acknowledged every byte or closed too, for at most [`LINGER`]: the
-//! "lingering close" of HTTP servers. The server waits for these before it exits
+//! Bytes that reach a socket the server has closed make the kernel reset the connection, and
+//! the reset throws away what the server wrote that has not reached the client yet; a client
+//! whose write fails on the reset may also stop before reading what it did receive (an HTTP/2
+//! client flushes its window updates before it reads the next frame). An HTTP/2 client sends
+//! window updates and pings while it reads, so a Flight stream ended at a shutdown could lose
+//! its last batches and the `UNAVAILABLE` status that tells its client to resume (seen on a
+//! loaded machine: the client got "connection reset" instead); an HTTP/1 client refused while
+//! it still sent its body could lose the refusal. So when the server is done with a connection,
+//! its socket goes to a task that ends the server's side (FIN after everything written) and
+//! reads what the client still sends until the client closes too, or has acknowledged every
+//! byte and stayed quiet for [`QUIET`], for at most [`LINGER`]: the "lingering close" of HTTP
+//! servers. The server waits for its connections, open and lingering, before it exits
 //! ([`Closes::finished`]).
 
 use std::{
@@ -29,6 +31,13 @@ use tokio::{
 /// How long a closed connection's socket waits at most for its client to take what was sent.
 pub const LINGER: Duration = Duration::from_secs(10);
 
+/// How long a client that has every byte must stay silent before its socket closes without
+/// waiting for it to close first: a client that is still reading sends window updates (HTTP/2)
+/// or the rest of its request (HTTP/1); an idle kept-alive one says nothing until it next
+/// uses the connection. (Without the kernel's count of unacknowledged bytes, off Linux, a
+/// socket waits for its client to close, or for [`LINGER`].)
+pub const QUIET: Duration = Duration::from_secs(1);
+
 /// How often a lingering socket looks whether its client took everything.
 const LOOK: Duration = Duration::from_millis(20);
 
@@ -40,7 +49,7 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Connections from `inner`, counted in `closes` while they linger.
+    /// Connections from `inner`, counted in `closes` from their accept until they closed.
     pub fn new(inner: TcpListener, closes: Closes) -> Self {
         Self { inner, closes }
     }
@@ -64,7 +73,7 @@ impl axum::serve::Listener for Listener {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY on a connection from {addr}: {e}");
         }
-        (Connection { stream: Some(stream), closes: self.closes.clone() }, addr)
+        (Connection { stream: Some(stream), open: Some(self.closes.begin()) }, addr)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -75,7 +84,8 @@ impl axum::serve::Listener for Listener {
 /// An accepted connection; dropped, it lingers (see the module's documentation).
 pub struct Connection {
     stream: Option<TcpStream>,
-    closes: Closes,
+    /// Counts the connection in its listener's [`Closes`] until its socket is closed.
+    open: Option<Open>,
 }
 
 impl Connection {
@@ -122,32 +132,47 @@ impl AsyncWrite for Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let Some(stream) = self.stream.take() else { return };
+        let (Some(stream), open) = (self.stream.take(), self.open.take()) else { return };
         // Outside a runtime (nothing of the server's is) the socket just closes.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let closing = self.closes.begin();
         runtime.spawn(async move {
-            let _closing = closing;
+            let _open = open;
             linger(stream).await;
         });
     }
 }
 
-/// Ends the server's side of `stream` and reads what the client sends until the client has
-/// acknowledged everything the server sent, or closed, or [`LINGER`] passed.
+/// Ends the server's side of `stream` and reads what the client sends until the client closed,
+/// or has acknowledged everything the server sent and stayed quiet for [`QUIET`], or
+/// [`LINGER`] passed.
 async fn linger(mut stream: TcpStream) {
+    use tokio::time::Instant;
     // Sent once already when the server ended the connection cleanly; harmless again.
     let _ = stream.shutdown().await;
-    let deadline = tokio::time::Instant::now() + LINGER;
+    let deadline = Instant::now() + LINGER;
+    let mut heard = Instant::now();
     let mut sink = vec![0u8; 16 << 10];
-    while unacknowledged(&stream) != Some(0) && tokio::time::Instant::now() < deadline {
-        // The client closed (or the connection broke): nothing left to wait for.
-        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(LOOK, stream.read(&mut sink)).await {
-            return;
+    loop {
+        let now = Instant::now();
+        if now >= deadline || (unacknowledged(&stream) == Some(0) && now - heard >= QUIET) {
+            break;
+        }
+        match tokio::time::timeout(LOOK, stream.read(&mut sink)).await {
+            // The client closed (or the connection broke): the close is clean.
+            Ok(Ok(0) | Err(_)) => return,
+            Ok(Ok(_)) => heard = Instant::now(),
+            Err(_) => {}
         }
     }
-    // What arrived meanwhile is read, so that the close is a FIN, not a reset, where it can be.
-    while let Ok(1..) = stream.try_read(&mut sink) {}
+    // What arrived meanwhile is read, so that the close is a FIN, not a reset, where it can be
+    // (from the socket itself: tokio's `try_read` reads only once it has seen it readable).
+    {
+        use std::os::fd::AsRawFd;
+        let fd = stream.as_raw_fd();
+        // SAFETY: `recv` writes at most `sink.len()` bytes into `sink`; the descriptor is open
+        // while `stream` lives.
+        while unsafe { libc::recv(fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) } > 0 {}
+    }
 }
 
 /// Bytes (the FIN included) the server sent on `stream` that its client has not acknowledged,
@@ -161,7 +186,7 @@ fn unacknowledged(stream: &TcpStream) -> Option<u32> {
     if done == 0 { u32::try_from(queued).ok() } else { None }
 }
 
-/// The connections still lingering.
+/// The connections of a server's listeners, open or lingering.
 #[derive(Clone)]
 pub struct Closes(Arc<tokio::sync::watch::Sender<usize>>);
 
@@ -172,20 +197,26 @@ impl Default for Closes {
 }
 
 impl Closes {
-    fn begin(&self) -> Closing {
+    fn begin(&self) -> Open {
         self.0.send_modify(|n| *n += 1);
-        Closing(self.clone())
+        Open(self.clone())
     }
 
-    /// Returns when no connection lingers (each does for at most [`LINGER`]).
+    /// Returns when every connection is closed (one the server ended lingers for at most
+    /// [`LINGER`]).
     pub async fn finished(&self) {
         let _ = self.0.subscribe().wait_for(|n| *n == 0).await;
     }
+
+    /// The connections open or lingering now.
+    pub fn open(&self) -> usize {
+        *self.0.borrow()
+    }
 }
 
-struct Closing(Closes);
+struct Open(Closes);
 
-impl Drop for Closing {
+impl Drop for Open {
     fn drop(&mut self) {
         self.0.0.send_modify(|n| *n -= 1);
     }
@@ -214,9 +245,12 @@ mod tests {
                     Ok(n) => got.extend_from_slice(&buf[..n]),
                     Err(e) => break Err(e),
                 }
-                // Slower than the server writes, and writing back as it reads.
+                // Slower than the server writes, and writing back as it reads; as an HTTP/2
+                // client, one whose write fails reads nothing more.
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                let _ = socket.write_all(&[0u8; 64]).await;
+                if let Err(e) = socket.write_all(&[0u8; 64]).await {
+                    break Err(e);
+                }
             }
         });
         let (mut connection, _) = axum::serve::Listener::accept(&mut listener).await;
@@ -229,5 +263,26 @@ mod tests {
         let got = client.await.expect("client").expect("no reset");
         assert_eq!(got.len(), reply.len());
         tokio::time::timeout(LINGER * 2, closes.finished()).await.expect("the lingering close ends once the client closes");
+    }
+
+    /// A client that keeps an idle connection open (HTTP/1 keep-alive) and says nothing does not
+    /// hold a closed connection for [`LINGER`]: once it has every byte and stayed quiet, the socket
+    /// closes.
+    #[tokio::test]
+    async fn a_quiet_client_that_has_everything_does_not_hold_the_close() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let closes = Closes::default();
+        let mut listener = Listener::new(listener, closes.clone());
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        let (mut connection, _) = axum::serve::Listener::accept(&mut listener).await;
+        assert_eq!(closes.open(), 1, "counted from its accept");
+        connection.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.expect("reply");
+        drop(connection);
+        assert_eq!(closes.open(), 1, "counted while it lingers");
+        tokio::time::timeout(LINGER - QUIET, closes.finished()).await.expect("closed before the bound");
+        let mut got = Vec::new();
+        idle.read_to_end(&mut got).await.expect("the reply, then the end");
+        assert!(got.starts_with(b"HTTP/1.1 200 OK"));
     }
 }

@@ -875,11 +875,14 @@ impl Service {
         pinned
     }
 
-    /// The first dataset of `prepared`'s loader that `lake rm` removed, with its removal.
+    /// The first dataset of `prepared`'s loader that `lake rm` removed, with its removal (one
+    /// listing of the removal records per dataset).
     async fn removed_from(&self, prepared: &Prepared) -> Result<Option<(String, lake_store::Removal)>> {
+        *prepared.removal_looked.lock().expect("not poisoned") = Some(Instant::now());
         for ds in prepared.loader.datasets() {
-            let removal = self.lake.removal_of(&ds.record.name, Some(ds.record.version)).await?;
-            if let Some(removal) = removal.filter(|r| ds.record.version <= r.through_version) {
+            let version = ds.record.version;
+            let removals = self.lake.removals(&ds.record.name).await?;
+            if let Some(removal) = removals.into_iter().find(|r| (r.from_version..=r.through_version).contains(&version)) {
                 return Ok(Some((ds.label.clone(), removal)));
             }
         }
@@ -897,6 +900,7 @@ impl Service {
             if !failed && looked.is_some_and(|at| at.elapsed() < REMOVAL_LOOK) {
                 return None;
             }
+            // Looked at from here on: the streams over this loader do not all look at once.
             *looked = Some(Instant::now());
         }
         match self.removed_from(prepared).await {
@@ -1293,13 +1297,15 @@ impl Service {
                     let made = Spawned(tokio::spawn({
                         let service = service.clone();
                         async move {
+                            // (Before taking a making slot: the look lists files, and must not
+                            // hold a slot while it waits for them.)
+                            if let Some(removed) = service.ended_by_removal(&read, false).await {
+                                return Err(removed);
+                            }
                             let queued = Gauge::up(service.clone(), |m| &m.batches_queued);
                             let slot = service.making.clone().acquire_owned().await.expect("the making slots are never closed");
                             drop(queued);
                             let _making = (Gauge::up(service.clone(), |m| &m.batches_in_progress), slot);
-                            if let Some(removed) = service.ended_by_removal(&read, false).await {
-                                return Err(removed);
-                            }
                             match lake_loader::load_samples_with(&loader, &order, sharding, cursor, &ahead).await {
                                 Ok(loaded) => Ok(loaded),
                                 Err(e) => Err(service.ended_by_removal(&read, true).await.unwrap_or(Error::Loader(e))),
