@@ -44,7 +44,9 @@ pub enum Error {
     #[error("{0}")]
     Internal(String),
     /// The server is shutting down; a stream it ended resumes at its next step elsewhere.
-    #[error("the server is shutting down; resume from the next step (epoch and step of the batch after the last one read)")]
+    #[error(
+        "the server is shutting down; a stream resumes from its next step (epoch and step of the batch after the last one read), a query is asked again, elsewhere or after the restart"
+    )]
     ShuttingDown,
 }
 

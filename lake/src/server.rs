@@ -226,11 +226,11 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .serve_with_incoming_shutdown(flight_listener.incoming(), async move {
             let _ = flight_stop.recv().await;
         });
-    let http = axum::serve(http_listener, http::router(service.clone())).with_graceful_shutdown(async move {
+    let http = http::serve(http_listener, http::router(service.clone()), async move {
         let _ = http_stop.recv().await;
     });
     let flight = tokio::spawn(flight);
-    let http = tokio::spawn(async move { http.await });
+    let http = tokio::spawn(http);
     let local = local_listener.map(|listener| {
         let mut local_stop = stop_tx.subscribe();
         tokio::spawn(lake::serve::local::serve(service.clone(), listener, async move {
@@ -241,40 +241,36 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     service.shut_down();
     let _ = stop_tx.send(());
     // Streams end after the batch they are sending; a client that stopped reading never takes
-    // it, so the drain is bounded and what is left open then is cut.
+    // it, so the drain is bounded and what is left open then is cut; a second Ctrl-C or
+    // SIGTERM cuts it at once.
     let wait = std::time::Duration::from_secs(args.shutdown_wait);
-    let drained = tokio::time::timeout(wait, async {
+    let drain = tokio::time::timeout(wait, async {
         flight.await?.context("the Flight server failed")?;
-        http.await?.context("the HTTP server failed")?;
+        http.await?;
         if let Some(local) = local {
             local.await?;
         }
         closes.finished().await;
         anyhow::Ok(())
-    })
-    .await;
+    });
+    let drained = tokio::select! {
+        drained = drain => drained.map_err(|_| format!("{wait:?} after the shutdown began")),
+        _ = crate::stop_requested() => Err("when stopped again".to_string()),
+    };
     if let Some(path) = &args.local {
         let _ = std::fs::remove_file(path);
     }
     match drained {
         Ok(done) => done.map(|()| ExitCode::SUCCESS),
-        Err(_) => {
+        Err(when) => {
             let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
-            if open > 0 {
-                errln!(
-                    "shutting down: {open} stream{} still open {wait:?} after the shutdown began (clients not reading); closing {}",
-                    if open == 1 { "" } else { "s" },
-                    if open == 1 { "it" } else { "them" }
-                );
+            let (count, what, why) = if open > 0 {
+                (open, "stream", "clients not taking their batches")
             } else {
-                let connections = closes.open();
-                errln!(
-                    "shutting down: {connections} connection{} still closing {wait:?} after the shutdown began (clients not taking \
-                     the last bytes); closing {}",
-                    if connections == 1 { "" } else { "s" },
-                    if connections == 1 { "it" } else { "them" }
-                );
-            }
+                (closes.open() as u64, "connection", "requests unfinished, or clients not taking the last bytes")
+            };
+            let (s, them) = if count == 1 { ("", "it") } else { ("s", "them") };
+            errln!("shutting down: {count} {what}{s} still open {when} ({why}); closing {them}");
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -77,6 +77,12 @@ fn query_error(e: datafusion::error::DataFusionError) -> Error {
 /// itself is wrong or failed on the values (parse, plan, schema, a cast or a division by zero).
 pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
     use datafusion::{arrow::error::ArrowError, error::DataFusionError as D};
+    // A server shutting down stopped the query.
+    if let D::External(inner) = e.find_root()
+        && let Some(Error::ShuttingDown) = inner.downcast_ref::<Error>()
+    {
+        return Error::ShuttingDown;
+    }
     // A syntax error as its words, not its Rust debug form (`SQL error: ParserError("…")`).
     if let D::SQL(parse, _) = e.find_root() {
         let text = parse.to_string();

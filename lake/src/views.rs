@@ -366,12 +366,35 @@ pub async fn not_found(lake: &Lake, spec: &str) -> Result<Error> {
 /// The dataset versions a view selects from, as `NAME@VERSION`, each marked when `lake rm`
 /// removed it (the view then fails to load).
 pub async fn sources(lake: &Lake, view: &ViewRecord) -> Vec<String> {
+    let removed = removals(lake, view).await;
+    view.datasets
+        .iter()
+        .zip(removed)
+        .map(|(d, r)| format!("{}@{}{}", d.name, d.version, if r.is_some() { " (removed with lake rm)" } else { "" }))
+        .collect()
+}
+
+/// For each dataset version a view selects from, the `lake rm` that removed it, if one did
+/// (`None` too where the removal records cannot be read).
+pub async fn removals(lake: &Lake, view: &ViewRecord) -> Vec<Option<lake_store::Removal>> {
     let mut out = Vec::with_capacity(view.datasets.len());
     for d in &view.datasets {
-        let removed = lake.removal_of(&d.name, Some(d.version)).await.ok().flatten().is_some_and(|r| d.version <= r.through_version);
-        out.push(format!("{}@{}{}", d.name, d.version, if removed { " (removed with lake rm)" } else { "" }));
+        let removals = lake.removals(&d.name).await.unwrap_or_default();
+        out.push(removals.into_iter().find(|r| (r.from_version..=r.through_version).contains(&d.version)));
     }
     out
+}
+
+/// A view as JSON readers see it (`lake ls --json`, the HTTP API): its record, with each
+/// selected dataset version that `lake rm` removed carrying that removal as `removed`.
+pub async fn view_json(lake: &Lake, view: &ViewRecord) -> serde_json::Value {
+    let mut json = serde_json::to_value(view).expect("a view record serialises");
+    for (entry, removal) in json["datasets"].as_array_mut().into_iter().flatten().zip(removals(lake, view).await) {
+        if let Some(removal) = removal {
+            entry["removed"] = serde_json::to_value(removal).expect("a removal serialises");
+        }
+    }
+    json
 }
 
 /// The view `name` at `version` (`None`: its current version), or `None` when no view has the

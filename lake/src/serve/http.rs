@@ -20,6 +20,62 @@ use serde_json::{Value, json};
 use super::{Refusal, Service, refusal};
 use crate::{Error, sql::flat_for_csv};
 
+/// How long a client may take to send a request's head (its line and headers); slower ones
+/// are cut, so that connections that never finish a request do not pile up.
+pub const HEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves `router` on `listener`'s connections (HTTP/1.1, and HTTP/2 without TLS) until `stop`
+/// completes, then ends each connection after the request it is answering and returns once
+/// all are closed (the caller bounds the wait).
+///
+/// A client that closes its sending side after a complete request (`nc -N`, some proxies)
+/// still gets the whole answer: hyper's default would end the connection at that end of input
+/// and cut a streamed body short.
+pub async fn serve(mut listener: super::linger::Listener, router: Router, stop: impl std::future::Future<Output = ()>) {
+    use hyper_util::{
+        rt::{TokioExecutor, TokioIo, TokioTimer},
+        server::conn::auto::Builder,
+        service::TowerToHyperService,
+    };
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().half_close(true).timer(TokioTimer::new()).header_read_timeout(HEAD_WAIT);
+    let builder = Arc::new(builder);
+    let (stopping, _) = tokio::sync::watch::channel(false);
+    let mut open = tokio::task::JoinSet::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            (io, addr) = axum::serve::Listener::accept(&mut listener) => {
+                let service = TowerToHyperService::new(router.clone());
+                let (builder, mut stopping) = (builder.clone(), stopping.subscribe());
+                open.spawn(async move {
+                    let mut connection = std::pin::pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
+                    let mut ending = false;
+                    loop {
+                        tokio::select! {
+                            done = connection.as_mut() => {
+                                if let Err(e) = done {
+                                    tracing::debug!("HTTP connection from {addr}: {e}");
+                                }
+                                break;
+                            }
+                            _ = stopping.wait_for(|s| *s), if !ending => {
+                                ending = true;
+                                connection.as_mut().graceful_shutdown();
+                            }
+                        }
+                    }
+                });
+            }
+            Some(_) = open.join_next(), if !open.is_empty() => {}
+            () = &mut stop => break,
+        }
+    }
+    drop(listener);
+    stopping.send_replace(true);
+    while open.join_next().await.is_some() {}
+}
+
 /// The media type of Arrow IPC streams.
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
@@ -120,7 +176,11 @@ async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
     let (records, unreadable) = service.lake().datasets_listed().await.map_err(Error::from)?;
     let (views, unreadable_views) = service.lake().views_listed().await.map_err(Error::from)?;
-    let views: Vec<Value> = views.iter().map(view_json).collect();
+    let mut listed = Vec::with_capacity(views.len());
+    for v in &views {
+        listed.push(view_json(service.lake(), v).await);
+    }
+    let views = listed;
     // Records damaged outside lake: named, so that a client sees why a dataset is missing.
     let unreadable: Vec<Value> = unreadable
         .iter()
@@ -138,12 +198,21 @@ async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Re
     Ok(Json(json!({ "datasets": list, "views": views, "unreadable": unreadable })))
 }
 
-/// A view as the API shows it: what a request naming it samples.
-fn view_json(v: &lake_schemas::ViewRecord) -> Value {
+/// A view as the API shows it: what a request naming it samples (each dataset version `lake rm`
+/// removed with the removal as `removed`: a request for the view is refused).
+async fn view_json(lake: &lake_store::Lake, v: &lake_schemas::ViewRecord) -> Value {
+    let removed = crate::views::removals(lake, v).await;
     let selects: Vec<Value> = v
         .datasets
         .iter()
-        .map(|d| json!({"dataset": format!("{}@{}", d.name, d.version), "weight": d.weight, "episodes": d.episodes}))
+        .zip(removed)
+        .map(|(d, removed)| {
+            let mut entry = json!({"dataset": format!("{}@{}", d.name, d.version), "weight": d.weight, "episodes": d.episodes});
+            if let Some(removed) = removed {
+                entry["removed"] = json!(removed);
+            }
+            entry
+        })
         .collect();
     json!({"name": v.name, "version": v.version, "kind": "view", "sql": v.sql, "created_at": v.created_at,
            "episodes": v.episode_count(), "selects": selects})
@@ -170,7 +239,7 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
     let is_dataset = lake_store::validate_name(base).is_err() || lake.version_count(base).await.is_ok_and(|n| n > 0);
     if !is_dataset {
         return match crate::views::view(lake, base, version).await? {
-            Some(view) => Ok(view_json(&view)),
+            Some(view) => Ok(view_json(service.lake(), &view).await),
             None => Err(crate::views::not_found(lake, name).await?),
         };
     }
@@ -618,7 +687,10 @@ fn paths_and_schemas(
                     "name": {"type": "string"}, "version": {"type": "integer"}, "kind": {"const": "view"}, "sql": {"type": "string"},
                     "created_at": {"type": "string", "format": "date-time"}, "episodes": {"type": "integer"},
                     "selects": {"type": "array", "items": {"type": "object", "properties": {
-                        "dataset": {"type": "string"}, "weight": {"type": "number"}, "episodes": {"type": "array", "items": {"type": "integer"}}}}}}}
+                        "dataset": {"type": "string"}, "weight": {"type": "number"}, "episodes": {"type": "array", "items": {"type": "integer"}},
+                        "removed": {"type": "object", "description": "present when `lake rm` removed this dataset version (a request for the view is then refused)",
+                            "properties": {"name": {"type": "string"}, "from_version": {"type": "integer"}, "through_version": {"type": "integer"},
+                                "removed_at": {"type": "string", "format": "date-time"}}}}}}}}
             }
         },
         "security": [{"bearer": []}],

@@ -1059,7 +1059,42 @@ impl Service {
         slot: OwnedSemaphorePermit,
     ) -> Result<datafusion::execution::SendableRecordBatchStream> {
         let limit = self.options.sql_timeout;
-        session.stream_apart(query.to_string(), tokio::time::Instant::now() + limit, limit, slot).await
+        // A shutdown stops a query still running (it is dropped, so its thread stops too), with
+        // an error that answers `UNAVAILABLE` / 503 before the answer began.
+        let mut stopping = self.stopping.subscribe();
+        let stream = tokio::select! {
+            stream = session.stream_apart(query.to_string(), tokio::time::Instant::now() + limit, limit, slot) => stream?,
+            _ = stopping.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+        };
+        let schema = stream.schema();
+        let stopped = || datafusion::error::DataFusionError::External(Box::new(Error::ShuttingDown));
+        Ok(Box::pin(datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, self.until_shutdown(stream, stopped))))
+    }
+
+    /// `stream`, ended by a shutdown with the error `stopped` makes (never as if it were
+    /// complete).
+    fn until_shutdown<T, E>(
+        &self,
+        stream: impl Stream<Item = std::result::Result<T, E>> + Send + 'static,
+        stopped: impl Fn() -> E + Send + 'static,
+    ) -> impl Stream<Item = std::result::Result<T, E>> + Send + 'static {
+        let mut stopping = self.stopping.subscribe();
+        let mut stop = Some(Box::pin(async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        }));
+        let mut stream = Box::pin(stream);
+        futures::stream::poll_fn(move |cx| {
+            let Some(waiting) = stop.as_mut() else { return Poll::Ready(None) };
+            if waiting.as_mut().poll(cx).is_ready() {
+                stop = None;
+                return Poll::Ready(Some(Err(stopped())));
+            }
+            let next = stream.as_mut().poll_next(cx);
+            if matches!(next, Poll::Ready(None)) {
+                stop = None;
+            }
+            next
+        })
     }
 
     /// One of the server's SQL slots ([`ServeOptions::sql_concurrency`]), for a query to hold

@@ -169,6 +169,13 @@ fn lake_rm_removes_a_dataset_and_says_so_to_whoever_asks_for_it() {
         (&removed["name"], &removed["from_version"], &removed["through_version"]),
         (&"v30-images-tiny".into(), &1.into(), &2.into())
     );
+    // The view over it says so to JSON readers too.
+    let first = listing["views"].as_array().expect("views").iter().find(|v| v["name"] == "first").expect("the view");
+    assert_eq!(
+        (&first["datasets"][0]["removed"]["name"], &first["datasets"][0]["removed"]["through_version"]),
+        (&"v30-images-tiny".into(), &2.into()),
+        "{first}"
+    );
     let ls = lake(&root, &["ls"]);
     assert!(ls.stdout.contains("v30-h264-multifile@1") && !ls.stdout.contains("\nv30-images-tiny@"), "{ls:#?}");
     assert!(ls.stdout.contains("from v30-images-tiny@2 (removed with lake rm)\n"), "{ls:#?}");

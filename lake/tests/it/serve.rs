@@ -651,6 +651,8 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
     // SIGTERM and the status after them, also on a loaded machine, before the stalled HTTP
     // client is cut.
     ingest_ok(&root, &testdata("v30-images-tiny"), &["--name", "doomed"]);
+    let view = lake(&root, &["view", "create", "over-doomed", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'doomed'"]);
+    assert_eq!(view.code, 0, "{view:#?}");
     let mut server = start_with(&root, &["--shutdown-wait", "20"]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
@@ -675,7 +677,7 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         let info = client.get_flight_info(FlightDescriptor::new_cmd(doomed.to_string())).await.expect("info");
         let mut reading = client.do_get(info.endpoint[0].ticket.clone().expect("ticket")).await.expect("do_get");
         reading.next().await.expect("a batch").expect("batch");
-        let run = lake(&root, &["rm", "doomed"]);
+        let run = lake(&root, &["rm", "doomed", "--force"]);
         assert_eq!(run.code, 0, "{run:#?}");
         let ended = loop {
             match tokio::time::timeout(std::time::Duration::from_secs(30), reading.next()).await.expect("the stream ends") {
@@ -693,6 +695,25 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         assert!(again.code() == tonic::Code::NotFound && again.message().contains("`doomed` was removed with `lake rm`"), "{again:?}");
         let (code, body) = http(&server.http, "POST", "/v1/sample", &[("Authorization", &format!("Bearer {TOKEN}"))], doomed.to_string().as_bytes());
         assert!(code == 404 && String::from_utf8_lossy(&body).contains("`doomed` was removed with `lake rm`"), "{code} {body:?}");
+        // A client that closes its sending side after a whole request still gets the whole
+        // answer.
+        let mut half = TcpStream::connect(&server.http).expect("connect");
+        let body = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 4, "limit_batches": 3}).to_string();
+        write!(
+            half,
+            "POST /v1/sample HTTP/1.1\r\nHost: lake\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        half.shutdown(std::net::Shutdown::Write).expect("half-close");
+        let mut raw = Vec::new();
+        half.read_to_end(&mut raw).expect("the answer");
+        let (body, whole) = dechunk(&raw);
+        assert!(whole && arrow_batches(&body).len() == 3, "{} bytes, whole: {whole}", raw.len());
+        // A view over it shows the removal of what it selects.
+        let (code, body) = http(&server.http, "GET", "/v1/datasets/over-doomed", &[("Authorization", &format!("Bearer {TOKEN}"))], b"");
+        let shown: Value = serde_json::from_slice(&body).expect("json");
+        assert!(code == 200 && shown["selects"][0]["removed"]["through_version"] == 1, "{code} {shown}");
 
         // An endless stream; SIGTERM ends it after the batch in flight, with UNAVAILABLE, and
         // the server drains and exits.
@@ -734,6 +755,14 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
                 raw
             }
         });
+        // And a SQL query still running: stopped, and answered 503 "shutting down".
+        let query = std::thread::spawn({
+            let addr = server.http.clone();
+            move || {
+                let q = "SELECT count(*) FROM generate_series(1, 100000) a CROSS JOIN generate_series(1, 100000) b";
+                http(&addr, "POST", "/v1/sql", &[("Authorization", &format!("Bearer {TOKEN}"))], q.as_bytes())
+            }
+        });
         tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
         let kill = std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().expect("kill");
         assert!(kill.success());
@@ -746,6 +775,8 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         };
         assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
         assert!(ended.message().contains("shutting down"), "{ended:?}");
+        let (code, body) = query.join().expect("the query");
+        assert!(code == 503 && String::from_utf8_lossy(&body).contains("shutting down"), "{code} {}", String::from_utf8_lossy(&body));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while server.child.try_wait().expect("wait").is_none() {
             assert!(std::time::Instant::now() < deadline, "the server still runs 60 s after SIGTERM");
