@@ -555,10 +555,9 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         // As the text: the datasets' records, the views' and what cannot be read whole.
         let entries: Vec<&serde_json::Value> = problems.iter().map(|(entry, _)| entry).collect();
         let removed: Vec<lake_store::Removal> = lake.removed_datasets().await?.into_values().collect();
-        let mut listed_views = Vec::with_capacity(views.len());
-        for v in &views {
-            listed_views.push(lake::views::view_json(&lake, v).await);
-        }
+        let removed_from = lake::views::removals_of_all(&lake, &views).await;
+        let listed_views: Vec<serde_json::Value> =
+            views.iter().zip(removed_from).map(|(v, removed)| lake::views::view_json(v, removed)).collect();
         let listing = serde_json::json!({"datasets": datasets, "views": listed_views, "unreadable": entries, "removed": removed});
         serde_json::to_writer_pretty(&mut out, &listing)?;
         writeln!(out)?;

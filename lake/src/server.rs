@@ -253,9 +253,20 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         closes.finished().await;
         anyhow::Ok(())
     });
+    // (A signal within a second of the first is the same stop sent twice: a service manager
+    // signals every process of the service, a wrapper script passes its own on.)
+    let began = std::time::Instant::now();
+    let again = async {
+        loop {
+            crate::stop_requested().await;
+            if began.elapsed() >= std::time::Duration::from_secs(1) {
+                break;
+            }
+        }
+    };
     let drained = tokio::select! {
         drained = drain => drained.map_err(|_| format!("{wait:?} after the shutdown began")),
-        _ = crate::stop_requested() => Err("when stopped again".to_string()),
+        () = again => Err("when stopped again".to_string()),
     };
     if let Some(path) = &args.local {
         let _ = std::fs::remove_file(path);
@@ -270,7 +281,11 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
                 (closes.open() as u64, "connection", "requests unfinished, or clients not taking the last bytes")
             };
             let (s, them) = if count == 1 { ("", "it") } else { ("s", "them") };
-            errln!("shutting down: {count} {what}{s} still open {when} ({why}); closing {them}");
+            if count == 0 {
+                errln!("shutting down: stopped {when}; closing what is left");
+            } else {
+                errln!("shutting down: {count} {what}{s} still open {when} ({why}); closing {them}");
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -377,19 +377,31 @@ pub async fn sources(lake: &Lake, view: &ViewRecord) -> Vec<String> {
 /// For each dataset version a view selects from, the `lake rm` that removed it, if one did
 /// (`None` too where the removal records cannot be read).
 pub async fn removals(lake: &Lake, view: &ViewRecord) -> Vec<Option<lake_store::Removal>> {
-    let mut out = Vec::with_capacity(view.datasets.len());
-    for d in &view.datasets {
-        let removals = lake.removals(&d.name).await.unwrap_or_default();
-        out.push(removals.into_iter().find(|r| (r.from_version..=r.through_version).contains(&d.version)));
+    removals_of_all(lake, std::slice::from_ref(view)).await.pop().unwrap_or_default()
+}
+
+/// [`removals`] of each of `views`, listing each dataset's removal records once.
+pub async fn removals_of_all(lake: &Lake, views: &[ViewRecord]) -> Vec<Vec<Option<lake_store::Removal>>> {
+    let mut listed: std::collections::HashMap<&str, Vec<lake_store::Removal>> = Default::default();
+    let mut out = Vec::with_capacity(views.len());
+    for view in views {
+        let mut each = Vec::with_capacity(view.datasets.len());
+        for d in &view.datasets {
+            if !listed.contains_key(d.name.as_str()) {
+                listed.insert(&d.name, lake.removals(&d.name).await.unwrap_or_default());
+            }
+            each.push(listed[d.name.as_str()].iter().find(|r| (r.from_version..=r.through_version).contains(&d.version)).cloned());
+        }
+        out.push(each);
     }
     out
 }
 
-/// A view as JSON readers see it (`lake ls --json`, the HTTP API): its record, with each
-/// selected dataset version that `lake rm` removed carrying that removal as `removed`.
-pub async fn view_json(lake: &Lake, view: &ViewRecord) -> serde_json::Value {
+/// A view as JSON readers see it (`lake ls --json`): its record, with each selected dataset
+/// version that `lake rm` removed carrying that removal (from [`removals`]) as `removed`.
+pub fn view_json(view: &ViewRecord, removed: Vec<Option<lake_store::Removal>>) -> serde_json::Value {
     let mut json = serde_json::to_value(view).expect("a view record serialises");
-    for (entry, removal) in json["datasets"].as_array_mut().into_iter().flatten().zip(removals(lake, view).await) {
+    for (entry, removal) in json["datasets"].as_array_mut().into_iter().flatten().zip(removed) {
         if let Some(removal) = removal {
             entry["removed"] = serde_json::to_value(removal).expect("a removal serialises");
         }

@@ -20,17 +20,19 @@ use serde_json::{Value, json};
 use super::{Refusal, Service, refusal};
 use crate::{Error, sql::flat_for_csv};
 
-/// How long a client may take to send a request's head (its line and headers); slower ones
-/// are cut, so that connections that never finish a request do not pile up.
+/// How long a client may take to send a request's head (its line and headers), the first
+/// one from when it connected, later ones from the end of the answer before (so an idle
+/// kept-alive connection is closed after it, as HTTP servers do); slower ones are cut, so that
+/// connections that never finish a request do not pile up.
 pub const HEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serves `router` on `listener`'s connections (HTTP/1.1, and HTTP/2 without TLS) until `stop`
 /// completes, then ends each connection after the request it is answering and returns once
 /// all are closed (the caller bounds the wait).
 ///
-/// A client that closes its sending side after a complete request (`nc -N`, some proxies)
-/// still gets the whole answer: hyper's default would end the connection at that end of input
-/// and cut a streamed body short.
+/// A client that closes its sending side is taken to have gone (as nginx takes it), so that
+/// the work for a client that gave up stops; a client that half-closes after its request
+/// (`nc -N`) gets an answer cut short.
 pub async fn serve(mut listener: super::linger::Listener, router: Router, stop: impl std::future::Future<Output = ()>) {
     use hyper_util::{
         rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -38,7 +40,7 @@ pub async fn serve(mut listener: super::linger::Listener, router: Router, stop: 
         service::TowerToHyperService,
     };
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().half_close(true).timer(TokioTimer::new()).header_read_timeout(HEAD_WAIT);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEAD_WAIT);
     let builder = Arc::new(builder);
     let (stopping, _) = tokio::sync::watch::channel(false);
     let mut open = tokio::task::JoinSet::new();
@@ -49,6 +51,15 @@ pub async fn serve(mut listener: super::linger::Listener, router: Router, stop: 
                 let service = TowerToHyperService::new(router.clone());
                 let (builder, mut stopping) = (builder.clone(), stopping.subscribe());
                 open.spawn(async move {
+                    // hyper times the head only once it knows the protocol: a client that
+                    // sends nothing is cut here.
+                    let first = tokio::select! {
+                        first = tokio::time::timeout(HEAD_WAIT, io.readable()) => first,
+                        _ = stopping.wait_for(|s| *s) => return,
+                    };
+                    if !matches!(first, Ok(Ok(()))) {
+                        return;
+                    }
                     let mut connection = std::pin::pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
                     let mut ending = false;
                     loop {
@@ -176,11 +187,8 @@ async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
     let (records, unreadable) = service.lake().datasets_listed().await.map_err(Error::from)?;
     let (views, unreadable_views) = service.lake().views_listed().await.map_err(Error::from)?;
-    let mut listed = Vec::with_capacity(views.len());
-    for v in &views {
-        listed.push(view_json(service.lake(), v).await);
-    }
-    let views = listed;
+    let removed = crate::views::removals_of_all(service.lake(), &views).await;
+    let views: Vec<Value> = views.iter().zip(removed).map(|(v, removed)| view_json(v, removed)).collect();
     // Records damaged outside lake: named, so that a client sees why a dataset is missing.
     let unreadable: Vec<Value> = unreadable
         .iter()
@@ -200,8 +208,7 @@ async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Re
 
 /// A view as the API shows it: what a request naming it samples (each dataset version `lake rm`
 /// removed with the removal as `removed`: a request for the view is refused).
-async fn view_json(lake: &lake_store::Lake, v: &lake_schemas::ViewRecord) -> Value {
-    let removed = crate::views::removals(lake, v).await;
+fn view_json(v: &lake_schemas::ViewRecord, removed: Vec<Option<lake_store::Removal>>) -> Value {
     let selects: Vec<Value> = v
         .datasets
         .iter()
@@ -239,7 +246,7 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
     let is_dataset = lake_store::validate_name(base).is_err() || lake.version_count(base).await.is_ok_and(|n| n > 0);
     if !is_dataset {
         return match crate::views::view(lake, base, version).await? {
-            Some(view) => Ok(view_json(service.lake(), &view).await),
+            Some(view) => Ok(view_json(&view, crate::views::removals(service.lake(), &view).await)),
             None => Err(crate::views::not_found(lake, name).await?),
         };
     }

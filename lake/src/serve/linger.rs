@@ -89,6 +89,14 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// Returns once the client has sent something (or closed).
+    ///
+    /// # Errors
+    /// As [`TcpStream::readable`].
+    pub async fn readable(&self) -> io::Result<()> {
+        self.stream.as_ref().expect("open").readable().await
+    }
+
     fn stream(&mut self) -> Pin<&mut TcpStream> {
         Pin::new(self.stream.as_mut().expect("a connection's stream leaves only when it is dropped"))
     }

@@ -1082,16 +1082,17 @@ impl Service {
         let mut stop = Some(Box::pin(async move {
             let _ = stopping.wait_for(|s| *s).await;
         }));
-        let mut stream = Box::pin(stream);
+        // Dropped with the stop: its work stops then, not when the consumer lets go.
+        let mut stream = Some(Box::pin(stream));
         futures::stream::poll_fn(move |cx| {
-            let Some(waiting) = stop.as_mut() else { return Poll::Ready(None) };
+            let (Some(waiting), Some(inner)) = (stop.as_mut(), stream.as_mut()) else { return Poll::Ready(None) };
             if waiting.as_mut().poll(cx).is_ready() {
-                stop = None;
+                (stop, stream) = (None, None);
                 return Poll::Ready(Some(Err(stopped())));
             }
-            let next = stream.as_mut().poll_next(cx);
+            let next = inner.as_mut().poll_next(cx);
             if matches!(next, Poll::Ready(None)) {
-                stop = None;
+                (stop, stream) = (None, None);
             }
             next
         })
