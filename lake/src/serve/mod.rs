@@ -1394,6 +1394,13 @@ impl Service {
                     m.bytes.fetch_add(loaded.batch.memory_size() as u64, Ordering::Relaxed);
                     Ok(loaded.batch)
                 }
+                // A dataset `lake rm` removed under the stream: what it reads is gone, as for
+                // a request that names it.
+                Err(e) if refusal_kind(&e) == Refusal::NotFound => {
+                    m.not_found.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("stream ended: {e}");
+                    Err(e)
+                }
                 Err(e) => {
                     m.stream_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!("stream failed: {e}");

@@ -695,6 +695,13 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         assert!(again.code() == tonic::Code::NotFound && again.message().contains("`doomed` was removed with `lake rm`"), "{again:?}");
         let (code, body) = http(&server.http, "POST", "/v1/sample", &[("Authorization", &format!("Bearer {TOKEN}"))], doomed.to_string().as_bytes());
         assert!(code == 404 && String::from_utf8_lossy(&body).contains("`doomed` was removed with `lake rm`"), "{code} {body:?}");
+        // Counted as what is not found, not as a stream that failed.
+        let (_, body) = http(&server.http, "GET", "/metrics", &[("Authorization", &format!("Bearer {TOKEN}"))], b"");
+        let metrics = String::from_utf8_lossy(&body);
+        assert!(
+            metric(&metrics, "lake_errors_total{kind=\"stream\"}") == 0.0 && metric(&metrics, "lake_errors_total{kind=\"not_found\"}") >= 3.0,
+            "{metrics}"
+        );
         // A view over it shows the removal of what it selects.
         let (code, body) = http(&server.http, "GET", "/v1/datasets/over-doomed", &[("Authorization", &format!("Bearer {TOKEN}"))], b"");
         let shown: Value = serde_json::from_slice(&body).expect("json");
