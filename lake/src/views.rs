@@ -321,6 +321,15 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
         return Ok(vec![Selection { dataset: spec.to_string(), episodes: None, weight: 1.0 }]);
     }
     if valid && let Some(view) = view(lake, name, version).await? {
+        // A dataset version `lake rm --force` removed from under the view: named with the view.
+        for (d, removal) in view.datasets.iter().zip(removals(lake, &view).await) {
+            if let Some(removal) = removal {
+                return Err(Error::NotFound(format!(
+                    "no dataset `{}@{}` in the lake (view `{}@{}` selects it); {removal}",
+                    d.name, d.version, view.name, view.version
+                )));
+            }
+        }
         return Ok(view
             .datasets
             .into_iter()

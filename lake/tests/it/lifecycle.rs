@@ -186,7 +186,10 @@ fn lake_rm_removes_a_dataset_and_says_so_to_whoever_asks_for_it() {
     for (args, says) in [
         (vec!["inspect", "v30-images-tiny"], "no dataset `v30-images-tiny` in the lake"),
         (vec!["sample", "--dataset", "v30-images-tiny@1", "--indices", "0", "--out", out], "no dataset or view `v30-images-tiny@1`"),
-        (vec!["sample", "--dataset", "first", "--indices", "0", "--out", out], "no dataset `v30-images-tiny@2`"),
+        (
+            vec!["sample", "--dataset", "first", "--indices", "0", "--out", out],
+            "no dataset `v30-images-tiny@2` in the lake (view `first@1` selects it)",
+        ),
         (vec!["sql", "SELECT count(*) FROM \"v30-images-tiny\".steps"], "the lake has no dataset `v30-images-tiny`"),
         (vec!["rm", "v30-images-tiny"], "no dataset `v30-images-tiny` in the lake"),
     ] {
