@@ -393,6 +393,39 @@ fn webp_lossy(bytes: &[u8]) -> bool {
     false
 }
 
+/// Whether a WebP picture has an alpha channel (PIL opens it as `RGBA`): the alpha flag of an
+/// extended file's `VP8X` header, or of a lossless bitstream's header.
+fn webp_alpha(bytes: &[u8]) -> bool {
+    match bytes.get(12..16) {
+        Some(b"VP8X") => bytes.get(20).is_some_and(|flags| flags & 0x10 != 0),
+        // The signature byte 0x2F, then width and height (14 bits each) and the alpha bit.
+        Some(b"VP8L") => bytes.get(21..25).is_some_and(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> 28 & 1 == 1),
+        _ => false,
+    }
+}
+
+/// How the channels LeRobot gets from a picture (PIL's mode, through `ToTensor`) differ from
+/// the RGB lake serves, where they do.
+fn picture_channels(format: &str, bytes: &[u8]) -> Option<&'static str> {
+    const GREY: &str = "greyscale: LeRobot returns 1 channel (PIL's `L`, or unscaled `I;16` for 16-bit ones), lake 3 equal channels";
+    match format {
+        // The colour type, after the signature and the header chunk's length, type, width,
+        // height and bit depth.
+        "png" => match bytes.get(25)? {
+            0 => Some(GREY),
+            3 => Some("palette-indexed: LeRobot returns 1 channel of palette indices (PIL's `P`), lake the palette's RGB colours"),
+            4 => Some("greyscale with alpha: LeRobot returns 2 channels (PIL's `LA`), lake 3 equal channels without the alpha"),
+            6 => Some("RGBA: LeRobot returns 4 channels, lake the 3 colour channels without the alpha"),
+            _ => None,
+        },
+        "mjpeg" => (lake_schemas::picture::jpeg_header(bytes).ok()?.components == 1).then_some(GREY),
+        "webp" => {
+            webp_alpha(bytes).then_some("RGBA: LeRobot returns 4 channels (PIL's `RGBA`), lake the 3 colour channels without the alpha")
+        }
+        _ => None,
+    }
+}
+
 /// How people call an image format (`mjpeg` is FFmpeg's name for JPEG).
 pub fn image_format_name(format: &str) -> String {
     match format {
@@ -699,6 +732,25 @@ fn check_batch(
                 scan.findings.push(warning);
             }
         }
+        // Pictures that are not RGB: LeRobot returns their own channels, lake RGB; said once
+        // per file, camera and kind.
+        if let Some(format) = usual {
+            let mut said = Vec::new();
+            for how in rows.iter().filter_map(|b| picture_channels(format, b)) {
+                if said.contains(&how) {
+                    continue;
+                }
+                said.push(how);
+                let warning = Finding::warning(
+                    FindingKind::FormatMismatch,
+                    format!("column `{}` holds {} pictures that are {how}", f.name, image_format_name(format)),
+                )
+                .with_file(path);
+                if !scan.findings.contains(&warning) {
+                    scan.findings.push(warning);
+                }
+            }
+        }
         for (row, header) in headers.into_iter().enumerate() {
             match header {
                 None => row_errors.push((
@@ -909,6 +961,16 @@ mod tests {
         assert!(webp_lossy(&riff(&[(b"VP8X", 10), (b"ICCP", 3), (b"VP8 ", 4)])));
         assert!(!webp_lossy(&riff(&[(b"VP8X", 10), (b"VP8L", 4)])));
         assert!(!webp_lossy(b"RIFF"));
+        // Alpha: the extended header's flag, or the lossless header's bit.
+        let mut extended = riff(&[(b"VP8X", 10), (b"VP8 ", 4)]);
+        assert!(!webp_alpha(&extended));
+        extended[20] |= 0x10;
+        assert!(webp_alpha(&extended));
+        let mut lossless = riff(&[(b"VP8L", 10)]);
+        lossless[20] = 0x2F;
+        assert!(!webp_alpha(&lossless));
+        lossless[24] |= 0x10;
+        assert!(webp_alpha(&lossless));
     }
 
     #[test]

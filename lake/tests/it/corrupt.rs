@@ -152,18 +152,34 @@ fn damaged_and_mixed_images_in_parquet() {
 }
 
 /// Bytes after a PNG's IEND chunk (writers may pad) are no damage: the dataset ingests whole.
+/// Pictures that are not RGB (greyscale, with alpha) ingest with a warning saying how what
+/// LeRobot returns for them differs.
 #[test]
-fn padding_after_an_image_is_taken() {
-    let (_t, root, src) = setup("v30-images-tiny");
+fn padding_after_an_image_is_taken_and_pictures_that_are_not_rgb_are_named() {
+    let (t, root, src) = setup("v30-images-tiny");
+    let picture = |pix_fmt: &str| {
+        let file = t.path().join(format!("{pix_fmt}.png"));
+        let out = file.to_str().expect("utf-8");
+        ffmpeg(&["-v", "error", "-f", "lavfi", "-i", "testsrc=s=48x36:d=1", "-frames:v", "1", "-pix_fmt", pix_fmt, out]);
+        std::fs::read(&file).expect("png")
+    };
+    let (grey, rgba) = (picture("gray"), picture("rgba"));
     replace_column(&src, "observation.images.front", |col| {
         let images = col.as_struct();
         let mut bytes: Vec<Vec<u8>> = images.column(0).as_binary::<i32>().iter().map(|b| b.expect("bytes").to_vec()).collect();
         bytes[24].extend(std::iter::repeat_n(0u8, 8192));
+        (bytes[3], bytes[4], bytes[5]) = (grey.clone(), grey.clone(), rgba.clone());
         let bytes: ArrayRef = std::sync::Arc::new(arrow::array::BinaryArray::from_iter_values(bytes));
         std::sync::Arc::new(arrow::array::StructArray::new(images.fields().clone(), vec![bytes, images.column(1).clone()], None))
     });
     let run = ingest_ok(&root, &src, &["--name", "padded"]);
     assert!(run.stdout.contains("3 of 3 episodes"), "{run:#?}");
+    for says in [
+        "column `observation.images.front` holds PNG pictures that are greyscale: LeRobot returns 1 channel",
+        "column `observation.images.front` holds PNG pictures that are RGBA: LeRobot returns 4 channels",
+    ] {
+        assert_eq!(run.stdout.matches(says).count(), 1, "once: `{says}` in {run:#?}");
+    }
 }
 
 /// A row whose `episode_index` is null is an error of the episode around it; a task that is
