@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// LocalLoader reads them); tokens apply as on the other endpoints.
     #[arg(long, env = "LAKE_SERVE_LOCAL", value_name = "PATH")]
     local: Option<std::path::PathBuf>,
+    /// Seconds an HTTP client may take to send a request's head (the first from its connect, the
+    /// next on a kept-alive connection from the answer before), and then as many for its body;
+    /// slower heads are cut, slower bodies answered 408.
+    #[arg(long, env = "LAKE_SERVE_REQUEST_WAIT", value_name = "SECONDS", default_value_t = 30, value_parser = crate::sample::seconds_at_least_one)]
+    request_wait: u64,
     /// Seconds a shutdown (Ctrl-C, SIGTERM) waits for open streams to finish the batch they
     /// are sending; streams whose clients stopped reading are cut after that.
     #[arg(long, env = "LAKE_SERVE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10, value_parser = crate::sample::seconds)]
@@ -188,6 +193,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         memory_bytes: args.memory_mb << 20,
         lookahead: args.lookahead,
         sql_timeout: std::time::Duration::from_secs(args.sql_timeout),
+        request_wait: std::time::Duration::from_secs(args.request_wait),
         sql_concurrency: args.sql_concurrency.map_or(ServeOptions::default().sql_concurrency, |n| n.min(1024) as usize),
         tokens,
         ..Default::default()
@@ -226,7 +232,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .serve_with_incoming_shutdown(flight_listener.incoming(), async move {
             let _ = flight_stop.recv().await;
         });
-    let http = http::serve(http_listener, http::router(service.clone()), async move {
+    let http = http::serve(http_listener, http::router(service.clone()), std::time::Duration::from_secs(args.request_wait), async move {
         let _ = http_stop.recv().await;
     });
     let flight = tokio::spawn(flight);

@@ -20,27 +20,31 @@ use serde_json::{Value, json};
 use super::{Refusal, Service, refusal};
 use crate::{Error, sql::flat_for_csv};
 
-/// How long a client may take to send a request's head (its line and headers), the first
-/// one from when it connected, later ones from the end of the answer before (so an idle
-/// kept-alive connection is closed after it, as HTTP servers do); slower ones are cut, so that
-/// connections that never finish a request do not pile up.
-pub const HEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Serves `router` on `listener`'s connections (HTTP/1.1, and HTTP/2 without TLS) until `stop`
 /// completes, then ends each connection after the request it is answering and returns once
 /// all are closed (the caller bounds the wait).
 ///
+/// A client has `head_wait` to send a request's head (its line and headers), the first one
+/// from when it connected, later ones from the end of the answer before (so an idle kept-alive
+/// connection is closed after it, as HTTP servers do); a slower one is cut, so that
+/// connections that never finish a request do not pile up.
+///
 /// A client that closes its sending side is taken to have gone (as nginx takes it), so that
 /// the work for a client that gave up stops; a client that half-closes after its request
 /// (`nc -N`) gets an answer cut short.
-pub async fn serve(mut listener: super::linger::Listener, router: Router, stop: impl std::future::Future<Output = ()>) {
+pub async fn serve(
+    mut listener: super::linger::Listener,
+    router: Router,
+    head_wait: std::time::Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
     use hyper_util::{
         rt::{TokioExecutor, TokioIo, TokioTimer},
         server::conn::auto::Builder,
         service::TowerToHyperService,
     };
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEAD_WAIT);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(head_wait);
     let builder = Arc::new(builder);
     let (stopping, _) = tokio::sync::watch::channel(false);
     let mut open = tokio::task::JoinSet::new();
@@ -54,7 +58,7 @@ pub async fn serve(mut listener: super::linger::Listener, router: Router, stop: 
                     // hyper times the head only once it knows the protocol: a client that
                     // sends nothing is cut here.
                     let first = tokio::select! {
-                        first = tokio::time::timeout(HEAD_WAIT, io.readable()) => first,
+                        first = tokio::time::timeout(head_wait, io.sent()) => first,
                         _ = stopping.wait_for(|s| *s) => return,
                     };
                     if !matches!(first, Ok(Ok(()))) {
@@ -99,6 +103,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/sample", post(sample))
         .route("/v1/sql", post(sql))
         .layer(axum::extract::DefaultBodyLimit::max(super::MAX_REQUEST_BYTES))
+        .layer(middleware::from_fn_with_state(service.clone(), body_in_time))
         .layer(middleware::from_fn_with_state(service.clone(), refuse_oversized))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(service.clone(), auth));
@@ -111,6 +116,30 @@ pub fn router(service: Arc<Service>) -> Router {
         })
         .layer(middleware::from_fn_with_state(service.clone(), method_not_allowed_json))
         .with_state(service)
+}
+
+/// The request's body, read whole within the server's request wait (after the checks of its
+/// head): a client that stalls while sending it gets a 408, instead of holding a handler and
+/// its connection for as long as it likes.
+async fn body_in_time(State(service): State<Arc<Service>>, request: Request, next: Next) -> Response {
+    let wait = service.options.request_wait;
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(wait, axum::body::to_bytes(body, super::MAX_REQUEST_BYTES)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+        Ok(Err(e)) => {
+            service.count_bad();
+            let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                Refused(StatusCode::PAYLOAD_TOO_LARGE, "the request body is over the 2 MiB limit".into()).into_response()
+            } else {
+                Refused(StatusCode::BAD_REQUEST, format!("the request body could not be read: {e}")).into_response()
+            }
+        }
+        Err(_) => {
+            service.count_bad();
+            Refused(StatusCode::REQUEST_TIMEOUT, format!("the request body did not arrive within {} s", wait.as_secs())).into_response()
+        }
+    }
 }
 
 /// A 413 for a request whose declared `Content-Length` is over the limit, at once: before its

@@ -89,12 +89,13 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Returns once the client has sent something (or closed).
+    /// Returns once the client has sent something (left unread) or closed.
     ///
     /// # Errors
-    /// As [`TcpStream::readable`].
-    pub async fn readable(&self) -> io::Result<()> {
-        self.stream.as_ref().expect("open").readable().await
+    /// As [`TcpStream::peek`].
+    pub async fn sent(&self) -> io::Result<()> {
+        // (Not `readable`, which may return before anything arrived.)
+        self.stream.as_ref().expect("open").peek(&mut [0u8; 1]).await.map(drop)
     }
 
     fn stream(&mut self) -> Pin<&mut TcpStream> {

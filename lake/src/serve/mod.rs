@@ -492,6 +492,9 @@ pub struct ServeOptions {
     pub sql_timeout: std::time::Duration,
     /// SQL queries run at once (each on a thread of its own); one more is refused as busy.
     pub sql_concurrency: usize,
+    /// Longest an HTTP client may take to send a request's head, and then its body; a slower
+    /// one is cut (head) or answered 408 (body).
+    pub request_wait: std::time::Duration,
 }
 
 impl Default for ServeOptions {
@@ -506,6 +509,7 @@ impl Default for ServeOptions {
             lookahead: lake_loader::DEFAULT_HORIZON,
             sql_timeout: std::time::Duration::from_secs(300),
             sql_concurrency: std::thread::available_parallelism().map_or(2, usize::from),
+            request_wait: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -638,7 +642,7 @@ impl Prepared {
 /// The state shared by the Flight and HTTP services.
 pub struct Service {
     lake: Lake,
-    options: ServeOptions,
+    pub(crate) options: ServeOptions,
     resources: Resources,
     memory: Arc<Semaphore>,
     /// Slots in which batches are made, taken in order of asking (see [`Service::new`]).

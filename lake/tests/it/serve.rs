@@ -653,7 +653,7 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
     ingest_ok(&root, &testdata("v30-images-tiny"), &["--name", "doomed"]);
     let view = lake(&root, &["view", "create", "over-doomed", "SELECT dataset, episode_index FROM episodes WHERE dataset = 'doomed'"]);
     assert_eq!(view.code, 0, "{view:#?}");
-    let mut server = start_with(&root, &["--shutdown-wait", "20"]);
+    let mut server = start_with(&root, &["--shutdown-wait", "20", "--request-wait", "2"]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let mut client = flight_client(&server).await;
@@ -671,6 +671,24 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         // Steps 146..152 cross the end of the epoch (600 / 4 = 150 steps) into the next.
         same_rows(&taking_turns, &want, "two readers taking turns");
 
+        // A client that stalls while sending its body is answered 408 after the request wait;
+        // one that sends nothing is cut.
+        let mut stalling = TcpStream::connect(&server.http).expect("connect");
+        let mut silent = TcpStream::connect(&server.http).expect("connect");
+        for socket in [&stalling, &silent] {
+            socket.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("timeout");
+        }
+        write!(
+            stalling,
+            "POST /v1/sample HTTP/1.1\r\nHost: lake\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: \
+             100\r\n\r\n{{\"datasets\""
+        )
+        .expect("send a part");
+        let mut answer = Vec::new();
+        let _ = stalling.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("the request body did not arrive within 2 s"), "{answer}");
+        assert_eq!(silent.read(&mut [0u8; 16]).expect("an end, not a timeout"), 0, "a client that sends nothing is cut");
         // `lake rm` of a dataset a stream reads ends that stream with NOT_FOUND and the reason
         // (not a failure to read files), refuses new requests for it, and leaves the rest served.
         let doomed = json!({"datasets": ["doomed"], "preset": "act", "batch_size": 2, "seed": 1});
