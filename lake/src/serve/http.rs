@@ -660,6 +660,8 @@ pub fn openapi_document() -> Value {
             responses.insert("500".into(), error("the server failed (a damaged lake file, say); the server log has the details"));
             if method == "post" {
                 responses.insert("413".into(), error("the request body is over 2 MiB"));
+                responses
+                    .insert("408".into(), error("the request body did not arrive within the server's request wait (`--request-wait`)"));
             }
             if let Some(busy) = responses.get_mut("503") {
                 busy["headers"] = json!({"Retry-After": {"description": "seconds to wait before a retry (when busy, not when shutting down)", "schema": {"type": "integer"}}});
