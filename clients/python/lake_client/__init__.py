@@ -281,8 +281,8 @@ def _lake_error(e: Exception) -> LakeError:
     if "with message: " in text:
         text = text.split("with message: ", 1)[1]
     text = text.split(". gRPC client debug context", 1)[0].split(". Client context:", 1)[0]
-    if "keepalive watchdog timeout" in text:
-        text = "the server stopped answering: no reply to a ping in 20 s (gRPC keepalive watchdog timeout)"
+    if "keepalive watchdog timeout" in text or "ping timeout" in text:
+        text = f"the server stopped answering: no reply to a ping in 20 s ({text})"
     # A plain HTTP server answered as no gRPC server does (lake's HTTP port, or another
     # service): not lake's Flight. (A proxy's 502/503 in front of one is left as it is.)
     found = re.search(r"Received http2 header with status: (\d+)", text)
@@ -467,9 +467,13 @@ class LocalClient:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.path)
-        except OSError:
+        except OSError as e:
             sock.close()
-            raise
+            # No server there (never started, or gone leaving its socket file): as Flight says
+            # of an address nothing answers at.
+            raise LakeError(
+                "unavailable", f"no lake server at {self.path} ({e.strerror or e}): start `lake serve --local {self.path}`, or retry"
+            ) from e
         return _LocalStream(sock, slots)
 
     def _open(self, stream: _LocalStream, kind: bytes, prefix: bytes, request: Dict[str, Any]) -> pa.Schema:

@@ -161,6 +161,12 @@ class ALocalServerThatGoesAway(unittest.TestCase):
                 self.assertEqual(gone.exception.code, "unavailable", read_first)
                 self.assertIn("resume from the next step", str(gone.exception))
             server.close()
+            # Nothing listening (a server killed, its socket file left), or no socket at all.
+            for where in (path, os.path.join(tmp, "none.sock")):
+                with self.assertRaises(LakeError) as gone:
+                    next(LocalClient(where).batches({"datasets": ["x"]}))
+                self.assertEqual(gone.exception.code, "unavailable", where)
+                self.assertIn(f"no lake server at {where}", str(gone.exception))
 
 
 class AStreamThatStopsAnswering(unittest.TestCase):
