@@ -31,7 +31,7 @@ use lake_schemas::{
     CodecParams, CommitRecord, FeatureKind, Finding, FindingKind, LAKE_FORMAT_VERSION, Severity, SourceRecord, TableCounts, TableSet,
     tables::{self, EPISODES, FEATURE_STATS, FINDINGS, PACKETS, STATS, STEPS, STREAMS, TASKS},
 };
-use lake_store::{Lake, PendingVersion, UncommittedPart, default_name, validate_name, validate_new_name};
+use lake_store::{Committed, Lake, PendingVersion, UncommittedPart, default_name, validate_name, validate_new_name};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
 use crate::{
@@ -233,19 +233,6 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
         return Err(e);
     }
     progress.set_phase("committing");
-    // Another ingest of the same source may have committed while this one ran: then this one
-    // is the no-op it would have been had it started later.
-    if let Some(now) = lake.latest_readable(&name).await?
-        && latest.as_ref().is_none_or(|l| l.version != now.version)
-        && now.options == record_options
-        && now.source.content_hash == content_hash
-    {
-        pending.abort().await?;
-        return Ok(Outcome::Unchanged {
-            record: Box::new(now),
-            reason: "another ingest committed the same content while this one ran".into(),
-        });
-    }
     plan.report.seconds = started.elapsed().as_secs_f64();
     plan.report.bytes_read = source.bytes_read();
     let source_record = SourceRecord {
@@ -256,41 +243,35 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
         files: plan.read_files.len() as u64,
         bytes: plan.read_files.iter().map(|f| f.size).sum(),
     };
-    let dir = pending.dir().to_string();
-    let seconds = plan.report.seconds;
-    let same = (record_options.clone(), source_record.content_hash.clone());
-    let is_same = move |now: &CommitRecord| now.options == same.0 && now.source.content_hash == same.1;
-    if let Err(e) = progress.check() {
-        pending.abort().await?;
-        return Err(e);
-    }
-    let record = pending
-        .commit(|version| CommitRecord {
-            format_version: LAKE_FORMAT_VERSION,
-            name: name.clone(),
-            version,
-            committed_at: chrono::Utc::now(),
-            ingest_seconds: seconds,
-            tables: TableSet { dir, tables: tables_written },
-            source: source_record,
-            options: record_options,
-            counts,
-            fps: meta.fps,
-            robot_type: meta.info.robot_type.clone(),
-            info: meta.info_value.clone(),
-        })
-        .await;
-    let record = match record {
-        Ok(record) => record,
-        // The same race, decided at the commit record: the other ingest won.
-        Err(lake_store::Error::Conflict { .. }) if lake.latest_readable(&name).await?.as_ref().is_some_and(&is_same) => {
-            let now = lake.latest(&name).await?.expect("checked above");
+    // Another ingest of the same source may commit while this one runs: then this one is the
+    // no-op it would have been had it started later. The latest version seen at the start was
+    // not the same, or was damaged and is to be replaced.
+    let seen = latest.as_ref().map(|l| l.version);
+    let is_same = |now: &CommitRecord| {
+        Some(now.version) != seen && now.options == record_options && now.source.content_hash == source_record.content_hash
+    };
+    let record = CommitRecord {
+        format_version: LAKE_FORMAT_VERSION,
+        name: name.clone(),
+        version: 0,
+        committed_at: chrono::Utc::now(),
+        ingest_seconds: plan.report.seconds,
+        tables: TableSet { dir: pending.dir().to_string(), tables: tables_written },
+        source: source_record.clone(),
+        options: record_options.clone(),
+        counts,
+        fps: meta.fps,
+        robot_type: meta.info.robot_type.clone(),
+        info: meta.info_value.clone(),
+    };
+    let record = match pending.commit_unless(record, is_same).await? {
+        Committed::New(record) => record,
+        Committed::Found(now) => {
             return Ok(Outcome::Unchanged {
                 record: Box::new(now),
                 reason: "another ingest committed the same content while this one ran".into(),
             });
         }
-        Err(e) => return Err(e.into()),
     };
     Ok(Outcome::Committed { record: Box::new(record), report: Box::new(plan.report) })
 }

@@ -1212,6 +1212,18 @@ impl Lake {
     }
 }
 
+/// What [`PendingVersion::commit_unless`] did.
+#[derive(Debug)]
+pub enum Committed {
+    /// Published this version.
+    New(CommitRecord),
+    /// Published nothing: the latest version already was what this one would have been.
+    Found(CommitRecord),
+}
+
+/// How many version numbers a commit tries while other writers keep taking them.
+const COMMIT_TRIES: usize = 64;
+
 /// A version being written. Commit it with [`PendingVersion::commit`]; on failure call
 /// [`PendingVersion::abort`] so that the lake is exactly as before.
 #[derive(Debug)]
@@ -1260,48 +1272,73 @@ impl PendingVersion {
         Ok(())
     }
 
-    /// Publishes the version: picks the next version number, lets `make` fill in the record, and
-    /// creates the commit record if no other writer created that version first.
+    /// Publishes the version: gives `record` the next version number and the time, and creates
+    /// its commit record.
     ///
     /// # Errors
-    /// [`Error::Conflict`] when another ingest committed the same version meanwhile (the
-    /// version's files are then removed), or an I/O error.
-    pub async fn commit(mut self, make: impl FnOnce(u64) -> CommitRecord) -> Result<CommitRecord> {
+    /// [`Error::Conflict`] when other writers kept taking the number (the version's files are
+    /// then removed), or an I/O error.
+    pub async fn commit(self, record: CommitRecord) -> Result<CommitRecord> {
+        match self.commit_unless(record, |_| false).await? {
+            Committed::New(record) | Committed::Found(record) => Ok(record),
+        }
+    }
+
+    /// As [`PendingVersion::commit`], unless the latest version when the number is taken is one
+    /// `same` accepts: then this version is removed and that one returned. Two writers of the
+    /// same content never both publish: whichever takes a number second sees the first's record
+    /// (it is listed before the number is picked, or holds the number this writer tries to take).
+    ///
+    /// # Errors
+    /// As [`PendingVersion::commit`].
+    pub async fn commit_unless(mut self, mut record: CommitRecord, same: impl Fn(&CommitRecord) -> bool) -> Result<Committed> {
         // A view may have taken the name since `begin` (`Lake::put_view` checks for this
         // version's lease after writing, this for the view before publishing).
         if let Some(message) = self.lake.view_claims(&self.name).await? {
             self.abort_inner().await?;
             return Err(Error::View { name: self.name.clone(), message });
         }
-        // After every version there was, removed ones included: a number never names two.
-        let last = self.lake.all_version_paths(&self.name).await?.last().and_then(version_of).unwrap_or(0);
-        let removed = self.lake.removal(&self.name).await?.map_or(0, |r| r.through_version);
-        let version = last.max(removed) + 1;
-        let record = make(version);
-        let path = Path::from(format!("{CATALOG}/{}/v{version:08}.json", self.name));
-        let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
-        let put = self.lake.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await;
-        match put {
-            Ok(_) => {}
-            Err(object_store::Error::AlreadyExists { .. }) => {
+        let mut version = 0;
+        for _ in 0..COMMIT_TRIES {
+            // After every version there was, removed ones included: a number never names two.
+            let last = self.lake.all_version_paths(&self.name).await?.last().and_then(version_of).unwrap_or(0);
+            let removed = self.lake.removal(&self.name).await?.map_or(0, |r| r.through_version);
+            version = last.max(removed) + 1;
+            if let Some(latest) = self.lake.latest_readable(&self.name).await?
+                && same(&latest)
+            {
                 self.abort_inner().await?;
-                return Err(Error::Conflict { name: self.name.clone(), version });
+                return Ok(Committed::Found(latest));
             }
-            Err(e) => {
-                self.abort_inner().await?;
-                // The record's directory, made for it, goes when it is left empty.
-                self.lake.prune(&format!("{CATALOG}/{}", self.name));
-                return Err(Error::store(path.to_string())(e));
+            record.version = version;
+            record.committed_at = chrono::Utc::now();
+            let path = Path::from(format!("{CATALOG}/{}/v{version:08}.json", self.name));
+            let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
+            let put =
+                self.lake.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await;
+            match put {
+                Ok(_) => {
+                    self.done = true;
+                    // The version is visible now; a failure to drop the lease only leaves a lease
+                    // that garbage collection recognises as committed.
+                    let _ = self.lake.store.delete(&self.lease).await;
+                    self.lake.prune(STAGING);
+                    // The lake holds a dataset now: no failed ingest is to take it back.
+                    let _ = std::fs::remove_file(self.lake.root.join(UNCLAIMED));
+                    return Ok(Committed::New(record));
+                }
+                // Another writer took the number between the listing and now: the next one.
+                Err(object_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => {
+                    self.abort_inner().await?;
+                    // The record's directory, made for it, goes when it is left empty.
+                    self.lake.prune(&format!("{CATALOG}/{}", self.name));
+                    return Err(Error::store(path.to_string())(e));
+                }
             }
         }
-        self.done = true;
-        // The version is visible now; a failure to drop the lease only leaves a lease that garbage
-        // collection recognises as committed.
-        let _ = self.lake.store.delete(&self.lease).await;
-        self.lake.prune(STAGING);
-        // The lake holds a dataset now: no failed ingest is to take it back.
-        let _ = std::fs::remove_file(self.lake.root.join(UNCLAIMED));
-        Ok(record)
+        self.abort_inner().await?;
+        Err(Error::Conflict { name: self.name.clone(), version })
     }
 
     /// Removes everything this version wrote, leaving the lake as it was before [`Lake::begin`].
@@ -1631,7 +1668,7 @@ mod lifecycle_tests {
         // ... left to that writer, should it fail too, until it commits.
         assert_eq!(other.left_to_take_back(), Some(false));
         let dir = pending.dir().to_string();
-        pending.commit(|version| record("ds", version, &dir)).await.unwrap();
+        pending.commit(record("ds", 0, &dir)).await.unwrap();
         assert_eq!(Lake::open(root.to_str().unwrap()).unwrap().datasets().await.unwrap().len(), 1);
         assert_eq!(other.left_to_take_back(), None);
 
@@ -1652,7 +1689,7 @@ mod lifecycle_tests {
         let pending = lake.begin(name).await.unwrap();
         let dir = pending.dir().to_string();
         write_file(lake, &format!("{dir}/steps.lance/data/part.lance"));
-        pending.commit(|version| record(name, version, &dir)).await.unwrap();
+        pending.commit(record(name, 0, &dir)).await.unwrap();
         dir
     }
 
@@ -1775,7 +1812,7 @@ mod lifecycle_tests {
         for name in ["a", "b"] {
             let p = lake.begin(name).await.unwrap();
             let dir = p.dir().to_string();
-            p.commit(|version| record(name, version, &dir)).await.unwrap();
+            p.commit(record(name, 0, &dir)).await.unwrap();
         }
         std::fs::write(lake.root.join("catalog/a/v00000001.json"), b"garbage").unwrap();
         let (datasets, unreadable) = lake.datasets_listed().await.unwrap();
@@ -1791,7 +1828,7 @@ mod lifecycle_tests {
         lake.collect_garbage().await.unwrap();
         let p = lake.begin("a").await.unwrap();
         let dir = p.dir().to_string();
-        assert_eq!(p.commit(|version| record("a", version, &dir)).await.unwrap().version, 2);
+        assert_eq!(p.commit(record("a", 0, &dir)).await.unwrap().version, 2);
         assert_eq!(lake.datasets().await.unwrap().len(), 2);
         assert!(lake.datasets_listed().await.unwrap().1.is_empty());
         // An earlier version stays readable by number when a later record is damaged.
@@ -1831,10 +1868,64 @@ mod lifecycle_tests {
         let pending = lake.begin("bar").await.unwrap();
         lake.put_view_version(&ViewRecord { version: 1, ..view("bar") }).await.unwrap();
         let dir = pending.dir().to_string();
-        let err = pending.commit(|version| record("bar", version, &dir)).await.unwrap_err().to_string();
+        let err = pending.commit(record("bar", 0, &dir)).await.unwrap_err().to_string();
         assert!(err.contains("is a view"), "{err}");
         assert!(lake.datasets().await.unwrap().is_empty());
         assert!(!lake.root.join(&dir).exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn writers_of_the_same_content_at_once_publish_one_version_and_others_each_their_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let with_hash = |dir: &str, hash: &str| {
+            let mut r = record("ds", 0, dir);
+            r.source.content_hash = hash.into();
+            r
+        };
+        // Eight writers of one content, begun together, commit together: one publishes.
+        let mut pendings = Vec::new();
+        for _ in 0..8 {
+            pendings.push(lake.begin("ds").await.unwrap());
+        }
+        let commits = pendings.into_iter().map(|p| {
+            let r = with_hash(p.dir(), "same");
+            tokio::spawn(async move { p.commit_unless(r, |now| now.source.content_hash == "same").await.unwrap() })
+        });
+        let done = futures::future::join_all(commits).await;
+        let made: Vec<u64> = done
+            .iter()
+            .filter_map(|c| match c.as_ref().unwrap() {
+                Committed::New(r) => Some(r.version),
+                Committed::Found(_) => None,
+            })
+            .collect();
+        assert_eq!(made, [1], "{done:?}");
+        assert!(done.iter().all(|c| matches!(c.as_ref().unwrap(), Committed::New(r) | Committed::Found(r) if r.version == 1)));
+        assert_eq!(lake.versions("ds").await.unwrap().len(), 1);
+        assert!(!lake.root.join("staging").exists(), "the writers that found it removed their files");
+        // Writers of different contents at once each take their own number.
+        let mut pendings = Vec::new();
+        for _ in 0..6 {
+            pendings.push(lake.begin("ds").await.unwrap());
+        }
+        let commits = pendings.into_iter().enumerate().map(|(i, p)| {
+            let r = with_hash(p.dir(), &format!("h{i}"));
+            tokio::spawn(async move { p.commit_unless(r, |_| false).await.unwrap() })
+        });
+        let mut versions: Vec<u64> = futures::future::join_all(commits)
+            .await
+            .into_iter()
+            .map(|c| match c.unwrap() {
+                Committed::New(r) => r.version,
+                Committed::Found(r) => panic!("found {r:?}"),
+            })
+            .collect();
+        versions.sort_unstable();
+        assert_eq!(versions, [2, 3, 4, 5, 6, 7]);
+        for v in 2..=7 {
+            assert_eq!(lake.resolve(&format!("ds@{v}")).await.unwrap().version, v, "each record holds its own number");
+        }
     }
 
     #[tokio::test]
@@ -1852,7 +1943,7 @@ mod lifecycle_tests {
             let p = lake.begin("ds").await.unwrap();
             write_file(&lake, &format!("{}/steps.lance/x", p.dir()));
             let dir = p.dir().to_string();
-            let r = p.commit(|version| record("ds", version, &dir)).await.unwrap();
+            let r = p.commit(record("ds", 0, &dir)).await.unwrap();
             assert_eq!(r.version, v);
         }
         assert!(!lake.root.join("staging").exists());
@@ -1926,7 +2017,7 @@ mod lifecycle_tests {
         let committed = lake.begin("ds").await.unwrap();
         let dir = committed.dir().to_string();
         write_file(&lake, &format!("{dir}/steps.lance/data/x"));
-        committed.commit(|version| record("ds", version, &dir)).await.unwrap();
+        committed.commit(record("ds", 0, &dir)).await.unwrap();
         assert!(about_to_write.is_dir(), "commit");
         assert!(lake.collect_garbage().await.unwrap().removed_dirs.is_empty());
         assert!(about_to_write.is_dir(), "garbage collection");
@@ -1974,7 +2065,7 @@ mod lifecycle_tests {
         // A dataset that took a dropped view's name before such names were kept keeps it.
         let taken = lake.begin("taken").await.unwrap();
         let dir = taken.dir().to_string();
-        taken.commit(|version| record("taken", version, &dir)).await.unwrap();
+        taken.commit(record("taken", 0, &dir)).await.unwrap();
         std::fs::create_dir_all(lake.root.join("views/taken")).unwrap();
         let dropped = ViewRecord { version: 1, dropped: true, ..view("taken", "") };
         std::fs::write(lake.root.join("views/taken/v00000001.json"), serde_json::to_vec(&dropped).unwrap()).unwrap();

@@ -37,12 +37,12 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// Another writer committed the same version first.
-    #[error("dataset `{name}`: version {version} was committed by another ingest meanwhile; run it again")]
+    /// Other writers kept taking the version numbers a commit tried.
+    #[error("dataset `{name}`: other ingests kept committing versions (up to {version}) while this one tried to; run it again")]
     Conflict {
         /// Dataset name.
         name: String,
-        /// The version both tried to commit.
+        /// The last version number tried.
         version: u64,
     },
     /// A dataset is removed (its removal record is written) but deleting its files failed.

@@ -16,8 +16,8 @@ mod tables;
 
 pub use crate::{
     catalog::{
-        GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, Removal, RemovalReport, Unreadable, absolute_location,
-        default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
+        Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, Removal, RemovalReport, Unreadable,
+        absolute_location, default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
     },
     error::{Error, Result, abbreviated, lance_message, removed_hint, without_source_locations},
     tables::{
