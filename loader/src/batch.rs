@@ -19,7 +19,7 @@ use std::{
 };
 
 use arrow::{
-    array::{ArrayRef, AsArray, BooleanArray, FixedSizeListArray, RecordBatch, UInt64Array},
+    array::{ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Int64Array, RecordBatch, UInt64Array},
     compute::{cast, take},
     datatypes::{DataType, Field, Schema, SchemaRef},
 };
@@ -45,6 +45,10 @@ pub const DTYPE: &str = "dtype";
 /// Field metadata key on camera columns: `HWC`, or `THWC` with a time window (a video
 /// camera's window of one offset is `HWC`, as in LeRobot).
 pub const LAYOUT: &str = "layout";
+
+/// The column a mixture's batches end with: which of its datasets (their position in the
+/// request) each sample came from, as LeRobot's `MultiLeRobotDataset` adds it (int64).
+pub const DATASET_INDEX: &str = "dataset_index";
 
 /// Index columns LeRobot returns as int64 scalars.
 const INT64_COLUMNS: [&str; 4] = ["index", "episode_index", "frame_index", "task_index"];
@@ -267,10 +271,22 @@ impl Loader {
             }
             resolved.push(w);
         }
+        let mut schema = schema.expect("at least one dataset");
+        if datasets.len() > 1 {
+            if let Some(ds) = datasets.iter().find(|ds| ds.keys().iter().any(|k| k == DATASET_INDEX)) {
+                return Err(Error::request(format!(
+                    "{} has a feature `{DATASET_INDEX}`, the name of the column a mixture adds to say which dataset each sample                      came from; sample it alone",
+                    ds.label
+                )));
+            }
+            let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.push(Field::new(DATASET_INDEX, DataType::Int64, false).with_metadata(meta(&[], "int64")));
+            schema = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+        }
         Ok(Self {
             datasets,
             windows: resolved,
-            schema: schema.expect("at least one dataset"),
+            schema,
             decoders: Arc::new(Mutex::new(IdlePool::new(IDLE_DECODER_BYTES_PER_THREAD * resources.pool.current_num_threads() as u64))),
             pool: resources.pool,
             cache: resources.cache,
@@ -476,6 +492,9 @@ impl Loader {
             let DataType::FixedSizeList(item, size) = field.data_type() else { unreachable!("pad columns are fixed-size lists") };
             let pad = FixedSizeListArray::try_new(item.clone(), *size, Arc::new(BooleanArray::from(pad)), None)?;
             columns.push(BatchColumn::Array(Arc::new(pad)));
+        }
+        if self.datasets.len() > 1 {
+            columns.push(BatchColumn::Array(Arc::new(Int64Array::from(vec![source as i64; rows.len()]))));
         }
         Ok(SampleBatch::try_new(self.schema.clone(), columns, rows.len())?)
     }

@@ -30,7 +30,9 @@ mod spec;
 mod stream;
 
 pub use crate::{
-    batch::{DEFAULT_CACHE_MIB, DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, Resources, SHAPE, Spawned},
+    batch::{
+        DATASET_INDEX, DEFAULT_CACHE_MIB, DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, Resources, SHAPE, Spawned,
+    },
     cache::{CacheStats, Frame, FrameCache, FrameKey},
     client::{RemoteBatches, RemoteLoader, StreamPlan, flight_endpoint},
     dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},

@@ -193,6 +193,13 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let mixture = json!({"datasets": ["v30-av1-small=2", {"name": "v30-av1-small", "weight": 1}], "preset": "act", "batch_size": 8, "seed": 3, "limit_batches": 2});
         let want = in_process(&root, &mixture).await;
         same_rows(&over_flight(&mut client, &mixture).await.expect("mixture"), &want, "mixture");
+        // Each sample of a mixture names the entry it came from, as LeRobot's MultiLeRobotDataset
+        // does; a single dataset's batches have no such column.
+        let sources: Vec<i64> =
+            want.iter().flat_map(|b| b["dataset_index"].as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()).collect();
+        assert!(sources.contains(&0) && sources.contains(&1) && sources.iter().all(|s| (0..=1).contains(s)), "{sources:?}");
+        assert_eq!(want[0].schema().fields().last().expect("a column").name(), "dataset_index");
+        assert!(expected[0].column_by_name("dataset_index").is_none());
 
         // Every camera's frames at another size, from the dataset's frame table of that size
         // (written while the server runs).
