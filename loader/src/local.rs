@@ -24,8 +24,12 @@
 //! | server | `B` batch | `segment: u32`, `slot: u32`, `len: u64`: the slot's first `len` bytes hold an IPC record batch message |
 //! | server | `D` done | nothing: the stream reached its limit, or the server is shutting down |
 //! | server | `E` error | JSON `{"code": …, "message": …}`: the request was refused, or the stream failed |
+//! | server | `K` keepalive | nothing: sent every second in which the server sent nothing else |
 //!
 //! A describe is answered with the schema and the plan, or an error, and the connection closes.
+//! Keepalives let a client tell a server that works on its next batch (or waits for a slot)
+//! from one that stopped answering (frozen, or too loaded to run): a client gives up on a server
+//! that sent nothing for a while (a minute by default), as gRPC's keepalive pings do over Flight.
 //!
 //! A server uses only its newest segment; it sends a larger one when a batch outgrows the
 //! slots, and the client unmaps an older one once no batch of it is alive.
@@ -42,6 +46,8 @@ use std::{
     },
     time::Duration,
 };
+
+use tokio::time::Instant;
 
 use arrow::{
     array::RecordBatch,
@@ -77,6 +83,10 @@ pub mod wire {
     pub const DONE: u8 = b'D';
     /// Server: refused or failed.
     pub const ERROR: u8 = b'E';
+    /// Server: still there (sent whenever a second passed without another message).
+    pub const KEEPALIVE: u8 = b'K';
+    /// How often an otherwise quiet server sends a keepalive.
+    pub const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
     /// Largest message either side accepts (a hello holds the request; a batch message its IPC
     /// metadata).
     pub const MAX_MESSAGE: usize = 16 << 20;
@@ -391,6 +401,30 @@ impl Inbox {
     }
 }
 
+/// The next message other than a keepalive, waiting at most `timeout` after `heard` (when the
+/// server was last heard from, kept up to date here).
+///
+/// # Errors
+/// As [`Inbox::next`]; [`io::ErrorKind::TimedOut`] when the server stayed silent.
+async fn heard_from(inbox: &mut Inbox, socket: &UnixStream, heard: &mut Instant, timeout: Duration) -> io::Result<(u8, Bytes)> {
+    loop {
+        match tokio::time::timeout_at(*heard + timeout, inbox.next(socket)).await {
+            Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, silent(timeout))),
+            Ok(Ok((wire::KEEPALIVE, _))) => *heard = Instant::now(),
+            Ok(Ok(message)) => {
+                *heard = Instant::now();
+                return Ok(message);
+            }
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// What a client says of a server that sent nothing for `timeout`.
+fn silent(timeout: Duration) -> String {
+    format!("the server sent nothing for {:.1} s: it stopped answering (frozen, or too loaded to run)", timeout.as_secs_f64())
+}
+
 /// A slot of a segment, owned by the arrays of the batch in it; given back when dropped.
 struct Slot {
     _memory: Arc<SharedMemory>,
@@ -411,6 +445,9 @@ impl Drop for Slot {
 
 /// How long a stream waits with every slot held by the trainer before it says so, by default.
 const STALL_WARNING: Duration = Duration::from_secs(10);
+
+/// How long a client waits for a server that sends nothing (not even keepalives), by default.
+const SERVER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A connection to `lake serve --local PATH`: batch streams for trainers on the same machine,
 /// in shared memory.
@@ -433,6 +470,7 @@ pub struct LocalLoader {
     token: Option<String>,
     slots: u32,
     stall_warning: Duration,
+    server_timeout: Duration,
 }
 
 fn refused(payload: &[u8]) -> Error {
@@ -453,7 +491,13 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 impl LocalLoader {
     /// A client of the server listening at `path`, sending `token` when given.
     pub fn new(path: impl AsRef<Path>, token: Option<String>) -> Self {
-        Self { path: path.as_ref().to_path_buf(), token, slots: wire::DEFAULT_SLOTS, stall_warning: STALL_WARNING }
+        Self {
+            path: path.as_ref().to_path_buf(),
+            token,
+            slots: wire::DEFAULT_SLOTS,
+            stall_warning: STALL_WARNING,
+            server_timeout: SERVER_TIMEOUT,
+        }
     }
 
     /// Slots of shared memory per stream (1 to 16; default 2): batches the trainer may hold at
@@ -474,6 +518,15 @@ impl LocalLoader {
         self
     }
 
+    /// How long the server may send nothing, not even the keepalive it sends every second,
+    /// before a stream (or a describe) ends with `unavailable` (default 60 s): a frozen server,
+    /// or one too loaded to run, is then told from one working on the next batch.
+    #[must_use]
+    pub fn with_server_timeout(mut self, timeout: Duration) -> Self {
+        self.server_timeout = timeout;
+        self
+    }
+
     /// The schema of a JSON sampling request's batches and the shape of its epochs, as the
     /// server plans it (what [`RemoteLoader::describe`](crate::RemoteLoader::describe) gives
     /// over Flight).
@@ -486,9 +539,9 @@ impl LocalLoader {
         let token = self.token.as_deref().unwrap_or("");
         let describe = wire::frame(wire::DESCRIBE, &[&(token.len() as u32).to_le_bytes(), token.as_bytes(), request.as_bytes()]);
         write_all(&socket, &describe).await.map_err(at)?;
-        let mut inbox = Inbox::default();
-        let schema = read_schema(&mut inbox, &socket).await.map_err(at)??;
-        match inbox.next(&socket).await.map_err(at)? {
+        let (mut inbox, mut heard) = (Inbox::default(), Instant::now());
+        let schema = read_schema(&mut inbox, &socket, &mut heard, self.server_timeout).await.map_err(at)??;
+        match heard_from(&mut inbox, &socket, &mut heard, self.server_timeout).await.map_err(at)? {
             (wire::PLAN, payload) => StreamPlan::from_json(schema, &payload),
             (wire::ERROR, payload) => Err(refused(&payload)),
             (kind, _) => Err(Error::Request(format!("server: an unexpected message {kind} instead of the plan"))),
@@ -510,8 +563,8 @@ impl LocalLoader {
             &[&self.slots.to_le_bytes(), &(token.len() as u32).to_le_bytes(), token.as_bytes(), request.as_bytes()],
         );
         write_all(&socket, &hello).await.map_err(at)?;
-        let mut inbox = Inbox::default();
-        let schema = read_schema(&mut inbox, &socket).await.map_err(at)??;
+        let (mut inbox, mut heard) = (Inbox::default(), Instant::now());
+        let schema = read_schema(&mut inbox, &socket, &mut heard, self.server_timeout).await.map_err(at)??;
         let (batches, received) = mpsc::channel(self.slots as usize + 1);
         // The stream's task logs to the subscriber of the task that opened it.
         tokio::spawn(tracing::instrument::WithSubscriber::with_current_subscriber(receive(
@@ -519,15 +572,15 @@ impl LocalLoader {
             inbox,
             schema,
             batches,
-            (self.slots, self.stall_warning),
+            Waits { slots: self.slots, stall_warning: self.stall_warning, heard, server_timeout: self.server_timeout },
         )));
         Ok(Box::pin(futures::stream::unfold(received, |mut r| async move { r.recv().await.map(|b| (b, r)) })))
     }
 }
 
 /// The server's first answer: the schema, or its refusal.
-async fn read_schema(inbox: &mut Inbox, socket: &UnixStream) -> io::Result<Result<SchemaRef>> {
-    Ok(match inbox.next(socket).await? {
+async fn read_schema(inbox: &mut Inbox, socket: &UnixStream, heard: &mut Instant, timeout: Duration) -> io::Result<Result<SchemaRef>> {
+    Ok(match heard_from(inbox, socket, heard, timeout).await? {
         (wire::SCHEMA, header) => {
             let data = FlightData { data_header: header, ..Default::default() };
             Schema::try_from(&data).map(Arc::new).map_err(|e| Error::Request(format!("server: a bad schema: {e}")))
@@ -537,6 +590,15 @@ async fn read_schema(inbox: &mut Inbox, socket: &UnixStream) -> io::Result<Resul
     })
 }
 
+/// How a stream waits: for its trainer to give a slot back, and for its server.
+struct Waits {
+    slots: u32,
+    stall_warning: Duration,
+    /// When the server was last heard from.
+    heard: Instant,
+    server_timeout: Duration,
+}
+
 /// Reads the server's messages, sends the batches on, and gives slots back as their batches
 /// are dropped; ends with the stream, or when its reader goes away.
 async fn receive(
@@ -544,7 +606,7 @@ async fn receive(
     mut inbox: Inbox,
     schema: SchemaRef,
     batches: mpsc::Sender<Result<RecordBatch>>,
-    (slots, stall_warning): (u32, Duration),
+    Waits { slots, stall_warning, mut heard, server_timeout }: Waits,
 ) {
     let (release, mut released) = mpsc::unbounded_channel::<(u32, u32)>();
     let held = Arc::new(AtomicU32::new(0));
@@ -560,7 +622,7 @@ async fn receive(
         |e: &io::Error| matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe);
     loop {
         let message = tokio::select! {
-            m = inbox.next(&socket) => m,
+            m = heard_from(&mut inbox, &socket, &mut heard, server_timeout) => m,
             Some((segment, slot)) = released.recv() => {
                 let message = wire::frame(wire::RELEASE, &[&segment.to_le_bytes(), &slot.to_le_bytes()]);
                 if let Err(e) = write_all(&socket, &message).await {
@@ -642,6 +704,7 @@ async fn receive(
             Ok((wire::ERROR, payload)) => Err(refused(&payload)),
             Ok((kind, _)) => failed(format!("an unexpected message {kind}")),
             Err(e) if closed(&e) => Err(gone()),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => failed(format!("{e}; resume from the next step (unavailable)")),
             Err(e) => failed(format!("the connection failed: {e}")),
         };
         let end = item.is_err();

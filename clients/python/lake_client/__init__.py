@@ -27,6 +27,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -333,6 +334,9 @@ def _frame(kind: bytes, payload: bytes = b"") -> bytes:
 # Seconds a local stream waits for its next batch, with every slot held by a batch still alive,
 # before it warns that the trainer must drop (or copy) a batch first.
 STALL_WARNING_S = 10.0
+# How long a local stream waits for a server that sends nothing, not even the keepalive it sends
+# every second (frozen, or too loaded to run), before it raises `unavailable`.
+SERVER_TIMEOUT_S = 60.0
 
 #: The key of every `LakeIterableDataset` batch that holds `[epoch, step]` of the batch after
 #: it in the rank's sequence (what `state_dict(after=batch)` resumes from).
@@ -356,8 +360,10 @@ class _LocalStream:
 
     MAX_MESSAGE = 16 << 20
 
-    def __init__(self, sock: socket.socket, slots: int = 0):
+    def __init__(self, sock: socket.socket, slots: int = 0, server_timeout_s: float = SERVER_TIMEOUT_S):
         self.sock, self.buf, self.fds = sock, bytearray(), []
+        # When the server was last heard from (it sends a keepalive every second it is quiet).
+        self.heard, self.server_timeout_s = time.monotonic(), server_timeout_s
         # Re-entrant: a slot's finaliser may run inside another's send (a collection there).
         self.lock = threading.RLock()
         self.closed = False
@@ -368,33 +374,57 @@ class _LocalStream:
         with self.lock:
             self.held += 1
 
-    def _wait_for_data(self) -> None:
-        """Warns once when the server cannot send: every slot holds a batch still alive."""
-        if self.warned or not self.slots or self.held < self.slots:
-            return
-        ready, _, _ = select.select([self.sock], [], [], STALL_WARNING_S)
-        if not ready and self.held >= self.slots:
-            self.warned = True
-            warnings.warn(
-                f"a local stream has waited {STALL_WARNING_S:g} s for its next batch while {self.held} batches hold "
-                f"all {self.slots} of its slots: drop a batch (or copy it) before asking for the next, or ask for "
-                "more slots (a `for` loop holds its last batch while it asks for the next: with one slot, `del` it "
-                "at the end of the loop body)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+    def _warn_stalled(self) -> None:
+        """Warns once that the server cannot send: every slot holds a batch still alive."""
+        self.warned = True
+        warnings.warn(
+            f"a local stream has waited {STALL_WARNING_S:g} s for its next batch while {self.held} batches hold "
+            f"all {self.slots} of its slots: drop a batch (or copy it) before asking for the next, or ask for "
+            "more slots (a `for` loop holds its last batch while it asks for the next: with one slot, `del` it "
+            "at the end of the loop body)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _message(self):
+        """The next whole message in the buffer, or None."""
+        if len(self.buf) < 5:
+            return None
+        (length,) = struct.unpack_from("<I", self.buf)
+        if not 0 < length <= self.MAX_MESSAGE:
+            raise LakeError("protocol", f"a message of {length} bytes from the server")
+        if len(self.buf) < 4 + length:
+            return None
+        kind, payload = bytes(self.buf[4:5]), bytes(self.buf[5 : 4 + length])
+        del self.buf[: 4 + length]
+        return kind, payload
 
     def next(self):
+        """The next message other than a keepalive."""
+        asked = time.monotonic()
         while True:
-            if len(self.buf) >= 5:
-                (length,) = struct.unpack_from("<I", self.buf)
-                if not 0 < length <= self.MAX_MESSAGE:
-                    raise LakeError("protocol", f"a message of {length} bytes from the server")
-                if len(self.buf) >= 4 + length:
-                    kind, payload = bytes(self.buf[4:5]), bytes(self.buf[5 : 4 + length])
-                    del self.buf[: 4 + length]
-                    return kind, payload
-            self._wait_for_data()
+            message = self._message()
+            if message is not None:
+                if message[0] == b"K":
+                    continue
+                return message
+            now = time.monotonic()
+            stalled = not self.warned and self.slots and self.held >= self.slots
+            if stalled and now - asked >= STALL_WARNING_S:
+                self._warn_stalled()
+                stalled = False
+            wait = self.heard + self.server_timeout_s - now
+            if wait <= 0:
+                raise LakeError(
+                    "unavailable",
+                    f"the server sent nothing for {self.server_timeout_s:g} s: it stopped answering (frozen, or too "
+                    "loaded to run); resume from the next step",
+                )
+            if stalled:
+                wait = min(wait, asked + STALL_WARNING_S - now)
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if not ready:
+                continue
             try:
                 data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
             except (ConnectionResetError, BrokenPipeError):
@@ -404,6 +434,7 @@ class _LocalStream:
                 # Closed without an error message: the server stopped (or cut a client that
                 # held every slot through a shutdown) or went away, as Flight's UNAVAILABLE.
                 raise LakeError("unavailable", "the server closed the stream (it stopped or went away); resume from the next step")
+            self.heard = time.monotonic()
             self.buf += data
             self.fds += fds
 
@@ -439,13 +470,18 @@ class LocalClient:
     has `slots` (default 2) and waits while all are held, so keep at most that many batches (or
     copy them, as `batch_to_numpy(...)` + `np.array` does); after `STALL_WARNING_S` (10 s) of
     waiting so it warns (`RuntimeWarning`). A `for` loop holds its last batch while it asks for
-    the next, so with `slots=1` it must `del` the batch at the end of its body.
+    the next, so with `slots=1` it must `del` the batch at the end of its body. The server sends a
+    keepalive every second it has nothing else to send; a server that sends nothing for
+    `server_timeout_s` (default 60 s: frozen, or too loaded to run) ends the stream with
+    `LakeError` `unavailable`, as Flight's keepalive pings do.
     """
 
-    def __init__(self, path: str, token: Optional[str] = None, slots: int = 2):
+    def __init__(self, path: str, token: Optional[str] = None, slots: int = 2, server_timeout_s: float = SERVER_TIMEOUT_S):
         if not 1 <= slots <= 16:
             raise ValueError(f"a stream has 1 to 16 slots, not {slots}")
-        self.path, self.token, self.slots = path, token, slots
+        if not server_timeout_s > 0:
+            raise ValueError(f"server_timeout_s must be a positive number of seconds, not {server_timeout_s}")
+        self.path, self.token, self.slots, self.server_timeout_s = path, token, slots, server_timeout_s
 
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """Schema, epoch shape (`epoch_len`, `steps_per_epoch`) and pinned `datasets` of a
@@ -474,7 +510,7 @@ class LocalClient:
             raise LakeError(
                 "unavailable", f"no lake server at {self.path} ({e.strerror or e}): start `lake serve --local {self.path}`, or retry"
             ) from e
-        return _LocalStream(sock, slots)
+        return _LocalStream(sock, slots, self.server_timeout_s)
 
     def _open(self, stream: _LocalStream, kind: bytes, prefix: bytes, request: Dict[str, Any]) -> pa.Schema:
         """Sends the opening message (`H` hello or `Q` describe) and reads the schema back."""

@@ -10,6 +10,7 @@ import hashlib
 import os
 import signal
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -167,6 +168,48 @@ class ALocalServerThatGoesAway(unittest.TestCase):
                     next(LocalClient(where).batches({"datasets": ["x"]}))
                 self.assertEqual(gone.exception.code, "unavailable", where)
                 self.assertIn(f"no lake server at {where}", str(gone.exception))
+
+
+class ALocalServerThatStopsAnswering(unittest.TestCase):
+    def test_keepalives_hold_a_stream_open_and_silence_ends_it_as_unavailable(self):
+        schema = pa.schema([("index", pa.int64())]).serialize().to_pybytes()
+        # The stream format's framing (continuation, length) is not part of the message sent.
+        (length,) = struct.unpack_from("<i", schema, 4)
+        frame = lambda kind, payload=b"": struct.pack("<I", 1 + len(payload)) + kind + payload
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "lake.sock")
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(path)
+            server.listen(1)
+            done = threading.Event()
+
+            def serve():
+                conn, _ = server.accept()
+                conn.recv(1 << 16)
+                conn.sendall(frame(b"S", schema[8 : 8 + length]))
+                # At work on the first batch for 1.5 s (keepalives 0.2 s apart), then frozen.
+                for _ in range(8):
+                    time.sleep(0.2)
+                    conn.sendall(frame(b"K"))
+                done.wait(10)
+                conn.close()
+
+            thread = threading.Thread(target=serve)
+            thread.start()
+            started = time.monotonic()
+            try:
+                with self.assertRaises(LakeError) as silent:
+                    next(LocalClient(path, server_timeout_s=0.6).batches({"datasets": ["x"]}))
+            finally:
+                done.set()
+                thread.join()
+                server.close()
+            waited = time.monotonic() - started
+            self.assertEqual(silent.exception.code, "unavailable")
+            self.assertIn("the server sent nothing for 0.6 s", str(silent.exception))
+            self.assertGreater(waited, 1.6 + 0.6 - 0.05, "keepalives held the stream open")
+        with self.assertRaises(ValueError):
+            LocalClient(path, server_timeout_s=0)
 
 
 class AStreamThatStopsAnswering(unittest.TestCase):

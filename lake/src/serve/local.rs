@@ -5,7 +5,9 @@
 //! as an Arrow IPC message and copied into a free slot, its one copy after the loader made it; the client's
 //! arrays view the slot in place and give it back when dropped. With every slot taken the
 //! stream waits for its trainer, as a gRPC stream waits on a full socket. Requests, tokens,
-//! refusals, the memory budget and the batches are those of Flight's `DoGet`.
+//! refusals, the memory budget and the batches are those of Flight's `DoGet`. A stream that
+//! sent nothing for a second (its next batch is being made, or every slot is held) sends a
+//! keepalive, so that its client can tell a server at work from one that stopped answering.
 
 use std::{sync::Arc, time::Duration};
 
@@ -15,8 +17,12 @@ use futures::StreamExt;
 use lake_loader::local::{SharedMemory, send_message_with_fd, wire};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{UnixListener, UnixStream, unix::OwnedReadHalf},
+    net::{
+        UnixListener, UnixStream,
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+    },
     sync::mpsc,
+    time::{Interval, MissedTickBehavior},
 };
 
 use lake_loader::Spawned;
@@ -96,8 +102,32 @@ fn token_and_request(message: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((message.get(4..4 + token_len)?, message.get(4 + token_len..)?))
 }
 
+/// Ticks a second after the last message a stream sent, and every second after that.
+fn keepalives() -> Interval {
+    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + wire::KEEPALIVE_EVERY, wire::KEEPALIVE_EVERY);
+    every.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    every
+}
+
+/// Sends a keepalive.
+async fn keepalive(writer: &mut OwnedWriteHalf) -> std::io::Result<()> {
+    writer.write_all(&wire::frame(wire::KEEPALIVE, &[])).await
+}
+
+/// Runs `work`, sending keepalives while it takes.
+async fn keeping_alive<T>(writer: &mut OwnedWriteHalf, work: impl std::future::Future<Output = T>) -> std::io::Result<T> {
+    let mut work = std::pin::pin!(work);
+    let mut every = keepalives();
+    loop {
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            _ = every.tick() => keepalive(writer).await?,
+        }
+    }
+}
+
 /// Answers a describe (kind `Q`): the schema and the epoch shape, as `GetFlightInfo` does.
-async fn describe(service: &Service, message: &[u8], writer: &mut tokio::net::unix::OwnedWriteHalf) -> std::io::Result<()> {
+async fn describe(service: &Service, message: &[u8], writer: &mut OwnedWriteHalf) -> std::io::Result<()> {
     let Some((token, request)) = token_and_request(message) else {
         service.metrics.bad_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return writer.write_all(&wire::error("bad_request", "a describe holds a token and a request")).await;
@@ -107,7 +137,7 @@ async fn describe(service: &Service, message: &[u8], writer: &mut tokio::net::un
     }
     let plan = match service.parse_request(request) {
         // The smallest a local stream holds: one slot.
-        Ok(request) => service.describe(&request, super::Footprint::shared_memory(1)).await,
+        Ok(request) => keeping_alive(writer, service.describe(&request, super::Footprint::shared_memory(1))).await?,
         Err(e) => Err(e),
     };
     let plan = match plan {
@@ -163,7 +193,7 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
         Ok(r) => r,
         Err(e) => return writer.write_all(&error_message(&e)).await,
     };
-    let (schema, mut batches) = match service.batches_held(&request, Footprint::shared_memory(slots)).await {
+    let (schema, mut batches) = match keeping_alive(&mut writer, service.batches_held(&request, Footprint::shared_memory(slots))).await? {
         Ok(b) => b,
         Err(e) => return writer.write_all(&error_message(&e)).await,
     };
@@ -186,6 +216,7 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
     }));
     let mut ring: Option<Ring> = None;
     let mut segments = 0u32;
+    let mut every = keepalives();
     loop {
         let item = loop {
             tokio::select! {
@@ -196,6 +227,7 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
                     (None, _) => return Ok(()),
                 },
                 item = batches.next() => break item,
+                _ = every.tick() => keepalive(&mut writer).await?,
             }
         };
         let batch = match item {
@@ -224,9 +256,12 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
             if let Some(slot) = ring.free.pop() {
                 break slot;
             }
-            match released.recv().await {
-                Some(slot) => ring.release(slot),
-                None => return Ok(()),
+            tokio::select! {
+                slot = released.recv() => match slot {
+                    Some(slot) => ring.release(slot),
+                    None => return Ok(()),
+                },
+                _ = every.tick() => keepalive(&mut writer).await?,
             }
         };
         if !ring.memory.write_at(slot as usize * ring.slot_bytes, &chunks) {
@@ -235,6 +270,7 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
         drop(chunks);
         let placed = [ring.id.to_le_bytes(), slot.to_le_bytes()].concat();
         writer.write_all(&wire::frame(wire::BATCH, &[&placed, &(len as u64).to_le_bytes()])).await?;
+        every.reset();
     }
 }
 

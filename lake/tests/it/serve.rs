@@ -324,11 +324,17 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let subscriber = tracing_subscriber::fmt().with_writer(logs.clone()).with_ansi(false).finish();
         let stalled = {
             let _logging = tracing::subscriber::set_default(subscriber);
-            let stalling = local.clone().with_slots(1).with_stall_warning(std::time::Duration::from_millis(200));
+            // The server, waiting for the slot, says every second that it is there: the wait
+            // outlasts the client's server timeout.
+            let stalling = local
+                .clone()
+                .with_slots(1)
+                .with_stall_warning(std::time::Duration::from_millis(200))
+                .with_server_timeout(std::time::Duration::from_secs(3));
             let two = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "limit_batches": 2});
             let mut batches = stalling.stream(&two.to_string()).await.expect("local stream");
             let first = batches.next().await.expect("a batch").expect("batch");
-            let waited = tokio::time::timeout(std::time::Duration::from_secs(1), batches.next()).await;
+            let waited = tokio::time::timeout(std::time::Duration::from_secs(4), batches.next()).await;
             assert!(waited.is_err(), "the second batch waits for the slot the first holds");
             drop(first);
             let second = batches.next().await.expect("a batch once the slot is free").expect("batch");
@@ -349,6 +355,31 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert!(refused.to_string().contains("no dataset or view `no such!`"), "{refused}");
         let refused = local.describe(r#"{"datasets": ["nope"]}"#).await.expect_err("refused");
         assert!(refused.to_string().contains("not_found"), "{refused}");
+
+        // A server that stops answering (stopped here with SIGSTOP) ends a local stream with
+        // `unavailable` once it has sent nothing, not even a keepalive, for the server timeout.
+        let patient = local.clone().with_server_timeout(std::time::Duration::from_secs(2));
+        let endless = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8});
+        let mut batches = patient.stream(&endless.to_string()).await.expect("local stream");
+        let first = batches.next().await.expect("a batch").expect("batch");
+        let signal = |name: &str| {
+            let sent = std::process::Command::new("kill").args([name, &server.child.id().to_string()]).status().expect("kill");
+            assert!(sent.success());
+        };
+        signal("-STOP");
+        let stopped = std::time::Instant::now();
+        let ended = loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(30), batches.next()).await {
+                Ok(Some(Ok(_))) => continue,
+                other => break other,
+            }
+        };
+        let waited = stopped.elapsed();
+        signal("-CONT");
+        let e = ended.expect("ended before 30 s").expect("an error, not an end").expect_err("an error");
+        assert!(e.to_string().contains("sent nothing for 2.0 s") && e.to_string().contains("(unavailable)"), "{e}");
+        assert!(waited >= std::time::Duration::from_millis(1900), "{waited:?}");
+        drop(first);
 
         let flights: Vec<_> = client.list_flights(Vec::<u8>::new()).await.expect("list").try_collect().await.expect("flights");
         assert_eq!(flights.len(), 1);
