@@ -461,16 +461,9 @@ pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
     };
     let users = users_of(lake.views().await?, u64::MAX);
     if !users.is_empty() && !args.force {
-        anyhow::bail!(
-            "dataset `{name}` is selected from by {} {}: drop {} first (`lake view drop NAME`), or pass --force (loading {} then \
-             fails, saying the dataset was removed)",
-            if users.len() == 1 { "view" } else { "views" },
-            users.join(", "),
-            if users.len() == 1 { "it" } else { "them" },
-            if users.len() == 1 { "it" } else { "them" },
-        );
+        anyhow::bail!("{}", lake_store::selected_message(name, &users));
     }
-    let report = lake.remove(name).await?;
+    let report = lake.remove(name, args.force).await?;
     let versions = match report.versions.as_slice() {
         [v] => format!("version {v}"),
         [first, .., last] => format!("versions {first} to {last}"),
@@ -605,4 +598,14 @@ pub async fn inspect(root: &str, args: InspectArgs) -> anyhow::Result<ExitCode> 
         render::inspect(&mut out, &record, versions, &tables, args.episodes.unwrap_or(10))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `e`, or, when it is a failure to read the files of a dataset that `lake rm` removed while
+/// the command read it, the removal, said plainly.
+pub async fn explained(root: &str, e: anyhow::Error) -> anyhow::Error {
+    let Ok(lake) = Lake::open(root) else { return e };
+    match lake.removal_behind(&format!("{e:#}")).await {
+        Some(removal) => anyhow::anyhow!("{removal}, while this command read it"),
+        None => e,
+    }
 }

@@ -224,9 +224,10 @@ fn main() -> ExitCode {
         Command::Sql(args) => args.is_shell(),
         _ => false,
     };
+    let root = cli.lake.clone();
     let result = runtime.block_on(async {
         let command = async {
-            match cli.command {
+            let result = match cli.command {
                 Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
                 Command::Ls(args) => commands::ls(&cli.lake, args).await,
                 Command::Rm(args) => commands::rm(&cli.lake, args).await,
@@ -239,6 +240,10 @@ fn main() -> ExitCode {
                 Command::Stats(args) => query::stats(&cli.lake, args).await,
                 Command::Export(args) => query::export(&cli.lake, args).await,
                 Command::Serve(args) => server::serve(&cli.lake, args).await,
+            };
+            match result {
+                Err(e) => Err(commands::explained(&root, e).await),
+                ok => ok,
             }
         };
         if own_stop {

@@ -46,8 +46,9 @@ pub const DTYPE: &str = "dtype";
 /// camera's window of one offset is `HWC`, as in LeRobot).
 pub const LAYOUT: &str = "layout";
 
-/// The column a mixture's batches end with: which of its datasets (their position in the
-/// request) each sample came from, as LeRobot's `MultiLeRobotDataset` adds it (int64).
+/// The column a mixture's batches end with: which of its datasets (their position among the
+/// datasets sampled, a view's each) each sample came from, as LeRobot's `MultiLeRobotDataset`
+/// adds it (int64).
 pub const DATASET_INDEX: &str = "dataset_index";
 
 /// Index columns LeRobot returns as int64 scalars.
@@ -275,7 +276,8 @@ impl Loader {
         if datasets.len() > 1 {
             if let Some(ds) = datasets.iter().find(|ds| ds.keys().iter().any(|k| k == DATASET_INDEX)) {
                 return Err(Error::request(format!(
-                    "{} has a feature `{DATASET_INDEX}`, the name of the column a mixture adds to say which dataset each sample                      came from; sample it alone",
+                    "{} has a feature `{DATASET_INDEX}`, the name of the column a mixture adds to say which dataset each \
+                     sample came from; sample it alone",
                     ds.label
                 )));
             }

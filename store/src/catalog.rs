@@ -253,33 +253,38 @@ impl Lake {
             }
             return Self::open_inner(root, create);
         } else {
-            if !create {
-                let message = if abs.exists() {
-                    "this directory is not a lake (no lake.json)"
-                } else {
-                    "no lake here yet (`lake ingest` creates it)"
-                };
-                return Err(root_err(message.into()));
-            }
             // What a creator killed before it renamed its marker into place left is not content.
             let mut entries = Vec::new();
             for entry in std::fs::read_dir(&abs).into_iter().flatten().flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 match name.strip_prefix(NEW_MARKER).map(str::parse::<u32>) {
-                    Some(Ok(pid)) if !process_alive(pid) => drop(std::fs::remove_file(entry.path())),
+                    Some(Ok(pid)) if !process_alive(pid) => {
+                        if create {
+                            drop(std::fs::remove_file(entry.path()));
+                        }
+                    }
                     _ => entries.push(name),
                 }
             }
-            if !entries.is_empty() {
-                // Another command creating the lake right now puts its marker in a moment.
-                let lake_made =
-                    entries.iter().all(|n| [CATALOG, STAGING, DATASETS, VIEWS, REMOVED].contains(&n.as_str()) || n.starts_with(NEW_MARKER));
+            // Another command creating the lake right now (its directory made, its tables or
+            // marker on the way) puts its marker in a moment.
+            let lake_made =
+                entries.iter().all(|n| [CATALOG, STAGING, DATASETS, VIEWS, REMOVED].contains(&n.as_str()) || n.starts_with(NEW_MARKER));
+            if !entries.is_empty() && lake_made {
                 for _ in 0..50 {
-                    if !lake_made || marker.is_file() {
-                        break;
+                    if marker.is_file() {
+                        return Self::open_inner(root, create);
                     }
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
+            }
+            if !create {
+                // An empty directory, or one a creator is making a lake in.
+                let message =
+                    if !lake_made { "this directory is not a lake (no lake.json)" } else { "no lake here yet (`lake ingest` creates it)" };
+                return Err(root_err(message.into()));
+            }
+            if !entries.is_empty() {
                 if marker.is_file() {
                     return Self::open_inner(root, create);
                 }
@@ -569,6 +574,34 @@ impl Lake {
         Ok(self.removals(name).await?.pop())
     }
 
+    /// The removal that explains a failure to read a dataset's files: `message` names a path
+    /// under a version's directory (`datasets/NAME/DIR/…`), `NAME` was removed with `lake rm`
+    /// after that version was begun, and no live version has that directory.
+    pub async fn removal_behind(&self, message: &str) -> Option<Removal> {
+        let prefix = format!("{DATASETS}/");
+        for (at, _) in message.match_indices(&prefix) {
+            let mut parts = message[at + prefix.len()..].splitn(3, '/');
+            let (Some(name), Some(dir), Some(_)) = (parts.next(), parts.next(), parts.next()) else { continue };
+            let Some(begun) = dir.get(..15).and_then(|t| chrono::NaiveDateTime::parse_from_str(t, "%Y%m%dT%H%M%S").ok()) else {
+                continue;
+            };
+            if validate_name(name).is_err() {
+                continue;
+            }
+            let Ok(Some(removal)) = self.removal(name).await else { continue };
+            if removal.removed_at.naive_utc() < begun {
+                continue;
+            }
+            // Its files may be going still: the version is gone once no live record has them.
+            let dir = format!("{DATASETS}/{name}/{dir}");
+            match self.versions(name).await {
+                Ok(live) if live.iter().all(|r| r.tables.dir != dir) => return Some(removal),
+                _ => {}
+            }
+        }
+        None
+    }
+
     /// The latest removal of every dataset `lake rm` removed, by name.
     ///
     /// # Errors
@@ -605,11 +638,16 @@ impl Lake {
     /// keeps its version. With nothing left to remove, this finishes a removal that was
     /// interrupted.
     ///
+    /// Unless `force`, a view made while the removal record was written that selects a version
+    /// it takes makes it back out (the caller checked the views before); the view's own check
+    /// sees the removal otherwise (see [`Lake::put_view`]).
+    ///
     /// # Errors
     /// [`Error::NotFound`] when the lake has no such dataset (and no removal is left to
-    /// finish); [`Error::Unfinished`] when the dataset is removed but deleting its files
-    /// failed; an I/O error when the removal record cannot be written (nothing changed).
-    pub async fn remove(&self, name: &str) -> Result<RemovalReport> {
+    /// finish); [`Error::Selected`] when a view made meanwhile selects it (nothing changed);
+    /// [`Error::Unfinished`] when the dataset is removed but deleting its files failed; an I/O
+    /// error when the removal record cannot be written (nothing changed).
+    pub async fn remove(&self, name: &str, force: bool) -> Result<RemovalReport> {
         let before = self.removal(name).await?;
         let Some(through) = self.version_paths(name).await?.iter().filter_map(version_of).max() else {
             if let Some(removal) = before {
@@ -627,12 +665,30 @@ impl Lake {
         let path = Path::from(format!("{REMOVED}/{name}/v{through:08}.json"));
         let body = serde_json::json!({"name": name, "through_version": through, "removed_at": Utc::now()});
         let body = serde_json::to_vec_pretty(&body).expect("removal record serialises");
-        match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await {
-            // Another `lake rm` of the same versions at the same moment: one record says it.
-            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
-            Err(e) => return Err(Error::store(path.to_string())(e)),
-        }
+        let wrote =
+            match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await {
+                Ok(_) => true,
+                // Another `lake rm` of the same versions at the same moment: one record says it.
+                Err(object_store::Error::AlreadyExists { .. }) => false,
+                Err(e) => return Err(Error::store(path.to_string())(e)),
+            };
         let from_version = before.map_or(1, |r| r.through_version + 1);
+        if !force {
+            let views: Vec<String> = self
+                .views()
+                .await?
+                .into_iter()
+                .filter(|v| v.datasets.iter().any(|d| d.name == name && (from_version..=through).contains(&d.version)))
+                .map(|v| format!("{}@{}", v.name, v.version))
+                .collect();
+            if !views.is_empty() {
+                if wrote {
+                    self.store.delete(&path).await.map_err(Error::store(path.to_string()))?;
+                    self.prune(&format!("{REMOVED}/{name}"));
+                }
+                return Err(Error::Selected { name: name.to_string(), views });
+            }
+        }
         let removal = Removal { name: name.to_string(), from_version, through_version: through, removed_at: Utc::now() };
         let (versions, bytes) = self.finish_removal(name, through).await.map_err(|e| unfinished(name, &e))?;
         let kept = self.version_paths(name).await.unwrap_or_default().iter().filter_map(version_of).collect();
@@ -896,17 +952,37 @@ impl Lake {
             }
             return Err(taken());
         }
-        if !replace && self.view(&view.name).await?.is_some() {
+        // The number taken follows the version checked: another `lake view` that wrote one
+        // since takes it first, and this one is refused (a create never replaces).
+        let last = self.view_paths(&view.name).await?.pop();
+        if !replace
+            && let Some((version, path)) = &last
+            && !self.read_view(*version, path).await?.dropped
+        {
             return Err(Error::View { name: view.name.clone(), message: "already exists (use --replace to overwrite it)".into() });
         }
-        let version = self.view_paths(&view.name).await?.last().map_or(1, |(v, _)| v + 1);
+        let version = last.map_or(1, |(v, _)| v + 1);
         let path = self.put_view_version(&ViewRecord { version, ..view.clone() }).await?;
+        let withdraw = async |e: Error| {
+            self.store.delete(&path).await.map_err(Error::store(path.to_string()))?;
+            self.prune(&format!("{VIEWS}/{}", view.name));
+            Err(e)
+        };
         // An ingest of the same name that started meanwhile either sees this view when it
         // commits, or is seen here (its lease, or its version): then the view goes again.
         if self.dataset_claims(&view.name).await? {
-            self.store.delete(&path).await.map_err(Error::store(path.to_string()))?;
-            self.prune(&format!("{VIEWS}/{}", view.name));
-            return Err(taken());
+            return withdraw(taken()).await;
+        }
+        // So with `lake rm` of a dataset the view selects: it refuses (without --force) once it
+        // sees this view, or has written its removal, seen here.
+        for selected in &view.datasets {
+            if let Some(removal) = self.removal(&selected.name).await?
+                && removal.through_version >= selected.version
+            {
+                let message =
+                    format!("{removal} while the view was made, and it selected `{}@{}`; make it again", selected.name, selected.version);
+                return withdraw(Error::View { name: view.name.clone(), message }).await;
+            }
         }
         Ok(version)
     }
@@ -1015,7 +1091,15 @@ impl Lake {
             .put_opts(&lease_path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() })
             .await
             .map_err(Error::store(lease_path.to_string()))?;
-        let pending = PendingVersion { lake: self.clone(), name: name.to_string(), dir, lease: lease_path, done: false };
+        let pending = PendingVersion {
+            lake: self.clone(),
+            name: name.to_string(),
+            dir,
+            lease: lease_path,
+            done: false,
+            #[cfg(test)]
+            before_put: None,
+        };
         // The version's directory exists from here on, so that `datasets/NAME` is never empty
         // while this writer lives and a writer that finishes meanwhile cannot remove it.
         self.make_dir(&pending.dir)?;
@@ -1233,6 +1317,9 @@ pub struct PendingVersion {
     dir: String,
     lease: Path,
     done: bool,
+    /// Tests: waited at before the commit record's first write, so that writers collide.
+    #[cfg(test)]
+    before_put: Option<Arc<tokio::sync::Barrier>>,
 }
 
 impl PendingVersion {
@@ -1304,11 +1391,20 @@ impl PendingVersion {
             let last = self.lake.all_version_paths(&self.name).await?.last().and_then(version_of).unwrap_or(0);
             let removed = self.lake.removal(&self.name).await?.map_or(0, |r| r.through_version);
             version = last.max(removed) + 1;
-            if let Some(latest) = self.lake.latest_readable(&self.name).await?
+            let latest = match self.lake.latest_readable(&self.name).await {
+                // A record listed and then removed by `lake rm` before it was read: look again.
+                Err(Error::ObjectStore { source: object_store::Error::NotFound { .. }, .. }) => continue,
+                other => other?,
+            };
+            if let Some(latest) = latest
                 && same(&latest)
             {
                 self.abort_inner().await?;
                 return Ok(Committed::Found(latest));
+            }
+            #[cfg(test)]
+            if let Some(barrier) = self.before_put.take() {
+                barrier.wait().await;
             }
             record.version = version;
             record.committed_at = chrono::Utc::now();
@@ -1318,6 +1414,15 @@ impl PendingVersion {
                 self.lake.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await;
             match put {
                 Ok(_) => {
+                    // `lake rm` may have removed the version this one took the number after, and
+                    // its record with it, between the listing and the write: then this version
+                    // is hidden by the removal, and finishing the removal would delete it.
+                    if self.lake.removal(&self.name).await?.is_some_and(|r| r.through_version >= version) {
+                        let _ = self.lake.store.delete(&path).await;
+                        self.abort_inner().await?;
+                        self.lake.prune(&format!("{CATALOG}/{}", self.name));
+                        return Err(Error::RemovedWhileCommitting { name: self.name.clone(), version });
+                    }
                     self.done = true;
                     // The version is visible now; a failure to drop the lease only leaves a lease
                     // that garbage collection recognises as committed.
@@ -1592,6 +1697,22 @@ mod tests {
         });
         Lake::create(root.to_str().unwrap()).unwrap();
         writer.join().unwrap();
+        // A reader waits for it too, and an empty directory has no lake yet.
+        let root = dir.path().join("read-while-made");
+        std::fs::create_dir_all(&root).unwrap();
+        let open = |root: &std::path::Path| Lake::open(root.to_str().unwrap()).map(drop).map_err(|e| e.to_string());
+        assert!(open(&root).unwrap_err().contains("no lake here yet"), "an empty directory");
+        std::fs::write(root.join(format!("{NEW_MARKER}{}", std::process::id())), b"{").unwrap();
+        let marker = root.join(MARKER);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::fs::write(marker, br#"{"format": "lake", "layout": 1}"#).unwrap();
+        });
+        assert_eq!(open(&root), Ok(()));
+        writer.join().unwrap();
+        std::fs::create_dir(dir.path().join("other")).unwrap();
+        std::fs::write(dir.path().join("other/notes.txt"), b"").unwrap();
+        assert!(open(&dir.path().join("other")).unwrap_err().contains("is not a lake (no lake.json)"));
     }
 
     #[test]
@@ -1603,7 +1724,7 @@ mod tests {
 
 #[cfg(test)]
 mod lifecycle_tests {
-    use lake_schemas::{IngestOptions, SourceRecord, TableCounts};
+    use lake_schemas::{IngestOptions, SourceRecord, TableCounts, ViewDataset};
 
     use super::*;
 
@@ -1701,7 +1822,7 @@ mod lifecycle_tests {
         let other = commit_version(&lake, "other").await;
         // An ingest of the name under way is named, and goes on.
         let writing = lake.begin("ds").await.unwrap();
-        let report = lake.remove("ds").await.unwrap();
+        let report = lake.remove("ds", false).await.unwrap();
         assert_eq!((report.versions.clone(), report.bytes, report.kept.clone()), (vec![1, 2], 8, vec![]));
         assert_eq!(report.removal.through_version, 2);
         assert_eq!(report.under_way.len(), 1, "{report:?}");
@@ -1721,12 +1842,12 @@ mod lifecycle_tests {
             assert!(e.contains(&format!("no dataset `{spec}`")) && e.contains("`ds` was removed with `lake rm` at "), "{e}");
             assert!(e.ends_with("(versions 1 to 2)"), "{e}");
         }
-        assert!(matches!(lake.remove("ds").await.unwrap_err(), Error::NotFound { removed: Some(_), .. }));
+        assert!(matches!(lake.remove("ds", false).await.unwrap_err(), Error::NotFound { removed: Some(_), .. }));
         // An ingest under the name later continues after the removed versions.
         commit_version(&lake, "ds").await;
         assert_eq!(lake.resolve("ds").await.unwrap().version, 3);
         assert!(lake.resolve("ds@2").await.is_err());
-        let report = lake.remove("ds").await.unwrap();
+        let report = lake.remove("ds", false).await.unwrap();
         assert_eq!((report.versions, report.removal.through_version), (vec![3], 3));
         // Each version's message names the removal that took it.
         assert!(lake.resolve("ds@1").await.unwrap_err().to_string().ends_with("(versions 1 to 2)"));
@@ -1787,10 +1908,10 @@ mod lifecycle_tests {
         // see, so there is nothing else to remove).
         write_file(&lake, "removed/ds/v00000002.json");
         assert!(lake.datasets().await.unwrap().is_empty());
-        let report = lake.remove("ds").await.unwrap();
+        let report = lake.remove("ds", false).await.unwrap();
         assert!(report.finished_earlier && report.versions == [2] && report.removal.from_version == 2, "{report:?}");
         assert!(!lake.root.join(&second).exists());
-        assert!(matches!(lake.remove("ds").await.unwrap_err(), Error::NotFound { removed: Some(_), .. }));
+        assert!(matches!(lake.remove("ds", false).await.unwrap_err(), Error::NotFound { removed: Some(_), .. }));
         // A view cannot take a removed dataset's name.
         let view = ViewRecord {
             name: "ds".into(),
@@ -1872,6 +1993,49 @@ mod lifecycle_tests {
         assert!(err.contains("is a view"), "{err}");
         assert!(lake.datasets().await.unwrap().is_empty());
         assert!(!lake.root.join(&dir).exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writers_that_pick_one_number_at_once_publish_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        // Both list no version, both see no latest to be the same as, both try version 1.
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let mut writers = Vec::new();
+        for _ in 0..2 {
+            let mut p = lake.begin("ds").await.unwrap();
+            p.before_put = Some(barrier.clone());
+            writers.push(p);
+        }
+        let commits = writers.into_iter().map(|p| {
+            let r = record("ds", 0, p.dir());
+            tokio::spawn(async move { p.commit_unless(r, |_| true).await.unwrap() })
+        });
+        let done: Vec<Committed> = futures::future::join_all(commits).await.into_iter().map(Result::unwrap).collect();
+        assert!(matches!(done[..], [Committed::New(_), Committed::Found(_)] | [Committed::Found(_), Committed::New(_)]), "{done:?}");
+        assert_eq!(lake.versions("ds").await.unwrap().len(), 1);
+        // Different contents at once: the one that collides takes the next number.
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let mut writers = Vec::new();
+        for _ in 0..2 {
+            let mut p = lake.begin("ds").await.unwrap();
+            p.before_put = Some(barrier.clone());
+            writers.push(p);
+        }
+        let commits = writers.into_iter().map(|p| {
+            let r = record("ds", 0, p.dir());
+            tokio::spawn(async move { p.commit_unless(r, |_| false).await.unwrap() })
+        });
+        let mut versions: Vec<u64> = futures::future::join_all(commits)
+            .await
+            .into_iter()
+            .map(|c| match c.unwrap() {
+                Committed::New(r) => r.version,
+                Committed::Found(r) => panic!("found {r:?}"),
+            })
+            .collect();
+        versions.sort_unstable();
+        assert_eq!(versions, [2, 3]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -2037,6 +2201,50 @@ mod lifecycle_tests {
             lake_versions: vec![],
             datasets: vec![],
         }
+    }
+
+    #[tokio::test]
+    async fn a_removal_and_a_view_made_at_once_never_leave_a_view_over_a_removed_dataset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let over = |version: u64| ViewRecord {
+            datasets: vec![ViewDataset { name: "ds".into(), version, weight: 1.0, episodes: vec![0] }],
+            ..view("v", "q")
+        };
+        // A view written after `lake rm` checked the views: the removal backs out.
+        let dir = commit_version(&lake, "ds").await;
+        lake.put_view(&over(1), false).await.unwrap();
+        let e = lake.remove("ds", false).await.unwrap_err();
+        assert!(matches!(&e, Error::Selected { views, .. } if views == &["v@1"]), "{e}");
+        assert!(e.to_string().contains("pass --force"), "{e}");
+        assert!(lake.removal("ds").await.unwrap().is_none() && lake.resolve("ds").await.is_ok() && lake.root.join(&dir).is_dir());
+        // Forced, it goes; a view made then over the removed version is withdrawn.
+        lake.remove("ds", true).await.unwrap();
+        let e = lake.put_view(&over(1), true).await.unwrap_err().to_string();
+        assert!(e.contains("`ds` was removed with `lake rm`") && e.contains("selected `ds@1`"), "{e}");
+        assert_eq!(lake.view("v").await.unwrap().unwrap().version, 1, "the withdrawn version is gone");
+
+        // Why reading a removed version's files failed: its removal.
+        let removed = format!("table /somewhere/{dir}/steps.lance: Not found: /somewhere/{dir}/steps.lance/data/x.lance");
+        assert_eq!(lake.removal_behind(&removed).await.map(|r| r.through_version), Some(1));
+        let live = commit_version(&lake, "ds").await;
+        for unexplained in [format!("{live}/steps.lance: Not found"), "Not found: steps.lance".into(), dir.clone()] {
+            assert!(lake.removal_behind(&unexplained).await.is_none(), "{unexplained}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn views_created_at_once_without_replace_make_one_version() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let creates = (0..8).map(|i| {
+            let lake = lake.clone();
+            tokio::spawn(async move { lake.put_view(&view("n", &format!("q{i}")), false).await })
+        });
+        let done = futures::future::join_all(creates).await;
+        let made: Vec<u64> = done.iter().filter_map(|r| r.as_ref().unwrap().as_ref().ok().copied()).collect();
+        assert_eq!(made, [1], "{done:?}");
+        assert_eq!(lake.view_versions("n").await.unwrap().len(), 1);
     }
 
     #[tokio::test]

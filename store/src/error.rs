@@ -45,6 +45,23 @@ pub enum Error {
         /// The last version number tried.
         version: u64,
     },
+    /// `lake rm` without `--force` of a dataset that views select from.
+    #[error("{}", selected_message(name, views))]
+    Selected {
+        /// Dataset name.
+        name: String,
+        /// The views, as `NAME@VERSION`.
+        views: Vec<String>,
+    },
+    /// `lake rm` removed the dataset while a version of it was being committed, through the
+    /// number that version took.
+    #[error("dataset `{name}` was removed with `lake rm` while this ingest committed it as version {version}; run the ingest again")]
+    RemovedWhileCommitting {
+        /// Dataset name.
+        name: String,
+        /// The version number taken.
+        version: u64,
+    },
     /// A dataset is removed (its removal record is written) but deleting its files failed.
     #[error(
         "dataset `{name}` is removed (no reader sees it any more), but deleting its files failed: {message}; `lake rm {name}` again, \
@@ -89,6 +106,19 @@ pub enum Error {
         /// Arrow's error.
         source: arrow_schema::ArrowError,
     },
+}
+
+/// What `lake rm` says of a dataset that views select from.
+pub fn selected_message(name: &str, views: &[String]) -> String {
+    let one = views.len() == 1;
+    format!(
+        "dataset `{name}` is selected from by {} {}: drop {} first (`lake view drop NAME`), or pass --force (loading {} then fails, \
+         saying the dataset was removed)",
+        if one { "view" } else { "views" },
+        views.join(", "),
+        if one { "it" } else { "them" },
+        if one { "it" } else { "them" },
+    )
 }
 
 /// `; NAME was removed …` when a removal explains why a dataset is missing.

@@ -364,6 +364,9 @@ class _LocalStream:
         self.sock, self.buf, self.fds = sock, bytearray(), []
         # When the server was last heard from (it sends a keepalive every second it is quiet).
         self.heard, self.server_timeout_s = time.monotonic(), server_timeout_s
+        # poll, not select: a trainer may hold more than 1024 descriptors.
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
         # Re-entrant: a slot's finaliser may run inside another's send (a collection there).
         self.lock = threading.RLock()
         self.closed = False
@@ -400,7 +403,9 @@ class _LocalStream:
         return kind, payload
 
     def next(self):
-        """The next message other than a keepalive."""
+        """The next message other than a keepalive. The server's silence counts from when it was
+        last heard from or this was asked for, whichever is later: keepalives wait unread in the
+        socket while the trainer works between batches."""
         asked = time.monotonic()
         while True:
             message = self._message()
@@ -413,7 +418,7 @@ class _LocalStream:
             if stalled and now - asked >= STALL_WARNING_S:
                 self._warn_stalled()
                 stalled = False
-            wait = self.heard + self.server_timeout_s - now
+            wait = max(self.heard, asked) + self.server_timeout_s - now
             if wait <= 0:
                 raise LakeError(
                     "unavailable",
@@ -422,8 +427,7 @@ class _LocalStream:
                 )
             if stalled:
                 wait = min(wait, asked + STALL_WARNING_S - now)
-            ready, _, _ = select.select([self.sock], [], [], wait)
-            if not ready:
+            if not self.poller.poll(max(1, int(wait * 1000 + 0.999))):
                 continue
             try:
                 data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
@@ -662,7 +666,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
 
     Use it with `DataLoader(ds, batch_size=None)` (or iterate it directly). With `local=PATH`
     (the server's `--local` socket, same machine) the batches arrive in shared memory and
-    `location` (Flight) may be `None`. Every rank gets its
+    `location` (Flight) may be `None`; `server_timeout_s` (default 60) is how long a local
+    stream waits for a server that sends nothing (see `LocalClient`). Every rank gets its
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
@@ -709,6 +714,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         local: Optional[str] = None,
+        server_timeout_s: float = SERVER_TIMEOUT_S,
         **request: Any,
     ):
         if torch is None:
@@ -717,6 +723,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             raise ValueError("give the server's Flight `location`, its `local` socket, or both")
         super().__init__()
         self.location, self.token, self.local = location, token, local
+        self.server_timeout_s = server_timeout_s
         detected = _rank_and_world()
         self.rank = detected[0] if rank is None else rank
         self.world_size = detected[1] if world_size is None else world_size
@@ -741,7 +748,9 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         self._pinned = False
 
     def _source(self):
-        return LocalClient(self.local, self.token) if self.local else LakeClient(self.location, self.token)
+        if self.local:
+            return LocalClient(self.local, self.token, server_timeout_s=self.server_timeout_s)
+        return LakeClient(self.location, self.token)
 
     def _pin(self, source, info: Dict[str, Any]) -> Dict[str, Any]:
         """From now on (later epochs, a resume from state_dict) the versions `info` planned, the

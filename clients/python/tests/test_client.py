@@ -252,6 +252,20 @@ class LocalStreams(unittest.TestCase):
             del batch
         self.assertEqual(read, len(over_flight))
 
+    def test_a_trainer_slower_than_the_server_timeout_is_not_taken_for_a_silent_server(self):
+        request = {"datasets": [DATASET], "preset": "none", "batch_size": 4, "seed": 1, "limit_batches": 3}
+        batches = LocalClient(LOCAL, TOKEN, slots=1, server_timeout_s=1.0).batches(request)
+        first = next(batches)
+        # Training on it for longer than the timeout: the server's keepalives (it waits for the
+        # slot) wait unread in the socket meanwhile.
+        time.sleep(2.5)
+        del first
+        read = 0
+        for batch in batches:
+            read += 1
+            del batch
+        self.assertEqual(read, 2)
+
     def test_a_request_is_described_as_over_flight(self):
         request = {"datasets": [DATASET], "preset": "act", "batch_size": 50, "seed": 11, "drop_last": False,
                    "rank": 1, "world_size": 3}

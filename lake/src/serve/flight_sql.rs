@@ -145,23 +145,33 @@ impl LakeFlightSql {
     }
 
     /// A failed query's status, counted (as a SQL error, or an internal one when the lake's
-    /// files could not be read).
-    fn failed(&self, e: &Error) -> Status {
-        self.service.count_sql_error(e);
-        status(e)
+    /// files could not be read; a dataset removed meanwhile is not found).
+    async fn failed(&self, e: Error) -> Status {
+        let e = self.service.explained(e).await;
+        self.service.count_sql_error(&e);
+        status(&e)
     }
 
     /// A flight for `query`: its result schema, and one endpoint whose ticket is `ticket`.
     async fn statement_info(&self, query: &str, ticket: Vec<u8>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
-        let schema = self.session().await?.schema(query).await.map_err(|e| self.failed(&e))?;
+        let schema = match self.session().await?.schema(query).await {
+            Ok(schema) => schema,
+            Err(e) => return Err(self.failed(e).await),
+        };
         info(&schema, ticket, descriptor)
     }
 
     /// Runs `query` and streams its result.
     async fn run(&self, query: &str) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let slot = self.service.sql_slot().map_err(|e| self.failed(&e))?;
+        let slot = match self.service.sql_slot() {
+            Ok(slot) => slot,
+            Err(e) => return Err(self.failed(e).await),
+        };
         let session = self.session().await?;
-        let stream = self.service.sql_stream(session, query, slot).await.map_err(|e| self.failed(&e))?;
+        let stream = match self.service.sql_stream(session, query, slot).await {
+            Ok(stream) => stream,
+            Err(e) => return Err(self.failed(e).await),
+        };
         let schema = stream.schema();
         let service = self.service.clone();
         let batches = stream.map_err(move |e| {
@@ -274,7 +284,10 @@ impl FlightSqlService for LakeFlightSql {
         query: ActionCreatePreparedStatementRequest,
         _: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let schema = self.session().await?.schema(&query.query).await.map_err(|e| self.failed(&e))?;
+        let schema = match self.session().await?.schema(&query.query).await {
+            Ok(schema) => schema,
+            Err(e) => return Err(self.failed(e).await),
+        };
         let IpcMessage(dataset_schema) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default()).try_into().map_err(internal)?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: query.query.into(),

@@ -602,7 +602,11 @@ async fn sql(
 ) -> Result<Response, Refused> {
     let answer = negotiate(&headers, "/v1/sql", &[Answer::Arrow, Answer::Json, Answer::Csv]).inspect_err(|_| service.count_bad())?;
     let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
-    Ok(sql_answer(&service, answer, &body).await.inspect_err(|e| service.count_sql_error(e))?)
+    let answered = match sql_answer(&service, answer, &body).await {
+        Err(e) => Err(service.explained(e).await),
+        ok => ok,
+    };
+    Ok(answered.inspect_err(|e| service.count_sql_error(e))?)
 }
 
 async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Result<Response, Error> {

@@ -449,6 +449,9 @@ pub struct Plan {
     /// The request's datasets with every dataset name pinned to the version served
     /// (`NAME@VERSION`); a request that names these reads the same versions after a later ingest.
     pub datasets: Vec<DatasetRef>,
+    /// The datasets sampled (`NAME@VERSION`), a view's each: a mixture's `dataset_index` column
+    /// is a position in this list.
+    pub sources: Vec<String>,
     /// Schema of the batches.
     pub schema: SchemaRef,
     /// Eligible steps per epoch.
@@ -462,7 +465,13 @@ impl Plan {
     /// The epoch shape clients keep their `(epoch, step)` cursor with, as JSON (Flight's
     /// `app_metadata`, a local stream's plan message).
     pub fn shape_json(&self) -> String {
-        serde_json::json!({"epoch_len": self.epoch_len, "steps_per_epoch": self.steps_per_epoch, "datasets": self.datasets}).to_string()
+        serde_json::json!({
+            "epoch_len": self.epoch_len,
+            "steps_per_epoch": self.steps_per_epoch,
+            "datasets": self.datasets,
+            "sources": self.sources,
+        })
+        .to_string()
     }
 }
 
@@ -916,6 +925,18 @@ impl Service {
         }
     }
 
+    /// `e`, or, when it is a failure to read the files of a dataset that `lake rm` removed
+    /// while the request read it, the removal (not found, as the dataset now is).
+    pub async fn explained(&self, e: Error) -> Error {
+        if refusal_kind(&e) != Refusal::Internal {
+            return e;
+        }
+        match self.lake.removal_behind(&e.to_string()).await {
+            Some(removal) => Error::NotFound(format!("{removal}, while this request read it")),
+            None => e,
+        }
+    }
+
     async fn prepare(&self, request: &SampleRequest) -> Result<Arc<Prepared>> {
         request.check()?;
         let request = &self.pinned(request).await;
@@ -947,8 +968,11 @@ impl Service {
                     removal_looked: Mutex::default(),
                 }))
             })
-            .await?
-            .clone();
+            .await;
+        let p = match p {
+            Ok(p) => p.clone(),
+            Err(e) => return Err(self.explained(e).await),
+        };
         drop(guard);
         // A dataset `lake rm` removed since the loader was made is gone for new requests too.
         if let Some((label, removal)) = self.removed_from(&p).await? {
@@ -995,7 +1019,8 @@ impl Service {
         let (_, steps_per_epoch) = self.steps_of(request, epoch_len)?;
         // Nor is a stream that could never fit in the memory budget.
         self.room(&prepared.loader.schema(), request.batch_size, footprint)?;
-        Ok(Plan { datasets: prepared.datasets.clone(), schema: prepared.loader.schema(), epoch_len, steps_per_epoch })
+        let sources = prepared.loader.datasets().iter().map(|ds| ds.label.clone()).collect();
+        Ok(Plan { datasets: prepared.datasets.clone(), sources, schema: prepared.loader.schema(), epoch_len, steps_per_epoch })
     }
 
     /// The request's sharding and steps per epoch over `epoch_len` positions, refusing (and
