@@ -462,7 +462,7 @@ async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbe
     /// Packets per take: a few MB of compressed video.
     const SLICE: usize = 256;
     let table = lake_store::open_table(lake, &ds.record, tables::PACKETS).await?;
-    let lance = |e: lance::Error| invalid(format!("reading the packets of {}: {e}", ds.label));
+    let lance = |e: lance::Error| invalid(format!("reading the packets of {}: {}", ds.label, lake_store::lance_message(&e)));
     let file = std::fs::File::create(path).map_err(io(path))?;
     let props = parquet::file::properties::WriterProperties::builder().build();
     let schema = plain_schema(&tables::packets_schema());

@@ -4,6 +4,7 @@
 pub mod export;
 pub mod serve;
 pub mod sql;
+mod sql_functions;
 pub mod stats;
 pub mod views;
 

@@ -281,7 +281,8 @@ fn main() -> ExitCode {
             }
             // The chain of causes, each once: some errors' messages already hold their cause.
             let mut message = String::new();
-            for cause in e.chain().map(ToString::to_string) {
+            // (Without the Rust source locations some libraries append to their messages.)
+            for cause in e.chain().map(|c| lake_store::without_source_locations(&c.to_string())) {
                 if !message.contains(&cause) {
                     message += &if message.is_empty() { cause } else { format!(": {cause}") };
                 }

@@ -164,6 +164,9 @@ impl LakeSql {
         // view made from it the wrong episodes).
         config.options_mut().optimizer.repartition_sorts = false;
         let ctx = SessionContext::new_with_config(config);
+        for function in crate::sql_functions::functions() {
+            ctx.register_udf(function);
+        }
         let catalog = ctx.catalog(CATALOG).expect("the default catalog exists");
 
         // Per-dataset schemas: the tables under their own names, columns renamed to LeRobot keys.

@@ -82,6 +82,18 @@ fn filters_and_projections_reach_the_lance_scan_and_counts_never_read_packets() 
     let rows = sql_rows(&root, "SELECT count(*) AS n FROM steps WHERE dataset = 'v30-av1-small' AND episode_index = 2");
     assert_eq!(num(&rows[0], "n"), 134.0);
 
+    // byte_length: the bytes of a packet (DataFusion's own length functions take text), as
+    // many as its hex spelling's half.
+    let rows = sql_rows(
+        &root,
+        "SELECT camera, sum(byte_length(data)) AS bytes, sum(length(encode(data, 'hex'))) / 2 AS hex_half, min(byte_length(data)) AS least \
+         FROM packets WHERE dataset = 'v30-av1-small' GROUP BY camera ORDER BY camera",
+    );
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert!(num(row, "bytes") > 0.0 && num(row, "bytes") == num(row, "hex_half") && num(row, "least") > 0.0, "{row:?}");
+    }
+
     // A sort over the stacked table by dataset, then a column whose ranges differ between
     // datasets (indices 0..=599 and 0..=59): the top rows are the last dataset's, whatever
     // the other's indices.
