@@ -976,11 +976,13 @@ impl Lake {
         // So with `lake rm` of a dataset the view selects: it refuses (without --force) once it
         // sees this view, or has written its removal, seen here.
         for selected in &view.datasets {
-            if let Some(removal) = self.removal(&selected.name).await?
-                && removal.through_version >= selected.version
-            {
-                let message =
-                    format!("{removal} while the view was made, and it selected `{}@{}`; make it again", selected.name, selected.version);
+            if self.removal(&selected.name).await?.is_some_and(|r| r.through_version >= selected.version) {
+                let name = &selected.name;
+                let message = format!(
+                    "`lake rm {name}` ran while the view was made, and the view selected `{name}@{}`; make it again (if that \
+                     `lake rm` refused, for this view, `{name}` is still there)",
+                    selected.version
+                );
                 return withdraw(Error::View { name: view.name.clone(), message }).await;
             }
         }
@@ -2221,7 +2223,7 @@ mod lifecycle_tests {
         // Forced, it goes; a view made then over the removed version is withdrawn.
         lake.remove("ds", true).await.unwrap();
         let e = lake.put_view(&over(1), true).await.unwrap_err().to_string();
-        assert!(e.contains("`ds` was removed with `lake rm`") && e.contains("selected `ds@1`"), "{e}");
+        assert!(e.contains("`lake rm ds` ran while the view was made") && e.contains("selected `ds@1`"), "{e}");
         assert_eq!(lake.view("v").await.unwrap().unwrap().version, 1, "the withdrawn version is gone");
 
         // Why reading a removed version's files failed: its removal.

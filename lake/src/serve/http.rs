@@ -262,7 +262,11 @@ async fn dataset(
         service.count_bad();
         Refused(e.status(), format!("the dataset name in the path cannot be read: {}", e.body_text()))
     })?;
-    Ok(describe_dataset(&service, &name).await.map(Json).inspect_err(|e| service.count_refusal(e))?)
+    let described = match describe_dataset(&service, &name).await {
+        Err(e) => Err(service.explained(e).await),
+        ok => ok,
+    };
+    Ok(described.map(Json).inspect_err(|e| service.count_refusal(e))?)
 }
 
 /// A dataset (features, cameras, episodes, stats, counts) or a view, as JSON.
