@@ -582,7 +582,14 @@ pub async fn inspect(root: &str, args: InspectArgs) -> anyhow::Result<ExitCode> 
     let record = lake.resolve(&args.dataset).await?;
     // Version numbers run on across removals (`lake rm`): the newest number, not a count.
     let versions = lake.newest_version(&record.name).await?.map_or(record.version, |v| v.max(record.version));
-    for (table, why) in lake.damaged_tables(&record).await? {
+    let damaged = lake.damaged_tables(&record).await?;
+    // Tables that went with a `lake rm` that ran meanwhile: the removal says so.
+    if !damaged.is_empty()
+        && let Some(removal) = lake.removal(&record.name).await?.filter(|r| r.through_version >= record.version)
+    {
+        anyhow::bail!("{removal}, while this command read it");
+    }
+    for (table, why) in damaged {
         errln!(
             "warning: table {table} of {}@{} cannot be read whole ({why}); ingesting its source again makes a whole version",
             record.name,

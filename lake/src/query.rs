@@ -100,7 +100,15 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
     // forgets, `COPY … TO` writes what `--output` writes.
     let session = LakeSql::open(&lake).await?.read_only();
     for (spec, why) in session.unreadable() {
-        errln!("warning: dataset {spec} cannot be read and is left out of every table: {why}");
+        // A version `lake rm` took while the session opened it.
+        let removal = match spec.rsplit_once('@').map(|(name, v)| (name, v.parse::<u64>())) {
+            Some((name, Ok(version))) => lake.removal(name).await.ok().flatten().filter(|r| r.through_version >= version),
+            _ => None,
+        };
+        match removal {
+            Some(removal) => errln!("warning: {removal} while this command opened it; it is left out of every table"),
+            None => errln!("warning: dataset {spec} cannot be read and is left out of every table: {why}"),
+        }
     }
     for (_, skipped) in session.skipped_tables() {
         errln!("warning: {skipped}");
