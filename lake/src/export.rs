@@ -135,7 +135,7 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     let host = lake_store::hostname();
     if out.exists() {
         if !out.is_dir() {
-            return Err(invalid(format!("{} is a file; give a new or empty directory", out.display())));
+            return Err(invalid(format!("{} exists and is not a directory; give a new or empty directory", out.display())));
         }
         remove_dead_partials(out, ".partial-", &host);
         if std::fs::read_dir(out).map_err(io(out))?.next().is_some() {

@@ -179,10 +179,32 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
         }
     }
     for entry in out.values_mut() {
-        entry.as_object_mut().expect("object").remove("camera");
+        let object = entry.as_object_mut().expect("object");
+        object.remove("camera");
+        // One order whatever the source's (which a round trip through export would turn).
+        let mut pairs: Vec<(String, Value)> = std::mem::take(object).into_iter().collect();
+        pairs.sort_by_key(|(k, _)| stat_order(k));
+        object.extend(pairs);
     }
     integer_extremes(&mut out, &record.info);
     Ok(Value::Object(out))
+}
+
+/// Where a statistic goes among a feature's: `min`, `max`, `mean`, `std`, `count`, the
+/// quantiles by level (`q01` before `q10`), then any other by name.
+fn stat_order(name: &str) -> (u8, u64, String) {
+    match name {
+        "min" => (0, 0, String::new()),
+        "max" => (1, 0, String::new()),
+        "mean" => (2, 0, String::new()),
+        "std" => (3, 0, String::new()),
+        "count" => (4, 0, String::new()),
+        _ => match name.strip_prefix('q').filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) {
+            // `q01` is 0.01 and `q5` 0.5: compared as decimal fractions.
+            Some(digits) => (5, format!("{digits:0<18}").parse().unwrap_or(u64::MAX), name.to_string()),
+            None => (6, 0, name.to_string()),
+        },
+    }
 }
 
 /// Writes the `min` and `max` of integer features as whole numbers, as LeRobot's `stats.json`

@@ -447,6 +447,10 @@ fn stats_export_has_lerobot_layout_exact_numbers_and_the_sources_camera_stats() 
         let mine = ours.get(feature).unwrap_or_else(|| panic!("stats.json lacks {feature}"));
         let (mine, theirs) = (mine.as_object().expect("object"), theirs.as_object().expect("object"));
         let mut keys: Vec<&String> = mine.keys().collect();
+        // In LeRobot's order, whatever the source's (so an export round trip keeps the file).
+        let order = ["min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99"];
+        let ranks: Vec<Option<usize>> = keys.iter().map(|k| order.iter().position(|o| o == k)).collect();
+        assert!(ranks.iter().all(Option::is_some) && ranks.is_sorted(), "{feature}: statistics in order: {keys:?}");
         let mut want: Vec<&String> = theirs.keys().collect();
         keys.sort();
         want.sort();
