@@ -279,9 +279,14 @@ impl Lake {
                 }
             }
             if !create {
-                // An empty directory, or one a creator is making a lake in.
-                let message =
-                    if !lake_made { "this directory is not a lake (no lake.json)" } else { "no lake here yet (`lake ingest` creates it)" };
+                // An empty directory, or one a creator is making a lake in (its marker on the
+                // way), has no lake yet; a lake's directories without a marker are not one.
+                let creating = entries.iter().any(|n| n.starts_with(NEW_MARKER));
+                let message = if entries.is_empty() || (creating && lake_made) {
+                    "no lake here yet (`lake ingest` creates it)"
+                } else {
+                    "this directory is not a lake (no lake.json)"
+                };
                 return Err(root_err(message.into()));
             }
             if !entries.is_empty() {
@@ -1712,6 +1717,9 @@ mod tests {
         });
         assert_eq!(open(&root), Ok(()));
         writer.join().unwrap();
+        // A lake's directories without its marker (lost outside lake) are no lake.
+        std::fs::create_dir_all(dir.path().join("unmarked").join(CATALOG)).unwrap();
+        assert!(open(&dir.path().join("unmarked")).unwrap_err().contains("is not a lake (no lake.json)"));
         std::fs::create_dir(dir.path().join("other")).unwrap();
         std::fs::write(dir.path().join("other/notes.txt"), b"").unwrap();
         assert!(open(&dir.path().join("other")).unwrap_err().contains("is not a lake (no lake.json)"));
