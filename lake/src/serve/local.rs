@@ -54,7 +54,15 @@ pub async fn serve(service: Arc<Service>, listener: UnixListener, stop: impl std
                         }
                     });
                 }
-                Err(e) => tracing::warn!("accepting a local stream: {e}"),
+                // Out of descriptors, say: waited out as the TCP listeners do, not retried at
+                // once (the pending connection would make every retry fail alike).
+                Err(e) => {
+                    tracing::warn!("accepting a local stream: {e}; trying again in 1 s");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        () = &mut stop => break,
+                    }
+                }
             },
             Some(_) = open.join_next(), if !open.is_empty() => {}
             () = &mut stop => break,
