@@ -64,6 +64,11 @@ pub struct LoaderArgs {
     /// (`lake cache NAME --size WxH`) instead of at their recorded size.
     #[arg(long, value_name = "WxH")]
     frame_size: Option<lake_loader::FrameSize>,
+    /// How camera frames travel: rgb24 (LeRobot's frames), or yuv420p (the decoder's planes,
+    /// half the bytes, for the trainer to convert to the same RGB on its GPU) for the video
+    /// cameras whose frames are 8-bit 4:2:0; the others stay RGB.
+    #[arg(long, default_value = "rgb24", value_name = "FORMAT")]
+    frame_format: lake_loader::FrameFormat,
 }
 
 /// A count that must be 1 or more (`--batch-size`, `--batches`, `--memory-mb`).
@@ -426,7 +431,8 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
     if args.out.is_dir() {
         anyhow::bail!("--out {} is a directory; give a file name (e.g. samples.arrow)", args.out.display());
     }
-    let ds = LoaderDataset::open_sized(&lake, &selection.dataset, args.loader.frame_size).await?;
+    let frames = lake_loader::FrameSpec { size: args.loader.frame_size, format: args.loader.frame_format };
+    let ds = LoaderDataset::open_as(&lake, &selection.dataset, frames).await?;
     let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
     let indices: Vec<i64> = args.indices.concat();
     if indices.is_empty() {
@@ -539,6 +545,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         drop_n_first_frames: args.drop_n_first_frames,
         drop_n_last_frames: args.drop_n_last_frames,
         frame_size: args.loader.frame_size,
+        frame_format: args.loader.frame_format,
     };
     let lake::views::Sampling { datasets, sources } = lake::views::open_sampling(&lake, &spec).await?;
     let labels: Vec<String> = datasets.iter().map(|d| d.label.clone()).collect();

@@ -456,6 +456,15 @@ pub struct SamplingSpec {
     /// Every camera's frames at this size, from each dataset's frame table of that size
     /// (`lake cache NAME --size WxH`); `None`: as recorded.
     pub frame_size: Option<lake_loader::FrameSize>,
+    /// Camera frames as RGB, or as YUV planes where a camera's frames allow it.
+    pub frame_format: lake_loader::FrameFormat,
+}
+
+impl SamplingSpec {
+    /// How the datasets' frames are served.
+    pub fn frames(&self) -> lake_loader::FrameSpec {
+        lake_loader::FrameSpec { size: self.frame_size, format: self.frame_format }
+    }
 }
 
 /// The loader's view of a [`SamplingSpec`]: the datasets, opened, and per dataset its eligible
@@ -508,7 +517,7 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
         let ds = match opened.get(&selection.dataset) {
             Some(ds) => ds.clone(),
             None => {
-                let ds = lake_loader::LoaderDataset::open_sized(lake, &selection.dataset, spec.frame_size).await?;
+                let ds = lake_loader::LoaderDataset::open_as(lake, &selection.dataset, spec.frames()).await?;
                 opened.insert(selection.dataset.clone(), ds.clone());
                 ds
             }

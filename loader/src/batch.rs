@@ -33,6 +33,7 @@ use crate::{
     decode::StreamDecoder,
     frames::{FrameExtent, FrameStorage},
     lookahead::{Ahead, FrameRef},
+    pixels::{FrameFormat, PIXEL_FORMAT, YUV_TO_RGB},
     sampler::Draw,
     samples::{BatchColumn, FrameColumn, SampleBatch, camera_array},
     spec::{DatasetKeys, Window, Windows, resolve_windows},
@@ -1174,15 +1175,27 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
         let (h, w) = (camera.height as usize, camera.width as usize);
         // LeRobot squeezes a video camera's one-frame window (`frames.squeeze(0)`), and stacks
         // an image camera's.
-        let (shape, layout) = match window_of(&camera.key) {
+        let (mut shape, layout) = match window_of(&camera.key) {
             Some(win) if !(camera.video && win.offsets.len() == 1) => (vec![win.offsets.len(), h, w, 3], "THWC"),
             _ => (vec![h, w, 3], "HWC"),
         };
+        if camera.yuv.is_some() {
+            // A frame's planes, one dimension; `layout` and `frame_shape` are of its RGB.
+            shape.truncate(shape.len() - 3);
+            shape.push(camera.frame_bytes());
+        }
         let size: usize = shape.iter().product();
         let list = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::UInt8, false)), size as i32);
         let mut m = meta(&shape, "uint8");
         m.insert(LAYOUT.into(), layout.into());
         m.insert("frame_shape".into(), serde_json::to_string(&[h, w, 3]).expect("shape"));
+        match camera.yuv {
+            Some(yuv) => {
+                m.insert(PIXEL_FORMAT.into(), FrameFormat::Yuv420p.to_string());
+                m.insert(YUV_TO_RGB.into(), serde_json::to_string(&yuv).expect("integers"));
+            }
+            None => drop(m.insert(PIXEL_FORMAT.into(), FrameFormat::Rgb24.to_string())),
+        }
         fields.push(Field::new(&camera.key, list, false).with_metadata(m));
     }
     for w in windows {

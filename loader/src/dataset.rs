@@ -15,7 +15,12 @@ use lake_schemas::{
 };
 use lake_store::{Lake, deps::lance};
 
-use crate::{Error, Result, decode::StreamConfig, frames::FrameStorage};
+use crate::{
+    Error, Result,
+    decode::StreamConfig,
+    frames::FrameStorage,
+    pixels::{FrameFormat, YuvToRgb, yuv420p_bytes},
+};
 
 /// A step column served in samples.
 #[derive(Debug, Clone)]
@@ -42,13 +47,29 @@ pub struct Camera {
     /// Whether its frames are video (`false`: images stored in the parquet). LeRobot drops the
     /// time dimension of a video camera's one-offset window, not of an image camera's.
     pub video: bool,
+    /// With [`FrameFormat::Yuv420p`], for a camera whose frames travel as YUV planes: their
+    /// conversion to RGB (`None`: the frames are RGB).
+    pub yuv: Option<YuvToRgb>,
 }
 
 impl Camera {
-    /// Bytes of one RGB frame.
+    /// Bytes of one frame as samples carry it (RGB, or YUV planes).
     pub fn frame_bytes(&self) -> usize {
-        self.height as usize * self.width as usize * 3
+        match self.yuv {
+            Some(_) => yuv420p_bytes(self.width, self.height),
+            None => self.height as usize * self.width as usize * 3,
+        }
     }
+}
+
+/// How a dataset's camera frames are served: at which size, in which pixel format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct FrameSpec {
+    /// Every camera's frames at this size, from the version's frame table of that size (`lake
+    /// cache NAME --size WxH`); `None`: as recorded.
+    pub size: Option<crate::frames::FrameSize>,
+    /// RGB, or YUV planes where a camera's frames allow it.
+    pub format: FrameFormat,
 }
 
 /// An episode's rows in the steps batch.
@@ -116,6 +137,8 @@ pub struct LoaderDataset {
     /// The size every camera's frames are read at, from a resized frame table (`None`: as
     /// recorded).
     frame_size: Option<crate::frames::FrameSize>,
+    /// Whether frames may come from the frame table (it stores RGB; YUV planes are decoded).
+    frame_table_allowed: bool,
 }
 
 impl LoaderDataset {
@@ -124,18 +147,26 @@ impl LoaderDataset {
     /// # Errors
     /// When the dataset does not exist or its tables are not shaped as ingest writes them.
     pub async fn open(lake: &Lake, spec: &str) -> Result<Arc<Self>> {
-        Self::open_sized(lake, spec, None).await
+        Self::open_as(lake, spec, FrameSpec::default()).await
     }
 
-    /// Opens `spec` with every camera's frames at `size`, read from the version's frame table
-    /// of that size (`lake cache NAME --size WxH`); `None` is [`open`](Self::open).
+    /// Opens `spec` with its camera frames served as `frames` says: at a size read from the
+    /// version's frame table of that size (`lake cache NAME --size WxH`), as YUV planes where a
+    /// camera's frames allow it. The default is [`open`](Self::open).
     ///
     /// # Errors
-    /// As [`open`](Self::open), and when there is no frame table of that size.
-    pub async fn open_sized(lake: &Lake, spec: &str, frame_size: Option<crate::frames::FrameSize>) -> Result<Arc<Self>> {
+    /// As [`open`](Self::open), when there is no frame table of that size, and for YUV planes at
+    /// another size (frame tables hold RGB).
+    pub async fn open_as(lake: &Lake, spec: &str, frames: FrameSpec) -> Result<Arc<Self>> {
+        let FrameSpec { size: frame_size, format } = frames;
         let record = lake.resolve(spec).await?;
         let label = format!("{}@{}", record.name, record.version);
         let bad = |m: String| Error::layout(&label, m);
+        if let (FrameFormat::Yuv420p, Some(size)) = (format, frame_size) {
+            return Err(Error::request(format!(
+                "{label}: frames at {size} come from a frame table, which stores RGB; ask for rgb24 frames, or yuv420p frames at their recorded size"
+            )));
+        }
 
         let batches = lake_store::read_table(lake, &record, tables::STEPS).await?;
         let schema = batches.first().map(RecordBatch::schema).ok_or_else(|| bad("the steps table is empty".into()))?;
@@ -149,7 +180,14 @@ impl LoaderDataset {
                 let rows = steps.column(position).as_struct();
                 for (camera_field, array) in rows.fields().iter().zip(rows.columns()) {
                     let packet_rows = array.as_primitive::<UInt64Type>().clone();
-                    cameras.push(Camera { key: lerobot_name(camera_field).to_string(), packet_rows, height: 0, width: 0, video: true });
+                    cameras.push(Camera {
+                        key: lerobot_name(camera_field).to_string(),
+                        packet_rows,
+                        height: 0,
+                        width: 0,
+                        video: true,
+                        yuv: None,
+                    });
                 }
                 continue;
             }
@@ -164,7 +202,7 @@ impl LoaderDataset {
         }
 
         let (episodes, row_episode) = episode_spans(&label, &steps, lake, &record).await?;
-        let streams = read_streams(lake, &record, &label).await?;
+        let mut streams = read_streams(lake, &record, &label).await?;
         for camera in &mut cameras {
             camera.video = streams.values().any(|s| s.camera == camera.key && s.kind == "video");
             let mut sizes = streams.values().filter(|s| s.camera == camera.key).map(|s| (s.params.height, s.params.width));
@@ -173,11 +211,31 @@ impl LoaderDataset {
                 return Err(bad(format!("camera {}: its files have different frame sizes; samples cannot stack them", camera.key)));
             }
             (camera.height, camera.width) = (h, w);
+            if format == FrameFormat::Yuv420p && camera.video {
+                // Planes only where every file of the camera converts the same way.
+                let mut conversions = streams
+                    .values()
+                    .filter(|s| s.camera == camera.key)
+                    .map(|s| YuvToRgb::for_stream(s.params.pix_fmt.as_deref(), s.params.color_space.as_deref(), w, h));
+                let first = conversions.next().flatten();
+                if conversions.all(|c| c == first) {
+                    camera.yuv = first;
+                }
+            }
+            if let Some(yuv) = camera.yuv {
+                for s in streams.values_mut().filter(|s| s.camera == camera.key) {
+                    s.yuv = Some(yuv);
+                }
+            }
         }
         let packets = read_packet_index(lake, &record).await?;
         let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
         let frames_uri = lake.uri(&record.tables.path(&crate::frames::frame_table_name(frame_size)));
-        let frames_table = open_frame_table(&frames_uri, packets.stream.len(), &label).await;
+        let frame_table_allowed = format == FrameFormat::Rgb24;
+        let frames_table = match frame_table_allowed {
+            true => open_frame_table(&frames_uri, packets.stream.len(), &label).await,
+            false => None,
+        };
         let frames_unreadable = if frames_table.is_none() { modified(&frames_uri) } else { None };
         if let Some(size) = frame_size {
             if frames_table.is_none() {
@@ -196,7 +254,7 @@ impl LoaderDataset {
         let cache_id = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (packets_table.uri(), &label, frame_size).hash(&mut h);
+            (packets_table.uri(), &label, frame_size, format).hash(&mut h);
             h.finish()
         };
         Ok(Arc::new(Self {
@@ -216,6 +274,7 @@ impl LoaderDataset {
             frames_unreadable: tokio::sync::Mutex::new(frames_unreadable),
             frame_files: crate::frames::FrameFiles::default(),
             frame_size,
+            frame_table_allowed,
         }))
     }
 
@@ -293,6 +352,9 @@ impl LoaderDataset {
     pub async fn discover_frame_table(&self) -> bool {
         if self.has_frame_table() {
             return true;
+        }
+        if !self.frame_table_allowed {
+            return false;
         }
         let Some(changed) = modified(&self.frames_uri) else { return false };
         // One attempt at a time: the others wait for its outcome rather than decode meanwhile.
@@ -411,12 +473,15 @@ impl LoaderDataset {
         self.frame_size
     }
 
-    /// Bytes of the RGB frame of packet row `row`.
+    /// Bytes of the frame of packet row `row` as samples carry it (RGB, or YUV planes).
     pub fn frame_bytes_of_row(&self, row: u64) -> usize {
         if let Some(size) = self.frame_size {
             return size.width as usize * size.height as usize * 3;
         }
-        self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| s.params.width as usize * s.params.height as usize * 3)
+        self.streams.get(&self.packets.stream[row as usize]).map_or(0, |s| match s.yuv {
+            Some(_) => yuv420p_bytes(s.params.width, s.params.height),
+            None => s.params.width as usize * s.params.height as usize * 3,
+        })
     }
 }
 
@@ -592,6 +657,7 @@ async fn read_streams(lake: &Lake, record: &CommitRecord, label: &str) -> Result
                     color_trc: trc[r].clone(),
                     chroma_location: chroma[r].clone(),
                 },
+                yuv: None,
             };
             out.insert(config.stream, config);
         }

@@ -17,6 +17,8 @@ use std::{ffi::CString, mem::MaybeUninit};
 use ffmpeg_next::{self as ffmpeg, ffi};
 use lake_schemas::CodecParams;
 use lake_schemas::picture;
+
+use crate::pixels::{YuvToRgb, yuv420p_bytes};
 use turbojpeg_sys as tj;
 
 /// The codec facts a decoder is opened from (a row of the `streams` table).
@@ -30,16 +32,20 @@ pub struct StreamConfig {
     pub kind: String,
     /// What the decoder is opened from.
     pub params: CodecParams,
+    /// Frames come out as YUV 4:2:0 planes (Y, U, V, packed) that convert to RGB this way,
+    /// instead of as RGB (`None`).
+    pub yuv: Option<YuvToRgb>,
 }
 
-/// A decoded frame as packed RGB24 (HWC) bytes.
+/// A decoded frame as packed RGB24 (HWC) bytes, or as YUV 4:2:0 planes for a stream whose
+/// [`StreamConfig::yuv`] asks for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RgbFrame {
     /// Width in pixels.
     pub width: u32,
     /// Height in pixels.
     pub height: u32,
-    /// `height * width * 3` bytes.
+    /// `height * width * 3` bytes (RGB), or [`yuv420p_bytes`] (planes).
     pub data: Vec<u8>,
 }
 
@@ -63,7 +69,7 @@ pub fn init_ffmpeg() {
     });
 }
 
-fn from_name(name: Option<&str>, lookup: unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int) -> Option<i32> {
+pub(crate) fn from_name(name: Option<&str>, lookup: unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int) -> Option<i32> {
     let name = CString::new(name?).ok()?;
     // SAFETY: a lookup of a NUL-terminated name in a static table.
     let value = unsafe { lookup(name.as_ptr()) };
@@ -201,6 +207,8 @@ fn picture<'a>(packets: &[(i64, i64, bool, &'a [u8])], pts: i64) -> DecodeResult
 struct FfmpegDecoder {
     decoder: ffmpeg::decoder::Video,
     converter: Option<RgbConverter>,
+    /// Frames are copied out as planes that convert to RGB this way, instead of converted.
+    yuv: Option<YuvToRgb>,
     /// Encoded images: every packet is a picture of its own and comes out at once.
     intra_only: bool,
 }
@@ -211,7 +219,7 @@ impl FfmpegDecoder {
         // SAFETY: a context we own, not opened yet.
         unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
         let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
-        Ok(Self { decoder, converter: None, intra_only: config.kind == "image" })
+        Ok(Self { decoder, converter: None, yuv: config.yuv, intra_only: config.kind == "image" })
     }
 
     fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
@@ -340,12 +348,68 @@ impl FfmpegDecoder {
     }
 
     fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
+        if let Some(yuv) = self.yuv {
+            let (w, h) = (frame.width(), frame.height());
+            let mut data = Vec::with_capacity(yuv420p_bytes(w, h));
+            copy_planes(frame, yuv, &mut data.spare_capacity_mut()[..yuv420p_bytes(w, h)])?;
+            // SAFETY: `copy_planes` wrote every byte.
+            unsafe { data.set_len(yuv420p_bytes(w, h)) };
+            return Ok(RgbFrame { width: w, height: h, data });
+        }
         self.converter(frame)?.convert(frame)
     }
 
     fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
-        self.converter(frame)?.convert_into(frame, out)
+        match self.yuv {
+            Some(yuv) => copy_planes(frame, yuv, out),
+            None => self.converter(frame)?.convert_into(frame, out),
+        }
     }
+}
+
+/// Copies a decoded 4:2:0 frame's planes into `out` (Y, U, V, each packed), after checking
+/// that its pixel format and colour space convert to RGB as `yuv` says, the promise the sample's
+/// schema made from the stream's recorded facts.
+fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+    let key = ConverterKey::of(frame);
+    let format = |f: i32| {
+        // SAFETY: FFmpeg's name of a pixel format value, or null.
+        let name = unsafe { ffi::av_get_pix_fmt_name(std::mem::transmute::<i32, ffi::AVPixelFormat>(f)) };
+        if name.is_null() {
+            format!("pixel format {f}")
+        } else {
+            // SAFETY: a NUL-terminated static string.
+            unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        }
+    };
+    let full = match key.format {
+        f if f == ffi::AVPixelFormat::AV_PIX_FMT_YUV420P as i32 => false,
+        f if f == ffi::AVPixelFormat::AV_PIX_FMT_YUVJ420P as i32 => true,
+        other => {
+            return Err(DecodeError(format!(
+                "the frame decodes as {}, not as the 8-bit 4:2:0 the stream records; yuv420p frames cannot be served from it, ask for rgb24",
+                format(other)
+            )));
+        }
+    };
+    if YuvToRgb::for_colorspace(key.colorspace, full) != yuv {
+        return Err(DecodeError(format!(
+            "the frame decodes in colour space {} ({} range), not the one the stream records; yuv420p frames cannot be served from it, ask for rgb24",
+            key.colorspace,
+            if full { "full" } else { "limited" }
+        )));
+    }
+    let (w, h) = (key.width as usize, key.height as usize);
+    if out.len() != yuv420p_bytes(key.width as u32, key.height as u32) {
+        return Err(DecodeError(format!("a {w}x{h} frame where {} bytes of YUV planes were expected", out.len())));
+    }
+    let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    let (luma, chroma) = out.split_at_mut(w * h);
+    let (u, v) = chroma.split_at_mut(cw * ch);
+    copy_rows(frame.data(0), frame.stride(0), luma, w, h);
+    copy_rows(frame.data(1), frame.stride(1), u, cw, ch);
+    copy_rows(frame.data(2), frame.stride(2), v, cw, ch);
+    Ok(())
 }
 
 /// JPEG pictures of `image` features, decoded the way LeRobot reads them. LeRobot's parquet
@@ -842,7 +906,8 @@ mod tests {
 
     fn jpeg_stream((w, h): (usize, usize)) -> StreamDecoder {
         let params = CodecParams { codec: "mjpeg".into(), width: w as u32, height: h as u32, ..CodecParams::default() };
-        let decoder = StreamDecoder::open(&StreamConfig { stream: 3, camera: "cam".into(), kind: "image".into(), params }).expect("open");
+        let decoder =
+            StreamDecoder::open(&StreamConfig { stream: 3, camera: "cam".into(), kind: "image".into(), params, yuv: None }).expect("open");
         assert!(matches!(decoder.engine, Engine::Jpeg(_)), "JPEG pictures are decoded by libjpeg-turbo");
         decoder
     }

@@ -24,6 +24,7 @@ mod error;
 mod frames;
 pub mod local;
 mod lookahead;
+mod pixels;
 mod sampler;
 mod samples;
 mod spec;
@@ -35,7 +36,7 @@ pub use crate::{
     },
     cache::{CacheStats, Frame, FrameCache, FrameKey},
     client::{RemoteBatches, RemoteLoader, StreamPlan, flight_endpoint},
-    dataset::{Camera, Column, EpisodeSpan, LoaderDataset, PacketIndex},
+    dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, RgbResizer, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
     frames::{
@@ -43,6 +44,7 @@ pub use crate::{
     },
     local::LocalLoader,
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, MAX_HORIZON, Member},
+    pixels::{FrameFormat, PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, yuv420p_bytes},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

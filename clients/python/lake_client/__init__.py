@@ -14,6 +14,10 @@ machine: they arrive in shared memory and are read in place (`local=PATH` in the
     loader = torch.utils.data.DataLoader(ds, batch_size=None)   # batches come ready-made
     for batch in loader:
         batch["action"], batch["observation.images.front"]      # float32 [32, 50, 6], uint8 [32, H, W, 3]
+
+With `frame_format="yuv420p"` in the request, video frames travel as YUV 4:2:0 planes (half the
+bytes, no colour conversion on the server) and `frames_to_rgb(batch, device="cuda")` makes the same
+RGB bytes on the trainer's GPU.
 """
 
 from __future__ import annotations
@@ -35,7 +39,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-__all__ = ["CURSOR_KEY", "LakeClient", "LocalClient", "LakeError", "LakeIterableDataset", "batch_to_numpy"]
+__all__ = [
+    "CURSOR_KEY",
+    "FRAMES_KEY",
+    "LakeClient",
+    "LocalClient",
+    "LakeError",
+    "LakeIterableDataset",
+    "batch_to_numpy",
+    "frames_to_rgb",
+    "yuv420p_to_rgb24",
+]
 
 DatasetSpec = Union[str, Dict[str, Any]]  # a name (`name` or `name@version`) or {"name", "weight"}
 
@@ -46,10 +60,32 @@ def _shape(field: pa.Field) -> Optional[List[int]]:
     return json.loads(raw) if raw is not None else None
 
 
+# Key of a batch whose cameras carry YUV planes (`frame_format="yuv420p"`): camera → what
+# `frames_to_rgb` needs to convert them (`height`, `width`, `yuv_to_rgb`).
+FRAMES_KEY = "lake.frames"
+
+
+def _yuv_cameras(schema: pa.Schema) -> Dict[str, Dict[str, Any]]:
+    """The camera columns of `schema` that carry YUV 4:2:0 planes, with their frame size and
+    conversion integers (the server's field metadata)."""
+    out = {}
+    for field in schema:
+        meta = field.metadata or {}
+        if meta.get(b"pixel_format") == b"yuv420p":
+            height, width, _ = json.loads(meta[b"frame_shape"])
+            out[field.name] = {"height": height, "width": width, "yuv_to_rgb": json.loads(meta[b"yuv_to_rgb"])}
+    return out
+
+
 def batch_to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
     """A record batch as LeRobot-style columns: numbers and frames as numpy arrays shaped by the
-    field's `shape` metadata (frames uint8 HWC, or THWC with a time window), strings as lists."""
+    field's `shape` metadata (frames uint8 HWC, or THWC with a time window), strings as lists.
+    Cameras sent as YUV planes (`frame_format="yuv420p"`) stay planes, one row of bytes per
+    frame, and the batch names them under `FRAMES_KEY`: `frames_to_rgb` turns them into RGB."""
     out: Dict[str, Any] = {}
+    yuv = _yuv_cameras(batch.schema)
+    if yuv:
+        out[FRAMES_KEY] = yuv
     for field, column in zip(batch.schema, batch.columns):
         if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
             out[field.name] = column.to_pylist()
@@ -65,6 +101,68 @@ def batch_to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
         else:
             out[field.name] = column.to_numpy(zero_copy_only=False)
     return out
+
+
+def yuv420p_to_rgb24(planes: Any, height: int, width: int, yuv_to_rgb: Dict[str, int]) -> Any:
+    """Converts YUV 4:2:0 frames to RGB24 exactly as lake's server (and LeRobot's reader on
+    x86-64) would have: `planes` is uint8 `[..., Y + U + V bytes]` (each plane packed), the result
+    uint8 `[..., height, width, 3]`. A numpy array is converted on the CPU; a torch tensor on its
+    own device (a GPU: move the planes there first, half the bytes of RGB).
+
+    The arithmetic (`yuv_to_rgb` holds the integers, per camera in the server's metadata):
+    `y = ((8·Y − y_offset) · y_gain) >> 16`, `u = 8·U − 1024`, `v = 8·V − 1024`,
+    `R = y + (v·v_to_r >> 16)`, `G = y + (u·u_to_g >> 16) + (v·v_to_g >> 16)`,
+    `B = y + (u·u_to_b >> 16)`, each clamped to 0..255, with U and V of pixel (x, y) at
+    (x // 2, y // 2)."""
+    ch, cw = (height + 1) // 2, (width + 1) // 2
+    luma, chroma = height * width, ch * cw
+    lead = tuple(planes.shape[:-1])
+    if planes.shape[-1] != luma + 2 * chroma:
+        raise ValueError(f"{planes.shape[-1]} bytes per frame, but a {width}x{height} frame's YUV 4:2:0 planes are {luma + 2 * chroma}")
+    c = {k: int(yuv_to_rgb[k]) for k in ("y_offset", "y_gain", "v_to_r", "u_to_g", "v_to_g", "u_to_b")}
+    is_torch = torch is not None and isinstance(planes, torch.Tensor)
+    if is_torch:
+        flat = planes.reshape(-1, planes.shape[-1]).to(torch.int32)
+    else:
+        flat = np.asarray(planes).reshape(-1, planes.shape[-1]).astype(np.int32)
+    n = flat.shape[0]
+    y = flat[:, :luma].reshape(n, height, width)
+    u = flat[:, luma : luma + chroma].reshape(n, ch, cw)
+    v = flat[:, luma + chroma :].reshape(n, ch, cw)
+    # Each chroma sample covers a 2x2 block (replicated, not interpolated).
+    if is_torch:
+        u = u.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)[:, :height, :width]
+        v = v.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)[:, :height, :width]
+    else:
+        u = u.repeat(2, axis=1).repeat(2, axis=2)[:, :height, :width]
+        v = v.repeat(2, axis=1).repeat(2, axis=2)[:, :height, :width]
+    yy = ((8 * y - c["y_offset"]) * c["y_gain"]) >> 16
+    u = 8 * u - 1024
+    v = 8 * v - 1024
+    r = yy + ((v * c["v_to_r"]) >> 16)
+    g = yy + ((u * c["u_to_g"]) >> 16) + ((v * c["v_to_g"]) >> 16)
+    b = yy + ((u * c["u_to_b"]) >> 16)
+    if is_torch:
+        rgb = torch.stack([r, g, b], dim=-1).clamp_(0, 255).to(torch.uint8)
+    else:
+        rgb = np.clip(np.stack([r, g, b], axis=-1), 0, 255).astype(np.uint8)
+    return rgb.reshape(lead + (height, width, 3))
+
+
+def frames_to_rgb(batch: Dict[str, Any], device: Any = None) -> Dict[str, Any]:
+    """Turns the YUV planes of a batch's cameras (`frame_format="yuv420p"`, named under
+    `FRAMES_KEY`) into uint8 RGB frames `[B, H, W, 3]` (`[B, T, H, W, 3]` with a window), the
+    bytes LeRobot's frames would have; returns the batch (changed in place), without
+    `FRAMES_KEY`. Torch tensors are converted on `device` (e.g. `"cuda"`: the planes move there,
+    half the bytes of RGB, and the RGB is made there), or on their own device when it is None;
+    numpy arrays on the CPU. A batch without planes is returned as it is."""
+    cameras = batch.pop(FRAMES_KEY, None) or {}
+    for key, facts in cameras.items():
+        planes = batch[key]
+        if device is not None and torch is not None and isinstance(planes, torch.Tensor):
+            planes = planes.to(device, non_blocking=True)
+        batch[key] = yuv420p_to_rgb24(planes, int(facts["height"]), int(facts["width"]), facts["yuv_to_rgb"])
+    return batch
 
 
 def _datasets(datasets: Union[DatasetSpec, Sequence[DatasetSpec]]) -> List[DatasetSpec]:
@@ -664,6 +762,11 @@ def _worker() -> tuple:
 class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     """Batches from `lake serve` as a PyTorch `IterableDataset` of ready-made dict batches.
 
+    With `frame_format="yuv420p"` the server sends the video cameras whose frames are 8-bit 4:2:0
+    as the decoder's YUV planes (half the bytes, and no colour conversion on the server's CPU);
+    `frames_to_rgb(batch, device="cuda")` in the training loop turns them into the RGB frames
+    LeRobot would give, byte for byte, on the GPU.
+
     Use it with `DataLoader(ds, batch_size=None)` (or iterate it directly). With `local=PATH`
     (the server's `--local` socket, same machine) the batches arrive in shared memory and
     `location` (Flight) may be `None`; `server_timeout_s` (default 60) is how long a local
@@ -857,7 +960,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             self.epoch, self.step = divmod(made_at + workers, steps_per_epoch)
             out = {}
             for key, value in batch_to_numpy(batch).items():
-                out[key] = value if isinstance(value, list) else _tensor(value, shared=in_worker)
+                out[key] = value if isinstance(value, (list, dict)) else _tensor(value, shared=in_worker)
             out[CURSOR_KEY] = _tensor(np.array(divmod(made_at + 1, steps_per_epoch), dtype=np.int64), shared=in_worker)
             yield out
         self._unfinished = False

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
-from lake_client import LakeClient, LakeError, LocalClient, batch_to_numpy
+from lake_client import FRAMES_KEY, LakeClient, LakeError, LocalClient, batch_to_numpy, frames_to_rgb, yuv420p_to_rgb24
 
 try:
     import torch  # noqa: F401
@@ -345,6 +345,52 @@ class LocalStreams(unittest.TestCase):
         self.assertEqual(refused.exception.code, "unauthorized")
 
 
+class YuvFrames(unittest.TestCase):
+    """`frame_format="yuv420p"`: planes that the client turns into the RGB bytes the server sends."""
+
+    REQUEST = {"datasets": [DATASET], "preset": "diffusion", "batch_size": 16, "seed": 3, "limit_batches": 3}
+
+    def test_planes_over_flight_and_local_convert_to_the_rgb_frames(self):
+        rgb = list(LakeClient(LOCATION, TOKEN).batches(self.REQUEST))
+        for client in [LakeClient(LOCATION, TOKEN)] + ([LocalClient(LOCAL, TOKEN)] if LOCAL else []):
+            # Each batch is compared and let go before the next (a local stream's slots).
+            compared = 0
+            for planes, frames in zip(client.batches({**self.REQUEST, "frame_format": "yuv420p"}), rgb):
+                compared += 1
+                cameras = [f.name for f in frames.schema if (f.metadata or {}).get(b"pixel_format")]
+                self.assertTrue(cameras)
+                converted = batch_to_numpy(planes)
+                facts = converted[FRAMES_KEY]
+                self.assertEqual(sorted(facts), sorted(cameras), "every camera of this dataset is 8-bit 4:2:0")
+                for camera in cameras:
+                    h, w = facts[camera]["height"], facts[camera]["width"]
+                    self.assertEqual(converted[camera].shape[-1], h * w * 3 // 2, "planes are half the bytes of RGB")
+                frames_to_rgb(converted)
+                self.assertNotIn(FRAMES_KEY, converted)
+                want = batch_to_numpy(frames)
+                for key, value in want.items():
+                    if isinstance(value, list):
+                        self.assertEqual(converted[key], value, key)
+                    else:
+                        np.testing.assert_array_equal(converted[key], value, err_msg=key)
+                del planes, converted
+            self.assertEqual(compared, len(rgb))
+
+    def test_the_numpy_and_torch_conversions_agree_and_refuse_a_wrong_size(self):
+        (batch,) = LakeClient(LOCATION, TOKEN).batches({**self.REQUEST, "frame_format": "yuv420p", "limit_batches": 1})
+        columns = batch_to_numpy(batch)
+        camera, facts = next(iter(columns[FRAMES_KEY].items()))
+        planes = columns[camera]
+        with self.assertRaises(ValueError) as refused:
+            yuv420p_to_rgb24(planes[..., 1:], facts["height"], facts["width"], facts["yuv_to_rgb"])
+        self.assertIn("YUV 4:2:0 planes", str(refused.exception))
+        if not HAVE_TORCH:
+            self.skipTest("torch is not installed")
+        on_cpu = yuv420p_to_rgb24(planes, facts["height"], facts["width"], facts["yuv_to_rgb"])
+        as_tensor = yuv420p_to_rgb24(torch.from_numpy(np.ascontiguousarray(planes)), facts["height"], facts["width"], facts["yuv_to_rgb"])
+        np.testing.assert_array_equal(as_tensor.numpy(), on_cpu)
+
+
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchDataset(unittest.TestCase):
     def make(self, location=LOCATION, **kw):
@@ -580,6 +626,20 @@ class TorchDataset(unittest.TestCase):
         self.assertEqual(b2, whole[7::2])
         with self.assertRaises(ValueError):
             as_worker(1, self.make(), state=state_a)  # worker 0's state in worker 1
+
+    def test_yuv_batches_become_the_rgb_batches_with_frames_to_rgb(self):
+        rgb = list(self.make(preset="act"))
+        yuv = list(self.make(preset="act", frame_format="yuv420p"))
+        self.assertEqual(len(yuv), len(rgb))
+        for planes, frames in zip(yuv, rgb):
+            self.assertIn(FRAMES_KEY, planes)
+            frames_to_rgb(planes, device="cpu")
+            self.assertEqual(sorted(planes), sorted(frames))
+            for key, value in frames.items():
+                if isinstance(value, list):
+                    self.assertEqual(planes[key], value, key)
+                else:
+                    self.assertTrue(torch.equal(planes[key], value), key)
 
     def test_ranks_split_each_global_batch(self):
         whole = [b["index"].tolist() for b in self.make()]

@@ -8,7 +8,8 @@
 //!  "preset": "act", "delta_timestamps": {"action": [0.0, 0.033]},
 //!  "batch_size": 32, "seed": 0, "epoch": 0, "start_step": 0, "rank": 0, "world_size": 1,
 //!  "limit_batches": 100, "drop_last": true, "episodes": [0, 3],
-//!  "drop_n_first_frames": 0, "drop_n_last_frames": 0, "frame_size": "224x224"}
+//!  "drop_n_first_frames": 0, "drop_n_last_frames": 0, "frame_size": "224x224",
+//!  "frame_format": "rgb24"}
 //! ```
 //!
 //! `batch_size` is what each rank receives; the global batch is `batch_size × world_size`, and
@@ -288,6 +289,15 @@ pub struct SampleRequest {
     /// cache NAME --size WxH`); absent: as recorded.
     #[serde(default)]
     pub frame_size: Option<lake_loader::FrameSize>,
+    /// `rgb24` (LeRobot's frames), or `yuv420p`: the video cameras whose frames are 8-bit 4:2:0
+    /// as the decoder's planes, for the trainer to convert (see the camera columns' metadata).
+    #[serde(default, skip_serializing_if = "is_rgb")]
+    pub frame_format: lake_loader::FrameFormat,
+}
+
+/// The default frame format, left out of tickets and keys (as requests before it had).
+fn is_rgb(format: &lake_loader::FrameFormat) -> bool {
+    *format == lake_loader::FrameFormat::Rgb24
 }
 
 /// `episodes`, refused when it is an empty list (which would otherwise read as "every episode").
@@ -376,6 +386,7 @@ impl SampleRequest {
             drop_n_first_frames: self.drop_n_first_frames,
             drop_n_last_frames: self.drop_n_last_frames,
             frame_size: self.frame_size,
+            frame_format: self.frame_format,
         }
     }
 

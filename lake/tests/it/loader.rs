@@ -112,6 +112,49 @@ fn check_preset(root: &Path, name: &str, preset: &str) {
     assert!(compared >= 8, "{name}/{preset}: only {compared} columns compared");
 }
 
+/// `lake sample --frame-format yuv420p` for the reference's indices (after [`check_preset`]
+/// wrote the RGB samples): every column but the cameras sent as planes equal, and those planes,
+/// converted with the integers in their metadata ([`lake_loader::YuvToRgb`], the arithmetic
+/// trainers run on their GPU), equal to the RGB frames byte for byte.
+fn yuv_planes_convert_to_the_rgb_frames(root: &Path, name: &str, preset: &str) -> usize {
+    let rgb = read_arrow(&root.parent().expect("parent").join(format!("{name}.{preset}.arrow")));
+    let indices: Vec<String> =
+        rgb.column_by_name("index").expect("index").as_primitive::<Int64Type>().values().iter().map(i64::to_string).collect();
+    let out = root.parent().expect("parent").join(format!("{name}.{preset}.yuv.arrow"));
+    let args = ["sample", "--dataset", name, "--indices", &indices.join(","), "--preset", preset, "--frame-format", "yuv420p"];
+    let run = lake(root, &[&args[..], &["--out", out.to_str().expect("utf-8")]].concat());
+    assert_eq!(run.code, 0, "{run:#?}");
+    let yuv = read_arrow(&out);
+    assert_eq!(yuv.schema().fields().len(), rgb.schema().fields().len(), "{name}/{preset}: the same columns");
+    let mut cameras = 0;
+    for (field, want) in rgb.schema().fields().iter().zip(rgb.columns()) {
+        let got_field = yuv.schema().field_with_name(field.name()).expect("column").clone();
+        let got = yuv.column_by_name(field.name()).expect("column");
+        let Some(conversion) = got_field.metadata().get(lake_loader::YUV_TO_RGB) else {
+            assert_eq!(got, want, "{name}/{preset}/{}: not a camera sent as planes, so unchanged", field.name());
+            continue;
+        };
+        assert_eq!(got_field.metadata()[lake_loader::PIXEL_FORMAT], "yuv420p");
+        assert_eq!(field.metadata()[lake_loader::PIXEL_FORMAT], "rgb24");
+        let conversion: lake_loader::YuvToRgb = serde_json::from_str(conversion).expect("integers");
+        let frame_shape = shape(&field.metadata()["frame_shape"]);
+        let (h, w) = (frame_shape[0] as u32, frame_shape[1] as u32);
+        let (planes, frames) = (got.as_fixed_size_list().values(), want.as_fixed_size_list().values());
+        let planes = planes.as_primitive::<arrow::datatypes::UInt8Type>().values();
+        let frames = frames.as_primitive::<arrow::datatypes::UInt8Type>().values();
+        let plane_bytes = lake_loader::yuv420p_bytes(w, h);
+        assert_eq!(planes.len() / plane_bytes, frames.len() / (h * w * 3) as usize, "{name}/{preset}/{}: as many frames", field.name());
+        assert_eq!(planes.len() * 2, frames.len(), "{name}/{preset}/{}: planes are half the bytes", field.name());
+        let mut converted = vec![0_u8; (h * w * 3) as usize];
+        for (n, (p, f)) in planes.chunks_exact(plane_bytes).zip(frames.chunks_exact((h * w * 3) as usize)).enumerate() {
+            conversion.convert(p, w, h, &mut converted);
+            assert!(converted == f, "{name}/{preset}/{}: frame {n} converts to other RGB than the loader's", field.name());
+        }
+        cameras += 1;
+    }
+    cameras
+}
+
 fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
@@ -122,6 +165,12 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
     }
     one_frame_camera_windows(&root, source, name);
     index_column_windows(&root, source, name);
+    for preset in ["act", "diffusion"] {
+        let planes = yuv_planes_convert_to_the_rgb_frames(&root, name, preset);
+        // The fixtures' and real datasets' videos are all 8-bit 4:2:0 at widths of 32s; only
+        // pictures stored in the parquet stay RGB.
+        assert!(planes > 0 || name.contains("images"), "{name}/{preset}: no camera sent as planes");
+    }
     if frame_table {
         // Frames stored by `lake cache` are the decoded frames, byte for byte.
         let run = lake(&root, &["cache", name]);
@@ -361,6 +410,11 @@ fn bad_sample_requests_are_refused_clearly() {
         (vec!["--indices", "1", "--delta-timestamps", r#"{"action": [0.01]}"#], "not a multiple of 1/30"),
         (vec!["--indices", "1", "--delta-timestamps", r#"{"nope": [0.0]}"#], "`nope` is not a feature"),
         (vec!["--indices", "1", "--preset", "pi0"], "unknown preset `pi0`"),
+        (vec!["--indices", "1", "--frame-format", "bgr24"], "unknown frame format `bgr24` (known: rgb24, yuv420p)"),
+        (
+            vec!["--indices", "1", "--frame-format", "yuv420p", "--frame-size", "24x18"],
+            "frames at 24x18 come from a frame table, which stores RGB",
+        ),
     ] {
         let mut full = vec!["sample", "--dataset", "v30-images-tiny", "--out", out];
         full.extend(args);

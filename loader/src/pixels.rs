@@ -1,0 +1,261 @@
+//! The pixel formats samples carry camera frames in, and the conversion of planar YUV 4:2:0 to
+//! RGB that a trainer runs on its own device.
+//!
+//! By default frames are packed RGB24, converted on the loader's CPU exactly as LeRobot's reader
+//! converts them. With [`FrameFormat::Yuv420p`] a video camera whose frames are 8-bit 4:2:0
+//! travels as the decoder's planes instead (Y, then U, then V, each packed: 1.5 bytes a pixel
+//! against 3), and the trainer converts them where its model runs, usually the GPU. The
+//! conversion is fixed-point arithmetic with six integers per camera ([`YuvToRgb`], in the
+//! camera column's metadata) that reproduces, byte for byte, libswscale's conversion on x86-64
+//! (the SIMD path torchcodec, and so LeRobot, runs there), so RGB made from the planes equals the
+//! RGB the loader would have sent:
+//!
+//! ```text
+//! y  = ((8·Y − y_offset) · y_gain) >> 16        u = 8·U − 1024        v = 8·V − 1024
+//! R  = clamp(y + ((v · v_to_r) >> 16))
+//! G  = clamp(y + ((u · u_to_g) >> 16) + ((v · v_to_g) >> 16))
+//! B  = clamp(y + ((u · u_to_b) >> 16))
+//! ```
+//!
+//! with `>>` an arithmetic (flooring) shift, `clamp` to 0..=255, and U and V of pixel `(x, y)`
+//! at `(x / 2, y / 2)` of their planes (each chroma sample shared by a 2×2 block, not
+//! interpolated).
+
+use std::fmt;
+
+use ffmpeg_next::ffi;
+use serde::{Deserialize, Serialize};
+
+/// Field metadata key on camera columns: `rgb24`, or `yuv420p` for planes to convert.
+pub const PIXEL_FORMAT: &str = "pixel_format";
+/// Field metadata key on `yuv420p` camera columns: the [`YuvToRgb`] integers, as JSON.
+pub const YUV_TO_RGB: &str = "yuv_to_rgb";
+
+/// How camera frames travel in samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameFormat {
+    /// Packed RGB, height × width × 3 bytes: LeRobot's frames.
+    #[default]
+    Rgb24,
+    /// Planar YUV 4:2:0 as decoded (Y, U, V planes, packed), for the video cameras whose frames
+    /// are 8-bit 4:2:0 and whose RGB conversion [`YuvToRgb`] reproduces; every other camera
+    /// stays RGB. The camera column's metadata says which.
+    Yuv420p,
+}
+
+impl std::str::FromStr for FrameFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rgb24" => Ok(Self::Rgb24),
+            "yuv420p" => Ok(Self::Yuv420p),
+            other => Err(format!("unknown frame format `{other}` (known: rgb24, yuv420p)")),
+        }
+    }
+}
+
+impl fmt::Display for FrameFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Rgb24 => "rgb24",
+            Self::Yuv420p => "yuv420p",
+        })
+    }
+}
+
+/// Bytes of a `width` × `height` frame in planar YUV 4:2:0 (chroma planes of half the size,
+/// rounded up).
+pub fn yuv420p_bytes(width: u32, height: u32) -> usize {
+    let (w, h) = (width as usize, height as usize);
+    w * h + 2 * w.div_ceil(2) * h.div_ceil(2)
+}
+
+/// The fixed-point YUV → RGB conversion of one colour matrix and range, as libswscale sets it up
+/// for its x86-64 SIMD converter (see the module documentation for the arithmetic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct YuvToRgb {
+    /// Subtracted from 8·Y: 128 for limited range, 0 for full range.
+    pub y_offset: i32,
+    /// Luma gain (8192 is 1.0 for full range).
+    pub y_gain: i32,
+    /// V's share of red.
+    pub v_to_r: i32,
+    /// U's share of green (negative).
+    pub u_to_g: i32,
+    /// V's share of green (negative).
+    pub v_to_g: i32,
+    /// U's share of blue.
+    pub u_to_b: i32,
+}
+
+impl YuvToRgb {
+    /// The conversion libswscale makes for frames of FFmpeg colour space `colorspace`
+    /// (`AVColorSpace`; unknown values take its default, BT.601) and range (`full`: JPEG range,
+    /// as for `yuvj420p`; otherwise limited), with default brightness, contrast and saturation.
+    pub fn for_colorspace(colorspace: i32, full: bool) -> Self {
+        // SAFETY: a lookup in a static table of four ints; libswscale maps any value it does not
+        // know to its default.
+        let inv = unsafe { std::slice::from_raw_parts(ffi::sws_getCoefficients(colorspace), 4) };
+        let (mut crv, mut cbu, mut cgu, mut cgv) = (i64::from(inv[0]), i64::from(inv[1]), -i64::from(inv[2]), -i64::from(inv[3]));
+        let (cy, oy): (i64, i64) = if full {
+            // Truncating division, as C's.
+            for c in [&mut crv, &mut cbu, &mut cgu, &mut cgv] {
+                *c = *c * 224 / 255;
+            }
+            (1 << 16, 0)
+        } else {
+            ((1 << 16) * 255 / 219, 16 << 16)
+        };
+        let to16 = |c: i64| ((c + 32768) >> 16).clamp(-32768, 32767) as i32;
+        Self {
+            y_offset: to16(oy << 3),
+            y_gain: to16(cy << 13),
+            v_to_r: to16(crv << 13),
+            u_to_g: to16(cgu << 13),
+            v_to_g: to16(cgv << 13),
+            u_to_b: to16(cbu << 13),
+        }
+    }
+
+    /// The conversion of a stream's frames from the facts ingest recorded (FFmpeg's pixel format
+    /// and colour space names), when they are 8-bit 4:2:0 (`yuv420p`, or `yuvj420p` for full
+    /// range) that libswscale converts with this arithmetic: a height that is even (otherwise it
+    /// takes its general scaler) and a width that is a multiple of 32 (otherwise LeRobot's reader
+    /// converts through a filter graph).
+    pub fn for_stream(pix_fmt: Option<&str>, color_space: Option<&str>, width: u32, height: u32) -> Option<Self> {
+        if !width.is_multiple_of(32) || !height.is_multiple_of(2) || width == 0 || height == 0 {
+            return None;
+        }
+        let full = match pix_fmt? {
+            "yuv420p" => false,
+            "yuvj420p" => true,
+            _ => return None,
+        };
+        let colorspace = crate::decode::from_name(color_space, ffi::av_color_space_from_name).unwrap_or(2);
+        Some(Self::for_colorspace(colorspace, full))
+    }
+
+    /// Converts a `width` × `height` frame of packed planes (`yuv`, [`yuv420p_bytes`] long) to
+    /// packed RGB24 in `rgb` (`width * height * 3` bytes): the CPU twin of what a trainer runs on
+    /// its device.
+    ///
+    /// # Panics
+    /// When the buffers are not those sizes.
+    pub fn convert(&self, yuv: &[u8], width: u32, height: u32, rgb: &mut [u8]) {
+        let (w, h) = (width as usize, height as usize);
+        let cw = w.div_ceil(2);
+        assert_eq!(yuv.len(), yuv420p_bytes(width, height), "a {w}x{h} frame's planes");
+        assert_eq!(rgb.len(), w * h * 3, "a {w}x{h} frame's RGB");
+        let (luma, chroma) = yuv.split_at(w * h);
+        let (u_plane, v_plane) = chroma.split_at(chroma.len() / 2);
+        for (y, (out, luma)) in rgb.chunks_exact_mut(w * 3).zip(luma.chunks_exact(w)).enumerate() {
+            let (u_row, v_row) = (&u_plane[(y / 2) * cw..][..cw], &v_plane[(y / 2) * cw..][..cw]);
+            for (x, (px, &l)) in out.chunks_exact_mut(3).zip(luma).enumerate() {
+                let (u, v) = (8 * i32::from(u_row[x / 2]) - 1024, 8 * i32::from(v_row[x / 2]) - 1024);
+                let yy = ((8 * i32::from(l) - self.y_offset) * self.y_gain) >> 16;
+                px[0] = (yy + ((v * self.v_to_r) >> 16)).clamp(0, 255) as u8;
+                px[1] = (yy + ((u * self.u_to_g) >> 16) + ((v * self.v_to_g) >> 16)).clamp(0, 255) as u8;
+                px[2] = (yy + ((u * self.u_to_b) >> 16)).clamp(0, 255) as u8;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_integers_are_libswscales_for_each_matrix_and_range() {
+        // (colour space, full range) → (y_offset, y_gain, v_to_r, u_to_b, u_to_g, v_to_g), as
+        // libswscale 6.7 computes them.
+        let cases = [
+            ((5, false), (128, 9539, 13075, 16525, -3209, -6660)),
+            ((5, true), (0, 8192, 11485, 14516, -2819, -5850)),
+            ((1, false), (128, 9539, 14686, 17305, -1747, -4366)),
+            ((1, true), (0, 8192, 12901, 15201, -1534, -3835)),
+            ((9, false), (128, 9539, 13752, 17545, -1535, -5328)),
+            ((4, true), (0, 8192, 11469, 14582, -2719, -5831)),
+            ((7, false), (128, 9539, 14697, 17029, -2113, -4445)),
+            ((2, false), (128, 9539, 13075, 16525, -3209, -6660)),
+            ((8, false), (128, 9539, 13075, 16525, -3209, -6660)),
+        ];
+        for ((cs, full), want) in cases {
+            let c = YuvToRgb::for_colorspace(cs, full);
+            assert_eq!((c.y_offset, c.y_gain, c.v_to_r, c.u_to_b, c.u_to_g, c.v_to_g), want, "colour space {cs}, full {full}");
+        }
+    }
+
+    #[test]
+    fn streams_get_a_conversion_only_where_libswscale_uses_this_one() {
+        let bt601 = YuvToRgb::for_colorspace(5, false);
+        assert_eq!(YuvToRgb::for_stream(Some("yuv420p"), Some("unknown"), 640, 480), Some(bt601));
+        assert_eq!(YuvToRgb::for_stream(Some("yuv420p"), None, 128, 96), Some(bt601));
+        assert_eq!(YuvToRgb::for_stream(Some("yuvj420p"), Some("bt709"), 640, 480), Some(YuvToRgb::for_colorspace(1, true)));
+        assert_eq!(YuvToRgb::for_stream(Some("yuv420p"), Some("bt709"), 424, 240), None, "width not a multiple of 32");
+        assert_eq!(YuvToRgb::for_stream(Some("yuv420p"), Some("bt709"), 640, 481), None, "odd height");
+        assert_eq!(YuvToRgb::for_stream(Some("yuv444p"), Some("bt709"), 640, 480), None);
+        assert_eq!(YuvToRgb::for_stream(Some("yuv420p10le"), Some("bt709"), 640, 480), None);
+        assert_eq!(YuvToRgb::for_stream(None, Some("bt709"), 640, 480), None);
+    }
+
+    #[test]
+    fn conversion_is_libswscales_on_every_colour() {
+        // Every (Y, U, V) once: a 256 × 2 picture per (U, V) pair would be large, so U and V
+        // step through their range over 2 × 2 blocks of a picture whose luma ramps.
+        crate::decode::init_ffmpeg();
+        let (w, h) = (512_u32, 256_u32);
+        for (cs, full) in [(5, false), (1, true), (9, false)] {
+            let c = YuvToRgb::for_colorspace(cs, full);
+            let mut yuv = vec![0_u8; yuv420p_bytes(w, h)];
+            let (luma, chroma) = yuv.split_at_mut((w * h) as usize);
+            for (i, l) in luma.iter_mut().enumerate() {
+                *l = (i * 7 % 256) as u8;
+            }
+            let (u, v) = chroma.split_at_mut(chroma.len() / 2);
+            for (i, (u, v)) in u.iter_mut().zip(v.iter_mut()).enumerate() {
+                (*u, *v) = ((i % 256) as u8, (i / 256 * 3 % 256) as u8);
+            }
+            let mut ours = vec![0_u8; (w * h * 3) as usize];
+            c.convert(&yuv, w, h, &mut ours);
+            let theirs = swscale(&yuv, w, h, cs, full);
+            let first = ours.iter().zip(&theirs).position(|(a, b)| a != b);
+            assert_eq!(first, None, "colour space {cs}, full {full}: first difference at byte {first:?}");
+        }
+    }
+
+    /// libswscale's own conversion, set up as LeRobot's reader sets it up.
+    fn swscale(yuv: &[u8], w: u32, h: u32, cs: i32, full: bool) -> Vec<u8> {
+        let (wi, hi) = (w as i32, h as i32);
+        let mut out = vec![0_u8; (w * h * 3) as usize];
+        // SAFETY: FFmpeg calls on buffers of the sizes the context was made for.
+        unsafe {
+            let ctx = ffi::sws_getContext(
+                wi,
+                hi,
+                ffi::AVPixelFormat::AV_PIX_FMT_YUV420P,
+                wi,
+                hi,
+                ffi::AVPixelFormat::AV_PIX_FMT_RGB24,
+                ffi::SWS_BILINEAR,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null(),
+            );
+            assert!(!ctx.is_null());
+            let table = ffi::sws_getCoefficients(cs);
+            assert!(ffi::sws_setColorspaceDetails(ctx, table, i32::from(full), table, 0, 0, 1 << 16, 1 << 16) >= 0);
+            let luma = (w * h) as usize;
+            let chroma = luma / 4;
+            let src = [yuv.as_ptr(), yuv[luma..].as_ptr(), yuv[luma + chroma..].as_ptr(), std::ptr::null()];
+            let src_stride = [wi, wi / 2, wi / 2, 0];
+            let dst = [out.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
+            let dst_stride = [wi * 3, 0, 0, 0];
+            assert_eq!(ffi::sws_scale(ctx, src.as_ptr(), src_stride.as_ptr(), 0, hi, dst.as_ptr(), dst_stride.as_ptr()), hi);
+            ffi::sws_freeContext(ctx);
+        }
+        out
+    }
+}
