@@ -55,7 +55,7 @@ def main():
         cameras = planes.get(FRAMES_KEY, {})
         if not cameras:
             sys.exit(f"{planes_path}: no camera sent as planes")
-        on_gpu = frames_to_rgb({**planes, FRAMES_KEY: dict(cameras), **{k: torch.from_numpy(np.ascontiguousarray(planes[k])) for k in cameras}}, device=device)
+        on_gpu = frames_to_rgb({**planes, FRAMES_KEY: dict(cameras), **{k: torch.from_numpy(np.array(planes[k])) for k in cameras}}, device=device)
         on_cpu = frames_to_rgb({**planes, FRAMES_KEY: dict(cameras)})
         for camera, facts in cameras.items():
             want = rgb[camera]

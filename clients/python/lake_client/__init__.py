@@ -126,26 +126,28 @@ def yuv420p_to_rgb24(planes: Any, height: int, width: int, yuv_to_rgb: Dict[str,
     else:
         flat = np.asarray(planes).reshape(-1, planes.shape[-1]).astype(np.int32)
     n = flat.shape[0]
-    y = flat[:, :luma].reshape(n, height, width)
-    u = flat[:, luma : luma + chroma].reshape(n, ch, cw)
-    v = flat[:, luma + chroma :].reshape(n, ch, cw)
-    # Each chroma sample covers a 2x2 block (replicated, not interpolated).
-    if is_torch:
-        u = u.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)[:, :height, :width]
-        v = v.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)[:, :height, :width]
+    u = 8 * flat[:, luma : luma + chroma].reshape(n, ch, cw) - 1024
+    v = 8 * flat[:, luma + chroma :].reshape(n, ch, cw) - 1024
+    # The chroma terms at chroma resolution; each covers a 2x2 block of luma (replicated, not
+    # interpolated), which an even-sized picture adds by broadcasting.
+    r_c = (v * c["v_to_r"]) >> 16
+    g_c = ((u * c["u_to_g"]) >> 16) + ((v * c["v_to_g"]) >> 16)
+    b_c = (u * c["u_to_b"]) >> 16
+    even = height % 2 == 0 and width % 2 == 0
+    if even:
+        y = flat[:, :luma].reshape(n, ch, 2, cw, 2)
+        r_c, g_c, b_c = (t[:, :, None, :, None] for t in (r_c, g_c, b_c))
     else:
-        u = u.repeat(2, axis=1).repeat(2, axis=2)[:, :height, :width]
-        v = v.repeat(2, axis=1).repeat(2, axis=2)[:, :height, :width]
+        y = flat[:, :luma].reshape(n, height, width)
+        if is_torch:
+            r_c, g_c, b_c = (t.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)[:, :height, :width] for t in (r_c, g_c, b_c))
+        else:
+            r_c, g_c, b_c = (t.repeat(2, axis=1).repeat(2, axis=2)[:, :height, :width] for t in (r_c, g_c, b_c))
     yy = ((8 * y - c["y_offset"]) * c["y_gain"]) >> 16
-    u = 8 * u - 1024
-    v = 8 * v - 1024
-    r = yy + ((v * c["v_to_r"]) >> 16)
-    g = yy + ((u * c["u_to_g"]) >> 16) + ((v * c["v_to_g"]) >> 16)
-    b = yy + ((u * c["u_to_b"]) >> 16)
     if is_torch:
-        rgb = torch.stack([r, g, b], dim=-1).clamp_(0, 255).to(torch.uint8)
+        rgb = torch.stack([yy + r_c, yy + g_c, yy + b_c], dim=-1).clamp_(0, 255).to(torch.uint8)
     else:
-        rgb = np.clip(np.stack([r, g, b], axis=-1), 0, 255).astype(np.uint8)
+        rgb = np.clip(np.stack([yy + r_c, yy + g_c, yy + b_c], axis=-1), 0, 255).astype(np.uint8)
     return rgb.reshape(lead + (height, width, 3))
 
 
