@@ -211,11 +211,21 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert_eq!(front, 24 * 32 * 3);
         same_rows(&over_flight(&mut client, &small).await.expect("resized"), &want, "resized frames");
 
+        // Video frames as YUV planes: the in-process batches over Flight, half the bytes.
+        let planes = json!({"datasets": ["v30-av1-small"], "preset": "diffusion", "batch_size": 8, "seed": 3, "limit_batches": 2, "frame_format": "yuv420p"});
+        let want = in_process(&root, &planes).await;
+        let field = want[0].schema().field_with_name("observation.images.front").expect("front").clone();
+        assert_eq!(field.metadata()["pixel_format"], "yuv420p");
+        assert_eq!(want[0].column_by_name("observation.images.front").expect("front").as_fixed_size_list().value_length(), 2 * 480 * 640 * 3 / 2);
+        same_rows(&over_flight(&mut client, &planes).await.expect("planes"), &want, "yuv planes");
+
         // Bad requests: each gets its code and says why.
         for (bad, code, says) in [
             (json!({"datasets": ["nope"]}), tonic::Code::NotFound, "nope"),
             (json!({"datasets": ["v30-av1-small"], "frame_size": "big"}), tonic::Code::InvalidArgument, "expected WIDTHxHEIGHT"),
             (json!({"datasets": ["v30-av1-small"], "frame_size": "16x16"}), tonic::Code::InvalidArgument, "no frame table of 16x16 frames"),
+            (json!({"datasets": ["v30-av1-small"], "frame_format": "bgr24"}), tonic::Code::InvalidArgument, "unknown variant `bgr24`, expected `rgb24` or `yuv420p`"),
+            (json!({"datasets": ["v30-av1-small"], "frame_format": "yuv420p", "frame_size": "32x24"}), tonic::Code::InvalidArgument, "frames at 32x24 come from a frame table, which stores RGB"),
             (json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}), tonic::Code::InvalidArgument, "outside a world"),
             (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [0.01]}}), tonic::Code::InvalidArgument, "action"),
             (json!({"datasets": ["v30-av1-small"], "batch_sise": 3}), tonic::Code::InvalidArgument, "batch_sise"),
