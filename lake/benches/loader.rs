@@ -1,7 +1,8 @@
 //! Loader throughput: `lake bench` (release build, as a child process) on a dataset of ~10k
 //! steps made by repeating the bundled `v30-av1-small` sample (2 cameras, AV1 GOP 2, 480×640 +
 //! 96×128, 30 fps), for the `act` and `diffusion` presets: frames decoded from packets (the
-//! cold path) with the in-memory frame cache off and on, then frames read from the stored frame
+//! cold path) with the in-memory frame cache off and on, as RGB and as YUV planes
+//! (`--frame-format yuv420p`, rows `y-off` / `y-on`), then frames read from the stored frame
 //! table that `lake cache` writes, stored plain and then zstd-compressed, and (`act`) from a table
 //! of frames resized to 224×224 (`lake cache --size`). Prints one table, with
 //! the decode-bound limit measured in the same run by `lake bench` itself.
@@ -59,6 +60,11 @@ fn main() {
     for preset in ["act", "diffusion"] {
         for cache in ["off", "on"] {
             row(preset, cache, cache, &[]);
+        }
+        // Video frames as YUV planes for the trainer to convert (`--frame-format yuv420p`): no
+        // colour conversion, half the bytes.
+        for (cache, label) in [("off", "y-off"), ("on", "y-on")] {
+            row(preset, cache, label, &["--frame-format", "yuv420p"]);
         }
     }
     // Frames read from the stored frame table (`lake cache`), plain and then zstd-compressed;

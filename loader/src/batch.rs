@@ -258,7 +258,10 @@ impl Loader {
             };
             let s = sample_schema(ds, &w);
             if let Some(first) = &schema {
-                let strip = |s: &Schema| s.fields().iter().map(|f| (f.name().clone(), f.data_type().clone())).collect::<Vec<_>>();
+                // Names, types and, of cameras, what their bytes are (frame shape, pixel format,
+                // conversion): the batch carries the first dataset's metadata for every source.
+                let strip =
+                    |s: &Schema| s.fields().iter().map(|f| (f.name().clone(), f.data_type().clone(), camera_facts(f))).collect::<Vec<_>>();
                 if strip(first) != strip(&s) {
                     return Err(Error::request(format!(
                         "{} and {} give samples of different columns or shapes ({}); a mixture needs the same features, cameras and \
@@ -1109,6 +1112,15 @@ fn dtype_name(dt: &DataType) -> String {
     }
 }
 
+/// What a camera column's bytes are, beyond their type: the frame's shape, pixel format and
+/// YUV conversion (empty for other columns).
+fn camera_facts(f: &Field) -> Vec<Option<String>> {
+    if !f.metadata().contains_key(LAYOUT) {
+        return Vec::new();
+    }
+    ["frame_shape", PIXEL_FORMAT, YUV_TO_RGB].iter().map(|k| f.metadata().get(*k).cloned()).collect()
+}
+
 /// The first column where two datasets' sample schemas differ, in words (for a camera of
 /// another frame size, how to read both at one size).
 fn first_difference(a: &Schema, b: &Schema) -> String {
@@ -1121,11 +1133,30 @@ fn first_difference(a: &Schema, b: &Schema) -> String {
                 Err(_) => format!("the second lacks `{}`", fa.name()),
             };
         }
-        if fa.data_type() != fb.data_type() {
-            let camera = fa.metadata().contains_key(LAYOUT);
-            let hint =
-                if camera { "; read both from frame tables of one size (`lake cache NAME --size WxH`, then --frame-size WxH)" } else { "" };
-            return format!("`{}` is shaped {} in the first and {} in the second{hint}", fa.name(), shape(fa), shape(fb));
+        let camera = fa.metadata().contains_key(LAYOUT);
+        let frame_shape = |f: &Field| f.metadata().get("frame_shape").cloned().unwrap_or_default();
+        if fa.data_type() != fb.data_type() || (camera && frame_shape(fa) != frame_shape(fb)) {
+            let planes = [fa, fb].iter().any(|f| f.metadata().get(PIXEL_FORMAT).is_some_and(|p| p != "rgb24"));
+            let hint = match (camera, planes) {
+                (false, _) => "",
+                (true, false) => "; read both from frame tables of one size (`lake cache NAME --size WxH`, then --frame-size WxH)",
+                (true, true) => "; frames of different sizes cannot be stacked, and resized frames come only as rgb24",
+            };
+            let (sa, sb) = if camera { (frame_shape(fa), frame_shape(fb)) } else { (shape(fa), shape(fb)) };
+            return format!("`{}` is shaped {sa} in the first and {sb} in the second{hint}", fa.name());
+        }
+        if camera_facts(fa) != camera_facts(fb) {
+            let facts = |f: &Field| match f.metadata().get(YUV_TO_RGB) {
+                Some(c) => format!("yuv420p planes converting with {c}"),
+                None => "rgb24".to_string(),
+            };
+            return format!(
+                "`{}` comes as {} from the first and as {} from the second (another pixel format, colour matrix or range); ask \
+                 for rgb24 frames to mix them",
+                fa.name(),
+                facts(fa),
+                facts(fb)
+            );
         }
     }
     match b.fields().get(a.fields().len()) {
@@ -1208,7 +1239,41 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
 
 #[cfg(test)]
 mod tests {
-    use super::IdlePool;
+    use std::{collections::HashMap, sync::Arc};
+
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::{IdlePool, LAYOUT, PIXEL_FORMAT, YUV_TO_RGB, camera_facts, first_difference};
+
+    fn camera(frame_shape: &str, format: &str, conversion: Option<&str>) -> Schema {
+        let mut m = HashMap::from([
+            (LAYOUT.to_string(), "HWC".to_string()),
+            ("frame_shape".to_string(), frame_shape.to_string()),
+            (PIXEL_FORMAT.to_string(), format.to_string()),
+        ]);
+        if let Some(c) = conversion {
+            m.insert(YUV_TO_RGB.to_string(), c.to_string());
+        }
+        let list = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::UInt8, false)), 460_800);
+        Schema::new(vec![Field::new("cam", list, false).with_metadata(m)])
+    }
+
+    #[test]
+    fn a_mixture_of_cameras_with_bytes_of_other_meaning_is_told_apart() {
+        let bt601 = camera("[480,640,3]", "yuv420p", Some("bt601"));
+        let bt709 = camera("[480,640,3]", "yuv420p", Some("bt709"));
+        let rgb = camera("[320,480,3]", "rgb24", None);
+        let facts = |s: &Schema| camera_facts(s.field(0));
+        assert_eq!(facts(&bt601), facts(&camera("[480,640,3]", "yuv420p", Some("bt601"))));
+        assert_ne!(facts(&bt601), facts(&bt709), "same bytes, another conversion");
+        assert_ne!(facts(&bt601), facts(&rgb), "same byte count, RGB of another size");
+        assert!(first_difference(&bt601, &bt709).contains("ask for rgb24 frames to mix them"), "{}", first_difference(&bt601, &bt709));
+        let sizes = first_difference(&bt601, &rgb);
+        assert!(sizes.contains("is shaped [480,640,3] in the first and [320,480,3]") && sizes.contains("only as rgb24"), "{sizes}");
+        let rgb_sizes = first_difference(&camera("[480,640,3]", "rgb24", None), &rgb);
+        assert!(rgb_sizes.contains("--frame-size WxH"), "{rgb_sizes}");
+        assert!(camera_facts(&Field::new("x", DataType::Int64, false)).is_empty());
+    }
 
     #[test]
     fn idle_decoders_are_reused_by_stream_and_bounded() {

@@ -1,4 +1,5 @@
-//! The decoded-frame cache: RGB frames keyed by `(dataset version, packet row)`, least recently
+//! The decoded-frame cache: frames (RGB, or YUV planes of a dataset opened for them, which has
+//! a cache id of its own) keyed by `(dataset version, packet row)`, least recently
 //! used out first, bounded in bytes (never above its budget, whatever the frame sizes). Loaders
 //! may share one (a server's loaders do), so the budget holds for all of them together.
 //!
@@ -13,7 +14,7 @@ use std::sync::{
 
 use lru::LruCache;
 
-/// A frame: packed RGB24 bytes shared by every sample that shows it (cheap to clone; frames
+/// A frame: packed RGB24 bytes (or YUV planes) shared by every sample that shows it (cheap to clone; frames
 /// read from an uncompressed frame table are slices of what Lance read, not copies).
 pub type Frame = bytes::Bytes;
 

@@ -132,8 +132,8 @@ impl StreamDecoder {
     }
 
     /// Decodes `packets` (`(pts, dts, keyframe flag, bytes)` in decode order, starting at a
-    /// keyframe) and returns the frames whose pts is in `wanted`, as RGB, in the order of
-    /// `wanted`.
+    /// keyframe) and returns the frames whose pts is in `wanted`, as RGB (as YUV planes for a
+    /// stream whose [`StreamConfig::yuv`] asks for them), in the order of `wanted`.
     ///
     /// Video decoders are drained and flushed after every GOP, ready for the next. Image
     /// decoders put out each picture as soon as they get it (of JPEG pictures, only the wanted
@@ -150,7 +150,8 @@ impl StreamDecoder {
     }
 
     /// [`StreamDecoder::decode`] into place: the frame whose pts is `wanted[i]` is written as RGB
-    /// into `outs[i]`, which must be exactly its size (`height * width * 3` bytes). Every
+    /// (or YUV planes) into `outs[i]`, which must be exactly its size (`height * width * 3`
+    /// bytes, or [`yuv420p_bytes`]). Every
     /// `outs[i]` is written when this returns `Ok`.
     ///
     /// # Errors
@@ -393,9 +394,17 @@ fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, out: &mut [MaybeUnin
         }
     };
     if YuvToRgb::for_colorspace(key.colorspace, full) != yuv {
+        // SAFETY: FFmpeg's name of a colour space value, or null.
+        let name = unsafe { ffi::av_color_space_name(std::mem::transmute::<i32, ffi::AVColorSpace>(key.colorspace)) };
+        let name = if name.is_null() {
+            format!("colour space {}", key.colorspace)
+        } else {
+            // SAFETY: a NUL-terminated static string.
+            format!("colour space {}", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+        };
         return Err(DecodeError(format!(
-            "the frame decodes in colour space {} ({} range), not the one the stream records; yuv420p frames cannot be served from it, ask for rgb24",
-            key.colorspace,
+            "the frame decodes in {name}, {} range, which converts to RGB otherwise than the colour space and range the stream \
+             records at ingest; yuv420p frames cannot be served from it, ask for rgb24",
             if full { "full" } else { "limited" }
         )));
     }

@@ -387,6 +387,12 @@ pub async fn write_frame_table(
     size: Option<FrameSize>,
     stored: &Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<FrameTableReport> {
+    if let Some(camera) = ds.cameras.iter().find(|c| c.yuv.is_some()) {
+        return Err(Error::request(format!(
+            "{}: camera {} was opened for YUV planes; a frame table stores RGB (open the dataset with rgb24 frames)",
+            ds.label, camera.key
+        )));
+    }
     let name = frame_table_name(size);
     let final_rel = ds.record.tables.path(&name);
     // `.<table>-<pid>-<id>.lance`: the writer's pid tells the leftovers of a killed run (removed

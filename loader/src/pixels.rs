@@ -122,10 +122,10 @@ impl YuvToRgb {
     /// The conversion of a stream's frames from the facts ingest recorded (FFmpeg's pixel format
     /// and colour space names), when they are 8-bit 4:2:0 (`yuv420p`, or `yuvj420p` for full
     /// range) that libswscale converts with this arithmetic: a height that is even (otherwise it
-    /// takes its general scaler) and a width that is a multiple of 32 (otherwise LeRobot's reader
-    /// converts through a filter graph).
+    /// takes its general scaler), a width that is a multiple of 32 (otherwise LeRobot's reader
+    /// converts through a filter graph), and a libswscale that runs it ([`reproduces_libswscale`]).
     pub fn for_stream(pix_fmt: Option<&str>, color_space: Option<&str>, width: u32, height: u32) -> Option<Self> {
-        if !width.is_multiple_of(32) || !height.is_multiple_of(2) || width == 0 || height == 0 {
+        if !width.is_multiple_of(32) || !height.is_multiple_of(2) || width == 0 || height == 0 || !reproduces_libswscale() {
             return None;
         }
         let full = match pix_fmt? {
@@ -161,6 +161,69 @@ impl YuvToRgb {
             }
         }
     }
+}
+
+/// libswscale's own conversion of packed planes (`yuv`, a `w` × `h` frame with even `h`), set up
+/// as LeRobot's reader sets it up: the reference [`YuvToRgb::convert`] must equal.
+fn swscale_rgb(yuv: &[u8], w: u32, h: u32, cs: i32, full: bool) -> Vec<u8> {
+    let (wi, hi) = (w as i32, h as i32);
+    let mut out = vec![0_u8; (w * h * 3) as usize];
+    crate::decode::init_ffmpeg();
+    // SAFETY: FFmpeg calls on buffers of the sizes the context was made for.
+    unsafe {
+        let ctx = ffi::sws_getContext(
+            wi,
+            hi,
+            ffi::AVPixelFormat::AV_PIX_FMT_YUV420P,
+            wi,
+            hi,
+            ffi::AVPixelFormat::AV_PIX_FMT_RGB24,
+            ffi::SWS_BILINEAR,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null(),
+        );
+        if ctx.is_null() {
+            return out;
+        }
+        let table = ffi::sws_getCoefficients(cs);
+        ffi::sws_setColorspaceDetails(ctx, table, i32::from(full), table, 0, 0, 1 << 16, 1 << 16);
+        let luma = (w * h) as usize;
+        let chroma = (w.div_ceil(2) * h.div_ceil(2)) as usize;
+        let src = [yuv.as_ptr(), yuv[luma..].as_ptr(), yuv[luma + chroma..].as_ptr(), std::ptr::null()];
+        let cw = w.div_ceil(2) as i32;
+        let src_stride = [wi, cw, cw, 0];
+        let dst = [out.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
+        let dst_stride = [wi * 3, 0, 0, 0];
+        ffi::sws_scale(ctx, src.as_ptr(), src_stride.as_ptr(), 0, hi, dst.as_ptr(), dst_stride.as_ptr());
+        ffi::sws_freeContext(ctx);
+    }
+    out
+}
+
+/// Whether this process's libswscale converts 4:2:0 to RGB with the arithmetic [`YuvToRgb`]
+/// reproduces (its x86-64 SIMD code), checked once on a test picture. Elsewhere (another
+/// architecture, an FFmpeg built without its assembly) the loader's RGB would differ from the
+/// planes converted, so cameras stay RGB.
+pub fn reproduces_libswscale() -> bool {
+    static SAME: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAME.get_or_init(|| {
+        let same = cfg!(target_arch = "x86_64") && {
+            let (w, h) = (64_u32, 16_u32);
+            let yuv: Vec<u8> = (0..yuv420p_bytes(w, h) as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+            [(5, false), (1, true), (9, false)].iter().all(|&(cs, full)| {
+                let mut ours = vec![0_u8; (w * h * 3) as usize];
+                YuvToRgb::for_colorspace(cs, full).convert(&yuv, w, h, &mut ours);
+                ours == swscale_rgb(&yuv, w, h, cs, full)
+            })
+        };
+        if !same {
+            tracing::warn!(
+                "this machine's libswscale converts YUV to RGB with other rounding than lake reproduces; video frames stay rgb24"
+            );
+        }
+        same
+    })
 }
 
 #[cfg(test)]
@@ -203,59 +266,28 @@ mod tests {
 
     #[test]
     fn conversion_is_libswscales_on_every_colour() {
-        // Every (Y, U, V) once: a 256 × 2 picture per (U, V) pair would be large, so U and V
-        // step through their range over 2 × 2 blocks of a picture whose luma ramps.
-        crate::decode::init_ffmpeg();
-        let (w, h) = (512_u32, 256_u32);
-        for (cs, full) in [(5, false), (1, true), (9, false)] {
-            let c = YuvToRgb::for_colorspace(cs, full);
-            let mut yuv = vec![0_u8; yuv420p_bytes(w, h)];
-            let (luma, chroma) = yuv.split_at_mut((w * h) as usize);
-            for (i, l) in luma.iter_mut().enumerate() {
-                *l = (i * 7 % 256) as u8;
+        // Every (Y, U, V) once, for two matrices and both ranges: a 4096 × 4096 picture whose
+        // 2 × 2 blocks each hold one (U, V) pair, 64 blocks per pair with 4 luma values each.
+        assert!(reproduces_libswscale(), "this machine's libswscale is the one lake reproduces");
+        let (w, h) = (4096_u32, 4096_u32);
+        let mut yuv = vec![0_u8; yuv420p_bytes(w, h)];
+        let (luma, chroma) = yuv.split_at_mut((w * h) as usize);
+        let (u, v) = chroma.split_at_mut(chroma.len() / 2);
+        let cw = (w / 2) as usize;
+        for block in 0..cw * (h / 2) as usize {
+            let (by, bx) = (block / cw, block % cw);
+            let (pair, lumas) = (block / 64, (block % 64) * 4);
+            (u[block], v[block]) = ((pair % 256) as u8, (pair / 256) as u8);
+            for k in 0..4 {
+                luma[(2 * by + k / 2) * w as usize + 2 * bx + k % 2] = (lumas + k) as u8;
             }
-            let (u, v) = chroma.split_at_mut(chroma.len() / 2);
-            for (i, (u, v)) in u.iter_mut().zip(v.iter_mut()).enumerate() {
-                (*u, *v) = ((i % 256) as u8, (i / 256 * 3 % 256) as u8);
-            }
+        }
+        for (cs, full) in [(5, false), (1, true)] {
             let mut ours = vec![0_u8; (w * h * 3) as usize];
-            c.convert(&yuv, w, h, &mut ours);
-            let theirs = swscale(&yuv, w, h, cs, full);
+            YuvToRgb::for_colorspace(cs, full).convert(&yuv, w, h, &mut ours);
+            let theirs = swscale_rgb(&yuv, w, h, cs, full);
             let first = ours.iter().zip(&theirs).position(|(a, b)| a != b);
             assert_eq!(first, None, "colour space {cs}, full {full}: first difference at byte {first:?}");
         }
-    }
-
-    /// libswscale's own conversion, set up as LeRobot's reader sets it up.
-    fn swscale(yuv: &[u8], w: u32, h: u32, cs: i32, full: bool) -> Vec<u8> {
-        let (wi, hi) = (w as i32, h as i32);
-        let mut out = vec![0_u8; (w * h * 3) as usize];
-        // SAFETY: FFmpeg calls on buffers of the sizes the context was made for.
-        unsafe {
-            let ctx = ffi::sws_getContext(
-                wi,
-                hi,
-                ffi::AVPixelFormat::AV_PIX_FMT_YUV420P,
-                wi,
-                hi,
-                ffi::AVPixelFormat::AV_PIX_FMT_RGB24,
-                ffi::SWS_BILINEAR,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null(),
-            );
-            assert!(!ctx.is_null());
-            let table = ffi::sws_getCoefficients(cs);
-            assert!(ffi::sws_setColorspaceDetails(ctx, table, i32::from(full), table, 0, 0, 1 << 16, 1 << 16) >= 0);
-            let luma = (w * h) as usize;
-            let chroma = luma / 4;
-            let src = [yuv.as_ptr(), yuv[luma..].as_ptr(), yuv[luma + chroma..].as_ptr(), std::ptr::null()];
-            let src_stride = [wi, wi / 2, wi / 2, 0];
-            let dst = [out.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
-            let dst_stride = [wi * 3, 0, 0, 0];
-            assert_eq!(ffi::sws_scale(ctx, src.as_ptr(), src_stride.as_ptr(), 0, hi, dst.as_ptr(), dst_stride.as_ptr()), hi);
-            ffi::sws_freeContext(ctx);
-        }
-        out
     }
 }

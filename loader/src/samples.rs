@@ -46,7 +46,7 @@ pub enum BatchColumn {
 pub struct FrameColumn {
     /// One per (sample, slot), sample-major.
     pub frames: Vec<Frame>,
-    /// Bytes of each frame (`height * width * 3`).
+    /// Bytes of each frame (`height * width * 3`, or YUV planes' [`yuv420p_bytes`](crate::yuv420p_bytes)).
     pub frame_bytes: usize,
 }
 
