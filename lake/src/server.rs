@@ -74,7 +74,8 @@ pub struct ServeArgs {
     local: Option<std::path::PathBuf>,
     /// Seconds an HTTP client may take to send a request's head (the first from its connect, the
     /// next on a kept-alive connection from the answer before), and then as many for its body;
-    /// slower heads are cut, slower bodies answered 408.
+    /// slower heads are cut, slower bodies answered 408. A Flight client that sends nothing for
+    /// as long after connecting is cut too.
     #[arg(long, env = "LAKE_SERVE_REQUEST_WAIT", value_name = "SECONDS", default_value_t = 30, value_parser = crate::sample::seconds_at_least_one)]
     request_wait: u64,
     /// Seconds a shutdown (Ctrl-C, SIGTERM) waits for open streams to finish the batch they
@@ -228,8 +229,13 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .initial_stream_window_size(32 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size((1 << 24) - 1)
+        // A client whose host went away without closing (power loss, a cut network) stops
+        // answering pings: its connection ends after the timeout instead of holding its
+        // socket for ever.
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_routes(flight_routes(LakeFlight::new(service.clone())))
-        .serve_with_incoming_shutdown(flight_listener.incoming(), async move {
+        .serve_with_incoming_shutdown(flight_listener.incoming_within(std::time::Duration::from_secs(args.request_wait)), async move {
             let _ = flight_stop.recv().await;
         });
     let http = http::serve(http_listener, http::router(service.clone()), std::time::Duration::from_secs(args.request_wait), async move {

@@ -54,12 +54,35 @@ impl Listener {
         Self { inner, closes }
     }
 
-    /// The connections, as tonic's `serve_with_incoming` takes them.
-    pub fn incoming(self) -> impl futures::Stream<Item = io::Result<Connection>> + Send + 'static {
-        futures::stream::unfold(self, |mut listener| async move {
-            let (connection, _) = axum::serve::Listener::accept(&mut listener).await;
-            Some((Ok(connection), listener))
-        })
+    /// The connections, as tonic's `serve_with_incoming` takes them, whose client sends
+    /// something within `wait` of connecting: one that connects and says nothing is closed then, as the
+    /// HTTP server closes it, so that silent connections cannot pile up and use up the
+    /// server's file descriptors. Connections wait for their first bytes side by side; the
+    /// accepting ends when the stream is dropped (the server shut down), and so do the waits.
+    pub fn incoming_within(self, wait: Duration) -> impl futures::Stream<Item = io::Result<Connection>> + Send + 'static {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Connection>(64);
+        tokio::spawn(async move {
+            let mut listener = self;
+            loop {
+                let (connection, addr) = tokio::select! {
+                    accepted = axum::serve::Listener::accept(&mut listener) => accepted,
+                    () = tx.closed() => break,
+                };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let first = tokio::select! {
+                        first = tokio::time::timeout(wait, connection.sent()) => first,
+                        () = tx.closed() => return,
+                    };
+                    match first {
+                        Ok(Ok(())) => drop(tx.send(connection).await),
+                        Ok(Err(e)) => tracing::debug!("a connection from {addr}: {e}"),
+                        Err(_) => tracing::debug!("a connection from {addr} sent nothing in {wait:?}; closed"),
+                    }
+                });
+            }
+        });
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (Ok(c), rx)) })
     }
 }
 

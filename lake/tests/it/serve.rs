@@ -726,7 +726,10 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         // one that sends nothing is cut.
         let mut stalling = TcpStream::connect(&server.http).expect("connect");
         let mut silent = TcpStream::connect(&server.http).expect("connect");
-        for socket in [&stalling, &silent] {
+        // So is a Flight client that connects and says nothing, while a Flight client that
+        // speaks (the stream below) is served.
+        let mut silent_flight = TcpStream::connect(server.flight.trim_start_matches("http://")).expect("connect");
+        for socket in [&stalling, &silent, &silent_flight] {
             socket.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("timeout");
         }
         write!(
@@ -740,6 +743,7 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         let answer = String::from_utf8_lossy(&answer);
         assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("the request body did not arrive within 2 s"), "{answer}");
         assert_eq!(silent.read(&mut [0u8; 16]).expect("an end, not a timeout"), 0, "a client that sends nothing is cut");
+        assert_eq!(silent_flight.read(&mut [0u8; 16]).expect("an end, not a timeout"), 0, "a Flight client that sends nothing is cut");
         // `lake rm` of a dataset a stream reads ends that stream with NOT_FOUND and the reason
         // (not a failure to read files), refuses new requests for it, and leaves the rest served.
         let doomed = json!({"datasets": ["doomed"], "preset": "act", "batch_size": 2, "seed": 1});
