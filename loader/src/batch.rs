@@ -1135,7 +1135,8 @@ fn first_difference(a: &Schema, b: &Schema) -> String {
         }
         let camera = fa.metadata().contains_key(LAYOUT);
         let frame_shape = |f: &Field| f.metadata().get("frame_shape").cloned().unwrap_or_default();
-        if fa.data_type() != fb.data_type() || (camera && frame_shape(fa) != frame_shape(fb)) {
+        let same_frames = camera && frame_shape(fa) == frame_shape(fb);
+        if !same_frames && (camera || fa.data_type() != fb.data_type()) {
             let planes = [fa, fb].iter().any(|f| f.metadata().get(PIXEL_FORMAT).is_some_and(|p| p != "rgb24"));
             let hint = match (camera, planes) {
                 (false, _) => "",
@@ -1273,6 +1274,12 @@ mod tests {
         let rgb_sizes = first_difference(&camera("[480,640,3]", "rgb24", None), &rgb);
         assert!(rgb_sizes.contains("--frame-size WxH"), "{rgb_sizes}");
         assert!(camera_facts(&Field::new("x", DataType::Int64, false)).is_empty());
+        // Frames of one shape, as planes from one and RGB from the other (another pixel format).
+        let mut rgb_same = camera("[480,640,3]", "rgb24", None);
+        let list = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::UInt8, false)), 921_600);
+        rgb_same = Schema::new(vec![rgb_same.field(0).clone().with_data_type(list)]);
+        let formats = first_difference(&bt601, &rgb_same);
+        assert!(formats.contains("comes as yuv420p planes") && formats.contains("as rgb24 from the second"), "{formats}");
     }
 
     #[test]
