@@ -72,10 +72,10 @@ pub struct ServeArgs {
     /// LocalLoader reads them); tokens apply as on the other endpoints.
     #[arg(long, env = "LAKE_SERVE_LOCAL", value_name = "PATH")]
     local: Option<std::path::PathBuf>,
-    /// Seconds an HTTP client may take to send a request's head (the first from its connect, the
-    /// next on a kept-alive connection from the answer before), and then as many for its body;
-    /// slower heads are cut, slower bodies answered 408. A Flight client that sends nothing for
-    /// as long after connecting is cut too.
+    /// Seconds a client may take to open its connection (send its first bytes; over HTTP/2,
+    /// Flight's protocol, the whole handshake), and an HTTP client then to send a request's
+    /// head (the next on a kept-alive connection from the answer before) and as many for its
+    /// body; slower connections are cut, slower bodies answered 408.
     #[arg(long, env = "LAKE_SERVE_REQUEST_WAIT", value_name = "SECONDS", default_value_t = 30, value_parser = crate::sample::seconds_at_least_one)]
     request_wait: u64,
     /// Seconds a shutdown (Ctrl-C, SIGTERM) waits for open streams to finish the batch they
@@ -223,22 +223,21 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut http_stop = stop_tx.subscribe();
     // Connections close without losing what was sent last (see `linger`).
     let closes = linger::Closes::default();
-    let flight_listener = linger::Listener::new(flight_listener, closes.clone());
-    let http_listener = linger::Listener::new(http_listener, closes.clone());
+    // A client has the request wait to open its connection.
+    let request_wait = std::time::Duration::from_secs(args.request_wait);
+    let flight_listener = linger::Listener::new(flight_listener, closes.clone(), request_wait);
+    let http_listener = linger::Listener::new(http_listener, closes.clone(), request_wait);
     let flight = tonic::transport::Server::builder()
         .initial_stream_window_size(32 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size((1 << 24) - 1)
-        // A client whose host went away without closing (power loss, a cut network) stops
-        // answering pings: its connection ends after the timeout instead of holding its
-        // socket for ever.
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .http2_keepalive_interval(Some(lake::serve::PING_EVERY))
+        .http2_keepalive_timeout(Some(lake::serve::PING_ANSWER_WAIT))
         .add_routes(flight_routes(LakeFlight::new(service.clone())))
-        .serve_with_incoming_shutdown(flight_listener.incoming_within(std::time::Duration::from_secs(args.request_wait)), async move {
+        .serve_with_incoming_shutdown(flight_listener.incoming(), async move {
             let _ = flight_stop.recv().await;
         });
-    let http = http::serve(http_listener, http::router(service.clone()), std::time::Duration::from_secs(args.request_wait), async move {
+    let http = http::serve(http_listener, http::router(service.clone()), request_wait, async move {
         let _ = http_stop.recv().await;
     });
     let flight = tokio::spawn(flight);

@@ -24,10 +24,11 @@ use crate::{Error, sql::flat_for_csv};
 /// completes, then ends each connection after the request it is answering and returns once
 /// all are closed (the caller bounds the wait).
 ///
-/// A client has `head_wait` to send a request's head (its line and headers), the first one
-/// from when it connected, later ones from the end of the answer before (so an idle kept-alive
-/// connection is closed after it, as HTTP servers do); a slower one is cut, so that
-/// connections that never finish a request do not pile up.
+/// An HTTP/1 client has `head_wait` to send a request's head (its line and headers), the
+/// first one from its first byte (the listener times what comes before), later ones from the
+/// end of the answer before (so an idle kept-alive connection is closed after it, as HTTP
+/// servers do); a slower one is cut, so that connections that never finish a request do not
+/// pile up. HTTP/2 clients are pinged as Flight's are.
 ///
 /// A client that closes its sending side is taken to have gone (as nginx takes it), so that
 /// the work for a client that gave up stops; a client that half-closes after its request
@@ -45,6 +46,7 @@ pub async fn serve(
     };
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(head_wait);
+    builder.http2().timer(TokioTimer::new()).keep_alive_interval(super::PING_EVERY).keep_alive_timeout(super::PING_ANSWER_WAIT);
     let builder = Arc::new(builder);
     let (stopping, _) = tokio::sync::watch::channel(false);
     let mut open = tokio::task::JoinSet::new();
@@ -55,15 +57,7 @@ pub async fn serve(
                 let service = TowerToHyperService::new(router.clone());
                 let (builder, mut stopping) = (builder.clone(), stopping.subscribe());
                 open.spawn(async move {
-                    // hyper times the head only once it knows the protocol: a client that
-                    // sends nothing is cut here.
-                    let first = tokio::select! {
-                        first = tokio::time::timeout(head_wait, io.sent()) => first,
-                        _ = stopping.wait_for(|s| *s) => return,
-                    };
-                    if !matches!(first, Ok(Ok(()))) {
-                        return;
-                    }
+                    // (Until hyper knows the protocol, the listener times the client.)
                     let mut connection = std::pin::pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
                     let mut ending = false;
                     loop {

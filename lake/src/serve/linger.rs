@@ -42,47 +42,27 @@ pub const QUIET: Duration = Duration::from_secs(1);
 const LOOK: Duration = Duration::from_millis(20);
 
 /// Accepts connections that linger when closed, with Nagle's delay off (a batch's last bytes
-/// and a stream's status go out when written).
+/// and a stream's status go out when written), whose clients must open them within a wait
+/// (see [`Opening`]).
 pub struct Listener {
     inner: TcpListener,
     closes: Closes,
+    opening_wait: Duration,
 }
 
 impl Listener {
-    /// Connections from `inner`, counted in `closes` from their accept until they closed.
-    pub fn new(inner: TcpListener, closes: Closes) -> Self {
-        Self { inner, closes }
+    /// Connections from `inner`, counted in `closes` from their accept until they closed, whose
+    /// clients have `opening_wait` from their connect to open them.
+    pub fn new(inner: TcpListener, closes: Closes, opening_wait: Duration) -> Self {
+        Self { inner, closes, opening_wait }
     }
 
-    /// The connections, as tonic's `serve_with_incoming` takes them, whose client sends
-    /// something within `wait` of connecting: one that connects and says nothing is closed then, as the
-    /// HTTP server closes it, so that silent connections cannot pile up and use up the
-    /// server's file descriptors. Connections wait for their first bytes side by side; the
-    /// accepting ends when the stream is dropped (the server shut down), and so do the waits.
-    pub fn incoming_within(self, wait: Duration) -> impl futures::Stream<Item = io::Result<Connection>> + Send + 'static {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Connection>(64);
-        tokio::spawn(async move {
-            let mut listener = self;
-            loop {
-                let (connection, addr) = tokio::select! {
-                    accepted = axum::serve::Listener::accept(&mut listener) => accepted,
-                    () = tx.closed() => break,
-                };
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let first = tokio::select! {
-                        first = tokio::time::timeout(wait, connection.sent()) => first,
-                        () = tx.closed() => return,
-                    };
-                    match first {
-                        Ok(Ok(())) => drop(tx.send(connection).await),
-                        Ok(Err(e)) => tracing::debug!("a connection from {addr}: {e}"),
-                        Err(_) => tracing::debug!("a connection from {addr} sent nothing in {wait:?}; closed"),
-                    }
-                });
-            }
-        });
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (Ok(c), rx)) })
+    /// The connections, as tonic's `serve_with_incoming` takes them.
+    pub fn incoming(self) -> impl futures::Stream<Item = io::Result<Connection>> + Send + 'static {
+        futures::stream::unfold(self, |mut listener| async move {
+            let (connection, _) = axum::serve::Listener::accept(&mut listener).await;
+            Some((Ok(connection), listener))
+        })
     }
 }
 
@@ -96,7 +76,8 @@ impl axum::serve::Listener for Listener {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY on a connection from {addr}: {e}");
         }
-        (Connection { stream: Some(stream), open: Some(self.closes.begin()) }, addr)
+        let opening = Opening { by: Box::pin(tokio::time::sleep(self.opening_wait)), wait: self.opening_wait, seen: 0, header: [0; 9] };
+        (Connection { stream: Some(stream), open: Some(self.closes.begin()), opening: Some(opening) }, addr)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -109,20 +90,61 @@ pub struct Connection {
     stream: Option<TcpStream>,
     /// Counts the connection in its listener's [`Closes`] until its socket is closed.
     open: Option<Open>,
+    /// Until the client has opened the connection.
+    opening: Option<Opening>,
 }
 
 impl Connection {
-    /// Returns once the client has sent something (left unread) or closed.
-    ///
-    /// # Errors
-    /// As [`TcpStream::peek`].
-    pub async fn sent(&self) -> io::Result<()> {
-        // (Not `readable`, which may return before anything arrived.)
-        self.stream.as_ref().expect("open").peek(&mut [0u8; 1]).await.map(drop)
-    }
-
     fn stream(&mut self) -> Pin<&mut TcpStream> {
         Pin::new(self.stream.as_mut().expect("a connection's stream leaves only when it is dropped"))
+    }
+}
+
+/// The HTTP/2 connection preface a client sends first.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The largest frame an HTTP/2 server takes before its settings are acknowledged.
+const FIRST_FRAME_MAX: usize = 1 << 14;
+
+/// The opening of a connection, which its client must send within the listener's wait: a
+/// client that says nothing, or that begins HTTP/2 and does not finish the preface and the
+/// frame after it (its SETTINGS, which completes the handshake) in time, has its connection
+/// closed, so that connections that never make a request cannot pile up and use up the
+/// server's file descriptors, nor hold a shutdown. HTTP's servers time what follows
+/// themselves: an HTTP/1 request's head (the HTTP server's head wait, from the first byte
+/// that is not HTTP/2's), an HTTP/2 peer that stops answering pings.
+struct Opening {
+    by: Pin<Box<tokio::time::Sleep>>,
+    wait: Duration,
+    /// Bytes of the opening seen so far.
+    seen: usize,
+    /// The first frame's header, as it arrives.
+    header: [u8; 9],
+}
+
+impl Opening {
+    /// Takes bytes the client sent; true once the opening is complete (or is no HTTP/2
+    /// opening, which is not this one's to time).
+    fn complete_with(&mut self, bytes: &[u8]) -> bool {
+        let head = PREFACE.len() + self.header.len();
+        for &byte in bytes {
+            if self.seen < PREFACE.len() {
+                if byte != PREFACE[self.seen] {
+                    return true;
+                }
+            } else if self.seen < head {
+                self.header[self.seen - PREFACE.len()] = byte;
+            }
+            self.seen += 1;
+            if self.seen >= head {
+                let length = usize::from(self.header[0]) << 16 | usize::from(self.header[1]) << 8 | usize::from(self.header[2]);
+                // (A larger first frame the HTTP/2 server refuses itself.)
+                if length > FIRST_FRAME_MAX || self.seen == head + length {
+                    return true;
+                }
+            }
+        }
+        false
     }
 }
 
@@ -136,7 +158,24 @@ impl tonic::transport::server::Connected for Connection {
 
 impl AsyncRead for Connection {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        self.stream().poll_read(cx, buf)
+        if let Some(opening) = &mut self.opening
+            && opening.by.as_mut().poll(cx).is_ready()
+        {
+            let wait = opening.wait;
+            tracing::debug!("a connection was not opened within {wait:?}; closed");
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client did not open the connection within {wait:?}"),
+            )));
+        }
+        let before = buf.filled().len();
+        let read = self.stream().poll_read(cx, buf);
+        if let (Poll::Ready(Ok(())), Some(opening)) = (&read, &mut self.opening)
+            && opening.complete_with(&buf.filled()[before..])
+        {
+            self.opening = None;
+        }
+        read
     }
 }
 
@@ -265,7 +304,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let closes = Closes::default();
-        let mut listener = Listener::new(listener, closes.clone());
+        let mut listener = Listener::new(listener, closes.clone(), LINGER);
         let reply = vec![7u8; 8 << 20];
         let client = tokio::spawn(async move {
             let mut socket = TcpStream::connect(addr).await.expect("connect");
@@ -297,6 +336,60 @@ mod tests {
         tokio::time::timeout(LINGER * 2, closes.finished()).await.expect("the lingering close ends once the client closes");
     }
 
+    /// What completes an opening: HTTP/2's preface and the frame after it, whole; anything
+    /// that is not HTTP/2 at its first byte that differs (HTTP/1, which its server times).
+    #[tokio::test]
+    async fn an_opening_is_complete_with_the_preface_and_the_first_frame_whole() {
+        let opening = || Opening { by: Box::pin(tokio::time::sleep(Duration::ZERO)), wait: Duration::ZERO, seen: 0, header: [0; 9] };
+        let settings = |payload: &[u8]| {
+            let mut frame = vec![0, 0, u8::try_from(payload.len()).expect("short"), 4, 0, 0, 0, 0, 0];
+            frame.extend_from_slice(payload);
+            frame
+        };
+        let whole = [PREFACE.as_slice(), &settings(&[0, 3, 0, 0, 0, 100])].concat();
+        for at in 0..whole.len() {
+            let mut o = opening();
+            assert!(!o.complete_with(&whole[..at]), "{at} bytes are not the whole opening");
+            assert!(o.complete_with(&whole[at..]), "the rest completes it");
+        }
+        let mut o = opening();
+        for (i, byte) in whole.iter().enumerate() {
+            assert_eq!(o.complete_with(&[*byte]), i + 1 == whole.len(), "byte by byte, at {i}");
+        }
+        assert!(opening().complete_with(&[PREFACE.as_slice(), &settings(&[])].concat()), "an empty SETTINGS frame");
+        assert!(opening().complete_with(b"GET / HTTP/1.1\r\n"), "HTTP/1");
+        assert!(opening().complete_with(b"PO"), "HTTP/1, told at the second byte");
+        assert!(!opening().complete_with(b"PRI * HTTP/2.0\r\n"), "a part of the preface");
+        assert!(
+            opening().complete_with(&[PREFACE.as_slice(), &[0, 0x40, 1, 4, 0, 0, 0, 0, 0]].concat()),
+            "a first frame too large for HTTP/2"
+        );
+    }
+
+    /// A client that sends a part of HTTP/2's opening and stops has its connection's reads
+    /// fail after the wait; one that sent it whole is not timed.
+    #[tokio::test]
+    async fn a_connection_not_opened_within_the_wait_fails_to_read() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let wait = Duration::from_millis(300);
+        let mut listener = Listener::new(listener, Closes::default(), wait);
+        let mut partial = TcpStream::connect(addr).await.expect("connect");
+        partial.write_all(b"P").await.expect("send");
+        let (mut connection, _) = axum::serve::Listener::accept(&mut listener).await;
+        let mut buf = [0u8; 64];
+        assert_eq!(connection.read(&mut buf).await.expect("the first byte"), 1);
+        let failed = tokio::time::timeout(wait * 10, connection.read(&mut buf)).await.expect("not left waiting").expect_err("cut");
+        assert_eq!(failed.kind(), io::ErrorKind::TimedOut, "{failed}");
+
+        let mut opened = TcpStream::connect(addr).await.expect("connect");
+        opened.write_all(&[PREFACE.as_slice(), &[0, 0, 0, 4, 0, 0, 0, 0, 0]].concat()).await.expect("send");
+        let (mut connection, _) = axum::serve::Listener::accept(&mut listener).await;
+        let mut got = vec![0u8; PREFACE.len() + 9];
+        connection.read_exact(&mut got).await.expect("the opening");
+        tokio::time::timeout(wait * 2, connection.read(&mut buf)).await.expect_err("an opened connection waits for its client");
+    }
+
     /// A client that keeps an idle connection open (HTTP/1 keep-alive) and says nothing does not
     /// hold a closed connection for [`LINGER`]: once it has every byte and stayed quiet, the socket
     /// closes.
@@ -305,7 +398,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let closes = Closes::default();
-        let mut listener = Listener::new(listener, closes.clone());
+        let mut listener = Listener::new(listener, closes.clone(), LINGER);
         let mut idle = TcpStream::connect(addr).await.expect("connect");
         let (mut connection, _) = axum::serve::Listener::accept(&mut listener).await;
         assert_eq!(closes.open(), 1, "counted from its accept");

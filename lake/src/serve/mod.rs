@@ -218,6 +218,14 @@ fn default_preset() -> String {
 /// Most samples per rank's batch a request may ask for.
 pub const MAX_BATCH_SIZE: u64 = 1 << 20;
 
+/// How often the server pings an HTTP/2 client (Flight's, and HTTP's over HTTP/2) whose
+/// connection is quiet, and how long it waits for the answer before it ends the connection: a
+/// client whose host went away without closing (power loss, a cut network) stops answering,
+/// and its connection ends instead of holding its socket for ever.
+pub const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// See [`PING_EVERY`].
+pub const PING_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Most entries of a request's `datasets` (each is planned and opened apart: a mixture of
 /// thousands would cost seconds of server CPU to plan).
 pub const MAX_DATASETS: usize = 256;

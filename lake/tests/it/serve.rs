@@ -22,6 +22,9 @@ use crate::common::{ingest_ok, lake, lake_cmd, sql_rows};
 
 const TOKEN: &str = "s3cret-token";
 
+/// The connection preface an HTTP/2 client sends first.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// A running `lake serve`, killed when dropped.
 struct Server {
     child: Child,
@@ -727,9 +730,16 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         let mut stalling = TcpStream::connect(&server.http).expect("connect");
         let mut silent = TcpStream::connect(&server.http).expect("connect");
         // So is a Flight client that connects and says nothing, while a Flight client that
-        // speaks (the stream below) is served.
-        let mut silent_flight = TcpStream::connect(server.flight.trim_start_matches("http://")).expect("connect");
-        for socket in [&stalling, &silent, &silent_flight] {
+        // speaks (the stream below) is served; and on either port a client that begins HTTP/2
+        // (one byte of it, or the whole preface) and does not finish the handshake.
+        let flight_addr = server.flight.trim_start_matches("http://");
+        let mut unopened = Vec::new();
+        for (addr, opening) in [(server.http.as_str(), &b"P"[..]), (&server.http, PREFACE), (flight_addr, b""), (flight_addr, b"P"), (flight_addr, PREFACE)] {
+            let mut socket = TcpStream::connect(addr).expect("connect");
+            socket.write_all(opening).expect("send");
+            unopened.push((socket, addr, String::from_utf8_lossy(opening).into_owned()));
+        }
+        for socket in [&stalling, &silent].into_iter().chain(unopened.iter().map(|u| &u.0)) {
             socket.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("timeout");
         }
         write!(
@@ -743,7 +753,14 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         let answer = String::from_utf8_lossy(&answer);
         assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("the request body did not arrive within 2 s"), "{answer}");
         assert_eq!(silent.read(&mut [0u8; 16]).expect("an end, not a timeout"), 0, "a client that sends nothing is cut");
-        assert_eq!(silent_flight.read(&mut [0u8; 16]).expect("an end, not a timeout"), 0, "a Flight client that sends nothing is cut");
+        for (mut socket, addr, opening) in unopened {
+            // (An HTTP/2 server may send its SETTINGS first.)
+            let ended = socket.read_to_end(&mut Vec::new());
+            assert!(
+                ended.as_ref().map_or_else(|e| e.kind() == std::io::ErrorKind::ConnectionReset, |_| true),
+                "a client of {addr} that sent {opening:?} and stopped is cut: {ended:?}"
+            );
+        }
         // `lake rm` of a dataset a stream reads ends that stream with NOT_FOUND and the reason
         // (not a failure to read files), refuses new requests for it, and leaves the rest served.
         let doomed = json!({"datasets": ["doomed"], "preset": "act", "batch_size": 2, "seed": 1});
