@@ -212,6 +212,9 @@ struct FfmpegDecoder {
     yuv: Option<YuvToRgb>,
     /// Encoded images: every packet is a picture of its own and comes out at once.
     intra_only: bool,
+    /// The colour description the opened decoder had (the stream's), as `(primaries, transfer,
+    /// colour space, range)`.
+    opened_colour: (i32, i32, i32, i32),
 }
 
 impl FfmpegDecoder {
@@ -220,7 +223,32 @@ impl FfmpegDecoder {
         // SAFETY: a context we own, not opened yet.
         unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
         let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
-        Ok(Self { decoder, converter: None, yuv: config.yuv, intra_only: config.kind == "image" })
+        // SAFETY: the decoder's context, open.
+        let opened_colour = unsafe {
+            let c = decoder.as_ptr();
+            ((*c).color_primaries as i32, (*c).color_trc as i32, (*c).colorspace as i32, (*c).color_range as i32)
+        };
+        Ok(Self { decoder, converter: None, yuv: config.yuv, intra_only: config.kind == "image", opened_colour })
+    }
+
+    /// Makes the decoder ready for a run of packets from another keyframe, as one just opened
+    /// would be: its frames dropped, and its colour description the stream's again. (FFmpeg's
+    /// H.264 decoder takes the colour description from the last sequence header that had one
+    /// and keeps it when a later one has none, and a flush keeps it: a reused decoder that
+    /// had decoded a part of a stream that says BT.709 would give the frames of a part that
+    /// says nothing as BT.709, where a fresh decoder, LeRobot's, gives them as the stream's.)
+    fn reset(&mut self) {
+        self.decoder.flush();
+        let (primaries, transfer, space, range) = self.opened_colour;
+        // SAFETY: the decoder's context, open and idle (flushed); the values are the ones it
+        // had when opened, so valid values of each enum.
+        unsafe {
+            let c = self.decoder.as_mut_ptr();
+            (*c).color_primaries = std::mem::transmute::<i32, ffi::AVColorPrimaries>(primaries);
+            (*c).color_trc = std::mem::transmute::<i32, ffi::AVColorTransferCharacteristic>(transfer);
+            (*c).colorspace = std::mem::transmute::<i32, ffi::AVColorSpace>(space);
+            (*c).color_range = std::mem::transmute::<i32, ffi::AVColorRange>(range);
+        }
     }
 
     fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
@@ -280,7 +308,7 @@ impl FfmpegDecoder {
             drain(self, &mut frame)
         })();
         if !self.intra_only {
-            self.decoder.flush();
+            self.reset();
         }
         result?;
         match done.iter().position(|d| !d) {
@@ -335,7 +363,7 @@ impl FfmpegDecoder {
                 out.push((pts, this.convert(frame)?));
                 Ok(())
             })?;
-            self.decoder.flush();
+            self.reset();
         }
         Ok(out)
     }
@@ -702,6 +730,13 @@ impl RgbConverter {
         graph.output("in", 0).and_then(|p| p.input("out", 0)).and_then(|p| p.parse(&spec)).map_err(ff("filter graph"))?;
         graph.validate().map_err(ff("filter graph"))?;
         Ok(Self { key, how: Conversion::Graph(Box::new(graph)) })
+    }
+
+    /// Whether this converter is the one for `frame` (its size, pixel format and colour
+    /// description).
+    #[must_use]
+    pub fn converts(&self, frame: &ffmpeg::frame::Video) -> bool {
+        self.key == ConverterKey::of(frame)
     }
 
     /// Converts `frame` (of the size and format this converter was made for) to RGB24.

@@ -80,7 +80,8 @@ pub fn sequential_frames(path: &Path) -> Vec<(i64, FrameHash)> {
 }
 
 /// Decodes every frame of the first video stream of `path` in order and converts each to RGB
-/// the way the loader does: `(pts, RGB24 bytes)` per frame, in output order.
+/// the way the loader does (in the frame's own colour space, where a stream changes it):
+/// `(pts, RGB24 bytes)` per frame, in output order.
 ///
 /// # Panics
 /// When the file cannot be opened or decoded.
@@ -88,7 +89,10 @@ pub fn sequential_rgb(path: &Path) -> Vec<(i64, Vec<u8>)> {
     let mut converter: Option<lake_loader::RgbConverter> = None;
     let mut out = Vec::new();
     for_each_frame(path, |pts, frame| {
-        let conv = converter.get_or_insert_with(|| lake_loader::RgbConverter::for_frame(frame).expect("converter"));
+        if converter.as_ref().is_none_or(|c| !c.converts(frame)) {
+            converter = Some(lake_loader::RgbConverter::for_frame(frame).expect("converter"));
+        }
+        let conv = converter.as_mut().expect("made");
         out.push((pts, conv.convert(frame).expect("convert").data));
     });
     out

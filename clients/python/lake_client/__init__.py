@@ -354,7 +354,9 @@ class _PrefetchState:
 class LakeError(Exception):
     """A request the server refused or a stream that failed, over Flight or a local socket:
     `code` (`bad_request`, `not_found`, `busy`, `unauthorized`, `unavailable` (the server is
-    shutting down, or went away or stopped answering: resume from the next step), `internal`) and the server's message. Over
+    shutting down, or went away or stopped answering: resume from the next step), `frame` (a
+    frame the lake's data cannot give: damaged, or not in the form asked for; the message names
+    it), `internal`) and the server's message. Over
     Flight, the pyarrow error it came from is its `__cause__`."""
 
     def __init__(self, code: str, message: Optional[str] = None):
@@ -404,6 +406,8 @@ def _lake_error(e: Exception) -> LakeError:
         code = "unauthorized"
     elif isinstance(e, flight.FlightUnavailableError):
         code = "unavailable"
+    elif "data loss" in str(e).lower():
+        code = "frame"
     else:
         code = "internal"
     return LakeError(code, text)

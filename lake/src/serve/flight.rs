@@ -70,6 +70,7 @@ pub(super) fn status(e: &Error) -> Status {
         Refusal::Busy => Status::resource_exhausted(message),
         Refusal::Unavailable => Status::unavailable(message),
         Refusal::Internal => Status::internal(message),
+        Refusal::Frame => Status::data_loss(message),
     }
 }
 

@@ -188,7 +188,7 @@ impl From<Error> for Refused {
             Refusal::BadRequest => StatusCode::BAD_REQUEST,
             Refusal::NotFound => StatusCode::NOT_FOUND,
             Refusal::Busy | Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Refusal::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Refusal::Internal | Refusal::Frame => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(code, message)
     }

@@ -81,6 +81,7 @@ fn error_message(e: &crate::Error) -> Vec<u8> {
         Refusal::Busy => "busy",
         Refusal::Unavailable => "unavailable",
         Refusal::Internal => "internal",
+        Refusal::Frame => "frame",
     };
     wire::error(code, &message)
 }

@@ -609,8 +609,11 @@ pub struct Metrics {
     pub internal_errors: AtomicU64,
     /// Requests refused for a missing or wrong token.
     pub unauthorized: AtomicU64,
-    /// Streams that failed after starting.
+    /// Streams that failed after starting, for another reason than a frame.
     pub stream_errors: AtomicU64,
+    /// Requests and streams that failed on a frame the lake's data cannot give (see
+    /// [`Refusal::Frame`]).
+    pub frame_errors: AtomicU64,
     /// Nanoseconds spent producing batches.
     pub batch_ns: AtomicU64,
     /// Streams waiting for room in the memory budget now (to start, or for their next batch).
@@ -1196,6 +1199,7 @@ impl Service {
             Refusal::NotFound => &self.metrics.not_found,
             Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
             Refusal::Internal => &self.metrics.internal_errors,
+            Refusal::Frame => &self.metrics.frame_errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -1204,7 +1208,7 @@ impl Service {
     /// slot was taken, or as an internal one when the lake's files could not be read.
     pub fn count_sql_error(&self, e: &Error) {
         let counter = match refusal_kind(e) {
-            Refusal::Internal => &self.metrics.internal_errors,
+            Refusal::Internal | Refusal::Frame => &self.metrics.internal_errors,
             Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
             _ => &self.metrics.sql_errors,
         };
@@ -1449,6 +1453,12 @@ impl Service {
                     tracing::warn!("stream ended: {e}");
                     Err(e)
                 }
+                // A frame the lake's data cannot give: counted as such, the message sent.
+                Err(e) if refusal_kind(&e) == Refusal::Frame => {
+                    m.frame_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("stream failed: {e}");
+                    Err(e)
+                }
                 Err(e) => {
                     m.stream_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!("stream failed: {e}");
@@ -1549,6 +1559,7 @@ impl Service {
             ("busy", g(&m.busy)),
             ("unauthorized", g(&m.unauthorized)),
             ("stream", g(&m.stream_errors)),
+            ("frame", g(&m.frame_errors)),
         ] {
             out.push_str(&format!("lake_errors_total{{kind=\"{kind}\"}} {v}\n"));
         }
@@ -1575,6 +1586,11 @@ pub enum Refusal {
     Busy,
     /// The server failed (500, `INTERNAL`); the message does not show internals.
     Internal,
+    /// A frame could not be made from the lake's data (500, `DATA_LOSS`): its packets are
+    /// damaged, or it decodes otherwise than ingest recorded its stream (in a colour space
+    /// whose YUV planes cannot be served as the stream's schema promised). The message names
+    /// the dataset, camera, episode, frame and what went wrong; asking again fails again.
+    Frame,
     /// The server is shutting down (a stream it ended: gRPC `UNAVAILABLE`, an HTTP body broken
     /// off); resume from the next step.
     Unavailable,
@@ -1618,6 +1634,7 @@ fn refusal_kind(e: &Error) -> Refusal {
             Refusal::NotFound
         }
         Error::Store(S::BadName { .. }) | Error::Loader(L::Store(S::BadName { .. })) => Refusal::BadRequest,
+        Error::Loader(L::Decode { .. }) => Refusal::Frame,
         _ => Refusal::Internal,
     }
 }

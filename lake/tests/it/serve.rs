@@ -145,6 +145,32 @@ fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
     }
 }
 
+/// Ingests, as `recoloured`, the h264 fixture whose side camera (300 frames, one file)
+/// changes its colour description at frame 150: the first half leaves it unspecified (BT.601
+/// by default, what ingest records), the second says BT.709, as a recording concatenated from
+/// two encoders would. Its frames convert to RGB as LeRobot's do, but the second half's YUV
+/// planes are not the ones the stream's schema promises.
+fn ingest_recoloured(root: &Path, work: &Path) {
+    let src = work.join("recoloured");
+    lake_testkit::copy_dir(&testdata("v30-h264-multifile"), &src);
+    let side = src.join("videos/observation.images.side/chunk-000/file-000.mp4");
+    let s = |p: &Path| p.to_str().expect("utf-8").to_string();
+    let encode = ["-c:v", "libx264", "-g", "10", "-bf", "0", "-pix_fmt", "yuv420p", "-x264-params", "repeat-headers=1"];
+    let (first, second, list) = (work.join("first.mp4"), work.join("second.mp4"), work.join("halves.txt"));
+    let tail = ["-video_track_timescale", "15360", "-an"];
+    lake_testkit::ffmpeg(
+        &[&["-i", &s(&side), "-vf", "select=lt(n\\,150)", "-fps_mode", "passthrough"][..], &encode, &tail, &[&s(&first)]].concat(),
+    );
+    let bt709 = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709"];
+    let select = "select=gte(n\\,150),setpts=PTS-STARTPTS";
+    lake_testkit::ffmpeg(
+        &[&["-i", &s(&side), "-vf", select, "-fps_mode", "passthrough"][..], &encode, &bt709, &tail, &[&s(&second)]].concat(),
+    );
+    std::fs::write(&list, format!("file '{}'\nfile '{}'\n", s(&first), s(&second))).expect("list");
+    lake_testkit::ffmpeg(&["-f", "concat", "-safe", "0", "-i", &s(&list), "-c", "copy", "-video_track_timescale", "15360", &s(&side)]);
+    ingest_ok(root, &src, &["--name", "recoloured"]);
+}
+
 fn same_rows(a: &[RecordBatch], b: &[RecordBatch], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: batch count");
     for (x, y) in a.iter().zip(b) {
@@ -1280,6 +1306,82 @@ fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
     assert!(report.contains("OK"), "{report}");
     // unittest's summary: how many ran, and how many were skipped (the torch ones without torch).
     eprintln!("python client: {}", report.lines().filter(|l| l.starts_with("Ran ") || l.starts_with("OK")).collect::<Vec<_>>().join("; "));
+}
+
+/// A camera whose frames turn out to be in another colour space than ingest recorded cannot
+/// give the YUV planes its schema promised: the stream ends with DATA_LOSS (`frame` to the
+/// Python client, over Flight and local streams), naming the frame and the way out, and is
+/// counted as such. As RGB, the whole epoch is served, every frame converted in its own colour
+/// space as a fresh decoder (LeRobot's) gives it, whichever part of the stream the server's
+/// decoders read before.
+#[test]
+fn a_frame_the_lake_cannot_give_ends_the_stream_with_data_loss_naming_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_recoloured(&root, tmp.path());
+    let sequential = lake_testkit::sequential_rgb(&tmp.path().join("recoloured/videos/observation.images.side/chunk-000/file-000.mp4"));
+    let server = start(&root);
+    let every = json!({"datasets": ["recoloured"], "preset": "none", "batch_size": 100, "seed": 1, "limit_batches": 3});
+    let mut as_planes = every.clone();
+    as_planes["frame_format"] = "yuv420p".into();
+    let says = ["dataset recoloured@1, camera observation.images.side, episode ", "colour space bt709", "ask for rgb24"];
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut client = flight_client(&server).await;
+        let epoch = over_flight(&mut client, &every).await.expect("rgb24");
+        assert_eq!(epoch.iter().map(RecordBatch::num_rows).sum::<usize>(), 300);
+        for batch in &epoch {
+            let (index, side) =
+                (batch["index"].as_primitive::<arrow::datatypes::Int64Type>(), batch["observation.images.side"].as_fixed_size_list());
+            for row in 0..batch.num_rows() {
+                // (One file of 300 frames at 30 fps, in a time base of 1/15360: 512 a frame.)
+                let (pts, want) = &sequential[index.value(row) as usize];
+                assert_eq!(*pts, 512 * index.value(row));
+                assert!(
+                    side.value(row).as_primitive::<arrow::datatypes::UInt8Type>().values() == want.as_slice(),
+                    "step {}",
+                    index.value(row)
+                );
+            }
+        }
+        let failed = over_flight(&mut client, &as_planes).await.expect_err("frames in another colour space");
+        assert_eq!(failed.code(), tonic::Code::DataLoss, "{failed:?}");
+        for says in says {
+            assert!(failed.message().contains(says), "{says:?} in {failed:?}");
+        }
+    });
+    let (_, body) = http(&server.http, "GET", "/metrics", &[("Authorization", &format!("Bearer {TOKEN}"))], b"");
+    let metrics = String::from_utf8_lossy(&body);
+    assert!(
+        metric(&metrics, "lake_errors_total{kind=\"frame\"}") == 1.0 && metric(&metrics, "lake_errors_total{kind=\"stream\"}") == 0.0,
+        "a frame the lake cannot give is counted as such: {metrics}"
+    );
+    let Some(python) = client_python() else { return };
+    let script = r#"
+import json, sys
+from lake_client import LakeClient, LakeError, LocalClient
+flight, local, token, request = sys.argv[1:]
+for client in (LakeClient(flight, token), LocalClient(local, token)):
+    try:
+        for _ in client.batches(json.loads(request)):
+            pass
+    except LakeError as e:
+        print(f"{type(client).__name__}: {e.code}: {e.message}")
+"#;
+    let client_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let out = std::process::Command::new(python)
+        .args(["-c", script, &server.flight.replace("http://", "grpc://")])
+        .arg(&server.local)
+        .args([TOKEN, &as_planes.to_string()])
+        .env("PYTHONPATH", &client_dir)
+        .output()
+        .expect("run python");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:#?}");
+    for client in ["LakeClient: frame: ", "LocalClient: frame: "] {
+        let line = report.lines().find(|l| l.starts_with(client)).unwrap_or_else(|| panic!("{client:?} in {report}"));
+        assert!(says.iter().all(|s| line.contains(s)), "{line}");
+    }
 }
 
 #[test]
