@@ -57,7 +57,7 @@ pub struct LoaderArgs {
     #[arg(long, default_value_t = lake_loader::DEFAULT_CACHE_MIB, value_parser = mebibytes)]
     cache_mb: u64,
     /// Read frames from the dataset's stored frame table (`lake cache`) when it has one: on or
-    /// off (decode from packets).
+    /// off (decode from packets). Frame tables hold RGB: yuv420p frames come from the packets.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     frame_table: String,
     /// Every camera's frames at WIDTHxHEIGHT, read from the dataset's frame table of that size
@@ -84,37 +84,37 @@ pub fn at_least_one(text: &str) -> Result<u64, String> {
 /// overflowing as bytes).
 const MAX_MIB: u64 = 1 << 24;
 
+/// A whole number from `least` to `most` of `unit`s, refused with one message for any other
+/// text (`0`, `0.5` and `ten` alike).
+fn whole_in(text: &str, least: u64, most: u64, unit: &str, most_is: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if (least..=most).contains(&n) => Ok(n),
+        _ => Err(format!("`{text}` is not a whole number of {unit} from {least} to {most} ({most_is})")),
+    }
+}
+
 /// A size in MiB, 0 to 16 TiB.
 pub fn mebibytes(text: &str) -> Result<u64, String> {
-    match text.trim().parse::<u64>() {
-        Ok(n) if n <= MAX_MIB => Ok(n),
-        _ => Err(format!("`{text}` is not a number of MiB from 0 to {MAX_MIB} (16 TiB)")),
-    }
+    whole_in(text, 0, MAX_MIB, "MiB", "16 TiB")
 }
 
 /// A size in MiB, 1 to 16 TiB.
 pub fn mebibytes_at_least_one(text: &str) -> Result<u64, String> {
-    match mebibytes(text)? {
-        0 => Err("must be at least 1".into()),
-        n => Ok(n),
-    }
+    whole_in(text, 1, MAX_MIB, "MiB", "16 TiB")
 }
 
-/// A number of seconds, 0 to a year (a deadline further off is none, and would overflow a clock).
+/// Most seconds a wait may be set to: a year (a deadline further off is none, and would
+/// overflow a clock).
+const YEAR_S: u64 = 365 * 24 * 3600;
+
+/// A number of seconds, 0 to a year.
 pub fn seconds(text: &str) -> Result<u64, String> {
-    const YEAR: u64 = 365 * 24 * 3600;
-    match text.trim().parse::<u64>() {
-        Ok(n) if n <= YEAR => Ok(n),
-        _ => Err(format!("`{text}` is not a number of seconds from 0 to {YEAR} (a year)")),
-    }
+    whole_in(text, 0, YEAR_S, "seconds", "a year")
 }
 
 /// [`seconds`], at least 1.
 pub fn seconds_at_least_one(text: &str) -> Result<u64, String> {
-    match seconds(text)? {
-        0 => Err("must be at least 1".into()),
-        n => Ok(n),
-    }
+    whole_in(text, 1, YEAR_S, "seconds", "a year")
 }
 
 /// `--threads`: 1 to 256 (more threads than that only contend).
@@ -631,6 +631,10 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         cache: args.loader.cache == "on",
         lookahead,
         frame_table: args.loader.frame_table == "on" && loader.datasets().iter().all(|d| d.has_frame_table()),
+        frame_format: args.loader.frame_format,
+        frame_size: args.loader.frame_size.map(|s| s.to_string()),
+        yuv_cameras: cameras_in(&loader.schema(), "yuv420p"),
+        rgb_cameras: cameras_in(&loader.schema(), "rgb24"),
         cameras: loader.datasets().iter().any(|d| !d.cameras.is_empty()),
         samples,
         seconds: wall.as_secs_f64(),
@@ -665,6 +669,16 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The camera columns of `schema` whose frames travel in `pixel_format`.
+fn cameras_in(schema: &arrow::datatypes::Schema, pixel_format: &str) -> Vec<String> {
+    schema
+        .fields()
+        .iter()
+        .filter(|f| f.metadata().get(lake_loader::PIXEL_FORMAT).is_some_and(|p| p == pixel_format))
+        .map(|f| f.name().clone())
+        .collect()
+}
+
 fn loader_threads(args: &LoaderArgs) -> usize {
     args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from))
 }
@@ -682,6 +696,12 @@ struct BenchReport {
     cache: bool,
     lookahead: u64,
     frame_table: bool,
+    /// The frame format asked for, and the cameras it gives as YUV planes (the others stay RGB).
+    frame_format: lake_loader::FrameFormat,
+    yuv_cameras: Vec<String>,
+    rgb_cameras: Vec<String>,
+    /// The frame size asked for (`WIDTHxHEIGHT`), if not the recorded one.
+    frame_size: Option<String>,
     /// Whether the samples show camera frames at all.
     cameras: bool,
     samples: u64,
@@ -739,7 +759,14 @@ impl BenchReport {
             (false, _) => " · no cameras".to_string(),
             (true, table) => {
                 let lookahead = if self.lookahead > 0 { format!("{} draws", self.lookahead) } else { "off".into() };
-                format!(" · lookahead {lookahead} · frames from {}", if table { "the frame table" } else { "packets" })
+                let size = self.frame_size.as_ref().map_or(String::new(), |s| format!(" at {s}"));
+                let planes = match (self.frame_format, self.yuv_cameras.len(), self.rgb_cameras.len()) {
+                    (lake_loader::FrameFormat::Rgb24, ..) => String::new(),
+                    (_, 0, _) => " as RGB (no camera gives yuv420p planes)".to_string(),
+                    (_, _, 0) => " as yuv420p planes".to_string(),
+                    (_, yuv, rgb) => format!(" as yuv420p planes ({yuv} of {} cameras; the others RGB)", yuv + rgb),
+                };
+                format!(" · lookahead {lookahead} · frames{size} from {}{planes}", if table { "the frame table" } else { "packets" })
             }
         };
         let start = match (self.seed, self.epoch, self.start_step) {

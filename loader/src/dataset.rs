@@ -164,7 +164,8 @@ impl LoaderDataset {
         let bad = |m: String| Error::layout(&label, m);
         if let (FrameFormat::Yuv420p, Some(size)) = (format, frame_size) {
             return Err(Error::request(format!(
-                "{label}: frames at {size} come from a frame table, which stores RGB; ask for rgb24 frames, or yuv420p frames at their recorded size"
+                "{label}: frames at {size} come from a frame table, which stores RGB; ask for rgb24 frames at {size}, or for yuv420p frames \
+                 without a frame size (they come from the packets, at the size each camera recorded)"
             )));
         }
 

@@ -380,7 +380,7 @@ impl FfmpegDecoder {
         if let Some(yuv) = self.yuv {
             let (w, h) = (frame.width(), frame.height());
             let mut data = Vec::with_capacity(yuv420p_bytes(w, h));
-            copy_planes(frame, yuv, &mut data.spare_capacity_mut()[..yuv420p_bytes(w, h)])?;
+            copy_planes(frame, yuv, self.opened_colour.2, &mut data.spare_capacity_mut()[..yuv420p_bytes(w, h)])?;
             // SAFETY: `copy_planes` wrote every byte.
             unsafe { data.set_len(yuv420p_bytes(w, h)) };
             return Ok(RgbFrame { width: w, height: h, data });
@@ -390,7 +390,7 @@ impl FfmpegDecoder {
 
     fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
         match self.yuv {
-            Some(yuv) => copy_planes(frame, yuv, out),
+            Some(yuv) => copy_planes(frame, yuv, self.opened_colour.2, out),
             None => self.converter(frame)?.convert_into(frame, out),
         }
     }
@@ -398,8 +398,8 @@ impl FfmpegDecoder {
 
 /// Copies a decoded 4:2:0 frame's planes into `out` (Y, U, V, each packed), after checking
 /// that its pixel format and colour space convert to RGB as `yuv` says, the promise the sample's
-/// schema made from the stream's recorded facts.
-fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+/// schema made from the stream's recorded facts (`recorded_space` its colour space).
+fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded_space: i32, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
     let key = ConverterKey::of(frame);
     let format = |f: i32| {
         // SAFETY: FFmpeg's name of a pixel format value, or null.
@@ -422,18 +422,22 @@ fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, out: &mut [MaybeUnin
         }
     };
     if YuvToRgb::for_colorspace(key.colorspace, full) != yuv {
-        // SAFETY: FFmpeg's name of a colour space value, or null.
-        let name = unsafe { ffi::av_color_space_name(std::mem::transmute::<i32, ffi::AVColorSpace>(key.colorspace)) };
-        let name = if name.is_null() {
-            format!("colour space {}", key.colorspace)
-        } else {
-            // SAFETY: a NUL-terminated static string.
-            format!("colour space {}", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+        let name = |space: i32| {
+            // SAFETY: FFmpeg's name of a colour space value, or null.
+            let name = unsafe { ffi::av_color_space_name(std::mem::transmute::<i32, ffi::AVColorSpace>(space)) };
+            if name.is_null() {
+                format!("colour space {space}")
+            } else {
+                // SAFETY: a NUL-terminated static string.
+                format!("colour space {}", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+            }
         };
         return Err(DecodeError(format!(
-            "the frame decodes in {name}, {} range, which converts to RGB otherwise than the colour space and range the stream \
-             records at ingest; yuv420p frames cannot be served from it, ask for rgb24",
-            if full { "full" } else { "limited" }
+            "the frame decodes in {}, {} range, which converts to RGB otherwise than what ingest recorded for the stream ({}); \
+             yuv420p frames cannot be served from it, ask for rgb24",
+            name(key.colorspace),
+            if full { "full" } else { "limited" },
+            name(recorded_space)
         )));
     }
     let (w, h) = (key.width as usize, key.height as usize);

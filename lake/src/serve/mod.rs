@@ -299,8 +299,27 @@ pub struct SampleRequest {
     pub frame_size: Option<lake_loader::FrameSize>,
     /// `rgb24` (LeRobot's frames), or `yuv420p`: the video cameras whose frames are 8-bit 4:2:0
     /// as the decoder's planes, for the trainer to convert (see the camera columns' metadata).
-    #[serde(default, skip_serializing_if = "is_rgb")]
+    /// `null` is the default, as for `frame_size`.
+    #[serde(default, skip_serializing_if = "is_rgb", deserialize_with = "format_or_null")]
     pub frame_format: lake_loader::FrameFormat,
+}
+
+/// A frame format by its name, `null` for the default.
+fn format_or_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<lake_loader::FrameFormat, D::Error> {
+    struct Format;
+    impl serde::de::Visitor<'_> for Format {
+        type Value = lake_loader::FrameFormat;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("`rgb24` or `yuv420p`, or null")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
+            Ok(lake_loader::FrameFormat::default())
+        }
+        fn visit_str<E: serde::de::Error>(self, name: &str) -> std::result::Result<Self::Value, E> {
+            name.parse().map_err(E::custom)
+        }
+    }
+    deserializer.deserialize_any(Format)
 }
 
 /// The default frame format, left out of tickets and keys (as requests before it had).
@@ -1642,6 +1661,23 @@ fn refusal_kind(e: &Error) -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_format_is_a_known_name_or_null() {
+        let format = |json: &str| SampleRequest::from_json(json.as_bytes()).map(|r| r.frame_format).map_err(|e| e.to_string());
+        assert_eq!(format(r#"{"datasets": ["a"], "frame_format": null}"#), Ok(lake_loader::FrameFormat::Rgb24));
+        assert_eq!(format(r#"{"datasets": ["a"], "frame_format": "yuv420p"}"#), Ok(lake_loader::FrameFormat::Yuv420p));
+        for (bad, says) in [
+            (
+                r#"{"datasets": ["a"], "frame_format": 3}"#,
+                "`frame_format`: invalid type: integer `3`, expected `rgb24` or `yuv420p`, or null",
+            ),
+            (r#"{"datasets": ["a"], "frame_format": "bgr"}"#, "`frame_format`: unknown frame format `bgr` (known: rgb24, yuv420p)"),
+        ] {
+            let e = format(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn a_null_delta_timestamps_means_no_windows_and_survives_a_ticket() {

@@ -253,7 +253,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["nope"]}), tonic::Code::NotFound, "nope"),
             (json!({"datasets": ["v30-av1-small"], "frame_size": "big"}), tonic::Code::InvalidArgument, "expected WIDTHxHEIGHT"),
             (json!({"datasets": ["v30-av1-small"], "frame_size": "16x16"}), tonic::Code::InvalidArgument, "no frame table of 16x16 frames"),
-            (json!({"datasets": ["v30-av1-small"], "frame_format": "bgr24"}), tonic::Code::InvalidArgument, "unknown variant `bgr24`, expected `rgb24` or `yuv420p`"),
+            (json!({"datasets": ["v30-av1-small"], "frame_format": "bgr24"}), tonic::Code::InvalidArgument, "unknown frame format `bgr24` (known: rgb24, yuv420p)"),
             (json!({"datasets": ["v30-av1-small"], "frame_format": "yuv420p", "frame_size": "32x24"}), tonic::Code::InvalidArgument, "frames at 32x24 come from a frame table, which stores RGB"),
             (json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}), tonic::Code::InvalidArgument, "outside a world"),
             (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [0.01]}}), tonic::Code::InvalidArgument, "action"),
@@ -712,9 +712,14 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         .expect("run lake");
     assert!(out.status.code() == Some(2) && String::from_utf8_lossy(&out.stderr).contains("token 2"), "{out:#?}");
     // Sizes and times past what any server needs are refused, not wrapped or overflowed later.
-    for (flag, value, says) in
-        [("--memory-mb", "17592186044416", "not a number of MiB"), ("--sql-timeout", "9223372036854775807", "not a number of seconds")]
-    {
+    // Below the least, or not whole: one message.
+    let year = "not a whole number of seconds from 1 to 31536000 (a year)";
+    for (flag, value, says) in [
+        ("--memory-mb", "17592186044416", "not a whole number of MiB from 1 to 16777216 (16 TiB)"),
+        ("--sql-timeout", "9223372036854775807", year),
+        ("--request-wait", "0", year),
+        ("--request-wait", "0.5", year),
+    ] {
         let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", flag, value]);
         assert!(run.code == 2 && run.stderr.contains(says), "{run:#?}");
     }
@@ -1324,7 +1329,12 @@ fn a_frame_the_lake_cannot_give_ends_the_stream_with_data_loss_naming_it() {
     let every = json!({"datasets": ["recoloured"], "preset": "none", "batch_size": 100, "seed": 1, "limit_batches": 3});
     let mut as_planes = every.clone();
     as_planes["frame_format"] = "yuv420p".into();
-    let says = ["dataset recoloured@1, camera observation.images.side, episode ", "colour space bt709", "ask for rgb24"];
+    let says = [
+        "dataset recoloured@1, camera observation.images.side, episode ",
+        "colour space bt709",
+        "what ingest recorded for the stream (colour space unknown)",
+        "ask for rgb24",
+    ];
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let mut client = flight_client(&server).await;
