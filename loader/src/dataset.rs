@@ -443,6 +443,9 @@ impl LoaderDataset {
 
     /// A failed frame table read: a missing data file is named, with what to do about it.
     fn frame_table_error(&self, table: &lance::Dataset, source: lance::Error) -> Error {
+        if let Some(why) = lake_store::machine_error(&source) {
+            return Error::layout(&self.label, format!("the frame table cannot be read now: {why}"));
+        }
         match source {
             lance::Error::NotFound { uri, .. } => {
                 // Lance names local files by their path without the leading `/`.

@@ -272,7 +272,8 @@ pub async fn locate_frames(
         }
         let file = files.open(format!("/{}", blob.data_path())).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => lance::Error::not_found(blob.data_path().to_string()),
-            _ => lance::Error::io(e.to_string()),
+            // (The OS error kept, so that a failure of the machine is not taken for a damaged file.)
+            _ => lance::Error::from(e),
         })?;
         let len = usize::try_from(blob.size())
             .map_err(|_| lance::Error::invalid_input(format!("frame table row {row}: {} bytes", blob.size())))?;

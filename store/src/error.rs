@@ -150,6 +150,24 @@ pub fn lance_message(e: &lance::Error) -> String {
     }
 }
 
+/// The operating system's refusal behind `e`, where a read failed for a reason of the machine
+/// rather than of the files read (descriptors or memory run out, permission refused), as a
+/// message to show instead of calling the files damaged.
+pub fn machine_error(e: &lance::Error) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = next {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && let Some(code) = io.raw_os_error()
+            && [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EACCES, libc::EPERM, libc::EAGAIN].contains(&code)
+        {
+            let hint = if matches!(code, libc::EMFILE | libc::ENFILE) { "; raise the limit on open files (`ulimit -n`)" } else { "" };
+            return Some(format!("{io}{hint}"));
+        }
+        next = error.source();
+    }
+    None
+}
+
 /// `message` without the source file locations some libraries' errors carry (`, /…/x.rs:12:5`,
 /// `, src/x.rs:12:5`).
 pub fn without_source_locations(message: &str) -> String {
@@ -190,6 +208,21 @@ mod tests {
         assert_eq!(super::abbreviated("ds"), "ds");
         let long = "a".repeat(8000);
         assert_eq!(super::abbreviated(&long), format!("{}… (8000 characters)", "a".repeat(64)));
+    }
+
+    /// A read that failed for want of file descriptors says so, directly from the OS or through
+    /// the object store; a file cut short (no OS error) is the files' fault.
+    #[test]
+    fn a_machine_error_is_told_apart_from_a_damaged_file() {
+        let emfile = || std::io::Error::from_raw_os_error(libc::EMFILE);
+        let direct = lance::Error::from(emfile());
+        let stored = lance::Error::from(object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(emfile()) });
+        for e in [direct, stored] {
+            let why = super::machine_error(&e).unwrap_or_else(|| panic!("{e}"));
+            assert!(why.contains("Too many open files") && why.contains("`ulimit -n`"), "{why}");
+        }
+        let cut = lance::Error::from(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "early eof"));
+        assert_eq!(super::machine_error(&cut), None);
     }
 
     #[test]

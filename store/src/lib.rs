@@ -19,7 +19,7 @@ pub use crate::{
         Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, Removal, RemovalReport, Unreadable,
         absolute_location, default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
     },
-    error::{Error, Result, abbreviated, lance_message, removed_hint, selected_message, without_source_locations},
+    error::{Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, without_source_locations},
     tables::{
         UncommittedPart, commit_parts, open_lance, open_table, publish_dir, read_columns, read_columns_at, read_table, remove_abandoned,
         remove_when_done, write_table, write_uncommitted,
