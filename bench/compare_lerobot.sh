@@ -24,8 +24,9 @@
 #       fixed seed), counting the CPU time of the parent and of every worker process
 #       (bench/lerobot/run_lerobot.py);
 #     - lake: `lake bench --preset act` with frames decoded from packets, in-memory frame cache
-#       off (the cold path) and on, then, when the binary has `lake cache`, frames read from
-#       the stored frame table.
+#       off (the cold path), the cold path again with frames sent as the decoder's YUV planes
+#       (`--frame-format yuv420p`: the trainer converts them to LeRobot's RGB on its GPU), the
+#       cache on, then, when the binary has `lake cache`, frames read from the stored frame table.
 #  5. Prints one table (bench/lerobot/report.py): samples/s, CPU ms per sample, samples per
 #     CPU-second, the ratio to LeRobot of both, peak RSS, lake's decode-bound limit and copy
 #     floor. With --json FILE (or LAKE_BENCH_JSON) it also writes every number as JSON.
@@ -163,9 +164,17 @@ lake_bench() {
 }
 log "lake: $lake_batches batches of $batch_size after the first, $workers threads, cache off"
 lake_bench --cache off "${frame_table_off[@]}" >"$work/lake-cold.json"
+report_args=(--lake-cold "$work/lake-cold.json")
+if "$LAKE_BIN" bench --help | grep -q -- '--frame-format'; then
+  log "lake: cache off, frames as YUV planes (converted to RGB on the trainer's GPU)"
+  lake_bench --cache off "${frame_table_off[@]}" --frame-format yuv420p >"$work/lake-cold-yuv.json"
+  report_args+=(--lake-cold-yuv "$work/lake-cold-yuv.json")
+else
+  report_args+=(--skipped "lake, cold, YUV planes: $LAKE_BIN has no --frame-format")
+fi
 log "lake: cache on (frames decoded ahead kept in it)"
 lake_bench --cache on "${frame_table_off[@]}" >"$work/lake-cache.json"
-report_args=(--lake-cold "$work/lake-cold.json" --lake-cache "$work/lake-cache.json")
+report_args+=(--lake-cache "$work/lake-cache.json")
 if "$LAKE_BIN" cache --help >/dev/null 2>&1; then
   log "lake cache: storing every decoded frame"
   began="$EPOCHREALTIME"

@@ -1,13 +1,13 @@
 """Print the side-by-side table of bench/compare_lerobot.sh from the JSON each run wrote.
 
-Reads LeRobot's report (``run_lerobot.py``) and up to three ``lake bench --json`` reports
-(frames decoded from packets with the in-memory cache off and on, and frames read from the
-stored frame table), prints one table, and optionally writes everything as one JSON object.
-Standard library only.
+Reads LeRobot's report (``run_lerobot.py``) and up to four ``lake bench --json`` reports
+(frames decoded from packets with the in-memory cache off, as RGB and as YUV planes, and on,
+and frames read from the stored frame table), prints one table, and optionally writes
+everything as one JSON object. Standard library only.
 
 Usage::
 
-    python report.py --lerobot L.json --lake-cold A.json [--lake-cache B.json]
+    python report.py --lerobot L.json --lake-cold A.json [--lake-cold-yuv Y.json] [--lake-cache B.json]
         [--lake-frame-table C.json] [--skipped 'row: reason'] [--title TEXT] [--json-out OUT.json]
 """
 
@@ -41,6 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lerobot", type=Path, required=True)
     ap.add_argument("--lake-cold", type=Path, required=True)
+    ap.add_argument("--lake-cold-yuv", type=Path, help="the cold path with frames as YUV planes")
     ap.add_argument("--lake-cache", type=Path)
     ap.add_argument("--lake-frame-table", type=Path)
     ap.add_argument("--frame-table-build", type=Path, help="JSON with seconds and the output of `lake cache`")
@@ -55,6 +56,7 @@ def main() -> None:
     rows = [(f"LeRobot {lr_ver} ({lr['num_workers']} workers)", "lerobot", lr)]
     for label, key, path in (
         ("lake, cold (packets)", "lake_cold", args.lake_cold),
+        ("lake, cold, YUV planes", "lake_cold_yuv", args.lake_cold_yuv),
         ("lake, cache on (ahead)", "lake_cache_on", args.lake_cache),
         ("lake, frame table", "lake_frame_table", args.lake_frame_table),
     ):
@@ -87,6 +89,12 @@ def main() -> None:
             f"{fmt(num(r, 'copy_ms_per_sample'), '.4f', 10)} {fmt(num(r, 'first_batch_ms'), '.0f', 8)}"
         )
         results[key] = {**r, "x_lerobot_samples_per_cpu_s": x_cpu, "x_lerobot_samples_per_s": x_wall}
+    if args.lake_cold_yuv:
+        print(
+            "  YUV planes: the video frames as the decoder gives them, half the bytes, which the trainer converts to "
+            "LeRobot's exact RGB on its GPU (lake_client.frames_to_rgb; docs/gpu-checks.md: about 1.1 ms of GPU time "
+            "per 32 frames of 640x480 on an H100); their bound is the decoders plus the plane copy."
+        )
     for s in args.skipped:
         print(f"  not run: {s}")
     build = load(args.frame_table_build)
