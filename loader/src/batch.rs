@@ -185,7 +185,15 @@ impl<K: PartialEq, T> IdlePool<K, T> {
 }
 
 /// A decoded GOP's frames by packet row, or the row that failed and why.
-type GroupResult = std::result::Result<Vec<(u64, Frame)>, (u64, String)>;
+type GroupResult = std::result::Result<Vec<(u64, Frame)>, GroupError>;
+
+/// Why a GOP gave no frames: its first wanted row and what went wrong, and whether the fault is
+/// the decoder's rather than the frames' (no stream of that id, no decoder for the codec).
+struct GroupError {
+    row: u64,
+    message: String,
+    setup: bool,
+}
 
 /// Turns draws (dataset, step row) into Arrow batches of LeRobot samples.
 #[derive(Debug)]
@@ -784,9 +792,12 @@ impl Loader {
                         found.insert(row, frame);
                     }
                 }
-                Err((row, message)) => {
-                    let (episode, frame) = ds.episode_and_frame(shown_by.get(&row).copied().unwrap_or_default() as usize);
+                Err(GroupError { row, message, setup }) => {
                     let camera = ds.streams.get(&ds.packets.stream[row as usize]).map(|s| s.camera.clone()).unwrap_or_default();
+                    if setup {
+                        return Err(Error::layout(&ds.label, format!("camera {camera}: {message}")));
+                    }
+                    let (episode, frame) = ds.episode_and_frame(shown_by.get(&row).copied().unwrap_or_default() as usize);
                     return Err(Error::Decode { dataset: ds.label.clone(), camera, episode, frame, row, message });
                 }
             }
@@ -904,12 +915,13 @@ impl Gops<'_> {
         let (ds, index) = (self.ds, &self.ds.packets);
         let began = Instant::now();
         let first = targets[0];
-        let config = ds.streams.get(&job.stream).ok_or((first, format!("stream {} is not in the streams table", job.stream)))?;
+        let setup = |message: String| GroupError { row: first, message, setup: true };
+        let config = ds.streams.get(&job.stream).ok_or_else(|| setup(format!("stream {} is not in the streams table", job.stream)))?;
         let key = (self.source, job.stream);
         let pooled = self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(&key);
         let mut decoder = match pooled {
             Some(d) => d,
-            None => StreamDecoder::open(config).map_err(|e| (first, e.0))?,
+            None => StreamDecoder::open(config).map_err(|e| setup(e.0))?,
         };
         let last = *targets.last().expect("non-empty");
         let packets: Vec<(i64, i64, bool, &[u8])> = (job.start..=last)
@@ -943,7 +955,7 @@ impl Gops<'_> {
         };
         let idle_bytes = decoder.idle_bytes();
         self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put(key, decoder, idle_bytes);
-        result.map_err(|e| (first, e.0))?;
+        result.map_err(|e| GroupError { row: first, message: e.0, setup: false })?;
         let counters = self.counters;
         counters.groups.fetch_add(1, Ordering::Relaxed);
         counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);
@@ -980,7 +992,10 @@ impl Gops<'_> {
                 .collect();
             if let Some(row) = places.keys().next() {
                 // A frame neither in memory nor decoded would leave its slots unwritten.
-                return Decoded { results: vec![Err((*row, "no GOP decode makes this frame".into()))], columns: None };
+                return Decoded {
+                    results: vec![Err(GroupError { row: *row, message: "no GOP decode makes this frame".into(), setup: true })],
+                    columns: None,
+                };
             }
             work.into_par_iter().map(|(j, mut places)| self.decode(j, &mut places)).collect()
         };
@@ -998,7 +1013,7 @@ impl Gops<'_> {
                         if let Some(frame) = ready.get(row) {
                             if frame.len() != *size {
                                 let message = format!("a frame of {} bytes where {size} were expected", frame.len());
-                                return Decoded { results: vec![Err((*row, message))], columns: None };
+                                return Decoded { results: vec![Err(GroupError { row: *row, message, setup: false })], columns: None };
                             }
                             values[slot * size..(slot + 1) * size].write_copy_of_slice(frame);
                         }

@@ -213,8 +213,11 @@ struct FfmpegDecoder {
     /// Encoded images: every packet is a picture of its own and comes out at once.
     intra_only: bool,
     /// The colour description the opened decoder had (the stream's), as `(primaries, transfer,
-    /// colour space, range)`.
+    /// colour space, range)`, and its pixel format (-1 when the stream records none).
     opened_colour: (i32, i32, i32, i32),
+    opened_format: i32,
+    /// What the decoder was opened from, to open it again.
+    config: Box<StreamConfig>,
 }
 
 impl FfmpegDecoder {
@@ -223,22 +226,53 @@ impl FfmpegDecoder {
         // SAFETY: a context we own, not opened yet.
         unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
         let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
-        // SAFETY: the decoder's context, open.
-        let opened_colour = unsafe {
-            let c = decoder.as_ptr();
-            ((*c).color_primaries as i32, (*c).color_trc as i32, (*c).colorspace as i32, (*c).color_range as i32)
-        };
-        Ok(Self { decoder, converter: None, yuv: config.yuv, intra_only: config.kind == "image", opened_colour })
+        let (opened_colour, opened_format) = Self::colour_of(&decoder);
+        let intra_only = config.kind == "image";
+        Ok(Self { decoder, converter: None, yuv: config.yuv, intra_only, opened_colour, opened_format, config: Box::new(config.clone()) })
     }
 
-    /// Makes the decoder ready for a run of packets from another keyframe, as one just opened
-    /// would be: its frames dropped, and its colour description the stream's again. (FFmpeg's
-    /// H.264 decoder takes the colour description from the last sequence header that had one
-    /// and keeps it when a later one has none, and a flush keeps it: a reused decoder that
-    /// had decoded a part of a stream that says BT.709 would give the frames of a part that
-    /// says nothing as BT.709, where a fresh decoder, LeRobot's, gives them as the stream's.)
-    fn reset(&mut self) {
+    /// The colour description and pixel format `decoder`'s context holds now.
+    fn colour_of(decoder: &ffmpeg::decoder::Video) -> ((i32, i32, i32, i32), i32) {
+        // SAFETY: the decoder's context, open.
+        unsafe {
+            let c = decoder.as_ptr();
+            (((*c).color_primaries as i32, (*c).color_trc as i32, (*c).colorspace as i32, (*c).color_range as i32), (*c).pix_fmt as i32)
+        }
+    }
+
+    /// Whether the decoder's colour description or pixel format is no longer one that converts
+    /// to RGB as the one it was opened with (see [`reset`](Self::reset)): another matrix or
+    /// range for libswscale (an unspecified colour space is BT.601 to it, an unspecified range
+    /// limited), or another pixel format.
+    fn drifted(&self) -> bool {
+        let (colour, format) = Self::colour_of(&self.decoder);
+        let converts = |(_, _, space, range): (i32, i32, i32, i32)| {
+            // SAFETY: libswscale's table row for a colour space (its default row for one it
+            // does not know), four integers.
+            let matrix = unsafe { *ffi::sws_getCoefficients(space).cast::<[i32; 4]>() };
+            (matrix, range == ffi::AVColorRange::AVCOL_RANGE_JPEG as i32)
+        };
+        converts(colour) != converts(self.opened_colour) || (self.opened_format >= 0 && format >= 0 && format != self.opened_format)
+    }
+
+    /// Makes the decoder ready for a run of packets from another keyframe, as a freshly opened
+    /// one would be: its frames dropped, and its colour description the stream's again.
+    /// FFmpeg's H.264 decoder takes the colour description from the last sequence header that
+    /// had one and keeps it when a later one has none, and a flush keeps it: a reused decoder
+    /// that had decoded a part of a stream that says BT.709 would give the frames of a part
+    /// that says nothing as BT.709, where a fresh decoder gives them as the stream's. (The pixel
+    /// format it chose for a full-range part, yuvj420p, it keeps too: a decoder that drifted
+    /// so is opened again.)
+    fn reset(&mut self) -> DecodeResult<()> {
         self.decoder.flush();
+        if !self.drifted() {
+            return Ok(());
+        }
+        let (_, format) = Self::colour_of(&self.decoder);
+        if self.opened_format >= 0 && format >= 0 && format != self.opened_format {
+            *self = Self::open(&self.config.clone())?;
+            return Ok(());
+        }
         let (primaries, transfer, space, range) = self.opened_colour;
         // SAFETY: the decoder's context, open and idle (flushed); the values are the ones it
         // had when opened, so valid values of each enum.
@@ -249,6 +283,7 @@ impl FfmpegDecoder {
             (*c).colorspace = std::mem::transmute::<i32, ffi::AVColorSpace>(space);
             (*c).color_range = std::mem::transmute::<i32, ffi::AVColorRange>(range);
         }
+        Ok(())
     }
 
     fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
@@ -308,7 +343,7 @@ impl FfmpegDecoder {
             drain(self, &mut frame)
         })();
         if !self.intra_only {
-            self.reset();
+            self.reset()?;
         }
         result?;
         match done.iter().position(|d| !d) {
@@ -338,6 +373,9 @@ impl FfmpegDecoder {
     }
 
     fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+        // A keyframe begins its GOP as a freshly opened decoder would (see `reset`): a decoder
+        // that drifted gives back the frames it holds first.
+        let mut out = if key && !self.intra_only && self.drifted() { self.finish()? } else { Vec::new() };
         let mut p = ffmpeg::Packet::copy(data);
         p.set_pts(Some(pts));
         p.set_dts(Some(dts));
@@ -345,7 +383,6 @@ impl FfmpegDecoder {
             p.set_flags(ffmpeg::packet::Flags::KEY);
         }
         self.decoder.send_packet(&p).map_err(|e| DecodeError(format!("packet pts {pts}: {e}")))?;
-        let mut out = Vec::new();
         let mut frame = ffmpeg::frame::Video::empty();
         self.receive_all(&mut frame, |this, frame, pts| {
             out.push((pts, this.convert(frame)?));
@@ -363,7 +400,7 @@ impl FfmpegDecoder {
                 out.push((pts, this.convert(frame)?));
                 Ok(())
             })?;
-            self.reset();
+            self.reset()?;
         }
         Ok(out)
     }
@@ -376,11 +413,18 @@ impl FfmpegDecoder {
         Ok(self.converter.as_mut().expect("converter just set"))
     }
 
+    /// The stream's recorded colour space, and whether its range is full.
+    fn recorded(&self) -> (i32, bool) {
+        let full = self.opened_colour.3 == ffi::AVColorRange::AVCOL_RANGE_JPEG as i32
+            || self.opened_format == ffi::AVPixelFormat::AV_PIX_FMT_YUVJ420P as i32;
+        (self.opened_colour.2, full)
+    }
+
     fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
         if let Some(yuv) = self.yuv {
             let (w, h) = (frame.width(), frame.height());
             let mut data = Vec::with_capacity(yuv420p_bytes(w, h));
-            copy_planes(frame, yuv, self.opened_colour.2, &mut data.spare_capacity_mut()[..yuv420p_bytes(w, h)])?;
+            copy_planes(frame, yuv, self.recorded(), &mut data.spare_capacity_mut()[..yuv420p_bytes(w, h)])?;
             // SAFETY: `copy_planes` wrote every byte.
             unsafe { data.set_len(yuv420p_bytes(w, h)) };
             return Ok(RgbFrame { width: w, height: h, data });
@@ -390,7 +434,7 @@ impl FfmpegDecoder {
 
     fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
         match self.yuv {
-            Some(yuv) => copy_planes(frame, yuv, self.opened_colour.2, out),
+            Some(yuv) => copy_planes(frame, yuv, self.recorded(), out),
             None => self.converter(frame)?.convert_into(frame, out),
         }
     }
@@ -398,8 +442,9 @@ impl FfmpegDecoder {
 
 /// Copies a decoded 4:2:0 frame's planes into `out` (Y, U, V, each packed), after checking
 /// that its pixel format and colour space convert to RGB as `yuv` says, the promise the sample's
-/// schema made from the stream's recorded facts (`recorded_space` its colour space).
-fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded_space: i32, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+/// schema made from the stream's recorded facts (`recorded`: its colour space, and whether its
+/// range is full).
+fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded: (i32, bool), out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
     let key = ConverterKey::of(frame);
     let format = |f: i32| {
         // SAFETY: FFmpeg's name of a pixel format value, or null.
@@ -422,22 +467,22 @@ fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded_space: i32,
         }
     };
     if YuvToRgb::for_colorspace(key.colorspace, full) != yuv {
-        let name = |space: i32| {
+        let name = |space: i32, full: bool| {
             // SAFETY: FFmpeg's name of a colour space value, or null.
             let name = unsafe { ffi::av_color_space_name(std::mem::transmute::<i32, ffi::AVColorSpace>(space)) };
+            let range = if full { "full" } else { "limited" };
             if name.is_null() {
-                format!("colour space {space}")
+                format!("colour space {space}, {range} range")
             } else {
                 // SAFETY: a NUL-terminated static string.
-                format!("colour space {}", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+                format!("colour space {}, {range} range", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
             }
         };
         return Err(DecodeError(format!(
-            "the frame decodes in {}, {} range, which converts to RGB otherwise than what ingest recorded for the stream ({}); \
-             yuv420p frames cannot be served from it, ask for rgb24",
-            name(key.colorspace),
-            if full { "full" } else { "limited" },
-            name(recorded_space)
+            "the frame decodes in {}, which converts to RGB otherwise than what ingest recorded for the stream ({}); yuv420p \
+             frames cannot be served from it, ask for rgb24",
+            name(key.colorspace, full),
+            name(recorded.0, recorded.1)
         )));
     }
     let (w, h) = (key.width as usize, key.height as usize);

@@ -103,14 +103,12 @@ impl Connection {
 /// The HTTP/2 connection preface a client sends first.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// The largest frame an HTTP/2 server takes before its settings are acknowledged.
-const FIRST_FRAME_MAX: usize = 1 << 14;
-
 /// The opening of a connection, which its client must send within the listener's wait: a
 /// client that says nothing, or that begins HTTP/2 and does not finish the preface and the
 /// frame after it (its SETTINGS, which completes the handshake) in time, has its connection
-/// closed, so that connections that never make a request cannot pile up and use up the
-/// server's file descriptors, nor hold a shutdown. HTTP's servers time what follows
+/// closed, so that connections that never finish opening cannot pile up and use up the
+/// server's file descriptors, nor hold a shutdown. (An HTTP/2 client that opened its
+/// connection and answers pings may keep it idle, as gRPC channels do.) HTTP's servers time what follows
 /// themselves: an HTTP/1 request's head (the HTTP server's head wait, from the first byte
 /// that is not HTTP/2's), an HTTP/2 peer that stops answering pings.
 struct Opening {
@@ -138,8 +136,7 @@ impl Opening {
             self.seen += 1;
             if self.seen >= head {
                 let length = usize::from(self.header[0]) << 16 | usize::from(self.header[1]) << 8 | usize::from(self.header[2]);
-                // (A larger first frame the HTTP/2 server refuses itself.)
-                if length > FIRST_FRAME_MAX || self.seen == head + length {
+                if self.seen == head + length {
                     return true;
                 }
             }
@@ -360,10 +357,10 @@ mod tests {
         assert!(opening().complete_with(b"GET / HTTP/1.1\r\n"), "HTTP/1");
         assert!(opening().complete_with(b"PO"), "HTTP/1, told at the second byte");
         assert!(!opening().complete_with(b"PRI * HTTP/2.0\r\n"), "a part of the preface");
-        assert!(
-            opening().complete_with(&[PREFACE.as_slice(), &[0, 0x40, 1, 4, 0, 0, 0, 0, 0]].concat()),
-            "a first frame too large for HTTP/2"
-        );
+        // A large first frame (Flight's server takes frames of up to 16 MiB) must arrive whole.
+        let large = [PREFACE.as_slice(), &[0, 0x40, 1, 4, 0, 0, 0, 0, 0], &[0; 0x4000]].concat();
+        assert!(!opening().complete_with(&large), "a byte short of a 16 KiB + 1 frame");
+        assert!(opening().complete_with(&[PREFACE.as_slice(), &[0, 0x40, 1, 4, 0, 0, 0, 0, 0], &[0; 0x4001]].concat()));
     }
 
     /// A client that sends a part of HTTP/2's opening and stops has its connection's reads

@@ -11,6 +11,40 @@ use arrow::{
     datatypes::{DataType, Float64Type, Int64Type},
 };
 
+/// Ingests, as `recoloured`, the h264 fixture whose side camera (300 frames at 30 fps, one
+/// file) is made of parts of whole seconds, as equal as that allows (`bt709[i]` for each) that leave the colour description unspecified
+/// (BT.601 to libswscale) or say BT.709, as a recording concatenated from several encoders
+/// would. Ingest records the first part's; a frame of a part that names none converts as the
+/// stream's recorded colour space (as a freshly opened decoder gives it), one of a BT.709 part
+/// as BT.709. The YUV planes of a BT.709 part of a stream recorded unspecified are not the ones
+/// its schema promises.
+pub fn ingest_recoloured(root: &Path, work: &Path, bt709: &[bool]) {
+    let src = work.join("recoloured");
+    lake_testkit::copy_dir(&lake_testkit::testdata("v30-h264-multifile"), &src);
+    let side = src.join("videos/observation.images.side/chunk-000/file-000.mp4");
+    let s = |p: &Path| p.to_str().expect("utf-8").to_string();
+    let encode = ["-c:v", "libx264", "-g", "10", "-bf", "0", "-pix_fmt", "yuv420p", "-x264-params", "repeat-headers=1"];
+    let tail = ["-video_track_timescale", "15360", "-an"];
+    let tag = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709"];
+    // (Parts of whole seconds: the concat demuxer times each part by its duration in
+    // microseconds, and a part of 100 frames would shift the next by 0.65 ms.)
+    let bound = |i: usize| i * 10 / bt709.len() * 30;
+    let mut list = String::new();
+    for (i, tagged) in bt709.iter().enumerate() {
+        let part = work.join(format!("part-{i}.mp4"));
+        let select = format!("select=between(n\\,{}\\,{}),setpts=PTS-STARTPTS", bound(i), bound(i + 1) - 1);
+        let tags: &[&str] = if *tagged { &tag } else { &[] };
+        lake_testkit::ffmpeg(
+            &[&["-i", &s(&side), "-vf", &select, "-fps_mode", "passthrough"][..], &encode, tags, &tail, &[&s(&part)]].concat(),
+        );
+        list.push_str(&format!("file '{}'\n", s(&part)));
+    }
+    let list_file = work.join("parts.txt");
+    std::fs::write(&list_file, list).expect("list");
+    lake_testkit::ffmpeg(&["-f", "concat", "-safe", "0", "-i", &s(&list_file), "-c", "copy", "-video_track_timescale", "15360", &s(&side)]);
+    ingest_ok(root, &src, &["--name", "recoloured"]);
+}
+
 /// The `lake` binary with `--lake root`.
 pub fn lake_cmd(root: &Path) -> Command {
     use std::os::unix::process::CommandExt;

@@ -475,6 +475,42 @@ fn bad_sample_requests_are_refused_clearly() {
 /// diffusion window shows them again), nothing decoded; a dataset opened before `lake cache`
 /// made or replaced the table reads the new one; and a table whose data files are gone is
 /// reported by file, not read as something else.
+/// A stream whose colour description switches (parts unspecified, BT.709, unspecified) gives
+/// every frame as a freshly opened decoder would, whatever a decoder read before: a step after
+/// one of the BT.709 part in the same request (one decoder for both), a step alone in a
+/// process of its own, and the frame table (one decoder through the whole stream) agree.
+#[test]
+fn a_stream_that_switches_colour_gives_each_frame_as_a_fresh_decoder_would() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    crate::common::ingest_recoloured(&root, tmp.path(), &[false, true, false]);
+    let side = |indices: &str, flags: &[&str]| {
+        let out = tmp.path().join("side.arrow");
+        let args = [
+            &["sample", "--dataset", "recoloured", "--indices", indices, "--preset", "none", "--threads", "1"][..],
+            flags,
+            &["--out", out.to_str().expect("utf-8")],
+        ]
+        .concat();
+        let run = lake(&root, &args);
+        assert_eq!(run.code, 0, "{run:#?}");
+        let got = read_arrow(&out);
+        let column = got.column_by_name("observation.images.side").expect("side").as_fixed_size_list().clone();
+        (0..got.num_rows()).map(|r| column.value(r).as_primitive::<arrow::datatypes::UInt8Type>().values().to_vec()).collect::<Vec<_>>()
+    };
+    // Steps 0-89 name no colour space, 90-179 say BT.709, 180-299 name none again.
+    let (early, tagged, late) = (side("5", &[]), side("150", &[]), side("250", &[]));
+    let after_tagged = side("150,250", &["--frame-table", "off"]);
+    assert!(after_tagged[0] == tagged[0], "the BT.709 frame");
+    assert!(after_tagged[1] == late[0], "a frame of the last part, decoded after the BT.709 part, as alone");
+    assert!(early[0] != late[0] || early == late, "(frames of different scenes)");
+    let run = lake(&root, &["cache", "recoloured"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    for (index, alone) in [("5", &early), ("150", &tagged), ("250", &late)] {
+        assert!(side(index, &["--frame-table", "on"]) == *alone, "step {index} from the frame table, as decoded alone");
+    }
+}
+
 #[test]
 fn frame_table_batches_equal_decoded_ones() {
     let tmp = tempfile::tempdir().expect("tmp");

@@ -145,32 +145,6 @@ fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
     }
 }
 
-/// Ingests, as `recoloured`, the h264 fixture whose side camera (300 frames, one file)
-/// changes its colour description at frame 150: the first half leaves it unspecified (BT.601
-/// by default, what ingest records), the second says BT.709, as a recording concatenated from
-/// two encoders would. Its frames convert to RGB as LeRobot's do, but the second half's YUV
-/// planes are not the ones the stream's schema promises.
-fn ingest_recoloured(root: &Path, work: &Path) {
-    let src = work.join("recoloured");
-    lake_testkit::copy_dir(&testdata("v30-h264-multifile"), &src);
-    let side = src.join("videos/observation.images.side/chunk-000/file-000.mp4");
-    let s = |p: &Path| p.to_str().expect("utf-8").to_string();
-    let encode = ["-c:v", "libx264", "-g", "10", "-bf", "0", "-pix_fmt", "yuv420p", "-x264-params", "repeat-headers=1"];
-    let (first, second, list) = (work.join("first.mp4"), work.join("second.mp4"), work.join("halves.txt"));
-    let tail = ["-video_track_timescale", "15360", "-an"];
-    lake_testkit::ffmpeg(
-        &[&["-i", &s(&side), "-vf", "select=lt(n\\,150)", "-fps_mode", "passthrough"][..], &encode, &tail, &[&s(&first)]].concat(),
-    );
-    let bt709 = ["-colorspace", "bt709", "-color_primaries", "bt709", "-color_trc", "bt709"];
-    let select = "select=gte(n\\,150),setpts=PTS-STARTPTS";
-    lake_testkit::ffmpeg(
-        &[&["-i", &s(&side), "-vf", select, "-fps_mode", "passthrough"][..], &encode, &bt709, &tail, &[&s(&second)]].concat(),
-    );
-    std::fs::write(&list, format!("file '{}'\nfile '{}'\n", s(&first), s(&second))).expect("list");
-    lake_testkit::ffmpeg(&["-f", "concat", "-safe", "0", "-i", &s(&list), "-c", "copy", "-video_track_timescale", "15360", &s(&side)]);
-    ingest_ok(root, &src, &["--name", "recoloured"]);
-}
-
 fn same_rows(a: &[RecordBatch], b: &[RecordBatch], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: batch count");
     for (x, y) in a.iter().zip(b) {
@@ -1323,7 +1297,7 @@ fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {
 fn a_frame_the_lake_cannot_give_ends_the_stream_with_data_loss_naming_it() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
-    ingest_recoloured(&root, tmp.path());
+    crate::common::ingest_recoloured(&root, tmp.path(), &[false, true]);
     let sequential = lake_testkit::sequential_rgb(&tmp.path().join("recoloured/videos/observation.images.side/chunk-000/file-000.mp4"));
     let server = start(&root);
     let every = json!({"datasets": ["recoloured"], "preset": "none", "batch_size": 100, "seed": 1, "limit_batches": 3});
@@ -1332,7 +1306,7 @@ fn a_frame_the_lake_cannot_give_ends_the_stream_with_data_loss_naming_it() {
     let says = [
         "dataset recoloured@1, camera observation.images.side, episode ",
         "colour space bt709",
-        "what ingest recorded for the stream (colour space unknown)",
+        "what ingest recorded for the stream (colour space unknown, limited range)",
         "ask for rgb24",
     ];
     let rt = tokio::runtime::Runtime::new().expect("runtime");
