@@ -37,7 +37,8 @@
 #   --lake-batches N      lake batches timed after the first [LAKE_BENCH_LAKE_BATCHES, the rest
 #                         of the epoch: a stream's frames decoded ahead pay off over an epoch]
 #   --batch-size N        samples per batch [32]
-#   --workers N           LeRobot DataLoader workers, and lake decode threads [number of cores]
+#   --workers N           LeRobot DataLoader workers, and lake decode threads [2, whatever
+#                         the number of cores (1 on one core): the published comparison]
 #   --seed N              fixture and sampler seed [0]
 #   --json FILE           write the results as JSON [LAKE_BENCH_JSON]
 #   --keep-lake           keep the lake (with its frame table, several GB) after the run
@@ -60,7 +61,7 @@ frames="${LAKE_BENCH_FRAMES:-10000}"
 lerobot_batches="${LAKE_BENCH_LEROBOT_BATCHES:-30}"
 lake_batches="${LAKE_BENCH_LAKE_BATCHES:-epoch}"
 batch_size=32
-workers="$(nproc)"
+workers="$(( $(nproc) < 2 ? $(nproc) : 2 ))"
 seed=0
 json_out="${LAKE_BENCH_JSON:-}"
 keep_lake=0

@@ -14,8 +14,9 @@ use crate::{Error, Result};
 pub enum Preset {
     /// ACT: 50 future actions (`chunk_size = 50`).
     Act,
-    /// Diffusion policy: 2 observation steps (state and every camera), 16 actions from the
-    /// previous step on (`n_obs_steps = 2`, `horizon = 16`).
+    /// Diffusion policy: 2 observation steps (state, every camera and every other
+    /// `observation.*` feature, as lerobot-train windows them), 16 actions from the previous
+    /// step on (`n_obs_steps = 2`, `horizon = 16`).
     Diffusion,
     /// No windows: the step's own values only.
     None,
@@ -131,6 +132,10 @@ impl Windows {
                 let obs = vec![-1.0 / fps, 0.0];
                 let mut out = vec![(state, obs.clone()), (action, (-1..15).map(|i| f64::from(i) / fps).collect())];
                 out.extend(keys.cameras.iter().map(|c| (c.clone(), obs.clone())));
+                // lerobot-train windows every `observation.*` feature (an environment state, say).
+                let others: Vec<String> =
+                    keys.features.iter().filter(|f| f.starts_with("observation.") && !out.iter().any(|(k, _)| k == *f)).cloned().collect();
+                out.extend(others.into_iter().map(|f| (f, obs.clone())));
                 Ok(Some(out))
             }
         }
@@ -240,7 +245,10 @@ mod tests {
 
     #[test]
     fn presets_resolve_to_lerobot_offsets() {
-        let features: Vec<String> = ["observation.state", "action", "observation.images.front"].map(String::from).to_vec();
+        let features: Vec<String> =
+            ["observation.environment_state", "observation.state", "action", "observation.images.front", "frame_index"]
+                .map(String::from)
+                .to_vec();
         let cameras = vec!["observation.images.front".to_string()];
         let k = keys(&features, &cameras);
         let act = Windows::Preset(Preset::Act).delta_timestamps(&k).unwrap().unwrap();
@@ -252,6 +260,8 @@ mod tests {
         assert_eq!(w[0], Window { key: "observation.state".into(), offsets: vec![-1, 0] });
         assert_eq!(w[1].offsets, (-1..15).collect::<Vec<_>>());
         assert_eq!(w[2], Window { key: "observation.images.front".into(), offsets: vec![-1, 0] });
+        assert_eq!(w[3], Window { key: "observation.environment_state".into(), offsets: vec![-1, 0] });
+        assert_eq!(w.len(), 4, "{w:?}");
         assert!(Windows::Preset(Preset::None).delta_timestamps(&k).unwrap().is_none());
     }
 
