@@ -441,8 +441,9 @@ pub struct EpisodeRows {
     pub rows: usize,
     /// The `timestamp` of each row, in order.
     pub timestamps: Vec<f32>,
-    /// Largest |timestamp - frame_index / fps|.
+    /// Largest |timestamp - frame_index / fps|, and the first frame that far off.
     pub max_drift: f64,
+    pub max_drift_frame: i64,
     /// Encoded image format per image camera, from the first row.
     pub image_formats: Vec<(String, &'static str, u32, u32)>,
     /// Per image camera and format: the first frame in it and how many rows are.
@@ -576,7 +577,8 @@ pub async fn scan_file(
                     ),
                 )
                 .with_file(&file.path)
-                .with_episode(e.index),
+                .with_episode(e.index)
+                .with_frame(r.max_drift_frame),
             );
         }
     }
@@ -868,7 +870,10 @@ fn check_batch(
         }
         rows.rows += 1;
         rows.timestamps.push(t);
-        rows.max_drift = rows.max_drift.max((f64::from(t) - fi as f64 / fps).abs());
+        let drift = (f64::from(t) - fi as f64 / fps).abs();
+        if drift > rows.max_drift {
+            (rows.max_drift, rows.max_drift_frame) = (drift, fi);
+        }
     }
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! ```
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -281,6 +281,8 @@ struct Plan {
     report: Report,
     /// Every source file read (for the fingerprint and content hash), sorted by path.
     read_files: Vec<SourceFile>,
+    /// Parquet files of the data directory that no episode refers to.
+    unreferenced: Vec<SourceFile>,
     /// Data files in the order of their first episode, with the episodes they hold.
     data_files: Vec<(String, Option<SourceFile>, Vec<i64>)>,
     /// Video files by path.
@@ -308,11 +310,13 @@ impl Plan {
             ..Report::default()
         };
         let mut data_files: Vec<(String, Option<SourceFile>, Vec<i64>)> = Vec::new();
+        let mut file_of: HashMap<&str, usize> = HashMap::new();
         for e in &meta.episodes {
-            match data_files.iter_mut().find(|(p, ..)| *p == e.data_file) {
-                Some(entry) => entry.2.push(e.index),
-                None => data_files.push((e.data_file.clone(), None, vec![e.index])),
-            }
+            let at = *file_of.entry(&e.data_file).or_insert_with(|| {
+                data_files.push((e.data_file.clone(), None, Vec::new()));
+                data_files.len() - 1
+            });
+            data_files[at].2.push(e.index);
         }
         let video_paths: BTreeSet<String> = meta.episodes.iter().flat_map(|e| e.videos.iter().map(|v| v.file.clone())).collect();
         let heads: Vec<(String, Option<SourceFile>)> = stream::iter(data_files.iter().map(|d| d.0.clone()).chain(video_paths))
@@ -364,8 +368,10 @@ impl Plan {
                 }
             }
         }
+        let unreferenced = unreferenced_data_files(source, meta, &data_files).await?;
         let mut read_files: Vec<SourceFile> = meta.files.clone();
         read_files.extend(data_files.iter().filter_map(|d| d.1.clone()));
+        read_files.extend(unreferenced.iter().cloned());
         let kept_videos: BTreeSet<&String> =
             meta.episodes.iter().flat_map(|e| e.videos.iter().filter(|v| video_cameras.contains(&v.camera)).map(|v| &v.file)).collect();
         read_files.extend(kept_videos.iter().filter_map(|p| heads[*p].clone()));
@@ -375,6 +381,7 @@ impl Plan {
             report,
             read_files,
             data_files,
+            unreferenced,
             video_files: heads,
             video_cameras,
             image_cameras: meta.image_cameras().iter().map(|f| f.name.clone()).collect(),
@@ -387,8 +394,13 @@ impl Plan {
     /// Pass 1: every data file, checked row by row.
     async fn scan_data(&mut self, source: &Source, meta: &DatasetMeta, options: &IngestOptions, progress: &Progress) -> Result<()> {
         let by_index: HashMap<i64, &EpisodeMeta> = meta.episodes.iter().map(|e| (e.index, e)).collect();
-        let jobs: Vec<(SourceFile, Vec<&EpisodeMeta>)> =
+        let mut jobs: Vec<(SourceFile, Vec<&EpisodeMeta>)> =
             self.data_files.iter().filter_map(|(_, f, eps)| f.clone().map(|f| (f, eps.iter().map(|e| by_index[e]).collect()))).collect();
+        // LeRobot reads every parquet file under the data directory: one no episode refers to
+        // (its episodes' metadata lost, say with a meta/episodes shard) is read too, and each
+        // episode in it named.
+        let planned: HashSet<String> = self.data_files.iter().map(|d| d.0.clone()).collect();
+        jobs.extend(self.unreferenced.iter().map(|f| (f.clone(), Vec::new())));
         progress.bytes_total.store(jobs.iter().map(|j| j.0.size).sum(), Ordering::Relaxed);
         let scans: Vec<(String, data::FileScan)> = stream::iter(jobs)
             .map(|(file, eps)| async move {
@@ -425,6 +437,21 @@ impl Plan {
             );
         }
         for (path, scan) in scans {
+            if !planned.contains(&path) {
+                // Its rows are of no episode the metadata places here, each named; a file
+                // without such rows is named itself. Nothing of it is kept.
+                if scan.findings.is_empty() {
+                    self.report.findings.push(
+                        Finding::error(
+                            FindingKind::BadMetadata,
+                            "no episode of the metadata refers to this data file (LeRobot reads every file of the data directory)",
+                        )
+                        .with_file(&path),
+                    );
+                }
+                self.report.findings.extend(scan.findings);
+                continue;
+            }
             self.report.findings.extend(scan.findings);
             if let Some(plan) = scan.plan {
                 match &self.layout {
@@ -710,6 +737,19 @@ async fn build(
     Ok((counts, tables::ALL.iter().map(|t| t.to_string()).collect()))
 }
 
+/// The parquet files under the data directory of `data_path` that no episode's metadata names.
+async fn unreferenced_data_files(
+    source: &Source,
+    meta: &DatasetMeta,
+    data_files: &[(String, Option<SourceFile>, Vec<i64>)],
+) -> Result<Vec<SourceFile>> {
+    let template = &meta.info.data_path;
+    let fixed = &template[..template.find('{').unwrap_or(template.len())];
+    let Some(dir) = fixed.rfind('/').map(|slash| &fixed[..=slash]) else { return Ok(Vec::new()) };
+    let referenced: HashSet<&str> = data_files.iter().map(|d| d.0.as_str()).collect();
+    Ok(source.list(dir).await?.into_iter().filter(|f| f.path.ends_with(".parquet") && !referenced.contains(f.path.as_str())).collect())
+}
+
 /// One job per (camera, file) used by a kept episode, numbered in camera then first-use order.
 fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &EpisodeMeta>) -> Vec<StreamJob> {
     let mut jobs: Vec<StreamJob> = Vec::new();
@@ -723,27 +763,25 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
             pix_fmt: feature.info_str("video.pix_fmt").map(str::to_string),
             shape: hwc.map(|(h, w, _)| (h as u32, w as u32)),
         };
-        let first = jobs.len();
+        let mut job_of: HashMap<&str, usize> = HashMap::new();
         for e in &plan.kept {
             let em = by_index[e];
             let v = em.videos.iter().find(|v| &v.camera == cam).expect("every episode has every camera");
             let rows = &plan.rows[e];
-            let job = match jobs[first..].iter_mut().find(|j| j.file.path == v.file) {
-                Some(j) => j,
-                None => {
-                    let file = plan.video_files[&v.file].clone().expect("kept episodes have their files");
-                    jobs.push(StreamJob {
-                        stream: jobs.len() as u32,
-                        camera: cam.clone(),
-                        file,
-                        declared: declared.clone(),
-                        queries: Vec::new(),
-                        episodes: Vec::new(),
-                        left_out: Vec::new(),
-                    });
-                    jobs.last_mut().expect("just pushed")
-                }
-            };
+            let at = *job_of.entry(&v.file).or_insert_with(|| {
+                let file = plan.video_files[&v.file].clone().expect("kept episodes have their files");
+                jobs.push(StreamJob {
+                    stream: jobs.len() as u32,
+                    camera: cam.clone(),
+                    file,
+                    declared: declared.clone(),
+                    queries: Vec::new(),
+                    episodes: Vec::new(),
+                    left_out: Vec::new(),
+                });
+                jobs.len() - 1
+            });
+            let job = &mut jobs[at];
             job.episodes.push((em.index, v.from_timestamp, v.to_timestamp, em.length));
             for (frame, ts) in rows.timestamps.iter().enumerate() {
                 // LeRobot: from_timestamp (float64) + the float32 timestamp as a Python float.
@@ -758,12 +796,23 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
     }
     // The parts of the files that episodes left out hold (skipped, or in files no kept episode
     // shares): their frames are not extra frames of the file.
+    let kept: HashSet<i64> = plan.kept.iter().copied().collect();
+    let mut left_out: HashMap<(&str, &str), Vec<(f64, f64)>> = HashMap::new();
+    for em in meta.episodes.iter().filter(|e| !kept.contains(&e.index)) {
+        for v in &em.videos {
+            let to = v.to_timestamp.unwrap_or(v.from_timestamp + em.length as f64 / f64::from(meta.fps.max(1)));
+            left_out.entry((&v.camera, &v.file)).or_default().push((v.from_timestamp, to));
+        }
+    }
     for j in &mut jobs {
         j.queries.sort_by(|a, b| a.t.total_cmp(&b.t));
-        for em in meta.episodes.iter().filter(|e| !plan.kept.contains(&e.index)) {
-            if let Some(v) = em.videos.iter().find(|v| v.camera == j.camera && v.file == j.file.path) {
-                let to = v.to_timestamp.unwrap_or(v.from_timestamp + em.length as f64 / f64::from(meta.fps.max(1)));
-                j.left_out.push((v.from_timestamp, to));
+        if let Some(mut parts) = left_out.remove(&(j.camera.as_str(), j.file.path.as_str())) {
+            parts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for (from, to) in parts {
+                match j.left_out.last_mut() {
+                    Some(last) if from <= last.1 => last.1 = last.1.max(to),
+                    _ => j.left_out.push((from, to)),
+                }
             }
         }
     }
@@ -1004,6 +1053,8 @@ fn episodes_table(
     let mut to = Int64Builder::new();
     let mut data_file = StringBuilder::new();
     let mut cameras = ListBuilder::new(StructBuilder::from_fields(tables::episode_camera_fields(), 4));
+    let stream_of: HashMap<(&str, &str), u32> =
+        outcomes.iter().map(|o| ((o.job.camera.as_str(), o.job.file.path.as_str()), o.job.stream)).collect();
     let mut ordinal = 0u64;
     for e in &plan.kept {
         let em = by_index[e];
@@ -1026,12 +1077,7 @@ fn episodes_table(
                 }
                 None => {
                     let v = em.videos.iter().find(|v| &v.camera == cam).expect("episode has the camera");
-                    let stream = outcomes
-                        .iter()
-                        .find(|o| o.job.camera == *cam && o.job.file.path == v.file)
-                        .expect("stream of a kept episode")
-                        .job
-                        .stream;
+                    let stream = stream_of[&(cam.as_str(), v.file.as_str())];
                     let rows = &pointers[&(*e, ci)];
                     (
                         stream,

@@ -72,7 +72,8 @@ pub struct StreamJob {
     pub queries: Vec<Query>,
     /// `(episode, from_timestamp, to_timestamp, length)` of each episode in this file.
     pub episodes: Vec<(i64, f64, Option<f64>, i64)>,
-    /// `[from, to)` (seconds) of the parts of the file that hold episodes not ingested.
+    /// `[from, to)` (seconds) of the parts of the file that hold episodes not ingested, sorted
+    /// and disjoint (overlapping parts merged).
     pub left_out: Vec<(f64, f64)>,
 }
 
@@ -442,7 +443,13 @@ fn demux(
     }
     report_damaged(job, &damaged, &keyframes, &mut out.positions, &mut out.findings);
     let used: std::collections::HashSet<u64> = out.positions.iter().flatten().copied().collect();
-    let left_out = |pts: i64| job.left_out.iter().any(|(from, to)| (from - border..to - border).contains(&seconds(pts)));
+    // The parts are sorted by start and do not overlap: the one a time may fall in is the last
+    // that starts at or before it.
+    let left_out = |pts: i64| {
+        let t = seconds(pts);
+        let after = job.left_out.partition_point(|(from, _)| from - border <= t);
+        after > 0 && t < job.left_out[after - 1].1 - border
+    };
     let unused = (0..out.packets).filter(|p| !used.contains(p) && !all_pts.get(*p as usize).is_some_and(|pts| left_out(*pts))).count();
     if unused > 0 {
         out.findings.push(
@@ -599,7 +606,7 @@ fn report_foreign_frames(
         let Some(pos) = *p else { continue };
         let Some(t) = all_pts.get(pos as usize).map(|pts| seconds(*pts)) else { continue };
         let from = q.from_timestamp;
-        let next = starts.iter().map(|(f, _)| *f).find(|f| *f > from + tol);
+        let next = starts.get(starts.partition_point(|(f, _)| *f <= from + tol)).map(|(f, _)| *f);
         if t >= from - tol && next.is_none_or(|next| t < next - tol) {
             continue;
         }
