@@ -363,6 +363,8 @@ fn main() {
         "budget",
         "errors"
     );
+    // A level with errors, or over the memory budget, fails the run (after the table).
+    let failed: Vec<String> = rows.iter().filter(|r| r.12 > 0 || r.11 == "OVER").map(|r| format!("{} with {} streams", r.0, r.1)).collect();
     for (transport, n, rate, mb_s, p50, p99, server_ms, client_ms, packets, ahead, peak, within, errors) in rows {
         println!(
             "{transport:<9} {n:>7} {rate:>10.1} {mb_s:>10.1} {:>11.0}% {p50:>9.1} {p99:>9.1} {server_ms:>10.3} {client_ms:>10.3} {packets:>8.2} {:>5.0}% {peak:>11.0} MB {within:>8} {errors:>7}",
@@ -372,4 +374,8 @@ fn main() {
     }
     println!("budget: peak RSS within idle RSS ({idle_mb:.0} MB) + cache ({cache_mb} MB) + memory budget ({memory_mb} MB)");
     println!("server RSS 13 s after the last stream closed: {idle_after_mb:.0} MB (decoded-frame cache included)");
+    if !failed.is_empty() {
+        eprintln!("failed: errors or memory over the budget at {}", failed.join(", "));
+        std::process::exit(1);
+    }
 }

@@ -183,11 +183,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
             "--token-file / --tokens / LAKE_TOKENS hold no token (blank lines and # comments are skipped); refusing to serve without the authentication asked for"
         );
     }
-    for addr in [args.flight, args.http] {
-        if tokens.is_empty() && !addr.ip().is_loopback() {
-            errln!("warning: serving on {addr} without tokens: anyone who can reach it can read the lake (use --token-file)");
-        }
-    }
+    let tokens_empty = tokens.is_empty();
     let options = ServeOptions {
         loader: lake_loader::LoaderOptions { threads: args.threads.unwrap_or(0), cache_bytes: args.cache_mb << 20, frame_table: true },
         prefetch_bytes: args.prefetch_mb << 20,
@@ -208,6 +204,11 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);
+    for addr in [flight_addr, http_addr] {
+        if tokens_empty && !addr.ip().is_loopback() {
+            errln!("warning: serving on {addr} without tokens: anyone who can reach it can read the lake (use --token-file)");
+        }
+    }
     let local = args.local.as_ref().map(|p| format!(" local {}", p.display())).unwrap_or_default();
     outln!("lake serving {root}: flight grpc://{flight_addr} http://{http_addr}{local}")?;
     use std::io::Write;

@@ -4,7 +4,7 @@
 and turns them into LeRobot-style dicts of numpy arrays. `LakeIterableDataset` is a
 `torch.utils.data.IterableDataset` over the same stream for existing PyTorch trainers: it reads
 its rank and world size from `torch.distributed` (or the `RANK` / `WORLD_SIZE` environment
-variables), yields dict batches (uint8 frames as tensors), and resumes exactly from
+variables, or those of MPI launchers and Slurm), yields dict batches (uint8 frames as tensors), and resumes exactly from
 `state_dict()`. `LocalClient` reads the same batches from `lake serve --local PATH` on the same
 machine: they arrive in shared memory and are read in place (`local=PATH` in the dataset).
 
@@ -687,7 +687,27 @@ def _rank_and_world() -> tuple:
             return dist.get_rank(), dist.get_world_size()
     except ImportError:
         pass
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    # torchrun's variables, then those of the MPI launchers (Open MPI, MPICH / Intel MPI) and
+    # of Slurm's srun: the first pair set.
+    for rank_var, world_var in _RANK_VARIABLES:
+        if rank_var in os.environ and world_var in os.environ:
+            rank, world = (_whole_env(v) for v in (rank_var, world_var))
+            if not 0 <= rank < world:
+                raise ValueError(f"{rank_var}={rank} is not a rank of {world_var}={world}")
+            return rank, world
+    return 0, 1
+
+
+_RANK_VARIABLES = [("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                   ("SLURM_PROCID", "SLURM_NTASKS")]
+
+
+def _whole_env(name: str) -> int:
+    text = os.environ[name]
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"the environment variable {name}={text!r} is not a whole number") from None
 
 
 def _agreed(datasets: List[Any]) -> List[Any]:
@@ -885,6 +905,13 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             self._pin(source, source.info(self._plan_request()))
         return list(self.request["datasets"])
 
+    def _order(self) -> Dict[str, Any]:
+        """The request's fields, besides datasets, seed and global batch, that the sample order
+        depends on, with the server's defaults."""
+        r = self.request
+        return {"episodes": sorted(r.get("episodes") or []) or None, "drop_last": r.get("drop_last", True),
+                "drop_n_first_frames": r.get("drop_n_first_frames", 0), "drop_n_last_frames": r.get("drop_n_last_frames", 0)}
+
     def _full_request(self) -> Dict[str, Any]:
         return {**self.request, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch, "start_step": self.step}
 
@@ -983,7 +1010,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         reads the latest ones."""
         state = {"epoch": self.epoch, "step": self.step, "seed": self.request["seed"],
                  "global_batch": self.request["batch_size"] * self.world_size,
-                 "datasets": self.request["datasets"]}
+                 "datasets": self.request["datasets"], "order": self._order()}
         if after is not None:
             if CURSOR_KEY not in after:
                 raise ValueError(f"state_dict(after=batch) takes a batch of this dataset (one with {CURSOR_KEY!r})")
@@ -1021,6 +1048,14 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
                     f"the state of DataLoader worker {own[0]} of {own[1]} loaded {where}: a worker's state resumes "
                     "only in that worker of as many workers (torchdata's StatefulDataLoader loads each worker's own)"
                 )
+        # The other fields the sample order depends on (states saved before they were recorded
+        # have none to compare).
+        for key, value in state.get("order", {}).items():
+            if self._order()[key] != value:
+                raise ValueError(
+                    f"{key} {_shown(self._order()[key])} differs from the saved {_shown(value)}: the saved cursor is a "
+                    "position in another sample order"
+                )
         saved = state.get("datasets")
         if saved is not None:
             if _dataset_names(saved) != _dataset_names(self.request["datasets"]):
@@ -1031,6 +1066,10 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             self.request["datasets"] = saved
             self._pinned = all("@" in _entry_name(d) for d in saved)
         self.epoch, self.step, self._own = state["epoch"], state["step"], own
+
+
+def _shown(value: Any) -> str:
+    return "all" if value is None else repr(value)
 
 
 def _entry_name(entry: DatasetSpec) -> str:

@@ -77,7 +77,8 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
                     frames = columns[camera][r]
                     got = [hashlib.sha256(np.ascontiguousarray(f).tobytes()).hexdigest() for f in (frames if isinstance(value, list) else [frames])]
                     self.assertEqual(got, value if isinstance(value, list) else [value], f"{camera} frames")
-                elif key in columns and ref.schema.field(key).type in (pa.list_(pa.float32()), pa.list_(pa.bool_())):
+                elif ref.schema.field(key).type in (pa.list_(pa.float32()), pa.list_(pa.bool_())):
+                    self.assertIn(key, columns, f"the batch has no {key}")
                     want = np.asarray(value).ravel()
                     got = np.asarray(columns[key][r]).ravel()
                     self.assertEqual(got.astype(want.dtype).tobytes(), want.tobytes(), key)
@@ -89,6 +90,9 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
 
     def test_act_preset_epoch_matches_reference(self):
         self.check_preset("act")
+
+    def test_diffusion_preset_epoch_matches_reference(self):
+        self.check_preset("diffusion")
 
     def test_errors_pickle_and_rebuild_from_their_text(self):
         import pickle
@@ -112,6 +116,33 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
             LakeClient(f"grpc://{HTTP}", TOKEN).info({"datasets": [DATASET]})
         self.assertEqual(refused.exception.code, "unavailable")
         self.assertIn("give lake serve's --flight address", str(refused.exception))
+
+
+class RankFromTheEnvironment(unittest.TestCase):
+    """Without an initialised `torch.distributed`, the launcher's variables give rank and world."""
+
+    def rank_and_world(self, env):
+        from unittest import mock
+
+        from lake_client import _rank_and_world
+
+        names = ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"]
+        clean = {k: v for k, v in os.environ.items() if k not in names}
+        with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
+            return _rank_and_world()
+
+    def test_launchers_in_order_and_bad_values_named(self):
+        self.assertEqual(self.rank_and_world({}), (0, 1))
+        self.assertEqual(self.rank_and_world({"RANK": "1", "WORLD_SIZE": "2"}), (1, 2))
+        self.assertEqual(self.rank_and_world({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}), (2, 4))
+        self.assertEqual(self.rank_and_world({"PMI_RANK": "3", "PMI_SIZE": "4"}), (3, 4))
+        self.assertEqual(self.rank_and_world({"SLURM_PROCID": "5", "SLURM_NTASKS": "8"}), (5, 8))
+        # torchrun's variables win over the job's (torchrun under srun).
+        self.assertEqual(self.rank_and_world({"RANK": "6", "WORLD_SIZE": "16", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}), (6, 16))
+        with self.assertRaisesRegex(ValueError, "WORLD_SIZE='two' is not a whole number"):
+            self.rank_and_world({"RANK": "0", "WORLD_SIZE": "two"})
+        with self.assertRaisesRegex(ValueError, "PMI_RANK=4 is not a rank of PMI_SIZE=4"):
+            self.rank_and_world({"PMI_RANK": "4", "PMI_SIZE": "4"})
 
 
 class _SilentServer(flight.FlightServerBase):
@@ -437,6 +468,13 @@ class TorchDataset(unittest.TestCase):
         rest.load_state_dict(state)
         with self.assertRaises(ValueError):
             self.make(datasets=["another"]).load_state_dict(state)
+        # A request whose sample order differs is refused, naming the field.
+        for field, value, says in [("episodes", [0, 1], "episodes [0, 1] differs from the saved all"),
+                                   ("drop_last", False, "drop_last False differs from the saved True"),
+                                   ("drop_n_first_frames", 2, "drop_n_first_frames 2 differs")]:
+            with self.assertRaises(ValueError) as refused:
+                self.make(**{field: value}).load_state_dict(state)
+            self.assertIn(says, str(refused.exception))
         seen += [b["index"].tolist() for b in rest]
         self.assertEqual(seen, whole)
         # A cursor past the epoch's steps (another batch size, say) is refused, not an empty run.

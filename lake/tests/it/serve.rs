@@ -118,6 +118,36 @@ async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
     records(batches.try_collect().await.expect("all batches"))
 }
 
+/// A request's batches made with the loader's own API, the sampler built by hand from the
+/// request's fields (one dataset, a preset, the sampling fields): what the service plans must
+/// be exactly this.
+async fn through_the_loader_api(root: &Path, request: &Value) -> Vec<RecordBatch> {
+    use lake_loader::{Cursor, Eligible, Loader, LoaderDataset, LoaderOptions, Order, Preset, Sharding, Source, StreamRequest, Windows};
+    let field = |key: &str, default: u64| request.get(key).and_then(Value::as_u64).unwrap_or(default);
+    let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+    let ds = LoaderDataset::open(&lake, request["datasets"][0].as_str().expect("one dataset")).await.expect("open");
+    let eligible = Eligible::new(ds.episodes.iter().map(|e| (e.first_row, e.len)), field("drop_n_first_frames", 0), 0);
+    let order = std::sync::Arc::new(Order::new(field("seed", 0), vec![Source { eligible, weight: 1.0 }]).expect("order"));
+    // A request's batch is the rank's: the global batch is world_size of them.
+    let world = field("world_size", 1);
+    let sharding = Sharding::new(field("batch_size", 32) * world, field("rank", 0), world, true).expect("sharding");
+    let preset: Preset = request["preset"].as_str().expect("preset").parse().expect("a preset");
+    let loader = std::sync::Arc::new(Loader::new(vec![ds], &Windows::Preset(preset), LoaderOptions::default()).expect("loader"));
+    let stream = lake_loader::stream(
+        loader,
+        StreamRequest {
+            order,
+            sharding,
+            start: Cursor { epoch: field("epoch", 0), step: field("start_step", 0) },
+            limit: Some(field("limit_batches", 1)),
+            stride: 1,
+            prefetch: 1,
+            lookahead: 0,
+        },
+    );
+    stream.map(|b| b.expect("batch").batch).collect().await
+}
+
 /// Served batches as record batches.
 fn records(batches: Vec<lake_loader::SampleBatch>) -> Vec<RecordBatch> {
     batches.iter().map(|b| b.to_record_batch().expect("a record batch")).collect()
@@ -165,6 +195,14 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     let request = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "seed": 3, "limit_batches": 3});
     let expected = rt.block_on(in_process(&root, &request));
     assert_eq!(expected.len(), 3);
+    // The service's batches are the loader's: the same order, shard and cursor.
+    for r in [
+        request.clone(),
+        json!({"datasets": ["v30-av1-small"], "preset": "diffusion", "batch_size": 6, "seed": 9, "epoch": 2, "start_step": 29,
+               "rank": 1, "world_size": 3, "drop_n_first_frames": 2, "limit_batches": 4}),
+    ] {
+        same_rows(&rt.block_on(in_process(&root, &r)), &rt.block_on(through_the_loader_api(&root, &r)), &format!("loader API: {r}"));
+    }
 
     rt.block_on(async {
         let mut client = flight_client(&server).await;
@@ -677,6 +715,25 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
     std::fs::write(&empty, "first\nsecond # the CI runner\n").expect("write");
     let run = lake(&root, &["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--token-file", empty.to_str().expect("utf-8")]);
     assert!(run.code != 0 && run.stderr.contains("token 2") && run.stderr.contains("whitespace"), "{run:#?}");
+    // Without tokens on an address others can reach: a warning naming the port it bound.
+    let mut open = lake_cmd(&root)
+        .args(["serve", "--flight", "0.0.0.0:0", "--http", "127.0.0.1:0"])
+        .env_remove("LAKE_TOKENS")
+        .env_remove("LAKE_TOKEN_FILE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lake serve");
+    let mut listening = String::new();
+    BufReader::new(open.stdout.take().expect("stdout")).read_line(&mut listening).expect("the server says where it listens");
+    // (Written before that line; read once the server is gone, so that it cannot hang.)
+    open.kill().expect("kill");
+    open.wait().expect("wait");
+    let warning = BufReader::new(open.stderr.take().expect("stderr")).lines().map_while(Result::ok).find(|l| l.contains("without tokens"));
+    let port = listening.split_whitespace().find_map(|w| w.strip_prefix("grpc://")).and_then(|a| a.rsplit_once(':')).expect("address").1;
+    assert_ne!(port, "0", "{listening}");
+    let warning = warning.unwrap_or_else(|| panic!("no warning for serving on 0.0.0.0 without tokens ({listening})"));
+    assert!(warning.contains(&format!("serving on 0.0.0.0:{port} without tokens")), "{warning}");
     // Settings come from `LAKE_*` variables too (an empty one unset), and a bad one is named.
     let out = lake_cmd(&root)
         .args(["serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0"])
