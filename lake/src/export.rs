@@ -289,13 +289,14 @@ async fn write_parquet_tables(
     write_parquet(&dir.join("steps.parquet"), &with_lerobot_names(&steps, &[])?)?;
     let kept = write_packets(lake, ds, &renumber, &dir.join("packets.parquet")).await?;
     let keep: Vec<i64> = episodes.iter().map(|e| e.episode_index).collect();
-    for table in [tables::EPISODES, tables::TASKS, tables::STATS, tables::FEATURE_STATS, tables::FINDINGS, tables::STREAMS] {
-        if !ds.record.tables.tables.iter().any(|t| t == table) {
-            continue;
-        }
-        let batches = lake_store::read_table(lake, &ds.record, table).await?;
-        let Some(first) = batches.first() else { continue };
-        let mut batch = concat_batches(&first.schema(), &batches).map_err(arrow_err("reading a table"))?;
+    // The version's tables, and `image_stats` where `lake stats --images` made it; an empty
+    // table (no findings, say) is written with its columns.
+    let recorded = [tables::EPISODES, tables::TASKS, tables::STATS, tables::FEATURE_STATS, tables::FINDINGS, tables::STREAMS]
+        .into_iter()
+        .filter(|table| ds.record.tables.tables.iter().any(|t| t == table));
+    let derived = [tables::IMAGE_STATS].into_iter().filter(|table| Path::new(&lake.uri(&ds.record.tables.path(table))).is_dir());
+    for table in recorded.chain(derived) {
+        let mut batch = lake_store::read_whole_at(&lake.uri(&ds.record.tables.path(table))).await?;
         if let Some(col) = batch.column_by_name("episode_index").cloned() {
             let col = col.as_primitive::<Int64Type>();
             // Dataset-level rows (no episode) describe the whole dataset: kept only for it.

@@ -92,7 +92,8 @@ enum Command {
     /// it; the loader then reads frames instead of decoding them.
     Cache(sample::CacheArgs),
     /// Query the lake with SQL (DataFusion): `datasets`, `steps`, `episodes`, `tasks`, `stats`,
-    /// `feature_stats`, `findings`, `streams`, `packets`, `views`, and `"<dataset>".<table>`.
+    /// `feature_stats`, `image_stats` (from `lake stats --images`), `findings`, `streams`, `packets`,
+    /// `views`, and `"<dataset>".<table>`.
     /// Without a query, an interactive shell.
     Sql(query::SqlArgs),
     /// Named training sets: the episodes a SQL query selects, usable wherever a dataset is.

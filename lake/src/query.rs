@@ -160,9 +160,10 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
     Ok(())
 }
 
-/// Writes batches in one format as they arrive (the text table collects them first, to align).
+/// Writes batches in one format as they arrive (the text table collects a page of them first,
+/// to align it).
 enum Sink<'a> {
-    Table(Vec<RecordBatch>, SchemaRef, &'a mut (dyn Write + Send)),
+    Table(TablePages<'a>),
     /// The writer, and the schema until a batch is written (an empty result still gets its
     /// header row).
     Csv(arrow::csv::Writer<&'a mut (dyn Write + Send)>, Option<SchemaRef>),
@@ -193,10 +194,57 @@ fn parquet_schema(schema: &SchemaRef) -> SchemaRef {
     Arc::new(arrow::datatypes::Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
+/// A text table printed a page at a time, as psql's `FETCH_COUNT` does: rows are collected
+/// until [`PAGE_ROWS`] rows or [`PAGE_BYTES`] bytes and then printed as one aligned table, so
+/// a result of any size is shown whole in bounded memory (one page of a few thousand rows is
+/// one table, as before).
+struct TablePages<'a> {
+    page: Vec<RecordBatch>,
+    rows: usize,
+    bytes: usize,
+    schema: SchemaRef,
+    printed: bool,
+    out: &'a mut (dyn Write + Send),
+}
+
+const PAGE_ROWS: usize = 10_000;
+const PAGE_BYTES: usize = 64 << 20;
+
+impl TablePages<'_> {
+    fn push(&mut self, batch: RecordBatch) -> anyhow::Result<()> {
+        self.rows += batch.num_rows();
+        self.bytes += batch.get_array_memory_size();
+        self.page.push(batch);
+        if self.rows >= PAGE_ROWS || self.bytes >= PAGE_BYTES {
+            self.print_page()?;
+        }
+        Ok(())
+    }
+
+    fn print_page(&mut self) -> anyhow::Result<()> {
+        let page = std::mem::take(&mut self.page);
+        (self.rows, self.bytes) = (0, 0);
+        let text = if page.is_empty() {
+            arrow::util::pretty::pretty_format_batches(&[RecordBatch::new_empty(self.schema.clone())])?
+        } else {
+            let page = page.iter().map(tabs_shown).collect::<Result<Vec<_>, _>>()?;
+            arrow::util::pretty::pretty_format_batches(&page)?
+        };
+        writeln!(self.out, "{text}")?;
+        self.printed = true;
+        Ok(())
+    }
+
+    /// Prints what is left: the last page, or the header of an empty result.
+    fn finish(mut self) -> anyhow::Result<()> {
+        if !self.page.is_empty() || !self.printed { self.print_page() } else { Ok(()) }
+    }
+}
+
 impl<'a> Sink<'a> {
     fn new(format: Format, schema: SchemaRef, to_file: bool, out: &'a mut (dyn Write + Send)) -> anyhow::Result<Self> {
         Ok(match format {
-            Format::Table => Self::Table(Vec::new(), schema, out),
+            Format::Table => Self::Table(TablePages { page: Vec::new(), rows: 0, bytes: 0, schema, printed: false, out }),
             Format::Csv => Self::Csv(arrow::csv::WriterBuilder::new().with_header(true).build(out), Some(schema)),
             // Null values are written as `null`, so every row has every column.
             Format::Json => Self::Json(arrow::json::WriterBuilder::new().with_explicit_nulls(true).build(out)),
@@ -215,7 +263,7 @@ impl<'a> Sink<'a> {
 
     fn write(&mut self, batch: RecordBatch) -> anyhow::Result<()> {
         match self {
-            Self::Table(batches, ..) => batches.push(batch),
+            Self::Table(pages) => pages.push(batch)?,
             Self::Csv(w, unwritten) => {
                 w.write(&lake::sql::flat_for_csv(&batch)?)?;
                 *unwritten = None;
@@ -239,15 +287,7 @@ impl<'a> Sink<'a> {
 
     fn finish(self) -> anyhow::Result<()> {
         match self {
-            Self::Table(batches, schema, out) => {
-                let text = if batches.is_empty() {
-                    arrow::util::pretty::pretty_format_batches(&[RecordBatch::new_empty(schema)])?
-                } else {
-                    let batches = batches.iter().map(tabs_shown).collect::<Result<Vec<_>, _>>()?;
-                    arrow::util::pretty::pretty_format_batches(&batches)?
-                };
-                writeln!(out, "{text}")?;
-            }
+            Self::Table(pages) => pages.finish()?,
             Self::Csv(mut w, unwritten) => {
                 if let Some(schema) = unwritten {
                     w.write(&lake::sql::flat_for_csv(&RecordBatch::new_empty(schema))?)?;
@@ -737,7 +777,7 @@ pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_statements;
+    use super::*;
 
     #[test]
     fn statements_end_at_semicolons_outside_quotes_and_comments() {
@@ -769,5 +809,28 @@ mod tests {
         assert_eq!(split, (vec!["select 1".to_string()], String::new(), Some("\\d steps".to_string())));
         let split = split_statements("select '\\q' as a, E'\\\\' as b -- \\q\n/* \\d */;\n");
         assert_eq!(split, (vec!["select '\\q' as a, E'\\\\' as b -- \\q\n/* \\d */".to_string()], String::new(), None));
+    }
+
+    #[test]
+    fn a_large_table_prints_a_page_at_a_time_and_an_empty_one_its_header() {
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new("n", DataType::Int64, false)]));
+        let batch = |from: i64, rows: i64| {
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(arrow::array::Int64Array::from_iter_values(from..from + rows))])
+                .expect("batch")
+        };
+        let mut out = Vec::new();
+        let mut sink = Sink::new(Format::Table, schema.clone(), false, &mut out).expect("sink");
+        for part in 0..5 {
+            sink.write(batch(part * 6000, 6000)).expect("write");
+        }
+        sink.finish().expect("finish");
+        let text = String::from_utf8(out).expect("utf-8");
+        // 30 000 rows: pages of 12 000, 12 000 and 6 000 rows, each with its own header.
+        assert_eq!(text.matches("| n ").count(), 3, "three pages");
+        let values: Vec<i64> = text.lines().filter_map(|l| l.trim_matches(|c| c == '|' || c == ' ').parse().ok()).collect();
+        assert_eq!(values, (0..30_000).collect::<Vec<_>>(), "every row once, in order");
+        let mut out = Vec::new();
+        Sink::new(Format::Table, schema.clone(), false, &mut out).expect("sink").finish().expect("finish");
+        assert_eq!(String::from_utf8(out).expect("utf-8").matches("| n |").count(), 1, "an empty result shows its header");
     }
 }

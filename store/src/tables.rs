@@ -251,6 +251,21 @@ pub async fn read_table(lake: &Lake, record: &CommitRecord, table: &str) -> Resu
     stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
 }
 
+/// Every row of the Lance table at `uri` as one batch (of the table's schema when it has no
+/// rows).
+///
+/// # Errors
+/// When the table cannot be opened or scanned.
+pub async fn read_whole_at(uri: &str) -> Result<RecordBatch> {
+    let ds = open_lance(uri).await.map_err(Error::lance(uri))?;
+    let schema: SchemaRef = std::sync::Arc::new(arrow_schema::Schema::from(ds.schema()));
+    let stream = ds.scan().try_into_stream().await.map_err(Error::lance(uri))?;
+    let batches: Vec<RecordBatch> =
+        stream.map(|b| b.map_err(Error::lance(uri))).collect::<Vec<_>>().await.into_iter().collect::<Result<_>>()?;
+    let schema = batches.first().map_or(schema, RecordBatch::schema);
+    arrow::compute::concat_batches(&schema, &batches).map_err(|e| Error::lance(uri)(lance::Error::from(e)))
+}
+
 /// Publishes a derived table (one a command adds beside a committed version, like decoded
 /// frames) that was written complete at `tmp`: moves an existing table at `dest` aside, renames
 /// `tmp` into place, then removes the old one. Readers see the old table or the new one, never a

@@ -360,15 +360,23 @@ fn parquet_export_writes_the_tables_with_lerobot_keys() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     ingest_ok(&root, &testdata("v30-h264-multifile"), &[]);
+    let run = lake(&root, &["stats", "v30-h264-multifile", "--images"]);
+    assert_eq!(run.code, 0, "{run:#?}");
     let out = tmp.path().join("tables");
     let run = export(&root, "v30-h264-multifile", "parquet", &out);
     assert_eq!(run.code, 0, "{run:#?}");
     let steps = lake_testkit::read_parquet(&out.join("steps.parquet"));
     assert_eq!(steps.iter().map(|b| b.num_rows()).sum::<usize>(), 300);
     assert!(steps[0].schema().column_with_name("observation.state").is_some(), "{:?}", steps[0].schema());
-    for t in ["episodes", "tasks", "stats", "feature_stats", "streams", "packets"] {
+    for t in ["episodes", "tasks", "stats", "feature_stats", "streams", "packets", "findings", "image_stats"] {
         assert!(out.join(format!("{t}.parquet")).is_file(), "{t}.parquet");
     }
+    // No findings: the table is written with its columns; image statistics of every episode.
+    let rows = |t: &str| lake_testkit::read_parquet(&out.join(format!("{t}.parquet"))).iter().map(|b| b.num_rows()).sum::<usize>();
+    let findings = std::fs::File::open(out.join("findings.parquet")).expect("findings");
+    let findings = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(findings).expect("parquet");
+    assert!(findings.schema().column_with_name("message").is_some() && rows("findings") == 0, "{:?}", findings.schema());
+    assert!(rows("image_stats") > 0);
     let all = packet_rows_point_at_their_frames(&out, 300);
 
     // A view's export keeps the packets its episodes' frames need (each back to its keyframe),
