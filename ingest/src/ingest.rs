@@ -624,11 +624,12 @@ async fn build(
         .buffer_unordered(options.threads.max(1))
         .collect()
         .await;
+    let (files, mut unchecked) = (results.len(), 0);
     let mut outcomes = Vec::new();
     for r in results {
         match r {
             Ok(o) => outcomes.push(o),
-            Err(Error::Cancelled) if strict_failed.load(Ordering::Relaxed) => {}
+            Err(Error::Cancelled) if strict_failed.load(Ordering::Relaxed) => unchecked += 1,
             Err(e) => return Err(e),
         }
     }
@@ -638,6 +639,12 @@ async fn build(
     }
     if strict_failed.load(Ordering::Relaxed) {
         progress.cancel.store(false, Ordering::Relaxed);
+        if unchecked > 0 {
+            plan.report.hints.push(format!(
+                "checking stopped at the first camera file with errors: {unchecked} of {files} camera files were not read to the end \
+                 (--skip-bad-episodes checks every file)"
+            ));
+        }
         return Err(Error::Refused(Box::new(plan.report.clone())));
     }
     progress.check()?;

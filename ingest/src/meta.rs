@@ -65,6 +65,8 @@ pub struct EpisodeMeta {
     pub data_file: String,
     /// For each video camera (in feature order): the file and where the episode starts in it.
     pub videos: Vec<VideoRef>,
+    /// The metadata file listing it (a `meta/episodes` shard, or `meta/episodes.jsonl`).
+    pub listed_in: String,
 }
 
 /// Where one camera's frames of an episode are.
@@ -263,7 +265,7 @@ impl DatasetMeta {
             }
         }
         self.files.extend(shards);
-        self.sort_and_check_episodes(EPISODES_DIR)?;
+        self.sort_and_check_episodes()?;
 
         let tasks_file =
             source.head(TASKS_PARQUET).await?.ok_or_else(|| Error::Missing { path: TASKS_PARQUET.into(), what: "task table".into() })?;
@@ -336,6 +338,7 @@ impl DatasetMeta {
                 to_index: get(&to, "dataset_to_index")?,
                 data_file: self.data_file(idx, get(&data_chunk, "data/chunk_index")?, get(&data_file, "data/file_index")?)?,
                 videos,
+                listed_in: shard.to_string(),
             });
         }
         Ok(())
@@ -398,10 +401,11 @@ impl DatasetMeta {
                 to_index: next + length,
                 data_file: self.data_file(index, chunk, index)?,
                 videos,
+                listed_in: EPISODES_JSONL.to_string(),
             });
             next += length;
         }
-        self.sort_and_check_episodes(EPISODES_JSONL)?;
+        self.sort_and_check_episodes()?;
 
         let (file, lines) =
             read_jsonl(source, TASKS_JSONL).await?.ok_or_else(|| Error::Missing { path: TASKS_JSONL.into(), what: "task list".into() })?;
@@ -463,7 +467,7 @@ impl DatasetMeta {
         Ok(())
     }
 
-    fn sort_and_check_episodes(&mut self, origin: &str) -> Result<()> {
+    fn sort_and_check_episodes(&mut self) -> Result<()> {
         // Listed (shards in path order, rows in order) otherwise than by index: LeRobot takes
         // an episode's metadata from the position its index names, another episode's.
         if let Some(pair) = self.episodes.windows(2).find(|w| w[1].index < w[0].index) {
@@ -476,14 +480,15 @@ impl DatasetMeta {
                         pair[1].index, pair[0].index
                     ),
                 )
-                .with_file(origin)
+                .with_file(&pair[1].listed_in)
                 .with_episode(pair[1].index),
             );
         }
         self.episodes.sort_by_key(|e| e.index);
         for pair in self.episodes.windows(2) {
             if pair[0].index == pair[1].index {
-                return Err(Error::metadata(origin, format!("episode {} is listed twice", pair[0].index)));
+                let also = if pair[0].listed_in == pair[1].listed_in { String::new() } else { format!(" (also in {})", pair[0].listed_in) };
+                return Err(Error::metadata(&pair[1].listed_in, format!("episode {} is listed twice{also}", pair[0].index)));
             }
         }
         // LeRobot finds an episode's metadata by its position (v3.0 refuses to load a dataset
@@ -501,7 +506,7 @@ impl DatasetMeta {
                         e.index
                     ),
                 )
-                .with_file(origin)
+                .with_file(&e.listed_in)
                 .with_episode(e.index),
             );
         }
@@ -519,7 +524,7 @@ impl DatasetMeta {
                         FindingKind::BadMetadata,
                         format!("index range [{}, {}) overlaps the range [.., {end}){other}", e.from_index, e.to_index),
                     )
-                    .with_file(origin)
+                    .with_file(&e.listed_in)
                     .with_episode(e.index),
                 );
             } else if e.from_index > end {
@@ -533,7 +538,7 @@ impl DatasetMeta {
                             e.from_index
                         ),
                     )
-                    .with_file(origin)
+                    .with_file(&e.listed_in)
                     .with_episode(e.index),
                 );
             }
@@ -546,7 +551,7 @@ impl DatasetMeta {
                         FindingKind::BadMetadata,
                         format!("length {} disagrees with index range [{}, {})", e.length, e.from_index, e.to_index),
                     )
-                    .with_file(origin)
+                    .with_file(&e.listed_in)
                     .with_episode(e.index),
                 );
             }

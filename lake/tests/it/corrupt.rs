@@ -76,6 +76,9 @@ fn truncated_mp4() {
         ],
     );
     assert!(!err.contains("episode 0,"), "episode 0 lies before the break: {err}");
+    // One file at a time, the first with errors stops the check, and the refusal says so.
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--threads", "1"]);
+    assert!(run.code == 1 && run.stderr.contains("1 of 2 camera files were not read to the end"), "{run:#?}");
     // The frames before the break are sound: with --skip-bad-episodes their episodes go in.
     let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--json"]);
     assert_eq!(run.code, 0, "{run:#?}");
@@ -298,7 +301,12 @@ fn shift_index_from_episode_2(src: &Path, delta: i64) {
 fn overlapping_and_gapped_index_ranges() {
     let (_t, root, src) = setup("v30-av1-small");
     shift_index_from_episode_2(&src, -6);
-    refused(&root, &src, 1, &["meta/episodes/, episode 2", "index range [197, 331) overlaps the range [.., 203) of episode 1"]);
+    refused(
+        &root,
+        &src,
+        1,
+        &["meta/episodes/chunk-000/file-000.parquet, episode 2", "index range [197, 331) overlaps the range [.., 203) of episode 1"],
+    );
     let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--name", "overlap"]);
     assert_eq!(run.code, 0, "{run:#?}");
     let kept = lake(&root, &["sql", "--format", "csv", "SELECT count(*) AS n, count(DISTINCT index) AS i FROM overlap.steps"]);
