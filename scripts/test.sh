@@ -10,7 +10,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-# The Python client's tests run against a real server with this interpreter (pyarrow, numpy).
+# The Python client's tests run against a real server with this interpreter: the LeRobot
+# environment where bench/compare_lerobot.sh made it (it has torch, so the IterableDataset is
+# tested too), else pyarrow and numpy from scripts/python-env.sh.
+lerobot_python="$HOME/.cache/lake/lerobot-venv/bin/python"
+if [ -z "${LAKE_PYTHON:-}" ] && [ -x "$lerobot_python" ] && "$lerobot_python" -c 'import torch, pyarrow, numpy' 2>/dev/null; then
+  LAKE_PYTHON="$lerobot_python"
+fi
 LAKE_PYTHON="${LAKE_PYTHON:-$(scripts/python-env.sh)}"
 export LAKE_PYTHON
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
