@@ -58,15 +58,17 @@ pub fn ingest_summary(out: &mut impl Write, record: &CommitRecord, report: &Repo
             c.max_gop
         )?;
     }
+    // A dataset without cameras has steps to count, not frames.
+    let rate =
+        if frames > 0 { format!("{:.0} frames/s", frames as f64 / secs) } else { format!("{:.0} steps/s", report.steps as f64 / secs) };
+    let stored = if frames > 0 { format!(", {} of packets stored", bytes(report.packet_bytes)) } else { String::new() };
     writeln!(
         out,
-        "  {:.2} s: {:.0} frames/s, {}/s read, {:.0}x real time; {} read, {} of packets stored",
+        "  {:.2} s: {rate}, {}/s read, {:.0}x real time; {} read{stored}",
         report.seconds,
-        frames as f64 / secs,
         bytes((report.bytes_read as f64 / secs) as u64),
         report.recorded_seconds / secs,
         bytes(report.bytes_read),
-        bytes(report.packet_bytes),
     )?;
     findings_summary(out, report)?;
     Ok(())
