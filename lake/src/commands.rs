@@ -420,7 +420,12 @@ fn spawn_progress(progress: Arc<Progress>) -> (indicatif::ProgressBar, tokio::ta
             let frames_total = progress.frames_total.load(Ordering::Relaxed);
             let frames = match frames_total {
                 0 => String::new(),
-                t => format!(", {}/{t} frames", progress.frames_done.load(Ordering::Relaxed)),
+                t => {
+                    // Frames are demuxed in one phase: their rate is that phase's.
+                    let done = progress.frames_done.load(Ordering::Relaxed);
+                    let rate = if done < t && secs >= 1.0 { format!(" at {:.0}/s", done as f64 / secs) } else { String::new() };
+                    format!(", {done}/{t} frames{rate}")
+                }
             };
             shown.set_message(format!(
                 "{phase}{pct}: {} episodes{frames}, {} read at {}/s{eta} ({:.0} s)",
