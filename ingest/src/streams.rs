@@ -601,12 +601,20 @@ fn report_foreign_frames(
     let mut starts: Vec<(f64, i64)> = job.episodes.iter().map(|(e, from, ..)| (*from, *e)).collect();
     starts.sort_by(|a, b| a.0.total_cmp(&b.0));
     let owner = |t: f64| starts.iter().rev().find(|(from, _)| *from <= t + tol).map(|(_, e)| *e);
+    // An episode's part ends where the next part begins, of an episode ingested or not (one
+    // skipped, say): a step whose frame lies in a part left out shows another episode's frame.
+    let mut borders: Vec<f64> = starts.iter().map(|(from, _)| *from).chain(job.left_out.iter().map(|(from, _)| *from)).collect();
+    borders.sort_by(f64::total_cmp);
+    let in_left_out = |t: f64| {
+        let after = job.left_out.partition_point(|(from, _)| *from <= t + tol);
+        after > 0 && t < job.left_out[after - 1].1 - tol
+    };
     let mut per_episode: BTreeMap<i64, (Query, f64, u64)> = BTreeMap::new();
     for (q, p) in job.queries.iter().zip(positions.iter_mut()) {
         let Some(pos) = *p else { continue };
         let Some(t) = all_pts.get(pos as usize).map(|pts| seconds(*pts)) else { continue };
         let from = q.from_timestamp;
-        let next = starts.get(starts.partition_point(|(f, _)| *f <= from + tol)).map(|(f, _)| *f);
+        let next = borders.get(borders.partition_point(|f| *f <= from + tol)).copied();
         if t >= from - tol && next.is_none_or(|next| t < next - tol) {
             continue;
         }
@@ -619,6 +627,7 @@ fn report_foreign_frames(
     }
     for (episode, (q, t, count)) in per_episode {
         let whose = match owner(t) {
+            _ if in_left_out(t) => "the part of the file of an episode not ingested".to_string(),
             Some(other) if other != episode => format!("episode {other}'s part of the file"),
             _ => "no episode's part of the file".to_string(),
         };

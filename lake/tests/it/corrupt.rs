@@ -249,6 +249,17 @@ fn timestamp_pointing_into_another_episode() {
         std::sync::Arc::new(moved)
     });
     refused(&root, &src, 1, &["chunk-000/file-000.mp4", "episode 1", "frame 51", "outside the episode", "in episode 2's part of the file"]);
+    // With episode 2 skipped (a row out of order), its part of the file still ends episode 1's:
+    // the step would show another episode's frame, so episode 1 is skipped too.
+    replace_column(&src, "frame_index", |fi| {
+        let fi = fi.as_primitive::<Int64Type>();
+        let moved: arrow::array::Int64Array = (0..fi.len()).map(|i| Some(fi.value(i) + if i == 210 { 1 } else { 0 })).collect();
+        std::sync::Arc::new(moved)
+    });
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("4 of 6 episodes") && run.stdout.contains("skipped 2 episode(s)"), "{run:#?}");
+    assert!(run.stdout.contains("in the part of the file of an episode not ingested"), "{run:#?}");
 }
 
 #[test]
