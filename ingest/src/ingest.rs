@@ -440,11 +440,12 @@ impl Plan {
             if !planned.contains(&path) {
                 // Its rows are of no episode the metadata places here, each named; a file
                 // without such rows is named itself. Nothing of it is kept.
-                if scan.findings.is_empty() {
+                if !scan.findings.iter().any(Finding::is_error) {
                     self.report.findings.push(
                         Finding::error(
                             FindingKind::BadMetadata,
-                            "no episode of the metadata refers to this data file (LeRobot reads every file of the data directory)",
+                            "no episode of the metadata refers to this data file (LeRobot reads every data file: in v3.0 \
+                             data/*/*.parquet, in v2.x every parquet file under data/)",
                         )
                         .with_file(&path),
                     );
@@ -754,7 +755,16 @@ async fn unreferenced_data_files(
     let fixed = &template[..template.find('{').unwrap_or(template.len())];
     let Some(dir) = fixed.rfind('/').map(|slash| &fixed[..=slash]) else { return Ok(Vec::new()) };
     let referenced: HashSet<&str> = data_files.iter().map(|d| d.0.as_str()).collect();
-    Ok(source.list(dir).await?.into_iter().filter(|f| f.path.ends_with(".parquet") && !referenced.contains(f.path.as_str())).collect())
+    // LeRobot v3.0 reads `data/*/*.parquet` (one level of chunk directories); v2.x every parquet
+    // file under the directory.
+    let v3 = meta.info.codebase_version.starts_with("v3");
+    let read_by_lerobot = |path: &str| !v3 || path.strip_prefix(dir).is_some_and(|rest| rest.matches('/').count() == 1);
+    Ok(source
+        .list(dir)
+        .await?
+        .into_iter()
+        .filter(|f| f.path.ends_with(".parquet") && read_by_lerobot(&f.path) && !referenced.contains(f.path.as_str()))
+        .collect())
 }
 
 /// One job per (camera, file) used by a kept episode, numbered in camera then first-use order.

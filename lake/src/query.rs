@@ -212,8 +212,16 @@ const PAGE_BYTES: usize = 64 << 20;
 
 impl TablePages<'_> {
     fn push(&mut self, batch: RecordBatch) -> anyhow::Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
         self.rows += batch.num_rows();
-        self.bytes += batch.get_array_memory_size();
+        // The bytes of the rows themselves (a slice of a larger batch holds its whole buffers).
+        self.bytes += batch
+            .columns()
+            .iter()
+            .map(|c| c.to_data().get_slice_memory_size().unwrap_or_else(|_| c.get_array_memory_size()))
+            .sum::<usize>();
         self.page.push(batch);
         if self.rows >= PAGE_ROWS || self.bytes >= PAGE_BYTES {
             self.print_page()?;
@@ -823,6 +831,7 @@ mod tests {
         for part in 0..5 {
             sink.write(batch(part * 6000, 6000)).expect("write");
         }
+        sink.write(batch(0, 0)).expect("an empty batch after a page prints nothing");
         sink.finish().expect("finish");
         let text = String::from_utf8(out).expect("utf-8");
         // 30 000 rows: pages of 12 000, 12 000 and 6 000 rows, each with its own header.

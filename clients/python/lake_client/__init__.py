@@ -688,7 +688,8 @@ def _rank_and_world() -> tuple:
     except ImportError:
         pass
     # torchrun's variables, then those of the MPI launchers (Open MPI, MPICH / Intel MPI) and
-    # of Slurm's srun: the first pair set.
+    # of Slurm's srun (its step's tasks: a batch script outside srun sees the allocation's
+    # SLURM_NTASKS, not a world it belongs to): the first pair set.
     for rank_var, world_var in _RANK_VARIABLES:
         if rank_var in os.environ and world_var in os.environ:
             rank, world = (_whole_env(v) for v in (rank_var, world_var))
@@ -699,7 +700,7 @@ def _rank_and_world() -> tuple:
 
 
 _RANK_VARIABLES = [("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-                   ("SLURM_PROCID", "SLURM_NTASKS")]
+                   ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")]
 
 
 def _whole_env(name: str) -> int:
@@ -909,7 +910,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         """The request's fields, besides datasets, seed and global batch, that the sample order
         depends on, with the server's defaults."""
         r = self.request
-        return {"episodes": sorted(r.get("episodes") or []) or None, "drop_last": r.get("drop_last", True),
+        return {"episodes": sorted(set(r.get("episodes") or [])) or None, "drop_last": r.get("drop_last", True),
                 "drop_n_first_frames": r.get("drop_n_first_frames", 0), "drop_n_last_frames": r.get("drop_n_last_frames", 0)}
 
     def _full_request(self) -> Dict[str, Any]:
@@ -1051,6 +1052,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         # The other fields the sample order depends on (states saved before they were recorded
         # have none to compare).
         for key, value in state.get("order", {}).items():
+            if key not in self._order():
+                raise ValueError(f"the saved state's order has {key!r}, which this lake_client does not know: saved by a newer one?")
             if self._order()[key] != value:
                 raise ValueError(
                     f"{key} {_shown(self._order()[key])} differs from the saved {_shown(value)}: the saved cursor is a "

@@ -126,7 +126,8 @@ class RankFromTheEnvironment(unittest.TestCase):
 
         from lake_client import _rank_and_world
 
-        names = ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"]
+        names = ["RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+                 "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"]
         clean = {k: v for k, v in os.environ.items() if k not in names}
         with mock.patch.dict(os.environ, {**clean, **env}, clear=True):
             return _rank_and_world()
@@ -136,9 +137,11 @@ class RankFromTheEnvironment(unittest.TestCase):
         self.assertEqual(self.rank_and_world({"RANK": "1", "WORLD_SIZE": "2"}), (1, 2))
         self.assertEqual(self.rank_and_world({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}), (2, 4))
         self.assertEqual(self.rank_and_world({"PMI_RANK": "3", "PMI_SIZE": "4"}), (3, 4))
-        self.assertEqual(self.rank_and_world({"SLURM_PROCID": "5", "SLURM_NTASKS": "8"}), (5, 8))
+        self.assertEqual(self.rank_and_world({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS": "8"}), (5, 8))
+        # A batch script outside srun: the allocation's tasks are no world it belongs to.
+        self.assertEqual(self.rank_and_world({"SLURM_PROCID": "0", "SLURM_NTASKS": "8"}), (0, 1))
         # torchrun's variables win over the job's (torchrun under srun).
-        self.assertEqual(self.rank_and_world({"RANK": "6", "WORLD_SIZE": "16", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}), (6, 16))
+        self.assertEqual(self.rank_and_world({"RANK": "6", "WORLD_SIZE": "16", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}), (6, 16))
         with self.assertRaisesRegex(ValueError, "WORLD_SIZE='two' is not a whole number"):
             self.rank_and_world({"RANK": "0", "WORLD_SIZE": "two"})
         with self.assertRaisesRegex(ValueError, "PMI_RANK=4 is not a rank of PMI_SIZE=4"):
