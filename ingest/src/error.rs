@@ -62,6 +62,16 @@ pub enum Error {
         /// Arrow's error.
         source: arrow_schema::ArrowError,
     },
+    /// The scratch files ingest keeps its per-step bookkeeping in could not be written or read.
+    #[error(
+        "ingest's scratch files in {dir}: {source} (4 bytes per step, and 4 more per step and video camera; set TMPDIR to a directory with room)"
+    )]
+    Scratch {
+        /// The scratch directory.
+        dir: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The ingest was cancelled (Ctrl-C); the lake is unchanged.
     #[error("cancelled; the lake is unchanged")]
     Cancelled,

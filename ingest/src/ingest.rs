@@ -39,9 +39,10 @@ use crate::{
     data::{self, EpisodeRows},
     meta::{DatasetMeta, EpisodeMeta},
     report::CameraSummary,
+    scratch::{NO_POSITION, Scratch},
     source::{Source, SourceFile},
     steps::StepsLayout,
-    streams::{self, Declared, Query, StreamContext, StreamJob, StreamOutcome},
+    streams::{self, Declared, JobEpisode, StreamContext, StreamJob, StreamOutcome},
 };
 
 /// How to ingest.
@@ -291,8 +292,12 @@ struct Plan {
     video_cameras: Vec<String>,
     /// Image cameras, in feature order.
     image_cameras: Vec<String>,
-    /// Rows of each episode (pass 1).
+    /// Rows of each episode (pass 1), their timestamps moved to the scratch files.
     rows: HashMap<i64, EpisodeRows>,
+    /// The scratch slot of each episode's first step.
+    first_slot: HashMap<i64, u64>,
+    /// Per-step bookkeeping on disk (made by pass 1).
+    scratch: Option<Arc<Scratch>>,
     /// Layout of the steps table.
     layout: Option<StepsLayout>,
     /// Episodes to ingest, in order.
@@ -386,6 +391,8 @@ impl Plan {
             video_cameras,
             image_cameras: meta.image_cameras().iter().map(|f| f.name.clone()).collect(),
             rows: HashMap::new(),
+            first_slot: HashMap::new(),
+            scratch: None,
             layout: None,
             kept: Vec::new(),
         })
@@ -402,29 +409,39 @@ impl Plan {
         let planned: HashSet<String> = self.data_files.iter().map(|d| d.0.clone()).collect();
         jobs.extend(self.unreferenced.iter().map(|f| (f.clone(), Vec::new())));
         progress.bytes_total.store(jobs.iter().map(|j| j.0.size).sum(), Ordering::Relaxed);
-        let scans: Vec<(String, data::FileScan)> = stream::iter(jobs)
+        let scratch = Arc::new(Scratch::new(self.video_cameras.len())?);
+        self.scratch = Some(scratch.clone());
+        let mut scans = stream::iter(jobs)
             .map(|(file, eps)| async move {
                 progress.check()?;
                 let scan = data::scan_file(source, meta, &file, &eps, options.tolerance_s).await?;
                 Ok::<_, Error>((file.path, scan))
             })
-            .buffered(options.threads.max(1))
-            .try_collect()
-            .await?;
+            .buffered(options.threads.max(1));
         let cameras: Vec<String> = meta
             .features
             .iter()
             .filter(|f| self.video_cameras.contains(&f.name) || f.kind() == FeatureKind::Image)
             .map(|f| f.name.clone())
             .collect();
+        // Each file's findings and rows are taken as its scan ends; the timestamps go to the
+        // scratch files.
+        let mut spans: Vec<(String, (i64, i64))> = Vec::new();
+        let findings_before = self.report.findings.len();
+        while let Some((path, scan)) = scans.try_next().await? {
+            if let Some(span) = scan.index_span {
+                spans.push((path.clone(), span));
+            }
+            self.take_scan(path, scan, &planned, &cameras, &scratch)?;
+        }
         // LeRobot reads the data files in path order as one table and finds a sample by its
         // row: a file whose rows come before the previous file's breaks that (as rows out of
         // order within a file do, which `scan_file` reports).
-        let mut spans: Vec<(&str, (i64, i64))> = scans.iter().filter_map(|(p, s)| Some((p.as_str(), s.index_span?))).collect();
-        spans.sort_by(|a, b| a.0.cmp(b.0));
+        spans.sort_by(|a, b| a.0.cmp(&b.0));
         if let Some(pair) = spans.windows(2).find(|w| w[1].1.0 < w[0].1.1) {
-            let ((before, (_, last)), (after, (first, _))) = (pair[0], pair[1]);
-            self.report.findings.push(
+            let ((before, (_, last)), (after, (first, _))) = (&pair[0], &pair[1]);
+            self.report.findings.insert(
+                findings_before,
                 Finding::warning(
                     FindingKind::BadMetadata,
                     format!(
@@ -435,44 +452,6 @@ impl Plan {
                 )
                 .with_file(after),
             );
-        }
-        for (path, scan) in scans {
-            if !planned.contains(&path) {
-                // Its rows are of no episode the metadata places here, each named; a file
-                // without such rows is named itself. Nothing of it is kept.
-                if !scan.findings.iter().any(Finding::is_error) {
-                    self.report.findings.push(
-                        Finding::error(
-                            FindingKind::BadMetadata,
-                            "no episode of the metadata refers to this data file (LeRobot reads every data file: in v3.0 \
-                             data/*/*.parquet, in v2.x every parquet file under data/)",
-                        )
-                        .with_file(&path),
-                    );
-                }
-                self.report.findings.extend(scan.findings);
-                continue;
-            }
-            self.report.findings.extend(scan.findings);
-            if let Some(plan) = scan.plan {
-                match &self.layout {
-                    None => self.layout = Some(StepsLayout::new(&plan, cameras.clone(), self.image_cameras.clone())?),
-                    Some(layout) if let Some(difference) = layout.difference(&plan) => {
-                        for e in &self.data_files.iter().find(|d| d.0 == path).expect("scanned file is planned").2 {
-                            self.report.findings.push(
-                                Finding::error(
-                                    FindingKind::SchemaMismatch,
-                                    format!("columns differ from the first data file's: {difference}"),
-                                )
-                                .with_file(&path)
-                                .with_episode(*e),
-                            );
-                        }
-                    }
-                    Some(_) => {}
-                }
-            }
-            self.rows.extend(scan.episodes);
         }
         // One image format per camera across batches and files too: the one most rows have.
         for cam in &self.image_cameras {
@@ -509,6 +488,57 @@ impl Plan {
                     );
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Takes one data file's scan: its findings, its column plan, and its episodes' rows (their
+    /// timestamps stored in the scratch files).
+    fn take_scan(
+        &mut self,
+        path: String,
+        scan: data::FileScan,
+        planned: &HashSet<String>,
+        cameras: &[String],
+        scratch: &Scratch,
+    ) -> Result<()> {
+        if !planned.contains(&path) {
+            // Its rows are of no episode the metadata places here, each named; a file
+            // without such rows is named itself. Nothing of it is kept.
+            if !scan.findings.iter().any(Finding::is_error) {
+                self.report.findings.push(
+                    Finding::error(
+                        FindingKind::BadMetadata,
+                        "no episode of the metadata refers to this data file (LeRobot reads every data file: in v3.0 \
+                         data/*/*.parquet, in v2.x every parquet file under data/)",
+                    )
+                    .with_file(&path),
+                );
+            }
+            self.report.findings.extend(scan.findings);
+            return Ok(());
+        }
+        self.report.findings.extend(scan.findings);
+        if let Some(plan) = scan.plan {
+            match &self.layout {
+                None => self.layout = Some(StepsLayout::new(&plan, cameras.to_vec(), self.image_cameras.clone())?),
+                Some(layout) if let Some(difference) = layout.difference(&plan) => {
+                    for e in &self.data_files.iter().find(|d| d.0 == path).expect("scanned file is planned").2 {
+                        self.report.findings.push(
+                            Finding::error(FindingKind::SchemaMismatch, format!("columns differ from the first data file's: {difference}"))
+                                .with_file(&path)
+                                .with_episode(*e),
+                        );
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        let mut episodes: Vec<(i64, EpisodeRows)> = scan.episodes.into_iter().collect();
+        episodes.sort_by_key(|(e, _)| *e);
+        for (episode, mut rows) in episodes {
+            self.first_slot.insert(episode, scratch.put_timestamps(&std::mem::take(&mut rows.timestamps))?);
+            self.rows.insert(episode, rows);
         }
         Ok(())
     }
@@ -607,6 +637,7 @@ async fn build(
         fps: f64::from(meta.fps),
         cancel: progress.cancel.clone(),
         frames_done: progress.frames_done.clone(),
+        scratch: plan.scratch.clone().ok_or_else(|| Error::Internal("no scratch files".into()))?,
     };
     let strict_failed = Arc::new(AtomicBool::new(false));
     let results: Vec<Result<StreamOutcome>> = stream::iter(jobs)
@@ -667,15 +698,14 @@ async fn build(
     }
     let layout = plan.layout.clone().ok_or_else(|| Error::Internal("no steps layout".into()))?;
     let kept: BTreeSet<i64> = plan.kept.iter().copied().collect();
-    let mut pointers: HashMap<(i64, usize), Vec<u64>> = HashMap::new();
+    // Per (episode, layout camera) of the video cameras: where the stream's rows begin, and the
+    // first and last rows the episode's steps show.
+    let mut pointers: Pointers = HashMap::new();
     for o in &outcomes {
         let Some(base) = bases.get(&o.job.stream) else { continue };
         let cam = layout.cameras.iter().position(|c| *c == o.job.camera).expect("stream camera is in the layout");
-        for (q, pos) in o.job.queries.iter().zip(&o.positions) {
-            if let (true, Some(pos)) = (kept.contains(&q.episode), pos) {
-                let v = pointers.entry((q.episode, cam)).or_insert_with(|| vec![u64::MAX; plan.rows[&q.episode].rows]);
-                v[q.frame as usize] = base + pos;
-            }
+        for &(episode, first, last) in o.extents.iter().filter(|(e, ..)| kept.contains(e)) {
+            pointers.insert((episode, cam), (*base, base + first, base + last));
         }
     }
 
@@ -707,7 +737,13 @@ async fn build(
     let stats_batch = stats_table(meta, &kept)?;
     progress.set_phase("computing exact feature statistics");
     progress.check()?;
-    let feature_stats_batch = crate::feature_stats::compute(&pending.table_uri(STEPS), &layout.schema).await?;
+    let feature_stats_batch = crate::feature_stats::compute(
+        &pending.table_uri(STEPS),
+        &layout.schema,
+        crate::feature_stats::Over::Dataset,
+        crate::feature_stats::Limits::default(),
+    )
+    .await?;
     for (e, reason) in &plan.report.skipped {
         plan.report.findings.push(
             Finding::new(Severity::Info, FindingKind::EpisodeSkipped, format!("left out by --skip-bad-episodes: {reason}"))
@@ -770,7 +806,7 @@ async fn unreferenced_data_files(
 /// One job per (camera, file) used by a kept episode, numbered in camera then first-use order.
 fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &EpisodeMeta>) -> Vec<StreamJob> {
     let mut jobs: Vec<StreamJob> = Vec::new();
-    for cam in &plan.video_cameras {
+    for (camera_slot, cam) in plan.video_cameras.iter().enumerate() {
         let feature = meta.features.iter().find(|f| &f.name == cam).expect("camera is a feature");
         let hwc = feature.camera_hwc();
         let declared = Declared {
@@ -790,25 +826,22 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
                 jobs.push(StreamJob {
                     stream: jobs.len() as u32,
                     camera: cam.clone(),
+                    camera_slot,
                     file,
                     declared: declared.clone(),
-                    queries: Vec::new(),
                     episodes: Vec::new(),
                     left_out: Vec::new(),
                 });
                 jobs.len() - 1
             });
-            let job = &mut jobs[at];
-            job.episodes.push((em.index, v.from_timestamp, v.to_timestamp, em.length));
-            for (frame, ts) in rows.timestamps.iter().enumerate() {
-                // LeRobot: from_timestamp (float64) + the float32 timestamp as a Python float.
-                job.queries.push(Query {
-                    t: v.from_timestamp + f64::from(*ts),
-                    episode: em.index,
-                    frame: frame as i64,
-                    from_timestamp: v.from_timestamp,
-                });
-            }
+            jobs[at].episodes.push(JobEpisode {
+                index: em.index,
+                from_timestamp: v.from_timestamp,
+                to_timestamp: v.to_timestamp,
+                length: em.length,
+                first_slot: plan.first_slot[e],
+                steps: rows.rows,
+            });
         }
     }
     // The parts of the files that episodes left out hold (skipped, or in files no kept episode
@@ -822,7 +855,6 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
         }
     }
     for j in &mut jobs {
-        j.queries.sort_by(|a, b| a.t.total_cmp(&b.t));
         if let Some(mut parts) = left_out.remove(&(j.camera.as_str(), j.file.path.as_str())) {
             parts.sort_by(|a, b| a.0.total_cmp(&b.0));
             for (from, to) in parts {
@@ -842,7 +874,7 @@ async fn write_steps(
     source: &Source,
     plan: &Plan,
     layout: &StepsLayout,
-    pointers: &HashMap<(i64, usize), Vec<u64>>,
+    pointers: &Pointers,
     image_streams: &[(u32, u64)],
     meta: &DatasetMeta,
     progress: &Progress,
@@ -863,7 +895,6 @@ async fn write_steps(
         )));
     }
     let kept: BTreeSet<i64> = plan.kept.iter().copied().collect();
-    let lookup = |episode: i64, frame: i64, cam: usize| pointers[&(episode, cam)][frame as usize];
     let mut ordinal = 0u64;
     let mut image_bytes = vec![0u64; layout.image_cameras.len()];
     let produced: Result<()> = async {
@@ -889,8 +920,9 @@ async fn write_steps(
                 if batch.num_rows() == 0 {
                     continue;
                 }
+                let packet_rows = batch_packet_rows(plan, layout, pointers, &batch)?;
                 let (steps, images) = layout
-                    .convert(&batch, &tasks, &lookup, image_streams, ordinal)
+                    .convert(&batch, &tasks, &packet_rows, image_streams, ordinal)
                     .map_err(|e| Error::metadata(file.path.clone(), e.to_string()))?;
                 ordinal += steps.num_rows() as u64;
                 if steps_tx.send(Ok(steps)).await.is_err() {
@@ -918,6 +950,45 @@ async fn write_steps(
         image_parts.push(w.await.map_err(|e| Error::Internal(format!("image writer: {e}")))??);
     }
     Ok((steps_part, image_parts, image_bytes))
+}
+
+/// Per video camera of the batch's episode: where the camera's stream begins in the packets
+/// table, and the first and last rows the episode's steps show; keyed by (episode, camera in
+/// the steps layout).
+type Pointers = HashMap<(i64, usize), (u64, u64, u64)>;
+
+/// The packet row of each video camera's frame for every row of a data batch, read from the
+/// scratch files: `[camera in the layout][row]` (empty for image cameras).
+fn batch_packet_rows(plan: &Plan, layout: &StepsLayout, pointers: &Pointers, batch: &RecordBatch) -> Result<Vec<Vec<u64>>> {
+    let scratch = plan.scratch.as_ref().ok_or_else(|| Error::Internal("no scratch files".into()))?;
+    let (episode, frame) = (crate::steps::int_column(batch, "episode_index")?, crate::steps::int_column(batch, "frame_index")?);
+    let mut out = vec![Vec::new(); layout.cameras.len()];
+    for (ci, cam) in layout.cameras.iter().enumerate() {
+        let Some(slot) = plan.video_cameras.iter().position(|c| c == cam) else { continue };
+        let rows = &mut out[ci];
+        rows.reserve(episode.len());
+        // Rows come in runs of one episode, whose frames are read from the scratch at once.
+        let mut start = 0;
+        while start < episode.len() {
+            let e = episode[start];
+            let end = episode[start..].iter().position(|x| *x != e).map_or(episode.len(), |n| start + n);
+            let frames = &frame[start..end];
+            let (lo, hi) = (*frames.iter().min().expect("a run has rows"), *frames.iter().max().expect("a run has rows"));
+            let (Some(&(base, ..)), Some(steps), Some(first)) = (pointers.get(&(e, ci)), plan.rows.get(&e), plan.first_slot.get(&e)) else {
+                return Err(Error::Internal(format!("episode {e}: no frames of camera {cam} were indexed")));
+            };
+            if lo < 0 || hi as usize >= steps.rows {
+                return Err(Error::Internal(format!("episode {e}: frame_index {hi} changed between passes")));
+            }
+            let positions = scratch.positions(slot, first + lo as u64, (hi - lo + 1) as usize)?;
+            rows.extend(frames.iter().map(|f| match positions[(f - lo) as usize] {
+                NO_POSITION => u64::MAX,
+                p => base + u64::from(p),
+            }));
+            start = end;
+        }
+    }
+    Ok(out)
 }
 
 fn receiver_stream(
@@ -1058,7 +1129,7 @@ fn episodes_table(
     plan: &Plan,
     by_index: &HashMap<i64, &EpisodeMeta>,
     outcomes: &[StreamOutcome],
-    pointers: &HashMap<(i64, usize), Vec<u64>>,
+    pointers: &Pointers,
     layout: &StepsLayout,
     image_streams: &[(u32, u64)],
 ) -> Result<RecordBatch> {
@@ -1095,15 +1166,8 @@ fn episodes_table(
                 None => {
                     let v = em.videos.iter().find(|v| &v.camera == cam).expect("episode has the camera");
                     let stream = stream_of[&(cam.as_str(), v.file.as_str())];
-                    let rows = &pointers[&(*e, ci)];
-                    (
-                        stream,
-                        Some(v.file.clone()),
-                        Some(v.from_timestamp),
-                        v.to_timestamp,
-                        *rows.iter().min().expect("episodes have rows"),
-                        *rows.iter().max().expect("episodes have rows"),
-                    )
+                    let (_, first, last) = pointers[&(*e, ci)];
+                    (stream, Some(v.file.clone()), Some(v.from_timestamp), v.to_timestamp, first, last)
                 }
             };
             entries.field_builder::<StringBuilder>(0).expect("camera").append_value(cam);

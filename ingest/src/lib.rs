@@ -25,6 +25,7 @@ pub mod feature_stats;
 mod ingest;
 mod meta;
 mod report;
+mod scratch;
 mod source;
 mod steps;
 mod streams;

@@ -104,8 +104,8 @@ impl StepsLayout {
 
     /// Converts a batch of data rows (already filtered to ingested episodes).
     ///
-    /// `packet_row(episode, frame, camera)` gives the packet row of a video camera's frame;
-    /// image camera `i` is packet stream `image_streams[i].0` whose rows start at
+    /// `packet_rows[camera][row]` is the packet row of a video camera's frame (the list is
+    /// empty for image cameras); image camera `i` is packet stream `image_streams[i].0` whose rows start at
     /// `image_streams[i].1`, one row per ingested step; `first_ordinal` counts the steps
     /// converted before this batch.
     ///
@@ -115,7 +115,7 @@ impl StepsLayout {
         &self,
         batch: &RecordBatch,
         tasks: &dyn Fn(i64) -> Option<&'t str>,
-        packet_row: &dyn Fn(i64, i64, usize) -> u64,
+        packet_rows: &[Vec<u64>],
         image_streams: &[(u32, u64)],
         first_ordinal: u64,
     ) -> Result<(RecordBatch, Vec<ImagePackets>)> {
@@ -136,10 +136,7 @@ impl StepsLayout {
                 _ => col.clone(),
             });
         }
-        let int = |name: &str| -> Result<Vec<i64>> {
-            let col = batch.column_by_name(name).ok_or_else(|| Error::metadata(name.to_string(), "missing"))?;
-            Ok(cast(col, &DataType::Int64).map_err(Error::arrow(tables::STEPS))?.as_primitive::<Int64Type>().values().to_vec())
-        };
+        let int = |name: &str| int_column(batch, name);
         let (episode, frame, task_index) = (int("episode_index")?, int("frame_index")?, int("task_index")?);
         let mut task = StringBuilder::with_capacity(n, n * 32);
         for t in &task_index {
@@ -163,9 +160,7 @@ impl StepsLayout {
                     images
                         .push(ImagePackets { camera: ii, batch: image_packet_batch(image_streams[ii].0, camera, col, &episode, &frame)? });
                 } else {
-                    for r in 0..n {
-                        rows.append_value(packet_row(episode[r], frame[r], ci));
-                    }
+                    rows.append_slice(&packet_rows[ci]);
                 }
                 camera_arrays.push(Arc::new(rows.finish()));
             }
@@ -177,6 +172,15 @@ impl StepsLayout {
         let out = RecordBatch::try_new(self.schema.clone(), arrays).map_err(Error::arrow(tables::STEPS))?;
         Ok((out, images))
     }
+}
+
+/// An integer column of a data batch as `i64` values.
+///
+/// # Errors
+/// When the column is missing or not integers.
+pub fn int_column(batch: &RecordBatch, name: &str) -> Result<Vec<i64>> {
+    let col = batch.column_by_name(name).ok_or_else(|| Error::metadata(name.to_string(), "missing"))?;
+    Ok(cast(col, &DataType::Int64).map_err(Error::arrow(tables::STEPS))?.as_primitive::<Int64Type>().values().to_vec())
 }
 
 /// The field under its stored name, with the LeRobot key in metadata when they differ.

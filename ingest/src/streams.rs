@@ -2,7 +2,7 @@
 //! rule to packet positions, and stream the rows into uncommitted Lance data files.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -18,6 +18,7 @@ use lake_store::UncommittedPart;
 
 use crate::{
     Error, Result,
+    scratch::{NO_POSITION, Scratch},
     source::{Source, SourceFile},
     video::{DemuxedPacket, StreamFacts, VideoDemuxer, same_codec},
 };
@@ -57,6 +58,23 @@ pub struct Declared {
     pub shape: Option<(u32, u32)>,
 }
 
+/// An episode with steps in a camera file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobEpisode {
+    /// Episode index.
+    pub index: i64,
+    /// Where its part of the file begins, seconds.
+    pub from_timestamp: f64,
+    /// Where it ends, when the metadata says.
+    pub to_timestamp: Option<f64>,
+    /// Its length in the metadata.
+    pub length: i64,
+    /// The scratch slot of its first step.
+    pub first_slot: u64,
+    /// Its steps in the data.
+    pub steps: usize,
+}
+
 /// One camera file to demux.
 #[derive(Debug, Clone)]
 pub struct StreamJob {
@@ -64,14 +82,14 @@ pub struct StreamJob {
     pub stream: u32,
     /// Camera key.
     pub camera: String,
+    /// The camera's position among the video cameras (its scratch file of positions).
+    pub camera_slot: usize,
     /// The file.
     pub file: SourceFile,
     /// What `info.json` declares.
     pub declared: Declared,
-    /// The steps to resolve, sorted by `t`.
-    pub queries: Vec<Query>,
-    /// `(episode, from_timestamp, to_timestamp, length)` of each episode in this file.
-    pub episodes: Vec<(i64, f64, Option<f64>, i64)>,
+    /// The episodes whose steps show frames of this file.
+    pub episodes: Vec<JobEpisode>,
     /// `[from, to)` (seconds) of the parts of the file that hold episodes not ingested, sorted
     /// and disjoint (overlapping parts merged).
     pub left_out: Vec<(f64, f64)>,
@@ -98,8 +116,9 @@ pub struct StreamOutcome {
     pub reordered: bool,
     /// Bytes of packet data.
     pub bytes: u64,
-    /// For each query (same order as `job.queries`), the packet position in the stream.
-    pub positions: Vec<Option<u64>>,
+    /// Per episode of the job whose frames were found: the first and last packet position
+    /// its steps show (the positions of every step are in the scratch files).
+    pub extents: Vec<(i64, u64, u64)>,
     /// Problems found.
     pub findings: Vec<Finding>,
 }
@@ -119,6 +138,8 @@ pub struct StreamContext {
     pub cancel: Arc<AtomicBool>,
     /// Packets demuxed so far (for progress).
     pub frames_done: Arc<AtomicU64>,
+    /// Where steps' timestamps are read and their packet positions written.
+    pub scratch: Arc<Scratch>,
 }
 
 /// Demuxes one file and writes its packet rows.
@@ -134,7 +155,7 @@ pub async fn run(ctx: StreamContext, job: StreamJob) -> Result<StreamOutcome> {
     let worker = tokio::task::spawn_blocking(move || demux(&worker_ctx, &worker_job, worker_schema, runtime, tx));
     let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     let written = lake_store::write_uncommitted(ctx.packets_uri.clone(), schema, batches).await;
-    let mut outcome = worker.await.map_err(|e| Error::Internal(format!("demux worker: {e}")))?;
+    let mut outcome = worker.await.map_err(|e| Error::Internal(format!("demux worker: {e}")))??;
     if ctx.cancel.load(Ordering::Relaxed) {
         return Err(Error::Cancelled);
     }
@@ -225,14 +246,52 @@ impl Rows {
     }
 }
 
-/// The blocking half: demux, resolve and batch. Never fails; problems become findings.
+/// The steps of a job's episodes, sorted by time.
+fn queries(scratch: &Scratch, job: &StreamJob) -> Result<Vec<Query>> {
+    let mut queries = Vec::with_capacity(job.episodes.iter().map(|e| e.steps).sum());
+    for e in &job.episodes {
+        for (frame, ts) in scratch.timestamps(e.first_slot, e.steps)?.into_iter().enumerate() {
+            // LeRobot: from_timestamp (float64) + the float32 timestamp as a Python float.
+            let t = e.from_timestamp + f64::from(ts);
+            queries.push(Query { t, episode: e.index, frame: frame as i64, from_timestamp: e.from_timestamp });
+        }
+    }
+    queries.sort_by(|a, b| a.t.total_cmp(&b.t));
+    Ok(queries)
+}
+
+/// Writes each step's packet position to the scratch files; returns the first and last
+/// position of each episode that has any.
+fn store_positions(scratch: &Scratch, job: &StreamJob, queries: &[Query], positions: &[Option<u64>]) -> Result<Vec<(i64, u64, u64)>> {
+    let index_of: HashMap<i64, usize> = job.episodes.iter().enumerate().map(|(i, e)| (e.index, i)).collect();
+    let mut stored: Vec<Vec<u32>> = job.episodes.iter().map(|e| vec![NO_POSITION; e.steps]).collect();
+    let mut extents: Vec<Option<(u64, u64)>> = vec![None; job.episodes.len()];
+    for (q, p) in queries.iter().zip(positions) {
+        let Some(p) = *p else { continue };
+        let i = index_of[&q.episode];
+        stored[i][q.frame as usize] = u32::try_from(p)
+            .ok()
+            .filter(|p| *p != NO_POSITION)
+            .ok_or_else(|| Error::Unsupported(format!("{}: lake indexes at most {NO_POSITION} frames per camera file", job.file.path)))?;
+        extents[i] = Some(extents[i].map_or((p, p), |(lo, hi)| (lo.min(p), hi.max(p))));
+    }
+    for (e, positions) in job.episodes.iter().zip(&stored) {
+        scratch.put_positions(job.camera_slot, e.first_slot, positions)?;
+    }
+    Ok(job.episodes.iter().zip(extents).filter_map(|(e, x)| x.map(|(lo, hi)| (e.index, lo, hi))).collect())
+}
+
+/// The blocking half: demux, resolve and batch. Problems with the file become findings; only
+/// the scratch files failing is an error.
 fn demux(
     ctx: &StreamContext,
     job: &StreamJob,
     schema: SchemaRef,
     runtime: tokio::runtime::Handle,
     tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
-) -> StreamOutcome {
+) -> Result<StreamOutcome> {
+    let queries = queries(&ctx.scratch, job)?;
+    let mut positions: Vec<Option<u64>> = vec![None; queries.len()];
     let mut out = StreamOutcome {
         job: job.clone(),
         facts: None,
@@ -243,15 +302,15 @@ fn demux(
         max_gop: 0,
         reordered: false,
         bytes: 0,
-        positions: vec![None; job.queries.len()],
+        extents: Vec::new(),
         findings: Vec::new(),
     };
     // For each query, the distance and PTS of the nearest frame so far.
-    let mut nearest: Vec<Option<(f64, i64)>> = vec![None; job.queries.len()];
+    let mut nearest: Vec<Option<(f64, i64)>> = vec![None; queries.len()];
     let episode_error = |kind: FindingKind, message: &str| -> Vec<Finding> {
         job.episodes
             .iter()
-            .map(|(e, ..)| Finding::error(kind, message).with_file(&job.file.path).with_episode(*e).with_camera(&job.camera))
+            .map(|e| Finding::error(kind, message).with_file(&job.file.path).with_episode(e.index).with_camera(&job.camera))
             .collect()
     };
     let reader = ctx.source.blocking_reader(&job.file, runtime, READ_BLOCK);
@@ -259,7 +318,7 @@ fn demux(
         Ok(d) => d,
         Err(e) => {
             out.findings = episode_error(FindingKind::CorruptFile, &e.0);
-            return out;
+            return Ok(out);
         }
     };
     let facts = demuxer.facts().clone();
@@ -281,7 +340,7 @@ fn demux(
     let mut broken: Option<String> = None;
     loop {
         if ctx.cancel.load(Ordering::Relaxed) {
-            return out;
+            return Ok(out);
         }
         let packet = match demuxer.next_packet() {
             Ok(Some(p)) => p,
@@ -327,9 +386,9 @@ fn demux(
         // the tolerance can be that frame, so only their queries are looked at. The packet's
         // own row names the query nearest to it.
         let t = seconds(packet.pts);
-        let lo = job.queries.partition_point(|q| q.t < t - tol);
+        let lo = queries.partition_point(|q| q.t < t - tol);
         let mut shows: Option<(f64, (i64, i64))> = None;
-        for (qi, q) in job.queries.iter().enumerate().skip(lo) {
+        for (qi, q) in queries.iter().enumerate().skip(lo) {
             if q.t > t + tol {
                 break;
             }
@@ -346,7 +405,7 @@ fn demux(
             };
             if nearer {
                 nearest[qi] = Some((distance, packet.pts));
-                out.positions[qi] = Some(pos);
+                positions[qi] = Some(pos);
             }
         }
         let shows = shows.map(|(_, s)| s);
@@ -354,7 +413,7 @@ fn demux(
         rows.push(job.stream, &job.camera, shows, &packet, offset);
         ctx.frames_done.fetch_add(1, Ordering::Relaxed);
         if rows.full() && tx.blocking_send(rows.finish(&schema)).is_err() {
-            return out; // the writer failed; its error is reported by `run`
+            return Ok(out); // the writer failed; its error is reported by `run`
         }
     }
     if rows.rows > 0 {
@@ -371,8 +430,8 @@ fn demux(
     let readable_until = broken.as_ref().map(|_| all_pts.iter().max().map_or(f64::NEG_INFINITY, |p| seconds(*p)) + tol);
     if let (Some(message), Some(until)) = (&broken, readable_until) {
         let mut cut: BTreeMap<i64, Query> = BTreeMap::new();
-        for (qi, q) in job.queries.iter().enumerate() {
-            if out.positions[qi].is_none() && q.t > until {
+        for (qi, q) in queries.iter().enumerate() {
+            if positions[qi].is_none() && q.t > until {
                 cut.entry(q.episode)
                     .and_modify(|first| {
                         if q.frame < first.frame {
@@ -418,14 +477,14 @@ fn demux(
             .with_camera(&job.camera),
         );
     }
-    report_unresolved(job, &out.positions, &all_pts, seconds, tol, readable_until, &mut out.findings);
+    report_unresolved(job, &queries, &positions, &all_pts, seconds, tol, readable_until, &mut out.findings);
     // Where one episode's part of a file ends and the next begins is sure only to half a frame:
     // a tolerance wider than that (LeRobot allows any) moves the border no further.
     let border = if ctx.fps > 0.0 { tol.min(0.5 / ctx.fps) } else { tol };
-    report_foreign_frames(job, &mut out.positions, &all_pts, seconds, border, &mut out.findings);
+    report_foreign_frames(job, &queries, &mut positions, &all_pts, seconds, border, &mut out.findings);
     // A step whose frame cannot be decoded from any keyframe is as bad as a missing frame.
-    for (qi, q) in job.queries.iter().enumerate() {
-        if let Some(pos) = out.positions[qi]
+    for (qi, q) in queries.iter().enumerate() {
+        if let Some(pos) = positions[qi]
             && undecodable.contains_key(&pos)
         {
             out.findings.push(
@@ -438,11 +497,11 @@ fn demux(
                 .with_camera(&job.camera)
                 .with_frame(q.frame),
             );
-            out.positions[qi] = None;
+            positions[qi] = None;
         }
     }
-    report_damaged(job, &damaged, &keyframes, &mut out.positions, &mut out.findings);
-    let used: std::collections::HashSet<u64> = out.positions.iter().flatten().copied().collect();
+    report_damaged(job, &queries, &damaged, &keyframes, &mut positions, &mut out.findings);
+    let used: std::collections::HashSet<u64> = positions.iter().flatten().copied().collect();
     // The parts are sorted by start and do not overlap: the one a time may fall in is the last
     // that starts at or before it.
     let left_out = |pts: i64| {
@@ -458,7 +517,7 @@ fn demux(
                 .with_camera(&job.camera),
         );
     }
-    for &(episode, from, to, length) in &job.episodes {
+    for &JobEpisode { index: episode, from_timestamp: from, to_timestamp: to, length, .. } in &job.episodes {
         if let Some(to) = to {
             let expected = from + length as f64 / ctx.fps;
             if (to - expected).abs() > tol.max(1e-3) {
@@ -474,7 +533,8 @@ fn demux(
             }
         }
     }
-    out
+    out.extents = store_positions(&ctx.scratch, job, &queries, &positions)?;
+    Ok(out)
 }
 
 /// One error per episode whose frames decode through a damaged packet: every frame from the
@@ -482,6 +542,7 @@ fn demux(
 /// those steps' frames are left unresolved.
 fn report_damaged(
     job: &StreamJob,
+    queries: &[Query],
     damaged: &[(u64, String)],
     keyframes: &[(u64, i64)],
     positions: &mut [Option<u64>],
@@ -500,7 +561,7 @@ fn report_damaged(
         })
         .collect();
     let mut first: BTreeMap<i64, (Query, &(u64, String), usize)> = BTreeMap::new();
-    for (qi, q) in job.queries.iter().enumerate() {
+    for (qi, q) in queries.iter().enumerate() {
         let Some(pos) = positions[qi] else { continue };
         if let Some((_, d)) = spoiled.iter().find(|(range, _)| range.contains(&pos)) {
             positions[qi] = None;
@@ -528,8 +589,10 @@ fn report_damaged(
 /// One error per episode for the steps whose query time matches no frame, naming the first
 /// such frame and the nearest frame the file has (steps after `readable_until`, in a part of
 /// the file that cannot be read, are reported as such already).
+#[allow(clippy::too_many_arguments)] // what one file's demux learned, passed as it is
 fn report_unresolved(
     job: &StreamJob,
+    queries: &[Query],
     positions: &[Option<u64>],
     all_pts: &[i64],
     seconds: impl Fn(i64) -> f64,
@@ -540,7 +603,7 @@ fn report_unresolved(
     let mut sorted = all_pts.to_vec();
     sorted.sort_unstable();
     let mut per_episode: BTreeMap<i64, (Query, u64)> = BTreeMap::new();
-    for (q, p) in job.queries.iter().zip(positions) {
+    for (q, p) in queries.iter().zip(positions) {
         if p.is_none() && readable_until.is_none_or(|until| q.t <= until) {
             let entry = per_episode.entry(q.episode).or_insert((*q, 0));
             if q.frame < entry.0.frame {
@@ -592,13 +655,14 @@ fn report_unresolved(
 /// begins `tol` before its `from_timestamp`.
 fn report_foreign_frames(
     job: &StreamJob,
+    queries: &[Query],
     positions: &mut [Option<u64>],
     all_pts: &[i64],
     seconds: impl Fn(i64) -> f64,
     tol: f64,
     findings: &mut Vec<Finding>,
 ) {
-    let mut starts: Vec<(f64, i64)> = job.episodes.iter().map(|(e, from, ..)| (*from, *e)).collect();
+    let mut starts: Vec<(f64, i64)> = job.episodes.iter().map(|e| (e.from_timestamp, e.index)).collect();
     starts.sort_by(|a, b| a.0.total_cmp(&b.0));
     let owner = |t: f64| starts.iter().rev().find(|(from, _)| *from <= t + tol).map(|(_, e)| *e);
     // An episode's part ends where the next part begins, of an episode ingested or not (one
@@ -610,7 +674,7 @@ fn report_foreign_frames(
         after > 0 && t < job.left_out[after - 1].1 - tol
     };
     let mut per_episode: BTreeMap<i64, (Query, f64, u64)> = BTreeMap::new();
-    for (q, p) in job.queries.iter().zip(positions.iter_mut()) {
+    for (q, p) in queries.iter().zip(positions.iter_mut()) {
         let Some(pos) = *p else { continue };
         let Some(t) = all_pts.get(pos as usize).map(|pts| seconds(*pts)) else { continue };
         let from = q.from_timestamp;

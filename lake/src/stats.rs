@@ -50,7 +50,7 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
     let stat_names: Vec<&str> = ["min", "max", "mean", "std"].into_iter().chain(QUANTILES.iter().map(|(q, _)| *q)).collect();
     let mut features = match episodes {
         None => dataset_rows(&lake_store::read_table(lake, record, FEATURE_STATS).await?, &stat_names),
-        Some(subset) => subset_rows(lake, record, subset).await?,
+        Some(subset) => subset_rows(lake, record, subset, &stat_names).await?,
     };
     let image_stats = lake.uri(&record.tables.path(IMAGE_STATS));
     let mut shapes = shapes;
@@ -417,43 +417,21 @@ pub fn scalar_entry(values: &mut [f64]) -> Value {
 }
 
 /// Like [`dataset_rows`], computed over the steps of `episodes` (exact, from the steps table,
-/// read one column at a time).
+/// streamed in bounded memory).
 async fn subset_rows(
     lake: &Lake,
     record: &lake_schemas::CommitRecord,
     episodes: &BTreeSet<i64>,
+    stat_names: &[&str],
 ) -> Result<Vec<(String, Vec<Vec<f64>>, i64)>> {
-    use lake_ingest::feature_stats::{is_numeric, summarise_rows};
+    use lake_ingest::feature_stats::{Limits, Over, compute};
     use lake_schemas::tables::STEPS;
-    let label = format!("{}@{}", record.name, record.version);
-    let bad = |e: &dyn std::fmt::Display| Error::Invalid(format!("{label}: {e}"));
-    let column = |batches: Vec<arrow::array::RecordBatch>| -> Result<arrow::array::ArrayRef> {
-        let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
-        arrow::compute::concat(&parts).map_err(|e| bad(&e))
-    };
     let schema = arrow::datatypes::Schema::from(lake_store::open_table(lake, record, STEPS).await?.schema());
-    let episode = column(lake_store::read_columns(lake, record, STEPS, &["episode_index"]).await?)?;
-    let episode = arrow::compute::cast(&episode, &arrow::datatypes::DataType::Int64).map_err(|e| bad(&e))?;
-    let rows: Vec<usize> =
-        episode.as_primitive::<Int64Type>().values().iter().enumerate().filter(|(_, e)| episodes.contains(e)).map(|(r, _)| r).collect();
-    let mut out = Vec::new();
-    for field in schema.fields().iter().filter(|f| is_numeric(f)) {
-        let values = column(lake_store::read_columns(lake, record, STEPS, &[field.name()]).await?)?;
-        let summaries = summarise_rows(&values, &rows).map_err(|e| bad(&e))?;
-        let count = summaries.iter().flatten().map(|s| s.count).max().unwrap_or(0);
-        let mut stats = vec![Vec::with_capacity(summaries.len()); 4 + QUANTILES.len()];
-        for s in &summaries {
-            let row = match s {
-                Some(s) => [&[s.min, s.max, s.mean, s.std][..], &s.quantiles[..]].concat(),
-                None => vec![f64::NAN; 4 + QUANTILES.len()],
-            };
-            for (v, x) in stats.iter_mut().zip(row) {
-                v.push(x);
-            }
-        }
-        out.push((lake_schemas::tables::lerobot_name(field).to_string(), stats, count));
-    }
-    Ok(out)
+    let uri = lake.uri(&record.tables.path(STEPS));
+    let batch = compute(&uri, &schema, Over::Episodes(episodes), Limits::default())
+        .await
+        .map_err(|e| Error::Invalid(format!("{}@{}: {e}", record.name, record.version)))?;
+    Ok(dataset_rows(&[batch], stat_names))
 }
 
 /// One episode's statistics of a feature: statistic name → (values, shape).

@@ -22,7 +22,7 @@ pub use crate::{
     error::{Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, without_source_locations},
     tables::{
         UncommittedPart, commit_parts, open_lance, open_table, publish_dir, read_columns, read_columns_at, read_table, read_whole_at,
-        remove_abandoned, remove_when_done, write_table, write_uncommitted,
+        remove_abandoned, remove_when_done, stream_columns_at, write_table, write_uncommitted,
     },
 };
 

@@ -232,6 +232,21 @@ pub async fn read_columns_at(uri: &str, columns: &[&str]) -> Result<Vec<RecordBa
     scan_columns(&ds, uri, columns).await
 }
 
+/// Streams some columns of the committed table at `uri` (also one of a version not yet
+/// published), in row order, a batch at a time.
+///
+/// # Errors
+/// When the table cannot be opened or scanned, or a column does not exist; the stream yields
+/// the errors of reading.
+pub async fn stream_columns_at(uri: &str, columns: &[&str]) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + use<>> {
+    let ds = open_lance(uri).await.map_err(Error::lance(uri))?;
+    let mut scan = ds.scan();
+    scan.project(columns).map_err(Error::lance(uri))?;
+    let stream = scan.try_into_stream().await.map_err(Error::lance(uri))?;
+    let path = uri.to_string();
+    Ok(stream.map(move |b| b.map_err(Error::lance(path.clone()))))
+}
+
 async fn scan_columns(ds: &Dataset, path: &str, columns: &[&str]) -> Result<Vec<RecordBatch>> {
     let path = path.to_string();
     let mut scan = ds.scan();

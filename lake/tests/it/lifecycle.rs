@@ -358,9 +358,10 @@ fn two_ingests_of_one_source_at_once_make_one_version() {
 
 /// Starts an ingest of a dataset big enough to take a while and returns once it is writing
 /// packet data.
-fn start_long_ingest(root: &Path, src: &Path) -> std::process::Child {
+fn start_long_ingest(root: &Path, src: &Path, scratch: &Path) -> std::process::Child {
     let mut child = lake_cmd(root)
         .args(["ingest", src.to_str().expect("utf-8"), "--name", "big"])
+        .env("TMPDIR", scratch)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -399,11 +400,14 @@ fn killed_ingest_leaves_the_lake_unchanged_and_a_rerun_succeeds() {
     let committed = committed_snapshot(&root);
     let listing = lake(&root, &["ls"]).stdout;
 
-    let mut child = start_long_ingest(&root, &src);
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).expect("scratch dir");
+    let mut child = start_long_ingest(&root, &src, &scratch);
     // SIGKILL: no handler runs, nothing is cleaned up by the process itself.
     child.kill().expect("kill");
     let status = child.wait().expect("wait");
     assert!(!status.success());
+    assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 1, "the killed ingest's scratch files remain");
 
     assert_eq!(committed_snapshot(&root), committed, "committed state changed");
     assert_eq!(lake(&root, &["ls"]).stdout, listing, "a half dataset is visible");
@@ -412,8 +416,14 @@ fn killed_ingest_leaves_the_lake_unchanged_and_a_rerun_succeeds() {
         "the killed ingest's lease should remain until collected"
     );
 
-    let rerun = ingest_ok(&root, &src, &["--name", "big"]);
-    assert!(rerun.stdout.contains("big@1"), "{rerun:#?}");
+    let rerun = lake_cmd(&root).args(["ingest", src.to_str().expect("utf-8"), "--name", "big"]).env("TMPDIR", &scratch).output();
+    let rerun = rerun.expect("rerun");
+    assert!(rerun.status.success() && String::from_utf8_lossy(&rerun.stdout).contains("big@1"), "{rerun:#?}");
+    assert_eq!(
+        std::fs::read_dir(&scratch).expect("scratch").count(),
+        0,
+        "the rerun removed the killed ingest's scratch files, and its own"
+    );
     assert!(!root.join("staging").exists(), "leftovers of the killed ingest were not collected");
     let dirs: Vec<_> = std::fs::read_dir(root.join("datasets/big")).expect("dataset dir").flatten().collect();
     assert_eq!(dirs.len(), 1, "only the committed version's directory remains: {dirs:?}");
@@ -428,12 +438,15 @@ fn interrupted_ingest_removes_everything_it_wrote() {
     ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
     let src = big_source(tmp.path());
     let before = snapshot(&root, &[]);
-    let child = start_long_ingest(&root, &src);
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).expect("scratch dir");
+    let child = start_long_ingest(&root, &src, &scratch);
     // SAFETY: sending SIGINT to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().expect("wait");
     assert_eq!(out.status.code(), Some(130), "{out:?}");
     assert_eq!(snapshot(&root, &[]), before, "Ctrl-C left files behind");
+    assert_eq!(std::fs::read_dir(&scratch).expect("scratch").count(), 0, "Ctrl-C left scratch files behind");
 
     // Late, with every packet written and the small tables being made: still nothing is
     // committed (SIGTERM, exit 143).
