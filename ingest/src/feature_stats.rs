@@ -15,7 +15,8 @@
 //!   top 16 bits of an order-preserving key, which names the 1/65536th of the key range holding
 //!   each wanted rank; the next pass collects that range's values (or counts their next 16 bits
 //!   when the range holds more than [`Limits::collect`]) until every rank's value is known:
-//!   two passes for usual data, at most five.
+//!   two passes for usual data; more when values crowd into a tiny part of the key range (up
+//!   to five), or when a pass's dimensions want more ranges than one pass's limits hold.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -141,10 +142,15 @@ impl Moments {
         }
     }
 
-    /// The population standard deviation from the squared deviations from [`Self::mean`]
-    /// (NaN when the mean is not finite, as numpy's).
+    /// The population standard deviation from the squared deviations from [`Self::mean`], as
+    /// numpy's: NaN with a NaN or an infinity among the values (`inf - inf`), infinite when
+    /// only their sum overflows.
     fn std(&self, squared_deviations: Sum) -> f64 {
-        if self.mean().is_finite() { (squared_deviations.total() / self.count as f64).sqrt() } else { f64::NAN }
+        match self.mean() {
+            _ if self.nan || self.infinities != (false, false) => f64::NAN,
+            mean if !mean.is_finite() => f64::INFINITY,
+            _ => (squared_deviations.total() / self.count as f64).sqrt(),
+        }
     }
 }
 
@@ -724,6 +730,24 @@ mod tests {
                 let got = stat(q, row);
                 assert_eq!(got.to_bits(), quantile(&values, *p).to_bits(), "action[{dim}] {q}: {i}");
             }
+        }
+        // Episodes 2 and 3 interleave: each one's rows hold its own values only.
+        let episodes = lake_store::read_columns_at(&uri, &["episode_index", "action"]).await.expect("read");
+        for e in [2, 3] {
+            let mut values: Vec<f64> = Vec::new();
+            for b in &episodes {
+                let (dims, flat) = flatten(b.column(1), "t").expect("flat");
+                let of = b.column(0).as_primitive::<Int64Type>();
+                values.extend((0..b.num_rows()).filter(|r| of.value(*r) == e).filter_map(|r| flat[r * dims]));
+            }
+            let mean = values.iter().sum::<f64>() / values.len() as f64;
+            values.sort_by(f64::total_cmp);
+            let row = (0..sorted.num_rows())
+                .find(|r| episode.is_valid(*r) && episode.as_primitive::<Int64Type>().value(*r) == e && feature.value(*r) == "action")
+                .expect("the episode's first action row");
+            assert_eq!(sorted.column_by_name("count").expect("count").as_primitive::<Int64Type>().value(row), values.len() as i64);
+            assert_eq!(stat("q50", row), quantile(&values, 0.5), "episode {e}");
+            assert!((stat("mean", row) - mean).abs() < 1e-12, "episode {e}: {} vs {mean}", stat("mean", row));
         }
         // The reward holds a NaN: every statistic of it is NaN.
         let reward = (0..sorted.num_rows()).find(|r| episode.is_null(*r) && feature.value(*r) == "reward").expect("reward row");

@@ -39,7 +39,7 @@ use crate::{
     data::{self, EpisodeRows},
     meta::{DatasetMeta, EpisodeMeta},
     report::CameraSummary,
-    scratch::{NO_POSITION, Scratch},
+    scratch::Scratch,
     source::{Source, SourceFile},
     steps::StepsLayout,
     streams::{self, Declared, JobEpisode, StreamContext, StreamJob, StreamOutcome},
@@ -734,7 +734,7 @@ async fn build(
     let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, &image_bytes, kept_steps, meta)?;
     let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
     let tasks_batch = tasks_table(meta)?;
-    let stats_batch = stats_table(meta, &kept)?;
+    write_stats(pending, source, meta, &kept).await?;
     progress.set_phase("computing exact feature statistics");
     progress.check()?;
     let feature_stats_batch = crate::feature_stats::compute(
@@ -755,7 +755,6 @@ async fn build(
         (STREAMS, streams_batch),
         (EPISODES, episodes_batch),
         (TASKS, tasks_batch),
-        (STATS, stats_batch),
         (FEATURE_STATS, feature_stats_batch),
         (FINDINGS, findings_batch),
     ] {
@@ -981,10 +980,7 @@ fn batch_packet_rows(plan: &Plan, layout: &StepsLayout, pointers: &Pointers, bat
                 return Err(Error::Internal(format!("episode {e}: frame_index {hi} changed between passes")));
             }
             let positions = scratch.positions(slot, first + lo as u64, (hi - lo + 1) as usize)?;
-            rows.extend(frames.iter().map(|f| match positions[(f - lo) as usize] {
-                NO_POSITION => u64::MAX,
-                p => base + u64::from(p),
-            }));
+            rows.extend(frames.iter().map(|f| positions[(f - lo) as usize].map_or(u64::MAX, |p| base + u64::from(p))));
             start = end;
         }
     }
@@ -1221,34 +1217,80 @@ fn tasks_table(meta: &DatasetMeta) -> Result<RecordBatch> {
     .map_err(Error::arrow(TASKS))
 }
 
-fn stats_table(meta: &DatasetMeta, kept: &BTreeSet<i64>) -> Result<RecordBatch> {
-    let schema = tables::stats_schema();
-    let mut episode = Int64Builder::new();
-    let mut feature = StringBuilder::new();
-    let mut stat = StringBuilder::new();
-    let mut values = ListBuilder::new(Float64Builder::new());
-    let mut shape = ListBuilder::new(Int64Builder::new());
-    let mut source = StringBuilder::new();
-    for s in meta.stats.iter().filter(|s| s.episode.is_none_or(|e| kept.contains(&e))) {
-        episode.append_option(s.episode);
-        feature.append_value(&s.feature);
-        stat.append_value(&s.stat);
-        values.values().append_slice(&s.values);
-        values.append(true);
-        shape.values().append_slice(&s.shape);
-        shape.append(true);
-        source.append_value("lerobot");
+/// Writes the `stats` table: the statistics LeRobot stored for each kept episode, read from
+/// the source again a part at a time, then the dataset's.
+async fn write_stats(pending: &PendingVersion, source: &Source, meta: &DatasetMeta, kept: &BTreeSet<i64>) -> Result<()> {
+    const BATCH_ROWS: usize = 64 * 1024;
+    let (uri, schema) = (pending.table_uri(STATS), tables::stats_schema());
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+    let writer = tokio::spawn(lake_store::write_uncommitted(uri.clone(), schema.clone(), receiver_stream(rx)));
+    let mut rows = StatsRows::default();
+    let produced: Result<()> = async {
+        meta.episode_stats(source, async |chunk| {
+            rows.extend(chunk.iter().filter(|s| s.episode.is_some_and(|e| kept.contains(&e))));
+            if rows.len >= BATCH_ROWS && tx.send(rows.finish()).await.is_err() {
+                return Err(Error::Internal("the stats writer stopped".into()));
+            }
+            Ok(())
+        })
+        .await?;
+        rows.extend(meta.stats.iter().filter(|s| s.episode.is_none()));
+        if rows.len > 0 {
+            let _ = tx.send(rows.finish()).await;
+        }
+        Ok(())
     }
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(episode.finish()),
-        Arc::new(feature.finish()),
-        Arc::new(stat.finish()),
-        Arc::new(values.finish()),
-        Arc::new(shape.finish()),
-        Arc::new(source.finish()),
-    ];
-    let columns = cast_to_schema(columns, &schema)?;
-    RecordBatch::try_new(schema, columns).map_err(Error::arrow(STATS))
+    .await;
+    if let Err(e) = produced {
+        let _ = tx.send(Err(e)).await;
+    }
+    drop(tx);
+    let part = writer.await.map_err(|e| Error::Internal(format!("stats writer: {e}")))??;
+    lake_store::commit_parts(&uri, schema, vec![part]).await?;
+    Ok(())
+}
+
+/// Rows of the `stats` table being built.
+#[derive(Default)]
+struct StatsRows {
+    episode: Int64Builder,
+    feature: StringBuilder,
+    stat: StringBuilder,
+    values: ListBuilder<Float64Builder>,
+    shape: ListBuilder<Int64Builder>,
+    source: StringBuilder,
+    len: usize,
+}
+
+impl StatsRows {
+    fn extend<'a>(&mut self, rows: impl Iterator<Item = &'a crate::StatRow>) {
+        for s in rows {
+            self.episode.append_option(s.episode);
+            self.feature.append_value(&s.feature);
+            self.stat.append_value(&s.stat);
+            self.values.values().append_slice(&s.values);
+            self.values.append(true);
+            self.shape.values().append_slice(&s.shape);
+            self.shape.append(true);
+            self.source.append_value("lerobot");
+            self.len += 1;
+        }
+    }
+
+    fn finish(&mut self) -> Result<RecordBatch> {
+        let schema = tables::stats_schema();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.episode.finish()),
+            Arc::new(self.feature.finish()),
+            Arc::new(self.stat.finish()),
+            Arc::new(self.values.finish()),
+            Arc::new(self.shape.finish()),
+            Arc::new(self.source.finish()),
+        ];
+        self.len = 0;
+        let columns = cast_to_schema(columns, &schema)?;
+        RecordBatch::try_new(schema, columns).map_err(Error::arrow(STATS))
+    }
 }
 
 fn findings_table(findings: &[Finding]) -> Result<RecordBatch> {

@@ -40,8 +40,12 @@ pub struct DatasetMeta {
     /// the row position in v3.0's `tasks.parquet` (LeRobot looks tasks up with `iloc`), the
     /// `task_index` of v2.x's `tasks.jsonl` lines (LeRobot builds a dict of them).
     pub tasks: Vec<TaskRow>,
-    /// Statistics as LeRobot stored them.
+    /// Dataset-level statistics as LeRobot stored them (`meta/stats.json`); each episode's are
+    /// read again, a part at a time, by [`DatasetMeta::episode_stats`].
     pub stats: Vec<StatRow>,
+    /// The episode metadata shards (v3.0), or the episode statistics file (v2.1), in the order
+    /// they were read.
+    episode_stats_files: Vec<SourceFile>,
     /// The metadata files read.
     pub files: Vec<SourceFile>,
     /// What reading the metadata found.
@@ -144,6 +148,7 @@ impl DatasetMeta {
             episodes: Vec::new(),
             tasks: Vec::new(),
             stats: Vec::new(),
+            episode_stats_files: Vec::new(),
             files,
             findings: Vec::new(),
         };
@@ -257,13 +262,17 @@ impl DatasetMeta {
             return Err(Error::Missing { path: EPISODES_DIR.into(), what: "episode metadata shards (*.parquet)".into() });
         }
         let cameras: Vec<String> = self.video_cameras().iter().map(|f| f.name.clone()).collect();
+        // A shard is read a batch at a time (LeRobot appends a row group per flush, and a
+        // shard can hold thousands): its episodes are kept, their statistics only checked.
         for shard in &shards {
-            let batches = read_parquet(source, shard).await?;
-            for batch in &batches {
-                self.episodes_from_v3_batch(&shard.path, batch, &cameras)?;
-                self.episode_stats_from_v3_batch(&shard.path, batch)?;
+            let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(shard)).await.map_err(Error::parquet(&shard.path))?;
+            let mut batches = builder.build().map_err(Error::parquet(&shard.path))?;
+            while let Some(batch) = batches.try_next().await.map_err(Error::parquet(&shard.path))? {
+                self.episodes_from_v3_batch(&shard.path, &batch, &cameras)?;
+                episode_stats_from_v3_batch(&shard.path, &batch, &mut |_| {})?;
             }
         }
+        self.episode_stats_files.clone_from(&shards);
         self.files.extend(shards);
         self.sort_and_check_episodes()?;
 
@@ -344,17 +353,31 @@ impl DatasetMeta {
         Ok(())
     }
 
-    fn episode_stats_from_v3_batch(&mut self, shard: &str, batch: &RecordBatch) -> Result<()> {
-        let index = i64s(batch, "episode_index").expect("checked above").map_err(|e| Error::metadata(shard, e))?;
-        for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
-            let Some((feature, stat)) = field.name().strip_prefix("stats/").and_then(|s| s.rsplit_once('/')) else { continue };
-            for (row, episode) in index.iter().enumerate() {
-                if col.is_null(row) {
-                    continue;
+    /// Reads each episode's statistics again, a part at a time: `sink` gets the rows of one
+    /// batch of a v3.0 shard, or of one block of lines of v2.1's `episodes_stats.jsonl`.
+    ///
+    /// # Errors
+    /// When a file cannot be read or is malformed (as [`DatasetMeta::load`] found it not to be),
+    /// or what `sink` returns.
+    pub async fn episode_stats(&self, source: &Source, mut sink: impl AsyncFnMut(Vec<StatRow>) -> Result<()>) -> Result<()> {
+        for file in &self.episode_stats_files {
+            if self.version.is_v2() {
+                let mut rows = Vec::new();
+                let mut lines = LineReader::new(source, file);
+                while let Some(block) = lines.next_block().await? {
+                    for (line, text) in block {
+                        episode_stats_from_jsonl(line, &text, &mut |row| rows.push(row))?;
+                    }
+                    sink(std::mem::take(&mut rows)).await?;
                 }
-                let (values, shape) = flatten_numbers(col.as_ref(), row)
-                    .map_err(|e| Error::metadata(shard, format!("column `{}` row {row}: {e}", field.name())))?;
-                self.stats.push(StatRow { episode: *episode, feature: feature.to_string(), stat: stat.to_string(), values, shape });
+            } else {
+                let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(file)).await.map_err(Error::parquet(&file.path))?;
+                let mut batches = builder.build().map_err(Error::parquet(&file.path))?;
+                while let Some(batch) = batches.try_next().await.map_err(Error::parquet(&file.path))? {
+                    let mut rows = Vec::new();
+                    episode_stats_from_v3_batch(&file.path, &batch, &mut |row| rows.push(row))?;
+                    sink(rows).await?;
+                }
             }
         }
         Ok(())
@@ -424,14 +447,12 @@ impl DatasetMeta {
             }
         }
 
-        if let Some((file, lines)) = read_jsonl(source, EPISODES_STATS_JSONL).await? {
-            self.files.push(file);
-            for (line, value) in lines {
-                let bad = |m: String| Error::Metadata { path: format!("{EPISODES_STATS_JSONL} line {line}"), message: m };
-                let episode = value.get("episode_index").and_then(Value::as_i64).ok_or_else(|| bad("no integer `episode_index`".into()))?;
-                let stats = value.get("stats").and_then(Value::as_object).ok_or_else(|| bad("no `stats` object".into()))?;
-                self.push_stats_object(Some(episode), stats).map_err(bad)?;
-            }
+        if let Some(file) = source.head(EPISODES_STATS_JSONL).await? {
+            // Checked here a block of lines at a time; read again when the lake's table is
+            // written.
+            self.files.push(file.clone());
+            self.episode_stats_files.push(file);
+            self.episode_stats(source, async |_| Ok(())).await?;
         } else if self.version == CodebaseVersion::V21 {
             // lake needs no statistics to ingest or serve, but LeRobot's v2.1 reader loads its
             // dataset statistics from this file, and the cameras have no others.
@@ -453,18 +474,8 @@ impl DatasetMeta {
         self.files.push(file);
         let value = lake_schemas::pyjson::parse(&bytes).map_err(|source| Error::Json { path: STATS.into(), line: None, source })?;
         let obj = value.as_object().ok_or_else(|| Error::metadata(STATS, "is not a JSON object"))?;
-        self.push_stats_object(None, obj).map_err(|m| Error::metadata(STATS, m))
-    }
-
-    fn push_stats_object(&mut self, episode: Option<i64>, stats: &serde_json::Map<String, Value>) -> std::result::Result<(), String> {
-        for (feature, per_stat) in stats {
-            let Some(per_stat) = per_stat.as_object() else { return Err(format!("stats of `{feature}` are not an object")) };
-            for (stat, value) in per_stat {
-                let (values, shape) = flatten_json(value).map_err(|e| format!("`{feature}.{stat}`: {e}"))?;
-                self.stats.push(StatRow { episode, feature: feature.clone(), stat: stat.clone(), values, shape });
-            }
-        }
-        Ok(())
+        let stats = &mut self.stats;
+        stats_object(None, obj, &mut |row| stats.push(row)).map_err(|m| Error::metadata(STATS, m))
     }
 
     fn sort_and_check_episodes(&mut self) -> Result<()> {
@@ -629,6 +640,100 @@ async fn tasks_column(source: &Source, file: &SourceFile) -> Result<String> {
     }
 }
 
+/// The rows of a JSON `stats` object (feature → statistic → nested numbers).
+fn stats_object(
+    episode: Option<i64>,
+    stats: &serde_json::Map<String, Value>,
+    sink: &mut dyn FnMut(StatRow),
+) -> std::result::Result<(), String> {
+    for (feature, per_stat) in stats {
+        let Some(per_stat) = per_stat.as_object() else { return Err(format!("stats of `{feature}` are not an object")) };
+        for (stat, value) in per_stat {
+            let (values, shape) = flatten_json(value).map_err(|e| format!("`{feature}.{stat}`: {e}"))?;
+            sink(StatRow { episode, feature: feature.clone(), stat: stat.clone(), values, shape });
+        }
+    }
+    Ok(())
+}
+
+/// The statistics rows of one line of v2.1's `episodes_stats.jsonl` (1-based `line`).
+fn episode_stats_from_jsonl(line: usize, text: &str, sink: &mut dyn FnMut(StatRow)) -> Result<()> {
+    let bad = |m: String| Error::Metadata { path: format!("{EPISODES_STATS_JSONL} line {line}"), message: m };
+    let value = lake_schemas::pyjson::parse(text.as_bytes()).map_err(|source| Error::Json {
+        path: EPISODES_STATS_JSONL.into(),
+        line: Some(line),
+        source,
+    })?;
+    let episode = value.get("episode_index").and_then(Value::as_i64).ok_or_else(|| bad("no integer `episode_index`".into()))?;
+    let stats = value.get("stats").and_then(Value::as_object).ok_or_else(|| bad("no `stats` object".into()))?;
+    stats_object(Some(episode), stats, sink).map_err(bad)
+}
+
+/// The statistics rows of a batch of a v3.0 episode metadata shard (its `stats/…` columns).
+fn episode_stats_from_v3_batch(shard: &str, batch: &RecordBatch, sink: &mut dyn FnMut(StatRow)) -> Result<()> {
+    let index = i64s(batch, "episode_index")
+        .ok_or_else(|| Error::metadata(shard, "no `episode_index` column"))?
+        .map_err(|e| Error::metadata(shard, e))?;
+    for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        let Some((feature, stat)) = field.name().strip_prefix("stats/").and_then(|s| s.rsplit_once('/')) else { continue };
+        for (row, episode) in index.iter().enumerate() {
+            if col.is_null(row) {
+                continue;
+            }
+            let (values, shape) = flatten_numbers(col.as_ref(), row)
+                .map_err(|e| Error::metadata(shard, format!("column `{}` row {row}: {e}", field.name())))?;
+            sink(StatRow { episode: *episode, feature: feature.to_string(), stat: stat.to_string(), values, shape });
+        }
+    }
+    Ok(())
+}
+
+/// A JSON-lines file read a block of whole lines at a time (4 MiB of text or more, when one
+/// line is longer), with their 1-based numbers; blank lines are skipped.
+struct LineReader<'a> {
+    source: &'a Source,
+    file: &'a SourceFile,
+    at: u64,
+    line: usize,
+    rest: Vec<u8>,
+    block: u64,
+}
+
+impl<'a> LineReader<'a> {
+    fn new(source: &'a Source, file: &'a SourceFile) -> Self {
+        Self { source, file, at: 0, line: 0, rest: Vec::new(), block: 4 << 20 }
+    }
+
+    async fn next_block(&mut self) -> Result<Option<Vec<(usize, String)>>> {
+        loop {
+            if self.at >= self.file.size && self.rest.is_empty() {
+                return Ok(None);
+            }
+            let end = (self.at + self.block).min(self.file.size);
+            if self.at < end {
+                self.rest.extend_from_slice(&self.source.get_range_of(&self.file.path, self.at..end).await?);
+                self.at = end;
+            }
+            // Whole lines only, unless the file has ended.
+            let cut =
+                if self.at >= self.file.size { self.rest.len() } else { self.rest.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1) };
+            if cut == 0 {
+                continue;
+            }
+            let text: Vec<u8> = self.rest.drain(..cut).collect();
+            let text = std::str::from_utf8(&text).map_err(|e| Error::metadata(&self.file.path, format!("not UTF-8: {e}")))?;
+            let mut block = Vec::new();
+            for line in text.lines() {
+                self.line += 1;
+                if !line.trim().is_empty() {
+                    block.push((self.line, line.to_string()));
+                }
+            }
+            return Ok(Some(block));
+        }
+    }
+}
+
 /// Reads every row of a parquet file.
 pub(crate) async fn read_parquet(source: &Source, file: &SourceFile) -> Result<Vec<RecordBatch>> {
     let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(file)).await.map_err(Error::parquet(&file.path))?;
@@ -650,4 +755,27 @@ async fn read_jsonl(source: &Source, path: &str) -> Result<Option<(SourceFile, V
         out.push((i + 1, v));
     }
     Ok(Some((file, out)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn json_lines_are_read_whole_across_blocks_with_their_numbers() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let text = "{\"a\": 1}\n\n{\"long line\": \"0123456789abcdef\"}\r\nx\n  \nlast without newline";
+        std::fs::write(dir.path().join("lines.jsonl"), text).expect("write");
+        let source = Source::open(dir.path().to_str().expect("utf-8")).expect("source");
+        let file = source.head("lines.jsonl").await.expect("head").expect("exists");
+        for block in [1, 7, 4 << 20] {
+            let mut reader = LineReader { block, ..LineReader::new(&source, &file) };
+            let mut lines = Vec::new();
+            while let Some(b) = reader.next_block().await.expect("read") {
+                lines.extend(b);
+            }
+            let want = [(1, "{\"a\": 1}"), (3, "{\"long line\": \"0123456789abcdef\"}"), (4, "x"), (6, "last without newline")];
+            assert_eq!(lines, want.map(|(n, l)| (n, l.to_string())), "block {block}");
+        }
+    }
 }

@@ -16,8 +16,9 @@ use std::{
 
 use crate::{Error, Result};
 
-/// Written in place of a position for a step whose frame was not found.
-pub const NO_POSITION: u32 = u32::MAX;
+/// The largest packet position the scratch files hold (a stored position is one more, so that
+/// a slot never written reads as none).
+pub const MAX_POSITION: u64 = u32::MAX as u64 - 1;
 /// Prefix of scratch directories' names.
 const PREFIX: &str = "lake-ingest-";
 /// A scratch directory without its lock file (its ingest killed while making it) is removed
@@ -31,7 +32,8 @@ pub struct Scratch {
     /// Locked while the ingest runs.
     _lock: File,
     timestamps: File,
-    /// One file per video camera: a little-endian `u32` packet position per slot.
+    /// One file per video camera: per slot, a little-endian `u32`, the packet position plus one
+    /// (0 for none).
     positions: Vec<File>,
     next_slot: AtomicU64,
 }
@@ -49,8 +51,11 @@ impl Scratch {
             .map_err(|source| Error::Scratch { dir: std::env::temp_dir().display().to_string(), source })?;
         let create = |name: String| File::options().read(true).write(true).create_new(true).open(dir.path().join(name));
         let files = || -> std::io::Result<_> {
-            let lock = create("lock".into())?;
-            lock.lock()?;
+            // Locked before it takes its name, so that no other ingest finds it unlocked. Where
+            // the file system has no locks, other ingests never remove the directory.
+            let lock = create("lock.new".into())?;
+            let _ = lock.lock();
+            std::fs::rename(dir.path().join("lock.new"), dir.path().join("lock"))?;
             let positions = (0..cameras).map(|c| create(format!("positions-{c}"))).collect::<std::io::Result<Vec<_>>>()?;
             Ok((lock, create("timestamps".into())?, positions))
         };
@@ -78,19 +83,19 @@ impl Scratch {
         Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
     }
 
-    /// Stores the packet positions (in its stream) of the frames of `camera` for the slots from
-    /// `at`.
-    pub fn put_positions(&self, camera: usize, at: u64, positions: &[u32]) -> Result<()> {
-        let bytes: Vec<u8> = positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+    /// Stores the packet positions (in its stream, at most [`MAX_POSITION`]) of the frames of
+    /// `camera` for the slots from `at`.
+    pub fn put_positions(&self, camera: usize, at: u64, positions: &[Option<u32>]) -> Result<()> {
+        let bytes: Vec<u8> = positions.iter().flat_map(|p| p.map_or(0, |p| p + 1).to_le_bytes()).collect();
         self.positions[camera].write_all_at(&bytes, at * 4).map_err(self.error())
     }
 
-    /// The packet positions of `camera`'s frames for the `steps` slots from `at`
-    /// ([`NO_POSITION`] where none was stored).
-    pub fn positions(&self, camera: usize, at: u64, steps: usize) -> Result<Vec<u32>> {
+    /// The packet positions of `camera`'s frames for the `steps` slots from `at` (none where
+    /// none was stored).
+    pub fn positions(&self, camera: usize, at: u64, steps: usize) -> Result<Vec<Option<u32>>> {
         let mut bytes = vec![0u8; steps * 4];
         self.positions[camera].read_exact_at(&mut bytes, at * 4).map_err(self.error())?;
-        Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Ok(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]).checked_sub(1)).collect())
     }
 }
 
@@ -105,7 +110,11 @@ fn remove_abandoned() {
         }
         let abandoned = match File::open(path.join("lock")) {
             Ok(lock) => lock.try_lock().is_ok(),
-            Err(_) => entry.metadata().and_then(|m| m.modified()).is_ok_and(|m| m.elapsed().is_ok_and(|age| age > UNLOCKED_AGE)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                entry.metadata().and_then(|m| m.modified()).is_ok_and(|m| m.elapsed().is_ok_and(|age| age > UNLOCKED_AGE))
+            }
+            // Another user's, say: not ours to judge.
+            Err(_) => false,
         };
         if abandoned {
             tracing::info!(dir = %path.display(), "removing the scratch files of an ingest that no longer runs");
@@ -126,9 +135,10 @@ mod tests {
         assert_eq!((a, b), (0, 3));
         assert_eq!(scratch.timestamps(b, 2).expect("read"), vec![5.5, 6.5]);
         assert_eq!(scratch.timestamps(a + 1, 2).expect("read"), vec![0.1, 0.2]);
-        scratch.put_positions(1, b, &[7, NO_POSITION]).expect("put");
-        scratch.put_positions(1, a, &[1, 2, 3]).expect("put");
-        assert_eq!(scratch.positions(1, a, 5).expect("read"), vec![1, 2, 3, 7, NO_POSITION]);
+        scratch.put_positions(1, b, &[Some(7), None]).expect("put");
+        scratch.put_positions(1, a + 1, &[Some(0), Some(MAX_POSITION as u32)]).expect("put");
+        // A slot never written reads as none.
+        assert_eq!(scratch.positions(1, a, 5).expect("read"), vec![None, Some(0), Some(MAX_POSITION as u32), Some(7), None]);
         // Reading past what camera 0 holds is an error naming the directory.
         let e = scratch.positions(0, a, 1).expect_err("nothing stored");
         assert!(e.to_string().contains("lake-ingest-") && e.to_string().contains("TMPDIR"), "{e}");

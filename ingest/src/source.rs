@@ -175,6 +175,14 @@ impl Source {
         }
     }
 
+    /// Bytes `range` of the file at `path`.
+    ///
+    /// # Errors
+    /// When the file cannot be read.
+    pub(crate) async fn get_range_of(&self, path: &str, range: Range<u64>) -> Result<Bytes> {
+        self.get_range(&Path::from(path), range).await.map_err(Error::source_io(path))
+    }
+
     async fn get_range(&self, path: &Path, range: Range<u64>) -> object_store::Result<Bytes> {
         let bytes = self.store.get_range(path, range).await?;
         self.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);

@@ -18,7 +18,7 @@ use lake_store::UncommittedPart;
 
 use crate::{
     Error, Result,
-    scratch::{NO_POSITION, Scratch},
+    scratch::{MAX_POSITION, Scratch},
     source::{Source, SourceFile},
     video::{DemuxedPacket, StreamFacts, VideoDemuxer, same_codec},
 };
@@ -264,15 +264,15 @@ fn queries(scratch: &Scratch, job: &StreamJob) -> Result<Vec<Query>> {
 /// position of each episode that has any.
 fn store_positions(scratch: &Scratch, job: &StreamJob, queries: &[Query], positions: &[Option<u64>]) -> Result<Vec<(i64, u64, u64)>> {
     let index_of: HashMap<i64, usize> = job.episodes.iter().enumerate().map(|(i, e)| (e.index, i)).collect();
-    let mut stored: Vec<Vec<u32>> = job.episodes.iter().map(|e| vec![NO_POSITION; e.steps]).collect();
+    let mut stored: Vec<Vec<Option<u32>>> = job.episodes.iter().map(|e| vec![None; e.steps]).collect();
     let mut extents: Vec<Option<(u64, u64)>> = vec![None; job.episodes.len()];
     for (q, p) in queries.iter().zip(positions) {
         let Some(p) = *p else { continue };
         let i = index_of[&q.episode];
-        stored[i][q.frame as usize] = u32::try_from(p)
-            .ok()
-            .filter(|p| *p != NO_POSITION)
-            .ok_or_else(|| Error::Unsupported(format!("{}: lake indexes at most {NO_POSITION} frames per camera file", job.file.path)))?;
+        if p > MAX_POSITION {
+            return Err(Error::Unsupported(format!("{}: lake indexes at most {} frames per camera file", job.file.path, MAX_POSITION + 1)));
+        }
+        stored[i][q.frame as usize] = Some(p as u32);
         extents[i] = Some(extents[i].map_or((p, p), |(lo, hi)| (lo.min(p), hi.max(p))));
     }
     for (e, positions) in job.episodes.iter().zip(&stored) {
