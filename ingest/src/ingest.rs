@@ -734,7 +734,7 @@ async fn build(
     let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, &image_bytes, kept_steps, meta)?;
     let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
     let tasks_batch = tasks_table(meta)?;
-    write_stats(pending, source, meta, &kept).await?;
+    write_stats(pending, source, meta, &kept, progress).await?;
     progress.set_phase("computing exact feature statistics");
     progress.check()?;
     let feature_stats_batch = crate::feature_stats::compute(
@@ -1219,16 +1219,27 @@ fn tasks_table(meta: &DatasetMeta) -> Result<RecordBatch> {
 
 /// Writes the `stats` table: the statistics LeRobot stored for each kept episode, read from
 /// the source again a part at a time, then the dataset's.
-async fn write_stats(pending: &PendingVersion, source: &Source, meta: &DatasetMeta, kept: &BTreeSet<i64>) -> Result<()> {
+async fn write_stats(
+    pending: &PendingVersion,
+    source: &Source,
+    meta: &DatasetMeta,
+    kept: &BTreeSet<i64>,
+    progress: &Progress,
+) -> Result<()> {
+    // A batch is handed to the writer at this many rows, or values (of wide features).
     const BATCH_ROWS: usize = 64 * 1024;
+    const BATCH_VALUES: usize = 4 << 20;
     let (uri, schema) = (pending.table_uri(STATS), tables::stats_schema());
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
     let writer = tokio::spawn(lake_store::write_uncommitted(uri.clone(), schema.clone(), receiver_stream(rx)));
     let mut rows = StatsRows::default();
     let produced: Result<()> = async {
         meta.episode_stats(source, async |chunk| {
+            progress.check()?;
             rows.extend(chunk.iter().filter(|s| s.episode.is_some_and(|e| kept.contains(&e))));
-            if rows.len >= BATCH_ROWS && tx.send(rows.finish()).await.is_err() {
+            if (rows.len >= BATCH_ROWS || rows.values.values_ref().values_slice().len() >= BATCH_VALUES)
+                && tx.send(rows.finish()).await.is_err()
+            {
                 return Err(Error::Internal("the stats writer stopped".into()));
             }
             Ok(())

@@ -710,18 +710,26 @@ impl<'a> LineReader<'a> {
                 return Ok(None);
             }
             let end = (self.at + self.block).min(self.file.size);
+            let read_from = self.rest.len();
             if self.at < end {
                 self.rest.extend_from_slice(&self.source.get_range_of(&self.file.path, self.at..end).await?);
                 self.at = end;
             }
-            // Whole lines only, unless the file has ended.
-            let cut =
-                if self.at >= self.file.size { self.rest.len() } else { self.rest.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1) };
+            // Whole lines only, unless the file has ended; only the bytes just read can hold the
+            // last newline (a long line is not scanned again for each block).
+            let cut = if self.at >= self.file.size {
+                self.rest.len()
+            } else {
+                self.rest[read_from..].iter().rposition(|b| *b == b'\n').map_or(0, |i| read_from + i + 1)
+            };
             if cut == 0 {
                 continue;
             }
             let text: Vec<u8> = self.rest.drain(..cut).collect();
-            let text = std::str::from_utf8(&text).map_err(|e| Error::metadata(&self.file.path, format!("not UTF-8: {e}")))?;
+            let text = std::str::from_utf8(&text).map_err(|e| {
+                let line = self.line + 1 + text[..e.valid_up_to()].iter().filter(|b| **b == b'\n').count();
+                Error::metadata(&self.file.path, format!("line {line}: not UTF-8"))
+            })?;
             let mut block = Vec::new();
             for line in text.lines() {
                 self.line += 1;
@@ -777,5 +785,9 @@ mod tests {
             let want = [(1, "{\"a\": 1}"), (3, "{\"long line\": \"0123456789abcdef\"}"), (4, "x"), (6, "last without newline")];
             assert_eq!(lines, want.map(|(n, l)| (n, l.to_string())), "block {block}");
         }
+        std::fs::write(dir.path().join("bad.jsonl"), b"{}\n{}\n{\"x\": \"\xff\"}\n").expect("write");
+        let file = source.head("bad.jsonl").await.expect("head").expect("exists");
+        let e = LineReader::new(&source, &file).next_block().await.expect_err("not UTF-8");
+        assert!(e.to_string().contains("bad.jsonl: line 3: not UTF-8"), "{e}");
     }
 }
