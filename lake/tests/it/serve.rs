@@ -946,50 +946,70 @@ fn a_shutdown_refuses_the_streams_waiting_to_start() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     ingest_ok(&root, &testdata("v30-av1-small"), &[]);
-    let mut server = start_with(&root, &["--memory-mb", "100", "--shutdown-wait", "3"]);
-    let auth = format!("Bearer {TOKEN}");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    // A stream that takes the whole budget, and is not read on.
-    let mut open = rt.block_on(async {
-        let mut client = flight_client(&server).await;
-        let ticket = arrow_flight::Ticket::new(json!({"datasets": ["v30-av1-small"], "preset": "act"}).to_string());
-        let mut stream = client.do_get(ticket).await.expect("do_get");
-        stream.next().await.expect("a batch").expect("batch");
-        stream
-    });
-    let waiting = std::thread::spawn({
-        let (addr, auth) = (server.http.clone(), auth.clone());
-        move || {
-            let body = json!({"datasets": ["v30-av1-small"], "preset": "act", "seed": 1}).to_string();
-            http(&addr, "POST", "/v1/sample", &[("Authorization", auth.as_str()), ("Content-Type", "application/json")], body.as_bytes())
-        }
-    });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let (_, text) = http(&server.http, "GET", "/metrics", &[("Authorization", auth.as_str())], b"");
-        if lake_testkit::prometheus_values(&String::from_utf8_lossy(&text)).get("lake_streams_waiting_to_start") == Some(&1.0) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline && !waiting.is_finished(), "the second stream waits for room");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let kill = std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().expect("kill");
-    assert!(kill.success());
-    let (code, body) = waiting.join().expect("the waiting client");
-    let error: Value = serde_json::from_slice(&body).expect("a JSON error");
-    assert_eq!(code, 503, "{error}");
-    assert!(error["error"].as_str().is_some_and(|e| e.contains("shutting down")), "{error}");
-    let ended = rt.block_on(async {
-        loop {
-            match tokio::time::timeout(std::time::Duration::from_secs(20), open.next()).await.expect("the stream ends") {
-                Some(Ok(_)) => continue,
-                Some(Err(e)) => break status(e),
-                None => panic!("the stream ended as if it were complete"),
+    let auth = format!("Bearer {TOKEN}");
+    for attempt in 0.. {
+        let mut server = start_with(&root, &["--memory-mb", "100", "--shutdown-wait", "3"]);
+        // A stream that takes the whole budget, and is not read on.
+        let mut open = rt.block_on(async {
+            let mut client = flight_client(&server).await;
+            let ticket = arrow_flight::Ticket::new(json!({"datasets": ["v30-av1-small"], "preset": "act"}).to_string());
+            let mut stream = client.do_get(ticket).await.expect("do_get");
+            stream.next().await.expect("a batch").expect("batch");
+            stream
+        });
+        let waiting = std::thread::spawn({
+            let (addr, auth) = (server.http.clone(), auth.clone());
+            move || {
+                let body = json!({"datasets": ["v30-av1-small"], "preset": "act", "seed": 1}).to_string();
+                http(
+                    &addr,
+                    "POST",
+                    "/v1/sample",
+                    &[("Authorization", auth.as_str()), ("Content-Type", "application/json")],
+                    body.as_bytes(),
+                )
             }
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (_, text) = http(&server.http, "GET", "/metrics", &[("Authorization", auth.as_str())], b"");
+            if lake_testkit::prometheus_values(&String::from_utf8_lossy(&text)).get("lake_streams_waiting_to_start") == Some(&1.0) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline && !waiting.is_finished(), "the second stream waits for room");
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
-    });
-    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
-    assert!(server.child.wait().expect("the server exits").success());
+        let kill = std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().expect("kill");
+        assert!(kill.success());
+        let (code, body) = match waiting.join() {
+            Ok(answer) => answer,
+            // On a loaded host the open stream's client can be idle long enough before the SIGTERM
+            // that its lent room is taken back and the waiting stream starts (then cut by the
+            // shutdown, which other tests cover): the scenario is run again.
+            Err(_) if attempt < 2 => {
+                drop(open);
+                let _ = server.child.wait();
+                continue;
+            }
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        let error: Value = serde_json::from_slice(&body).expect("a JSON error");
+        assert_eq!(code, 503, "{error}");
+        assert!(error["error"].as_str().is_some_and(|e| e.contains("shutting down")), "{error}");
+        let ended = rt.block_on(async {
+            loop {
+                match tokio::time::timeout(std::time::Duration::from_secs(20), open.next()).await.expect("the stream ends") {
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => break status(e),
+                    None => panic!("the stream ended as if it were complete"),
+                }
+            }
+        });
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+        assert!(server.child.wait().expect("the server exits").success());
+        break;
+    }
 }
 
 /// The body of a raw chunked HTTP/1.1 response up to where it ends or breaks off, and whether
