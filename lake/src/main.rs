@@ -49,10 +49,12 @@ mod server;
 // of MB) stay in those arenas under the same decay: jemalloc's default puts them in an arena of
 // their own that hands their pages back at once, so each batch would fault its column in anew.
 // `lake serve` keeps freed pages while it is busy (see server.rs).
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The configuration jemalloc reads at start-up (see above).
+#[cfg(feature = "jemalloc")]
 #[allow(non_upper_case_globals)] // the symbol name jemalloc reads its configuration from
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:10000,muzzy_decay_ms:0,narenas:2,oversize_threshold:0\0";

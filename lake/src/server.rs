@@ -86,6 +86,7 @@ pub struct ServeArgs {
 
 /// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs):
 /// `-1` keeps freed pages until [`return_pages`].
+#[cfg(feature = "jemalloc")]
 fn set_page_decay(ms: isize) {
     let mut narenas: u32 = 0;
     let mut len = std::mem::size_of::<u32>();
@@ -114,7 +115,12 @@ fn set_page_decay(ms: isize) {
     }
 }
 
+/// On the system allocator (built without the `jemalloc` feature) there is nothing to set.
+#[cfg(not(feature = "jemalloc"))]
+fn set_page_decay(_ms: isize) {}
+
 /// Hands every arena's freed pages back to the system.
+#[cfg(feature = "jemalloc")]
 fn return_pages() {
     // SAFETY: "arena.<MALLCTL_ARENAS_ALL>.purge" takes no value.
     let rc = unsafe {
@@ -124,6 +130,9 @@ fn return_pages() {
         tracing::warn!("jemalloc arena purge: error {rc}");
     }
 }
+
+#[cfg(not(feature = "jemalloc"))]
+fn return_pages() {}
 
 /// Seconds the number of open streams must stay at or below half its peak before the freed
 /// pages are handed back.
