@@ -37,6 +37,7 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use crate::{
     Error, Report, Result,
     data::{self, EpisodeRows},
+    episode_stats::StatsRows,
     meta::{DatasetMeta, EpisodeMeta},
     report::CameraSummary,
     scratch::Scratch,
@@ -166,8 +167,9 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     })?;
     progress.set_phase("reading metadata");
     lake.collect_garbage().await?;
-    let meta = DatasetMeta::load(&source).await?;
-    let mut plan = Plan::new(&name, &source, &meta, options).await?;
+    let scratch = Scratch::new()?;
+    let meta = DatasetMeta::load(&source, &scratch).await?;
+    let mut plan = Plan::new(&name, &source, &meta, options, scratch).await?;
     let record_options = lake_schemas::IngestOptions {
         tolerance_s: options.tolerance_s,
         skip_bad_episodes: options.skip_bad_episodes,
@@ -296,8 +298,9 @@ struct Plan {
     rows: HashMap<i64, EpisodeRows>,
     /// The scratch slot of each episode's first step.
     first_slot: HashMap<i64, u64>,
-    /// Per-step bookkeeping on disk (made by pass 1).
-    scratch: Option<Arc<Scratch>>,
+    /// Per-step bookkeeping on disk: episode statistics (from the metadata), timestamps (from
+    /// pass 1) and packet positions (from demuxing).
+    scratch: Arc<Scratch>,
     /// Layout of the steps table.
     layout: Option<StepsLayout>,
     /// Episodes to ingest, in order.
@@ -305,7 +308,7 @@ struct Plan {
 }
 
 impl Plan {
-    async fn new(name: &str, source: &Source, meta: &DatasetMeta, options: &IngestOptions) -> Result<Self> {
+    async fn new(name: &str, source: &Source, meta: &DatasetMeta, options: &IngestOptions, mut scratch: Scratch) -> Result<Self> {
         let mut report = Report {
             dataset: name.to_string(),
             source: source.display().to_string(),
@@ -382,6 +385,7 @@ impl Plan {
         read_files.extend(kept_videos.iter().filter_map(|p| heads[*p].clone()));
         read_files.sort_by(|a, b| a.path.cmp(&b.path));
         read_files.dedup_by(|a, b| a.path == b.path);
+        scratch.add_cameras(video_cameras.len())?;
         Ok(Self {
             report,
             read_files,
@@ -392,7 +396,7 @@ impl Plan {
             image_cameras: meta.image_cameras().iter().map(|f| f.name.clone()).collect(),
             rows: HashMap::new(),
             first_slot: HashMap::new(),
-            scratch: None,
+            scratch: Arc::new(scratch),
             layout: None,
             kept: Vec::new(),
         })
@@ -409,8 +413,7 @@ impl Plan {
         let planned: HashSet<String> = self.data_files.iter().map(|d| d.0.clone()).collect();
         jobs.extend(self.unreferenced.iter().map(|f| (f.clone(), Vec::new())));
         progress.bytes_total.store(jobs.iter().map(|j| j.0.size).sum(), Ordering::Relaxed);
-        let scratch = Arc::new(Scratch::new(self.video_cameras.len())?);
-        self.scratch = Some(scratch.clone());
+        let scratch = self.scratch.clone();
         let mut scans = stream::iter(jobs)
             .map(|(file, eps)| async move {
                 progress.check()?;
@@ -637,34 +640,29 @@ async fn build(
         fps: f64::from(meta.fps),
         cancel: progress.cancel.clone(),
         frames_done: progress.frames_done.clone(),
-        scratch: plan.scratch.clone().ok_or_else(|| Error::Internal("no scratch files".into()))?,
+        scratch: plan.scratch.clone(),
     };
-    let strict_failed = Arc::new(AtomicBool::new(false));
-    let results: Vec<Result<StreamOutcome>> = stream::iter(jobs)
-        .map(|job| {
-            let (ctx, strict_failed) = (ctx.clone(), strict_failed.clone());
-            let skip = options.skip_bad_episodes;
-            async move {
-                let outcome = streams::run(ctx.clone(), job).await;
-                if !skip && outcome.as_ref().is_ok_and(|o| o.findings.iter().any(Finding::is_error)) {
-                    strict_failed.store(true, Ordering::Relaxed);
-                    ctx.cancel.store(true, Ordering::Relaxed); // stop the other files early
-                }
-                outcome
-            }
-        })
-        .buffer_unordered(options.threads.max(1))
-        .collect()
-        .await;
-    let (files, mut unchecked) = (results.len(), 0);
+    let strict_failed = AtomicBool::new(false);
+    let files = jobs.len();
+    let finished = |o: &StreamOutcome| {
+        if !options.skip_bad_episodes && o.findings.iter().any(Finding::is_error) {
+            strict_failed.store(true, Ordering::Relaxed);
+            progress.cancel.store(true, Ordering::Relaxed); // stop the other files early
+        }
+    };
+    let lanes = streams::split_lanes(jobs, options.threads);
+    let lanes = futures::future::join_all(lanes.into_iter().map(|jobs| streams::run_lane(ctx.clone(), jobs, &finished))).await;
     let mut outcomes = Vec::new();
-    for r in results {
-        match r {
-            Ok(o) => outcomes.push(o),
-            Err(Error::Cancelled) if strict_failed.load(Ordering::Relaxed) => unchecked += 1,
+    let mut parts = Vec::new();
+    for lane in lanes {
+        outcomes.extend(lane.outcomes);
+        match lane.part {
+            Ok(part) => parts.push(part),
+            Err(Error::Cancelled) if strict_failed.load(Ordering::Relaxed) => {}
             Err(e) => return Err(e),
         }
     }
+    let unchecked = files - outcomes.len();
     outcomes.sort_by_key(|o| o.job.stream);
     for o in &outcomes {
         plan.report.findings.extend(o.findings.iter().cloned());
@@ -682,19 +680,25 @@ async fn build(
     progress.check()?;
     plan.apply_new_errors(options)?;
 
-    // Global rows: published parts in stream order.
-    let mut video_parts: Vec<UncommittedPart> = Vec::new();
+    // Global rows: the lanes' parts in lane order hold the published streams' rows in stream
+    // order.
     let mut bases: HashMap<u32, u64> = HashMap::new();
     let mut next_row = 0u64;
-    for o in &outcomes {
-        if let Some(part) = &o.part {
-            bases.insert(o.job.stream, next_row);
-            next_row += part.rows();
-            video_parts.push(part.clone());
+    for o in outcomes.iter().filter(|o| o.published) {
+        bases.insert(o.job.stream, next_row);
+        next_row += o.packets;
+    }
+    let mut video_parts: Vec<UncommittedPart> = Vec::new();
+    for part in parts {
+        if part.rows() == 0 {
+            pending.discard(PACKETS, &part).await?;
+        } else {
+            video_parts.push(part);
         }
-        if let Some(orphan) = &o.orphan {
-            pending.discard(PACKETS, orphan).await?;
-        }
+    }
+    let written: u64 = video_parts.iter().map(UncommittedPart::rows).sum();
+    if written != next_row {
+        return Err(Error::Internal(format!("the camera files' packet rows number {written}, but {next_row} packets were published")));
     }
     let layout = plan.layout.clone().ok_or_else(|| Error::Internal("no steps layout".into()))?;
     let kept: BTreeSet<i64> = plan.kept.iter().copied().collect();
@@ -734,7 +738,7 @@ async fn build(
     let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, &image_bytes, kept_steps, meta)?;
     let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
     let tasks_batch = tasks_table(meta)?;
-    write_stats(pending, source, meta, &kept, progress).await?;
+    write_stats(pending, meta, &kept, progress).await?;
     progress.set_phase("computing exact feature statistics");
     progress.check()?;
     let feature_stats_batch = crate::feature_stats::compute(
@@ -771,7 +775,7 @@ async fn build(
         episodes: plan.kept.len() as u64,
         steps,
         packets,
-        streams: (outcomes.iter().filter(|o| o.part.is_some()).count() + image_streams.len()) as u64,
+        streams: (outcomes.iter().filter(|o| o.published).count() + image_streams.len()) as u64,
         cameras: layout.cameras.len() as u64,
         tasks: meta.tasks.len() as u64,
         skipped_episodes: plan.report.skipped.len() as u64,
@@ -959,7 +963,7 @@ type Pointers = HashMap<(i64, usize), (u64, u64, u64)>;
 /// The packet row of each video camera's frame for every row of a data batch, read from the
 /// scratch files: `[camera in the layout][row]` (empty for image cameras).
 fn batch_packet_rows(plan: &Plan, layout: &StepsLayout, pointers: &Pointers, batch: &RecordBatch) -> Result<Vec<Vec<u64>>> {
-    let scratch = plan.scratch.as_ref().ok_or_else(|| Error::Internal("no scratch files".into()))?;
+    let scratch = &plan.scratch;
     let (episode, frame) = (crate::steps::int_column(batch, "episode_index")?, crate::steps::int_column(batch, "frame_index")?);
     let mut out = vec![Vec::new(); layout.cameras.len()];
     for (ci, cam) in layout.cameras.iter().enumerate() {
@@ -1006,7 +1010,7 @@ fn streams_table(
     let mut b: Vec<Box<dyn arrow::array::ArrayBuilder>> =
         schema.fields().iter().map(|f| arrow::array::make_builder(f.data_type(), 16)).collect();
     let mut rows = Vec::new();
-    for o in outcomes.iter().filter(|o| o.part.is_some()) {
+    for o in outcomes.iter().filter(|o| o.published) {
         let f = o.facts.as_ref().expect("published streams have facts");
         rows.push(StreamRow {
             stream: o.job.stream,
@@ -1193,7 +1197,7 @@ fn episodes_table(
 }
 
 /// Builders mark list items and struct fields nullable their own way; cast to the table schema.
-fn cast_to_schema(columns: Vec<ArrayRef>, schema: &arrow::datatypes::SchemaRef) -> Result<Vec<ArrayRef>> {
+pub(crate) fn cast_to_schema(columns: Vec<ArrayRef>, schema: &arrow::datatypes::SchemaRef) -> Result<Vec<ArrayRef>> {
     columns
         .into_iter()
         .zip(schema.fields())
@@ -1217,36 +1221,28 @@ fn tasks_table(meta: &DatasetMeta) -> Result<RecordBatch> {
     .map_err(Error::arrow(TASKS))
 }
 
-/// Writes the `stats` table: the statistics LeRobot stored for each kept episode, read from
-/// the source again a part at a time, then the dataset's.
-async fn write_stats(
-    pending: &PendingVersion,
-    source: &Source,
-    meta: &DatasetMeta,
-    kept: &BTreeSet<i64>,
-    progress: &Progress,
-) -> Result<()> {
-    // A batch is handed to the writer at this many rows, or values (of wide features).
-    const BATCH_ROWS: usize = 64 * 1024;
-    const BATCH_VALUES: usize = 4 << 20;
+/// Writes the `stats` table: the statistics LeRobot stored for each kept episode (read back
+/// from the scratch file a batch at a time), then the dataset's.
+async fn write_stats(pending: &PendingVersion, meta: &DatasetMeta, kept: &BTreeSet<i64>, progress: &Progress) -> Result<()> {
     let (uri, schema) = (pending.table_uri(STATS), tables::stats_schema());
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
     let writer = tokio::spawn(lake_store::write_uncommitted(uri.clone(), schema.clone(), receiver_stream(rx)));
-    let mut rows = StatsRows::default();
     let produced: Result<()> = async {
-        meta.episode_stats(source, async |chunk| {
+        for batch in meta.episode_stats()? {
             progress.check()?;
-            rows.extend(chunk.iter().filter(|s| s.episode.is_some_and(|e| kept.contains(&e))));
-            if (rows.len >= BATCH_ROWS || rows.values.values_ref().values_slice().len() >= BATCH_VALUES)
-                && tx.send(rows.finish()).await.is_err()
-            {
+            let batch = batch?;
+            let episodes = batch.column(0).as_primitive::<Int64Type>();
+            let keep: arrow::array::BooleanArray = episodes.iter().map(|e| Some(e.is_some_and(|e| kept.contains(&e)))).collect();
+            let batch = arrow::compute::filter_record_batch(&batch, &keep).map_err(Error::arrow(STATS))?;
+            if batch.num_rows() > 0 && tx.send(Ok(batch)).await.is_err() {
                 return Err(Error::Internal("the stats writer stopped".into()));
             }
-            Ok(())
-        })
-        .await?;
-        rows.extend(meta.stats.iter().filter(|s| s.episode.is_none()));
-        if rows.len > 0 {
+        }
+        let mut rows = StatsRows::default();
+        for s in meta.stats.iter().filter(|s| s.episode.is_none()) {
+            rows.push(s);
+        }
+        if rows.len() > 0 {
             let _ = tx.send(rows.finish()).await;
         }
         Ok(())
@@ -1259,49 +1255,6 @@ async fn write_stats(
     let part = writer.await.map_err(|e| Error::Internal(format!("stats writer: {e}")))??;
     lake_store::commit_parts(&uri, schema, vec![part]).await?;
     Ok(())
-}
-
-/// Rows of the `stats` table being built.
-#[derive(Default)]
-struct StatsRows {
-    episode: Int64Builder,
-    feature: StringBuilder,
-    stat: StringBuilder,
-    values: ListBuilder<Float64Builder>,
-    shape: ListBuilder<Int64Builder>,
-    source: StringBuilder,
-    len: usize,
-}
-
-impl StatsRows {
-    fn extend<'a>(&mut self, rows: impl Iterator<Item = &'a crate::StatRow>) {
-        for s in rows {
-            self.episode.append_option(s.episode);
-            self.feature.append_value(&s.feature);
-            self.stat.append_value(&s.stat);
-            self.values.values().append_slice(&s.values);
-            self.values.append(true);
-            self.shape.values().append_slice(&s.shape);
-            self.shape.append(true);
-            self.source.append_value("lerobot");
-            self.len += 1;
-        }
-    }
-
-    fn finish(&mut self) -> Result<RecordBatch> {
-        let schema = tables::stats_schema();
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(self.episode.finish()),
-            Arc::new(self.feature.finish()),
-            Arc::new(self.stat.finish()),
-            Arc::new(self.values.finish()),
-            Arc::new(self.shape.finish()),
-            Arc::new(self.source.finish()),
-        ];
-        self.len = 0;
-        let columns = cast_to_schema(columns, &schema)?;
-        RecordBatch::try_new(schema, columns).map_err(Error::arrow(STATS))
-    }
 }
 
 fn findings_table(findings: &[Finding]) -> Result<RecordBatch> {
@@ -1339,7 +1292,7 @@ fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_bytes: &[u64], k
     report.steps = kept_steps;
     report.packets = packets;
     report.recorded_seconds = kept_steps as f64 / f64::from(meta.fps);
-    report.packet_bytes = outcomes.iter().filter(|o| o.part.is_some()).map(|o| o.bytes).sum::<u64>() + image_bytes.iter().sum::<u64>();
+    report.packet_bytes = outcomes.iter().filter(|o| o.published).map(|o| o.bytes).sum::<u64>() + image_bytes.iter().sum::<u64>();
     report.cameras.clear();
     let layout_cameras: Vec<String> = meta
         .features
@@ -1364,7 +1317,7 @@ fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_bytes: &[u64], k
             });
             continue;
         }
-        let mine: Vec<&StreamOutcome> = outcomes.iter().filter(|o| o.job.camera == cam && o.part.is_some()).collect();
+        let mine: Vec<&StreamOutcome> = outcomes.iter().filter(|o| o.job.camera == cam && o.published).collect();
         let Some(first) = mine.first().and_then(|o| o.facts.clone()) else { continue };
         report.cameras.push(CameraSummary {
             name: cam,

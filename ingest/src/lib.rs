@@ -20,6 +20,7 @@
 
 mod columns;
 mod data;
+mod episode_stats;
 mod error;
 pub mod feature_stats;
 mod ingest;

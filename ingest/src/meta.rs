@@ -10,6 +10,8 @@ use serde_json::Value;
 use crate::{
     Error, Result,
     columns::{f64s, flatten_json, flatten_numbers, i64s, string_lists, strings},
+    episode_stats::{Spill, SpilledStats},
+    scratch::Scratch,
     source::{Source, SourceFile},
 };
 
@@ -41,11 +43,11 @@ pub struct DatasetMeta {
     /// `task_index` of v2.x's `tasks.jsonl` lines (LeRobot builds a dict of them).
     pub tasks: Vec<TaskRow>,
     /// Dataset-level statistics as LeRobot stored them (`meta/stats.json`); each episode's are
-    /// read again, a part at a time, by [`DatasetMeta::episode_stats`].
+    /// in a scratch file, read back by [`DatasetMeta::episode_stats`].
     pub stats: Vec<StatRow>,
-    /// The episode metadata shards (v3.0), or the episode statistics file (v2.1), in the order
-    /// they were read.
-    episode_stats_files: Vec<SourceFile>,
+    /// Each episode's statistics (v3.0's episode metadata shards, v2.1's
+    /// `episodes_stats.jsonl`), in the order they were read.
+    episode_stats: Option<SpilledStats>,
     /// The metadata files read.
     pub files: Vec<SourceFile>,
     /// What reading the metadata found.
@@ -111,12 +113,14 @@ pub struct StatRow {
 }
 
 impl DatasetMeta {
-    /// Reads the metadata of the dataset at `source`.
+    /// Reads the metadata of the dataset at `source`; each episode's statistics go to a file
+    /// in `scratch`.
     ///
     /// # Errors
-    /// When `meta/info.json` or the episode metadata is missing or malformed. Problems that do
-    /// not stop reading are returned as findings instead.
-    pub async fn load(source: &Source) -> Result<Self> {
+    /// When `meta/info.json` or the episode metadata is missing or malformed, or the scratch
+    /// file cannot be written. Problems that do not stop reading are returned as findings
+    /// instead.
+    pub(crate) async fn load(source: &Source, scratch: &Scratch) -> Result<Self> {
         let mut files = Vec::new();
         let info_file = source.head(INFO).await?.ok_or_else(|| Error::Missing {
             path: format!("{}/{INFO}", source.display().trim_end_matches('/')),
@@ -148,15 +152,17 @@ impl DatasetMeta {
             episodes: Vec::new(),
             tasks: Vec::new(),
             stats: Vec::new(),
-            episode_stats_files: Vec::new(),
+            episode_stats: None,
             files,
             findings: Vec::new(),
         };
+        let mut spill = Spill::create(scratch)?;
         if version.is_v2() {
-            meta.load_v2(source).await?;
+            meta.load_v2(source, &mut spill).await?;
         } else {
-            meta.load_v3(source).await?;
+            meta.load_v3(source, &mut spill).await?;
         }
+        meta.episode_stats = Some(spill.finish()?);
         meta.key_tasks();
         meta.load_stats_json(source).await?;
         meta.check_totals();
@@ -256,23 +262,24 @@ impl DatasetMeta {
         template.format(&values).map_err(|e| Error::metadata(INFO, e.to_string()))
     }
 
-    async fn load_v3(&mut self, source: &Source) -> Result<()> {
+    async fn load_v3(&mut self, source: &Source, spill: &mut Spill) -> Result<()> {
         let shards: Vec<SourceFile> = source.list(EPISODES_DIR).await?.into_iter().filter(|f| f.path.ends_with(".parquet")).collect();
         if shards.is_empty() {
             return Err(Error::Missing { path: EPISODES_DIR.into(), what: "episode metadata shards (*.parquet)".into() });
         }
         let cameras: Vec<String> = self.video_cameras().iter().map(|f| f.name.clone()).collect();
         // A shard is read a batch at a time (LeRobot appends a row group per flush, and a
-        // shard can hold thousands): its episodes are kept, their statistics only checked.
+        // shard can hold thousands): its episodes are kept, their statistics checked and
+        // spilled.
         for shard in &shards {
             let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(shard)).await.map_err(Error::parquet(&shard.path))?;
             let mut batches = builder.build().map_err(Error::parquet(&shard.path))?;
             while let Some(batch) = batches.try_next().await.map_err(Error::parquet(&shard.path))? {
                 self.episodes_from_v3_batch(&shard.path, &batch, &cameras)?;
-                episode_stats_from_v3_batch(&shard.path, &batch, &mut |_| {})?;
+                episode_stats_from_v3_batch(&shard.path, &batch, &mut |row| spill.push(&row))?;
+                spill.flush()?;
             }
         }
-        self.episode_stats_files.clone_from(&shards);
         self.files.extend(shards);
         self.sort_and_check_episodes()?;
 
@@ -353,37 +360,19 @@ impl DatasetMeta {
         Ok(())
     }
 
-    /// Reads each episode's statistics again, a part at a time: `sink` gets the rows of one
-    /// batch of a v3.0 shard, or of one block of lines of v2.1's `episodes_stats.jsonl`.
+    /// Each episode's statistics, a batch of `stats` table rows at a time, in the order they
+    /// were read.
     ///
     /// # Errors
-    /// When a file cannot be read or is malformed (as [`DatasetMeta::load`] found it not to be),
-    /// or what `sink` returns.
-    pub async fn episode_stats(&self, source: &Source, mut sink: impl AsyncFnMut(Vec<StatRow>) -> Result<()>) -> Result<()> {
-        for file in &self.episode_stats_files {
-            if self.version.is_v2() {
-                let mut rows = Vec::new();
-                let mut lines = LineReader::new(source, file);
-                while let Some(block) = lines.next_block().await? {
-                    for (line, text) in block {
-                        episode_stats_from_jsonl(line, &text, &mut |row| rows.push(row))?;
-                    }
-                    sink(std::mem::take(&mut rows)).await?;
-                }
-            } else {
-                let builder = ParquetRecordBatchStreamBuilder::new(source.parquet(file)).await.map_err(Error::parquet(&file.path))?;
-                let mut batches = builder.build().map_err(Error::parquet(&file.path))?;
-                while let Some(batch) = batches.try_next().await.map_err(Error::parquet(&file.path))? {
-                    let mut rows = Vec::new();
-                    episode_stats_from_v3_batch(&file.path, &batch, &mut |row| rows.push(row))?;
-                    sink(rows).await?;
-                }
-            }
+    /// When the scratch file cannot be read.
+    pub(crate) fn episode_stats(&self) -> Result<Box<dyn Iterator<Item = Result<RecordBatch>>>> {
+        match &self.episode_stats {
+            Some(spilled) => Ok(Box::new(spilled.batches()?)),
+            None => Ok(Box::new(std::iter::empty())),
         }
-        Ok(())
     }
 
-    async fn load_v2(&mut self, source: &Source) -> Result<()> {
+    async fn load_v2(&mut self, source: &Source, spill: &mut Spill) -> Result<()> {
         let (file, lines) = read_jsonl(source, EPISODES_JSONL)
             .await?
             .ok_or_else(|| Error::Missing { path: EPISODES_JSONL.into(), what: "episode list".into() })?;
@@ -448,11 +437,15 @@ impl DatasetMeta {
         }
 
         if let Some(file) = source.head(EPISODES_STATS_JSONL).await? {
-            // Checked here a block of lines at a time; read again when the lake's table is
-            // written.
-            self.files.push(file.clone());
-            self.episode_stats_files.push(file);
-            self.episode_stats(source, async |_| Ok(())).await?;
+            // Checked and spilled a block of lines at a time.
+            let mut lines = LineReader::new(source, &file);
+            while let Some(block) = lines.next_block().await? {
+                for (line, text) in block {
+                    episode_stats_from_jsonl(line, &text, &mut |row| spill.push(&row))?;
+                }
+                spill.flush()?;
+            }
+            self.files.push(file);
         } else if self.version == CodebaseVersion::V21 {
             // lake needs no statistics to ingest or serve, but LeRobot's v2.1 reader loads its
             // dataset statistics from this file, and the cameras have no others.

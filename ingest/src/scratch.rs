@@ -39,11 +39,12 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// Creates the scratch files, for `cameras` video cameras.
+    /// Creates the scratch directory and its timestamps file (the cameras' files come with
+    /// [`Scratch::add_cameras`]).
     ///
     /// # Errors
     /// When the directory or its files cannot be created.
-    pub fn new(cameras: usize) -> Result<Self> {
+    pub fn new() -> Result<Self> {
         remove_abandoned();
         let dir = tempfile::Builder::new()
             .prefix(PREFIX)
@@ -56,11 +57,33 @@ impl Scratch {
             let lock = create("lock.new".into())?;
             let _ = lock.lock();
             std::fs::rename(dir.path().join("lock.new"), dir.path().join("lock"))?;
-            let positions = (0..cameras).map(|c| create(format!("positions-{c}"))).collect::<std::io::Result<Vec<_>>>()?;
-            Ok((lock, create("timestamps".into())?, positions))
+            Ok((lock, create("timestamps".into())?))
         };
-        let (lock, timestamps, positions) = files().map_err(|source| Error::Scratch { dir: dir.path().display().to_string(), source })?;
-        Ok(Self { dir, _lock: lock, timestamps, positions, next_slot: AtomicU64::new(0) })
+        let (lock, timestamps) = files().map_err(|source| Error::Scratch { dir: dir.path().display().to_string(), source })?;
+        Ok(Self { dir, _lock: lock, timestamps, positions: Vec::new(), next_slot: AtomicU64::new(0) })
+    }
+
+    /// Creates the packet-position files of `cameras` video cameras.
+    ///
+    /// # Errors
+    /// When they cannot be created.
+    pub fn add_cameras(&mut self, cameras: usize) -> Result<()> {
+        for _ in 0..cameras {
+            let name = format!("positions-{}", self.positions.len());
+            let (file, _) = self.create_file(&name)?;
+            self.positions.push(file);
+        }
+        Ok(())
+    }
+
+    /// Creates a file of the given name in the scratch directory, open to read and write.
+    ///
+    /// # Errors
+    /// When it cannot be created (or exists).
+    pub fn create_file(&self, name: &str) -> Result<(File, std::path::PathBuf)> {
+        let path = self.dir.path().join(name);
+        let file = File::options().read(true).write(true).create_new(true).open(&path).map_err(self.error())?;
+        Ok((file, path))
     }
 
     fn error(&self) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -129,7 +152,8 @@ mod tests {
 
     #[test]
     fn episodes_take_consecutive_slots_and_read_back_what_was_stored() {
-        let scratch = Scratch::new(2).expect("scratch");
+        let mut scratch = Scratch::new().expect("scratch");
+        scratch.add_cameras(2).expect("cameras");
         let a = scratch.put_timestamps(&[0.0, 0.1, 0.2]).expect("a");
         let b = scratch.put_timestamps(&[5.5, 6.5]).expect("b");
         assert_eq!((a, b), (0, 3));
@@ -149,14 +173,14 @@ mod tests {
 
     #[test]
     fn a_killed_ingests_scratch_is_removed_and_a_running_ones_kept() {
-        let running = Scratch::new(1).expect("running");
+        let running = Scratch::new().expect("running");
         // What a killed ingest leaves: its lock file, no longer locked.
         let killed = tempfile::Builder::new().prefix(PREFIX).tempdir().expect("dir").keep();
         std::fs::write(killed.join("lock"), b"").expect("lock file");
         std::fs::write(killed.join("timestamps"), [0u8; 64]).expect("timestamps");
         // Being made (no lock file yet) and recent.
         let young = tempfile::Builder::new().prefix(PREFIX).tempdir().expect("dir");
-        let next = Scratch::new(1).expect("next");
+        let next = Scratch::new().expect("next");
         assert!(!killed.exists(), "the killed ingest's scratch is removed");
         assert!(running.dir.path().join("timestamps").exists() && young.path().exists() && next.dir.path().exists());
     }

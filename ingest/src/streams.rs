@@ -102,11 +102,10 @@ pub struct StreamOutcome {
     pub job: StreamJob,
     /// Container facts, when the file could be opened.
     pub facts: Option<StreamFacts>,
-    /// The packet rows written (absent when the stream failed).
-    pub part: Option<UncommittedPart>,
-    /// Rows written before the stream failed; never published.
-    pub orphan: Option<UncommittedPart>,
-    /// Packets demuxed.
+    /// Whether its packet rows are in the packets table: the file could be opened and at least
+    /// one frame read (one row per packet, in its lane's part).
+    pub published: bool,
+    /// Packets demuxed (rows written).
     pub packets: u64,
     /// Keyframes among them.
     pub keyframes: u64,
@@ -142,33 +141,71 @@ pub struct StreamContext {
     pub scratch: Arc<Scratch>,
 }
 
-/// Demuxes one file and writes its packet rows.
+/// The camera files of one lane, demuxed one after another into one part of the packets
+/// table: a lane's rows are its files' rows in job order, one Lance writer per lane however
+/// many files there are (a part per file would hold a fragment and a schema in memory per file,
+/// and leave the table with a fragment per file).
+pub struct Lane {
+    /// The outcomes of the files read to their end, in job order.
+    pub outcomes: Vec<StreamOutcome>,
+    /// The part holding every published file's rows, or why the lane stopped.
+    pub part: Result<UncommittedPart>,
+}
+
+/// Demuxes `jobs` in order; `finished` sees each outcome as its file ends.
 ///
-/// # Errors
-/// Only when the lake cannot be written or the ingest was cancelled; problems with the file
-/// become findings.
-pub async fn run(ctx: StreamContext, job: StreamJob) -> Result<StreamOutcome> {
+/// The lane's part is an error only when the lake cannot be written or the ingest was
+/// cancelled; problems with a file become findings.
+pub async fn run_lane(ctx: StreamContext, jobs: Vec<StreamJob>, finished: impl Fn(&StreamOutcome)) -> Lane {
     let schema = tables::packets_schema();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-    let runtime = tokio::runtime::Handle::current();
-    let (worker_ctx, worker_job, worker_schema) = (ctx.clone(), job, schema.clone());
-    let worker = tokio::task::spawn_blocking(move || demux(&worker_ctx, &worker_job, worker_schema, runtime, tx));
     let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-    let written = lake_store::write_uncommitted(ctx.packets_uri.clone(), schema, batches).await;
-    let mut outcome = worker.await.map_err(|e| Error::Internal(format!("demux worker: {e}")))??;
-    if ctx.cancel.load(Ordering::Relaxed) {
-        return Err(Error::Cancelled);
+    let writer = lake_store::write_uncommitted(ctx.packets_uri.clone(), schema.clone(), batches);
+    let work = async {
+        // Dropped when the work ends, which ends the part.
+        let tx = tx;
+        let mut outcomes = Vec::new();
+        for job in jobs {
+            if tx.is_closed() {
+                break; // the writer failed: its error is the lane's
+            }
+            let runtime = tokio::runtime::Handle::current();
+            let (worker_ctx, worker_schema, worker_tx) = (ctx.clone(), schema.clone(), tx.clone());
+            let worker = tokio::task::spawn_blocking(move || demux(&worker_ctx, &job, worker_schema, runtime, worker_tx));
+            let mut outcome = match worker.await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(e)) => return (outcomes, Err(e)),
+                Err(e) => return (outcomes, Err(Error::Internal(format!("demux worker: {e}")))),
+            };
+            if ctx.cancel.load(Ordering::Relaxed) {
+                return (outcomes, Err(Error::Cancelled));
+            }
+            // The frames of a file that breaks off part-way are published up to the break
+            // (steps in the rest are errors); a file that could not be read wrote no rows.
+            outcome.published = outcome.facts.is_some() && outcome.packets > 0;
+            finished(&outcome);
+            outcomes.push(outcome);
+        }
+        (outcomes, Ok(()))
+    };
+    let (written, (outcomes, worked)) = tokio::join!(writer, work);
+    Lane { outcomes, part: worked.and(written) }
+}
+
+/// Splits jobs (in stream order) into at most `lanes` runs of consecutive jobs with about the
+/// same bytes each, so that the packets table keeps stream order whatever the lane count.
+pub fn split_lanes(jobs: Vec<StreamJob>, lanes: usize) -> Vec<Vec<StreamJob>> {
+    let lanes = lanes.max(1);
+    let total: u128 = jobs.iter().map(|j| u128::from(j.file.size.max(1))).sum();
+    let mut out: Vec<Vec<StreamJob>> = (0..lanes).map(|_| Vec::new()).collect();
+    let mut before = 0u128;
+    for job in jobs {
+        let lane = (before * lanes as u128 / total.max(1)) as usize;
+        before += u128::from(job.file.size.max(1));
+        out[lane.min(lanes - 1)].push(job);
     }
-    let part = written?;
-    // The frames of a file that breaks off part-way are published up to the break (steps in the
-    // rest are errors); a file that could not be read at all leaves an incomplete part, whose
-    // data files are removed when the table is committed.
-    if outcome.facts.is_some() && outcome.packets > 0 {
-        outcome.part = Some(part);
-    } else {
-        outcome.orphan = Some(part);
-    }
-    Ok(outcome)
+    out.retain(|lane| !lane.is_empty());
+    out
 }
 
 struct Rows {
@@ -295,8 +332,7 @@ fn demux(
     let mut out = StreamOutcome {
         job: job.clone(),
         facts: None,
-        part: None,
-        orphan: None,
+        published: false,
         packets: 0,
         keyframes: 0,
         max_gop: 0,
@@ -413,7 +449,7 @@ fn demux(
         rows.push(job.stream, &job.camera, shows, &packet, offset);
         ctx.frames_done.fetch_add(1, Ordering::Relaxed);
         if rows.full() && tx.blocking_send(rows.finish(&schema)).is_err() {
-            return Ok(out); // the writer failed; its error is reported by `run`
+            return Ok(out); // the writer failed; its error is the lane's
         }
     }
     if rows.rows > 0 {
@@ -760,4 +796,40 @@ fn check_declared(job: &StreamJob, facts: &StreamFacts, fps: f64, findings: &mut
 fn milliseconds(seconds: f64) -> String {
     let ms = seconds * 1e3;
     if ms == 0.0 || ms.abs() >= 1e-3 { format!("{ms:.3} ms") } else { format!("{ms:.2e} ms") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(stream: u32, size: u64) -> StreamJob {
+        StreamJob {
+            stream,
+            camera: "observation.images.front".into(),
+            camera_slot: 0,
+            file: SourceFile { path: format!("videos/file-{stream:03}.mp4"), size, modified: chrono::DateTime::UNIX_EPOCH },
+            declared: Declared::default(),
+            episodes: Vec::new(),
+            left_out: Vec::new(),
+        }
+    }
+
+    fn streams(lanes: &[Vec<StreamJob>]) -> Vec<Vec<u32>> {
+        lanes.iter().map(|lane| lane.iter().map(|j| j.stream).collect()).collect()
+    }
+
+    #[test]
+    fn lanes_are_runs_of_consecutive_files_with_about_the_same_bytes() {
+        // Even sizes split evenly; the table's rows stay in stream order lane after lane.
+        let even: Vec<StreamJob> = (0..8).map(|s| job(s, 100)).collect();
+        assert_eq!(streams(&split_lanes(even, 2)), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        // One large file takes a lane's share on its own.
+        let uneven = vec![job(0, 900), job(1, 100), job(2, 100), job(3, 100), job(4, 100)];
+        assert_eq!(streams(&split_lanes(uneven, 2)), vec![vec![0], vec![1, 2, 3, 4]]);
+        // Fewer files than lanes, empty files, no lanes asked for, no files.
+        assert_eq!(streams(&split_lanes(vec![job(0, 5), job(1, 5)], 4)), vec![vec![0], vec![1]]);
+        assert_eq!(streams(&split_lanes(vec![job(0, 0), job(1, 0), job(2, 0), job(3, 0)], 2)), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(streams(&split_lanes(vec![job(0, 7), job(1, 7)], 0)), vec![vec![0, 1]]);
+        assert!(split_lanes(Vec::new(), 2).is_empty());
+    }
 }
