@@ -43,7 +43,7 @@ pub struct DatasetMeta {
     /// `task_index` of v2.x's `tasks.jsonl` lines (LeRobot builds a dict of them).
     pub tasks: Vec<TaskRow>,
     /// Dataset-level statistics as LeRobot stored them (`meta/stats.json`); each episode's are
-    /// in a scratch file, read back by [`DatasetMeta::episode_stats`].
+    /// in a scratch file of the ingest.
     pub stats: Vec<StatRow>,
     /// Each episode's statistics (v3.0's episode metadata shards, v2.1's
     /// `episodes_stats.jsonl`), in the order they were read.

@@ -1,7 +1,8 @@
 //! Per-step bookkeeping of an ingest, kept on disk instead of in memory: each episode's
 //! timestamps (from the first pass over the data) and, per video camera, the packet that shows
-//! each step's frame (from demuxing). Memory then holds a few numbers per episode, whatever the
-//! number of steps; the files live in a directory under `$TMPDIR` removed when the ingest ends.
+//! each step's frame (from demuxing); also LeRobot's per-episode statistics (see
+//! `episode_stats`). Memory then holds a few numbers per episode, whatever the number of steps;
+//! the files live in a directory under `$TMPDIR` removed when the ingest ends.
 //! The directory's lock file is locked while its ingest runs: one left by an ingest that was
 //! killed is removed by the next.
 //!

@@ -105,7 +105,7 @@ pub struct StreamOutcome {
     /// Whether its packet rows are in the packets table: the file could be opened and at least
     /// one frame read (one row per packet, in its lane's part).
     pub published: bool,
-    /// Packets demuxed (rows written).
+    /// Packets demuxed (each sent to the lane's writer as a row).
     pub packets: u64,
     /// Keyframes among them.
     pub keyframes: u64,
@@ -146,7 +146,7 @@ pub struct StreamContext {
 /// many files there are (a part per file would hold a fragment and a schema in memory per file,
 /// and leave the table with a fragment per file).
 pub struct Lane {
-    /// The outcomes of the files read to their end, in job order.
+    /// The outcomes of the files whose demux was not cut short by a cancel, in job order.
     pub outcomes: Vec<StreamOutcome>,
     /// The part holding every published file's rows, or why the lane stopped.
     pub part: Result<UncommittedPart>,
@@ -154,8 +154,9 @@ pub struct Lane {
 
 /// Demuxes `jobs` in order; `finished` sees each outcome as its file ends.
 ///
-/// The lane's part is an error only when the lake cannot be written or the ingest was
-/// cancelled; problems with a file become findings.
+/// The lane's part is an error when the lake or the scratch files cannot be written, a file
+/// has more frames than the scratch files hold, or the ingest was cancelled; problems with a
+/// file become findings.
 pub async fn run_lane(ctx: StreamContext, jobs: Vec<StreamJob>, finished: impl Fn(&StreamOutcome)) -> Lane {
     let schema = tables::packets_schema();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
@@ -189,7 +190,13 @@ pub async fn run_lane(ctx: StreamContext, jobs: Vec<StreamJob>, finished: impl F
         (outcomes, Ok(()))
     };
     let (written, (outcomes, worked)) = tokio::join!(writer, work);
-    Lane { outcomes, part: worked.and(written) }
+    // A writer's own error (a full disk, say) is the lane's, also when the work stopped on a
+    // cancel it would otherwise hide.
+    let part = match (worked, written) {
+        (Err(Error::Cancelled), Err(e)) => Err(e),
+        (worked, written) => worked.and(written),
+    };
+    Lane { outcomes, part }
 }
 
 /// Splits jobs (in stream order) into at most `lanes` runs of consecutive jobs with about the
