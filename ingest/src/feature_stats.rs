@@ -246,11 +246,36 @@ fn flatten(col: &ArrayRef, table: &'static str) -> Result<(usize, Vec<Option<f64
 }
 
 /// Computes the `feature_stats` rows of the steps table at `steps_uri` (schema `schema`) over
-/// the steps `over` names.
+/// the steps `over` names, as one batch.
 ///
 /// # Errors
 /// When the table cannot be read or a column's values cannot be read as numbers.
 pub async fn compute(steps_uri: &str, schema: &Schema, over: Over<'_>, limits: Limits) -> Result<RecordBatch> {
+    let mut batches = Vec::new();
+    compute_into(steps_uri, schema, over, limits, |batch| {
+        batches.push(batch);
+        std::future::ready(Ok(()))
+    })
+    .await?;
+    arrow::compute::concat_batches(&tables::feature_stats_schema(), &batches).map_err(Error::arrow(FEATURE_STATS))
+}
+
+/// Computes the `feature_stats` rows as [`compute`] does, handing `sink` the rows of one pass
+/// (some dimensions of one column: the dataset's row and each episode's, per dimension) at a
+/// time, so that memory holds one pass's rows whatever the number of columns.
+///
+/// # Errors
+/// When the table cannot be read, a column's values cannot be read as numbers, or `sink` fails.
+pub async fn compute_into<F>(
+    steps_uri: &str,
+    schema: &Schema,
+    over: Over<'_>,
+    limits: Limits,
+    mut sink: impl FnMut(RecordBatch) -> F,
+) -> Result<()>
+where
+    F: Future<Output = Result<()>>,
+{
     // Steps per episode: an episode is summarised when its last step has been read.
     let mut steps_of: HashMap<i64, u64> = HashMap::new();
     let mut batches = lake_store::stream_columns_at(steps_uri, &["episode_index"]).await?;
@@ -259,7 +284,6 @@ pub async fn compute(steps_uri: &str, schema: &Schema, over: Over<'_>, limits: L
             *steps_of.entry(e).or_default() += 1;
         }
     }
-    let mut out = Rows::default();
     for field in schema.fields().iter().filter(|f| is_numeric(f)) {
         let dims = match field.data_type() {
             DataType::FixedSizeList(_, n) => *n as usize,
@@ -270,15 +294,18 @@ pub async fn compute(steps_uri: &str, schema: &Schema, over: Over<'_>, limits: L
         for first in (0..dims).step_by(per_pass) {
             let chunk = Chunk { uri: steps_uri, column: field.name(), dims: first..(first + per_pass).min(dims), over, limits };
             let (dataset, episodes) = chunk.summarise(&steps_of).await?;
+            let mut out = Rows::default();
             for (i, dim) in chunk.dims.clone().enumerate() {
                 out.push(None, feature, dim, dataset[i].clone());
                 for (episode, summaries) in &episodes {
                     out.push(Some(*episode), feature, dim, summaries[i].clone());
                 }
             }
+            drop(episodes);
+            sink(out.finish()?).await?;
         }
     }
-    out.finish()
+    Ok(())
 }
 
 /// `episode_index` of each row of a batch (-1 for a null).

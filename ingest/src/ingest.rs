@@ -735,18 +735,20 @@ async fn build(
     // Small tables.
     progress.check()?;
     progress.set_phase("writing metadata tables");
-    let streams_batch = streams_table(plan, &outcomes, &bases, &image_streams, &image_bytes, kept_steps, meta)?;
-    let episodes_batch = episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?;
-    let tasks_batch = tasks_table(meta)?;
     write_stats(pending, meta, &kept, progress).await?;
     progress.set_phase("computing exact feature statistics");
     progress.check()?;
-    let feature_stats_batch = crate::feature_stats::compute(
-        &pending.table_uri(STEPS),
-        &layout.schema,
-        crate::feature_stats::Over::Dataset,
-        crate::feature_stats::Limits::default(),
-    )
+    write_streamed(pending.table_uri(FEATURE_STATS), tables::feature_stats_schema(), async |tx| {
+        let (steps, over, limits) = (pending.table_uri(STEPS), crate::feature_stats::Over::Dataset, Default::default());
+        crate::feature_stats::compute_into(&steps, &layout.schema, over, limits, |batch| {
+            let (checked, tx) = (progress.check(), tx.clone());
+            async move {
+                checked?;
+                tx.send(Ok(batch)).await.map_err(|_| Error::Internal("the feature statistics writer stopped".into()))
+            }
+        })
+        .await
+    })
     .await?;
     for (e, reason) in &plan.report.skipped {
         plan.report.findings.push(
@@ -754,15 +756,15 @@ async fn build(
                 .with_episode(*e),
         );
     }
-    let findings_batch = findings_table(&plan.report.findings)?;
-    for (table, batch) in [
-        (STREAMS, streams_batch),
-        (EPISODES, episodes_batch),
-        (TASKS, tasks_batch),
-        (FEATURE_STATS, feature_stats_batch),
-        (FINDINGS, findings_batch),
-    ] {
+    // Each table is built when it is written.
+    for table in [STREAMS, EPISODES, TASKS, FINDINGS] {
         progress.check()?;
+        let batch = match table {
+            STREAMS => streams_table(plan, &outcomes, &bases, &image_streams, &image_bytes, kept_steps, meta)?,
+            EPISODES => episodes_table(plan, &by_index, &outcomes, &pointers, &layout, &image_streams)?,
+            TASKS => tasks_table(meta)?,
+            _ => findings_table(&plan.report.findings)?,
+        };
         lake_store::write_table(&pending.table_uri(table), batch.schema(), vec![batch]).await?;
     }
 
@@ -1224,10 +1226,7 @@ fn tasks_table(meta: &DatasetMeta) -> Result<RecordBatch> {
 /// Writes the `stats` table: the statistics LeRobot stored for each kept episode (read back
 /// from the scratch file a batch at a time), then the dataset's.
 async fn write_stats(pending: &PendingVersion, meta: &DatasetMeta, kept: &BTreeSet<i64>, progress: &Progress) -> Result<()> {
-    let (uri, schema) = (pending.table_uri(STATS), tables::stats_schema());
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-    let writer = tokio::spawn(lake_store::write_uncommitted(uri.clone(), schema.clone(), receiver_stream(rx)));
-    let produced: Result<()> = async {
+    write_streamed(pending.table_uri(STATS), tables::stats_schema(), async |tx| {
         for batch in meta.episode_stats()? {
             progress.check()?;
             let batch = batch?;
@@ -1246,13 +1245,24 @@ async fn write_stats(pending: &PendingVersion, meta: &DatasetMeta, kept: &BTreeS
             let _ = tx.send(rows.finish()).await;
         }
         Ok(())
-    }
-    .await;
-    if let Err(e) = produced {
+    })
+    .await
+}
+
+/// Writes the table at `uri` from the batches `produce` sends, as they come; an error of
+/// `produce` is the table's.
+async fn write_streamed(
+    uri: String,
+    schema: arrow::datatypes::SchemaRef,
+    produce: impl AsyncFnOnce(&tokio::sync::mpsc::Sender<Result<RecordBatch>>) -> Result<()>,
+) -> Result<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+    let writer = tokio::spawn(lake_store::write_uncommitted(uri.clone(), schema.clone(), receiver_stream(rx)));
+    if let Err(e) = produce(&tx).await {
         let _ = tx.send(Err(e)).await;
     }
     drop(tx);
-    let part = writer.await.map_err(|e| Error::Internal(format!("stats writer: {e}")))??;
+    let part = writer.await.map_err(|e| Error::Internal(format!("writing {uri}: {e}")))??;
     lake_store::commit_parts(&uri, schema, vec![part]).await?;
     Ok(())
 }
