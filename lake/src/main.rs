@@ -212,7 +212,14 @@ fn main() -> ExitCode {
     if cli.lake.trim().is_empty() {
         cli.lake = "./lake".into();
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Commands that plan SQL do it on threads whose stacks hold a query at the nesting limit
+    // (see `lake::sql::limits`); `serve` gives its queries threads of their own.
+    let sql_stack = matches!(cli.command, Command::Sql(_) | Command::View(_) | Command::Stats(_) | Command::Export(_));
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if sql_stack {
+        builder.thread_stack_size(lake::sql::limits::STACK_BYTES);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             errln!("error: cannot start the runtime: {e}");
@@ -228,43 +235,57 @@ fn main() -> ExitCode {
         _ => false,
     };
     let root = cli.lake.clone();
-    let result = runtime.block_on(async {
-        let command = async {
-            let result = match cli.command {
-                Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
-                Command::Ls(args) => commands::ls(&cli.lake, args).await,
-                Command::Rm(args) => commands::rm(&cli.lake, args).await,
-                Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
-                Command::Sample(args) => sample::sample(&cli.lake, args).await,
-                Command::Bench(args) => sample::bench(&cli.lake, args).await,
-                Command::Cache(args) => sample::cache(&cli.lake, args).await,
-                Command::Sql(args) => query::sql(&cli.lake, args).await,
-                Command::View(command) => query::view(&cli.lake, command).await,
-                Command::Stats(args) => query::stats(&cli.lake, args).await,
-                Command::Export(args) => query::export(&cli.lake, args).await,
-                Command::Serve(args) => server::serve(&cli.lake, args).await,
+    let run = || {
+        runtime.block_on(async {
+            let command = async {
+                let result = match cli.command {
+                    Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
+                    Command::Ls(args) => commands::ls(&cli.lake, args).await,
+                    Command::Rm(args) => commands::rm(&cli.lake, args).await,
+                    Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
+                    Command::Sample(args) => sample::sample(&cli.lake, args).await,
+                    Command::Bench(args) => sample::bench(&cli.lake, args).await,
+                    Command::Cache(args) => sample::cache(&cli.lake, args).await,
+                    Command::Sql(args) => query::sql(&cli.lake, args).await,
+                    Command::View(command) => query::view(&cli.lake, command).await,
+                    Command::Stats(args) => query::stats(&cli.lake, args).await,
+                    Command::Export(args) => query::export(&cli.lake, args).await,
+                    Command::Serve(args) => server::serve(&cli.lake, args).await,
+                };
+                match result {
+                    Err(e) => Err(commands::explained(&root, e).await),
+                    ok => ok,
+                }
             };
-            match result {
-                Err(e) => Err(commands::explained(&root, e).await),
-                ok => ok,
+            if own_stop {
+                return command.await;
             }
-        };
-        if own_stop {
-            return command.await;
-        }
-        // Writes in progress stop too (see `output::STOP`).
-        tokio::spawn(async {
-            let code = stop_requested().await;
-            output::STOP.store(code, std::sync::atomic::Ordering::Relaxed);
-        });
-        tokio::select! {
-            result = command => result,
-            code = stop_requested() => {
-                errln!("cancelled");
-                Ok(ExitCode::from(code))
+            // Writes in progress stop too (see `output::STOP`).
+            tokio::spawn(async {
+                let code = stop_requested().await;
+                output::STOP.store(code, std::sync::atomic::Ordering::Relaxed);
+            });
+            tokio::select! {
+                result = command => result,
+                code = stop_requested() => {
+                    errln!("cancelled");
+                    Ok(ExitCode::from(code))
+                }
             }
-        }
-    });
+        })
+    };
+    let result = if sql_stack {
+        std::thread::scope(|scope| {
+            let thread =
+                std::thread::Builder::new().name("lake-main".into()).stack_size(lake::sql::limits::STACK_BYTES).spawn_scoped(scope, run);
+            match thread {
+                Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(e) => Err(anyhow::anyhow!("cannot start the command's thread: {e}")),
+            }
+        })
+    } else {
+        run()
+    };
     // Blocking work a command left behind (a server's streams cut at shutdown) is not waited
     // for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

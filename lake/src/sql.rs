@@ -51,6 +51,8 @@ use lance::datafusion::LanceTableProvider;
 
 use crate::{Error, Result};
 
+pub mod limits;
+
 /// The catalog every lake table lives in.
 pub const CATALOG: &str = "lake";
 /// The schema holding the tables that span every dataset.
@@ -85,6 +87,9 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
     }
     // A syntax error as its words, not its Rust debug form (`SQL error: ParserError("…")`).
     if let D::SQL(parse, _) = e.find_root() {
+        if matches!(**parse, datafusion::sql::sqlparser::parser::ParserError::RecursionLimitExceeded) {
+            return Error::Query(limits::Refused::TooDeepToParse.to_string());
+        }
         let text = parse.to_string();
         let text = text.strip_prefix("sql parser error: ").or_else(|| text.strip_prefix("sql tokenizer error: ")).unwrap_or(&text);
         return Error::Query(format!("SQL syntax error: {text}"));
@@ -95,6 +100,15 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
             "lake answers queries only (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE): no tables are made or changed, and an answer is \
              written with `lake sql --output FILE` ({message})"
         ));
+    }
+    // A value the lake's tables refuse (a filter with more conditions than Lance takes) is the
+    // query's fault, not the lake's.
+    if let D::External(inner) = e.find_root()
+        && let Some(refusal @ lance::Error::InvalidInput { .. }) = inner.downcast_ref::<lance::Error>()
+    {
+        let text = without_source_locations(&refusal.to_string());
+        let text = text.strip_prefix("Invalid user input: ").unwrap_or(&text).trim_end_matches([',', ' ']);
+        return Error::Query(format!("the lake's tables cannot take this query: {text}"));
     }
     match e.find_root() {
         D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),
@@ -163,6 +177,7 @@ impl LakeSql {
         // LIMIT n` then let one dataset's indices cut another's rows, a wrong answer (and a
         // view made from it the wrong episodes).
         config.options_mut().optimizer.repartition_sorts = false;
+        config.options_mut().sql_parser.recursion_limit = limits::MAX_PARSER_DEPTH;
         let ctx = SessionContext::new_with_config(config);
         for function in crate::sql_functions::functions() {
             ctx.register_udf(function);
@@ -292,9 +307,50 @@ impl LakeSql {
         Ok(Arc::new(self.plan(query).await?.schema().as_arrow().clone()))
     }
 
+    /// [`LakeSql::schema`] on a thread of its own whose stack holds a query at the nesting
+    /// limit ([`limits::STACK_BYTES`]): what a server calls from its runtime, whose threads have
+    /// ordinary stacks.
+    ///
+    /// # Errors
+    /// As [`LakeSql::schema`].
+    pub async fn schema_apart(self, query: String) -> Result<SchemaRef> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("lake-sql-plan".into())
+            .stack_size(limits::STACK_BYTES)
+            .spawn(move || {
+                let answer = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime.block_on(self.schema(&query)),
+                    Err(e) => Err(Error::Internal(format!("cannot start a runtime for the query: {e}"))),
+                };
+                let _ = tx.send(answer);
+            })
+            .map_err(|e| Error::Internal(format!("cannot start a thread for the query: {e}")))?;
+        rx.await.map_err(|_| Error::Internal("the query's planning thread ended without an answer".into()))?
+    }
+
     async fn plan(&self, query: &str) -> Result<DataFrame> {
-        self.open_versions(query).await?;
-        self.ctx.sql_with_options(query, self.options).await.map_err(|e| match self.explain_error(e) {
+        let statement = self.parse(query)?;
+        self.open_versions(&statement).await?;
+        let state = self.ctx.state();
+        let planned = match state.statement_to_plan(statement).await {
+            Ok(plan) => self.options.verify_plan(&plan).map(|()| plan),
+            Err(e) => Err(e),
+        };
+        let plan = planned.map_err(|e| self.explain_error(e))?;
+        self.ctx.execute_logical_plan(plan).await.map_err(query_error)
+    }
+
+    /// Parses `query` into its one statement, refusing one too long or nested too deep for the
+    /// planner ([`limits`]) before anything recurses over it.
+    ///
+    /// # Errors
+    /// [`Error::Query`] for a syntax error (with its position) or a query over the limits.
+    fn parse(&self, query: &str) -> Result<datafusion::sql::parser::Statement> {
+        limits::check_length(query).map_err(|refused| Error::Query(refused.to_string()))?;
+        let state = self.ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(query, &dialect).map_err(|e| match self.explain_error(e) {
             // The parser gives no position for what it missed at the end.
             Error::Query(m) if m.starts_with("SQL syntax error") && m.ends_with("found: EOF") => {
                 let line = query.trim_end().lines().count().max(1);
@@ -302,7 +358,9 @@ impl LakeSql {
                 Error::Query(format!("{m} at the end of the query (Line: {line}, Column: {column})"))
             }
             e => e,
-        })
+        })?;
+        limits::check_depth(&statement).map_err(|refused| Error::Query(refused.to_string()))?;
+        Ok(statement)
     }
 
     /// Opens the earlier version a table name (`"NAME@VERSION".steps`) refers to, if any, so
@@ -311,17 +369,16 @@ impl LakeSql {
     /// # Errors
     /// When the dataset has no such version, or its tables cannot be opened.
     pub async fn open_version_of(&self, table: &str) -> Result<()> {
-        self.open_versions(&format!("SELECT * FROM {table}")).await
+        match self.parse(&format!("SELECT * FROM {table}")) {
+            Ok(statement) => self.open_versions(&statement).await,
+            Err(_) => Ok(()),
+        }
     }
 
     /// Registers the schema of every earlier version the query names (`"NAME@VERSION".steps`)
-    /// that the session has not opened yet. A query that does not parse is left for planning
-    /// to refuse with its position.
-    async fn open_versions(&self, query: &str) -> Result<()> {
-        let state = self.ctx.state();
-        let dialect = state.config().options().sql_parser.dialect;
-        let Ok(statement) = state.sql_to_statement(query, &dialect) else { return Ok(()) };
-        let Ok(references) = state.resolve_table_references(&statement) else { return Ok(()) };
+    /// that the session has not opened yet.
+    async fn open_versions(&self, statement: &datafusion::sql::parser::Statement) -> Result<()> {
+        let Ok(references) = self.ctx.state().resolve_table_references(statement) else { return Ok(()) };
         let catalog = self.ctx.catalog(CATALOG).expect("the default catalog exists");
         for schema in references.iter().filter_map(TableReference::schema).filter(|s| s.contains('@')) {
             if catalog.schema(schema).is_some() {
@@ -340,10 +397,8 @@ impl LakeSql {
     #[must_use]
     pub fn versions_read(&self, query: &str) -> BTreeMap<String, BTreeSet<u64>> {
         let mut read: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-        let state = self.ctx.state();
-        let dialect = state.config().options().sql_parser.dialect;
-        let Ok(statement) = state.sql_to_statement(query, &dialect) else { return read };
-        let Ok(references) = state.resolve_table_references(&statement) else { return read };
+        let Ok(statement) = self.parse(query) else { return read };
+        let Ok(references) = self.ctx.state().resolve_table_references(&statement) else { return read };
         for reference in references {
             match reference.schema() {
                 None | Some(SCHEMA) if DATASET_TABLES.contains(&reference.table()) => {
@@ -1045,6 +1100,7 @@ impl LakeSql {
         let (tx, rx) = tokio::sync::mpsc::channel::<Option<datafusion::error::Result<RecordBatch>>>(1);
         std::thread::Builder::new()
             .name("lake-sql".into())
+            .stack_size(limits::STACK_BYTES)
             .spawn(move || {
                 // Held (a server's SQL slot) for as long as the query runs: until its answer
                 // ends, before the end reaches the client (which may then ask again at once).

@@ -154,7 +154,7 @@ impl LakeFlightSql {
 
     /// A flight for `query`: its result schema, and one endpoint whose ticket is `ticket`.
     async fn statement_info(&self, query: &str, ticket: Vec<u8>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
-        let schema = match self.session().await?.schema(query).await {
+        let schema = match self.session().await?.schema_apart(query.to_string()).await {
             Ok(schema) => schema,
             Err(e) => return Err(self.failed(e).await),
         };
@@ -284,7 +284,7 @@ impl FlightSqlService for LakeFlightSql {
         query: ActionCreatePreparedStatementRequest,
         _: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let schema = match self.session().await?.schema(&query.query).await {
+        let schema = match self.session().await?.schema_apart(query.query.clone()).await {
             Ok(schema) => schema,
             Err(e) => return Err(self.failed(e).await),
         };

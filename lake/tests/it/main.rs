@@ -1,5 +1,6 @@
 //! Integration tests of the `lake` binary: one test binary, one module per area.
 
+mod attack;
 mod common;
 mod corrupt;
 mod datasets;

@@ -20,18 +20,18 @@ use serde_json::{Value, json};
 
 use crate::common::{ingest_ok, lake, lake_cmd, sql_rows};
 
-const TOKEN: &str = "s3cret-token";
+pub(crate) const TOKEN: &str = "s3cret-token";
 
 /// The connection preface an HTTP/2 client sends first.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// A running `lake serve`, killed when dropped.
-struct Server {
-    child: Child,
-    flight: String,
-    http: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) flight: String,
+    pub(crate) http: String,
     /// The Unix socket of local (shared-memory) streams.
-    local: std::path::PathBuf,
+    pub(crate) local: std::path::PathBuf,
 }
 
 impl Drop for Server {
@@ -75,7 +75,7 @@ fn start(root: &Path) -> Server {
 }
 
 /// [`start`] with more arguments for `lake serve`.
-fn start_with(root: &Path, args: &[&str]) -> Server {
+pub(crate) fn start_with(root: &Path, args: &[&str]) -> Server {
     let local = root.with_file_name("serve.sock");
     let mut child = lake_cmd(root)
         .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--local"])
@@ -94,7 +94,7 @@ fn start_with(root: &Path, args: &[&str]) -> Server {
 }
 
 /// One HTTP/1.1 request; returns the status and the body (chunked bodies decoded).
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+pub(crate) fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
     let (status, _, body) = http_with_head(addr, method, path, headers, body);
     (status, body)
 }
@@ -1034,7 +1034,7 @@ fn dechunk(raw: &[u8]) -> (Vec<u8>, bool) {
 }
 
 /// A gauge or counter from Prometheus text.
-fn metric(text: &str, name: &str) -> f64 {
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or_else(|| panic!("no {name}: {text}")).parse().expect("number")
 }
 
