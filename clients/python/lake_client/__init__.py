@@ -4,15 +4,17 @@
 and turns them into LeRobot-style dicts of numpy arrays. `LakeIterableDataset` is a
 `torch.utils.data.IterableDataset` over the same stream for existing PyTorch trainers: it reads
 its rank and world size from `torch.distributed` (or the `RANK` / `WORLD_SIZE` environment
-variables, or those of MPI launchers and Slurm), yields dict batches (uint8 frames as tensors), and resumes exactly from
-`state_dict()`. `LocalClient` reads the same batches from `lake serve --local PATH` on the same
-machine: they arrive in shared memory and are read in place (`local=PATH` in the dataset).
+variables, or those of MPI launchers and Slurm), yields dict batches (uint8 frames as tensors, or
+LeRobot's float32 CHW in [0, 1] with `frame_layout="lerobot"`), has a `len()` when `epochs` bounds
+it, and resumes exactly from `state_dict()`. `LocalClient` reads the same batches from
+`lake serve --local PATH` on the same machine: they arrive in shared memory and are read in place
+(`local=PATH` in the dataset).
 
     from lake_client import LakeIterableDataset
     ds = LakeIterableDataset("grpc://127.0.0.1:50051", datasets=["my_dataset"], preset="act",
-                             batch_size=32, seed=0)
+                             batch_size=32, seed=0, epochs=10)
     loader = torch.utils.data.DataLoader(ds, batch_size=None)   # batches come ready-made
-    for batch in loader:
+    for batch in tqdm(loader):                                   # len(loader): the batches of 10 epochs
         batch["action"], batch["observation.images.front"]      # float32 [32, 50, 6], uint8 [32, H, W, 3]
 
 With `frame_format="yuv420p"` in the request, video frames travel as YUV 4:2:0 planes (half the
@@ -22,6 +24,7 @@ RGB bytes on the trainer's GPU.
 
 from __future__ import annotations
 
+import difflib
 import json
 import mmap
 import re
@@ -42,12 +45,14 @@ import pyarrow.flight as flight
 __all__ = [
     "CURSOR_KEY",
     "FRAMES_KEY",
+    "FRAME_LAYOUTS",
     "LakeClient",
     "LocalClient",
     "LakeError",
     "LakeIterableDataset",
     "batch_to_numpy",
     "frames_to_rgb",
+    "to_lerobot_layout",
     "yuv420p_to_rgb24",
 ]
 
@@ -151,19 +156,91 @@ def yuv420p_to_rgb24(planes: Any, height: int, width: int, yuv_to_rgb: Dict[str,
     return rgb.reshape(lead + (height, width, 3))
 
 
-def frames_to_rgb(batch: Dict[str, Any], device: Any = None) -> Dict[str, Any]:
+# How a batch's frames are laid out: "uint8_hwc" (the default) is the decoder's bytes, uint8
+# `[..., H, W, 3]`; "lerobot" is what `LeRobotDataset` returns, float32 `[..., 3, H, W]` in [0, 1]
+# (each value the uint8 divided by 255). A time window stays the first dimension of a frame
+# (`[T, H, W, 3]` or `[T, 3, H, W]` per sample), as in LeRobot.
+FRAME_LAYOUTS = ("uint8_hwc", "lerobot")
+
+# uint8 `v` → float32 `v / 255`, correctly rounded: what LeRobot's `frames.type(torch.float32) / 255`
+# gives on the CPU (IEEE division, as numpy's). Frames on another device are looked up in this
+# table rather than divided there: CUDA divides a tensor by a Python number as a multiplication by
+# its reciprocal, 1 ulp off for 126 of the 256 values.
+_UNIT = np.arange(256, dtype=np.float32) / np.float32(255)
+# `_UNIT` as a tensor on each device it was needed on.
+_UNIT_ON: Dict[str, Any] = {}
+
+
+def _frame_layout(layout: Optional[str]) -> str:
+    """`layout` checked against `FRAME_LAYOUTS`; None is the default."""
+    if layout is None:
+        return FRAME_LAYOUTS[0]
+    if layout not in FRAME_LAYOUTS:
+        close = difflib.get_close_matches(str(layout), FRAME_LAYOUTS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"frame_layout {layout!r} is not one of {', '.join(map(repr, FRAME_LAYOUTS))}{hint}")
+    return layout
+
+
+def to_lerobot_layout(frames: Any) -> Any:
+    """uint8 RGB frames `[..., H, W, 3]` in LeRobot's layout: float32 `[..., 3, H, W]` in [0, 1],
+    each value exactly the uint8 divided by 255, as `LeRobotDataset` returns them (a window's time
+    dimension, and any other leading one, stays where it is). A numpy array is converted on the
+    CPU; a torch tensor on its own device (a GPU: move the uint8 frames there first, a quarter of
+    the bytes of float32). The result is contiguous."""
+    if frames.shape[-1:] != (3,) or len(frames.shape) < 3:
+        raise ValueError(f"frames of shape {tuple(frames.shape)} are not RGB [..., H, W, 3]")
+    if torch is not None and isinstance(frames, torch.Tensor):
+        if frames.dtype != torch.uint8:
+            raise TypeError(f"to_lerobot_layout takes uint8 frames, not {frames.dtype}")
+        if frames.device.type == "cpu":
+            return torch.from_numpy(_unit_chw(frames.numpy()))
+        return _unit_lookup(frames)
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8:
+        raise TypeError(f"to_lerobot_layout takes uint8 frames, not {frames.dtype}")
+    return _unit_chw(frames)
+
+
+def _unit_lookup(frames: Any) -> Any:
+    """uint8 tensor `[..., H, W, 3]` as float32 `[..., 3, H, W]` / 255 on its own device, by
+    looking the values up in `_UNIT` there (exact on any device), contiguous."""
+    table = _UNIT_ON.get(str(frames.device))
+    if table is None:
+        table = _UNIT_ON[str(frames.device)] = torch.from_numpy(_UNIT).to(frames.device)
+    n = frames.dim()
+    chw = frames.permute(*range(n - 3), n - 1, n - 3, n - 2).contiguous()
+    return torch.index_select(table, 0, chw.reshape(-1).to(torch.int32)).reshape(chw.shape)
+
+
+def _unit_chw(frames: np.ndarray) -> np.ndarray:
+    """uint8 `[..., H, W, 3]` as float32 `[..., 3, H, W]` / 255 on the CPU, C-contiguous."""
+    out = np.ascontiguousarray(np.moveaxis(frames, -1, -3)).astype(np.float32)
+    return np.divide(out, np.float32(255), out=out)
+
+
+def frames_to_rgb(batch: Dict[str, Any], device: Any = None, frame_layout: Optional[str] = None) -> Dict[str, Any]:
     """Turns the YUV planes of a batch's cameras (`frame_format="yuv420p"`, named under
     `FRAMES_KEY`) into uint8 RGB frames `[B, H, W, 3]` (`[B, T, H, W, 3]` with a window), the
     bytes LeRobot's frames would have; returns the batch (changed in place), without
     `FRAMES_KEY`. Torch tensors are converted on `device` (e.g. `"cuda"`: the planes move there,
     half the bytes of RGB, and the RGB is made there), or on their own device when it is None;
-    numpy arrays on the CPU. A batch without planes is returned as it is."""
+    numpy arrays on the CPU. A batch without planes is returned as it is.
+
+    With `frame_layout="lerobot"` (see `FRAME_LAYOUTS`), or when the batch comes from a
+    `LakeIterableDataset(frame_layout="lerobot")`, which records it with the planes, the RGB
+    frames are then made LeRobot's float32 `[B, 3, H, W]` (`[B, T, 3, H, W]`) in [0, 1] on the same
+    device (`to_lerobot_layout`)."""
     cameras = batch.pop(FRAMES_KEY, None) or {}
+    asked = None if frame_layout is None else _frame_layout(frame_layout)
     for key, facts in cameras.items():
         planes = batch[key]
         if device is not None and torch is not None and isinstance(planes, torch.Tensor):
             planes = planes.to(device, non_blocking=True)
-        batch[key] = yuv420p_to_rgb24(planes, int(facts["height"]), int(facts["width"]), facts["yuv_to_rgb"])
+        rgb = yuv420p_to_rgb24(planes, int(facts["height"]), int(facts["width"]), facts["yuv_to_rgb"])
+        if (asked or facts.get("frame_layout")) == "lerobot":
+            rgb = to_lerobot_layout(rgb)
+        batch[key] = rgb
     return batch
 
 
@@ -204,6 +281,61 @@ _GRPC_OPTIONS = [
 ]
 
 
+def _sent(request: Dict[str, Any]) -> Dict[str, Any]:
+    """A request as sent: a field set to None is left out, so the server takes its default,
+    except `delta_timestamps`, whose `null` the server reads as "no windows" (it replaces the
+    preset)."""
+    return {k: v for k, v in request.items() if v is not None or k == "delta_timestamps"}
+
+
+def _limit(request: Dict[str, Any]) -> Optional[int]:
+    """The batches a request's stream sends: its `limit_batches` (one batch per step, a rank
+    whose slice of an epoch's short last step is empty getting a batch of 0 rows there), None
+    without one (endless)."""
+    limit = request.get("limit_batches")
+    return None if limit is None else int(limit)
+
+
+class _Counted:
+    """`len()` of a stream of batches: those still to come, when its request has a limit."""
+
+    _left: Optional[int] = None
+
+    def __len__(self) -> int:
+        if self._left is None:
+            raise TypeError(
+                "len() of an endless stream: its request has no `limit_batches`, so it goes on across epochs for "
+                "ever; set `limit_batches` to bound it (info(request)[\"steps_per_epoch\"] batches are one epoch)"
+            )
+        return self._left
+
+    def __bool__(self) -> bool:
+        return True
+
+    def _took_one(self) -> None:
+        if self._left is not None:
+            self._left = max(0, self._left - 1)
+
+
+class _Batches(_Counted):
+    """A local stream's batches (a generator), with `len()` and `close()`."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], limit: Optional[int]):
+        self._batches, self._left = batches, limit
+
+    def __iter__(self) -> "_Batches":
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        batch = next(self._batches)
+        self._took_one()
+        return batch
+
+    def close(self) -> None:
+        """Stops reading and closes the stream."""
+        self._batches.close()
+
+
 class LakeClient:
     """A connection to `lake serve`'s Flight endpoint.
 
@@ -238,8 +370,10 @@ class LakeClient:
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """Schema and epoch shape (`epoch_len`, `steps_per_epoch`) of a sampling request, and
         its `datasets` pinned to the versions the server reads (`name@version`): a request
-        that carries them reads the same versions whatever is ingested later."""
-        descriptor = flight.FlightDescriptor.for_command(json.dumps(request).encode())
+        that carries them reads the same versions whatever is ingested later. A field set to
+        None is left out (the server's default), except `delta_timestamps`, whose None the
+        server reads as no windows."""
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(_sent(request)).encode())
         try:
             info = self._client.get_flight_info(descriptor, self._options)
         except pa.ArrowException as e:
@@ -250,21 +384,27 @@ class LakeClient:
     def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
         """The request's batches, in order (one record batch per training batch). Closing the
         iterator early (or dropping it) cancels the stream, so the server stops preparing it.
+        With `limit_batches` in the request, `len()` of the iterator is the batches still to
+        come (one per step, a batch of 0 rows where a rank's slice of an epoch's short last
+        step is empty); without it the stream is endless and `len()` raises `TypeError`. None
+        fields are left out, as in `info`.
 
         The stream is read on a thread of its own, one batch ahead of the caller: a read
         blocked in gRPC does not see Ctrl-C, a wait on that thread does."""
+        request = _sent(request)
         ticket = flight.Ticket(json.dumps(request).encode())
-        return _Prefetch(lambda: self._client.do_get(ticket, self._options))
+        return _Prefetch(lambda: self._client.do_get(ticket, self._options), _limit(request))
 
 
-class _Prefetch:
+class _Prefetch(_Counted):
     """A Flight stream's batches, read by a daemon thread into a one-batch queue. Closing it
     (or dropping it, or an exception in the caller such as Ctrl-C) cancels the stream. The
     thread holds only the shared `_PrefetchState`, never this object, so dropping it is seen."""
 
-    def __init__(self, open_stream):
+    def __init__(self, open_stream, limit: Optional[int] = None):
         self._state = _PrefetchState()
         self._done = False
+        self._left = limit
         threading.Thread(target=self._state.run, args=(open_stream,), name="lake-flight-stream", daemon=True).start()
 
     def __iter__(self) -> "_Prefetch":
@@ -286,6 +426,7 @@ class _Prefetch:
             if isinstance(item, _ArrowException):
                 raise _lake_error(item) from item
             raise item
+        self._took_one()
         return item
 
     def close(self) -> None:
@@ -623,8 +764,9 @@ class LocalClient:
     def _open(self, stream: _LocalStream, kind: bytes, prefix: bytes, request: Dict[str, Any]) -> pa.Schema:
         """Sends the opening message (`H` hello or `Q` describe) and reads the schema back."""
         token = (self.token or "").encode()
+        sent = json.dumps(_sent(request)).encode()
         try:
-            stream.sock.sendall(_frame(kind, prefix + struct.pack("<I", len(token)) + token + json.dumps(request).encode()))
+            stream.sock.sendall(_frame(kind, prefix + struct.pack("<I", len(token)) + token + sent))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server went: reading says so (`unavailable`)
         kind, payload = stream.next()
@@ -635,7 +777,13 @@ class LocalClient:
         return pa.ipc.read_schema(pa.py_buffer(_encapsulated(payload)))
 
     def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
-        """The request's batches, in order; raises `LakeError` when the server refuses it."""
+        """The request's batches, in order; raises `LakeError` when the server refuses it. As
+        `LakeClient.batches`: None fields are left out, and with `limit_batches` `len()` is the
+        batches still to come (without it the stream is endless and `len()` raises
+        `TypeError`)."""
+        return _Batches(self._batches(request), _limit(_sent(request)))
+
+    def _batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
         stream = self._connect(self.slots)
         try:
             schema = self._open(stream, b"H", struct.pack("<I", self.slots), request)
@@ -780,10 +928,61 @@ _WARNED_WORKER_STATE = False
 _WARNED_FORKED_FLIGHT = False
 
 
+# The fields of a sampling request that `LakeIterableDataset` takes as keyword arguments besides
+# its named parameters (the server's `SampleRequest`, less the fields the dataset sets itself).
+_REQUEST_KEYWORDS = ("epoch", "start_step", "drop_last", "episodes", "drop_n_first_frames", "drop_n_last_frames",
+                     "frame_size", "frame_format")
+# Fields the dataset sets itself, refused with the reason.
+_OWNED_KEYWORDS = ("limit_batches", "step_stride")
+# Keyword arguments people give a dataset by habit, with what to do instead.
+_KEYWORD_HINTS = {
+    "shuffle": "the sample order is always a shuffle, a pure function of `seed` and the epoch",
+    "num_workers": "that is torch.utils.data.DataLoader's argument",
+    "pin_memory": "that is torch.utils.data.DataLoader's argument",
+    "prefetch_factor": "that is torch.utils.data.DataLoader's argument",
+    "persistent_workers": "that is torch.utils.data.DataLoader's argument",
+    "collate_fn": "that is torch.utils.data.DataLoader's argument (batches come ready-made: batch_size=None there)",
+    "root": "the server reads its lake; name the dataset in `datasets`",
+    "repo_id": "name the lake's dataset in `datasets`",
+}
+
+
+def _refuse_unknown(owner: str, given: Sequence[str], valid: Sequence[str], refused: Sequence[str] = ()) -> None:
+    """Raises `TypeError` naming the keyword arguments of `given` neither in `valid` nor in
+    `refused` (known, and refused later with their reason), with the closest valid one (or a
+    hint) for each and the list of valid ones."""
+    unknown = [k for k in given if k not in valid and k not in refused]
+    if not unknown:
+        return
+    said = []
+    for name in unknown:
+        hint = _KEYWORD_HINTS.get(name)
+        if hint is None:
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else None
+        said.append(f"{name!r}" + (f" ({hint})" if hint else ""))
+    many = "s" if len(unknown) > 1 else ""
+    raise TypeError(
+        f"{owner} got an unexpected keyword argument{many} {', '.join(said)}; its keyword arguments are "
+        f"{', '.join(sorted(valid))}"
+    )
+
+
+def _rgb_cameras(schema: pa.Schema) -> set:
+    """The camera columns of `schema` that carry RGB frames (not YUV planes)."""
+    metadata = [(f.name, f.metadata or {}) for f in schema]
+    return {name for name, meta in metadata if meta.get(b"layout") and meta.get(b"pixel_format") != b"yuv420p"}
+
+
 def _worker() -> tuple:
     """`(id, num_workers)` of this DataLoader worker, `(0, 1)` outside one."""
     info = torch.utils.data.get_worker_info() if torch is not None else None
     return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+# `LakeIterableDataset`'s named parameters (each also a keyword argument).
+_NAMED_KEYWORDS = ("location", "datasets", "preset", "delta_timestamps", "batch_size", "seed", "epochs", "token", "rank",
+                   "world_size", "local", "server_timeout_s", "frame_layout")
 
 
 class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
@@ -801,10 +1000,24 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
-    Other request fields are keyword arguments (`episodes`, `drop_last`, …); `epoch` and
-    `start_step` among them start the cursor there. `epochs` bounds a run (the stream ends
-    before epoch `epochs`); the dataset sets `step_stride` and `limit_batches` itself and
-    refuses them.
+    Other request fields are keyword arguments (`episodes`, `drop_last`, `drop_n_first_frames`,
+    `drop_n_last_frames`, `frame_size`, `frame_format`); `epoch` and `start_step` among them
+    start the cursor there. A keyword argument that is neither is refused when the dataset is
+    made (`TypeError`, naming it, the closest valid one and all of them). None is unset: the
+    server's default (`episodes=None` samples every episode, `preset=None` is `"none"`);
+    `batch_size` and `seed` take no None. `epochs` bounds a run (the stream ends before epoch
+    `epochs`), and `len(ds)` is then the batches it yields (see `__len__`); without it the
+    stream is endless and `len()` raises `TypeError`. The dataset sets `step_stride` and
+    `limit_batches` itself and refuses them.
+
+    Frames come as uint8 `[B, H, W, 3]` (`[B, T, H, W, 3]` with a window of frames), the
+    decoder's bytes. With `frame_layout="lerobot"` they come as `LeRobotDataset` returns them:
+    float32 `[B, 3, H, W]` (`[B, T, 3, H, W]`) in [0, 1], each value exactly the uint8 / 255,
+    converted where the dataset runs (a DataLoader worker, or the CPU); with
+    `frame_format="yuv420p"` too, `frames_to_rgb(batch, device=...)` converts the planes to
+    RGB and then to that layout, on the device. To convert RGB frames on the GPU instead (a
+    quarter of the bytes to move), keep the default layout and call
+    `to_lerobot_layout(frames.to("cuda"))`.
 
     DataLoader workers (`num_workers=W`) share the rank's sequence: worker `w` reads global
     steps `cursor + w`, `cursor + w + W`, … (the request's `step_stride`), so the DataLoader's
@@ -835,7 +1048,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         self,
         location: Optional[str],
         datasets: Sequence[DatasetSpec],
-        preset: str = "none",
+        preset: Optional[str] = "none",
         delta_timestamps: Optional[Dict[str, List[float]]] = None,
         batch_size: int = 32,
         seed: int = 0,
@@ -845,19 +1058,34 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         world_size: Optional[int] = None,
         local: Optional[str] = None,
         server_timeout_s: float = SERVER_TIMEOUT_S,
+        frame_layout: Optional[str] = None,
         **request: Any,
     ):
         if torch is None:
             raise ImportError("LakeIterableDataset needs torch; LakeClient works without it")
+        _refuse_unknown("LakeIterableDataset", list(request), _REQUEST_KEYWORDS + _NAMED_KEYWORDS, _OWNED_KEYWORDS)
+        # None is unset: the server's default (every episode, drop_last true, …).
+        request = {k: v for k, v in request.items() if v is not None}
         if location is None and local is None:
             raise ValueError("give the server's Flight `location`, its `local` socket, or both")
+        for name, value, why in (("batch_size", batch_size, "the samples in each rank's batch (batches come ready-made: "
+                                  "give the DataLoader batch_size=None)"),
+                                 ("seed", seed, "the sample order is a pure function of seed and epoch, the same on "
+                                  "every rank: None is no random seed here")):
+            if value is None:
+                raise TypeError(f"{name} must be a whole number, not None: {why}")
+        if epochs is not None and (isinstance(epochs, bool) or int(epochs) != epochs or epochs < 0):
+            raise ValueError(f"epochs must be a whole number, 0 or more (None: endless), not {epochs!r}")
+        if hasattr(request.get("episodes"), "__len__") and len(request["episodes"]) == 0:
+            raise ValueError("episodes=[] selects no episode: leave it out (or None) to sample every episode")
         super().__init__()
         self.location, self.token, self.local = location, token, local
         self.server_timeout_s = server_timeout_s
+        self.frame_layout = _frame_layout(frame_layout)
         detected = _rank_and_world()
         self.rank = detected[0] if rank is None else rank
         self.world_size = detected[1] if world_size is None else world_size
-        owned = sorted(set(request) & {"limit_batches", "step_stride"})
+        owned = sorted(set(request) & set(_OWNED_KEYWORDS))
         if owned:
             raise ValueError(
                 f"LakeIterableDataset sets {' and '.join(owned)} itself (the stride from DataLoader workers, the "
@@ -867,7 +1095,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         start = (int(request.pop("epoch", 0)), int(request.pop("start_step", 0)))
         if min(start) < 0:
             raise ValueError(f"the cursor starts at epoch {start[0]}, step {start[1]}: neither may be negative")
-        self.request = {"datasets": _datasets(datasets), "preset": preset, "batch_size": batch_size, "seed": seed, **request}
+        self.request = {"datasets": _datasets(datasets), "preset": "none" if preset is None else preset,
+                        "batch_size": batch_size, "seed": seed, **request}
         if delta_timestamps is not None:
             self.request["delta_timestamps"] = delta_timestamps
         self.epochs = epochs
@@ -876,6 +1105,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         # (every `workers`-th); None while it is the rank's cursor, shared by all workers.
         self._own: Optional[tuple] = None
         self._pinned = False
+        # `(request, steps_per_epoch)` of the pinned request's plan, once asked for.
+        self._plan_steps: Optional[tuple] = None
 
     def _source(self):
         if self.local:
@@ -891,6 +1122,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             info = source.info({**request, "datasets": pinned})
         self.request["datasets"] = pinned
         self._pinned = True
+        self._plan_steps = (self._plan_key(), info["steps_per_epoch"])
         return info
 
     def pin(self) -> List[Any]:
@@ -964,40 +1196,93 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             info = self._pin(source, info)
             request["datasets"] = self.request["datasets"]
         steps_per_epoch = info["steps_per_epoch"]
+        self._plan_steps = (self._plan_key(), steps_per_epoch)
+        epoch, step, limit = self._share(steps_per_epoch, worker, workers)
+        if limit == 0:
+            return
+        if workers > 1:
+            # This worker's stride of the rank's sequence: from the shared cursor, its own
+            # first step is `worker` steps on; from its own cursor, that cursor.
+            self.epoch, self.step, self._own = epoch, step, (worker, workers)
+            request.update(epoch=epoch, start_step=step, step_stride=workers)
+        if limit is not None:
+            request["limit_batches"] = limit
+        in_worker = torch.utils.data.get_worker_info() is not None
+        self._unfinished = in_worker
+        lerobot = self.frame_layout == "lerobot"
+        for batch in source.batches(request):
+            made_at = self.epoch * steps_per_epoch + self.step
+            # This worker's next step, and the rank's next after this batch (its `lake.cursor`).
+            self.epoch, self.step = divmod(made_at + workers, steps_per_epoch)
+            columns = batch_to_numpy(batch)
+            # In LeRobot's layout, RGB cameras are converted here; YUV planes after their
+            # conversion to RGB, on the trainer's device (`frames_to_rgb`).
+            rgb = _rgb_cameras(batch.schema) if lerobot else ()
+            for facts in columns.get(FRAMES_KEY, {}).values() if lerobot else ():
+                facts["frame_layout"] = "lerobot"
+            out = {}
+            for key, value in columns.items():
+                if isinstance(value, (list, dict)):
+                    out[key] = value
+                else:
+                    out[key] = _tensor(to_lerobot_layout(value) if key in rgb else value, shared=in_worker)
+            out[CURSOR_KEY] = _tensor(np.array(divmod(made_at + 1, steps_per_epoch), dtype=np.int64), shared=in_worker)
+            yield out
+        self._unfinished = False
+
+    def _share(self, steps_per_epoch: int, worker: int, workers: int) -> tuple:
+        """`(epoch, step, limit_batches)` of the stream this process reads from the cursor:
+        the rank's, or DataLoader worker `worker`'s stride of it (see `worker_cursor`); the
+        limit is None without `epochs`, else the batches it yields (0: none)."""
         if self.step >= steps_per_epoch > 0:
             raise ValueError(
                 f"the cursor is at step {self.step} of epoch {self.epoch}, but an epoch of this request has "
                 f"{steps_per_epoch} steps: a state saved for other datasets, episodes or batch size?"
             )
         if workers == 1:
-            if self.epochs is not None:
-                remaining = (self.epochs - self.epoch) * steps_per_epoch - self.step
-                if remaining <= 0:
-                    return
-                request["limit_batches"] = remaining
+            if self.epochs is None:
+                return self.epoch, self.step, None
+            return self.epoch, self.step, max(0, (self.epochs - self.epoch) * steps_per_epoch - self.step)
+        offset = 0 if self._own is not None else worker
+        return worker_cursor(self.epoch, self.step, offset, workers, steps_per_epoch, self.epochs)
+
+    def _plan_key(self) -> str:
+        """What the epoch's shape depends on: the request, with its datasets' versions, as this
+        rank sends it."""
+        return json.dumps([self.request, self.rank, self.world_size], sort_keys=True, default=str)
+
+    def __len__(self) -> int:
+        """The batches that iterating this dataset yields from its cursor when `epochs` bounds it:
+        the rank's global steps left before epoch `epochs` (a batch each, as the server sends
+        them: the epoch's steps are its eligible samples over `batch_size * world_size`, rounded
+        down with `drop_last`, up without it, when the last step's batch may be short or, for
+        a rank whose slice of it is empty, of 0 rows). In a DataLoader worker, that worker's
+        share; a `DataLoader(ds, batch_size=None)` has the same length, so `tqdm` shows it.
+
+        The epoch's shape comes from the server (asked once the versions are pinned, on every
+        call before: the latest versions' shape). Over Flight that makes a gRPC client, so start
+        DataLoader workers with `multiprocessing_context="spawn"` afterwards, as after `pin()`.
+        Without `epochs` the stream is endless and `len()` raises `TypeError`."""
+        if self.epochs is None:
+            raise TypeError(
+                "len() of an endless LakeIterableDataset: without `epochs` its stream goes on across epochs for ever. "
+                "Give epochs=N to bound it (len() is then the batches left before epoch N), or stop iterating after "
+                "the batches you want"
+            )
+        worker, workers = _worker()
+        if self.epoch >= self.epochs:
+            return 0
+        if self._pinned and self._plan_steps is not None and self._plan_steps[0] == self._plan_key():
+            steps_per_epoch = self._plan_steps[1]
         else:
-            # This worker's stride of the rank's sequence: from the shared cursor, its own
-            # first step is `worker` steps on; from its own cursor, that cursor.
-            offset = 0 if self._own is not None else worker
-            epoch, step, limit = worker_cursor(self.epoch, self.step, offset, workers, steps_per_epoch, self.epochs)
-            self.epoch, self.step, self._own = epoch, step, (worker, workers)
-            if limit == 0:
-                return
-            request.update(epoch=epoch, start_step=step, step_stride=workers)
-            if limit is not None:
-                request["limit_batches"] = limit
-        in_worker = torch.utils.data.get_worker_info() is not None
-        self._unfinished = in_worker
-        for batch in source.batches(request):
-            made_at = self.epoch * steps_per_epoch + self.step
-            # This worker's next step, and the rank's next after this batch (its `lake.cursor`).
-            self.epoch, self.step = divmod(made_at + workers, steps_per_epoch)
-            out = {}
-            for key, value in batch_to_numpy(batch).items():
-                out[key] = value if isinstance(value, (list, dict)) else _tensor(value, shared=in_worker)
-            out[CURSOR_KEY] = _tensor(np.array(divmod(made_at + 1, steps_per_epoch), dtype=np.int64), shared=in_worker)
-            yield out
-        self._unfinished = False
+            steps_per_epoch = self._source().info(self._plan_request())["steps_per_epoch"]
+            if self._pinned:
+                self._plan_steps = (self._plan_key(), steps_per_epoch)
+        return self._share(steps_per_epoch, worker, workers)[2]
+
+    def __bool__(self) -> bool:
+        # A dataset is there even when it is endless or has nothing left (no `len()` asked).
+        return True
 
     def state_dict(self, after: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Where the stream stands: the next batch is global step `step` of `epoch`, of the

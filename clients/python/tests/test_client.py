@@ -3,7 +3,9 @@ set LAKE_FLIGHT, LAKE_LOCAL, LAKE_TOKEN, LAKE_DATASET and LAKE_REFERENCE_DIR).
 
 A full epoch read through the client holds every step once, and its samples equal LeRobot's own
 reference dumps (every value bit for bit, every frame's SHA-256); the torch dataset resumes
-exactly from its state_dict and splits ranks disjointly (skipped without torch).
+exactly from its state_dict, splits ranks disjointly, refuses unknown keyword arguments when it
+is made, takes None as unset, has a len() equal to the batches it yields, and gives frames in
+LeRobot's layout on request (skipped without torch).
 """
 
 import hashlib
@@ -22,7 +24,16 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
-from lake_client import FRAMES_KEY, LakeClient, LakeError, LocalClient, batch_to_numpy, frames_to_rgb, yuv420p_to_rgb24
+from lake_client import (
+    FRAMES_KEY,
+    LakeClient,
+    LakeError,
+    LocalClient,
+    batch_to_numpy,
+    frames_to_rgb,
+    to_lerobot_layout,
+    yuv420p_to_rgb24,
+)
 
 try:
     import torch  # noqa: F401
@@ -30,6 +41,7 @@ try:
     HAVE_TORCH = True
 except ImportError:
     HAVE_TORCH = False
+
 
 LOCATION = os.environ.get("LAKE_FLIGHT", "grpc://127.0.0.1:50051")
 LOCAL = os.environ.get("LAKE_LOCAL")
@@ -104,6 +116,33 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
         with self.assertRaises(LakeError) as bad:
             LakeClient("http://127.0.0.1:1")
         self.assertEqual(bad.exception.code, "bad_request")
+
+    def test_a_limited_stream_has_a_len_and_none_fields_are_left_out(self):
+        request = {"datasets": [DATASET], "preset": "none", "batch_size": 8, "seed": 4, "limit_batches": 3}
+        # None is the same as leaving a field out (the server refuses null for most of them).
+        unset = {"episodes": None, "drop_last": None, "drop_n_first_frames": None, "frame_size": None, "epoch": None}
+        info = self.client.info(request)
+        self.assertEqual(self.client.info({**request, **unset})["steps_per_epoch"], info["steps_per_epoch"])
+        clients = [self.client] + ([LocalClient(LOCAL, TOKEN)] if LOCAL else [])
+        whole = [b["index"].to_pylist() for b in self.client.batches(request)]
+        for client in clients:
+            batches = client.batches({**request, **unset})
+            self.assertEqual(len(batches), 3, type(client).__name__)
+            # Each batch let go before the next (a local stream's slots).
+            read = [next(batches)["index"].to_pylist()]
+            self.assertEqual(len(batches), 2)
+            for batch in batches:
+                read.append(batch["index"].to_pylist())
+                self.assertEqual(len(batches), 3 - len(read))
+                del batch
+            self.assertEqual(read, whole)
+            endless = client.batches({**request, "limit_batches": None})
+            self.assertTrue(endless)
+            with self.assertRaises(TypeError) as refused:
+                len(endless)
+            self.assertIn("endless", str(refused.exception))
+            self.assertIn("limit_batches", str(refused.exception))
+            endless.close()
 
     def test_datasets_are_listed(self):
         listed = {d["name"]: d for d in self.client.datasets()}
@@ -425,6 +464,51 @@ class YuvFrames(unittest.TestCase):
         np.testing.assert_array_equal(as_tensor.numpy(), on_cpu)
 
 
+class LeRobotLayout(unittest.TestCase):
+    """`to_lerobot_layout`: uint8 HWC frames as float32 CHW, each value the uint8 / 255."""
+
+    def every_value(self):
+        # All 256 values in each channel, a window of 2 frames: [B=2, T=2, H=16, W=16, 3].
+        values = np.arange(256, dtype=np.uint8).reshape(16, 16)
+        frames = np.stack([values, values[::-1], values.T], axis=-1)
+        return np.stack([np.stack([frames, 255 - frames])] * 2)
+
+    def test_numpy_frames(self):
+        frames = self.every_value()
+        got = to_lerobot_layout(frames)
+        self.assertEqual((got.dtype, got.shape), (np.float32, (2, 2, 3, 16, 16)))
+        self.assertTrue(got.flags["C_CONTIGUOUS"])
+        for b, t, c in np.ndindex(2, 2, 3):
+            want = frames[b, t, :, :, c].astype(np.float32) / np.float32(255)
+            self.assertEqual(got[b, t, c].tobytes(), want.tobytes(), (b, t, c))
+        self.assertEqual((got.min(), got.max()), (0.0, 1.0))
+        with self.assertRaises(ValueError):
+            to_lerobot_layout(frames[..., :2])
+        with self.assertRaises(TypeError):
+            to_lerobot_layout(frames.astype(np.float32))
+
+    @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+    def test_torch_frames_on_every_device_equal_lerobots_cpu_division(self):
+        import lake_client
+
+        frames = torch.from_numpy(self.every_value())
+        # LeRobot's own arithmetic, on the CPU, after its CHW permute.
+        want = frames.permute(0, 1, 4, 2, 3).type(torch.float32) / 255
+        got = to_lerobot_layout(frames)
+        self.assertEqual((got.dtype, tuple(got.shape)), (torch.float32, (2, 2, 3, 16, 16)))
+        self.assertTrue(got.is_contiguous())
+        self.assertTrue(torch.equal(got, want))
+        # The lookup other devices use, run here on the CPU; and on a GPU where there is one.
+        self.assertTrue(torch.equal(lake_client._unit_lookup(frames), want))
+        self.assertTrue(torch.equal(to_lerobot_layout(frames[0, 0]), want[0, 0]), "one frame, no window: [3, H, W]")
+        if torch.cuda.is_available():
+            on_gpu = to_lerobot_layout(frames.to("cuda"))
+            self.assertEqual(on_gpu.device.type, "cuda")
+            self.assertTrue(torch.equal(on_gpu.cpu(), want))
+        with self.assertRaises(TypeError):
+            to_lerobot_layout(frames.float())
+
+
 @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
 class TorchDataset(unittest.TestCase):
     def make(self, location=LOCATION, **kw):
@@ -681,6 +765,168 @@ class TorchDataset(unittest.TestCase):
                     self.assertEqual(planes[key], value, key)
                 else:
                     self.assertTrue(torch.equal(planes[key], value), key)
+
+    def test_unknown_keyword_arguments_are_refused_when_the_dataset_is_made(self):
+        # Nothing listens there: the refusal comes from the constructor, not the server.
+        nowhere = "grpc://127.0.0.1:1"
+        with self.assertRaises(TypeError) as refused:
+            self.make(location=nowhere, shuffle=True)
+        said = str(refused.exception)
+        for says in ("unexpected keyword argument 'shuffle'", "always a shuffle", "episodes", "drop_last", "frame_layout"):
+            self.assertIn(says, said)
+        with self.assertRaises(TypeError) as refused:
+            self.make(location=nowhere, drop_lsat=False, batchsize=4)
+        said = str(refused.exception)
+        self.assertIn("arguments 'drop_lsat' (did you mean 'drop_last'?), 'batchsize' (did you mean 'batch_size'?)", said)
+        with self.assertRaisesRegex(ValueError, r"frame_layout 'LeRobot' is not one of .*did you mean 'lerobot'"):
+            self.make(location=nowhere, frame_layout="LeRobot")
+        # Every valid keyword is taken without a word from the server.
+        self.make(location=nowhere, episodes=[0], drop_last=False, drop_n_first_frames=1, drop_n_last_frames=1,
+                  frame_size=None, frame_format="yuv420p", epoch=0, start_step=0, frame_layout="lerobot")
+
+    def test_none_is_unset(self):
+        whole = [b["index"].tolist() for b in self.make()]
+        unset = self.make(episodes=None, drop_last=None, drop_n_first_frames=None, drop_n_last_frames=None, frame_size=None,
+                          frame_format=None, epoch=None, start_step=None, limit_batches=None, step_stride=None,
+                          preset=None, delta_timestamps=None, frame_layout=None)
+        self.assertEqual([b["index"].tolist() for b in unset], whole)
+        self.assertEqual(unset.state_dict()["order"], self.make().state_dict()["order"])
+        with self.assertRaisesRegex(ValueError, r"episodes=\[\] selects no episode"):
+            self.make(episodes=[])
+        for field in ("seed", "batch_size"):
+            with self.assertRaisesRegex(TypeError, f"{field} must be a whole number, not None"):
+                self.make(**{field: None})
+
+    def test_len_is_the_batches_iteration_yields(self):
+        ds = self.make()
+        self.assertEqual(len(ds), 15)
+        self.assertEqual(len(list(ds)), 15)
+        self.assertEqual(len(ds), 0, "the cursor is at the end")
+        self.assertEqual(list(ds), [])
+        started = self.make(epochs=2, start_step=3)
+        self.assertEqual(len(started), 27)
+        self.assertEqual(len(list(started)), 27)
+        # A DataLoader over it has the same length (what tqdm shows), with workers too.
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(self.make(epochs=2), batch_size=None, **workers_of(2))
+        self.assertEqual(len(loader), 30)
+        self.assertEqual(len(list(loader)), 30)
+        endless = self.make(epochs=None)
+        self.assertTrue(endless)
+        with self.assertRaises(TypeError) as refused:
+            len(endless)
+        self.assertIn("endless", str(refused.exception))
+        self.assertIn("epochs=N", str(refused.exception))
+        self.assertEqual(len(self.make(epochs=0)), 0)
+
+    def test_len_counts_a_ranks_empty_batches_and_each_workers_share(self):
+        # Without drop_last, an epoch's last global batch is short; a rank whose slice of it is
+        # empty still gets a batch there (of 0 rows): len() counts it, as the server sends it.
+        epoch_len = LakeClient(LOCATION, TOKEN).info({"datasets": [DATASET]})["epoch_len"]
+        size = next(b for b in range(25, epoch_len) if 0 < epoch_len % (3 * b) <= b)
+        rows = 0
+        for rank in range(3):
+            ds = self.make(batch_size=size, rank=rank, world_size=3, drop_last=False, epochs=2)
+            self.assertEqual(len(ds), 2 * -(-epoch_len // (3 * size)))
+            batches = list(ds)
+            self.assertEqual(len(batches), 2 * -(-epoch_len // (3 * size)), f"rank {rank}")
+            empty = [b for b in batches if len(b["index"]) == 0]
+            self.assertEqual(len(empty), 0 if rank == 0 else 2, f"rank {rank}")
+            rows += sum(len(b["index"]) for b in batches)
+        self.assertEqual(rows, 2 * epoch_len)
+        with_drop = self.make(batch_size=size, rank=2, world_size=3, epochs=1)
+        self.assertEqual(len(with_drop), epoch_len // (3 * size))
+        # In a DataLoader worker, len() is that worker's share: what it yields (simulated here).
+        import torch.utils.data._utils.worker as torch_worker
+        from torch.utils.data._utils.worker import WorkerInfo
+
+        shares = []
+        for w in range(3):
+            ds = self.make(epochs=2, start_step=4)
+            torch_worker._worker_info = WorkerInfo(id=w, num_workers=3, seed=0, dataset=ds)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    share = len(ds)
+                    self.assertEqual(share, len(list(ds)), f"worker {w}")
+            finally:
+                torch_worker._worker_info = None
+            shares.append(share)
+        self.assertEqual(shares, [9, 9, 8])
+
+    def test_len_asks_the_server_once_the_versions_are_pinned(self):
+        ds = self.make(epochs=3)
+        asked = []
+        planned = LakeClient.info
+
+        def counted(client, request):
+            asked.append(request)
+            return planned(client, request)
+
+        LakeClient.info = counted
+        try:
+            self.assertEqual(len(ds), 45)
+            self.assertEqual(len(ds), 45)
+            self.assertEqual(len(asked), 2, "not pinned: the latest versions' shape each time")
+            ds.pin()
+            del asked[:]
+            self.assertEqual(len(ds), 45)
+            self.assertEqual(asked, [], "pinned: the shape pin() was told")
+            ds.load_state_dict({**ds.state_dict(), "epoch": 1, "step": 5})
+            self.assertEqual(len(ds), 25)
+        finally:
+            LakeClient.info = planned
+
+    def test_lerobot_layout_is_float_chw_over_255_with_the_window_first(self):
+        for preset, window in (("act", None), ("diffusion", 2)):
+            frames = next(iter(self.make(preset=preset, batch_size=16, start_step=7)))
+            lerobot = next(iter(self.make(preset=preset, batch_size=16, start_step=7, frame_layout="lerobot")))
+            self.assertEqual(sorted(frames), sorted(lerobot))
+            cameras = [k for k, v in frames.items() if isinstance(v, torch.Tensor) and v.dtype == torch.uint8]
+            self.assertTrue(cameras, preset)
+            for key, value in frames.items():
+                if key not in cameras:
+                    self.assertTrue(value == lerobot[key] if isinstance(value, list) else torch.equal(value, lerobot[key]), key)
+                    continue
+                got = lerobot[key]
+                lead = (16,) if window is None else (16, window)
+                h, w = value.shape[-3:-1]
+                self.assertEqual((got.dtype, tuple(got.shape)), (torch.float32, lead + (3, h, w)), f"{preset} {key}")
+                self.assertEqual(tuple(value.shape), lead + (h, w, 3))
+                self.assertTrue(got.is_contiguous())
+                # LeRobot's arithmetic (`frames.type(torch.float32) / 255` on the CPU), and numpy's.
+                self.assertTrue(torch.equal(got, torch.movedim(value, -1, -3).type(torch.float32) / 255), key)
+                want = np.moveaxis(value.numpy(), -1, -3).astype(np.float32) / np.float32(255)
+                self.assertEqual(got.numpy().tobytes(), np.ascontiguousarray(want).tobytes(), key)
+                self.assertTrue(torch.equal(got[0, ..., 0, 0], value[0, ..., 0, 0, :].type(torch.float32) / 255))
+
+    def test_lerobot_layout_of_yuv_frames_after_their_conversion(self):
+        rgb = next(iter(self.make(preset="diffusion", frame_layout="lerobot", start_step=2)))
+        planes = next(iter(self.make(preset="diffusion", frame_layout="lerobot", frame_format="yuv420p", start_step=2)))
+        cameras = list(planes[FRAMES_KEY])
+        self.assertTrue(cameras)
+        self.assertTrue(all(planes[k].dtype == torch.uint8 for k in cameras), "planes stay bytes until converted")
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        for device in devices:
+            batch = dict(planes, **{FRAMES_KEY: {k: dict(v) for k, v in planes[FRAMES_KEY].items()}})
+            frames_to_rgb(batch, device=device)
+            for key in cameras:
+                self.assertEqual(batch[key].device.type, device)
+                self.assertEqual(batch[key].dtype, torch.float32)
+                self.assertTrue(torch.equal(batch[key].cpu(), rgb[key]), f"{key} on {device}")
+        # A plain client's numpy batch, asked for the layout, and a dataset's batch asked for bytes.
+        (batch,) = LakeClient(LOCATION, TOKEN).batches({"datasets": [DATASET], "preset": "diffusion", "batch_size": 40,
+                                                        "seed": 5, "start_step": 2, "limit_batches": 1,
+                                                        "frame_format": "yuv420p"})
+        columns = frames_to_rgb(batch_to_numpy(batch), frame_layout="lerobot")
+        for key in cameras:
+            self.assertEqual(columns[key].tobytes(), rgb[key].numpy().tobytes(), key)
+        batch = dict(planes, **{FRAMES_KEY: {k: dict(v) for k, v in planes[FRAMES_KEY].items()}})
+        frames_to_rgb(batch, frame_layout="uint8_hwc")
+        for key in cameras:
+            self.assertEqual(batch[key].dtype, torch.uint8)
+            self.assertTrue(torch.equal(to_lerobot_layout(batch[key]), rgb[key]))
 
     def test_ranks_split_each_global_batch(self):
         whole = [b["index"].tolist() for b in self.make()]
