@@ -5,19 +5,26 @@ A full epoch read through the client holds every step once, and its samples equa
 reference dumps (every value bit for bit, every frame's SHA-256); the torch dataset resumes
 exactly from its state_dict, splits ranks disjointly, refuses unknown keyword arguments when it
 is made, takes None as unset, has a len() equal to the batches it yields, and gives frames in
-LeRobot's layout on request (skipped without torch).
+LeRobot's layout on request (skipped without torch). The package builds a wheel that installs
+into a clean virtual environment (skipped without `build`).
 """
 
+import glob
 import hashlib
+import json
 import os
+import shutil
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 import unittest
 import warnings
+import zipfile
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +49,15 @@ try:
 except ImportError:
     HAVE_TORCH = False
 
+try:
+    import build  # noqa: F401
+
+    HAVE_BUILD = True
+except ImportError:
+    HAVE_BUILD = False
+
+# clients/python: the package's sources and pyproject.toml.
+CLIENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOCATION = os.environ.get("LAKE_FLIGHT", "grpc://127.0.0.1:50051")
 LOCAL = os.environ.get("LAKE_LOCAL")
@@ -155,6 +171,68 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
             LakeClient(f"grpc://{HTTP}", TOKEN).info({"datasets": [DATASET]})
         self.assertEqual(refused.exception.code, "unavailable")
         self.assertIn("give lake serve's --flight address", str(refused.exception))
+
+
+@unittest.skipUnless(HAVE_BUILD, "the `build` package cannot be imported (scripts/python-env.sh installs it)")
+class TheWheel(unittest.TestCase):
+    """`python -m build --wheel` makes a wheel that installs into a clean virtual environment,
+    which then imports lake_client from the wheel and reads a batch with it.
+
+    Nothing comes from PyPI: the wheel is built without isolation (with this environment's
+    setuptools, which scripts/python-env.sh pins), and installed with --no-deps --no-index; the
+    new environment sees this one's pyarrow and numpy through a .pth file, once the wheel's
+    metadata is checked to require them. So the test runs offline, as CI may, and in seconds."""
+
+    def run_ok(self, *args, **kw):
+        # No PYTHONPATH (lake's test runner points it at the source tree).
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        done = subprocess.run(args, capture_output=True, text=True, env=env, **kw)
+        self.assertEqual(done.returncode, 0, f"{' '.join(args)}:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def test_the_wheel_installs_into_a_clean_venv_and_imports_from_there(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            # Built from a copy, so the source tree gets no build/ or egg-info.
+            source = os.path.join(tmp, "source")
+            shutil.copytree(CLIENT_DIR, source, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
+            self.run_ok(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", os.path.join(tmp, "dist"), source)
+            (wheel,) = glob.glob(os.path.join(tmp, "dist", "*.whl"))
+            self.assertEqual(os.path.basename(wheel), "lake_client-0.1.0-py3-none-any.whl")
+            with zipfile.ZipFile(wheel) as z:
+                names = z.namelist()
+                metadata = z.read("lake_client-0.1.0.dist-info/METADATA").decode()
+            self.assertEqual([n for n in names if not n.startswith("lake_client-0.1.0.dist-info/")], ["lake_client/__init__.py"])
+            requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+            self.assertIn("pyarrow>=14", requires)
+            self.assertIn("numpy>=1.24", requires)
+
+            venv = os.path.join(tmp, "venv")
+            self.run_ok(sys.executable, "-m", "venv", venv)
+            python = os.path.join(venv, "bin", "python")
+            self.run_ok(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel)
+            site = self.run_ok(python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+            with open(os.path.join(site, "lake-test-dependencies.pth"), "w") as pth:
+                pth.write("\n".join(sorted({os.path.dirname(os.path.dirname(m.__file__)) for m in (np, pa)})) + "\n")
+            # -I: no PYTHONPATH, user site or working directory on the path; run from elsewhere too.
+            script = (
+                "import importlib.metadata as md, json, sys\n"
+                "import lake_client\n"
+                "location, token, dataset = sys.argv[1:]\n"
+                "request = {'datasets': [dataset], 'batch_size': 4, 'limit_batches': 1}\n"
+                "rows = [b.num_rows for b in lake_client.LakeClient(location, token or None).batches(request)]\n"
+                "files = [str(f) for f in md.distribution('lake-client').files]\n"
+                "print(json.dumps({'file': lake_client.__file__, 'version': md.version('lake-client'), 'files': files,"
+                " 'rows': rows}))\n"
+            )
+            seen = json.loads(self.run_ok(python, "-I", "-c", script, LOCATION, TOKEN or "", DATASET, cwd=tmp))
+            installed = os.path.realpath(seen["file"])
+            self.assertEqual(installed, os.path.join(os.path.realpath(site), "lake_client", "__init__.py"), "from the wheel")
+            self.assertFalse(installed.startswith(os.path.realpath(CLIENT_DIR) + os.sep), "not the source tree")
+            with open(installed, "rb") as got, open(os.path.join(CLIENT_DIR, "lake_client", "__init__.py"), "rb") as want:
+                self.assertEqual(got.read(), want.read(), "the wheel holds this tree's client")
+        self.assertEqual(seen["version"], "0.1.0")
+        self.assertIn("lake_client/__init__.py", seen["files"])
+        self.assertEqual(seen["rows"], [4], "the installed client reads a batch from the server")
 
 
 class RankFromTheEnvironment(unittest.TestCase):
