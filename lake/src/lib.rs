@@ -38,6 +38,11 @@ pub enum Error {
     /// The server has no room for another stream now (its memory budget is taken).
     #[error("{0}")]
     Busy(String),
+    /// A query needs more memory than its budget (the SQL memory pool, or the limit on a
+    /// value one function call may build): HTTP 507, gRPC `RESOURCE_EXHAUSTED`. Asking again
+    /// fails again.
+    #[error("{0}")]
+    ResourcesExhausted(String),
     /// A request is not valid (e.g. a view's query lacks a column).
     #[error("{0}")]
     Invalid(String),

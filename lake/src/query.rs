@@ -78,6 +78,11 @@ pub struct SqlArgs {
     /// Write the result to this file instead of stdout.
     #[arg(long, short)]
     output: Option<PathBuf>,
+    /// MiB the query may hold: sorts, joins and aggregations spill to temporary files past it,
+    /// and a query that needs more where it cannot spill fails as resources exhausted
+    /// [default: half the machine's memory].
+    #[arg(long, env = "LAKE_SQL_MEMORY_MB", value_parser = crate::sample::mebibytes_at_least_one)]
+    memory_mb: Option<u64>,
 }
 
 impl SqlArgs {
@@ -98,7 +103,8 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     // Queries only, as a server answers: `CREATE TABLE … AS` would make a table this process
     // forgets, `COPY … TO` writes what `--output` writes.
-    let session = LakeSql::open(&lake).await?.read_only();
+    let memory = lake::sql::SqlMemory::new(args.memory_mb.map_or_else(lake::sql::SqlMemory::default_bytes, |mb| mb << 20))?;
+    let session = LakeSql::open_with(&lake, &lake::sql::OpenedTables::default(), &memory).await?.read_only();
     for (spec, why) in session.unreadable() {
         // A version `lake rm` took while the session opened it.
         let removal = match spec.rsplit_once('@').map(|(name, v)| (name, v.parse::<u64>())) {

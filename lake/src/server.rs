@@ -46,7 +46,9 @@ pub struct ServeArgs {
     /// counts twice, for its encoded copy).
     #[arg(long, env = "LAKE_SERVE_PREFETCH_MB", default_value_t = 128, value_parser = crate::sample::mebibytes)]
     prefetch_mb: u64,
-    /// MiB all streams may hold together: each open stream's send buffer (one encoded batch)
+    /// MiB the server's streams and SQL queries may hold together (SQL takes
+    /// --sql-memory-mb of it, the streams the rest). Streams count each open stream's send
+    /// buffer (one encoded batch)
     /// and the batches being made, ready or being sent (two encoded sizes each); a local
     /// stream's slots of shared memory and its batches (one size each). Streams wait
     /// for room for their next batch; a stream that cannot get its send buffer is refused
@@ -58,6 +60,11 @@ pub struct ServeArgs {
     /// ends with an error.
     #[arg(long, env = "LAKE_SERVE_SQL_TIMEOUT", default_value_t = 300, value_parser = crate::sample::seconds_at_least_one)]
     sql_timeout: u64,
+    /// MiB of --memory-mb that SQL queries (HTTP or Flight SQL) may hold together: sorts, joins
+    /// and aggregations spill to temporary files past it, and a query that needs more where it
+    /// cannot spill fails as resources exhausted (507 / RESOURCE_EXHAUSTED)
+    #[arg(long, env = "LAKE_SERVE_SQL_MEMORY_MB", default_value_t = 1024, value_parser = crate::sample::mebibytes_at_least_one)]
+    sql_memory_mb: u64,
     /// SQL queries (HTTP or Flight SQL) run at once, each on a thread of its own; one more is
     /// refused as busy (503 / RESOURCE_EXHAUSTED) [default: the number of cores].
     #[arg(long, env = "LAKE_SERVE_SQL_CONCURRENCY", value_parser = crate::sample::at_least_one)]
@@ -149,7 +156,9 @@ async fn keep_pages_under_load(service: std::sync::Arc<Service>) {
     let (mut peak, mut calm) = (0u64, 0u32);
     loop {
         tick.tick().await;
-        let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
+        // SQL queries count as streams do: the pages a sort or a join freed go back once
+        // the queries have ended (jemalloc keeps them otherwise; see `set_page_decay`).
+        let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed) + service.sql_running() as u64;
         peak = peak.max(open);
         calm = if peak > 0 && open * 2 <= peak { calm + 1 } else { 0 };
         if calm >= CALM_SECONDS {
@@ -192,11 +201,19 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
             "--token-file / --tokens / LAKE_TOKENS hold no token (blank lines and # comments are skipped); refusing to serve without the authentication asked for"
         );
     }
+    if args.sql_memory_mb >= args.memory_mb {
+        anyhow::bail!(
+            "--sql-memory-mb ({} MiB) must be less than --memory-mb ({} MiB), which holds it and the streams' batches",
+            args.sql_memory_mb,
+            args.memory_mb
+        );
+    }
     let tokens_empty = tokens.is_empty();
     let options = ServeOptions {
         loader: lake_loader::LoaderOptions { threads: args.threads.unwrap_or(0), cache_bytes: args.cache_mb << 20, frame_table: true },
         prefetch_bytes: args.prefetch_mb << 20,
-        memory_bytes: args.memory_mb << 20,
+        memory_bytes: (args.memory_mb - args.sql_memory_mb) << 20,
+        sql_memory_bytes: args.sql_memory_mb << 20,
         lookahead: args.lookahead,
         sql_timeout: std::time::Duration::from_secs(args.sql_timeout),
         request_wait: std::time::Duration::from_secs(args.request_wait),
@@ -295,7 +312,9 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     match drained {
         Ok(done) => done.map(|()| ExitCode::SUCCESS),
         Err(when) => {
-            let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed);
+            // SQL queries count as streams do: the pages a sort or a join freed go back once
+            // the queries have ended (jemalloc keeps them otherwise; see `set_page_decay`).
+            let open = service.metrics.active_streams.load(std::sync::atomic::Ordering::Relaxed) + service.sql_running() as u64;
             let (count, what, why) = if open > 0 {
                 (open, "stream", "clients not taking their batches")
             } else {

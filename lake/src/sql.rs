@@ -51,7 +51,11 @@ use lance::datafusion::LanceTableProvider;
 
 use crate::{Error, Result};
 
+pub mod capped;
 pub mod limits;
+pub mod memory;
+
+pub use memory::SqlMemory;
 
 /// The catalog every lake table lives in.
 pub const CATALOG: &str = "lake";
@@ -110,6 +114,9 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
         let text = text.strip_prefix("Invalid user input: ").unwrap_or(&text).trim_end_matches([',', ' ']);
         return Error::Query(format!("the lake's tables cannot take this query: {text}"));
     }
+    if let D::ResourcesExhausted(what) = e.find_root() {
+        return Error::ResourcesExhausted(format!("resources exhausted: {}", without_source_locations(what)));
+    }
     match e.find_root() {
         D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),
         D::ArrowError(arrow, _) if matches!(**arrow, ArrowError::IoError(..) | ArrowError::ExternalError(_)) => Error::Storage(message),
@@ -155,16 +162,16 @@ impl LakeSql {
     /// # Errors
     /// When the catalog or a table cannot be read.
     pub async fn open(lake: &Lake) -> Result<Self> {
-        Self::open_with(lake, &OpenedTables::default()).await
+        Self::open_with(lake, &OpenedTables::default(), &SqlMemory::new(SqlMemory::default_bytes())?).await
     }
 
     /// Opens a session as [`LakeSql::open`] does, taking the tables of dataset versions
     /// `opened` already holds from it, and keeping there those it opens (a server's sessions,
-    /// one per query, open each version's tables once).
+    /// one per query, open each version's tables once), its queries drawing from `memory`.
     ///
     /// # Errors
     /// As [`LakeSql::open`].
-    pub async fn open_with(lake: &Lake, opened: &OpenedTables) -> Result<Self> {
+    pub async fn open_with(lake: &Lake, opened: &OpenedTables, memory: &SqlMemory) -> Result<Self> {
         let (datasets, unreadable_records) = lake.datasets_listed().await?;
         let (views, unreadable_views) = lake.views_listed().await?;
         let mut config = SessionConfig::new()
@@ -178,10 +185,11 @@ impl LakeSql {
         // view made from it the wrong episodes).
         config.options_mut().optimizer.repartition_sorts = false;
         config.options_mut().sql_parser.recursion_limit = limits::MAX_PARSER_DEPTH;
-        let ctx = SessionContext::new_with_config(config);
+        let ctx = SessionContext::new_with_config_rt(config, memory.runtime());
         for function in crate::sql_functions::functions() {
             ctx.register_udf(function);
         }
+        let ctx = capped::install(&ctx);
         let catalog = ctx.catalog(CATALOG).expect("the default catalog exists");
 
         // Per-dataset schemas: the tables under their own names, columns renamed to LeRobot keys.

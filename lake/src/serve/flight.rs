@@ -67,7 +67,7 @@ pub(super) fn status(e: &Error) -> Status {
     match kind {
         Refusal::BadRequest => Status::invalid_argument(message),
         Refusal::NotFound => Status::not_found(message),
-        Refusal::Busy => Status::resource_exhausted(message),
+        Refusal::Busy | Refusal::TooLarge => Status::resource_exhausted(message),
         Refusal::Unavailable => Status::unavailable(message),
         Refusal::Internal => Status::internal(message),
         Refusal::Frame => Status::data_loss(message),

@@ -188,6 +188,7 @@ impl From<Error> for Refused {
             Refusal::BadRequest => StatusCode::BAD_REQUEST,
             Refusal::NotFound => StatusCode::NOT_FOUND,
             Refusal::Busy | Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::TooLarge => StatusCode::INSUFFICIENT_STORAGE,
             Refusal::Internal | Refusal::Frame => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self(code, message)
@@ -756,8 +757,9 @@ fn paths_and_schemas(
                     "503": error("the memory budget has no room for another stream now (retry after the Retry-After seconds)")}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
                 "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`)",
-                    "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, or the query failed"), "401": unauthorized,
+                    "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, a query over the limits (1 MiB of text, nesting), or the query failed"), "401": unauthorized,
                     "406": error("the Accept header takes none of the answer's forms"),
+                    "507": error("the query needs more memory than the server's SQL budget (--sql-memory-mb), or builds a value past 256 MiB"),
                     "503": error("as many SQL queries run as the server runs at once (retry after the Retry-After seconds)")}}}
         }
     })

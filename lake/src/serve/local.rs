@@ -79,6 +79,7 @@ fn error_message(e: &crate::Error) -> Vec<u8> {
         Refusal::BadRequest => "bad_request",
         Refusal::NotFound => "not_found",
         Refusal::Busy => "busy",
+        Refusal::TooLarge => "resources_exhausted",
         Refusal::Unavailable => "unavailable",
         Refusal::Internal => "internal",
         Refusal::Frame => "frame",

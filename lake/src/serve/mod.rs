@@ -539,6 +539,10 @@ pub struct ServeOptions {
     pub sql_timeout: std::time::Duration,
     /// SQL queries run at once (each on a thread of its own); one more is refused as busy.
     pub sql_concurrency: usize,
+    /// Bytes SQL queries may hold together (sorts, joins and aggregations spill to temporary
+    /// files past it; what cannot spill fails as resources exhausted), apart from
+    /// [`ServeOptions::memory_bytes`].
+    pub sql_memory_bytes: u64,
     /// Longest an HTTP client may take to send a request's head, and then its body; a slower
     /// one is cut (head) or answered 408 (body).
     pub request_wait: std::time::Duration,
@@ -556,6 +560,7 @@ impl Default for ServeOptions {
             lookahead: lake_loader::DEFAULT_HORIZON,
             sql_timeout: std::time::Duration::from_secs(300),
             sql_concurrency: std::thread::available_parallelism().map_or(2, usize::from),
+            sql_memory_bytes: 1 << 30,
             request_wait: std::time::Duration::from_secs(30),
         }
     }
@@ -710,6 +715,8 @@ pub struct Service {
     planning: Semaphore,
     /// Dataset versions' tables opened by earlier SQL sessions.
     sql_tables: crate::sql::OpenedTables,
+    /// The memory every SQL query of the server draws from.
+    sql_memory: crate::sql::SqlMemory,
     /// Streams that may hold lent room (see [`Service::reclaim_lent`]).
     lenders: Mutex<Vec<Weak<Making>>>,
     /// Counters.
@@ -823,6 +830,7 @@ impl Service {
     pub fn new(lake: Lake, options: ServeOptions) -> Result<Arc<Self>> {
         let (stopping, _) = tokio::sync::watch::channel(false);
         let resources = Resources::new(options.loader.threads, options.loader.cache_bytes)?;
+        let sql_memory = crate::sql::SqlMemory::new(options.sql_memory_bytes.max(1))?;
         let slots = 2 * resources.threads();
         let sql_slots = options.sql_concurrency.max(1);
         let planning = Semaphore::new(options.max_loaders.max(1));
@@ -839,6 +847,7 @@ impl Service {
             prepared: Mutex::new(HashMap::new()),
             planning,
             sql_tables: crate::sql::OpenedTables::default(),
+            sql_memory,
             lenders: Mutex::new(Vec::new()),
             metrics: Metrics::default(),
         }))
@@ -1113,7 +1122,7 @@ impl Service {
     /// # Errors
     /// When the catalog cannot be read.
     pub async fn sql_session(&self) -> Result<crate::sql::LakeSql> {
-        crate::sql::LakeSql::open_with(&self.lake, &self.sql_tables).await?.read_only().whole_answers_only().await
+        crate::sql::LakeSql::open_with(&self.lake, &self.sql_tables, &self.sql_memory).await?.read_only().whole_answers_only().await
     }
 
     /// Runs `query` in `session` on a thread of its own, as a stream that ends with an error
@@ -1168,6 +1177,11 @@ impl Service {
         })
     }
 
+    /// SQL queries running now.
+    pub fn sql_running(&self) -> usize {
+        self.options.sql_concurrency.max(1).saturating_sub(self.sql_slots.available_permits())
+    }
+
     /// One of the server's SQL slots ([`ServeOptions::sql_concurrency`]), for a query to hold
     /// while its thread runs (at most until its timeout).
     ///
@@ -1214,7 +1228,7 @@ impl Service {
     /// Counts a refused request by its kind.
     fn count_refusal(&self, e: &Error) {
         let counter = match refusal_kind(e) {
-            Refusal::BadRequest => &self.metrics.bad_requests,
+            Refusal::BadRequest | Refusal::TooLarge => &self.metrics.bad_requests,
             Refusal::NotFound => &self.metrics.not_found,
             Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
             Refusal::Internal => &self.metrics.internal_errors,
@@ -1538,6 +1552,9 @@ impl Service {
             ),
             ("lake_streams_waiting_to_start", "gauge", "Streams waiting for room in the memory budget to start.", g(&m.waiting_to_start)),
             ("lake_memory_budget_bytes", "gauge", "Bytes all streams' batches may hold.", budget.to_string()),
+            ("lake_sql_memory_budget_bytes", "gauge", "Bytes SQL queries may hold together.", self.sql_memory.bytes().to_string()),
+            ("lake_sql_memory_used_bytes", "gauge", "Bytes running SQL queries hold.", self.sql_memory.reserved().to_string()),
+            ("lake_sql_running", "gauge", "SQL queries running.", self.sql_running().to_string()),
             (
                 "lake_memory_used_bytes",
                 "gauge",
@@ -1603,6 +1620,9 @@ pub enum Refusal {
     /// The server's memory budget has no room for another stream now (503,
     /// `RESOURCE_EXHAUSTED`); retry later, or serve with a larger `--memory-mb`.
     Busy,
+    /// A query needs more memory than its budget (507, `RESOURCE_EXHAUSTED`); asking again
+    /// fails again (a smaller query, or a server with a larger `--sql-memory-mb`, may not).
+    TooLarge,
     /// The server failed (500, `INTERNAL`); the message does not show internals.
     Internal,
     /// A frame could not be made from the lake's data (500, `DATA_LOSS`): its packets are
@@ -1648,6 +1668,7 @@ fn refusal_kind(e: &Error) -> Refusal {
     match e {
         Error::Invalid(_) | Error::Query(_) | Error::Loader(L::Request(_)) => Refusal::BadRequest,
         Error::Busy(_) => Refusal::Busy,
+        Error::ResourcesExhausted(_) => Refusal::TooLarge,
         Error::ShuttingDown => Refusal::Unavailable,
         Error::NotFound(_) | Error::Store(S::NotFound { .. } | S::View { .. }) | Error::Loader(L::Store(S::NotFound { .. })) => {
             Refusal::NotFound

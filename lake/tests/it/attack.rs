@@ -146,3 +146,94 @@ fn sql_nested_past_the_limits_is_refused_and_never_crashes_the_server() {
         }
     }
 }
+
+/// The server's resident memory in bytes.
+fn rss(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).expect("the server's /proc status");
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).expect("VmRSS").trim().trim_end_matches(" kB").trim();
+    kb.parse::<u64>().expect("a number of kB") * 1024
+}
+
+/// Waits up to `seconds` for `done`, checking every 200 ms.
+fn eventually(seconds: u64, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    done()
+}
+
+/// SQL runs in a memory budget: the attack run's three memory bombs (a 400-million-row top-k
+/// sort, a 1.5 GB `repeat`, a 2 MB `IN` list) are refused with "resources exhausted" (507,
+/// RESOURCE_EXHAUSTED, exit 2) or for their length, as are values built past the per-call limit
+/// by `lpad`, `replace`, `range` and `||`; the server answers /healthz throughout, a client that
+/// leaves stops its query, and the memory goes back to the system once the queries end.
+#[test]
+fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = small_lake(tmp.path());
+    let server = start_with(&root, &["--shutdown-wait", "2", "--memory-mb", "1024", "--sql-memory-mb", "256"]);
+    let metrics = || {
+        let (_, body) = http(&server.http, "GET", "/metrics", &[("Authorization", &format!("Bearer {TOKEN}"))], b"");
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    assert_eq!(crate::serve::metric(&metrics(), "lake_sql_memory_budget_bytes"), f64::from(256u32 << 20));
+    assert_eq!(post_sql(&server, "SELECT count(*) AS n FROM steps").0, 200);
+    let baseline = rss(&server);
+
+    let in_list = format!("SELECT 1 IN ({})", (0..300_000).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    for (query, code, says) in [
+        ("SELECT value FROM generate_series(1,400000000) ORDER BY value DESC LIMIT 400000000", 507, "resources exhausted"),
+        ("SELECT length(repeat('x',1500000000))", 507, "repeat would build 1500000000 bytes"),
+        (in_list.as_str(), 400, "over the limit of 1048576 bytes"),
+        ("SELECT lpad('x', 2000000000)", 507, "lpad would build"),
+        ("SELECT length(replace(repeat('a', 100000000), 'a', 'bbbbbbbb'))", 507, "replace would build"),
+        ("SELECT cardinality(range(1000000000))", 507, "range would build"),
+        ("SELECT length(repeat('x', 200000000) || repeat('y', 200000000))", 507, "|| would build"),
+        // Each WITH table doubles the string, until the limit.
+        (
+            "WITH a AS (SELECT repeat('x', 1000000) AS s), b AS (SELECT s || s AS s FROM a), c AS (SELECT s || s AS s FROM b), \
+             d AS (SELECT s || s AS s FROM c), e AS (SELECT s || s AS s FROM d), f AS (SELECT s || s AS s FROM e), \
+             g AS (SELECT s || s AS s FROM f), h AS (SELECT s || s AS s FROM g), i AS (SELECT s || s AS s FROM h), \
+             j AS (SELECT s || s AS s FROM i) SELECT length(s) FROM j",
+            507,
+            "|| would build",
+        ),
+    ] {
+        let (got, body) = post_sql(&server, query);
+        assert_eq!(got, code, "{}…: {body}", &query[..40]);
+        assert!(body.contains(says), "{says:?} in {body}");
+        healthy(&server);
+    }
+    // What stays within the limits is answered, with `||`'s nulls (unlike concat's).
+    let (code, body) = post_sql(&server, "SELECT length(repeat('x', 1000000) || 'y') AS n, NULL || 'a' AS z, concat(NULL, 'a') AS c");
+    assert_eq!((code, body.as_str()), (200, r#"[{"n":1000001,"z":null,"c":"a"}]"#));
+    let [planned, handmade] = flight_sql(&server, "SELECT length(repeat('x',1500000000))");
+    for answer in [planned, handmade] {
+        let status = answer.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert!(status.message().contains("resources exhausted"), "{status:?}");
+    }
+    let run =
+        lake(&root, &["sql", "--memory-mb", "64", "SELECT value FROM generate_series(1,100000000) ORDER BY value DESC LIMIT 100000000"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("resources exhausted"), "{}", run.stderr);
+
+    // A client that leaves stops its query (a sort, which spills): its slot comes back.
+    let addr = server.http.clone();
+    let mut leaving = std::net::TcpStream::connect(&addr).expect("connect");
+    let query = "SELECT value FROM generate_series(1,400000000) ORDER BY value DESC";
+    let request =
+        format!("POST /v1/sql HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n{query}", query.len());
+    std::io::Write::write_all(&mut leaving, request.as_bytes()).expect("send");
+    assert!(eventually(30, || crate::serve::metric(&metrics(), "lake_sql_running") == 1.0), "the query runs");
+    drop(leaving);
+    assert!(eventually(120, || crate::serve::metric(&metrics(), "lake_sql_running") == 0.0), "the query stops when its client leaves");
+    healthy(&server);
+
+    // The pages the queries took go back.
+    assert!(eventually(30, || rss(&server) < 2 * baseline), "RSS {} after the queries, {baseline} before", rss(&server));
+}
