@@ -59,6 +59,9 @@ pub struct IngestOptions {
     pub drop_missing_cameras: bool,
     /// Camera files demuxed at once.
     pub threads: usize,
+    /// Decode every video frame once while demuxing, and report the frames that do not decode
+    /// whole (by episode and frame) as errors of their episodes.
+    pub verify: bool,
 }
 
 impl Default for IngestOptions {
@@ -69,6 +72,7 @@ impl Default for IngestOptions {
             skip_bad_episodes: false,
             drop_missing_cameras: false,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            verify: false,
         }
     }
 }
@@ -377,6 +381,7 @@ impl Plan {
             }
         }
         let unreferenced = unreferenced_data_files(source, meta, &data_files).await?;
+        report.findings.extend(undeclared_camera_files(source, meta).await?);
         let mut read_files: Vec<SourceFile> = meta.files.clone();
         read_files.extend(data_files.iter().filter_map(|d| d.1.clone()));
         read_files.extend(unreferenced.iter().cloned());
@@ -641,6 +646,7 @@ async fn build(
         cancel: progress.cancel.clone(),
         frames_done: progress.frames_done.clone(),
         scratch: plan.scratch.clone(),
+        verify: options.verify,
     };
     let strict_failed = AtomicBool::new(false);
     let files = jobs.len();
@@ -667,6 +673,11 @@ async fn build(
     for o in &outcomes {
         plan.report.findings.extend(o.findings.iter().cloned());
     }
+    let sizes = streams::frame_size_findings(&outcomes);
+    if !sizes.is_empty() && !options.skip_bad_episodes {
+        strict_failed.store(true, Ordering::Relaxed);
+    }
+    plan.report.findings.extend(sizes);
     if strict_failed.load(Ordering::Relaxed) {
         progress.cancel.store(false, Ordering::Relaxed);
         if unchecked > 0 {
@@ -808,6 +819,43 @@ async fn unreferenced_data_files(
         .collect())
 }
 
+/// A warning for each camera whose video files are in the dataset but which `info.json` does
+/// not declare (removed from its features, say): its files are not ingested, and the warning
+/// says so instead of leaving them out without a word.
+async fn undeclared_camera_files(source: &Source, meta: &DatasetMeta) -> Result<Vec<Finding>> {
+    let Some(template) = meta.info.video_path.as_deref() else { return Ok(Vec::new()) };
+    let parts: Vec<&str> = template.split('/').collect();
+    let Some(key_at) = parts.iter().position(|p| p.contains("{video_key}")) else { return Ok(Vec::new()) };
+    // The directory the template's fixed beginning names: every camera's files are under it.
+    let fixed = parts.iter().take_while(|p| !p.contains('{')).map(|p| format!("{p}/")).collect::<String>();
+    if fixed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let declared: HashSet<&str> = meta.features.iter().filter(|f| f.kind() == FeatureKind::Video).map(|f| f.name.as_str()).collect();
+    let mut undeclared: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    for file in source.list(&fixed).await? {
+        let Some(camera) = file.path.split('/').nth(key_at) else { continue };
+        if !file.path.ends_with(".mp4") || file.path.split('/').count() != parts.len() || declared.contains(camera) {
+            continue;
+        }
+        let entry = undeclared.entry(camera.to_string()).or_insert((0, file.path.clone()));
+        entry.0 += 1;
+    }
+    Ok(undeclared
+        .into_iter()
+        .map(|(camera, (files, first))| {
+            Finding::warning(
+                FindingKind::BadMetadata,
+                format!(
+                    "{files} video file(s) of camera `{camera}`, which info.json does not declare, are not ingested (first: {first}); \
+                     declare the camera in info.json's features to ingest them"
+                ),
+            )
+            .with_camera(&camera)
+        })
+        .collect())
+}
+
 /// One job per (camera, file) used by a kept episode, numbered in camera then first-use order.
 fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &EpisodeMeta>) -> Vec<StreamJob> {
     let mut jobs: Vec<StreamJob> = Vec::new();
@@ -934,7 +982,8 @@ async fn write_steps(
                     break;
                 }
                 for img in images {
-                    image_bytes[img.camera] += img.batch.column(img.batch.num_columns() - 1).as_binary::<i64>().values().len() as u64;
+                    image_bytes[img.camera] +=
+                        img.batch.column_by_name("data").map_or(0, |data| data.as_binary::<i64>().values().len() as u64);
                     if image_txs[img.camera].send(Ok(img.batch)).await.is_err() {
                         break;
                     }
@@ -999,6 +1048,11 @@ fn receiver_stream(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
 }
 
+/// Whether any episode that shows frames of `o`'s file was kept.
+fn shows_kept(o: &StreamOutcome, plan: &Plan) -> bool {
+    o.job.episodes.iter().any(|e| plan.kept.contains(&e.index))
+}
+
 fn streams_table(
     plan: &Plan,
     outcomes: &[StreamOutcome],
@@ -1017,7 +1071,8 @@ fn streams_table(
         rows.push(StreamRow {
             stream: o.job.stream,
             camera: o.job.camera.clone(),
-            kind: "video",
+            // A file none of whose episodes was kept is listed, but never served.
+            kind: if shows_kept(o, plan) { "video" } else { tables::SKIPPED_STREAM },
             file: Some(o.job.file.path.clone()),
             params: f.params.clone(),
             declared_codec: o.job.declared.codec.clone(),
@@ -1297,6 +1352,7 @@ fn findings_table(findings: &[Finding]) -> Result<RecordBatch> {
 }
 
 fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_bytes: &[u64], kept_steps: u64, packets: u64, meta: &DatasetMeta) {
+    let shown: Vec<bool> = outcomes.iter().map(|o| shows_kept(o, plan)).collect();
     let report = &mut plan.report;
     report.episodes = plan.kept.len() as u64;
     report.steps = kept_steps;
@@ -1327,7 +1383,8 @@ fn summarise(plan: &mut Plan, outcomes: &[StreamOutcome], image_bytes: &[u64], k
             });
             continue;
         }
-        let mine: Vec<&StreamOutcome> = outcomes.iter().filter(|o| o.job.camera == cam && o.published).collect();
+        let mine: Vec<&StreamOutcome> =
+            outcomes.iter().zip(&shown).filter(|(o, shown)| o.job.camera == cam && o.published && **shown).map(|(o, _)| o).collect();
         let Some(first) = mine.first().and_then(|o| o.facts.clone()) else { continue };
         report.cameras.push(CameraSummary {
             name: cam,

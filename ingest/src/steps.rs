@@ -205,6 +205,7 @@ fn image_packet_batch(stream_id: u32, camera: &str, col: &ArrayRef, episode: &[i
     let (mut key, mut ckey) = (BooleanBuilder::new(), BooleanBuilder::new());
     let mut offset = UInt32Builder::new();
     let mut data = LargeBinaryBuilder::new();
+    let mut checksum = UInt32Builder::with_capacity(n);
     for (r, b) in bytes.iter().enumerate() {
         stream.append_value(stream_id);
         cam.append_value(camera);
@@ -217,6 +218,7 @@ fn image_packet_batch(stream_id: u32, camera: &str, col: &ArrayRef, episode: &[i
         ckey.append_value(true);
         offset.append_value(0);
         data.append_value(b);
+        checksum.append_value(crc32fast::hash(b));
     }
     let columns: Vec<ArrayRef> = vec![
         Arc::new(stream.finish()),
@@ -230,6 +232,7 @@ fn image_packet_batch(stream_id: u32, camera: &str, col: &ArrayRef, episode: &[i
         Arc::new(ckey.finish()),
         Arc::new(offset.finish()),
         Arc::new(data.finish()),
+        Arc::new(checksum.finish()),
     ];
     RecordBatch::try_new(tables::packets_schema(), columns).map_err(Error::arrow(tables::PACKETS))
 }

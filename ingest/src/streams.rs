@@ -139,6 +139,81 @@ pub struct StreamContext {
     pub frames_done: Arc<AtomicU64>,
     /// Where steps' timestamps are read and their packet positions written.
     pub scratch: Arc<Scratch>,
+    /// Decode every frame once ([`FrameCheck`]).
+    pub verify: bool,
+}
+
+/// Every packet of a file decoded once, in decode order, by a decoder set up as the loader's
+/// are: the packets whose frames do not come out whole (the decoder stops at them, conceals
+/// damage in them, or never gives their frame), each with why.
+struct FrameCheck {
+    decoder: lake_codec::ffmpeg::decoder::Video,
+    frame: lake_codec::ffmpeg::frame::Video,
+    /// The decode position of each packet by its pts, and whether its frame came out.
+    packets: HashMap<i64, (u64, bool)>,
+    failed: Vec<(u64, String)>,
+}
+
+impl FrameCheck {
+    fn open(params: &lake_schemas::CodecParams) -> std::result::Result<Self, String> {
+        let mut ctx = lake_codec::codec_context(params).map_err(|e| e.0)?;
+        lake_codec::strict(&mut ctx);
+        let decoder = ctx.decoder().video().map_err(|e| format!("opening a decoder for the file's stream: {e}"))?;
+        Ok(Self { decoder, frame: lake_codec::ffmpeg::frame::Video::empty(), packets: HashMap::new(), failed: Vec::new() })
+    }
+
+    fn feed(&mut self, pos: u64, packet: &crate::video::DemuxedPacket) {
+        let mut p = lake_codec::ffmpeg::Packet::copy(&packet.data);
+        p.set_pts(Some(packet.pts));
+        p.set_dts(Some(packet.dts));
+        if packet.container_keyframe {
+            p.set_flags(lake_codec::ffmpeg::packet::Flags::KEY);
+        }
+        self.packets.insert(packet.pts, (pos, false));
+        if let Err(e) = self.decoder.send_packet(&p) {
+            self.failed.push((pos, format!("the decoder stops at it: {e}")));
+        }
+        self.drain(pos);
+    }
+
+    /// Takes the frames the decoder has ready; an error is the packet at `pos`'s.
+    fn drain(&mut self, pos: u64) {
+        loop {
+            match self.decoder.receive_frame(&mut self.frame) {
+                Ok(()) => {
+                    let pts = self.frame.pts().or_else(|| self.frame.timestamp());
+                    let Some(&(at, _)) = pts.and_then(|pts| self.packets.get(&pts)) else { continue };
+                    if let Some(pts) = pts {
+                        self.packets.insert(pts, (at, true));
+                    }
+                    if let Some(why) = lake_codec::frame_damage(&self.frame) {
+                        self.failed.push((at, why));
+                    }
+                }
+                Err(lake_codec::ffmpeg::Error::Other { errno }) if errno == lake_codec::ffmpeg::util::error::EAGAIN => return,
+                Err(lake_codec::ffmpeg::Error::Eof) => return,
+                Err(e) => {
+                    self.failed.push((pos, format!("the decoder stops at it: {e}")));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The packets whose frames did not come out whole, in decode order.
+    fn finish(mut self, last: u64) -> Vec<(u64, String)> {
+        if self.decoder.send_eof().is_ok() {
+            self.drain(last);
+        }
+        let failed: std::collections::HashSet<u64> = self.failed.iter().map(|(pos, _)| *pos).collect();
+        for &(pos, out) in self.packets.values() {
+            if !out && !failed.contains(&pos) {
+                self.failed.push((pos, "the decoder gives no frame for it".into()));
+            }
+        }
+        self.failed.sort_by_key(|(pos, _)| *pos);
+        self.failed
+    }
 }
 
 /// The camera files of one lane, demuxed one after another into one part of the packets
@@ -227,6 +302,7 @@ struct Rows {
     container_keyframe: BooleanBuilder,
     keyframe_offset: arrow::array::UInt32Builder,
     data: LargeBinaryBuilder,
+    checksum: arrow::array::UInt32Builder,
     rows: usize,
     bytes: usize,
 }
@@ -245,6 +321,7 @@ impl Rows {
             container_keyframe: BooleanBuilder::with_capacity(BATCH_ROWS),
             keyframe_offset: arrow::array::UInt32Builder::with_capacity(BATCH_ROWS),
             data: LargeBinaryBuilder::new(),
+            checksum: arrow::array::UInt32Builder::with_capacity(BATCH_ROWS),
             rows: 0,
             bytes: 0,
         }
@@ -262,6 +339,7 @@ impl Rows {
         self.container_keyframe.append_value(p.container_keyframe);
         self.keyframe_offset.append_value(keyframe_offset);
         self.data.append_value(&p.data);
+        self.checksum.append_value(crc32fast::hash(&p.data));
         self.rows += 1;
         self.bytes += p.data.len();
     }
@@ -283,6 +361,7 @@ impl Rows {
             Arc::new(self.container_keyframe.finish()),
             Arc::new(self.keyframe_offset.finish()),
             Arc::new(self.data.finish()),
+            Arc::new(self.checksum.finish()),
         ];
         self.rows = 0;
         self.bytes = 0;
@@ -366,6 +445,14 @@ fn demux(
     };
     let facts = demuxer.facts().clone();
     check_declared(job, &facts, ctx.fps, &mut out.findings);
+    let mut check = match ctx.verify.then(|| FrameCheck::open(&facts.params)) {
+        Some(Err(why)) => {
+            out.findings = episode_error(FindingKind::CorruptFile, &format!("its frames cannot be checked: {why}"));
+            return Ok(out);
+        }
+        Some(Ok(check)) => Some(check),
+        None => None,
+    };
     let (tb_num, tb_den) = facts.time_base;
     let seconds = |pts: i64| pts as f64 * (f64::from(tb_num) / f64::from(tb_den));
 
@@ -398,6 +485,9 @@ fn demux(
         out.bytes += packet.data.len() as u64;
         if let Some(why) = &packet.damaged {
             damaged.push((pos, why.clone()));
+        }
+        if let Some(check) = check.as_mut() {
+            check.feed(pos, &packet);
         }
         if packet.keyframe != packet.container_keyframe {
             flag_mismatches += 1;
@@ -464,6 +554,14 @@ fn demux(
     }
     drop(tx);
     out.facts = Some(facts.clone());
+    if let Some(check) = check {
+        for (pos, why) in check.finish(out.packets.saturating_sub(1)) {
+            if !damaged.iter().any(|(p, _)| *p == pos) {
+                damaged.push((pos, why));
+            }
+        }
+        damaged.sort_by_key(|(pos, _)| *pos);
+    }
 
     if broken.is_none() && facts.nb_frames > 0 && facts.nb_frames != out.packets {
         broken = Some(format!("the container lists {} frames but only {} could be read (truncated?)", facts.nb_frames, out.packets));
@@ -796,6 +894,61 @@ fn check_declared(job: &StreamJob, facts: &StreamFacts, fps: f64, findings: &mut
     {
         findings.push(warn(FindingKind::FormatMismatch, format!("info.json declares pixel format `{d}`, the file has `{a}`")));
     }
+}
+
+/// Errors for the camera files whose frames differ in size from the camera's (what `info.json`
+/// declares where some file has it, else the size of most of its frames): samples of one camera stack frames of one
+/// size, so the loader could serve none of the camera's samples. One finding per episode that
+/// shows frames of such a file, naming the file, both sizes and where the camera's size comes
+/// from; `--skip-bad-episodes` leaves those episodes out.
+pub fn frame_size_findings(outcomes: &[StreamOutcome]) -> Vec<Finding> {
+    let mut cameras: Vec<&str> = outcomes.iter().map(|o| o.job.camera.as_str()).collect();
+    cameras.dedup();
+    let mut findings = Vec::new();
+    for camera in cameras {
+        let files: Vec<(&StreamOutcome, (u32, u32))> = outcomes
+            .iter()
+            .filter(|o| o.job.camera == camera)
+            .filter_map(|o| o.facts.as_ref().map(|f| (o, (f.params.width, f.params.height))))
+            .collect();
+        let declared = files.iter().find_map(|(o, _)| match (o.job.declared.width, o.job.declared.height, o.job.declared.shape) {
+            (Some(w), Some(h), _) => Some((w, h)),
+            (_, _, Some((h, w))) => Some((w, h)),
+            _ => None,
+        });
+        // (A declared size no file has is a wrong declaration, warned of by `check_declared`:
+        // the files' own size stands.)
+        let (size, whence) = match declared.filter(|d| files.iter().any(|(_, size)| size == d)) {
+            Some(size) => (size, "as info.json declares"),
+            None => {
+                let mut frames: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+                for (o, size) in &files {
+                    *frames.entry(*size).or_default() += o.packets.max(1);
+                }
+                match frames.into_iter().max_by_key(|(size, n)| (*n, std::cmp::Reverse(*size))) {
+                    Some((size, _)) => (size, "as most of its frames are"),
+                    None => continue,
+                }
+            }
+        };
+        for (o, (w, h)) in files.iter().filter(|(_, other)| *other != size) {
+            for episode in &o.job.episodes {
+                findings.push(
+                    Finding::error(
+                        FindingKind::FormatMismatch,
+                        format!(
+                            "frames are {w}x{h} where the camera's are {}x{} ({whence}); a camera's samples stack frames of one size",
+                            size.0, size.1
+                        ),
+                    )
+                    .with_file(&o.job.file.path)
+                    .with_episode(episode.index)
+                    .with_camera(camera),
+                );
+            }
+        }
+    }
+    findings
 }
 
 /// Seconds as milliseconds, to three decimals, or in scientific notation below a microsecond

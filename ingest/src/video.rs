@@ -5,7 +5,7 @@ use std::{
     ffi::CStr,
     os::raw::c_char,
     sync::{
-        Arc, Once,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
 };
@@ -142,16 +142,7 @@ impl std::fmt::Display for DemuxError {
     }
 }
 
-/// Initialises FFmpeg once, with its own logging silenced: lake reports errors itself, naming
-/// the file, episode and frame. Set `LAKE_FFMPEG_LOG=1` to see FFmpeg's messages.
-pub fn init_ffmpeg() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        let _ = ffmpeg::init();
-        let level = if std::env::var_os("LAKE_FFMPEG_LOG").is_some() { ffmpeg::log::Level::Info } else { ffmpeg::log::Level::Quiet };
-        ffmpeg::log::set_level(level);
-    });
-}
+pub use lake_codec::init_ffmpeg;
 
 /// An opened video file: the container, its first video stream and a bitstream parser.
 pub struct VideoDemuxer {

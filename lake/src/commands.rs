@@ -33,6 +33,11 @@ pub struct IngestArgs {
     /// the tabular data of every episode.
     #[arg(long)]
     drop_missing_cameras: bool,
+    /// Decode every video frame once and report those that do not decode whole (a damaged
+    /// file), by episode and frame, as errors of their episodes; `--frame-cache` does this too.
+    /// Ingest then takes about as long as decoding the dataset.
+    #[arg(long)]
+    verify: bool,
     /// Camera files demuxed in parallel, 1 to 256 [default: number of cores].
     #[arg(long, value_parser = crate::sample::threads_in_range)]
     threads: Option<usize>,
@@ -112,6 +117,9 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         tolerance_s: args.tolerance_s,
         skip_bad_episodes: args.skip_bad_episodes,
         drop_missing_cameras: args.drop_missing_cameras,
+        // Frame tables decode every frame anyway: a frame that does not decode whole is
+        // found before the version is committed.
+        verify: args.verify || !args.frame_cache.is_empty(),
         ..Default::default()
     };
     if let Some(t) = args.threads {

@@ -466,7 +466,8 @@ async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbe
     let lance = |e: lance::Error| invalid(format!("reading the packets of {}: {}", ds.label, lake_store::lance_message(&e)));
     let file = std::fs::File::create(path).map_err(io(path))?;
     let props = parquet::file::properties::WriterProperties::builder().build();
-    let schema = plain_schema(&tables::packets_schema());
+    // (The table's own columns: lakes ingested before packets had checksums lack that one.)
+    let schema = plain_schema(&arrow::datatypes::Schema::from(table.schema()));
     let mut writer =
         parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
     let rows: Vec<u64> = renumber.rows().collect();

@@ -157,15 +157,17 @@ fn value_from_environment(error: &clap::Error) -> Option<String> {
     if given {
         return None;
     }
-    fn find(command: &clap::Command, long: &str) -> Option<String> {
-        command
-            .get_arguments()
-            .find(|a| a.get_long() == Some(long) && a.get_env().is_some())
-            .and_then(|a| a.get_env()?.to_str().map(String::from))
-            .or_else(|| command.get_subcommands().find_map(|c| find(c, long)))
+    // (Commands may name one flag alike with their own variables: `lake sql --memory-mb` and
+    // `lake serve --memory-mb`. The one set is the one that gave the value.)
+    fn find(command: &clap::Command, long: &str, vars: &mut Vec<String>) {
+        vars.extend(command.get_arguments().filter(|a| a.get_long() == Some(long)).filter_map(|a| a.get_env()?.to_str().map(String::from)));
+        for sub in command.get_subcommands() {
+            find(sub, long, vars);
+        }
     }
-    let var = find(&<Cli as clap::CommandFactory>::command(), long)?;
-    std::env::var_os(&var).is_some().then_some(var)
+    let mut vars = Vec::new();
+    find(&<Cli as clap::CommandFactory>::command(), long, &mut vars);
+    vars.into_iter().find(|var| std::env::var_os(var).is_some())
 }
 
 /// Exit status: 0 success, 1 the dataset was refused (data problems), 2 usage or fatal

@@ -63,8 +63,9 @@ pub struct ServeArgs {
     /// MiB of --memory-mb that SQL queries (HTTP or Flight SQL) may hold together: sorts, joins
     /// and aggregations spill to temporary files past it, and a query that needs more where it
     /// cannot spill fails as resources exhausted (507 / RESOURCE_EXHAUSTED)
-    #[arg(long, env = "LAKE_SERVE_SQL_MEMORY_MB", default_value_t = 1024, value_parser = crate::sample::mebibytes_at_least_one)]
-    sql_memory_mb: u64,
+    /// [default: 1024, or a quarter of --memory-mb when that is less than 4096]
+    #[arg(long, env = "LAKE_SERVE_SQL_MEMORY_MB", value_parser = crate::sample::mebibytes_at_least_one)]
+    sql_memory_mb: Option<u64>,
     /// SQL queries (HTTP or Flight SQL) run at once, each on a thread of its own; one more is
     /// refused as busy (503 / RESOURCE_EXHAUSTED) [default: the number of cores].
     #[arg(long, env = "LAKE_SERVE_SQL_CONCURRENCY", value_parser = crate::sample::at_least_one)]
@@ -201,10 +202,10 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
             "--token-file / --tokens / LAKE_TOKENS hold no token (blank lines and # comments are skipped); refusing to serve without the authentication asked for"
         );
     }
-    if args.sql_memory_mb >= args.memory_mb {
+    let sql_memory_mb = args.sql_memory_mb.unwrap_or((args.memory_mb / 4).clamp(1, 1024));
+    if sql_memory_mb >= args.memory_mb {
         anyhow::bail!(
-            "--sql-memory-mb ({} MiB) must be less than --memory-mb ({} MiB), which holds it and the streams' batches",
-            args.sql_memory_mb,
+            "--sql-memory-mb ({sql_memory_mb} MiB) must be less than --memory-mb ({} MiB), which holds it and the streams' batches",
             args.memory_mb
         );
     }
@@ -212,8 +213,8 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let options = ServeOptions {
         loader: lake_loader::LoaderOptions { threads: args.threads.unwrap_or(0), cache_bytes: args.cache_mb << 20, frame_table: true },
         prefetch_bytes: args.prefetch_mb << 20,
-        memory_bytes: (args.memory_mb - args.sql_memory_mb) << 20,
-        sql_memory_bytes: args.sql_memory_mb << 20,
+        memory_bytes: (args.memory_mb - sql_memory_mb) << 20,
+        sql_memory_bytes: sql_memory_mb << 20,
         lookahead: args.lookahead,
         sql_timeout: std::time::Duration::from_secs(args.sql_timeout),
         request_wait: std::time::Duration::from_secs(args.request_wait),

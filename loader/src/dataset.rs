@@ -99,6 +99,9 @@ pub struct PacketIndex {
     /// Whether the container flagged the packet as a keyframe (decoders get that flag, as they
     /// do when reading the file).
     pub container_keyframe: Vec<bool>,
+    /// The CRC-32 of each row's bytes, taken at ingest (lakes ingested before packets had
+    /// checksums have none).
+    pub checksum: Option<Vec<u32>>,
 }
 
 /// A dataset version opened for sampling.
@@ -229,8 +232,9 @@ impl LoaderDataset {
                 }
             }
         }
-        let packets = read_packet_index(lake, &record).await?;
         let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
+        let checksums = packets_table.schema().field(tables::PACKET_CHECKSUM).is_some();
+        let packets = read_packet_index(lake, &record, checksums).await?;
         let frames_uri = lake.uri(&record.tables.path(&crate::frames::frame_table_name(frame_size)));
         let frame_table_allowed = format == FrameFormat::Rgb24;
         let frames_table = match frame_table_allowed {
@@ -321,7 +325,33 @@ impl LoaderDataset {
     /// # Errors
     /// When Lance cannot read them.
     pub async fn packet_bytes(&self, rows: &[u64]) -> Result<Vec<bytes::Bytes>> {
-        take_binary(&self.label, &self.packets_table, tables::PACKETS, "data", rows).await
+        let bytes = take_binary(&self.label, &self.packets_table, tables::PACKETS, "data", rows).await?;
+        if let Some(sums) = &self.packets.checksum {
+            for (&row, data) in rows.iter().zip(&bytes) {
+                let (stored, read) = (sums[row as usize], crc32fast::hash(data));
+                if stored != read {
+                    return Err(self.damaged_packet(row, stored, read));
+                }
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// The error of a packet whose bytes are not those ingest stored.
+    fn damaged_packet(&self, row: u64, stored: u32, read: u32) -> Error {
+        let (episode, frame) = self.step_showing(row).map_or((-1, -1), |step| self.episode_and_frame(step));
+        let camera = self.streams.get(&self.packets.stream[row as usize]).map_or_else(String::new, |s| s.camera.clone());
+        Error::Decode {
+            dataset: self.label.clone(),
+            camera,
+            episode,
+            frame,
+            row,
+            message: format!(
+                "the packet's bytes are not those ingest stored (CRC-32 {read:08x}, stored {stored:08x}): the lake's packets \
+                 file is damaged; ingest the dataset again"
+            ),
+        }
     }
 
     /// The episode and frame index of step row `step`, for messages.
@@ -645,6 +675,10 @@ async fn read_streams(lake: &Lake, record: &CommitRecord, label: &str) -> Result
         let (range, space, primaries, trc, chroma) =
             (text("color_range")?, text("color_space")?, text("color_primaries")?, text("color_trc")?, text("chroma_location")?);
         for r in 0..b.num_rows() {
+            // A file whose every episode was left out at ingest is never served.
+            if kind[r].as_deref() == Some(tables::SKIPPED_STREAM) {
+                continue;
+            }
             let config = StreamConfig {
                 stream: stream.value(r),
                 camera: camera[r].clone().unwrap_or_default(),
@@ -669,16 +703,23 @@ async fn read_streams(lake: &Lake, record: &CommitRecord, label: &str) -> Result
     Ok(out)
 }
 
-async fn read_packet_index(lake: &Lake, record: &CommitRecord) -> Result<PacketIndex> {
+/// The packets' index columns, with their checksums where the table has them.
+async fn read_packet_index(lake: &Lake, record: &CommitRecord, checksums: bool) -> Result<PacketIndex> {
     let mut out = PacketIndex::default();
-    for b in
-        lake_store::read_columns(lake, record, tables::PACKETS, &["stream", "pts", "dts", "keyframe_offset", "container_keyframe"]).await?
-    {
+    let mut columns = vec!["stream", "pts", "dts", "keyframe_offset", "container_keyframe"];
+    if checksums {
+        columns.push(tables::PACKET_CHECKSUM);
+        out.checksum = Some(Vec::new());
+    }
+    for b in lake_store::read_columns(lake, record, tables::PACKETS, &columns).await? {
         out.stream.extend_from_slice(b.column(0).as_primitive::<UInt32Type>().values());
         out.pts.extend_from_slice(b.column(1).as_primitive::<Int64Type>().values());
         out.dts.extend_from_slice(b.column(2).as_primitive::<Int64Type>().values());
         out.keyframe_offset.extend_from_slice(b.column(3).as_primitive::<UInt32Type>().values());
         out.container_keyframe.extend(b.column(4).as_boolean().values().iter());
+        if let Some(sums) = out.checksum.as_mut() {
+            sums.extend_from_slice(b.column(5).as_primitive::<UInt32Type>().values());
+        }
     }
     Ok(out)
 }

@@ -12,7 +12,7 @@
 //! extradata, size, colour description, as `avcodec_parameters_to_context` would set them) and
 //! reused for every GOP: decode the packets from the keyframe on, drain, flush.
 
-use std::{ffi::CString, mem::MaybeUninit};
+use std::mem::MaybeUninit;
 
 use ffmpeg_next::{self as ffmpeg, ffi};
 use lake_schemas::CodecParams;
@@ -60,21 +60,7 @@ fn ff(what: &str) -> impl FnOnce(ffmpeg::Error) -> DecodeError + '_ {
     move |e| DecodeError(format!("{what}: {e}"))
 }
 
-/// Initialises FFmpeg once and silences its log (errors come back as values).
-pub fn init_ffmpeg() {
-    static INIT: std::sync::Once = std::sync::Once::new();
-    INIT.call_once(|| {
-        let _ = ffmpeg::init();
-        ffmpeg::log::set_level(ffmpeg::log::Level::Quiet);
-    });
-}
-
-pub(crate) fn from_name(name: Option<&str>, lookup: unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int) -> Option<i32> {
-    let name = CString::new(name?).ok()?;
-    // SAFETY: a lookup of a NUL-terminated name in a static table.
-    let value = unsafe { lookup(name.as_ptr()) };
-    (value >= 0).then_some(value)
-}
+pub use lake_codec::{from_name, init_ffmpeg};
 
 /// A decoder for one stream, reused across GOPs.
 pub struct StreamDecoder {
@@ -225,6 +211,8 @@ impl FfmpegDecoder {
         let mut ctx = codec_context(&config.params)?;
         // SAFETY: a context we own, not opened yet.
         unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
+        // Damage fails the frame instead of being concealed (see `receive_all`).
+        lake_codec::strict(&mut ctx);
         let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
         let (opened_colour, opened_format) = Self::colour_of(&decoder);
         let intra_only = config.kind == "image";
@@ -361,7 +349,15 @@ impl FfmpegDecoder {
         loop {
             match self.decoder.receive_frame(frame) {
                 Ok(()) => {
-                    if let Some(pts) = frame.pts().or_else(|| frame.timestamp()) {
+                    let pts = frame.pts().or_else(|| frame.timestamp());
+                    // A damaged frame, wanted or one others refer to, is never served.
+                    if let Some(why) = lake_codec::frame_damage(frame) {
+                        return Err(DecodeError(match pts {
+                            Some(pts) => format!("the frame with pts {pts} ({why})"),
+                            None => why,
+                        }));
+                    }
+                    if let Some(pts) = pts {
                         each(self, frame, pts)?;
                     }
                 }
@@ -920,54 +916,7 @@ fn copy_rows(src: &[u8], stride: usize, dst: &mut [MaybeUninit<u8>], row: usize,
 /// # Errors
 /// When FFmpeg does not know the codec or has no decoder for it.
 pub fn codec_context(params: &CodecParams) -> DecodeResult<ffmpeg::codec::Context> {
-    init_ffmpeg();
-    let name = CString::new(params.codec.as_str()).map_err(|_| DecodeError(format!("codec name {:?}", params.codec)))?;
-    // SAFETY: lookups in FFmpeg's static tables, then setup of a context we own before it is
-    // opened; extradata is copied into an FFmpeg allocation with the padding decoders
-    // expect, and the context frees it.
-    unsafe {
-        let desc = ffi::avcodec_descriptor_get_by_name(name.as_ptr());
-        if desc.is_null() {
-            return Err(DecodeError(format!("FFmpeg does not know the codec `{}`", params.codec)));
-        }
-        let codec = ffi::avcodec_find_decoder((*desc).id);
-        if codec.is_null() {
-            return Err(DecodeError(format!("this FFmpeg has no decoder for `{}`", params.codec)));
-        }
-        let mut ctx = ffmpeg::codec::Context::new_with_codec(ffmpeg::Codec::wrap(codec));
-        let raw = ctx.as_mut_ptr();
-        (*raw).width = params.width as i32;
-        (*raw).height = params.height as i32;
-        if let Some(fmt) = params.pix_fmt.as_deref().and_then(|n| CString::new(n).ok()) {
-            (*raw).pix_fmt = ffi::av_get_pix_fmt(fmt.as_ptr());
-        }
-        if let Some(v) = from_name(params.color_range.as_deref(), ffi::av_color_range_from_name) {
-            (*raw).color_range = std::mem::transmute::<i32, ffi::AVColorRange>(v);
-        }
-        if let Some(v) = from_name(params.color_space.as_deref(), ffi::av_color_space_from_name) {
-            (*raw).colorspace = std::mem::transmute::<i32, ffi::AVColorSpace>(v);
-        }
-        if let Some(v) = from_name(params.color_primaries.as_deref(), ffi::av_color_primaries_from_name) {
-            (*raw).color_primaries = std::mem::transmute::<i32, ffi::AVColorPrimaries>(v);
-        }
-        if let Some(v) = from_name(params.color_trc.as_deref(), ffi::av_color_transfer_from_name) {
-            (*raw).color_trc = std::mem::transmute::<i32, ffi::AVColorTransferCharacteristic>(v);
-        }
-        if let Some(v) = from_name(params.chroma_location.as_deref(), ffi::av_chroma_location_from_name) {
-            (*raw).chroma_sample_location = std::mem::transmute::<i32, ffi::AVChromaLocation>(v);
-        }
-        if let Some(extra) = params.extradata.as_deref().filter(|e| !e.is_empty()) {
-            let pad = ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize;
-            let buf = ffi::av_mallocz(extra.len() + pad).cast::<u8>();
-            if buf.is_null() {
-                return Err(DecodeError("out of memory for extradata".into()));
-            }
-            std::ptr::copy_nonoverlapping(extra.as_ptr(), buf, extra.len());
-            (*raw).extradata = buf;
-            (*raw).extradata_size = extra.len() as i32;
-        }
-        Ok(ctx)
-    }
+    lake_codec::codec_context(params).map_err(|e| DecodeError(e.0))
 }
 
 #[cfg(test)]

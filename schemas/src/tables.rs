@@ -21,6 +21,9 @@ pub const STEPS: &str = "steps";
 pub const PACKETS: &str = "packets";
 /// The streams table.
 pub const STREAMS: &str = "streams";
+/// The `kind` of a `streams` row whose file none of the ingested episodes shows (every episode
+/// it holds was left out by `--skip-bad-episodes`): listed, never served.
+pub const SKIPPED_STREAM: &str = "skipped";
 /// The episodes table.
 pub const EPISODES: &str = "episodes";
 /// The tasks table.
@@ -95,8 +98,14 @@ pub fn packets_schema() -> SchemaRef {
         required("container_keyframe", DataType::Boolean),
         required("keyframe_offset", DataType::UInt32),
         required("data", DataType::LargeBinary),
+        required(PACKET_CHECKSUM, DataType::UInt32),
     ]))
 }
+
+/// The `packets` column holding the CRC-32 (IEEE) of each packet's `data`, taken at ingest and
+/// checked whenever the packet is read: damage to the lake's files after ingest fails the frame
+/// instead of decoding to other pixels. Lakes ingested before it have no such column.
+pub const PACKET_CHECKSUM: &str = "data_crc32";
 
 /// Schema of `streams`: codec facts read from the container, next to what `info.json` declares.
 pub fn streams_schema() -> SchemaRef {

@@ -1216,11 +1216,14 @@ impl Lake {
             }
             if !committed {
                 self.delete_prefix(&lease.dir).await?;
+                self.remove_local_dir(&lease.dir)?;
                 report.removed_dirs.push(lease.dir.clone());
             }
             self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
-            self.prune(STAGING);
         }
+        report.removed_dirs.extend(self.remove_orphans().await?);
+        // (A writer killed between dropping its lease and pruning leaves `staging/` empty.)
+        self.prune(STAGING);
         for (name, through) in self.removed_through().await? {
             // One that cannot be finished now (another removal at work, a file that will not
             // go) is left for later: it must not fail the ingest that collects.
@@ -1231,6 +1234,75 @@ impl Lake {
             }
         }
         Ok(report)
+    }
+
+    /// Removes what is left of `dir` (relative to the root) on the local disk once its objects
+    /// are deleted: files an object store never lists, such as the partial upload a writer
+    /// killed in the middle of a write leaves (`NAME#1`).
+    fn remove_local_dir(&self, dir: &str) -> Result<()> {
+        let abs = self.root.join(dir);
+        match std::fs::remove_dir_all(&abs) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                let source = object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) };
+                return Err(Error::store(dir.to_string())(source));
+            }
+        }
+        self.prune(dir);
+        Ok(())
+    }
+
+    /// Removes version directories no commit record names and no lease protects: what a writer
+    /// left whose lease went before its directory (killed while it aborted). A lease protects
+    /// its directory from the moment it is written, before the directory is made, and is
+    /// dropped only after a commit record names the directory or the directory is gone, so no
+    /// live writer's directory is ever without one. A dataset with a record that cannot be read
+    /// is left alone (that record might name any of its directories).
+    async fn remove_orphans(&self) -> Result<Vec<String>> {
+        let leased: std::collections::HashSet<String> = self
+            .list(STAGING)
+            .await?
+            .iter()
+            .filter_map(|p| p.filename().and_then(|f| f.strip_suffix(".json")).map(str::to_string))
+            .collect();
+        let mut removed = Vec::new();
+        let Ok(names) = std::fs::read_dir(self.root.join(DATASETS)) else { return Ok(removed) };
+        for name in names.flatten().filter(|e| e.path().is_dir()) {
+            let Some(name) = name.file_name().to_str().map(str::to_string) else { continue };
+            if validate_name(&name).is_err() {
+                continue;
+            }
+            let mut named = std::collections::HashSet::new();
+            let mut readable = true;
+            for path in self.all_version_paths(&name).await? {
+                match self.read_record(&path).await {
+                    Ok(record) => {
+                        named.insert(record.tables.dir);
+                    }
+                    Err(_) => readable = false,
+                }
+            }
+            if !readable {
+                continue;
+            }
+            let Ok(dirs) = std::fs::read_dir(self.root.join(DATASETS).join(&name)) else { continue };
+            for dir in dirs.flatten() {
+                let Some(id) = dir.file_name().to_str().map(str::to_string) else { continue };
+                let rel = format!("{DATASETS}/{name}/{id}");
+                if leased.contains(&id) || named.contains(&rel) {
+                    continue;
+                }
+                // A lease written between the listing and now protects a directory made after
+                // it: look once more before removing.
+                if self.store.head(&Path::from(format!("{STAGING}/{id}.json"))).await.is_ok() {
+                    continue;
+                }
+                self.remove_local_dir(&rel)?;
+                removed.push(rel);
+            }
+        }
+        Ok(removed)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Path>> {
@@ -1464,6 +1536,7 @@ impl PendingVersion {
     async fn abort_inner(&mut self) -> Result<()> {
         self.done = true;
         self.lake.delete_prefix(&self.dir).await?;
+        self.lake.remove_local_dir(&self.dir)?;
         match self.lake.store.delete(&self.lease).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(Error::store(self.lease.to_string())(e)),

@@ -237,3 +237,283 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
     // The pages the queries took go back.
     assert!(eventually(30, || rss(&server) < 2 * baseline), "RSS {} after the queries, {baseline} before", rss(&server));
 }
+
+/// Every file under `root`, relative, sorted.
+fn tree(root: &Path) -> Vec<String> {
+    let mut out: Vec<String> =
+        crate::common::files_under(root).iter().map(|p| p.strip_prefix(root).expect("under root").display().to_string()).collect();
+    out.sort();
+    out
+}
+
+/// Whether a lake has reached a moment of an ingest.
+type Reached = Box<dyn Fn(&Path) -> bool>;
+
+/// An ingest killed (SIGKILL) at each boundary between its phases (as each table of the new
+/// version appears, as its commit record appears, as its lease goes) leaves the lake as it
+/// was or with the whole version; the next ingest then succeeds, and the lake's tree holds
+/// nothing but committed versions: no version directory of the killed run, no lease, no empty
+/// `staging/`, no partial file.
+#[test]
+fn an_ingest_killed_at_every_phase_boundary_leaves_only_committed_versions() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let source = testdata("v30-av1-small");
+    let boundaries: Vec<(&str, Reached)> = {
+        let table = |t: &'static str| -> Reached {
+            Box::new(move |root: &Path| {
+                std::fs::read_dir(root.join("datasets/x"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|d| d.path().join(format!("{t}.lance")).exists())
+            })
+        };
+        let mut b: Vec<(&str, Reached)> = vec![(
+            "its lease appears",
+            Box::new(|root: &Path| std::fs::read_dir(root.join("staging")).is_ok_and(|mut d| d.next().is_some())),
+        )];
+        for t in ["packets", "steps", "streams", "episodes", "tasks", "stats", "feature_stats", "findings"] {
+            b.push((t, table(t)));
+        }
+        b.push(("its commit record appears", Box::new(|root: &Path| root.join("catalog/x/v00000001.json").exists())));
+        b.push((
+            "its lease goes",
+            Box::new(|root: &Path| root.join("catalog/x/v00000001.json").exists() && !root.join("staging").exists()),
+        ));
+        b
+    };
+    for (i, (boundary, reached)) in boundaries.iter().enumerate() {
+        let root = tmp.path().join(format!("lake{i}"));
+        ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+        let mut child = crate::common::lake_cmd(&root)
+            .args(["ingest", source.to_str().expect("utf-8"), "--name", "x"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn");
+        while !reached(&root) && child.try_wait().expect("wait").is_none() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        // The dataset is whole or absent.
+        let listed = lake(&root, &["ls"]).stdout;
+        if listed.contains("x@1") {
+            assert_eq!(
+                lake(&root, &["sample", "--dataset", "x", "--indices", "0", "--out", "/dev/null"]).code,
+                0,
+                "killed after {boundary}"
+            );
+        }
+        let rerun = lake(&root, &["ingest", source.to_str().expect("utf-8"), "--name", "x"]);
+        assert_eq!(rerun.code, 0, "the ingest after a kill when {boundary}: {rerun:?}");
+        let files = tree(&root);
+        let version_dirs: std::collections::BTreeSet<&str> =
+            files.iter().filter_map(|f| f.strip_prefix("datasets/x/")).filter_map(|f| f.split('/').next()).collect();
+        assert_eq!(version_dirs.len(), 1, "killed when {boundary}: only the committed version's directory: {version_dirs:?}");
+        let record: Value = serde_json::from_slice(&std::fs::read(root.join("catalog/x/v00000001.json")).expect("record")).expect("json");
+        let committed = record["tables"]["dir"].as_str().expect("dir");
+        assert_eq!(format!("datasets/x/{}", version_dirs.iter().next().expect("one")), committed, "killed when {boundary}");
+        assert!(!root.join("staging").exists(), "killed when {boundary}: {files:?}");
+        assert!(!files.iter().any(|f| f.contains('#')), "killed when {boundary}: a partial upload is left: {files:?}");
+        assert!(!root.join("catalog/x/v00000002.json").exists(), "killed when {boundary}: one version");
+    }
+}
+
+/// Whether the long variants of the attack run are asked for (`LAKE_ATTACK_FULL=1`).
+fn full() -> bool {
+    std::env::var_os("LAKE_ATTACK_FULL").is_some_and(|v| v != "0")
+}
+
+/// The auth matrix (every endpoint but /healthz, with each way a token can be missing or
+/// wrong, over HTTP and Flight), the path traversals (dataset names in URLs, requests and SQL
+/// that point outside the lake) and the statements that write or read files: every one is
+/// refused, and none reads or writes outside the lake.
+#[test]
+fn auth_traversal_and_file_statements_are_refused() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = small_lake(tmp.path());
+    let server = start_with(&root, &["--shutdown-wait", "2"]);
+    let secret = tmp.path().join("secret.txt");
+    std::fs::write(&secret, "not the lake's").expect("secret");
+    let good = format!("Bearer {TOKEN}");
+    let bad_headers: Vec<Vec<(&str, String)>> = vec![
+        vec![],
+        vec![("Authorization", String::new())],
+        vec![("Authorization", "Bearer".into())],
+        vec![("Authorization", "Bearer ".into())],
+        vec![("Authorization", format!("Basic {TOKEN}"))],
+        vec![("Authorization", format!("Bearer {TOKEN}x"))],
+        vec![("Authorization", format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]))],
+        vec![("Authorization", format!("Bearer {}", TOKEN.to_uppercase()))],
+        vec![("Authorization", format!("Bearer{TOKEN}"))],
+        vec![("Authorization", format!("Token {TOKEN}"))],
+        vec![("X-Api-Key", TOKEN.into())],
+        vec![("Cookie", format!("token={TOKEN}"))],
+    ];
+    let endpoints: [(&str, &str, &[u8]); 6] = [
+        ("GET", "/metrics", b""),
+        ("GET", "/v1/datasets", b""),
+        ("GET", "/v1/datasets/v30-av1-small", b""),
+        ("POST", "/v1/sample", br#"{"datasets": ["v30-av1-small"], "limit_batches": 1}"#),
+        ("POST", "/v1/sql", b"SELECT 1"),
+        ("GET", "/v1/openapi.json", b""),
+    ];
+    let mut tried = 0;
+    for (method, path, body) in endpoints {
+        for headers in &bad_headers {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let (code, _) = http(&server.http, method, path, &headers, body);
+            assert_eq!(code, 401, "{method} {path} with {headers:?}");
+            tried += 1;
+        }
+        // A token in the query string is not a token.
+        let (code, _) = http(&server.http, method, &format!("{path}?token={TOKEN}"), &[], body);
+        assert_eq!(code, 401, "{method} {path}?token=");
+        let (code, body) = http(&server.http, method, path, &[("Authorization", &good), ("Accept", "*/*")], body);
+        assert_eq!(code, 200, "{method} {path}: {}", String::from_utf8_lossy(&body));
+    }
+    assert!(tried >= 60);
+    // Flight: the same tokens in gRPC metadata.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        for header in ["", "Bearer", "Bearer wrong", &format!("Basic {TOKEN}"), &format!("Bearer {TOKEN}x")] {
+            let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
+            let mut client = arrow_flight::FlightClient::new(channel);
+            if !header.is_empty() {
+                client.add_header("authorization", header).expect("header");
+            }
+            let ticket = arrow_flight::Ticket::new(r#"{"datasets": ["v30-av1-small"], "limit_batches": 1}"#);
+            let refused = match client.do_get(ticket).await {
+                Err(e) => e.to_string(),
+                Ok(stream) => stream.try_collect::<Vec<_>>().await.expect_err("refused").to_string(),
+            };
+            assert!(refused.contains("Unauthenticated") || refused.contains("bearer token"), "{header:?}: {refused}");
+        }
+    });
+
+    // Traversals: names that point outside the lake are not datasets.
+    let secret_path = secret.display().to_string();
+    let names = [
+        "..",
+        "../lake",
+        "..%2F..%2Fetc%2Fpasswd",
+        "%2e%2e",
+        "a%2Fb",
+        "%00",
+        "v30-av1-small%2F..%2F..",
+        "...",
+        "CON",
+        &format!("..%2F{}", tmp.path().file_name().expect("name").to_string_lossy()),
+    ];
+    for name in names {
+        let (code, body) = http(&server.http, "GET", &format!("/v1/datasets/{name}"), &[("Authorization", &good)], b"");
+        assert!(matches!(code, 400 | 404), "{name}: {code} {}", String::from_utf8_lossy(&body));
+        let request = serde_json::json!({"datasets": [name.replace("%2F", "/").replace("%2f", "/")], "limit_batches": 1});
+        let (code, _) = http(&server.http, "POST", "/v1/sample", &[("Authorization", &good)], request.to_string().as_bytes());
+        assert!(matches!(code, 400 | 404), "{name} in a request: {code}");
+    }
+    for name in ["../../etc/passwd", "/etc/passwd", secret_path.as_str(), "v30-av1-small/../../x", "v30-av1-small@1/../.."] {
+        let run = lake(&root, &["sample", "--dataset", name, "--indices", "0", "--out", "/dev/null"]);
+        assert_eq!(run.code, 2, "{name}: {run:?}");
+    }
+
+    // Statements that would read or write files, or change anything: refused everywhere.
+    let out = tmp.path().join("written.csv").display().to_string();
+    let statements = [
+        format!("COPY (SELECT 1) TO '{out}'"),
+        format!("COPY steps TO '{out}' STORED AS CSV"),
+        format!("CREATE EXTERNAL TABLE s STORED AS CSV LOCATION '{secret_path}'"),
+        "CREATE TABLE t AS SELECT 1".into(),
+        "CREATE VIEW v AS SELECT 1".into(),
+        "INSERT INTO steps SELECT * FROM steps".into(),
+        "DELETE FROM steps".into(),
+        "DROP TABLE steps".into(),
+        "SET datafusion.execution.batch_size = 1".into(),
+        format!("SELECT * FROM '{secret_path}'"),
+        format!("SELECT * FROM read_csv('{secret_path}')"),
+        format!("SELECT * FROM \"{secret_path}\""),
+        "SELECT * FROM \"../../etc\".passwd".into(),
+    ];
+    for statement in &statements {
+        let (code, body) = post_sql(&server, statement);
+        assert!(matches!(code, 400 | 404), "{statement}: {code} {body}");
+        for answer in flight_sql(&server, statement) {
+            assert!(answer.is_err(), "{statement} over Flight SQL: {answer:?}");
+        }
+        let run = lake(&root, &["sql", statement]);
+        assert_eq!(run.code, 2, "{statement}: {run:?}");
+    }
+    assert!(!Path::new(&out).exists(), "a statement wrote a file");
+    healthy(&server);
+}
+
+/// Floods: oversized bodies are refused, hundreds of idle connections and clients killed in
+/// the middle of their streams leave the server serving, and the streams it serves meanwhile
+/// are exactly `lake sample`'s batches. LAKE_ATTACK_FULL=1 runs the attack run's own sizes
+/// (100 MB bodies, 400 idle connections, 64 concurrent streams, 40 killed clients).
+#[test]
+fn floods_of_bodies_connections_and_killed_clients_leave_the_server_serving() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = small_lake(tmp.path());
+    let server = start_with(&root, &["--shutdown-wait", "2", "--request-wait", "5"]);
+    let (idle, streams, killed, body_mb) = if full() { (400, 64, 40, 100) } else { (100, 8, 8, 8) };
+    let good = format!("Bearer {TOKEN}");
+
+    // A body far over the limit is refused as it arrives, without the server taking it whole.
+    let big = vec![b'x'; body_mb << 20];
+    for path in ["/v1/sql", "/v1/sample"] {
+        let (code, _) = http(&server.http, "POST", path, &[("Authorization", &good)], &big);
+        assert_eq!(code, 413, "{path}");
+    }
+
+    // Idle connections: opened and left silent.
+    let silent: Vec<std::net::TcpStream> = (0..idle).map(|_| std::net::TcpStream::connect(&server.http).expect("connect")).collect();
+    healthy(&server);
+
+    // Clients that ask for an endless stream and are killed after a batch.
+    let request = serde_json::json!({"datasets": ["v30-av1-small"], "batch_size": 4, "seed": 7});
+    for _ in 0..killed {
+        let mut client = std::net::TcpStream::connect(&server.http).expect("connect");
+        let body = request.to_string();
+        let head = format!(
+            "POST /v1/sample HTTP/1.1\r\nHost: x\r\nAuthorization: {good}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut client, head.as_bytes()).expect("send");
+        let mut first = [0u8; 4096];
+        let _ = std::io::Read::read(&mut client, &mut first);
+        drop(client);
+    }
+
+    // Concurrent finite streams, each equal to the loader's own batches for its rank.
+    let want = |rank: u64| {
+        let request = serde_json::json!({"datasets": ["v30-av1-small"], "batch_size": 8, "seed": 3, "world_size": streams, "rank": rank, "limit_batches": 2});
+        (request.clone(), request)
+    };
+    let answers: Vec<(u16, Vec<u8>, serde_json::Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..streams as u64)
+            .map(|rank| {
+                let (request, echo) = want(rank);
+                let (addr, good) = (server.http.clone(), good.clone());
+                scope.spawn(move || {
+                    let (code, body) = http(&addr, "POST", "/v1/sample", &[("Authorization", &good)], request.to_string().as_bytes());
+                    (code, body, echo)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("client")).collect()
+    });
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for (code, body, request) in answers {
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        let got: Vec<arrow::array::RecordBatch> = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)
+            .expect("arrow")
+            .collect::<Result<_, _>>()
+            .expect("batches");
+        let expected = rt.block_on(crate::serve::in_process(&root, &request));
+        assert_eq!(got, expected, "rank {}", request["rank"]);
+    }
+    drop(silent);
+    healthy(&server);
+}

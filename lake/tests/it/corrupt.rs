@@ -674,3 +674,45 @@ fn rows_out_of_index_order_across_files_are_a_warning() {
         "{run:#?}"
     );
 }
+
+/// A camera file whose frames are another size than the camera's: refused, naming the file and
+/// each episode it holds; with --skip-bad-episodes those episodes are left out, the summary
+/// gives the camera's true size, and every kept step can be sampled.
+#[test]
+fn a_camera_file_of_another_frame_size_is_refused_or_its_episodes_skipped() {
+    let (tmp, root, src) = setup("v30-h264-multifile");
+    let videos = src.join("videos");
+    std::fs::copy(
+        videos.join("observation.images.wrist/chunk-000/file-000.mp4"),
+        videos.join("observation.images.front/chunk-000/file-000.mp4"),
+    )
+    .expect("copy");
+    let says = |episode: i64| {
+        format!(
+            "videos/observation.images.front/chunk-000/file-000.mp4, episode {episode}, camera observation.images.front: frames are \
+             128x96 where the camera's are 160x120 (as info.json declares)"
+        )
+    };
+    refused(&root, &src, 1, &[&says(0), &says(1)]);
+
+    let run = lake(&root, &["ingest", src.to_str().expect("utf-8"), "--skip-bad-episodes", "--name", "x"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stdout.contains("3 of 5 episodes") && run.stdout.contains("camera observation.images.front: video h264 160x120, 2 files"),
+        "{}",
+        run.stdout
+    );
+    let kept = crate::common::sql_rows(&root, "SELECT min(index) AS first, max(index) AS last, count(*) AS n FROM x.steps");
+    assert_eq!(crate::common::num(&kept[0], "n"), 164.0, "{kept:?}");
+    let out = tmp.path().join("kept.arrow");
+    let (first, last) = (crate::common::num(&kept[0], "first"), crate::common::num(&kept[0], "last"));
+    let indices = format!("{},{}", first as i64, last as i64);
+    let run = lake(&root, &["sample", "--dataset", "x", "--indices", &indices, "--out", out.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let streams = crate::common::sql_rows(
+        &root,
+        "SELECT kind, count(*) AS n FROM x.streams WHERE camera = 'observation.images.front' GROUP BY kind ORDER BY kind",
+    );
+    assert_eq!(streams.len(), 2, "the skipped file is listed as such: {streams:?}");
+    assert_eq!(streams[0]["kind"], "skipped");
+}

@@ -110,7 +110,7 @@ fn arrow_batches(body: &[u8]) -> Vec<RecordBatch> {
 }
 
 /// The same request through the loader in-process.
-async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
+pub(crate) async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
     let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
     let service = lake::serve::Service::new(lake, Default::default()).expect("service");
     let request = lake::serve::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid");
@@ -949,7 +949,7 @@ fn a_shutdown_refuses_the_streams_waiting_to_start() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let auth = format!("Bearer {TOKEN}");
     for attempt in 0.. {
-        let mut server = start_with(&root, &["--memory-mb", "100", "--shutdown-wait", "3"]);
+        let mut server = start_with(&root, &["--memory-mb", "100", "--sql-memory-mb", "1", "--shutdown-wait", "3"]);
         // A stream that takes the whole budget, and is not read on.
         let mut open = rt.block_on(async {
             let mut client = flight_client(&server).await;
