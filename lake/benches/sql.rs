@@ -20,7 +20,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use lake::sql::LakeSql;
+use lake_query::sql::LakeSql;
 use lake_testkit::{bench_workdir, repeat_dataset, testdata};
 
 const REPEATS: usize = 100; // 600-step sample × 100 = 60 000 steps per dataset

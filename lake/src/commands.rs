@@ -482,7 +482,7 @@ pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
         [first, .., last] => format!("versions {first} to {last}"),
         [] => "no files were left to delete".into(),
     };
-    let freed = lake::decimal_bytes(report.bytes);
+    let freed = crate::text::decimal_bytes(report.bytes);
     // An ingest of the name is not stopped: it commits after the removed versions.
     let under_way = |report: &lake_store::RemovalReport| -> anyhow::Result<()> {
         for ingest in &report.under_way {
@@ -561,9 +561,9 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         // As the text: the datasets' records, the views' and what cannot be read whole.
         let entries: Vec<&serde_json::Value> = problems.iter().map(|(entry, _)| entry).collect();
         let removed: Vec<lake_store::Removal> = lake.removed_datasets().await?.into_values().collect();
-        let removed_from = lake::views::removals_of_all(&lake, &views).await;
+        let removed_from = lake_loader::views::removals_of_all(&lake, &views).await;
         let listed_views: Vec<serde_json::Value> =
-            views.iter().zip(removed_from).map(|(v, removed)| lake::views::view_json(v, removed)).collect();
+            views.iter().zip(removed_from).map(|(v, removed)| lake_loader::views::view_json(v, removed)).collect();
         let listing = serde_json::json!({"datasets": datasets, "views": listed_views, "unreadable": entries, "removed": removed});
         serde_json::to_writer_pretty(&mut out, &listing)?;
         writeln!(out)?;
@@ -575,8 +575,8 @@ pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
         if !views.is_empty() {
             writeln!(out, "\nviews (lake view show NAME):")?;
             for v in views {
-                let on = lake::views::sources(&lake, &v).await;
-                let episodes = lake::count(v.episode_count() as u64, "episode");
+                let on = lake_loader::views::sources(&lake, &v).await;
+                let episodes = crate::text::count(v.episode_count() as u64, "episode");
                 writeln!(out, "  {:<28} {episodes:>14}  from {}", format!("{}@{}", v.name, v.version), on.join(", "))?;
             }
         }

@@ -38,6 +38,7 @@ mod query;
 mod render;
 mod sample;
 mod server;
+mod text;
 
 // jemalloc with two arenas and a background thread that hands freed pages back after 10 s.
 // Ingest churns through many short-lived multi-megabyte buffers (packet batches, read-ahead
@@ -215,11 +216,11 @@ fn main() -> ExitCode {
         cli.lake = "./lake".into();
     }
     // Commands that plan SQL do it on threads whose stacks hold a query at the nesting limit
-    // (see `lake::sql::limits`); `serve` gives its queries threads of their own.
+    // (see `lake_query::sql::limits`); `serve` gives its queries threads of their own.
     let sql_stack = matches!(cli.command, Command::Sql(_) | Command::View(_) | Command::Stats(_) | Command::Export(_));
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if sql_stack {
-        builder.thread_stack_size(lake::sql::limits::STACK_BYTES);
+        builder.thread_stack_size(lake_query::sql::limits::STACK_BYTES);
     }
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
@@ -279,7 +280,7 @@ fn main() -> ExitCode {
     let result = if sql_stack {
         std::thread::scope(|scope| {
             let thread =
-                std::thread::Builder::new().name("lake-main".into()).stack_size(lake::sql::limits::STACK_BYTES).spawn_scoped(scope, run);
+                std::thread::Builder::new().name("lake-main".into()).stack_size(lake_query::sql::limits::STACK_BYTES).spawn_scoped(scope, run);
             match thread {
                 Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
                 Err(e) => Err(anyhow::anyhow!("cannot start the command's thread: {e}")),

@@ -80,7 +80,7 @@ impl Output {
                     builder.permissions(std::fs::Permissions::from_mode(0o666));
                 }
                 // The error names the directory, not the temporary file's name.
-                let file = builder.tempfile_in(dir).map_err(|e| lake::in_directory(dir, &e))?;
+                let file = builder.tempfile_in(dir).map_err(|e| lake_store::in_directory(dir, &e))?;
                 // A file replaced keeps its mode.
                 if let Ok(meta) = std::fs::metadata(&target) {
                     file.as_file().set_permissions(meta.permissions())?;

@@ -14,7 +14,7 @@ use arrow::{
     ipc::writer::{FileWriter, StreamWriter},
 };
 use futures::StreamExt;
-use lake::{
+use lake_query::{
     sql::{LakeSql, TableInfo},
     views,
 };
@@ -103,8 +103,8 @@ pub async fn sql(root: &str, args: SqlArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     // Queries only, as a server answers: `CREATE TABLE … AS` would make a table this process
     // forgets, `COPY … TO` writes what `--output` writes.
-    let memory = lake::sql::SqlMemory::new(args.memory_mb.map_or_else(lake::sql::SqlMemory::default_bytes, |mb| mb << 20))?;
-    let session = LakeSql::open_with(&lake, &lake::sql::OpenedTables::default(), &memory).await?.read_only();
+    let memory = lake_query::sql::SqlMemory::new(args.memory_mb.map_or_else(lake_query::sql::SqlMemory::default_bytes, |mb| mb << 20))?;
+    let session = LakeSql::open_with(&lake, &lake_query::sql::OpenedTables::default(), &memory).await?.read_only();
     for (spec, why) in session.unreadable() {
         // A version `lake rm` took while the session opened it.
         let removal = match spec.rsplit_once('@').map(|(name, v)| (name, v.parse::<u64>())) {
@@ -148,7 +148,7 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
     let mut sink = Sink::new(format, schema.clone(), output.is_some(), out)?;
     let mut rows = 0usize;
     while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(|e| lake::sql::sql_error(&e))?;
+        let batch = batch.map_err(|e| lake_query::sql::sql_error(&e))?;
         rows += batch.num_rows();
         sink.write(batch)?;
     }
@@ -279,7 +279,7 @@ impl<'a> Sink<'a> {
         match self {
             Self::Table(pages) => pages.push(batch)?,
             Self::Csv(w, unwritten) => {
-                w.write(&lake::sql::flat_for_csv(&batch)?)?;
+                w.write(&lake_query::sql::flat_for_csv(&batch)?)?;
                 *unwritten = None;
             }
             Self::Json(w) => w.write(&batch)?,
@@ -304,7 +304,7 @@ impl<'a> Sink<'a> {
             Self::Table(pages) => pages.finish()?,
             Self::Csv(mut w, unwritten) => {
                 if let Some(schema) = unwritten {
-                    w.write(&lake::sql::flat_for_csv(&RecordBatch::new_empty(schema))?)?;
+                    w.write(&lake_query::sql::flat_for_csv(&RecordBatch::new_empty(schema))?)?;
                 }
             }
             Self::Json(mut w) => {
@@ -519,7 +519,7 @@ fn find_table<'a>(tables: &'a [TableInfo], name: &str) -> Option<&'a TableInfo> 
     let name = name.trim_end_matches(';');
     tables.iter().find(|t| {
         let unquoted = name.replace('"', "");
-        (t.schema == lake::sql::SCHEMA && t.name == unquoted) || format!("{}.{}", t.schema, t.name) == unquoted
+        (t.schema == lake_query::sql::SCHEMA && t.name == unquoted) || format!("{}.{}", t.schema, t.name) == unquoted
     })
 }
 
@@ -551,7 +551,7 @@ async fn meta_command(session: &LakeSql, command: &str) -> anyhow::Result<bool> 
 fn describe_tables(tables: &[TableInfo]) -> String {
     let mut out = String::new();
     for t in tables {
-        let name = if t.schema == lake::sql::SCHEMA { t.name.clone() } else { format!("\"{}\".{}", t.schema, t.name) };
+        let name = if t.schema == lake_query::sql::SCHEMA { t.name.clone() } else { format!("\"{}\".{}", t.schema, t.name) };
         out.push_str(&format!("{name:<48} {} columns\n", t.columns.fields().len()));
     }
     out
@@ -603,9 +603,9 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
             let parts: Vec<String> = v
                 .datasets
                 .iter()
-                .map(|d| format!("{}@{}: {}", d.name, d.version, lake::count(d.episodes.len() as u64, "episode")))
+                .map(|d| format!("{}@{}: {}", d.name, d.version, crate::text::count(d.episodes.len() as u64, "episode")))
                 .collect();
-            outln!("view {}@{} created: {} ({})", v.name, v.version, lake::count(v.episode_count() as u64, "episode"), parts.join("; "))?;
+            outln!("view {}@{} created: {} ({})", v.name, v.version, crate::text::count(v.episode_count() as u64, "episode"), parts.join("; "))?;
             for note in notes {
                 outln!("  note: {note}")?;
             }
@@ -624,7 +624,7 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
                     format!("{}@{}", v.name, v.version),
                     v.episode_count().to_string(),
                     v.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                    views::sources(&lake, v).await.join(", "),
+                    lake_loader::views::sources(&lake, v).await.join(", "),
                 ]);
             }
             if !rows.is_empty() {
@@ -642,7 +642,7 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
                 None => (name.as_str(), None),
             };
             let v =
-                views::view(&lake, base, version).await?.ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
+                lake_loader::views::view(&lake, base, version).await?.ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
             outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         ViewCommand::Drop { name } => {
@@ -678,7 +678,7 @@ pub struct StatsArgs {
 pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     // A view over one dataset: the statistics of its episodes.
-    let selection = match lake::views::resolve(&lake, &args.dataset).await?.as_slice() {
+    let selection = match lake_loader::views::resolve(&lake, &args.dataset).await?.as_slice() {
         [one] => one.clone(),
         many => anyhow::bail!("view `{}` spans {} datasets; ask for the statistics of one dataset at a time", args.dataset, many.len()),
     };
@@ -690,19 +690,19 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
     if args.images {
         let spec = format!("{}@{}", record.name, record.version);
         let began = std::time::Instant::now();
-        let report = lake::stats::write_image_stats(&lake, &spec).await?;
+        let report = lake_stats::write_image_stats(&lake, &spec).await?;
         if report.cameras == 0 {
             errln!("{spec} has no cameras: there are no image statistics to compute");
         } else {
             errln!(
                 "image statistics of {spec}: {}, {} decoded, {:.1} s",
-                lake::count(report.cameras as u64, "camera"),
-                lake::count(report.frames as u64, "frame"),
+                crate::text::count(report.cameras as u64, "camera"),
+                crate::text::count(report.frames as u64, "frame"),
                 began.elapsed().as_secs_f64()
             );
         }
     }
-    let json = lake::stats::stats_json(&lake, &record, episodes.as_ref()).await?;
+    let json = lake_stats::stats_json(&lake, &record, episodes.as_ref()).await?;
     let text = lake_schemas::pyjson::to_string_pretty(&json);
     match &args.output {
         Some(path) => {
@@ -773,10 +773,10 @@ pub struct ExportArgs {
 pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let format = match args.format {
-        ExportFormatArg::LerobotV3 => lake::export::ExportFormat::LerobotV3,
-        ExportFormatArg::Parquet => lake::export::ExportFormat::Parquet,
+        ExportFormatArg::LerobotV3 => lake_export::ExportFormat::LerobotV3,
+        ExportFormatArg::Parquet => lake_export::ExportFormat::Parquet,
     };
-    let report = lake::export::export(&lake, &args.dataset, format, &args.out).await?;
+    let report = lake_export::export(&lake, &args.dataset, format, &args.out).await?;
     outln!(
         "exported {} ({}, {} steps) to {}: {} files, {:.1} MB",
         report.dataset,

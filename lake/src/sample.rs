@@ -419,7 +419,7 @@ pub struct BenchArgs {
 /// `lake sample`: the samples of given indices, as an Arrow IPC file.
 pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
-    let selection = match lake::views::resolve(&lake, &args.dataset).await?.as_slice() {
+    let selection = match lake_loader::views::resolve(&lake, &args.dataset).await?.as_slice() {
         [one] => one.clone(),
         many => anyhow::bail!(
             "view `{}` spans {} datasets; sample one of them by name ({})",
@@ -500,7 +500,7 @@ fn room_for(raw: u64, free: u64, storage: FrameStorage, what: &str) -> anyhow::R
     if raw.saturating_add(raw / 20) <= free {
         return Ok(None);
     }
-    let (raw, free) = (lake::decimal_bytes(raw), lake::decimal_bytes(free));
+    let (raw, free) = (crate::text::decimal_bytes(raw), crate::text::decimal_bytes(free));
     match storage {
         FrameStorage::Plain => anyhow::bail!("{what} are {raw} of RGB, more than the {free} free where the lake is; nothing was written"),
         _ => Ok(Some(format!("{what} are {raw} of RGB before compression, and {free} are free where the lake is"))),
@@ -539,7 +539,7 @@ fn usage() -> (f64, f64) {
 /// `lake bench`: loader throughput on a dataset.
 pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
-    let spec = lake::views::SamplingSpec {
+    let spec = lake_loader::views::SamplingSpec {
         datasets: args.dataset.clone(),
         episodes: args.episodes.clone(),
         drop_n_first_frames: args.drop_n_first_frames,
@@ -547,14 +547,14 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         frame_size: args.loader.frame_size,
         frame_format: args.loader.frame_format,
     };
-    let lake::views::Sampling { datasets, sources } = lake::views::open_sampling(&lake, &spec).await?;
+    let lake_loader::views::Sampling { datasets, sources } = lake_loader::views::open_sampling(&lake, &spec).await?;
     let labels: Vec<String> = datasets.iter().map(|d| d.label.clone()).collect();
     let loader = Arc::new(Loader::new(datasets, &args.windows.windows()?, args.loader.options())?);
     let order = Arc::new(Order::new(args.seed, sources)?);
     let sharding = Sharding::new(args.batch_size, 0, 1, true)?;
     let steps = sharding.steps_per_epoch(order.epoch_len());
     if steps == 0 {
-        anyhow::bail!("the batch size {} is larger than the {} eligible", args.batch_size, lake::count(order.epoch_len(), "step"));
+        anyhow::bail!("the batch size {} is larger than the {} eligible", args.batch_size, crate::text::count(order.epoch_len(), "step"));
     }
     if args.start_step >= steps {
         anyhow::bail!(
@@ -753,7 +753,7 @@ impl BenchReport {
         let windows = match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&self.preset) {
             Ok(keys) if self.preset.len() > 60 => {
                 let offsets: usize = keys.values().filter_map(serde_json::Value::as_array).map(Vec::len).sum();
-                format!("delta_timestamps of {} ({})", lake::count(keys.len() as u64, "key"), lake::count(offsets as u64, "offset"))
+                format!("delta_timestamps of {} ({})", crate::text::count(keys.len() as u64, "key"), crate::text::count(offsets as u64, "offset"))
             }
             Ok(_) => format!("delta_timestamps {}", self.preset),
             Err(_) => format!("preset {}", self.preset),
@@ -786,7 +786,7 @@ impl BenchReport {
             "lake bench: {} · {windows}{start} · batch {} · {} · cache {}{frames}",
             self.datasets.join(" + "),
             self.batch_size,
-            lake::count(self.threads as u64, "thread"),
+            crate::text::count(self.threads as u64, "thread"),
             if self.cache { "on" } else { "off" },
         )?;
         outln!(

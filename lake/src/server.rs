@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, process::ExitCode};
 
 use anyhow::Context;
-use lake::serve::{ServeOptions, Service, do_get, flight::LakeFlight, http, linger};
+use lake_serve::{ServeOptions, Service, do_get, flight::LakeFlight, http, linger};
 use lake_store::Lake;
 
 /// `HOST:PORT`, the host an IP address or a name (`localhost:8080`: its first address).
@@ -170,7 +170,7 @@ async fn keep_pages_under_load(service: std::sync::Arc<Service>) {
 }
 
 /// The Flight service, with `DoGet` answered by lake's own route (batches leave without being
-/// copied; see [`lake::serve::do_get`]).
+/// copied; see [`lake_serve::do_get`]).
 fn flight_routes(flight: LakeFlight) -> tonic::service::Routes {
     let generated = arrow_flight::flight_service_server::FlightServiceServer::new(flight.clone());
     let router = tonic::service::Routes::new(generated)
@@ -227,7 +227,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let flight_listener = tokio::net::TcpListener::bind(args.flight).await.with_context(|| format!("binding {}", args.flight))?;
     let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let local_listener = match &args.local {
-        Some(path) => Some(lake::serve::local::bind(path).await.with_context(|| format!("binding {}", path.display()))?),
+        Some(path) => Some(lake_serve::local::bind(path).await.with_context(|| format!("binding {}", path.display()))?),
         None => None,
     };
     let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);
@@ -259,8 +259,8 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         .initial_stream_window_size(32 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size((1 << 24) - 1)
-        .http2_keepalive_interval(Some(lake::serve::PING_EVERY))
-        .http2_keepalive_timeout(Some(lake::serve::PING_ANSWER_WAIT))
+        .http2_keepalive_interval(Some(lake_serve::PING_EVERY))
+        .http2_keepalive_timeout(Some(lake_serve::PING_ANSWER_WAIT))
         .add_routes(flight_routes(LakeFlight::new(service.clone())))
         .serve_with_incoming_shutdown(flight_listener.incoming(), async move {
             let _ = flight_stop.recv().await;
@@ -272,7 +272,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let http = tokio::spawn(http);
     let local = local_listener.map(|listener| {
         let mut local_stop = stop_tx.subscribe();
-        tokio::spawn(lake::serve::local::serve(service.clone(), listener, async move {
+        tokio::spawn(lake_serve::local::serve(service.clone(), listener, async move {
             let _ = local_stop.recv().await;
         }))
     });

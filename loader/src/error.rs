@@ -6,6 +6,9 @@ pub enum Error {
     /// grid, empty selection, rank outside the world, …).
     #[error("{0}")]
     Request(String),
+    /// No dataset or view has the name (the message lists what the lake has).
+    #[error("{0}")]
+    NotFound(String),
     /// A dataset's tables do not have the shape ingest writes.
     #[error("dataset {dataset}: {message}")]
     Layout {

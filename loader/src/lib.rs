@@ -29,6 +29,7 @@ mod sampler;
 mod samples;
 mod spec;
 mod stream;
+pub mod views;
 
 pub use crate::{
     batch::{
@@ -49,4 +50,5 @@ pub use crate::{
     samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
     stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_samples_with, load_with, stream, stream_with},
+    views::{Sampling, SamplingSpec, Selection, open_sampling, resolve},
 };

@@ -31,3 +31,17 @@ pub mod deps {
     pub use lance;
     pub use object_store;
 }
+
+/// What went wrong creating a file in `dir`, said of the directory (an error of the file's own
+/// would name a temporary file the user never asked for).
+pub fn in_directory(dir: &std::path::Path, e: &std::io::Error) -> std::io::Error {
+    let why = match e.kind() {
+        std::io::ErrorKind::NotFound if !dir.exists() => format!("the directory {} does not exist", dir.display()),
+        std::io::ErrorKind::PermissionDenied => format!("no permission to create files in {}", dir.display()),
+        kind => match e.raw_os_error() {
+            Some(code) => format!("cannot create files in {}: {}", dir.display(), std::io::Error::from_raw_os_error(code)),
+            None => format!("cannot create files in {}: {}", dir.display(), std::io::Error::from(kind)),
+        },
+    };
+    std::io::Error::new(e.kind(), why)
+}

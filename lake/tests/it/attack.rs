@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use futures::TryStreamExt;
-use lake::sql::limits::{MAX_DEPTH, MAX_JOINED, MAX_QUERY_BYTES, MAX_SUBQUERY_DEPTH};
+use lake_query::sql::limits::{MAX_DEPTH, MAX_JOINED, MAX_QUERY_BYTES, MAX_SUBQUERY_DEPTH};
 use lake_testkit::testdata;
 use serde_json::Value;
 

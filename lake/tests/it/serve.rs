@@ -112,8 +112,8 @@ fn arrow_batches(body: &[u8]) -> Vec<RecordBatch> {
 /// The same request through the loader in-process.
 pub(crate) async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
     let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-    let service = lake::serve::Service::new(lake, Default::default()).expect("service");
-    let request = lake::serve::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid");
+    let service = lake_serve::Service::new(lake, Default::default()).expect("service");
+    let request = lake_serve::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid");
     let (_, batches) = service.batches(&request).await.expect("batches");
     records(batches.try_collect().await.expect("all batches"))
 }
@@ -1047,16 +1047,16 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
     rt.block_on(async {
         let request = |seed: u64, batch: u64| {
             let r = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": batch, "seed": seed, "limit_batches": 4});
-            lake::serve::SampleRequest::from_json(r.to_string().as_bytes()).expect("valid")
+            lake_serve::SampleRequest::from_json(r.to_string().as_bytes()).expect("valid")
         };
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-        let probe = lake::serve::Service::new(lake.clone(), Default::default()).expect("service");
-        let schema = probe.describe(&request(0, 4), lake::serve::Footprint::ENCODED).await.expect("plan").schema;
-        let batch = lake::serve::batch_bytes(&schema, 4);
+        let probe = lake_serve::Service::new(lake.clone(), Default::default()).expect("service");
+        let schema = probe.describe(&request(0, 4), lake_serve::Footprint::ENCODED).await.expect("plan").schema;
+        let batch = lake_serve::batch_bytes(&schema, 4);
         // Room for three streams (send buffer and one batch with its encoding each) and two
         // batches more; each stream would like 16 ahead.
-        let options = lake::serve::ServeOptions { memory_bytes: 13 * batch + 4096, prefetch_bytes: 32 * batch, ..Default::default() };
-        let service = lake::serve::Service::new(lake, options).expect("service");
+        let options = lake_serve::ServeOptions { memory_bytes: 13 * batch + 4096, prefetch_bytes: 32 * batch, ..Default::default() };
+        let service = lake_serve::Service::new(lake, options).expect("service");
         let streams = (0..3u64).map(|seed| {
             let service = service.clone();
             let req = request(seed, 4);
@@ -1083,22 +1083,22 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
 
         // A batch that cannot fit at all is refused with the sizes.
         let e = service.batches(&request(0, 32)).await.err().expect("refused");
-        assert!(e.to_string().contains("memory budget") && matches!(lake::serve::refusal(&e).0, lake::serve::Refusal::BadRequest), "{e}");
+        assert!(e.to_string().contains("memory budget") && matches!(lake_serve::refusal(&e).0, lake_serve::Refusal::BadRequest), "{e}");
         // And so is its plan (a Flight ticket that could never be redeemed).
-        let e = service.describe(&request(0, 32), lake::serve::Footprint::ENCODED).await.expect_err("refused");
+        let e = service.describe(&request(0, 32), lake_serve::Footprint::ENCODED).await.expect_err("refused");
         assert!(e.to_string().contains("memory budget"), "{e}");
 
         // A stream whose client keeps its first batch is lent free room for a few batches
         // ahead (twice the decode threads), not all of it: streams opened after it still start.
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-        let options = lake::serve::ServeOptions {
+        let options = lake_serve::ServeOptions {
             loader: lake_loader::LoaderOptions { threads: 1, ..Default::default() },
             memory_bytes: 3 * 3 * batch + 2 * 2 * batch + 16 * 1024,
             prefetch_bytes: 64 * batch,
             admission_wait: std::time::Duration::from_millis(500),
             ..Default::default()
         };
-        let lending = lake::serve::Service::new(lake, options).expect("service");
+        let lending = lake_serve::Service::new(lake, options).expect("service");
         let (_, mut first) = lending.batches(&request(0, 4)).await.expect("first stream");
         first.next().await.expect("a batch").expect("batch");
         let text = lending.prometheus().await;
@@ -1121,14 +1121,14 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         // room lent to it is taken back for a stream that waits to start; its batches are made
         // again when it reads on, and are the same batches.
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-        let options = lake::serve::ServeOptions {
+        let options = lake_serve::ServeOptions {
             loader: lake_loader::LoaderOptions { threads: 1, ..Default::default() },
             memory_bytes: 2 * 3 * batch + 2 * 2 * batch + 16 * 1024,
             prefetch_bytes: 64 * batch,
             admission_wait: std::time::Duration::from_secs(10),
             ..Default::default()
         };
-        let paused = lake::serve::Service::new(lake, options).expect("service");
+        let paused = lake_serve::Service::new(lake, options).expect("service");
         let (_, mut first) = paused.batches(&request(0, 4)).await.expect("first stream");
         let mut kept = records(vec![first.next().await.expect("a batch").expect("batch")]);
         assert_eq!(metric(&paused.prometheus().await, "lake_lent_batches"), 2.0);
@@ -1173,8 +1173,8 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         // once they close, streams run again.
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
         let wait = std::time::Duration::from_millis(200);
-        let options = lake::serve::ServeOptions { memory_bytes: 9 * batch + 16 * 1024, admission_wait: wait, ..Default::default() };
-        let small = lake::serve::Service::new(lake, options).expect("service");
+        let options = lake_serve::ServeOptions { memory_bytes: 9 * batch + 16 * 1024, admission_wait: wait, ..Default::default() };
+        let small = lake_serve::Service::new(lake, options).expect("service");
         let open: Vec<_> = futures::future::try_join_all((0..3).map(|seed| {
             let small = small.clone();
             async move { small.batches(&request(seed, 4)).await }
@@ -1182,7 +1182,7 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
         .await
         .expect("three streams fit");
         let e = small.batches(&request(3, 4)).await.err().expect("busy");
-        assert_eq!(lake::serve::refusal(&e).0, lake::serve::Refusal::Busy, "{e}");
+        assert_eq!(lake_serve::refusal(&e).0, lake_serve::Refusal::Busy, "{e}");
         assert!(e.to_string().contains("retry later"), "{e}");
         drop(open);
         let (_, batches) = small.batches(&request(0, 4)).await.expect("room again");

@@ -101,7 +101,7 @@ fn filters_and_projections_reach_the_lance_scan_and_counts_never_read_packets() 
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-        let session = lake::sql::LakeSql::open(&lake).await.expect("session");
+        let session = lake_query::sql::LakeSql::open(&lake).await.expect("session");
         for _ in 0..40 {
             let (_, batches) =
                 session.query("SELECT dataset, index FROM steps ORDER BY dataset DESC, index DESC LIMIT 2").await.expect("query");
@@ -407,8 +407,8 @@ fn epoch_episodes(root: &Path, spec: &str) -> Vec<i64> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-        let spec = lake::views::SamplingSpec { datasets: vec![spec.to_string()], ..Default::default() };
-        let sampling = lake::views::open_sampling(&lake, &spec).await.expect("view opens");
+        let spec = lake_loader::views::SamplingSpec { datasets: vec![spec.to_string()], ..Default::default() };
+        let sampling = lake_loader::views::open_sampling(&lake, &spec).await.expect("view opens");
         let order = lake_loader::Order::new(7, sampling.sources).expect("order");
         (0..order.epoch_len())
             .map(|p| {

@@ -18,7 +18,9 @@ use lake_loader::{SampleBatch, local::wire};
 use serde_json::{Value, json};
 
 use super::{Refusal, Service, refusal};
-use crate::{Error, sql::flat_for_csv};
+use lake_query::sql::flat_for_csv;
+
+use crate::Error;
 
 /// Serves `router` on `listener`'s connections (HTTP/1.1, and HTTP/2 without TLS) until `stop`
 /// completes, then ends each connection after the request it is answering and returns once
@@ -211,7 +213,7 @@ async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
     let (records, unreadable) = service.lake().datasets_listed().await.map_err(Error::from)?;
     let (views, unreadable_views) = service.lake().views_listed().await.map_err(Error::from)?;
-    let removed = crate::views::removals_of_all(service.lake(), &views).await;
+    let removed = lake_loader::views::removals_of_all(service.lake(), &views).await;
     let views: Vec<Value> = views.iter().zip(removed).map(|(v, removed)| view_json(v, removed)).collect();
     // Records damaged outside lake: named, so that a client sees why a dataset is missing.
     let unreadable: Vec<Value> = unreadable
@@ -273,9 +275,9 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
     };
     let is_dataset = lake_store::validate_name(base).is_err() || lake.version_count(base).await.is_ok_and(|n| n > 0);
     if !is_dataset {
-        return match crate::views::view(lake, base, version).await? {
-            Some(view) => Ok(view_json(&view, crate::views::removals(service.lake(), &view).await)),
-            None => Err(crate::views::not_found(lake, name).await?),
+        return match lake_loader::views::view(lake, base, version).await? {
+            Some(view) => Ok(view_json(&view, lake_loader::views::removals(service.lake(), &view).await)),
+            None => Err(lake_loader::views::not_found(lake, name).await?.into()),
         };
     }
     let record = lake.resolve(name).await?;
@@ -294,7 +296,7 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
             .await?;
     let cameras = cameras_json(batches_json(&streams)?);
     let features = features_json(&record.info, &cameras);
-    let stats = crate::stats::stats_json(lake, &record, None).await.ok().map(|s| lake_schemas::pyjson::strict(&s));
+    let stats = lake_stats::stats_json(lake, &record, None).await.ok().map(|s| lake_schemas::pyjson::strict(&s));
     let frame_tables = lake_loader::frame_tables(lake, &record).await;
     Ok(json!({
         "name": record.name, "version": record.version, "fps": record.fps,
@@ -617,13 +619,13 @@ async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Resu
     // Most errors of a running query come with its first batch: those are still a 400. One
     // later breaks the body off (no end-of-stream marker), and is logged and counted.
     let first = match stream.next().await {
-        Some(Err(e)) => return Err(crate::sql::sql_error(&e)),
+        Some(Err(e)) => return Err(lake_query::sql::sql_error(&e)),
         first => first,
     };
     let counted = service.clone();
     let batches = futures::stream::iter(first).chain(stream).map(move |b| {
         b.map(SampleBatch::from).map_err(|e| {
-            let e = crate::sql::sql_error(&e);
+            let e = lake_query::sql::sql_error(&e);
             counted.count_sql_error(&e);
             tracing::warn!("SQL query failed while streaming its result: {e}");
             e

@@ -27,10 +27,9 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::{Service, flight::status};
-use crate::{
-    Error,
-    sql::{CATALOG, LakeSql},
-};
+use lake_query::sql::{CATALOG, LakeSql};
+
+use crate::Error;
 
 /// The type URLs of Flight SQL's messages start with this.
 const FLIGHT_SQL_TYPE: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
@@ -175,7 +174,7 @@ impl LakeFlightSql {
         let schema = stream.schema();
         let service = self.service.clone();
         let batches = stream.map_err(move |e| {
-            let e = crate::sql::sql_error(&e);
+            let e = lake_query::sql::sql_error(&e);
             service.count_sql_error(&e);
             FlightError::Tonic(Box::new(status(&e)))
         });

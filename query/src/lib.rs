@@ -1,11 +1,35 @@
-//! lake as a library: SQL over the lake and named training sets (views), shared by the `lake`
-//! binary and the serving layer.
+//! SQL over the lake: a DataFusion session whose tables are the lake's Lance tables, the
+//! limits that keep any query from taking its process down, and the SQL side of views.
+//!
+//! - [`sql::LakeSql`]: a session over the lake's current datasets and views (`steps`,
+//!   `episodes`, `tasks`, … spanning every dataset, and `"<dataset>".<table>` per dataset).
+//! - [`sql::limits`]: text, nesting, subquery and join limits, and the stack SQL threads get.
+//! - [`sql::SqlMemory`]: the memory pool queries draw from; [`sql::capped`]: the per-call
+//!   limit on values scalar functions build.
+//! - [`views::create`]: a named training set from a query's `episode_index` (and `dataset`,
+//!   `weight`) columns. Reading views back is the loader's (`lake_loader::views`): a trainer
+//!   samples a view without compiling DataFusion.
+//!
+//! This is the only crate of the workspace that compiles DataFusion.
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let dir = tempfile::tempdir().unwrap();
+//! let root = dir.path().join("lake");
+//! let root = root.to_str().unwrap();
+//! let lake = lake_store::Lake::create(root).unwrap();
+//! let session = lake_query::sql::LakeSql::open(&lake).await.unwrap().read_only();
+//! let (_, batches) = session.query("SELECT count(*) AS n FROM datasets").await.unwrap();
+//! assert_eq!(batches[0].num_rows(), 1);
+//! // Nested past the limit: refused before it is planned.
+//! let deep = format!("SELECT {}", vec!["1"; 2000].join(" + "));
+//! let refused = session.query(&deep).await.unwrap_err();
+//! assert!(refused.to_string().contains("expression nested deeper than 1000"));
+//! # });
+//! ```
 
-pub mod export;
-pub mod serve;
 pub mod sql;
 mod sql_functions;
-pub mod stats;
 pub mod views;
 
 /// Errors of the SQL and view layer.
@@ -59,34 +83,3 @@ pub enum Error {
 /// Result with lake's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What went wrong creating a file in `dir`, said of the directory (an error of the file's own
-/// would name a temporary file the user never asked for).
-pub fn in_directory(dir: &std::path::Path, e: &std::io::Error) -> std::io::Error {
-    let why = match e.kind() {
-        std::io::ErrorKind::NotFound if !dir.exists() => format!("the directory {} does not exist", dir.display()),
-        std::io::ErrorKind::PermissionDenied => format!("no permission to create files in {}", dir.display()),
-        kind => match e.raw_os_error() {
-            Some(code) => format!("cannot create files in {}: {}", dir.display(), std::io::Error::from_raw_os_error(code)),
-            None => format!("cannot create files in {}: {}", dir.display(), std::io::Error::from(kind)),
-        },
-    };
-    std::io::Error::new(e.kind(), why)
-}
-
-/// Bytes in the decimal unit that keeps one to three digits before the point (`32.0 MB`).
-pub fn decimal_bytes(n: u64) -> String {
-    let units = ["bytes", "kB", "MB", "GB", "TB", "PB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit + 1 < units.len() {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} bytes") } else { format!("{value:.1} {}", units[unit]) }
-}
-
-/// `n` and `noun`, plural unless `n` is 1 (`1 episode`, `3 episodes`; a noun's plural adds `s`).
-pub fn count(n: impl Into<u64>, noun: &str) -> String {
-    let n = n.into();
-    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
-}

@@ -15,6 +15,28 @@
 //! Both write into a temporary directory beside the output and rename it into place at the end:
 //! an export that fails leaves nothing behind.
 
+
+/// Why an export failed. The output directory is never left half written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The lake's catalog or tables could not be read.
+    #[error(transparent)]
+    Store(#[from] lake_store::Error),
+    /// A dataset or view could not be opened, or its frames read.
+    #[error(transparent)]
+    Loader(#[from] lake_loader::Error),
+    /// Its statistics could not be made.
+    #[error(transparent)]
+    Stats(#[from] lake_stats::Error),
+    /// What was asked cannot be exported (an output that exists, a view across datasets, …),
+    /// or writing it failed (the message names the file).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
@@ -29,13 +51,13 @@ use arrow::{
     compute::{cast, concat_batches, filter_record_batch, take},
     datatypes::{DataType, Field, Int64Type, Schema, SchemaRef},
 };
-use ffmpeg_next as ffmpeg;
+use lake_codec::ffmpeg;
 use lake_loader::LoaderDataset;
 use lake_schemas::tables::{self, PACKET_ROW, TASK};
 use lake_store::Lake;
 use serde_json::{Value, json};
 
-use crate::{Error, Result, views};
+
 
 /// Output formats of `lake export`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +131,7 @@ fn inside_lake(lake: &Lake, out: &Path) -> bool {
 /// the lake, or a table, packet or file cannot be read or written (nothing is left at `out`
 /// then).
 pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -> Result<ExportReport> {
-    let selection = match views::resolve(lake, spec).await?.as_slice() {
+    let selection = match lake_loader::views::resolve(lake, spec).await?.as_slice() {
         [one] => one.clone(),
         many => return Err(invalid(format!("view `{spec}` spans {} datasets; export one dataset at a time", many.len()))),
     };
@@ -168,7 +190,7 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     let tmp = tempfile::Builder::new()
         .prefix(&format!("{prefix}{}@{host}-", std::process::id()))
         .tempdir_in(&place)
-        .map_err(|e| invalid(crate::in_directory(&place, &e).to_string()))?;
+        .map_err(|e| invalid(lake_store::in_directory(&place, &e).to_string()))?;
     let whole = selection.episodes.is_none();
     match format {
         ExportFormat::LerobotV3 => write_lerobot(lake, &ds, &episodes, whole, tmp.path()).await?,
@@ -561,7 +583,7 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
         ds.steps.column_by_name("task_index").map(|c| cast(c, &DataType::Int64)).transpose().map_err(arrow_err("task_index"))?;
     let step_tasks: Option<Vec<i64>> =
         old_tasks.map(|tasks| rows.values().iter().map(|&r| tasks.as_primitive::<Int64Type>().value(r as usize)).collect());
-    let numbering = crate::stats::Numbering::new(
+    let numbering = lake_stats::Numbering::new(
         episodes.iter().map(|e| (e.episode_index, e.len as usize)).collect(),
         step_tasks.as_deref(),
         !whole || !positional,
@@ -673,7 +695,7 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
         columns.push(zeros());
     }
     let (stat_fields, stat_columns) =
-        episode_stats_columns(&crate::stats::episode_stats(lake, &ds.record, &numbering).await?, &written_features(ds, &video_cameras))?;
+        episode_stats_columns(&lake_stats::episode_stats(lake, &ds.record, &numbering).await?, &written_features(ds, &video_cameras))?;
     fields.extend(stat_fields);
     columns.extend(stat_columns);
     let episodes_batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(arrow_err("building episodes"))?;
@@ -690,7 +712,7 @@ async fn write_lerobot(lake: &Lake, ds: &LoaderDataset, episodes: &[&lake_loader
         // The export numbers its episodes and steps from 0 (a version with episodes skipped at
         // ingest too).
         let selected: Option<BTreeSet<i64>> = (!whole).then(|| episodes.iter().map(|e| e.episode_index).collect());
-        let mut stats = crate::stats::written_stats_json(lake, &ds.record, selected.as_ref(), &numbering).await?;
+        let mut stats = lake_stats::written_stats_json(lake, &ds.record, selected.as_ref(), &numbering).await?;
         // Only the features the export has (cameras lake holds no frames of are left out).
         if let (Some(stats), Some(kept)) = (stats.as_object_mut(), info["features"].as_object()) {
             stats.retain(|feature, _| kept.contains_key(feature));

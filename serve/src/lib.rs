@@ -38,7 +38,9 @@ use lake_store::Lake;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::{Error, Result, views};
+use lake_loader::views;
+
+pub use lake_query::{Error, Result};
 
 /// A dataset in a request: a name, or a name with a mixture weight.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -714,9 +716,9 @@ pub struct Service {
     /// Loaders that may be made at once ([`ServeOptions::max_loaders`]).
     planning: Semaphore,
     /// Dataset versions' tables opened by earlier SQL sessions.
-    sql_tables: crate::sql::OpenedTables,
+    sql_tables: lake_query::sql::OpenedTables,
     /// The memory every SQL query of the server draws from.
-    sql_memory: crate::sql::SqlMemory,
+    sql_memory: lake_query::sql::SqlMemory,
     /// Streams that may hold lent room (see [`Service::reclaim_lent`]).
     lenders: Mutex<Vec<Weak<Making>>>,
     /// Counters.
@@ -830,7 +832,7 @@ impl Service {
     pub fn new(lake: Lake, options: ServeOptions) -> Result<Arc<Self>> {
         let (stopping, _) = tokio::sync::watch::channel(false);
         let resources = Resources::new(options.loader.threads, options.loader.cache_bytes)?;
-        let sql_memory = crate::sql::SqlMemory::new(options.sql_memory_bytes.max(1))?;
+        let sql_memory = lake_query::sql::SqlMemory::new(options.sql_memory_bytes.max(1))?;
         let slots = 2 * resources.threads();
         let sql_slots = options.sql_concurrency.max(1);
         let planning = Semaphore::new(options.max_loaders.max(1));
@@ -846,7 +848,7 @@ impl Service {
             stopping,
             prepared: Mutex::new(HashMap::new()),
             planning,
-            sql_tables: crate::sql::OpenedTables::default(),
+            sql_tables: lake_query::sql::OpenedTables::default(),
             sql_memory,
             lenders: Mutex::new(Vec::new()),
             metrics: Metrics::default(),
@@ -1121,19 +1123,19 @@ impl Service {
     ///
     /// # Errors
     /// When the catalog cannot be read.
-    pub async fn sql_session(&self) -> Result<crate::sql::LakeSql> {
-        crate::sql::LakeSql::open_with(&self.lake, &self.sql_tables, &self.sql_memory).await?.read_only().whole_answers_only().await
+    pub async fn sql_session(&self) -> Result<lake_query::sql::LakeSql> {
+        lake_query::sql::LakeSql::open_with(&self.lake, &self.sql_tables, &self.sql_memory).await?.read_only().whole_answers_only().await
     }
 
     /// Runs `query` in `session` on a thread of its own, as a stream that ends with an error
     /// once it has run for the server's SQL timeout (see
-    /// [`LakeSql::stream_apart`](crate::sql::LakeSql::stream_apart)).
+    /// [`LakeSql::stream_apart`](lake_query::sql::LakeSql::stream_apart)).
     ///
     /// # Errors
-    /// As [`LakeSql::stream`](crate::sql::LakeSql::stream).
+    /// As [`LakeSql::stream`](lake_query::sql::LakeSql::stream).
     pub async fn sql_stream(
         &self,
-        session: crate::sql::LakeSql,
+        session: lake_query::sql::LakeSql,
         query: &str,
         slot: OwnedSemaphorePermit,
     ) -> Result<datafusion::execution::SendableRecordBatchStream> {
@@ -1670,7 +1672,10 @@ fn refusal_kind(e: &Error) -> Refusal {
         Error::Busy(_) => Refusal::Busy,
         Error::ResourcesExhausted(_) => Refusal::TooLarge,
         Error::ShuttingDown => Refusal::Unavailable,
-        Error::NotFound(_) | Error::Store(S::NotFound { .. } | S::View { .. }) | Error::Loader(L::Store(S::NotFound { .. })) => {
+        Error::NotFound(_)
+        | Error::Loader(L::NotFound(_))
+        | Error::Store(S::NotFound { .. } | S::View { .. })
+        | Error::Loader(L::Store(S::NotFound { .. })) => {
             Refusal::NotFound
         }
         Error::Store(S::BadName { .. }) | Error::Loader(L::Store(S::BadName { .. })) => Refusal::BadRequest,

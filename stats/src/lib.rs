@@ -4,6 +4,25 @@
 //! ingested episodes where the source stored only those (LeRobot v2.x) or episodes were skipped
 //! (the source's dataset-level ones when it has no per-episode ones, LeRobot v2.0).
 
+
+/// What went wrong computing or reading statistics.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The lake's catalog or tables could not be read.
+    #[error(transparent)]
+    Store(#[from] lake_store::Error),
+    /// A dataset could not be opened or its frames decoded.
+    #[error(transparent)]
+    Loader(#[from] lake_loader::Error),
+    /// The statistics asked for cannot be made (a table of the version is not as written, a
+    /// selection that leaves nothing).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 use arrow::{
     array::{Array, AsArray},
     datatypes::{Float64Type, Int64Type},
@@ -14,7 +33,7 @@ use lake_schemas::tables::QUANTILES;
 use lake_store::Lake;
 use serde_json::{Map, Value};
 
-use crate::{Error, Result};
+
 
 /// Nests flat `values` by `shape` (a scalar feature is a one-element list, as LeRobot writes).
 fn nest(values: &[f64], shape: &[usize]) -> Value {
