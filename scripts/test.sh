@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine and runs every check CI runs: formatting, clippy with
-# warnings denied, a build of every target, and the whole test suite.
+# Sets up a fresh Debian 12 machine and runs every check CI runs: formatting, the crate layers
+# and file imports (scripts/check-layering.py), clippy with warnings denied, a build of every
+# target, the whole test suite (doctests included), and the API docs with warnings denied.
+# LAKE_ATTACK_FULL=1 runs the attack suite at the attack run's own sizes (docs/reliability.md).
 #
 # Builds go to $CARGO_TARGET_DIR (default ~/.cache/lake/target) so that repeated runs, and
 # fresh clones on the same machine, reuse them.
@@ -23,6 +25,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 cargo fmt --all --check
+# No crate imports one above it, and no files import each other in a loop.
+python3 scripts/check-layering.py
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked

@@ -14,7 +14,19 @@
 //!
 //! Both write into a temporary directory beside the output and rename it into place at the end:
 //! an export that fails leaves nothing behind.
-
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let lake = lake_store::Lake::create(dir.path().join("lake").to_str().unwrap()).unwrap();
+//! # let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/lerobot/v30-images-tiny");
+//! # lake_ingest::ingest(&lake, source, &Default::default(), &lake_ingest::Progress::default()).await.unwrap();
+//! let out = dir.path().join("out");
+//! let report = lake_export::export(&lake, "v30-images-tiny", lake_export::ExportFormat::LerobotV3, &out).await.unwrap();
+//! assert_eq!(report.dataset, "v30-images-tiny@1");
+//! assert!(out.join("meta/info.json").is_file());
+//! # });
+//! ```
 
 /// Why an export failed. The output directory is never left half written.
 #[derive(Debug, thiserror::Error)]
@@ -56,8 +68,6 @@ use lake_loader::LoaderDataset;
 use lake_schemas::tables::{self, PACKET_ROW, TASK};
 use lake_store::Lake;
 use serde_json::{Value, json};
-
-
 
 /// Output formats of `lake export`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

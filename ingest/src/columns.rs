@@ -122,6 +122,24 @@ pub fn flatten_json(value: &serde_json::Value) -> Result<(Vec<f64>, Vec<i64>), S
     }
 }
 
+/// Builders mark list items and struct fields nullable their own way; cast to the table schema.
+pub(crate) fn cast_to_schema(
+    columns: Vec<arrow::array::ArrayRef>,
+    schema: &arrow::datatypes::SchemaRef,
+) -> crate::Result<Vec<arrow::array::ArrayRef>> {
+    columns
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c)
+            } else {
+                arrow::compute::cast(&c, f.data_type()).map_err(crate::Error::arrow("schema cast"))
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

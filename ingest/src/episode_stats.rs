@@ -17,7 +17,22 @@ use arrow::{
 };
 use lake_schemas::tables::{self, STATS};
 
-use crate::{Error, Result, StatRow, ingest::cast_to_schema, scratch::Scratch};
+use crate::{Error, Result, columns::cast_to_schema, scratch::Scratch};
+
+/// One statistic of one feature, for one episode or the whole dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatRow {
+    /// The episode, or `None` for dataset-level statistics.
+    pub episode: Option<i64>,
+    /// Feature key.
+    pub feature: String,
+    /// Statistic name (`min`, `max`, `mean`, `std`, `count`, `q01`, …).
+    pub stat: String,
+    /// Values, flattened row-major.
+    pub values: Vec<f64>,
+    /// Shape of the values.
+    pub shape: Vec<i64>,
+}
 
 /// A batch holds at most this many rows…
 const BATCH_ROWS: usize = 64 * 1024;

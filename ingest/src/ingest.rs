@@ -36,6 +36,7 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 
 use crate::{
     Error, Report, Result,
+    columns::cast_to_schema,
     data::{self, EpisodeRows},
     episode_stats::StatsRows,
     meta::{DatasetMeta, EpisodeMeta},
@@ -702,7 +703,7 @@ async fn build(
     let mut video_parts: Vec<UncommittedPart> = Vec::new();
     for part in parts {
         if part.rows() == 0 {
-            pending.discard(PACKETS, &part).await?;
+            pending.discard(PACKETS, &part.data_files()).await?;
         } else {
             video_parts.push(part);
         }
@@ -1251,21 +1252,6 @@ fn episodes_table(
     ];
     let columns = cast_to_schema(columns, &schema)?;
     RecordBatch::try_new(schema, columns).map_err(Error::arrow(EPISODES))
-}
-
-/// Builders mark list items and struct fields nullable their own way; cast to the table schema.
-pub(crate) fn cast_to_schema(columns: Vec<ArrayRef>, schema: &arrow::datatypes::SchemaRef) -> Result<Vec<ArrayRef>> {
-    columns
-        .into_iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(c)
-            } else {
-                arrow::compute::cast(&c, f.data_type()).map_err(Error::arrow("schema cast"))
-            }
-        })
-        .collect()
 }
 
 fn tasks_table(meta: &DatasetMeta) -> Result<RecordBatch> {

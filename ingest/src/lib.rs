@@ -4,18 +4,22 @@
 //! every camera file, demuxes (never decodes) the videos with FFmpeg into a per-frame packet
 //! index, and commits a new dataset version to the lake atomically.
 //!
-//! ```no_run
-//! # async fn demo() -> lake_ingest::Result<()> {
-//! let lake = lake_store::Lake::open("./lake")?;
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let dir = tempfile::tempdir().unwrap();
+//! let lake = lake_store::Lake::create(dir.path().join("lake").to_str().unwrap()).unwrap();
+//! // A bundled sample: 3 episodes, a camera whose pictures are in the parquet.
+//! let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/lerobot/v30-images-tiny");
 //! let options = lake_ingest::IngestOptions { skip_bad_episodes: true, ..Default::default() };
 //! let progress = lake_ingest::Progress::default();
-//! match lake_ingest::ingest(&lake, "./my_dataset", &options, &progress).await? {
+//! match lake_ingest::ingest(&lake, source, &options, &progress).await.unwrap() {
 //!     lake_ingest::Outcome::Committed { record, report } => {
-//!         println!("{} v{}: {} steps, {} skipped", record.name, record.version, report.steps, report.skipped.len())
+//!         assert_eq!((record.name.as_str(), record.version), ("v30-images-tiny", 1));
+//!         assert!(report.steps > 0 && report.skipped.is_empty());
 //!     }
-//!     lake_ingest::Outcome::Unchanged { reason, .. } => println!("unchanged: {reason}"),
+//!     lake_ingest::Outcome::Unchanged { .. } => unreachable!("a new lake has no version to keep"),
 //! }
-//! # Ok(()) }
+//! # });
 //! ```
 
 mod columns;
@@ -33,9 +37,10 @@ mod streams;
 mod video;
 
 pub use crate::{
+    episode_stats::StatRow,
     error::{Error, Result},
     ingest::{IngestOptions, Outcome, Progress, ingest},
-    meta::{DatasetMeta, EpisodeMeta, StatRow, TaskRow, VideoRef},
+    meta::{DatasetMeta, EpisodeMeta, TaskRow, VideoRef},
     report::{CameraSummary, Report},
     source::{Source, SourceFile},
     video::init_ffmpeg,

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::{
     Error, Result,
     columns::{f64s, flatten_json, flatten_numbers, i64s, string_lists, strings},
-    episode_stats::{Spill, SpilledStats},
+    episode_stats::{Spill, SpilledStats, StatRow},
     scratch::Scratch,
     source::{Source, SourceFile},
 };
@@ -95,21 +95,6 @@ pub struct TaskRow {
     pub task_index: i64,
     /// The task string.
     pub task: String,
-}
-
-/// One statistic of one feature, for one episode or the whole dataset.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatRow {
-    /// The episode, or `None` for dataset-level statistics.
-    pub episode: Option<i64>,
-    /// Feature key.
-    pub feature: String,
-    /// Statistic name (`min`, `max`, `mean`, `std`, `count`, `q01`, …).
-    pub stat: String,
-    /// Values, flattened row-major.
-    pub values: Vec<f64>,
-    /// Shape of the values.
-    pub shape: Vec<i64>,
 }
 
 impl DatasetMeta {

@@ -135,7 +135,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     let ctrl_c = tokio::spawn({
         let (interrupted, stop_code) = (interrupted.clone(), stop_code.clone());
         async move {
-            stop_code.store(crate::stop_requested().await, Ordering::Relaxed);
+            stop_code.store(crate::signals::stop_requested().await, Ordering::Relaxed);
             cancel.store(true, Ordering::Relaxed);
             interrupted.notify_one();
         }

@@ -38,7 +38,10 @@ mod query;
 mod render;
 mod sample;
 mod server;
+mod signals;
 mod text;
+
+use signals::{interrupt_ignored, reader_gone, stop_requested};
 
 // jemalloc with two arenas and a background thread that hands freed pages back after 10 s.
 // Ingest churns through many short-lived multi-megabyte buffers (packet batches, read-ahead
@@ -109,40 +112,6 @@ enum Command {
     Export(query::ExportArgs),
     /// Serve sampling streams (Arrow Flight and HTTP) and SQL over the lake.
     Serve(server::ServeArgs),
-}
-
-/// Whether this process started with SIGINT ignored (a background job of a shell script):
-/// Ctrl-C at the terminal is then not meant for it, and lake keeps ignoring it.
-static INTERRUPT_IGNORED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-
-fn interrupt_ignored() -> bool {
-    *INTERRUPT_IGNORED.get_or_init(|| {
-        // SAFETY: reads the current action of SIGINT (a null new action changes nothing).
-        unsafe {
-            let mut current: libc::sigaction = std::mem::zeroed();
-            libc::sigaction(libc::SIGINT, std::ptr::null(), &raw mut current) == 0 && current.sa_sigaction == libc::SIG_IGN
-        }
-    })
-}
-
-/// Resolves when the process is asked to stop, with the exit status that says so: 130 for
-/// SIGINT (Ctrl-C, unless the process started with it ignored), 143 for SIGTERM.
-async fn stop_requested() -> u8 {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut terminate) = signal(SignalKind::terminate()) else {
-        return std::future::pending().await;
-    };
-    if interrupt_ignored() {
-        terminate.recv().await;
-        return 143;
-    }
-    let Ok(mut interrupt) = signal(SignalKind::interrupt()) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => 130,
-        _ = terminate.recv() => 143,
-    }
 }
 
 /// The environment variable a refused value came from, when the flag clap names in `error` was
@@ -279,8 +248,10 @@ fn main() -> ExitCode {
     };
     let result = if sql_stack {
         std::thread::scope(|scope| {
-            let thread =
-                std::thread::Builder::new().name("lake-main".into()).stack_size(lake_query::sql::limits::STACK_BYTES).spawn_scoped(scope, run);
+            let thread = std::thread::Builder::new()
+                .name("lake-main".into())
+                .stack_size(lake_query::sql::limits::STACK_BYTES)
+                .spawn_scoped(scope, run);
             match thread {
                 Ok(thread) => thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
                 Err(e) => Err(anyhow::anyhow!("cannot start the command's thread: {e}")),
@@ -318,16 +289,4 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// Whether `e` is a write to a pipe whose reader has gone. (Writers that keep only the message,
-/// CSV's and JSON's, say so in words.)
-fn reader_gone(e: &anyhow::Error) -> bool {
-    let broken_pipe = std::io::Error::from(std::io::ErrorKind::BrokenPipe).to_string();
-    let os_broken_pipe = std::io::Error::from_raw_os_error(32).to_string();
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            || c.to_string().contains(&os_broken_pipe)
-            || c.to_string().ends_with(&broken_pipe)
-    })
 }

@@ -367,7 +367,7 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
             let _ = editor.add_history_entry(format!("{};", query.trim_end()));
             if let Err(e) = run(session, &query, format, None).await {
                 // With the output's reader gone there is no one left to answer.
-                if crate::reader_gone(&e) {
+                if crate::signals::reader_gone(&e) {
                     gone = Some(e);
                     break;
                 }
@@ -386,7 +386,7 @@ async fn shell(session: &LakeSql, format: Format) -> anyhow::Result<ExitCode> {
         }
         match meta_command(session, &command).await {
             Ok(found) => failed |= !found,
-            Err(e) if crate::reader_gone(&e) => {
+            Err(e) if crate::signals::reader_gone(&e) => {
                 gone = Some(e);
                 break;
             }
@@ -605,7 +605,13 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
                 .iter()
                 .map(|d| format!("{}@{}: {}", d.name, d.version, crate::text::count(d.episodes.len() as u64, "episode")))
                 .collect();
-            outln!("view {}@{} created: {} ({})", v.name, v.version, crate::text::count(v.episode_count() as u64, "episode"), parts.join("; "))?;
+            outln!(
+                "view {}@{} created: {} ({})",
+                v.name,
+                v.version,
+                crate::text::count(v.episode_count() as u64, "episode"),
+                parts.join("; ")
+            )?;
             for note in notes {
                 outln!("  note: {note}")?;
             }
@@ -641,8 +647,9 @@ pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> 
                 Some((base, version)) => (base, Some(version)),
                 None => (name.as_str(), None),
             };
-            let v =
-                lake_loader::views::view(&lake, base, version).await?.ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
+            let v = lake_loader::views::view(&lake, base, version)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
             outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         ViewCommand::Drop { name } => {

@@ -230,7 +230,7 @@ pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
     // Ctrl-C drops the work: the unpublished table is removed, an existing one kept.
     let stored = tokio::select! {
         stored = store_frames(&lake, ds, args.threads, args.storage.into(), args.size) => stored?,
-        code = crate::stop_requested() => {
+        code = crate::signals::stop_requested() => {
             errln!("cancelled; no frame table was stored (the lake is unchanged)");
             return Ok(ExitCode::from(code));
         }
@@ -753,7 +753,11 @@ impl BenchReport {
         let windows = match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&self.preset) {
             Ok(keys) if self.preset.len() > 60 => {
                 let offsets: usize = keys.values().filter_map(serde_json::Value::as_array).map(Vec::len).sum();
-                format!("delta_timestamps of {} ({})", crate::text::count(keys.len() as u64, "key"), crate::text::count(offsets as u64, "offset"))
+                format!(
+                    "delta_timestamps of {} ({})",
+                    crate::text::count(keys.len() as u64, "key"),
+                    crate::text::count(offsets as u64, "offset")
+                )
             }
             Ok(_) => format!("delta_timestamps {}", self.preset),
             Err(_) => format!("preset {}", self.preset),

@@ -243,7 +243,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     // Ctrl-C, or SIGTERM (what service managers and container runtimes send).
     let shutdown = async move {
-        crate::stop_requested().await;
+        crate::signals::stop_requested().await;
         errln!("shutting down: finishing the batches in flight");
     };
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -297,7 +297,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let began = std::time::Instant::now();
     let again = async {
         loop {
-            crate::stop_requested().await;
+            crate::signals::stop_requested().await;
             if began.elapsed() >= std::time::Duration::from_secs(1) {
                 break;
             }

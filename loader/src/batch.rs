@@ -1253,6 +1253,24 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
     Schema::new(fields)
 }
 
+impl crate::lookahead::FrameSource for Loader {
+    fn cache(&self) -> &FrameCache {
+        Loader::cache(self)
+    }
+
+    fn decodes_any(&self) -> bool {
+        Loader::decodes_any(self)
+    }
+
+    fn decoded_frames(&self, draws: &[Draw]) -> Vec<FrameRef> {
+        Loader::decoded_frames(self, draws)
+    }
+
+    fn gop_of(&self, source: usize, row: u64) -> (u32, u64) {
+        Loader::gop_of(self, source, row)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::{collections::HashMap, sync::Arc};

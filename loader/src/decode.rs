@@ -60,7 +60,7 @@ fn ff(what: &str) -> impl FnOnce(ffmpeg::Error) -> DecodeError + '_ {
     move |e| DecodeError(format!("{what}: {e}"))
 }
 
-pub use lake_codec::{from_name, init_ffmpeg};
+pub use lake_codec::init_ffmpeg;
 
 /// A decoder for one stream, reused across GOPs.
 pub struct StreamDecoder {

@@ -10,6 +10,24 @@
 //!                                or those of every rank of its order, as a server shares it)
 //! ```
 //!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let lake = lake_store::Lake::create(dir.path().join("lake").to_str().unwrap()).unwrap();
+//! # let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/lerobot/v30-images-tiny");
+//! # let progress = lake_ingest::Progress::default();
+//! # lake_ingest::ingest(&lake, source, &Default::default(), &progress).await.unwrap();
+//! use lake_loader::{Draw, Loader, LoaderDataset, LoaderOptions, Preset, Windows};
+//! // A lake holding the bundled sample `v30-images-tiny` (ingested above).
+//! let ds = LoaderDataset::open(&lake, "v30-images-tiny").await.unwrap();
+//! let loader = Loader::new(vec![ds], &Windows::Preset(Preset::Act), LoaderOptions::default()).unwrap();
+//! // Steps 0 and 5: each row the sample `LeRobotDataset[index]` is, ACT's 100 actions ahead.
+//! let batch = loader.batch(&[Draw { source: 0, row: 0 }, Draw { source: 0, row: 5 }]).await.unwrap();
+//! assert_eq!(batch.num_rows(), 2);
+//! assert!(batch.column_by_name("action_is_pad").is_some());
+//! # });
+//! ```
+//!
 //! A sample is what LeRobot's `LeRobotDataset.__getitem__` returns for the same step and
 //! `delta_timestamps`: every step column, windows clamped at episode edges with
 //! `{key}_is_pad`, the task string, and camera frames as uint8 HWC (THWC with a window),
@@ -21,6 +39,7 @@ mod client;
 mod dataset;
 mod decode;
 mod error;
+mod frame_writer;
 mod frames;
 pub mod local;
 mod lookahead;
@@ -40,11 +59,10 @@ pub use crate::{
     dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, RgbResizer, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
-    frames::{
-        FRAMES, FrameSize, FrameStorage, FrameTableInfo, FrameTableReport, frame_table_name, frame_tables, frames_schema, write_frame_table,
-    },
+    frame_writer::{FrameTableReport, write_frame_table},
+    frames::{FRAMES, FrameSize, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
     local::LocalLoader,
-    lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, Lookahead, MAX_HORIZON, Member},
+    lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
     pixels::{FrameFormat, PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, yuv420p_bytes},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, FrameColumn, SampleBatch},

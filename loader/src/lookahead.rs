@@ -28,8 +28,7 @@ use std::{
 };
 
 use crate::{
-    batch::Loader,
-    cache::{Frame, Tenant},
+    cache::{Frame, FrameCache, Tenant},
     sampler::{Cursor, Order, Sharding},
 };
 
@@ -43,9 +42,22 @@ pub const DEFAULT_HORIZON: u64 = 8192;
 /// frames it keeps must fit the frame cache long before this many draws pay off).
 pub const MAX_HORIZON: u64 = 1 << 17;
 
+/// What a lookahead plans with: the loader whose cache holds the frames decoded ahead, and
+/// which frames of a draw it decodes (the [`Loader`](crate::Loader)).
+pub trait FrameSource: Send + Sync {
+    /// The cache frames decoded ahead are kept in.
+    fn cache(&self) -> &FrameCache;
+    /// Whether any of the loader's datasets has frames it decodes (not read from a frame table).
+    fn decodes_any(&self) -> bool;
+    /// The frames `draws` show that the loader decodes, by (source, packet row).
+    fn decoded_frames(&self, draws: &[crate::Draw]) -> Vec<FrameRef>;
+    /// The stream of packet row `row` of source `source`, and the row its GOP starts at.
+    fn gop_of(&self, source: usize, row: u64) -> (u32, u64);
+}
+
 /// The plans of the streams that joined, and the frames decoded for them.
 pub struct Lookahead {
-    loader: Arc<Loader>,
+    loader: Arc<dyn FrameSource>,
     order: Arc<Order>,
     /// Global batch and steps per epoch every member shares.
     global_batch: u64,
@@ -169,7 +181,7 @@ impl Lookahead {
     /// planning `horizon` draws ahead between them (at most [`MAX_HORIZON`]) and keeping at most
     /// `cap` bytes of frames; `None` when either is zero or the loader has no cache to reserve
     /// room in.
-    pub fn new(loader: Arc<Loader>, order: Arc<Order>, sharding: Sharding, horizon: u64, cap: u64) -> Option<Arc<Self>> {
+    pub fn new(loader: Arc<dyn FrameSource>, order: Arc<Order>, sharding: Sharding, horizon: u64, cap: u64) -> Option<Arc<Self>> {
         if horizon == 0 || cap == 0 || !loader.cache().enabled() || !loader.decodes_any() {
             return None;
         }

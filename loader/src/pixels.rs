@@ -123,7 +123,7 @@ impl YuvToRgb {
     /// and colour space names), when they are 8-bit 4:2:0 (`yuv420p`, or `yuvj420p` for full
     /// range) that libswscale converts with this arithmetic: a height that is even (otherwise it
     /// takes its general scaler), a width that is a multiple of 32 (otherwise LeRobot's reader
-    /// converts through a filter graph), and a libswscale that runs it ([`reproduces_libswscale`]).
+    /// converts through a filter graph), and a libswscale that runs it (`reproduces_libswscale`).
     pub fn for_stream(pix_fmt: Option<&str>, color_space: Option<&str>, width: u32, height: u32) -> Option<Self> {
         if !width.is_multiple_of(32) || !height.is_multiple_of(2) || width == 0 || height == 0 || !reproduces_libswscale() {
             return None;
@@ -133,7 +133,7 @@ impl YuvToRgb {
             "yuvj420p" => true,
             _ => return None,
         };
-        let colorspace = crate::decode::from_name(color_space, ffi::av_color_space_from_name).unwrap_or(2);
+        let colorspace = lake_codec::from_name(color_space, ffi::av_color_space_from_name).unwrap_or(2);
         Some(Self::for_colorspace(colorspace, full))
     }
 
@@ -168,7 +168,7 @@ impl YuvToRgb {
 fn swscale_rgb(yuv: &[u8], w: u32, h: u32, cs: i32, full: bool) -> Vec<u8> {
     let (wi, hi) = (w as i32, h as i32);
     let mut out = vec![0_u8; (w * h * 3) as usize];
-    crate::decode::init_ffmpeg();
+    lake_codec::init_ffmpeg();
     // SAFETY: FFmpeg calls on buffers of the sizes the context was made for.
     unsafe {
         let ctx = ffi::sws_getContext(

@@ -82,4 +82,3 @@ pub enum Error {
 
 /// Result with lake's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-

@@ -26,7 +26,7 @@ use lake_loader::{BatchColumn, FrameColumn, SampleBatch};
 use prost::Message;
 use tonic::Status;
 
-use super::flight::LakeFlight;
+use super::flight::{Answer, LakeFlight};
 
 /// Path of Flight's `DoGet`.
 pub const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
@@ -77,14 +77,6 @@ async fn answer(flight: &LakeFlight, request: axum::extract::Request) -> Result<
         Answer::Batches(schema, batches) => Ok(batch_frames(&schema, batches)),
         Answer::Messages(messages) => Ok(message_frames(messages)),
     }
-}
-
-/// What a ticket is answered with.
-pub enum Answer {
-    /// Record batches of this schema (a sampling request).
-    Batches(SchemaRef, std::pin::Pin<Box<dyn Stream<Item = Result<SampleBatch, Status>> + Send>>),
-    /// Flight messages made elsewhere (Flight SQL).
-    Messages(std::pin::Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>),
 }
 
 /// The schema message, then each batch's frames as it comes, then the status trailers.

@@ -12,10 +12,9 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
-    Footprint, Refusal, SampleRequest, Service,
-    do_get::Answer,
+    Footprint, SampleRequest, Service,
     flight_sql::{self, LakeFlightSql, check_message, is_flight_sql},
-    refusal,
+    grpc_status as status,
 };
 use crate::Error;
 
@@ -61,17 +60,12 @@ impl LakeFlight {
     }
 }
 
-/// The gRPC status answering a failed request.
-pub(super) fn status(e: &Error) -> Status {
-    let (kind, message) = refusal(e);
-    match kind {
-        Refusal::BadRequest => Status::invalid_argument(message),
-        Refusal::NotFound => Status::not_found(message),
-        Refusal::Busy | Refusal::TooLarge => Status::resource_exhausted(message),
-        Refusal::Unavailable => Status::unavailable(message),
-        Refusal::Internal => Status::internal(message),
-        Refusal::Frame => Status::data_loss(message),
-    }
+/// What a ticket is answered with.
+pub enum Answer {
+    /// Record batches of this schema (a sampling request).
+    Batches(arrow::datatypes::SchemaRef, std::pin::Pin<Box<dyn Stream<Item = Result<lake_loader::SampleBatch, Status>> + Send>>),
+    /// Flight messages made elsewhere (Flight SQL).
+    Messages(std::pin::Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>),
 }
 
 impl LakeFlight {

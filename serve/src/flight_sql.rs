@@ -26,7 +26,7 @@ use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::{Request, Response, Status};
 
-use super::{Service, flight::status};
+use super::{Service, grpc_status as status};
 use lake_query::sql::{CATALOG, LakeSql};
 
 use crate::Error;

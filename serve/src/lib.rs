@@ -17,6 +17,26 @@
 //! disjoint and a stream resumes exactly from `(seed, epoch, start_step)`. Datasets may be views.
 //! The server is stateless over the lake: the ticket is the request itself, so any server over
 //! the same lake can serve any rank.
+//!
+//! The service under every transport, in process:
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let lake = lake_store::Lake::create(dir.path().join("lake").to_str().unwrap()).unwrap();
+//! # let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/lerobot/v30-images-tiny");
+//! # lake_ingest::ingest(&lake, source, &Default::default(), &lake_ingest::Progress::default()).await.unwrap();
+//! use futures::StreamExt;
+//! let service = lake_serve::Service::new(lake, lake_serve::ServeOptions::default()).unwrap();
+//! let request = lake_serve::SampleRequest::from_json(br#"{"datasets": ["v30-images-tiny"], "batch_size": 4, "limit_batches": 2}"#).unwrap();
+//! let (_, mut batches) = service.batches(&request).await.unwrap();
+//! let mut rows = 0;
+//! while let Some(batch) = batches.next().await {
+//!     rows += batch.unwrap().num_rows();
+//! }
+//! assert_eq!(rows, 8);
+//! # });
+//! ```
 
 use std::{
     collections::HashMap,
@@ -1637,6 +1657,19 @@ pub enum Refusal {
     Unavailable,
 }
 
+/// The gRPC status answering a failed request.
+pub fn grpc_status(e: &Error) -> tonic::Status {
+    let (kind, message) = refusal(e);
+    match kind {
+        Refusal::BadRequest => tonic::Status::invalid_argument(message),
+        Refusal::NotFound => tonic::Status::not_found(message),
+        Refusal::Busy | Refusal::TooLarge => tonic::Status::resource_exhausted(message),
+        Refusal::Unavailable => tonic::Status::unavailable(message),
+        Refusal::Internal => tonic::Status::internal(message),
+        Refusal::Frame => tonic::Status::data_loss(message),
+    }
+}
+
 /// The token of an `Authorization: Bearer <token>` header value (the scheme in any case, as RFC
 /// 9110 has it).
 pub fn bearer_token(header: Option<&str>) -> Option<&str> {
@@ -1675,9 +1708,7 @@ fn refusal_kind(e: &Error) -> Refusal {
         Error::NotFound(_)
         | Error::Loader(L::NotFound(_))
         | Error::Store(S::NotFound { .. } | S::View { .. })
-        | Error::Loader(L::Store(S::NotFound { .. })) => {
-            Refusal::NotFound
-        }
+        | Error::Loader(L::Store(S::NotFound { .. })) => Refusal::NotFound,
         Error::Store(S::BadName { .. }) | Error::Loader(L::Store(S::BadName { .. })) => Refusal::BadRequest,
         Error::Loader(L::Decode { .. }) => Refusal::Frame,
         _ => Refusal::Internal,

@@ -43,7 +43,7 @@ const LOOK: Duration = Duration::from_millis(20);
 
 /// Accepts connections that linger when closed, with Nagle's delay off (a batch's last bytes
 /// and a stream's status go out when written), whose clients must open them within a wait
-/// (see [`Opening`]).
+/// (see `Opening`).
 pub struct Listener {
     inner: TcpListener,
     closes: Closes,

@@ -29,7 +29,7 @@ use lake_schemas::{CommitRecord, ViewRecord};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, local::LocalFileSystem, path::Path};
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result};
+use crate::{Error, Result, removal::Removal};
 
 const CATALOG: &str = "catalog";
 const DATASETS: &str = "datasets";
@@ -49,33 +49,6 @@ const TAKING_BACK: &str = ".lake.json.taking-back-";
 const UNCLAIMED: &str = "unclaimed.json";
 /// Layout version written to `lake.json`.
 const LAYOUT: u32 = 1;
-
-/// A dataset's removal by one `lake rm`: its versions `from_version..=through_version` went
-/// then. The record's path carries the dataset and `through_version`
-/// (`removed/<name>/v<through>.json`), its time is the record's; what the file holds is for
-/// people, so a record damaged outside lake still counts.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Removal {
-    /// Dataset name.
-    pub name: String,
-    /// The oldest version this removal took (the one after the previous removal's last).
-    pub from_version: u64,
-    /// The newest version removed; every older one is gone too.
-    pub through_version: u64,
-    /// When it was removed.
-    pub removed_at: DateTime<Utc>,
-}
-
-impl std::fmt::Display for Removal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let versions = if self.from_version == self.through_version {
-            format!("version {}", self.through_version)
-        } else {
-            format!("versions {} to {}", self.from_version, self.through_version)
-        };
-        write!(f, "`{}` was removed with `lake rm` at {} ({versions})", self.name, self.removed_at.format("%Y-%m-%d %H:%M:%S UTC"))
-    }
-}
 
 /// What [`Lake::remove`] did.
 #[derive(Debug, Clone, PartialEq)]
@@ -400,7 +373,7 @@ impl Lake {
 
     /// What is wrong with the Lance table at `path` (relative to the root), if anything.
     async fn table_damage(&self, path: &str) -> Result<Option<String>> {
-        let dataset = match crate::open_lance(&self.uri(path)).await {
+        let dataset = match crate::lance_open::open_lance(&self.uri(path)).await {
             Ok(dataset) => dataset,
             Err(lance::Error::DatasetNotFound { .. }) => return Ok(Some("its files are missing".into())),
             Err(e) => return Ok(Some(crate::lance_message(&e))),
@@ -1422,13 +1395,13 @@ impl PendingVersion {
         self.lake.uri(&format!("{}/{table}.lance", self.dir))
     }
 
-    /// Removes the data files of parts written into `table` that will not be published (a
-    /// camera file that failed part-way).
+    /// Removes data files written into `table` that will not be published (the parts of a
+    /// camera file that failed part-way), named as an uncommitted part's `data_files()`.
     ///
     /// # Errors
     /// When a file cannot be deleted.
-    pub async fn discard(&self, table: &str, part: &crate::UncommittedPart) -> Result<()> {
-        for file in part.data_files() {
+    pub async fn discard(&self, table: &str, data_files: &[String]) -> Result<()> {
+        for file in data_files {
             let path = Path::from(format!("{}/{table}.lance/data/{file}", self.dir));
             match self.lake.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}

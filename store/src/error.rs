@@ -27,7 +27,7 @@ pub enum Error {
         /// The datasets that do exist.
         available: Vec<String>,
         /// When `lake rm` removed the dataset of that name.
-        removed: Option<Box<crate::Removal>>,
+        removed: Option<Box<crate::removal::Removal>>,
     },
     /// A view name is taken, or a view does not exist.
     #[error("view `{name}`: {message}")]
@@ -122,7 +122,7 @@ pub fn selected_message(name: &str, views: &[String]) -> String {
 }
 
 /// `; NAME was removed …` when a removal explains why a dataset is missing.
-pub fn removed_hint(removed: Option<&crate::Removal>) -> String {
+pub fn removed_hint(removed: Option<&crate::removal::Removal>) -> String {
     removed.map_or_else(String::new, |r| format!("; {r}"))
 }
 

@@ -1,28 +1,34 @@
 //! The lake's storage layer: the catalog of datasets and versions, and the Lance tables of each
 //! version. Ingest writes through it and every reader (loader, SQL, CLI) reads through it.
 //!
-//! ```no_run
-//! # async fn demo() -> lake_store::Result<()> {
-//! let lake = lake_store::Lake::open("./lake")?;
-//! for record in lake.datasets().await? {
-//!     println!("{} v{}: {} steps", record.name, record.version, record.counts.steps);
-//! }
-//! # Ok(()) }
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let dir = tempfile::tempdir().unwrap();
+//! let root = dir.path().join("lake");
+//! // A new lake: its marker file, and no dataset yet.
+//! let lake = lake_store::Lake::create(root.to_str().unwrap()).unwrap();
+//! assert!(lake.datasets().await.unwrap().is_empty());
+//! assert!(root.join("lake.json").is_file());
+//! # });
 //! ```
 
 mod catalog;
 mod error;
+mod lance_open;
+mod removal;
 mod tables;
 
 pub use crate::{
     catalog::{
-        Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, Removal, RemovalReport, Unreadable,
-        absolute_location, default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
+        Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, RemovalReport, Unreadable, absolute_location,
+        default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
     },
     error::{Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, without_source_locations},
+    lance_open::open_lance,
+    removal::Removal,
     tables::{
-        UncommittedPart, commit_parts, open_lance, open_table, publish_dir, read_columns, read_columns_at, read_table, read_whole_at,
-        remove_abandoned, remove_when_done, stream_columns_at, write_table, write_uncommitted,
+        UncommittedPart, commit_parts, open_table, publish_dir, read_columns, read_columns_at, read_table, read_whole_at, remove_abandoned,
+        remove_when_done, stream_columns_at, write_table, write_uncommitted,
     },
 };
 

@@ -19,7 +19,7 @@ use lance::{
     table::format::Fragment,
 };
 
-use crate::{Error, Lake, Result};
+use crate::{Error, Lake, Result, lance_open::open_lance};
 
 /// Rows per Lance data file; packets tables split into files of this many rows.
 const MAX_ROWS_PER_FILE: usize = 256 * 1024;
@@ -141,76 +141,6 @@ pub async fn commit_parts(uri: &str, fallback_schema: SchemaRef, parts: Vec<Unco
 pub async fn open_table(lake: &Lake, record: &CommitRecord, table: &str) -> Result<Dataset> {
     let uri = lake.uri(&record.tables.path(table));
     open_lance(&uri).await.map_err(Error::lance(record.tables.path(table)))
-}
-
-/// Opens the Lance table at `uri`. Lance trusts the offsets a manifest holds, and a manifest
-/// damaged outside lake (truncated, overwritten) can make it panic: that becomes an error
-/// saying the manifest is damaged, with the panic's message, and nothing is printed for it.
-///
-/// # Errors
-/// Lance's error, or [`lance::Error::CorruptFile`] for a manifest Lance cannot read.
-pub async fn open_lance(uri: &str) -> lance::Result<Dataset> {
-    use futures::FutureExt;
-    quiet_panics::install();
-    match std::panic::AssertUnwindSafe(quiet_panics::Quiet(Box::pin(Dataset::open(uri)))).catch_unwind().await {
-        Ok(opened) => opened,
-        Err(panic) => {
-            let why = panic.downcast_ref::<&str>().map(ToString::to_string).or_else(|| panic.downcast_ref::<String>().cloned());
-            Err(lance::Error::corrupt_file(
-                object_store::path::Path::from(format!("{uri}/_versions")),
-                format!("the table's manifest is damaged (Lance failed reading it: {})", why.as_deref().unwrap_or("a panic")),
-            ))
-        }
-    }
-}
-
-/// Panics that a future is expected to raise (and whose unwinding is caught) are not printed.
-mod quiet_panics {
-    use std::{
-        cell::Cell,
-        pin::Pin,
-        sync::Once,
-        task::{Context, Poll},
-    };
-
-    thread_local! {
-        static QUIET: Cell<bool> = const { Cell::new(false) };
-    }
-
-    /// Puts a panic hook in front of the one in place that stays silent while a [`Quiet`]
-    /// future is being polled on the panicking thread.
-    pub fn install() {
-        static ONCE: Once = Once::new();
-        ONCE.call_once(|| {
-            let previous = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                if !QUIET.with(Cell::get) {
-                    previous(info);
-                }
-            }));
-        });
-    }
-
-    /// A future whose panics are not printed (the caller catches them).
-    pub struct Quiet<F>(pub F);
-
-    impl<F: Future + Unpin> Future for Quiet<F> {
-        type Output = F::Output;
-
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-            let _restore = Restore(QUIET.with(|q| q.replace(true)));
-            Pin::new(&mut self.0).poll(cx)
-        }
-    }
-
-    /// Puts back the flag as it was, also when the poll unwinds.
-    struct Restore(bool);
-
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            QUIET.with(|q| q.set(self.0));
-        }
-    }
 }
 
 /// Reads some columns of a table into memory.

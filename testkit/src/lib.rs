@@ -1,5 +1,13 @@
 //! Test and benchmark support for lake: where the sample data is, derived and corrupted copies
 //! of datasets, byte-exact lake snapshots, and a reference decoder for checking packet rows.
+//!
+//! ```
+//! let sample = lake_testkit::testdata("v30-av1-small");
+//! assert!(sample.join("meta/info.json").is_file());
+//! let copy = tempfile::tempdir().unwrap();
+//! lake_testkit::copy_dir(&sample, copy.path());
+//! assert_eq!(lake_testkit::snapshot(&sample, &[]), lake_testkit::snapshot(copy.path(), &[]));
+//! ```
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // test support reports what it does
 

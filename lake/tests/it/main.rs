@@ -4,6 +4,7 @@ mod attack;
 mod common;
 mod corrupt;
 mod datasets;
+mod docs;
 mod export;
 mod lifecycle;
 mod loader;

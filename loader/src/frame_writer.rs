@@ -1,0 +1,313 @@
+//! Writing a frame table (`lake cache`, `lake ingest --frame-cache`): every frame of a dataset
+//! version decoded once, in stream order, and stored as [`crate::frames`] describes, under a
+//! temporary name renamed into place when complete.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use arrow::array::{ArrayBuilder, LargeBinaryBuilder, RecordBatch, UInt64Builder};
+use futures::StreamExt;
+use lake_store::Lake;
+
+use crate::{
+    Error, Result,
+    dataset::LoaderDataset,
+    decode::StreamDecoder,
+    frames::{BATCH, FRAMES, FrameSize, FrameStorage, LEVEL, READ_ROWS, frame_table_name, frames_schema},
+};
+
+/// What [`write_frame_table`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameTableReport {
+    /// Frames stored.
+    pub frames: u64,
+    /// Bytes of RGB before compression.
+    pub raw_bytes: u64,
+    /// Bytes stored.
+    pub stored_bytes: u64,
+}
+
+/// The rows `[first, end)` of each stream, in packet row order.
+fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
+    let mut runs: Vec<(u32, u64, u64)> = Vec::new();
+    for (row, &stream) in ds.packets.stream.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if run.0 == stream => run.2 = row as u64 + 1,
+            _ => runs.push((stream, row as u64, row as u64 + 1)),
+        }
+    }
+    runs
+}
+
+/// Decodes every frame of `ds` (streams in parallel, `threads` at a time) and stores them as
+/// the version's `frames` table, as `storage` says, or, with `size`, resized to it (every
+/// camera; [`RgbResizer`](crate::RgbResizer)) as its `frames-WxH` table. Replaces an existing
+/// table only once the new one is complete. `stored` counts the frames stored so far (for
+/// progress reports; the table has one per `packets` row).
+///
+/// # Errors
+/// When a frame cannot be decoded or the table cannot be written.
+pub async fn write_frame_table(
+    lake: &Lake,
+    ds: Arc<LoaderDataset>,
+    threads: usize,
+    storage: FrameStorage,
+    size: Option<FrameSize>,
+    stored: &Arc<std::sync::atomic::AtomicU64>,
+) -> Result<FrameTableReport> {
+    if let Some(camera) = ds.cameras.iter().find(|c| c.yuv.is_some()) {
+        return Err(Error::request(format!(
+            "{}: camera {} was opened for YUV planes; a frame table stores RGB (open the dataset with rgb24 frames)",
+            ds.label, camera.key
+        )));
+    }
+    let name = frame_table_name(size);
+    let final_rel = ds.record.tables.path(&name);
+    // `.<table>-<pid>-<id>.lance`: the writer's pid tells the leftovers of a killed run (removed
+    // here) from the work of a live one.
+    remove_dead_writers(&std::path::PathBuf::from(lake.uri(&ds.record.tables.dir)));
+    let tmp_rel = format!("{}/.{name}-{}-{}.lance", ds.record.tables.dir, std::process::id(), uuid::Uuid::new_v4().simple());
+    let tmp_uri = lake.uri(&tmp_rel);
+    // Removed when this returns or its future is dropped (a cancelled `lake cache`), unless
+    // published.
+    let mut unpublished = RemoveOnDrop(Some(std::path::PathBuf::from(&tmp_uri)));
+    let result = async {
+        let runs = stream_runs(&ds);
+        let parts = futures::stream::iter(runs)
+            .map(|(stream, first, end)| {
+                let ds = ds.clone();
+                let uri = tmp_uri.clone();
+                let stored = stored.clone();
+                async move {
+                    let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+                    let producer =
+                        tokio::task::spawn_blocking(move || decode_stream(&ds, stream, (first, end), (storage, size), &tx, &stored));
+                    let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+                    let part = lake_store::write_uncommitted(uri, frames_schema(storage), batches).await;
+                    let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))?;
+                    // When the writer failed, the decoder only saw its channel close: the
+                    // writer's error is the cause.
+                    let part = part?;
+                    Ok::<_, Error>((part, report?))
+                }
+            })
+            .buffered(threads.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        let mut report = FrameTableReport::default();
+        let mut ordered = Vec::with_capacity(parts.len());
+        for p in parts {
+            let (part, r) = p?;
+            report.frames += r.frames;
+            report.raw_bytes += r.raw_bytes;
+            report.stored_bytes += r.stored_bytes;
+            ordered.push(part);
+        }
+        lake_store::commit_parts(&tmp_uri, frames_schema(storage), ordered).await?;
+        Ok::<_, Error>(report)
+    }
+    .await;
+    let report = result?;
+    let tmp_path = std::path::PathBuf::from(&tmp_uri);
+    let final_path = std::path::PathBuf::from(lake.uri(&final_rel));
+    lake_store::publish_dir(&tmp_path, &final_path).map_err(|e| Error::layout(&ds.label, format!("publishing the frame table: {e}")))?;
+    unpublished.0 = None;
+    Ok(report)
+}
+
+/// A directory removed when dropped, unless taken out.
+struct RemoveOnDrop(Option<std::path::PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            lake_store::remove_when_done(dir);
+        }
+    }
+}
+
+/// Removes the unpublished frame tables (`.<table>-<pid>-<id>.lance`) in a version's directory
+/// whose writer no longer runs.
+fn remove_dead_writers(version_dir: &std::path::Path) {
+    for entry in std::fs::read_dir(version_dir).into_iter().flatten().flatten() {
+        let file = entry.file_name();
+        let Some(name) = file.to_str().and_then(|n| n.strip_prefix('.')).and_then(|n| n.strip_suffix(".lance")) else { continue };
+        let mut parts = name.rsplitn(3, '-');
+        let (_id, pid, table) = (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok()), parts.next());
+        if let (Some(pid), Some(table)) = (pid, table)
+            && table.starts_with(FRAMES)
+            && !lake_store::process_alive(pid)
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Rows of one stream on their way into the table, in row order.
+struct RowWriter<'a> {
+    tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    storage: FrameStorage,
+    /// Resizes frames to the table's size, when it has one.
+    resizer: Option<crate::RgbResizer>,
+    /// Frames stored by every writer of the table.
+    stored: &'a std::sync::atomic::AtomicU64,
+    rows: UInt64Builder,
+    data: LargeBinaryBuilder,
+    /// Frames that came out before a row preceding them (B-frames): row → stored frame.
+    pending: BTreeMap<u64, Vec<u8>>,
+    next: u64,
+    report: FrameTableReport,
+}
+
+impl RowWriter<'_> {
+    fn add(&mut self, row: u64, rgb: &[u8]) -> std::io::Result<()> {
+        let resized;
+        let rgb = match &mut self.resizer {
+            Some(r) => {
+                resized = r.resize(rgb).map_err(|e| std::io::Error::other(e.0))?;
+                &resized[..]
+            }
+            None => rgb,
+        };
+        let stored = match self.storage {
+            FrameStorage::Plain => rgb.to_vec(),
+            FrameStorage::Zstd => zstd::bulk::compress(rgb, LEVEL)?,
+        };
+        self.report.raw_bytes += rgb.len() as u64;
+        self.pending.insert(row, stored);
+        Ok(())
+    }
+
+    /// Writes every pending frame whose predecessors are all written.
+    fn flush_ready(&mut self) -> Result<()> {
+        while let Some(stored) = self.pending.remove(&self.next) {
+            self.report.frames += 1;
+            self.stored.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.report.stored_bytes += stored.len() as u64;
+            self.rows.append_value(self.next);
+            self.data.append_value(&stored);
+            self.next += 1;
+            if self.rows.len() >= BATCH {
+                self.send()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn send(&mut self) -> Result<()> {
+        let batch = RecordBatch::try_new(frames_schema(self.storage), vec![Arc::new(self.rows.finish()), Arc::new(self.data.finish())])?;
+        self.tx.blocking_send(Ok(batch)).map_err(|_| Error::request("the frame table writer stopped"))
+    }
+}
+
+/// Decodes rows `[first, end)` of one stream sequentially, in decode order, and sends them in
+/// row order as batches of the frames table.
+/// The `packets` rows of `stream` that some step shows.
+fn shown_rows(ds: &LoaderDataset, stream: u32) -> std::collections::HashSet<u64> {
+    let camera = ds.streams.get(&stream).map(|s| s.camera.as_str());
+    ds.cameras.iter().filter(|c| Some(c.key.as_str()) == camera).flat_map(|c| c.packet_rows.values().iter().copied()).collect()
+}
+
+fn decode_stream(
+    ds: &LoaderDataset,
+    stream: u32,
+    (first, end): (u64, u64),
+    (storage, size): (FrameStorage, Option<FrameSize>),
+    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    stored: &std::sync::atomic::AtomicU64,
+) -> Result<FrameTableReport> {
+    let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
+    let decode_err = |row: u64, message: String| {
+        let (episode, frame) = ds.step_showing(row).map_or((-1, -1), |step| ds.episode_and_frame(step));
+        Error::Decode { dataset: ds.label.clone(), camera: config.camera.clone(), episode, frame, row, message }
+    };
+    let mut decoder = StreamDecoder::open(config).map_err(|e| decode_err(first, e.0))?;
+    let rt = tokio::runtime::Handle::current();
+    let index = &ds.packets;
+    let intra_only = config.kind == "image";
+    let row_of_pts: HashMap<i64, u64> =
+        if intra_only { HashMap::new() } else { (first..end).map(|r| (index.pts[r as usize], r)).collect() };
+    let resizer = match size {
+        Some(s) => Some(
+            crate::RgbResizer::new((config.params.width, config.params.height), (s.width, s.height)).map_err(|e| decode_err(first, e.0))?,
+        ),
+        None => None,
+    };
+    let mut out = RowWriter {
+        tx,
+        storage,
+        resizer,
+        stored,
+        rows: UInt64Builder::new(),
+        data: LargeBinaryBuilder::new(),
+        pending: BTreeMap::new(),
+        next: first,
+        report: FrameTableReport::default(),
+    };
+    let zstd_err = |e: std::io::Error| Error::layout(&ds.label, format!("storing a frame: {e}"));
+    // Rows some step shows, made when a packet first fails to decode.
+    let mut shown: Option<std::collections::HashSet<u64>> = None;
+    // Rows before this are skipped: a span that failed to decode and that no step shows.
+    let mut resume_at = first;
+    let mut chunk = first;
+    while chunk < end {
+        let chunk_end = (chunk + READ_ROWS).min(end);
+        let bytes = rt.block_on(ds.packet_bytes(&(chunk..chunk_end).collect::<Vec<_>>()))?;
+        for (row, b) in (chunk..chunk_end).zip(&bytes) {
+            if row < resume_at {
+                continue;
+            }
+            let r = row as usize;
+            let frames = match decoder.feed(index.pts[r], index.dts[r], index.container_keyframe[r], b) {
+                Ok(frames) => frames,
+                Err(e) => {
+                    // A damaged packet no step needs (of an episode left out at ingest, or of
+                    // frames no step shows): the rows up to the next keyframe are stored empty,
+                    // unless a step shows one of them, and decoding starts again there.
+                    let next_key = (row + 1..end).find(|&k| index.keyframe_offset[k as usize] == 0).unwrap_or(end);
+                    let shown = shown.get_or_insert_with(|| shown_rows(ds, stream));
+                    if (out.next..next_key).any(|k| shown.contains(&k)) {
+                        return Err(decode_err(row, e.0));
+                    }
+                    for k in out.next..next_key {
+                        out.pending.entry(k).or_default();
+                    }
+                    out.flush_ready()?;
+                    decoder = StreamDecoder::open(config).map_err(|e| decode_err(next_key, e.0))?;
+                    resume_at = next_key;
+                    continue;
+                }
+            };
+            if intra_only {
+                // One picture per packet, out at once (image pts repeat across episodes).
+                if frames.len() != 1 {
+                    return Err(decode_err(row, format!("{} pictures from one image", frames.len())));
+                }
+                out.add(row, &frames[0].1.data).map_err(zstd_err)?;
+            } else {
+                for (pts, frame) in frames {
+                    if let Some(&at) = row_of_pts.get(&pts) {
+                        out.add(at, &frame.data).map_err(zstd_err)?;
+                    }
+                }
+            }
+            out.flush_ready()?;
+        }
+        chunk = chunk_end;
+    }
+    for (pts, frame) in decoder.finish().map_err(|e| decode_err(end.saturating_sub(1), e.0))? {
+        if let Some(&at) = row_of_pts.get(&pts) {
+            out.add(at, &frame.data).map_err(zstd_err)?;
+        }
+    }
+    out.flush_ready()?;
+    if out.next != end {
+        return Err(decode_err(out.next, "the decoder put out no frame for this packet".into()));
+    }
+    if !out.rows.is_empty() {
+        out.send()?;
+    }
+    Ok(out.report)
+}
