@@ -160,8 +160,10 @@ async fn run(session: &LakeSql, query: &str, format: Format, output: Option<&std
     } else {
         stdout.flush()?;
     }
+    // The footer follows its table on stdout, as psql's does.
     if output.is_none() && format == Format::Table {
-        errln!("({rows} row{})", if rows == 1 { "" } else { "s" });
+        writeln!(stdout, "({rows} row{})", if rows == 1 { "" } else { "s" })?;
+        stdout.flush()?;
     }
     Ok(())
 }
