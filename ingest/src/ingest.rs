@@ -361,6 +361,23 @@ impl Plan {
                         cam.name
                     ));
                 }
+                // Asked to drop missing cameras, but this one has some of its files: say why the
+                // flag leaves it in, and what does keep the episodes that have them.
+                let shown: Vec<bool> = meta
+                    .episodes
+                    .iter()
+                    .filter_map(|e| e.videos.iter().find(|v| v.camera == cam.name))
+                    .map(|v| heads[&v.file].is_some())
+                    .collect();
+                let with = shown.iter().filter(|s| **s).count();
+                if any && options.drop_missing_cameras && with < shown.len() {
+                    report.hints.push(format!(
+                        "--drop-missing-cameras leaves out only a camera with no video file at all; camera `{}` has its files for {with} of \
+                         {} episodes, so it stays (--skip-bad-episodes ingests the episodes whose files are there)",
+                        cam.name,
+                        shown.len()
+                    ));
+                }
                 video_cameras.push(cam.name.clone());
             }
         }

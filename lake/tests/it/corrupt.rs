@@ -716,3 +716,21 @@ fn a_camera_file_of_another_frame_size_is_refused_or_its_episodes_skipped() {
     assert_eq!(streams.len(), 2, "the skipped file is listed as such: {streams:?}");
     assert_eq!(streams[0]["kind"], "skipped");
 }
+
+/// `--drop-missing-cameras` leaves out only a camera with no file at all: asked for on a
+/// dataset whose camera has some of its files (4 of 50 episodes'), the refusal says why the
+/// flag did not apply and what keeps the episodes whose files are there.
+#[test]
+fn drop_missing_cameras_says_why_a_camera_with_some_files_stays() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let source = lake_testkit::shared_dir().join("lerobot-real/lingzu-open50-v30");
+    let run = lake(&tmp.path().join("lake"), &["ingest", source.to_str().expect("utf-8"), "--drop-missing-cameras"]);
+    assert_eq!(run.code, 1, "{run:#?}");
+    assert!(
+        run.stderr.contains(
+            "--drop-missing-cameras leaves out only a camera with no video file at all; camera `image` has its files for 4 of 50 episodes"
+        ),
+        "{}",
+        run.stderr
+    );
+}
