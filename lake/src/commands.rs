@@ -101,6 +101,49 @@ pub struct InspectArgs {
     json: bool,
 }
 
+/// The local snapshot of the Hugging Face dataset `OWNER/NAME` and the name to ingest it as,
+/// when `source` is such a repo id and no directory of that path exists: the snapshot the
+/// cache's `refs/main` names (else its newest) under `$HF_HUB_CACHE`, `$HF_HOME/hub` or
+/// `~/.cache/huggingface/hub`.
+///
+/// # Errors
+/// When it looks like a repo id that the cache does not hold: how to download it first.
+fn hugging_face_snapshot(source: &str) -> anyhow::Result<Option<(String, String)>> {
+    let parts: Vec<&str> = source.split('/').collect();
+    let [owner, name] = parts.as_slice() else { return Ok(None) };
+    let plain = |p: &str| !p.is_empty() && p != "." && p != ".." && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if std::path::Path::new(source).exists() || source.contains("://") || !plain(owner) || !plain(name) {
+        return Ok(None);
+    }
+    let env = |v: &str| std::env::var_os(v).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    let hub = env("HF_HUB_CACHE")
+        .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")));
+    let repo = hub.as_ref().map(|hub| hub.join(format!("datasets--{owner}--{name}")));
+    let snapshots = repo.as_ref().map(|r| r.join("snapshots"));
+    let main = repo.as_ref().and_then(|r| std::fs::read_to_string(r.join("refs/main")).ok()).map(|s| s.trim().to_string());
+    let mut found: Vec<(std::time::SystemTime, std::path::PathBuf)> = snapshots
+        .iter()
+        .flat_map(|s| std::fs::read_dir(s).into_iter().flatten().flatten())
+        .filter(|e| e.path().join("meta/info.json").is_file())
+        .map(|e| (e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH), e.path()))
+        .collect();
+    found.sort();
+    let chosen = found.iter().find(|(_, p)| main.as_deref().is_some_and(|m| p.file_name().is_some_and(|f| f == m))).or(found.last());
+    match chosen {
+        Some((_, path)) => {
+            let path = path.to_str().ok_or_else(|| anyhow::anyhow!("the cached snapshot's path {} is not UTF-8", path.display()))?;
+            Ok(Some((path.to_string(), name.to_string())))
+        }
+        None => anyhow::bail!(
+            "`{source}` is not a directory here, and no snapshot of the Hugging Face dataset `{source}` is in the local hub cache \
+             ({}); download it first (`huggingface-cli download --repo-type dataset {source}`), then run this again, or give \
+             the dataset's directory",
+            snapshots.map_or_else(|| "no HOME to find it".into(), |s| s.display().to_string())
+        ),
+    }
+}
+
 pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
     if !(args.tolerance_s > 0.0 && args.tolerance_s.is_finite()) {
         anyhow::bail!("--tolerance-s must be a positive number of seconds, got {}", args.tolerance_s);
@@ -111,9 +154,14 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
             args.source.to_string_lossy()
         );
     };
+    // `OWNER/NAME` that is no directory here: a Hugging Face dataset, from the local hub cache.
+    let (source, repo_name) = match hugging_face_snapshot(&source)? {
+        Some((snapshot, name)) => (snapshot, Some(name)),
+        None => (source, None),
+    };
     let lake = NewLake::create(root)?;
     let mut options = IngestOptions {
-        name: args.name,
+        name: args.name.or(repo_name),
         tolerance_s: args.tolerance_s,
         skip_bad_episodes: args.skip_bad_episodes,
         drop_missing_cameras: args.drop_missing_cameras,

@@ -551,3 +551,29 @@ fn b_frame_streams_rebuild_every_frame() {
         }
     }
 }
+
+/// `lake ingest OWNER/NAME` that is no directory here ingests the Hugging Face dataset's
+/// snapshot from the local hub cache (the one `refs/main` names), under the repo's name; one
+/// the cache does not hold is refused with how to download it first.
+#[test]
+fn a_hugging_face_repo_id_is_read_from_the_local_hub_cache() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let hub = tmp.path().join("hub");
+    let repo = hub.join("datasets--lerobot--tiny");
+    for snapshot in ["0ld", "ma1n"] {
+        lake_testkit::copy_dir(&testdata("v30-images-tiny"), &repo.join("snapshots").join(snapshot));
+    }
+    std::fs::create_dir_all(repo.join("refs")).expect("refs");
+    std::fs::write(repo.join("refs/main"), "ma1n\n").expect("refs/main");
+    let root = tmp.path().join("lake");
+    let run = |args: &[&str]| {
+        let out = crate::common::lake_cmd(&root).args(args).env("HF_HUB_CACHE", &hub).current_dir(tmp.path()).output().expect("run lake");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stdout, stderr) = run(&["ingest", "lerobot/tiny"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("as tiny@1") && stdout.contains("snapshots/ma1n"), "{stdout}");
+    let (code, _, stderr) = run(&["ingest", "lerobot/pusht"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("huggingface-cli download --repo-type dataset lerobot/pusht"), "{stderr}");
+}
