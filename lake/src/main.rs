@@ -175,7 +175,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LAKE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lance=error")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lance=error,lake::access=info")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())

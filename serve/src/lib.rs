@@ -1521,7 +1521,7 @@ impl Service {
                 }
             }))
         });
-        Ok((schema, Box::pin(batches)))
+        Ok((schema, Box::pin(AccessLog::new(request, batches))))
     }
 
     /// Decode counters of every loader the server has used.
@@ -1655,6 +1655,77 @@ pub enum Refusal {
     /// The server is shutting down (a stream it ended: gRPC `UNAVAILABLE`, an HTTP body broken
     /// off); resume from the next step.
     Unavailable,
+}
+
+/// A stream's line in the access log (target `lake::access`, shown by default): the request,
+/// the batches, rows and bytes sent, how long it ran and how it ended, written when the stream
+/// is dropped.
+struct AccessLog<S> {
+    inner: S,
+    request: String,
+    batches: u64,
+    rows: u64,
+    bytes: u64,
+    started: Instant,
+    ended: Option<String>,
+}
+
+impl<S> AccessLog<S> {
+    fn new(request: &SampleRequest, inner: S) -> Self {
+        let datasets: Vec<String> = request
+            .datasets
+            .iter()
+            .map(|d| match d {
+                DatasetRef::Name(n) => n.clone(),
+                DatasetRef::Weighted { name, weight } => format!("{name}={weight}"),
+            })
+            .collect();
+        let request = format!(
+            "datasets={} rank={}/{} batch_size={} seed={} epoch={} start_step={}",
+            datasets.join(","),
+            request.rank,
+            request.world_size,
+            request.batch_size,
+            request.seed,
+            request.epoch,
+            request.start_step
+        );
+        Self { inner, request, batches: 0, rows: 0, bytes: 0, started: Instant::now(), ended: None }
+    }
+}
+
+impl<S: Stream<Item = Result<SampleBatch>> + Unpin> Stream for AccessLog<S> {
+    type Item = Result<SampleBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Self::Item>> {
+        let next = self.inner.poll_next_unpin(cx);
+        match &next {
+            Poll::Ready(Some(Ok(batch))) => {
+                self.batches += 1;
+                self.rows += batch.num_rows() as u64;
+                self.bytes += batch.memory_size() as u64;
+            }
+            Poll::Ready(Some(Err(e))) => self.ended = Some(format!("failed: {e}")),
+            Poll::Ready(None) if self.ended.is_none() => self.ended = Some("complete".into()),
+            _ => {}
+        }
+        next
+    }
+}
+
+impl<S> Drop for AccessLog<S> {
+    fn drop(&mut self) {
+        let ended = self.ended.take().unwrap_or_else(|| "closed before its end (the client left, or the server stopped it)".into());
+        tracing::info!(
+            target: "lake::access",
+            "stream {}: {} batches, {} rows, {} bytes in {:.3} s; {ended}",
+            self.request,
+            self.batches,
+            self.rows,
+            self.bytes,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
 }
 
 /// The gRPC status answering a failed request.

@@ -1537,3 +1537,35 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Each stream leaves one access-log line, by default: its request, the batches, rows and bytes
+/// sent, and how it ended.
+#[test]
+fn each_stream_leaves_an_access_log_line() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let mut child = lake_cmd(&root)
+        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--shutdown-wait", "1"])
+        .env("LAKE_TOKENS", TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lake serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
+    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("http://")).expect("http address").to_string();
+    let request = json!({"datasets": ["v30-av1-small"], "batch_size": 4, "seed": 9, "limit_batches": 2});
+    let (code, _) = http(&addr, "POST", "/v1/sample", &[("Authorization", &format!("Bearer {TOKEN}"))], request.to_string().as_bytes());
+    assert_eq!(code, 200);
+    // SIGTERM: the server shuts down and its stderr ends.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut log = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut log).expect("log");
+    let _ = child.wait();
+    assert!(
+        log.contains("stream datasets=v30-av1-small@1 rank=0/1 batch_size=4 seed=9 epoch=0 start_step=0: 2 batches, 8 rows, ")
+            && log.contains("; complete"),
+        "{log}"
+    );
+}
