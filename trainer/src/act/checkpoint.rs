@@ -1,0 +1,220 @@
+//! Checkpoints in lerobot-train's layout: `<dir>/pretrained_model/` (what
+//! `ACTPolicy.from_pretrained` and `make_pre_post_processors` read) and
+//! `<dir>/training_state/`, written to a temporary directory beside `<dir>`, synced, then
+//! renamed into place.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use super::optim::host;
+use super::{ActPolicy, AdamW, PolicyOptions};
+use crate::{ActConfig, Error, Processors, Result};
+
+/// The sub-directory `from_pretrained` reads.
+pub const PRETRAINED_MODEL_DIR: &str = "pretrained_model";
+/// The sub-directory of optimizer and training-loop state.
+pub const TRAINING_STATE_DIR: &str = "training_state";
+/// The weights file.
+pub const MODEL_FILE: &str = "model.safetensors";
+/// The config file.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// A checkpoint written to a temporary directory and not yet in place: add files under
+/// [`StagedCheckpoint::path`] (e.g. lake's sampler cursor in `training_state/`), then
+/// [`StagedCheckpoint::commit`]. Dropping it uncommitted removes the temporary directory.
+#[derive(Debug)]
+pub struct StagedCheckpoint {
+    tmp: PathBuf,
+    dest: PathBuf,
+    done: bool,
+}
+
+impl StagedCheckpoint {
+    /// The temporary directory holding `pretrained_model/` and `training_state/`.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Where [`StagedCheckpoint::commit`] puts it.
+    pub fn destination(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Syncs every file and directory, renames the temporary directory to the destination (an
+    /// existing checkpoint there is replaced), and syncs the parent directory.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the path that failed.
+    pub fn commit(mut self) -> Result<PathBuf> {
+        sync_tree(&self.tmp)?;
+        let parent = self.dest.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let old = if self.dest.exists() {
+            let old = sibling(&self.dest, "old");
+            std::fs::rename(&self.dest, &old).map_err(Error::io(&self.dest))?;
+            Some(old)
+        } else {
+            None
+        };
+        std::fs::rename(&self.tmp, &self.dest).map_err(Error::io(&self.dest))?;
+        self.done = true;
+        sync_dir(&parent)?;
+        if let Some(old) = old {
+            std::fs::remove_dir_all(&old).map_err(Error::io(&old))?;
+        }
+        Ok(self.dest.clone())
+    }
+}
+
+impl Drop for StagedCheckpoint {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+fn sibling(dest: &Path, what: &str) -> PathBuf {
+    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    dest.with_file_name(format!(".{name}.{what}-{}-{nanos}", std::process::id()))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(Error::io(dir))
+}
+
+fn sync_tree(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(Error::io(dir))? {
+        let path = entry.map_err(Error::io(dir))?.path();
+        if path.is_dir() {
+            sync_tree(&path)?;
+        } else {
+            File::open(&path).and_then(|f| f.sync_all()).map_err(Error::io(&path))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+/// A checkpoint directory or its `pretrained_model/` sub-directory → the one holding
+/// `config.json`.
+fn pretrained_dir(dir: &Path) -> PathBuf {
+    if !dir.join(CONFIG_FILE).exists() && dir.join(PRETRAINED_MODEL_DIR).join(CONFIG_FILE).exists() {
+        dir.join(PRETRAINED_MODEL_DIR)
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+impl ActPolicy {
+    /// Writes `config.json` (0.4.4 fields, `pretrained_backbone_weights: null`),
+    /// `model.safetensors` (every parameter and buffer, f32) and the processor files into
+    /// `dir` (created if missing), as LeRobot's `save_pretrained` plus the processors'.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::SafeTensors`].
+    pub fn save_pretrained(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+        let config = self.config.for_checkpoint();
+        let path = dir.join(CONFIG_FILE);
+        std::fs::write(&path, config.to_json()).map_err(Error::io(&path))?;
+        let tensors: Vec<(&str, crate::HostTensor)> = self.state_dict().map(|(k, t)| (k, host(t))).collect();
+        crate::write_safetensors(dir.join(MODEL_FILE), tensors.iter().map(|(k, t)| (*k, t)))?;
+        self.processors.write(dir, config.device.as_deref().unwrap_or("cpu"))
+    }
+
+    /// Writes a checkpoint for `dest` into a temporary directory beside it:
+    /// `pretrained_model/` always, `training_state/` with the optimizer's
+    /// `optimizer_state.safetensors` and `optimizer_param_groups.json` when given one, and
+    /// `training_step.json` (`{"step": n}`) when given the step. Commit it to move it into
+    /// place.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::SafeTensors`].
+    pub fn stage_checkpoint(&self, dest: impl AsRef<Path>, optimizer: Option<&AdamW>, step: Option<u64>) -> Result<StagedCheckpoint> {
+        let dest = dest.as_ref().to_path_buf();
+        if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
+        }
+        let tmp = sibling(&dest, "tmp");
+        std::fs::create_dir(&tmp).map_err(Error::io(&tmp))?;
+        let staged = StagedCheckpoint { tmp, dest, done: false };
+        self.save_pretrained(staged.tmp.join(PRETRAINED_MODEL_DIR))?;
+        if optimizer.is_some() || step.is_some() {
+            let state = staged.tmp.join(TRAINING_STATE_DIR);
+            std::fs::create_dir(&state).map_err(Error::io(&state))?;
+            if let Some(opt) = optimizer {
+                opt.save(&state)?;
+            }
+            if let Some(step) = step {
+                let path = state.join("training_step.json");
+                let text = serde_json::to_string_pretty(&serde_json::json!({"step": step})).expect("JSON to memory");
+                std::fs::write(&path, text).map_err(Error::io(&path))?;
+            }
+        }
+        Ok(staged)
+    }
+
+    /// [`ActPolicy::stage_checkpoint`] then commit: the checkpoint is complete at `dest` or
+    /// not there at all.
+    ///
+    /// # Errors
+    /// As [`ActPolicy::stage_checkpoint`] and [`StagedCheckpoint::commit`].
+    pub fn save_checkpoint(&self, dest: impl AsRef<Path>, optimizer: Option<&AdamW>, step: Option<u64>) -> Result<PathBuf> {
+        self.stage_checkpoint(dest, optimizer, step)?.commit()
+    }
+
+    /// Loads a policy saved by LeRobot (0.4.4 or 0.6.1) or lake: `dir` is a `pretrained_model`
+    /// directory or a checkpoint directory holding one. Its config, processor statistics and
+    /// every tensor of `model.safetensors` are used; a missing, extra or differently shaped
+    /// tensor is refused (LeRobot only warns about the first two).
+    ///
+    /// # Errors
+    /// [`Error::Io`]/[`Error::Format`] for missing or malformed files, [`Error::Mismatch`]
+    /// naming the tensor.
+    pub fn from_pretrained(dir: impl AsRef<Path>, options: &PolicyOptions) -> Result<Self> {
+        let dir = pretrained_dir(dir.as_ref());
+        let config = ActConfig::from_file(dir.join(CONFIG_FILE))?;
+        let processors = Processors::read(&dir)?;
+        let policy = Self::build(config, processors, options)?;
+        policy.load_model_file(dir.join(MODEL_FILE))?;
+        Ok(policy)
+    }
+
+    /// Starts this policy from another checkpoint's weights (`--init-from`), keeping this
+    /// policy's statistics: the checkpoint's config must describe the same architecture.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first differing field, else as
+    /// [`ActPolicy::load_model_file`].
+    pub fn init_from(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = pretrained_dir(dir.as_ref());
+        let other = ActConfig::from_file(dir.join(CONFIG_FILE))?;
+        self.config.check_same_architecture(&other)?;
+        self.load_model_file(dir.join(MODEL_FILE))
+    }
+
+    /// Copies every tensor of a `model.safetensors` into this policy, refusing a file that
+    /// lacks one of its keys, has a key it lacks, or a shape that differs.
+    ///
+    /// # Errors
+    /// [`Error::Mismatch`] naming the key and both shapes.
+    pub fn load_model_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let file = crate::read_safetensors(path)?;
+        for key in file.keys() {
+            if !self.state_dict().any(|(k, _)| k == key) {
+                return Err(Error::Mismatch { path: path.into(), key: key.clone(), reason: "not in this architecture".into() });
+            }
+        }
+        for (key, t) in self.state_dict() {
+            let src = file.get(key).ok_or_else(|| Error::Mismatch {
+                path: path.into(),
+                key: key.into(),
+                reason: "missing from the file".into(),
+            })?;
+            super::copy_into(t, src, path, key)?;
+        }
+        Ok(())
+    }
+}

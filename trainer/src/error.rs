@@ -1,0 +1,93 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// What went wrong building, running, saving or loading an ACT policy.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value that LeRobot's ACT (or lake's implementation of it) does not accept.
+    /// A user error: report it with the field named.
+    #[error("invalid ACT config: {field}: {reason}")]
+    InvalidConfig {
+        /// The `config.json` field at fault.
+        field: String,
+        /// Why the value is refused.
+        reason: String,
+    },
+    /// The dataset features cannot drive an ACT policy (no camera and no environment state, no
+    /// `action`, a shape of the wrong rank).
+    #[error("features: {0}")]
+    Features(String),
+    /// A file that is not as LeRobot writes it (a config that does not parse, a processor file
+    /// without its normaliser step, a state file with a malformed key).
+    #[error("{path}: {reason}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        reason: String,
+    },
+    /// Normalisation statistics missing for a feature the mode needs them for.
+    #[error("normalisation stats: {0}")]
+    Stats(String),
+    /// A checkpoint whose tensors do not fit the architecture its config (or the caller) asks
+    /// for; names the key and both shapes.
+    #[error("checkpoint {path}: tensor {key}: {reason}")]
+    Mismatch {
+        /// The `model.safetensors` (or weights) file.
+        path: PathBuf,
+        /// The state-dict key.
+        key: String,
+        /// Expected versus found.
+        reason: String,
+    },
+    /// A batch whose tensors do not fit the policy (missing camera, wrong shape).
+    #[error("batch: {0}")]
+    Batch(String),
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A safetensors file could not be parsed or written.
+    #[error("{path}: safetensors: {source}")]
+    SafeTensors {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        source: safetensors::SafeTensorError,
+    },
+    /// libtorch reported an error (a shape mismatch inside an operation, an unavailable device).
+    #[cfg(feature = "torch")]
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+
+    pub(crate) fn config(field: &str, reason: impl Into<String>) -> Error {
+        Error::InvalidConfig { field: field.to_string(), reason: reason.into() }
+    }
+
+    pub(crate) fn format(path: impl Into<PathBuf>, reason: impl Into<String>) -> Error {
+        Error::Format { path: path.into(), reason: reason.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_stays_small() {
+        assert!(std::mem::size_of::<super::Error>() <= 80, "{}", std::mem::size_of::<super::Error>());
+    }
+}
