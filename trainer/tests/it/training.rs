@@ -221,3 +221,65 @@ fn libtorch_cuda_is_loaded_without_a_gpu() {
     assert!(maps.contains("libtorch_cuda.so"), "libtorch_cuda.so was dropped at link time");
     assert!(lake_trainer::act::load_libtorch_cuda());
 }
+
+#[test]
+fn double_precision_policy_predicts_like_float() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (config, stats) = tiny_config_and_stats();
+    tch::manual_seed(8);
+    let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
+    policy.save_pretrained(tmp.path()).unwrap();
+    let f64_policy = ActPolicy::from_pretrained(tmp.path(), &PolicyOptions { kind: Kind::Double, ..PolicyOptions::default() }).unwrap();
+    assert!(f64_policy.state_dict().all(|(_, t)| t.kind() == Kind::Double));
+    let (batch, noise) = random_batch(&config, 2, 6);
+    let a = policy.predict_actions(&batch).unwrap();
+    let b = f64_policy.predict_actions(&batch).unwrap();
+    assert_eq!(b.kind(), Kind::Double);
+    let d = max_abs_diff(&a, &b);
+    eprintln!("f32 vs f64 unnormalised actions: max |Δ| {d:.3e}");
+    assert!(d < 1e-3 && d > 0.0, "{d}");
+    let la = policy.forward_loss_with_noise(&batch, false, Some(&noise)).unwrap().loss.double_value(&[]);
+    let lb = f64_policy.forward_loss_with_noise(&batch, false, Some(&noise)).unwrap().loss.double_value(&[]);
+    assert!((la - lb).abs() < 1e-4 * la.abs().max(1.0), "{la} vs {lb}");
+    // Checkpoints stay float32 whatever the parameters' dtype.
+    f64_policy.save_pretrained(tmp.path().join("again")).unwrap();
+    let st = std::fs::read(tmp.path().join("again/model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&st[8..8 + n]).unwrap();
+    assert!(header.contains("\"F32\"") && !header.contains("\"F64\""));
+    let err =
+        ActPolicy::from_pretrained(tmp.path(), &PolicyOptions { kind: Kind::Int, ..PolicyOptions::default() }).unwrap_err().to_string();
+    assert!(err.contains("Int"), "{err}");
+}
+
+/// Runs where a CUDA device is present (skipped, saying so, elsewhere): the same checkpoint
+/// predicts on the GPU as on the CPU, within what TF32 convolutions allow, and trains there.
+#[test]
+fn cuda_predicts_like_cpu_and_trains() {
+    if !lake_trainer::act::cuda_is_available() {
+        eprintln!("SKIPPED cuda_predicts_like_cpu_and_trains: no CUDA device");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (config, stats) = tiny_config_and_stats();
+    tch::manual_seed(12);
+    let cpu = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
+    cpu.save_pretrained(tmp.path()).unwrap();
+    let gpu = ActPolicy::from_pretrained(tmp.path(), &PolicyOptions { device: Device::Cuda(0), ..PolicyOptions::default() }).unwrap();
+    let (batch, _) = random_batch(&config, 4, 13);
+    let a = cpu.predict_actions(&batch).unwrap();
+    let b = gpu.predict_actions(&batch).unwrap();
+    assert_eq!(b.device(), Device::Cuda(0));
+    let d = max_abs_diff(&a, &b.to_device(Device::Cpu));
+    eprintln!("CPU vs CUDA unnormalised actions: max |Δ| {d:.3e}");
+    assert!(d < 2e-2, "{d}");
+    let mut opt = AdamW::new(&gpu);
+    let first = gpu.forward_loss(&batch, false).unwrap().loss.double_value(&[]);
+    for _ in 0..30 {
+        let loss = gpu.forward_loss(&batch, true).unwrap();
+        opt.step(&loss.loss).unwrap();
+    }
+    let last = gpu.forward_loss(&batch, false).unwrap().loss.double_value(&[]);
+    eprintln!("CUDA: eval L1 {first:.4} before, {last:.4} after 30 steps");
+    assert!(last < first * 0.9, "{first} -> {last}");
+}
