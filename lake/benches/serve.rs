@@ -187,16 +187,16 @@ impl Transport {
 /// Reads rank `rank` of `world` until `deadline`, then hangs up.
 async fn read_stream(server: (String, std::path::PathBuf), transport: Transport, rank: u64, world: u64, deadline: Instant) -> Seen {
     let mut seen = Seen::default();
-    let request =
-        serde_json::json!({"datasets": ["bench"], "preset": "act", "batch_size": BATCH, "seed": 0, "rank": rank, "world_size": world});
+    let mut request = lake_client::SampleRequest::new(["bench"]);
+    (request.preset, request.batch_size, request.rank, request.world_size) = ("act".into(), BATCH, rank, world);
     let mut asked = Instant::now();
     // lake's Rust clients (the same Flight stream any client reads; local streams' batches are
     // views of the server's shared memory).
     let (flight, local) = server;
     let stream = async {
         match transport {
-            Transport::Flight => lake_loader::RemoteLoader::connect(&flight, None).await?.stream(&request.to_string()).await,
-            Transport::Local => lake_loader::LocalLoader::new(&local, None).stream(&request.to_string()).await,
+            Transport::Flight => lake_client::RemoteLoader::connect(&flight, None).await?.stream(&request).await,
+            Transport::Local => lake_client::LocalLoader::new(&local, None).stream(&request).await,
         }
     };
     let mut batches = match stream.await {

@@ -76,7 +76,7 @@ pub struct ServeArgs {
     #[arg(long, env = "LAKE_SERVE_LOOKAHEAD", default_value_t = lake_loader::DEFAULT_HORIZON, value_parser = crate::sample::horizon_in_range)]
     lookahead: u64,
     /// Also serve batch streams to trainers on this machine on a Unix socket at PATH, their
-    /// batches written once into shared memory instead of through TCP (lake_loader's
+    /// batches written once into shared memory instead of through TCP (lake_client's
     /// LocalLoader reads them); tokens apply as on the other endpoints.
     #[arg(long, env = "LAKE_SERVE_LOCAL", value_name = "PATH")]
     local: Option<std::path::PathBuf>,

@@ -33,11 +33,12 @@ use crate::{
     decode::StreamDecoder,
     frames::{FrameExtent, FrameStorage},
     lookahead::{Ahead, FrameRef},
-    pixels::{FrameFormat, PIXEL_FORMAT, YUV_TO_RGB},
+    pixels::{PIXEL_FORMAT, YUV_TO_RGB},
     sampler::Draw,
     samples::{BatchColumn, FrameColumn, SampleBatch, camera_array},
     spec::{DatasetKeys, Window, Windows, resolve_windows},
 };
+use lake_schemas::FrameFormat;
 
 /// Field metadata key: the sample value's shape as JSON (`[50, 6]`, `[2, 96, 128, 3]`).
 pub const SHAPE: &str = "shape";

@@ -19,8 +19,9 @@ use crate::{
     Error, Result,
     decode::StreamConfig,
     frames::FrameStorage,
-    pixels::{FrameFormat, YuvToRgb, yuv420p_bytes},
+    pixels::{YuvToRgb, yuv420p_bytes},
 };
+use lake_schemas::FrameFormat;
 
 /// A step column served in samples.
 #[derive(Debug, Clone)]
@@ -67,7 +68,7 @@ impl Camera {
 pub struct FrameSpec {
     /// Every camera's frames at this size, from the version's frame table of that size (`lake
     /// cache NAME --size WxH`); `None`: as recorded.
-    pub size: Option<crate::frames::FrameSize>,
+    pub size: Option<lake_schemas::FrameSize>,
     /// RGB, or YUV planes where a camera's frames allow it.
     pub format: FrameFormat,
 }
@@ -139,7 +140,7 @@ pub struct LoaderDataset {
     frame_files: crate::frames::FrameFiles,
     /// The size every camera's frames are read at, from a resized frame table (`None`: as
     /// recorded).
-    frame_size: Option<crate::frames::FrameSize>,
+    frame_size: Option<lake_schemas::FrameSize>,
     /// Whether frames may come from the frame table (it stores RGB; YUV planes are decoded).
     frame_table_allowed: bool,
 }
@@ -503,7 +504,7 @@ impl LoaderDataset {
     }
 
     /// The size every camera's frames are read at, when they come from a resized frame table.
-    pub fn frame_size(&self) -> Option<crate::frames::FrameSize> {
+    pub fn frame_size(&self) -> Option<lake_schemas::FrameSize> {
         self.frame_size
     }
 

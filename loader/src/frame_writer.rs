@@ -15,8 +15,9 @@ use crate::{
     Error, Result,
     dataset::LoaderDataset,
     decode::StreamDecoder,
-    frames::{BATCH, FRAMES, FrameSize, FrameStorage, LEVEL, READ_ROWS, frame_table_name, frames_schema},
+    frames::{BATCH, FRAMES, FrameStorage, LEVEL, READ_ROWS, frame_table_name, frames_schema},
 };
+use lake_schemas::FrameSize;
 
 /// What [`write_frame_table`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

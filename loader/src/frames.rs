@@ -13,55 +13,12 @@
 use std::{collections::HashMap, mem::MaybeUninit, sync::Arc};
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use lake_schemas::FrameSize;
 use lake_store::{Lake, deps::lance};
 
 /// Name of the table in a version's directory (frames at their recorded size; a table of
 /// resized frames is `frames-WxH`).
 pub const FRAMES: &str = "frames";
-
-/// The size frames of a resized frame table are stored at (every camera's), `WIDTHxHEIGHT`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct FrameSize {
-    /// Width in pixels.
-    pub width: u32,
-    /// Height in pixels.
-    pub height: u32,
-}
-
-impl std::str::FromStr for FrameSize {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let bad = || format!("frame size `{s}`: expected WIDTHxHEIGHT with each 1 to 8192, e.g. 224x224");
-        let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
-        let (width, height) = (w.trim().parse::<u32>().map_err(|_| bad())?, h.trim().parse::<u32>().map_err(|_| bad())?);
-        if !(1..=8192).contains(&width) || !(1..=8192).contains(&height) {
-            return Err(bad());
-        }
-        Ok(Self { width, height })
-    }
-}
-
-impl TryFrom<String> for FrameSize {
-    type Error = String;
-
-    fn try_from(s: String) -> std::result::Result<Self, String> {
-        s.parse()
-    }
-}
-
-impl From<FrameSize> for String {
-    fn from(size: FrameSize) -> Self {
-        size.to_string()
-    }
-}
-
-impl std::fmt::Display for FrameSize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}", self.width, self.height)
-    }
-}
 
 /// The name of the frame table holding frames at `size` (`None`: as recorded).
 pub fn frame_table_name(size: Option<FrameSize>) -> String {

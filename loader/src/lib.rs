@@ -35,13 +35,11 @@
 
 mod batch;
 mod cache;
-mod client;
 mod dataset;
 mod decode;
 mod error;
 mod frame_writer;
 mod frames;
-pub mod local;
 mod lookahead;
 mod pixels;
 mod sampler;
@@ -50,20 +48,20 @@ mod spec;
 mod stream;
 pub mod views;
 
+pub use lake_schemas::{FrameFormat, FrameSize};
+
 pub use crate::{
     batch::{
         DATASET_INDEX, DEFAULT_CACHE_MIB, DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, Resources, SHAPE, Spawned,
     },
     cache::{CacheStats, Frame, FrameCache, FrameKey},
-    client::{RemoteBatches, RemoteLoader, StreamPlan, flight_endpoint},
     dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex},
     decode::{DecodeError, RgbConverter, RgbFrame, RgbResizer, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
     frame_writer::{FrameTableReport, write_frame_table},
-    frames::{FRAMES, FrameSize, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
-    local::LocalLoader,
+    frames::{FRAMES, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
-    pixels::{FrameFormat, PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, yuv420p_bytes},
+    pixels::{PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, yuv420p_bytes},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

@@ -2,7 +2,7 @@
 //! RGB that a trainer runs on its own device.
 //!
 //! By default frames are packed RGB24, converted on the loader's CPU exactly as LeRobot's reader
-//! converts them. With [`FrameFormat::Yuv420p`] a video camera whose frames are 8-bit 4:2:0
+//! converts them. With [`FrameFormat::Yuv420p`](lake_schemas::FrameFormat::Yuv420p) a video camera whose frames are 8-bit 4:2:0
 //! travels as the decoder's planes instead (Y, then U, then V, each packed: 1.5 bytes a pixel
 //! against 3), and the trainer converts them where its model runs, usually the GPU. The
 //! conversion is fixed-point arithmetic with six integers per camera ([`YuvToRgb`], in the
@@ -21,8 +21,6 @@
 //! at `(x / 2, y / 2)` of their planes (each chroma sample shared by a 2×2 block, not
 //! interpolated).
 
-use std::fmt;
-
 use ffmpeg_next::ffi;
 use serde::{Deserialize, Serialize};
 
@@ -30,40 +28,6 @@ use serde::{Deserialize, Serialize};
 pub const PIXEL_FORMAT: &str = "pixel_format";
 /// Field metadata key on `yuv420p` camera columns: the [`YuvToRgb`] integers, as JSON.
 pub const YUV_TO_RGB: &str = "yuv_to_rgb";
-
-/// How camera frames travel in samples.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FrameFormat {
-    /// Packed RGB, height × width × 3 bytes: LeRobot's frames.
-    #[default]
-    Rgb24,
-    /// Planar YUV 4:2:0 as decoded (Y, U, V planes, packed), for the video cameras whose frames
-    /// are 8-bit 4:2:0 and whose RGB conversion [`YuvToRgb`] reproduces; every other camera
-    /// stays RGB. The camera column's metadata says which.
-    Yuv420p,
-}
-
-impl std::str::FromStr for FrameFormat {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "rgb24" => Ok(Self::Rgb24),
-            "yuv420p" => Ok(Self::Yuv420p),
-            other => Err(format!("unknown frame format `{other}` (known: rgb24, yuv420p)")),
-        }
-    }
-}
-
-impl fmt::Display for FrameFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Rgb24 => "rgb24",
-            Self::Yuv420p => "yuv420p",
-        })
-    }
-}
 
 /// Bytes of a `width` × `height` frame in planar YUV 4:2:0 (chroma planes of half the size,
 /// rounded up).

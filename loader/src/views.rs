@@ -174,9 +174,9 @@ pub struct SamplingSpec {
     pub drop_n_last_frames: u64,
     /// Every camera's frames at this size, from each dataset's frame table of that size
     /// (`lake cache NAME --size WxH`); `None`: as recorded.
-    pub frame_size: Option<crate::FrameSize>,
+    pub frame_size: Option<lake_schemas::FrameSize>,
     /// Camera frames as RGB, or as YUV planes where a camera's frames allow it.
-    pub frame_format: crate::FrameFormat,
+    pub frame_format: lake_schemas::FrameFormat,
 }
 
 impl SamplingSpec {

@@ -14,6 +14,7 @@ mod catalog;
 mod codec;
 mod error;
 mod finding;
+mod frame;
 mod lerobot;
 pub mod picture;
 pub mod pyjson;
@@ -25,6 +26,7 @@ pub use crate::{
     codec::CodecParams,
     error::{Error, Result},
     finding::{Finding, FindingKind, Severity},
+    frame::{FrameFormat, FrameSize},
     lerobot::{CodebaseVersion, DEFAULT_TOLERANCE_S, Feature, FeatureKind, InfoJson},
     template::{PathTemplate, TemplateValue},
 };

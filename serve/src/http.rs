@@ -14,7 +14,8 @@ use axum::{
     routing::{get, post},
 };
 use futures::{Stream, StreamExt};
-use lake_loader::{SampleBatch, local::wire};
+use lake_client::local::wire;
+use lake_loader::SampleBatch;
 use serde_json::{Value, json};
 
 use super::{Refusal, Service, refusal};

@@ -1,5 +1,5 @@
 //! Batch streams for trainers on the server's own machine, through shared memory
-//! (`lake serve --local PATH`; the protocol is in [`lake_loader::local`]).
+//! (`lake serve --local PATH`; the protocol is in [`lake_client::local`]).
 //!
 //! Each stream gets a segment of a few slots (a memfd the client maps once). A batch is laid out
 //! as an Arrow IPC message and copied into a free slot, its one copy after the loader made it; the client's
@@ -14,7 +14,7 @@ use std::{sync::Arc, time::Duration};
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::{FlightData, SchemaAsIpc};
 use futures::StreamExt;
-use lake_loader::local::{SharedMemory, send_message_with_fd, wire};
+use lake_client::local::{SharedMemory, send_message_with_fd, wire};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{

@@ -109,12 +109,16 @@ fn arrow_batches(body: &[u8]) -> Vec<RecordBatch> {
     StreamReader::try_new(std::io::Cursor::new(body.to_vec()), None).expect("an Arrow stream").map(|b| b.expect("batch")).collect()
 }
 
+/// A request the client sends as typed.
+fn typed(request: &Value) -> lake_client::SampleRequest {
+    lake_client::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid")
+}
+
 /// The same request through the loader in-process.
 pub(crate) async fn in_process(root: &Path, request: &Value) -> Vec<RecordBatch> {
     let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
     let service = lake_serve::Service::new(lake, Default::default()).expect("service");
-    let request = lake_serve::SampleRequest::from_json(request.to_string().as_bytes()).expect("valid");
-    let (_, batches) = service.batches(&request).await.expect("batches");
+    let (_, batches) = service.batches(&typed(request)).await.expect("batches");
     records(batches.try_collect().await.expect("all batches"))
 }
 
@@ -327,18 +331,18 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             "batch_size": 4, "limit_batches": 1});
         same_rows(&over_flight(&mut client, &huge).await.expect("huge weights"), &over_flight(&mut client, &plain).await.expect("plain"), "weights");
         // The Rust client gets the same batches.
-        let remote = lake_loader::RemoteLoader::connect(&server.flight, Some(TOKEN.into())).await.expect("connect");
-        let got: Vec<RecordBatch> = remote.stream(&request.to_string()).await.expect("stream").try_collect().await.expect("batches");
+        let remote = lake_client::RemoteLoader::connect(&server.flight, Some(TOKEN.into())).await.expect("connect");
+        let got: Vec<RecordBatch> = remote.stream(&typed(&request)).await.expect("stream").try_collect().await.expect("batches");
         same_rows(&got, &expected, "rust client");
-        let refused = remote.stream(r#"{"datasets": ["nope"]}"#).await.err().expect("refused");
+        let refused = remote.stream(&lake_client::SampleRequest::new(["nope"])).await.err().expect("refused");
         assert!(refused.to_string().contains("nope") && refused.to_string().contains("NotFound"), "{refused}");
 
         // Local streams (shared memory) get the same batches, also when the trainer must give
         // each slot back before the next batch fits (one slot; two ranks read at once).
-        let local = lake_loader::LocalLoader::new(&server.local, Some(TOKEN.into()));
+        let local = lake_client::LocalLoader::new(&server.local, Some(TOKEN.into()));
         // Three batches kept at once: three slots.
         let all = local.clone().with_slots(3);
-        let got: Vec<RecordBatch> = all.stream(&request.to_string()).await.expect("local stream").try_collect().await.expect("batches");
+        let got: Vec<RecordBatch> = all.stream(&typed(&request)).await.expect("local stream").try_collect().await.expect("batches");
         same_rows(&got, &expected, "local stream");
         // An epoch's short last batch, then full ones: the slots outgrow their segment, and
         // the stream moves to a larger one while the short batch is still held.
@@ -346,13 +350,13 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             "start_step": 85, "limit_batches": 3});
         let want = in_process(&root, &growing).await;
         assert_eq!(want.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(), [5, 7, 7]);
-        let got: Vec<RecordBatch> = all.stream(&growing.to_string()).await.expect("local stream").try_collect().await.expect("batches");
+        let got: Vec<RecordBatch> = all.stream(&typed(&growing)).await.expect("local stream").try_collect().await.expect("batches");
         same_rows(&got, &want, "local stream across segments");
         let one_slot = local.clone().with_slots(1);
         let read_one_by_one = |r: usize| {
             let (one_slot, request, whole) = (one_slot.clone(), rank(r as u64), &whole);
             async move {
-                let mut batches = one_slot.stream(&request.to_string()).await.expect("local stream");
+                let mut batches = one_slot.stream(&typed(&request)).await.expect("local stream");
                 let mut read = 0;
                 // Each batch is checked and dropped (its slot goes back) before the next.
                 while let Some(batch) = batches.next().await {
@@ -364,11 +368,11 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             }
         };
         assert_eq!(futures::join!(read_one_by_one(0), read_one_by_one(1)), (12, 12));
-        let refused = local.stream(r#"{"datasets": ["nope"]}"#).await.err().expect("refused");
+        let refused = local.stream(&lake_client::SampleRequest::new(["nope"])).await.err().expect("refused");
         assert!(refused.to_string().contains("nope") && refused.to_string().contains("not_found"), "{refused}");
-        let refused = local.clone().with_slots(1).stream(r#"{"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}"#).await;
+        let refused = local.clone().with_slots(1).stream(&typed(&json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}))).await;
         assert!(refused.err().expect("refused").to_string().contains("outside a world"));
-        let anonymous = lake_loader::LocalLoader::new(&server.local, None).stream(&request.to_string()).await;
+        let anonymous = lake_client::LocalLoader::new(&server.local, None).stream(&typed(&request)).await;
         assert!(anonymous.err().expect("needs a token").to_string().contains("unauthorized"));
         // A trainer holding a batch in its only slot while it waits for the next is told so.
         let logs = Captured::default();
@@ -383,7 +387,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
                 .with_stall_warning(std::time::Duration::from_millis(200))
                 .with_server_timeout(std::time::Duration::from_secs(3));
             let two = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8, "limit_batches": 2});
-            let mut batches = stalling.stream(&two.to_string()).await.expect("local stream");
+            let mut batches = stalling.stream(&typed(&two)).await.expect("local stream");
             let first = batches.next().await.expect("a batch").expect("batch");
             let waited = tokio::time::timeout(std::time::Duration::from_secs(4), batches.next()).await;
             assert!(waited.is_err(), "the second batch waits for the slot the first holds");
@@ -395,25 +399,25 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert!(stalled.contains("holds a batch in each of its 1 slots"), "{stalled}");
 
         // A request described over either transport: the batches' schema and the epoch shape.
-        let described = local.describe(&request.to_string()).await.expect("describe");
-        assert_eq!(described, remote.describe(&request.to_string()).await.expect("describe over Flight"));
+        let described = local.describe(&typed(&request)).await.expect("describe");
+        assert_eq!(described, remote.describe(&typed(&request)).await.expect("describe over Flight"));
         assert_eq!(described.schema, expected[0].schema());
         assert_eq!((described.epoch_len, described.steps_per_epoch), (600, 600 / 8));
         assert_eq!(described.datasets, json!(["v30-av1-small@1"]), "the plan pins the version read");
-        let weighted = local.describe(r#"{"datasets": ["v30-av1-small=2", {"name": "v30-av1-small", "weight": 1}]}"#).await.expect("weighted");
+        let weighted = local.describe(&typed(&json!({"datasets": ["v30-av1-small=2", {"name": "v30-av1-small", "weight": 1}]}))).await.expect("weighted");
         assert_eq!(weighted.datasets, json!(["v30-av1-small@1=2", {"name": "v30-av1-small@1", "weight": 1.0}]));
         // `sources`: the datasets sampled, in the order a mixture's `dataset_index` counts them.
         assert_eq!((described.sources.as_slice(), weighted.sources.as_slice()), (&["v30-av1-small@1".to_string()][..], &["v30-av1-small@1".to_string(), "v30-av1-small@1".to_string()][..]));
-        let refused = local.describe(r#"{"datasets": ["no such!"]}"#).await.expect_err("refused");
+        let refused = local.describe(&lake_client::SampleRequest::new(["no such!"])).await.expect_err("refused");
         assert!(refused.to_string().contains("no dataset or view `no such!`"), "{refused}");
-        let refused = local.describe(r#"{"datasets": ["nope"]}"#).await.expect_err("refused");
+        let refused = local.describe(&lake_client::SampleRequest::new(["nope"])).await.expect_err("refused");
         assert!(refused.to_string().contains("not_found"), "{refused}");
 
         // A server that stops answering (stopped here with SIGSTOP) ends a local stream with
         // `unavailable` once it has sent nothing, not even a keepalive, for the server timeout.
         let patient = local.clone().with_server_timeout(std::time::Duration::from_secs(2));
         let endless = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 8});
-        let mut batches = patient.stream(&endless.to_string()).await.expect("local stream");
+        let mut batches = patient.stream(&typed(&endless)).await.expect("local stream");
         let first = batches.next().await.expect("a batch").expect("batch");
         let signal = |name: &str| {
             let sent = std::process::Command::new("kill").args([name, &server.child.id().to_string()]).status().expect("kill");
@@ -1047,7 +1051,7 @@ fn streams_share_the_memory_budget_without_stalling_and_oversized_batches_are_re
     rt.block_on(async {
         let request = |seed: u64, batch: u64| {
             let r = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": batch, "seed": seed, "limit_batches": 4});
-            lake_serve::SampleRequest::from_json(r.to_string().as_bytes()).expect("valid")
+            lake_client::SampleRequest::from_json(r.to_string().as_bytes()).expect("valid")
         };
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
         let probe = lake_serve::Service::new(lake.clone(), Default::default()).expect("service");

@@ -1,18 +1,5 @@
-//! A Rust client for `lake serve`: the same batches as the in-process [`crate::Loader`] stream,
-//! fetched over Arrow Flight.
-//!
-//! ```no_run
-//! # async fn demo() -> lake_loader::Result<()> {
-//! use futures::StreamExt;
-//! let client = lake_loader::RemoteLoader::connect("http://127.0.0.1:50051", Some("token".into())).await?;
-//! let request = r#"{"datasets": ["my_dataset"], "preset": "act", "batch_size": 32, "limit_batches": 10}"#;
-//! let mut batches = client.stream(request).await?;
-//! while let Some(batch) = batches.next().await {
-//!     let batch = batch?; // one training batch
-//! #   let _ = batch;
-//! }
-//! # Ok(()) }
-//! ```
+//! Batches over Arrow Flight: the same batches as the in-process loader streams, from a
+//! `lake serve` anywhere on the network.
 
 use std::{collections::HashMap, pin::Pin, sync::Arc};
 
@@ -25,7 +12,7 @@ use arrow::{
 use arrow_flight::{FlightClient, FlightData, FlightDescriptor, error::FlightError, flight_service_client::FlightServiceClient};
 use futures::Stream;
 
-use crate::{Error, Result};
+use crate::{Error, Result, SampleRequest};
 
 /// Batches from a server.
 pub type RemoteBatches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
@@ -53,7 +40,7 @@ impl StreamPlan {
     /// The plan from the server's JSON shape (`{"epoch_len": …, "steps_per_epoch": …,
     /// "datasets": […], "sources": […]}`).
     pub(crate) fn from_json(schema: SchemaRef, shape: &[u8]) -> Result<Self> {
-        let bad = || Error::Request(format!("server: a plan that is not an epoch shape: {}", String::from_utf8_lossy(shape)));
+        let bad = || Error::Server(format!("server: a plan that is not an epoch shape: {}", String::from_utf8_lossy(shape)));
         let value: serde_json::Value = serde_json::from_slice(shape).map_err(|_| bad())?;
         let field = |name: &str| value[name].as_u64().ok_or_else(bad);
         // Absent from an older server's plans.
@@ -76,12 +63,12 @@ pub struct RemoteLoader {
 fn remote(e: FlightError) -> Error {
     match e {
         FlightError::Tonic(status) => refused(&status),
-        other => Error::Request(format!("server: {other}")),
+        other => Error::Server(format!("server: {other}")),
     }
 }
 
 fn refused(status: &tonic::Status) -> Error {
-    Error::Request(format!("server: {} ({:?})", status.message(), status.code()))
+    Error::Server(format!("server: {} ({:?})", status.message(), status.code()))
 }
 
 /// A gRPC endpoint set up for training batches: HTTP/2 receive windows and frames sized for
@@ -92,7 +79,7 @@ fn refused(status: &tonic::Status) -> Error {
 /// When `url` is not a valid URI.
 pub fn flight_endpoint(url: &str) -> Result<tonic::transport::Endpoint> {
     Ok(tonic::transport::Channel::from_shared(url.to_string())
-        .map_err(|e| Error::Request(format!("{url}: {e}")))?
+        .map_err(|e| Error::Server(format!("{url}: {e}")))?
         .initial_stream_window_size(32 << 20)
         .initial_connection_window_size(64 << 20)
         .max_frame_size((1 << 24) - 1)
@@ -105,7 +92,7 @@ impl RemoteLoader {
     /// # Errors
     /// When the server cannot be reached.
     pub async fn connect(url: &str, token: Option<String>) -> Result<Self> {
-        let channel = flight_endpoint(url)?.connect().await.map_err(|e| Error::Request(format!("{url}: {e}")))?;
+        let channel = flight_endpoint(url)?.connect().await.map_err(|e| Error::Server(format!("{url}: {e}")))?;
         Ok(Self { channel, token })
     }
 
@@ -123,29 +110,28 @@ impl RemoteLoader {
         Ok(client)
     }
 
-    /// The schema of a JSON sampling request's batches and the shape of its epochs
-    /// (`GetFlightInfo`).
+    /// The schema of a sampling request's batches and the shape of its epochs (`GetFlightInfo`).
     ///
     /// # Errors
     /// The server's refusal (unknown dataset, bad request, missing token) with its message.
-    pub async fn describe(&self, request: &str) -> Result<StreamPlan> {
-        let info = self.client()?.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.map_err(remote)?;
-        let schema = info.clone().try_decode_schema().map_err(|e| Error::Request(format!("server: a bad schema: {e}")))?;
+    pub async fn describe(&self, request: &SampleRequest) -> Result<StreamPlan> {
+        let info = self.client()?.get_flight_info(FlightDescriptor::new_cmd(request.to_json())).await.map_err(remote)?;
+        let schema = info.clone().try_decode_schema().map_err(|e| Error::Server(format!("server: a bad schema: {e}")))?;
         StreamPlan::from_json(Arc::new(schema), &info.app_metadata)
     }
 
-    /// Streams the batches of a JSON sampling request (see `lake serve`), in order.
+    /// Streams the batches of a sampling request, in order.
     ///
     /// # Errors
     /// The server's refusal (unknown dataset, bad request, missing token) with its message.
-    pub async fn stream(&self, request: &str) -> Result<RemoteBatches> {
+    pub async fn stream(&self, request: &SampleRequest) -> Result<RemoteBatches> {
         let mut client = self.client()?;
-        let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.map_err(remote)?;
+        let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_json())).await.map_err(remote)?;
         let ticket =
-            info.endpoint.first().and_then(|e| e.ticket.clone()).ok_or_else(|| Error::Request("the server sent no ticket".into()))?;
+            info.endpoint.first().and_then(|e| e.ticket.clone()).ok_or_else(|| Error::Server("the server sent no ticket".into()))?;
         let mut request = tonic::Request::new(ticket);
         if let Some(token) = &self.token {
-            let value = format!("Bearer {token}").parse().map_err(|_| Error::Request("the token is not a valid header value".into()))?;
+            let value = format!("Bearer {token}").parse().map_err(|_| Error::Server("the token is not a valid header value".into()))?;
             request.metadata_mut().insert("authorization", value);
         }
         let messages = self.inner().do_get(request).await.map_err(|s| refused(&s))?.into_inner();
@@ -157,7 +143,7 @@ impl RemoteLoader {
 /// (arrow-flight's decoder copies each body once more before decoding it: for training batches,
 /// a full copy of every frame.)
 fn decode(messages: tonic::Streaming<FlightData>) -> RemoteBatches {
-    let bad = |what: String| Error::Request(format!("server: {what}"));
+    let bad = |what: String| Error::Server(format!("server: {what}"));
     let batches = futures::stream::try_unfold((messages, None::<SchemaRef>), move |(mut messages, mut schema)| async move {
         loop {
             let Some(data) = messages.message().await.map_err(|s| refused(&s))? else { return Ok(None) };
@@ -180,7 +166,7 @@ fn decode(messages: tonic::Streaming<FlightData>) -> RemoteBatches {
 
 /// A record batch from its IPC `Message` and its body, the arrays viewing the body in place.
 pub(crate) fn batch_from_ipc(header: &[u8], body: &Buffer, schema: &SchemaRef) -> Result<RecordBatch> {
-    let bad = |what: String| Error::Request(format!("server: {what}"));
+    let bad = |what: String| Error::Server(format!("server: {what}"));
     let message = root_as_message(header).map_err(|e| bad(format!("a message that is not Arrow IPC: {e}")))?;
     let batch = message.header_as_record_batch().ok_or_else(|| bad("a record batch message without its header".into()))?;
     read_record_batch(body, batch, schema.clone(), &HashMap::new(), None, &message.version())

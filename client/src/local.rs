@@ -59,8 +59,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::{io::Interest, net::UnixStream, sync::mpsc};
 
 use crate::{
-    Error, Result,
-    client::{RemoteBatches, StreamPlan},
+    Error, Result, SampleRequest,
+    flight::{RemoteBatches, StreamPlan},
 };
 
 /// Message kinds and framing shared by the client and `lake serve`.
@@ -453,11 +453,12 @@ const SERVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// in shared memory.
 ///
 /// ```no_run
-/// # async fn demo() -> lake_loader::Result<()> {
+/// # async fn demo() -> lake_client::Result<()> {
 /// use futures::StreamExt;
-/// let local = lake_loader::LocalLoader::new("/run/lake/serve.sock", None);
-/// let request = r#"{"datasets": ["my_dataset"], "preset": "act", "batch_size": 32, "limit_batches": 10}"#;
-/// let mut batches = local.stream(request).await?;
+/// let local = lake_client::LocalLoader::new("/run/lake/serve.sock", None);
+/// let mut request = lake_client::SampleRequest::new(["my_dataset"]);
+/// (request.preset, request.limit_batches) = ("act".into(), Some(10));
+/// let mut batches = local.stream(&request).await?;
 /// while let Some(batch) = batches.next().await {
 ///     let batch = batch?; // its frames are views of the server's shared memory
 /// #   let _ = batch;
@@ -477,7 +478,7 @@ fn refused(payload: &[u8]) -> Error {
     let value: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
     let code = value["code"].as_str().unwrap_or("unknown");
     let message = value["message"].as_str().unwrap_or("no message");
-    Error::Request(format!("server: {message} ({code})"))
+    Error::Server(format!("server: {message} ({code})"))
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {
@@ -527,40 +528,40 @@ impl LocalLoader {
         self
     }
 
-    /// The schema of a JSON sampling request's batches and the shape of its epochs, as the
+    /// The schema of a sampling request's batches and the shape of its epochs, as the
     /// server plans it (what [`RemoteLoader::describe`](crate::RemoteLoader::describe) gives
     /// over Flight).
     ///
     /// # Errors
     /// As [`stream`](Self::stream).
-    pub async fn describe(&self, request: &str) -> Result<StreamPlan> {
-        let at = |e: io::Error| Error::Request(format!("{}: {e}", self.path.display()));
+    pub async fn describe(&self, request: &SampleRequest) -> Result<StreamPlan> {
+        let at = |e: io::Error| Error::Server(format!("{}: {e}", self.path.display()));
         let socket = UnixStream::connect(&self.path).await.map_err(at)?;
         let token = self.token.as_deref().unwrap_or("");
-        let describe = wire::frame(wire::DESCRIBE, &[&(token.len() as u32).to_le_bytes(), token.as_bytes(), request.as_bytes()]);
+        let describe = wire::frame(wire::DESCRIBE, &[&(token.len() as u32).to_le_bytes(), token.as_bytes(), request.to_json().as_bytes()]);
         write_all(&socket, &describe).await.map_err(at)?;
         let (mut inbox, mut heard) = (Inbox::default(), Instant::now());
         let schema = read_schema(&mut inbox, &socket, &mut heard, self.server_timeout).await.map_err(at)??;
         match heard_from(&mut inbox, &socket, &mut heard, self.server_timeout).await.map_err(at)? {
             (wire::PLAN, payload) => StreamPlan::from_json(schema, &payload),
             (wire::ERROR, payload) => Err(refused(&payload)),
-            (kind, _) => Err(Error::Request(format!("server: an unexpected message {kind} instead of the plan"))),
+            (kind, _) => Err(Error::Server(format!("server: an unexpected message {kind} instead of the plan"))),
         }
     }
 
-    /// Streams the batches of a JSON sampling request (see `lake serve`), in order: the same
+    /// Streams the batches of a sampling request, in order: the same
     /// batches as over Flight.
     ///
     /// # Errors
     /// When the socket cannot be reached, or the server's refusal (unknown dataset, bad request,
     /// missing token) with its message.
-    pub async fn stream(&self, request: &str) -> Result<RemoteBatches> {
-        let at = |e: io::Error| Error::Request(format!("{}: {e}", self.path.display()));
+    pub async fn stream(&self, request: &SampleRequest) -> Result<RemoteBatches> {
+        let at = |e: io::Error| Error::Server(format!("{}: {e}", self.path.display()));
         let socket = UnixStream::connect(&self.path).await.map_err(at)?;
         let token = self.token.as_deref().unwrap_or("");
         let hello = wire::frame(
             wire::HELLO,
-            &[&self.slots.to_le_bytes(), &(token.len() as u32).to_le_bytes(), token.as_bytes(), request.as_bytes()],
+            &[&self.slots.to_le_bytes(), &(token.len() as u32).to_le_bytes(), token.as_bytes(), request.to_json().as_bytes()],
         );
         write_all(&socket, &hello).await.map_err(at)?;
         let (mut inbox, mut heard) = (Inbox::default(), Instant::now());
@@ -583,10 +584,10 @@ async fn read_schema(inbox: &mut Inbox, socket: &UnixStream, heard: &mut Instant
     Ok(match heard_from(inbox, socket, heard, timeout).await? {
         (wire::SCHEMA, header) => {
             let data = FlightData { data_header: header, ..Default::default() };
-            Schema::try_from(&data).map(Arc::new).map_err(|e| Error::Request(format!("server: a bad schema: {e}")))
+            Schema::try_from(&data).map(Arc::new).map_err(|e| Error::Server(format!("server: a bad schema: {e}")))
         }
         (wire::ERROR, payload) => Err(refused(&payload)),
-        (kind, _) => Err(Error::Request(format!("server: an unexpected message {kind} before the schema"))),
+        (kind, _) => Err(Error::Server(format!("server: an unexpected message {kind} before the schema"))),
     })
 }
 
@@ -612,12 +613,12 @@ async fn receive(
     let held = Arc::new(AtomicU32::new(0));
     let mut warned = false;
     let mut segments: HashMap<u32, (Arc<SharedMemory>, u64)> = HashMap::new();
-    let failed = |what: String| Err(Error::Request(format!("server: {what}")));
+    let failed = |what: String| Err(Error::Server(format!("server: {what}")));
     // Closed without an error message, or reset (a server killed with our give-backs unread):
     // the server stopped (or cut a client that held every slot through a shutdown) or went
     // away, as a Flight stream's UNAVAILABLE.
     let gone =
-        || Error::Request("server: the server closed the stream (it stopped or went away); resume from the next step (unavailable)".into());
+        || Error::Server("server: the server closed the stream (it stopped or went away); resume from the next step (unavailable)".into());
     let closed =
         |e: &io::Error| matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe);
     loop {
@@ -627,7 +628,7 @@ async fn receive(
                 let message = wire::frame(wire::RELEASE, &[&segment.to_le_bytes(), &slot.to_le_bytes()]);
                 if let Err(e) = write_all(&socket, &message).await {
                     // Never a silent end, which would read as the stream's last batch.
-                    let _ = batches.send(Err(if closed(&e) { gone() } else { Error::Request(format!("server: the connection failed: {e}")) })).await;
+                    let _ = batches.send(Err(if closed(&e) { gone() } else { Error::Server(format!("server: the connection failed: {e}")) })).await;
                     return;
                 }
                 continue;
@@ -692,7 +693,7 @@ async fn receive(
                         };
                         match wire::split_message(&message) {
                             Some((header, body)) => {
-                                crate::client::batch_from_ipc(&message[header], &message.slice_with_length(body.start, body.len()), &schema)
+                                crate::flight::batch_from_ipc(&message[header], &message.slice_with_length(body.start, body.len()), &schema)
                             }
                             None => failed(format!("slot {slot} of segment {segment} does not hold an IPC message")),
                         }
