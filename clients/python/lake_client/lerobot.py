@@ -1,0 +1,342 @@
+"""A LeRobot-compatible dataset backed by `lake serve`, for LeRobot's own trainer.
+
+`LakeLeRobotDataset` stands where `lerobot.datasets.lerobot_dataset.LeRobotDataset` stands in
+`lerobot-train`: its `meta` has what LeRobot's training script, `make_policy` and
+`make_pre_post_processors` read (`fps`, `features`, `stats`, `camera_keys`, `episodes`, `tasks`,
+`robot_type`, …), taken from the server's HTTP port (`GET /v1/datasets/{name}` and SQL over
+`POST /v1/sql`), and iterating it yields single samples exactly as `LeRobotDataset.__getitem__`
+gives them: float32 CHW frames in [0, 1], float32 state and action (with a time dimension and
+`{key}_is_pad` for the keys in `delta_timestamps`), `timestamp`, `frame_index`,
+`episode_index`, `index`, `task_index` and `task`. The samples come from the server's shuffled
+stream (`LakeIterableDataset`): the order is a pure function of `seed`, each rank reads its own
+slice of every global batch, and DataLoader workers take turns by batch, so a `DataLoader` with
+`batch_size` equal to the dataset's `batch_size` yields exactly one server batch per batch.
+
+`make_lake_dataset(cfg, ...)` is `lerobot.datasets.factory.make_dataset` for a lake server:
+`python -m lake_client.lerobot_train` runs `lerobot-train` with it.
+
+It needs torch; `make_lake_dataset` needs LeRobot (0.4.x).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from lake_client import CURSOR_KEY, LakeClient, LakeError, LakeIterableDataset
+
+__all__ = ["LakeDatasetMetadata", "LakeLeRobotDataset", "make_lake_dataset"]
+
+
+def _http_json(http: str, method: str, path: str, token: Optional[str], body: Optional[bytes] = None,
+               headers: Optional[Dict[str, str]] = None) -> Any:
+    """The JSON answer of one request to the server's HTTP port; a refusal raises `LakeError`
+    with the server's message."""
+    url = http.rstrip("/") + path
+    if "://" not in http:
+        url = "http://" + url
+    request = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        try:
+            message = json.loads(e.read()).get("error", str(e))
+        except (ValueError, AttributeError):
+            message = str(e)
+        code = {400: "bad_request", 401: "unauthorized", 404: "not_found", 503: "busy"}.get(e.code, "internal")
+        raise LakeError(code, f"{method} {path}: {message}") from e
+    except (urllib.error.URLError, OSError) as e:
+        raise LakeError("unavailable", f"{method} {url}: {e} (give lake serve's --http address)") from e
+
+
+def _sql(http: str, query: str, token: Optional[str]) -> List[Dict[str, Any]]:
+    """Rows of a SQL query over the server's HTTP port, as dicts."""
+    return _http_json(http, "POST", "/v1/sql", token, query.encode(),
+                      {"Content-Type": "text/plain", "Accept": "application/json"})
+
+
+def _ident(name: str) -> str:
+    """A SQL identifier (a dataset's schema) quoted."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class LakeDatasetMetadata:
+    """The part of `LeRobotDatasetMetadata` a trainer reads, for one dataset version of a lake
+    server: `repo_id` (the lake's name), `version`, `fps`, `features` (LeRobot's `info.json`
+    features; a camera left out at ingest is not among them, since the server cannot serve it),
+    `stats` (LeRobot's `stats.json` layout as numpy arrays: int64 where LeRobot writes integers,
+    float64 otherwise; image stats `[3, 1, 1]`; lake computes them exactly over every frame),
+    `episodes` (`episode_index`, `length`, `dataset_from_index`, `dataset_to_index`, each a numpy
+    array, in episode order), `tasks` (a pandas DataFrame indexed by task, with `task_index`, as
+    LeRobot's; a dict task → index without pandas), `robot_type`, `info`, and the derived
+    `camera_keys`, `video_keys`, `image_keys`, `names`, `shapes`, `total_episodes`,
+    `total_frames`, `total_tasks`."""
+
+    def __init__(self, http: str, name: str, token: Optional[str] = None):
+        described = _http_json(http, "GET", "/v1/datasets/" + urllib.parse.quote(name, safe="@"), token)
+        if "features" not in described:
+            raise LakeError("bad_request", f"{name!r} is a view, not a dataset: train on a dataset")
+        self.repo_id = described["name"]
+        self.version = int(described["version"])
+        self.fps = int(described["fps"])
+        # Shapes as tuples, as LeRobot's `load_info` makes them.
+        self.features: Dict[str, Dict[str, Any]] = {
+            key: {k: (tuple(v) if k == "shape" else v) for k, v in feature.items() if k != "ingested"}
+            for key, feature in described["features"].items()
+            if feature.get("ingested", True)
+        }
+        self.stats: Dict[str, Dict[str, np.ndarray]] = {
+            key: {stat: np.array(value) for stat, value in values.items()}
+            for key, values in described.get("stats", {}).items()
+            if key in self.features
+        }
+        schema = _ident(self.repo_id)
+        rows = _sql(http, f"SELECT episode_index, length, dataset_from_index, dataset_to_index FROM {schema}.episodes "
+                          "ORDER BY episode_index", token)
+        self.episodes: Dict[str, np.ndarray] = {
+            column: np.array([row[column] for row in rows], dtype=np.int64)
+            for column in ("episode_index", "length", "dataset_from_index", "dataset_to_index")
+        }
+        tasks = _sql(http, f"SELECT task_index, task FROM {schema}.tasks ORDER BY task_index", token)
+        try:
+            import pandas as pd
+
+            self.tasks: Any = pd.DataFrame({"task_index": [t["task_index"] for t in tasks]},
+                                           index=pd.Index([t["task"] for t in tasks], name="task"))
+        except ImportError:
+            self.tasks = {t["task"]: t["task_index"] for t in tasks}
+        found = _sql(http, f"SELECT robot_type FROM datasets WHERE dataset = {_literal(self.repo_id)} "
+                           f"AND version = {self.version}", token)
+        self.robot_type: Optional[str] = found[0]["robot_type"] if found else None
+        self.info: Dict[str, Any] = {
+            "robot_type": self.robot_type,
+            "fps": self.fps,
+            "features": self.features,
+            "total_episodes": len(self.episodes["episode_index"]),
+            "total_frames": int(self.episodes["length"].sum()),
+            "total_tasks": len(tasks),
+            "codebase_version": (described.get("source") or {}).get("codebase_version"),
+        }
+
+    @property
+    def video_keys(self) -> List[str]:
+        return [key for key, ft in self.features.items() if ft["dtype"] == "video"]
+
+    @property
+    def image_keys(self) -> List[str]:
+        return [key for key, ft in self.features.items() if ft["dtype"] == "image"]
+
+    @property
+    def camera_keys(self) -> List[str]:
+        return [key for key, ft in self.features.items() if ft["dtype"] in ("video", "image")]
+
+    @property
+    def names(self) -> Dict[str, Any]:
+        return {key: ft["names"] for key, ft in self.features.items()}
+
+    @property
+    def shapes(self) -> Dict[str, tuple]:
+        return {key: tuple(ft["shape"]) for key, ft in self.features.items()}
+
+    @property
+    def total_episodes(self) -> int:
+        return self.info["total_episodes"]
+
+    @property
+    def total_frames(self) -> int:
+        return self.info["total_frames"]
+
+    @property
+    def total_tasks(self) -> int:
+        return self.info["total_tasks"]
+
+    def __repr__(self) -> str:
+        return (f"LakeDatasetMetadata(repo_id={self.repo_id!r}, version={self.version}, fps={self.fps}, "
+                f"episodes={self.total_episodes}, frames={self.total_frames}, features={list(self.features)})")
+
+
+class LakeLeRobotDataset(torch.utils.data.IterableDataset):
+    """A lake dataset as `LeRobotDataset` gives it to a training loop, read from `lake serve`:
+    `location` is its Flight address (`grpc://HOST:PORT`), `http` its HTTP one (`HOST:PORT` or
+    `http://HOST:PORT`), `name` the dataset (`NAME` or `NAME@VERSION`; the metadata's version is
+    the one read).
+
+    Iterating yields one sample at a time, as `LeRobotDataset.__getitem__` returns it, in the
+    server's shuffled order (a pure function of `seed`); batch them with
+    `DataLoader(ds, batch_size=batch_size)` (shuffle off: the order is the server's), which then
+    yields exactly the server's batches of `batch_size` samples for this rank (global batch
+    `batch_size * world_size`; rank and world size from `torch.distributed` unless given), also
+    under DataLoader workers, which take turns by batch. `delta_timestamps` (LeRobot's, seconds
+    per key) gives windows with their `{key}_is_pad`; `episodes` selects episodes;
+    `drop_n_last_frames` leaves out samples that close to each episode's end, as LeRobot's
+    `EpisodeAwareSampler` does; `image_transforms` is applied to each sample's frames, as
+    `LeRobotDataset` applies it. `meta`, when given, is the metadata already fetched for `name`. `start_batch` starts the stream that many global steps in (a
+    resumed run's step). Without `epochs` the stream is endless. Over Flight, a process that
+    made a Flight client before forking its DataLoader workers should start them with
+    `multiprocessing_context="spawn"`; this dataset itself contacts Flight only when iterated.
+    """
+
+    def __init__(
+        self,
+        location: str,
+        http: str,
+        name: str,
+        *,
+        token: Optional[str] = None,
+        delta_timestamps: Optional[Dict[str, List[float]]] = None,
+        batch_size: int = 32,
+        seed: int = 0,
+        episodes: Optional[Sequence[int]] = None,
+        drop_n_last_frames: int = 0,
+        image_transforms: Any = None,
+        epochs: Optional[int] = None,
+        start_batch: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        meta: Optional[LakeDatasetMetadata] = None,
+    ):
+        super().__init__()
+        self.meta = LakeDatasetMetadata(http, name, token) if meta is None else meta
+        self.repo_id = self.meta.repo_id
+        self.delta_timestamps = delta_timestamps
+        self.episodes = None if episodes is None else sorted(int(e) for e in episodes)
+        self.drop_n_last_frames = int(drop_n_last_frames)
+        self.image_transforms = image_transforms
+        self.batch_size = batch_size
+        self.start_batch = int(start_batch)
+        if self.episodes is not None:
+            known = set(self.meta.episodes["episode_index"].tolist())
+            unknown = [e for e in self.episodes if e not in known]
+            if unknown:
+                raise ValueError(f"episodes {unknown} are not in {self.repo_id}@{self.meta.version}")
+        self._stream = LakeIterableDataset(
+            location,
+            datasets=[f"{self.repo_id}@{self.meta.version}"],
+            preset="none",
+            delta_timestamps=delta_timestamps,
+            batch_size=batch_size,
+            seed=seed,
+            epochs=epochs,
+            token=token,
+            rank=rank,
+            world_size=world_size,
+            frame_layout="lerobot",
+            episodes=self.episodes,
+            drop_n_last_frames=self.drop_n_last_frames or None,
+        )
+        self._started = False
+
+    @property
+    def rank(self) -> int:
+        return self._stream.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._stream.world_size
+
+    @property
+    def fps(self) -> int:
+        return self.meta.fps
+
+    @property
+    def features(self) -> Dict[str, Dict[str, Any]]:
+        return self.meta.features
+
+    @property
+    def num_episodes(self) -> int:
+        """The episodes sampled (LeRobot's `num_episodes`)."""
+        return self.meta.total_episodes if self.episodes is None else len(self.episodes)
+
+    @property
+    def num_frames(self) -> int:
+        """The frames of the episodes sampled (LeRobot's `num_frames`)."""
+        if self.episodes is None:
+            return self.meta.total_frames
+        chosen = np.isin(self.meta.episodes["episode_index"], self.episodes)
+        return int(self.meta.episodes["length"][chosen].sum())
+
+    def _skip_to_start(self) -> None:
+        """Moves the stream's cursor `start_batch` global steps in, once, where it is iterated
+        (the epoch's length comes from the server)."""
+        if self._started:
+            return
+        self._started = True
+        if self.start_batch:
+            stream = self._stream
+            steps = LakeClient(stream.location, stream.token).info(stream._plan_request())["steps_per_epoch"]
+            stream.epoch, stream.step = divmod(self.start_batch, steps)
+
+    def __iter__(self):
+        self._skip_to_start()
+        cameras = set(self.meta.camera_keys)
+        with warnings.catch_warnings():
+            # Each DataLoader worker keeps its own cursor; a run resumes from its step count
+            # (`start_batch`), never from the dataset's state_dict.
+            warnings.filterwarnings("ignore", message="LakeIterableDataset runs in")
+            for batch in self._stream:
+                batch.pop(CURSOR_KEY, None)
+                rows = len(batch["index"])
+                for i in range(rows):
+                    sample = {key: value[i] for key, value in batch.items()}
+                    if self.image_transforms is not None:
+                        for key in cameras & sample.keys():
+                            sample[key] = self.image_transforms(sample[key])
+                    yield sample
+
+    def __repr__(self) -> str:
+        return (f"LakeLeRobotDataset({self.repo_id}@{self.meta.version}, episodes={self.num_episodes}, "
+                f"frames={self.num_frames}, batch_size={self.batch_size}, rank={self.rank}/{self.world_size})")
+
+
+def make_lake_dataset(cfg: Any, location: str, http: str, name: str, token: Optional[str] = None) -> LakeLeRobotDataset:
+    """`lerobot.datasets.factory.make_dataset(cfg)` for a dataset on a lake server: the
+    `delta_timestamps` of `cfg.policy` (LeRobot's `resolve_delta_timestamps`), `cfg.dataset`'s
+    `episodes`, `image_transforms` and `use_imagenet_stats`, `cfg.batch_size`, `cfg.seed` (0
+    when unset), the policy's `drop_n_last_frames` (diffusion's), and on a resumed run
+    (`cfg.resume`) the stream continues at the checkpoint's step. Sets `cfg.dataset.streaming`:
+    LeRobot's loop then makes its DataLoader without a shuffle, in the server's order."""
+    from lerobot.datasets.factory import IMAGENET_STATS, resolve_delta_timestamps
+    from lerobot.datasets.transforms import ImageTransforms
+
+    start_batch = 0
+    if getattr(cfg, "resume", False) and getattr(cfg, "checkpoint_path", None) is not None:
+        from lerobot.utils.constants import TRAINING_STATE_DIR
+        from lerobot.utils.train_utils import load_training_step
+
+        start_batch = load_training_step(cfg.checkpoint_path / TRAINING_STATE_DIR)
+    meta = LakeDatasetMetadata(http, name, token)
+    image_transforms = ImageTransforms(cfg.dataset.image_transforms) if cfg.dataset.image_transforms.enable else None
+    dataset = LakeLeRobotDataset(
+        location,
+        http,
+        f"{meta.repo_id}@{meta.version}",
+        token=token,
+        delta_timestamps=resolve_delta_timestamps(cfg.policy, meta),
+        batch_size=cfg.batch_size,
+        seed=0 if cfg.seed is None else cfg.seed,
+        episodes=cfg.dataset.episodes,
+        drop_n_last_frames=getattr(cfg.policy, "drop_n_last_frames", 0),
+        image_transforms=image_transforms,
+        start_batch=start_batch,
+        meta=meta,
+    )
+    cfg.dataset.streaming = True
+    if cfg.dataset.use_imagenet_stats:
+        for key in dataset.meta.camera_keys:
+            for stat, value in IMAGENET_STATS.items():
+                dataset.meta.stats[key][stat] = torch.tensor(value, dtype=torch.float32)
+    return dataset

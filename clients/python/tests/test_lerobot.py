@@ -1,0 +1,282 @@
+"""LeRobot's own trainer on a lake server: `lake_client.lerobot` and `lake_client.lerobot_train`.
+
+The tests start their own `lake serve` on loopback (with a token) over a lake holding the bundled
+sample testdata/lerobot/v30-images-tiny, with the lake binary at `$LAKE_BIN` (default: the debug
+build, `${CARGO_TARGET_DIR:-~/.cache/lake/target}/debug/lake`), and compare with LeRobot's
+`LeRobotDataset` over the same sample, offline:
+
+- the dataset's metadata (fps, features, robot type, cameras, episodes, tasks, stats keys,
+  shapes and dtypes, and their values where LeRobot's are exact) equals LeRobot's;
+- every sample of an epoch, with diffusion's windows, equals `LeRobotDataset[index]`, each
+  tensor bit for bit, and the epoch holds each eligible sample once;
+- DataLoader workers yield the batches of a single process, and two ranks split each global
+  batch;
+- `python -m lake_client.lerobot_train` trains ACT and diffusion for three steps on the CPU,
+  logs finite losses and writes a checkpoint, and a resumed run's stream starts at the
+  checkpoint's step.
+
+Skipped, saying why, without LeRobot (or torch) in this interpreter or without the lake binary.
+Run: `python tests/test_lerobot.py` from clients/python (or pytest).
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+CLIENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(os.path.dirname(os.path.dirname(CLIENT_DIR)), "testdata", "lerobot", "v30-images-tiny")
+TOKEN = "lerobot-test-token"
+NAME = "tiny"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The package from this source tree when it is not installed (lake's test runner sets PYTHONPATH).
+try:
+    import lake_client  # noqa: F401
+except ImportError:
+    sys.path.insert(0, CLIENT_DIR)
+
+try:
+    import torch
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    SKIP = None
+except ImportError as e:
+    SKIP = f"lerobot is not importable in {sys.executable} ({e})"
+
+
+def _lake_binary():
+    given = os.environ.get("LAKE_BIN")
+    if given:
+        return given
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.expanduser("~/.cache/lake/target")
+    return os.path.join(target, "debug", "lake")
+
+
+LAKE_BIN = _lake_binary()
+if SKIP is None and not os.access(LAKE_BIN, os.X_OK):
+    SKIP = f"no lake binary at {LAKE_BIN} (cargo build -p lake, or set LAKE_BIN)"
+if SKIP is not None:
+    print(f"test_lerobot skipped: {SKIP}", file=sys.stderr)
+
+# The server every test here reads: set by setUpModule.
+SERVER = {}
+
+
+def setUpModule():
+    if SKIP is not None:
+        raise unittest.SkipTest(SKIP)
+    tmp = tempfile.mkdtemp(prefix="lake-lerobot-test-")
+    root = os.path.join(tmp, "lake")
+    done = subprocess.run([LAKE_BIN, "--lake", root, "ingest", SAMPLE, "--name", NAME], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"lake ingest failed:\n{done.stdout}\n{done.stderr}")
+    log = open(os.path.join(tmp, "serve.log"), "w")
+    server = subprocess.Popen(
+        [LAKE_BIN, "--lake", root, "serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2",
+         "--shutdown-wait", "1"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "LAKE_TOKENS": TOKEN},
+    )
+    line = server.stdout.readline()
+    flight = re.search(r"grpc://\S+", line)
+    http = re.search(r"http://\S+", line)
+    if not (flight and http):
+        server.kill()
+        raise RuntimeError(f"lake serve did not say where it listens: {line!r}")
+    SERVER.update(tmp=tmp, process=server, log=log, log_path=log.name, flight=flight.group(0), http=http.group(0))
+
+
+def tearDownModule():
+    server = SERVER.get("process")
+    if server is not None:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        SERVER["log"].close()
+        shutil.rmtree(SERVER["tmp"], ignore_errors=True)
+
+
+def lerobot_reference(delta_timestamps=None):
+    return LeRobotDataset("x", root=SAMPLE, delta_timestamps=delta_timestamps)
+
+
+def lake_dataset(**kwargs):
+    from lake_client.lerobot import LakeLeRobotDataset
+
+    return LakeLeRobotDataset(SERVER["flight"], SERVER["http"], NAME, token=TOKEN, **kwargs)
+
+
+# Diffusion's windows at 30 fps: two observation steps, a 16-step action horizon.
+DIFFUSION_WINDOWS = {
+    "observation.state": [-1 / 30, 0.0],
+    "observation.images.front": [-1 / 30, 0.0],
+    "action": [i / 30 for i in range(-1, 15)],
+}
+
+
+class Metadata(unittest.TestCase):
+    def test_metadata_equals_lerobots(self):
+        from lake_client.lerobot import LakeDatasetMetadata
+
+        lake = LakeDatasetMetadata(SERVER["http"], NAME, TOKEN)
+        ref = lerobot_reference().meta
+        self.assertEqual(lake.fps, ref.fps)
+        self.assertEqual(lake.features, ref.features)
+        self.assertEqual(lake.robot_type, ref.robot_type)
+        self.assertEqual((lake.camera_keys, lake.image_keys, lake.video_keys), (ref.camera_keys, ref.image_keys, ref.video_keys))
+        self.assertEqual((lake.total_episodes, lake.total_frames, lake.total_tasks), (ref.total_episodes, ref.total_frames, ref.total_tasks))
+        self.assertEqual((lake.names, lake.shapes), (ref.names, ref.shapes))
+        for column in ("episode_index", "length", "dataset_from_index", "dataset_to_index"):
+            self.assertEqual(lake.episodes[column].tolist(), list(ref.episodes[column]), column)
+        self.assertTrue(lake.tasks.equals(ref.tasks), f"{lake.tasks}\n{ref.tasks}")
+        self.assertEqual(sorted(lake.stats), sorted(ref.stats))
+        for key, stats in ref.stats.items():
+            self.assertEqual(sorted(lake.stats[key]), sorted(stats), key)
+            for stat, want in stats.items():
+                got = lake.stats[key][stat]
+                self.assertEqual((got.shape, got.dtype), (want.shape, want.dtype), f"{key} {stat}")
+                # LeRobot's quantiles are approximations (lake's are exact); its other stats
+                # are exact up to float32 rounding.
+                if not stat.startswith("q"):
+                    np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{key} {stat}")
+
+    def test_an_unknown_dataset_is_named(self):
+        from lake_client import LakeError
+        from lake_client.lerobot import LakeDatasetMetadata
+
+        with self.assertRaises(LakeError) as refused:
+            LakeDatasetMetadata(SERVER["http"], "no-such-dataset", TOKEN)
+        self.assertEqual(refused.exception.code, "not_found")
+        with self.assertRaises(LakeError) as refused:
+            LakeDatasetMetadata(SERVER["http"], NAME, None)
+        self.assertEqual(refused.exception.code, "unauthorized")
+
+
+class Samples(unittest.TestCase):
+    def test_an_epoch_with_diffusions_windows_equals_lerobots_samples(self):
+        ref = lerobot_reference(DIFFUSION_WINDOWS)
+        ds = lake_dataset(delta_timestamps=DIFFUSION_WINDOWS, batch_size=4, seed=3, epochs=1, drop_n_last_frames=7)
+        self.assertEqual((ds.num_frames, ds.num_episodes, ds.fps), (ref.num_frames, ref.num_episodes, ref.fps))
+        loader = torch.utils.data.DataLoader(ds, batch_size=4)
+        seen = []
+        for batch in loader:
+            self.assertEqual(batch["observation.images.front"].shape, (4, 2, 3, 36, 48))
+            self.assertEqual(batch["action"].shape, (4, 16, 6))
+            for row, index in enumerate(batch["index"].tolist()):
+                want = ref[index]
+                self.assertEqual(set(batch), set(want), "the keys of LeRobot's sample")
+                for key, value in want.items():
+                    got = batch[key][row]
+                    if isinstance(value, str):
+                        self.assertEqual(got, value, key)
+                    else:
+                        self.assertEqual((got.dtype, got.shape), (value.dtype, value.shape), key)
+                        self.assertTrue(torch.equal(got, value), f"{key} of index {index}")
+                seen.append(index)
+        # Every sample at least 7 frames before its episode's end, once (60 frames, 3 episodes:
+        # 39 eligible, so 9 whole batches of 4).
+        ends = ref.meta.episodes["dataset_to_index"]
+        eligible = [i for i in range(60) if not any(i >= end - 7 and i < end for end in ends)]
+        self.assertEqual(len(seen), 36)
+        self.assertEqual(len(set(seen)), len(seen))
+        self.assertTrue(set(seen) <= set(eligible), sorted(set(seen) - set(eligible)))
+        self.assertNotEqual(seen, sorted(seen), "the server's order is a shuffle")
+
+    def test_workers_yield_the_single_process_batches_and_ranks_split_them(self):
+        def indices(loader, n):
+            out = []
+            for batch in loader:
+                out.append(batch["index"].tolist())
+                if len(out) == n:
+                    break
+            return out
+
+        single = indices(torch.utils.data.DataLoader(lake_dataset(batch_size=4, seed=5), batch_size=4), 6)
+        workers = indices(torch.utils.data.DataLoader(lake_dataset(batch_size=4, seed=5), batch_size=4, num_workers=2,
+                                                      multiprocessing_context="spawn"), 6)
+        self.assertEqual(workers, single)
+        ranks = [indices(torch.utils.data.DataLoader(lake_dataset(batch_size=2, seed=5, rank=r, world_size=2), batch_size=2), 6)
+                 for r in (0, 1)]
+        self.assertEqual([a + b for a, b in zip(*ranks)], single)
+
+    def test_a_start_batch_continues_the_sequence(self):
+        whole = [b["index"].tolist() for b in torch.utils.data.DataLoader(lake_dataset(batch_size=4, seed=9, epochs=2), batch_size=4)]
+        self.assertEqual(len(whole), 30)
+        later = [b["index"].tolist() for b in torch.utils.data.DataLoader(lake_dataset(batch_size=4, seed=9, epochs=2, start_batch=17),
+                                                                          batch_size=4)]
+        self.assertEqual(later, whole[17:])
+
+
+# A tiny ACT (docs/design/act.md §8) and a shrunken diffusion policy, no pretrained weights.
+ACT_ARGS = ["--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.dim_model=32",
+            "--policy.n_heads=2", "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1",
+            "--policy.n_decoder_layers=1", "--policy.latent_dim=8", "--policy.chunk_size=10",
+            "--policy.n_action_steps=10"]
+DIFFUSION_ARGS = ["--policy.type=diffusion", "--policy.pretrained_backbone_weights=null", "--policy.down_dims=[32,64]",
+                  "--policy.diffusion_step_embed_dim=32", "--policy.spatial_softmax_num_keypoints=8",
+                  "--policy.num_train_timesteps=10"]
+
+
+class LeRobotTrain(unittest.TestCase):
+    def train(self, output_dir, *args):
+        command = [sys.executable, "-m", "lake_client.lerobot_train", "--lake-server", SERVER["flight"],
+                   "--lake-http", SERVER["http"], "--lake-dataset", NAME, "--lake-token", TOKEN, *args]
+        env = {**os.environ, "PYTHONPATH": CLIENT_DIR, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=SERVER["tmp"], timeout=600)
+        report = done.stdout + done.stderr
+        self.assertEqual(done.returncode, 0, f"{' '.join(command)}:\n{report[-6000:]}")
+        return report
+
+    def check_run(self, report, output_dir, steps):
+        losses = [float(x) for x in re.findall(r" loss:(\S+)", report)]
+        self.assertEqual(len(losses), len(steps), report[-4000:])
+        self.assertTrue(all(math.isfinite(x) for x in losses), losses)
+        self.assertEqual([int(s) for s in re.findall(r"step:(\d+) smpl", report)], steps)
+        checkpoint = os.path.join(output_dir, "checkpoints", f"{steps[-1]:06d}")
+        self.assertTrue(os.path.isfile(os.path.join(checkpoint, "pretrained_model", "model.safetensors")), checkpoint)
+        with open(os.path.join(checkpoint, "training_state", "training_step.json")) as f:
+            self.assertEqual(json.load(f)["step"], steps[-1])
+        with open(os.path.join(checkpoint, "pretrained_model", "train_config.json")) as f:
+            self.assertEqual(json.load(f)["dataset"]["repo_id"], NAME)
+        return losses
+
+    def server_log(self):
+        SERVER["log"].flush()
+        with open(SERVER["log_path"]) as f:
+            return f.read()
+
+    def test_act_trains_and_resumes_where_its_stream_stopped(self):
+        out = os.path.join(SERVER["tmp"], "act")
+        report = self.train(out, *ACT_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=3",
+                            "--batch_size=4", "--save_freq=3", "--log_freq=1", "--num_workers=0", "--seed=21",
+                            f"--output_dir={out}", "--wandb.enable=false")
+        print(f"\nACT over lake: losses {self.check_run(report, out, [1, 2, 3])}", file=sys.stderr)
+        config = os.path.join(out, "checkpoints", "last", "pretrained_model", "train_config.json")
+        report = self.train(out, "--resume=true", f"--config_path={config}", "--steps=5", "--log_freq=1")
+        print(f"ACT resumed: losses {self.check_run(report, out, [4, 5])}", file=sys.stderr)
+        self.assertRegex(self.server_log(), r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=21 epoch=0 start_step=3:")
+
+    def test_diffusion_trains_with_dataloader_workers(self):
+        out = os.path.join(SERVER["tmp"], "diffusion")
+        report = self.train(out, *DIFFUSION_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=3",
+                            "--batch_size=4", "--save_freq=3", "--log_freq=1", "--num_workers=2", "--seed=22",
+                            f"--output_dir={out}", "--wandb.enable=false")
+        print(f"\ndiffusion over lake: losses {self.check_run(report, out, [1, 2, 3])}", file=sys.stderr)
+        # The two workers take turns: one stream from global step 0, one from step 1.
+        log = self.server_log()
+        self.assertRegex(log, r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=22 epoch=0 start_step=0:")
+        self.assertRegex(log, r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=22 epoch=0 start_step=1:")
+
+
+if __name__ == "__main__":
+    unittest.main()
