@@ -13,7 +13,7 @@ build, `${CARGO_TARGET_DIR:-~/.cache/lake/target}/debug/lake`), and compare with
   batch;
 - `python -m lake_client.lerobot_train` trains ACT and diffusion for three steps on the CPU,
   logs finite losses and writes a checkpoint, and a resumed run's stream starts at the
-  checkpoint's step.
+  checkpoint's step; under torchrun (two CPU ranks) each rank reads its own stream.
 
 Skipped, saying why, without LeRobot (or torch) in this interpreter or without the lake binary.
 Run: `python tests/test_lerobot.py` from clients/python (or pytest).
@@ -228,8 +228,8 @@ DIFFUSION_ARGS = ["--policy.type=diffusion", "--policy.pretrained_backbone_weigh
 
 
 class LeRobotTrain(unittest.TestCase):
-    def train(self, output_dir, *args):
-        command = [sys.executable, "-m", "lake_client.lerobot_train", "--lake-server", SERVER["flight"],
+    def train(self, output_dir, *args, launcher=()):
+        command = [*(launcher or [sys.executable]), "-m", "lake_client.lerobot_train", "--lake-server", SERVER["flight"],
                    "--lake-http", SERVER["http"], "--lake-dataset", NAME, "--lake-token", TOKEN, *args]
         env = {**os.environ, "PYTHONPATH": CLIENT_DIR, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
         done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=SERVER["tmp"], timeout=600)
@@ -265,6 +265,23 @@ class LeRobotTrain(unittest.TestCase):
         report = self.train(out, "--resume=true", f"--config_path={config}", "--steps=5", "--log_freq=1")
         print(f"ACT resumed: losses {self.check_run(report, out, [4, 5])}", file=sys.stderr)
         self.assertRegex(self.server_log(), r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=21 epoch=0 start_step=3:")
+
+    def test_act_under_torchrun_reads_one_stream_per_rank(self):
+        import socket
+
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        out = os.path.join(SERVER["tmp"], "act-torchrun")
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}"]
+        report = self.train(out, *ACT_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=3",
+                            "--batch_size=4", "--save_freq=3", "--log_freq=1", "--num_workers=0", "--seed=23",
+                            f"--output_dir={out}", "--wandb.enable=false", launcher=launcher)
+        self.assertIn("Effective batch size: 4 x 2 = 8", report)
+        print(f"\nACT over lake, 2 ranks: losses {self.check_run(report, out, [1, 2, 3])}", file=sys.stderr)
+        log = self.server_log()
+        for rank in (0, 1):
+            self.assertRegex(log, rf"stream datasets=tiny@1 rank={rank}/2 batch_size=4 seed=23 epoch=0 start_step=0:")
 
     def test_diffusion_trains_with_dataloader_workers(self):
         out = os.path.join(SERVER["tmp"], "diffusion")
