@@ -20,6 +20,11 @@ it, and resumes exactly from `state_dict()`. `LocalClient` reads the same batche
 With `frame_format="yuv420p"` in the request, video frames travel as YUV 4:2:0 planes (half the
 bytes, no colour conversion on the server) and `frames_to_rgb(batch, device="cuda")` makes the same
 RGB bytes on the trainer's GPU.
+
+For LeRobot's own trainer, `lake_client.lerobot.LakeLeRobotDataset` stands in for `LeRobotDataset`
+(its metadata and samples, from the server), and `python -m lake_client.lerobot_train
+--lake-server grpc://HOST:PORT --lake-http http://HOST:PORT --lake-dataset NAME <lerobot-train
+arguments>` runs `lerobot-train` on it.
 """
 
 from __future__ import annotations
