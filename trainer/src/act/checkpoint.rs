@@ -6,8 +6,9 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use super::optim::AdamW;
 use super::optim::host;
-use super::{ActPolicy, AdamW, PolicyOptions};
+use super::policy::{ActPolicy, PolicyOptions, copy_into};
 use crate::{ActConfig, Error, Processors, Result};
 
 /// The sub-directory `from_pretrained` reads.
@@ -213,7 +214,7 @@ impl ActPolicy {
                 key: key.into(),
                 reason: "missing from the file".into(),
             })?;
-            super::copy_into(t, src, path, key)?;
+            copy_into(t, src, path, key)?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
-use super::ActPolicy;
+use super::policy::{ActPolicy, copy_into};
 use crate::tensors::HostTensor;
 use crate::{Error, Result};
 
@@ -223,7 +223,7 @@ impl AdamW {
                 let key = format!("state/{i}/{name}");
                 let src =
                     state.get(&key).ok_or_else(|| Error::Mismatch { path: path.into(), key: key.clone(), reason: "missing".into() })?;
-                super::copy_into(dst, src, path, &format!("{key} ({})", s.name))?;
+                copy_into(dst, src, path, &format!("{key} ({})", s.name))?;
             }
         }
         Ok(())
