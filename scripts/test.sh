@@ -31,3 +31,18 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+# `lake train` on libtorch: the trainer's tests (training runs, exact resume, checkpoints, two MPI
+# ranks against one; parity with LeRobot where LAKE_LEROBOT_PYTHON names a LeRobot 0.4.4 python)
+# and the `torch` and `mpi` build of the binary, against PyPI's torch 2.11.0 in scripts/torch-env.sh's venv. LAKE_TORCH=0 skips it
+# (a machine that cannot fetch the wheel); CI runs it.
+if [ "${LAKE_TORCH:-1}" != 0 ]; then
+  torch_python="$(scripts/torch-env.sh)"
+  torch_lib="$("$torch_python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  (
+    export LIBTORCH_USE_PYTORCH=1 PATH="$(dirname "$torch_python"):$PATH" LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The whole workspace is named so that dependencies keep the features of the builds above.
+    cargo clippy --workspace --all-targets --features lake/mpi,lake-trainer/mpi --locked -- -D warnings
+    cargo test --workspace --features lake/mpi,lake-trainer/mpi --locked --lib --test trainer
+  )
+fi

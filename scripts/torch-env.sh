@@ -8,7 +8,7 @@
 #   py=$(scripts/torch-env.sh)
 #   export LIBTORCH_USE_PYTORCH=1 PATH="$(dirname "$py"):$PATH" VIRTUAL_ENV="$(dirname "$(dirname "$py")")"
 #   export LD_LIBRARY_PATH="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-#   cargo test -p lake-trainer --features torch
+#   cargo test --workspace --features lake/torch,lake-trainer/torch --lib --test trainer
 # A wheel already downloaded to /tmp/torch211 is used instead of fetching it again.
 set -euo pipefail
 venv="${LAKE_TORCH_VENV:-$HOME/.cache/lake/torch-venv}"

@@ -40,6 +40,7 @@ mod sample;
 mod server;
 mod signals;
 mod text;
+mod train;
 
 use signals::{interrupt_ignored, reader_gone, stop_requested};
 
@@ -112,6 +113,11 @@ enum Command {
     Export(query::ExportArgs),
     /// Serve sampling streams (Arrow Flight and HTTP) and SQL over the lake.
     Serve(server::ServeArgs),
+    /// Train LeRobot's ACT policy on datasets of the lake, with checkpoints LeRobot loads.
+    ///
+    /// Batches come from the loader in this process, or from a running `lake serve`
+    /// (--server, --local). Needs a build with the `torch` feature (libtorch).
+    Train(train::TrainArgs),
 }
 
 /// The environment variable a refused value came from, when the flag clap names in `error` was
@@ -223,6 +229,7 @@ fn main() -> ExitCode {
                     Command::Stats(args) => query::stats(&cli.lake, args).await,
                     Command::Export(args) => query::export(&cli.lake, args).await,
                     Command::Serve(args) => server::serve(&cli.lake, args).await,
+                    Command::Train(args) => train::train(&cli.lake, args).await,
                 };
                 match result {
                     Err(e) => Err(commands::explained(&root, e).await),

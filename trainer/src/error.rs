@@ -60,6 +60,14 @@ pub enum Error {
         /// The parser's error.
         source: safetensors::SafeTensorError,
     },
+    /// The training data could not be had: a dataset that is not in the lake, a server that
+    /// refused the stream or went away, a frame that cannot be decoded (the message names it).
+    #[error("{0}")]
+    Data(String),
+    /// A run that cannot start or go on as asked (a resume whose checkpoint is missing or was
+    /// made for another run, an option this build lacks).
+    #[error("{0}")]
+    Run(String),
     /// libtorch reported an error (a shape mismatch inside an operation, an unavailable device).
     #[cfg(feature = "torch")]
     #[error("libtorch: {0}")]

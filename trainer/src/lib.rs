@@ -50,12 +50,17 @@
 //! ```
 
 mod config;
+pub mod data;
 mod error;
 mod normalize;
 mod tensors;
 
 #[cfg(feature = "torch")]
 pub mod act;
+#[cfg(feature = "torch")]
+pub mod collective;
+#[cfg(feature = "torch")]
+pub mod train;
 
 pub use crate::config::{
     ACTION, ActConfig, DatasetFeature, FeatureType, Features, NormalizationMode, OBS_ENV_STATE, OBS_STATE, OrderedMap, PolicyFeature,

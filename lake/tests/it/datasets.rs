@@ -577,3 +577,17 @@ fn a_hugging_face_repo_id_is_read_from_the_local_hub_cache() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("huggingface-cli download --repo-type dataset lerobot/pusht"), "{stderr}");
 }
+
+/// `lake train` in a build without libtorch (the default features) says how to get one, and
+/// exits non-zero without touching the run's directory.
+#[cfg(not(feature = "torch"))]
+#[test]
+fn train_without_libtorch_says_how_to_build_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let out = tmp.path().join("run");
+    let run = crate::common::lake(&root, &["train", "--dataset", "x", "--steps", "1", "--out", out.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("built without libtorch") && run.stderr.contains("scripts/torch-env.sh"), "{}", run.stderr);
+    assert!(!out.exists());
+}

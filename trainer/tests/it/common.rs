@@ -115,3 +115,10 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shapes differ");
     (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
 }
+
+/// Held by every test for its whole run: libtorch's generator is one per process, and a test
+/// that checks runs bit for bit must not have another test's draws between its own.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -8,4 +8,5 @@
 
 mod common;
 mod parity;
+mod run;
 mod training;

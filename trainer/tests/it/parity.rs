@@ -54,6 +54,7 @@ fn compare_with_lerobot(test: &str, policy: &ActPolicy, ckpt: &Path, config: &Ac
 
 #[test]
 fn lake_checkpoint_loads_in_lerobot_and_predicts_the_same() {
+    let _serial = crate::common::serial();
     let Some(python) = lerobot_python("lake_checkpoint_loads_in_lerobot_and_predicts_the_same") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (mut config, stats) = tiny_config_and_stats();
@@ -69,6 +70,7 @@ fn lake_checkpoint_loads_in_lerobot_and_predicts_the_same() {
 
 #[test]
 fn without_the_vae_lake_and_lerobot_agree() {
+    let _serial = crate::common::serial();
     let Some(python) = lerobot_python("without_the_vae_lake_and_lerobot_agree") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (mut config, stats) = tiny_config_and_stats();
@@ -86,6 +88,7 @@ fn without_the_vae_lake_and_lerobot_agree() {
 /// and every normalisation mode.
 #[test]
 fn multi_camera_env_state_pre_norm_agree() {
+    let _serial = crate::common::serial();
     let Some(python) = lerobot_python("multi_camera_env_state_pre_norm_agree") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let features = [
@@ -132,6 +135,7 @@ fn multi_camera_env_state_pre_norm_agree() {
 
 #[test]
 fn lerobot_checkpoint_loads_in_lake_and_predicts_the_same() {
+    let _serial = crate::common::serial();
     let Some(python) = lerobot_python("lerobot_checkpoint_loads_in_lake_and_predicts_the_same") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (mut config, stats) = tiny_config_and_stats();
@@ -153,6 +157,7 @@ fn lerobot_checkpoint_loads_in_lake_and_predicts_the_same() {
 
 #[test]
 fn training_steps_match_lerobots_update_policy() {
+    let _serial = crate::common::serial();
     let Some(python) = lerobot_python("training_steps_match_lerobots_update_policy") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (mut config, stats) = tiny_config_and_stats();

@@ -8,6 +8,7 @@ use crate::common::*;
 
 #[test]
 fn a_hundred_steps_on_a_fixed_batch_cut_the_loss() {
+    let _serial = crate::common::serial();
     let (config, stats) = tiny_config_and_stats();
     tch::manual_seed(1000);
     let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
@@ -31,6 +32,7 @@ fn a_hundred_steps_on_a_fixed_batch_cut_the_loss() {
 
 #[test]
 fn same_seed_same_policy_and_deterministic_inference() {
+    let _serial = crate::common::serial();
     let (config, stats) = tiny_config_and_stats();
     tch::manual_seed(9);
     let a = ActPolicy::new(config.clone(), stats.clone(), &PolicyOptions::default()).unwrap();
@@ -53,6 +55,7 @@ fn same_seed_same_policy_and_deterministic_inference() {
 
 #[test]
 fn checkpoints_round_trip_with_optimizer_state() {
+    let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().unwrap();
     let (config, stats) = tiny_config_and_stats();
     tch::manual_seed(2);
@@ -121,6 +124,7 @@ fn checkpoints_round_trip_with_optimizer_state() {
 
 #[test]
 fn architecture_mismatches_are_refused_with_the_key() {
+    let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().unwrap();
     let (config, stats) = tiny_config_and_stats();
     let policy = ActPolicy::new(config.clone(), stats.clone(), &PolicyOptions::default()).unwrap();
@@ -162,6 +166,7 @@ fn architecture_mismatches_are_refused_with_the_key() {
 
 #[test]
 fn backbone_starts_from_a_torchvision_weights_file() {
+    let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().unwrap();
     let (config, stats) = tiny_config_and_stats();
     tch::manual_seed(4);
@@ -192,6 +197,7 @@ fn backbone_starts_from_a_torchvision_weights_file() {
 
 #[test]
 fn bad_batches_are_refused() {
+    let _serial = crate::common::serial();
     let (config, stats) = tiny_config_and_stats();
     let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
     let opts = (Kind::Float, Device::Cpu);
@@ -215,6 +221,7 @@ fn bad_batches_are_refused() {
 
 #[test]
 fn libtorch_cuda_is_loaded_without_a_gpu() {
+    let _serial = crate::common::serial();
     // The wheel's libtorch is a CUDA build; with libtorch.so kept on the link line its
     // libtorch_cuda.so is loaded at start, so CUDA registers when a GPU is there.
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -224,6 +231,7 @@ fn libtorch_cuda_is_loaded_without_a_gpu() {
 
 #[test]
 fn double_precision_policy_predicts_like_float() {
+    let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().unwrap();
     let (config, stats) = tiny_config_and_stats();
     tch::manual_seed(8);
@@ -256,6 +264,7 @@ fn double_precision_policy_predicts_like_float() {
 /// predicts on the GPU as on the CPU, within what TF32 convolutions allow, and trains there.
 #[test]
 fn cuda_predicts_like_cpu_and_trains() {
+    let _serial = crate::common::serial();
     if !lake_trainer::act::cuda_is_available() {
         eprintln!("SKIPPED cuda_predicts_like_cpu_and_trains: no CUDA device");
         return;

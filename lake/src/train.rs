@@ -1,0 +1,198 @@
+//! `lake train`: LeRobot's ACT trained on the lake's samples (lake-trainer), fed by the
+//! in-process loader or by a running `lake serve`.
+
+use std::{path::PathBuf, process::ExitCode};
+
+/// Arguments of `lake train`.
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// A dataset or view to sample, `NAME[=WEIGHT]`; repeat for a mixture.
+    #[arg(long = "dataset", value_name = "NAME[=WEIGHT]", required = true)]
+    datasets: Vec<String>,
+    /// The policy: `act` (LeRobot's ACT).
+    #[arg(long, default_value = "act")]
+    policy: String,
+    /// LeRobot ACT config fields as JSON (a `config.json`, or some of its fields), over
+    /// LeRobot's defaults; the features are the dataset's.
+    #[arg(long, value_name = "FILE.json")]
+    policy_config: Option<PathBuf>,
+    /// Steps to have run when the run ends (a resumed run counts those before it).
+    #[arg(long)]
+    steps: u64,
+    /// Samples per step.
+    #[arg(long, default_value_t = 8, value_parser = crate::sample::at_least_one)]
+    batch_size: u64,
+    /// Learning rate (the config's `optimizer_lr` otherwise).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Learning rate of the vision backbone (the config's `optimizer_lr_backbone` otherwise).
+    #[arg(long)]
+    lr_backbone: Option<f64>,
+    /// `cpu`, or `cuda` (the first GPU).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// The parameters' dtype: `fp32` (LeRobot's), or `fp64` (to compare runs without float
+    /// rounding; checkpoints are f32 either way).
+    #[arg(long, default_value = "fp32")]
+    dtype: String,
+    /// Seed of the sample order, the initialisation, dropout and the VAE's noise.
+    #[arg(long, default_value_t = 1000)]
+    seed: u64,
+    /// The run's directory: checkpoints/ in LeRobot's layout and train_log.jsonl.
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Continue the run in --out from its last checkpoint (same datasets, seed and batch size).
+    #[arg(long)]
+    resume: bool,
+    /// Write a checkpoint every K steps (and always at the end).
+    #[arg(long, value_name = "K", default_value_t = 20_000)]
+    save_every: u64,
+    /// Print a line every K steps.
+    #[arg(long, value_name = "K", default_value_t = 100, value_parser = crate::sample::at_least_one)]
+    log_every: u64,
+    /// Start from the weights of this checkpoint (made by lerobot-train or lake), keeping the
+    /// lake's statistics; its architecture must be the config's.
+    #[arg(long, value_name = "DIR")]
+    init_from: Option<PathBuf>,
+    /// ResNet-18 weights (safetensors, torchvision's names) for the backbone; nothing is
+    /// downloaded.
+    #[arg(long, value_name = "FILE")]
+    backbone_weights: Option<PathBuf>,
+    /// Take batches from `lake serve` over Arrow Flight at this address (`grpc://HOST:PORT`).
+    #[arg(long, value_name = "URL", conflicts_with = "local")]
+    server: Option<String>,
+    /// Take batches from `lake serve --local PATH` on this machine (shared memory).
+    #[arg(long, value_name = "PATH")]
+    local: Option<PathBuf>,
+    /// Bearer token for the server.
+    #[arg(long, env = "LAKE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+/// Runs `lake train`.
+#[cfg(feature = "torch")]
+pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use lake_trainer::{ActConfig, data::BatchSource, train::TrainOptions};
+
+    if args.policy != "act" {
+        anyhow::bail!("unknown policy `{}`; lake trains `act`", args.policy);
+    }
+    let device = match args.device.as_str() {
+        "cpu" => tch::Device::Cpu,
+        "cuda" if lake_trainer::act::cuda_is_available() => tch::Device::Cuda(0),
+        "cuda" => anyhow::bail!("--device cuda: no CUDA device is visible to libtorch (driver, GPU, or a CPU-only libtorch)"),
+        other => anyhow::bail!("unknown --device `{other}` (cpu or cuda)"),
+    };
+    let mut config = match &args.policy_config {
+        Some(path) => {
+            // The file's fields over LeRobot's defaults: a whole `config.json`, or some fields.
+            let text = std::fs::read_to_string(path).with_context(|| format!("--policy-config {}", path.display()))?;
+            let given: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("--policy-config {}: not JSON", path.display()))?;
+            let serde_json::Value::Object(fields) = given else {
+                anyhow::bail!("--policy-config {}: a JSON object of ACT config fields is expected", path.display());
+            };
+            let mut merged: serde_json::Value = serde_json::from_str(&ActConfig::default().to_json())?;
+            if let Some(defaults) = merged.as_object_mut() {
+                defaults.extend(fields);
+            }
+            ActConfig::from_json(&merged.to_string()).context("--policy-config")?
+        }
+        None => ActConfig::default(),
+    };
+    config.optimizer_lr = args.lr.unwrap_or(config.optimizer_lr);
+    config.optimizer_lr_backbone = args.lr_backbone.unwrap_or(config.optimizer_lr_backbone);
+    config.device = Some(args.device.clone());
+    let source = match (args.server, args.local) {
+        (Some(url), _) => BatchSource::Flight { url, token: args.token },
+        (None, Some(path)) => BatchSource::Local { path, token: args.token },
+        (None, None) => BatchSource::InProcess,
+    };
+    let collective = ranks()?;
+    let rank = collective.as_ref().map_or(0, |c| c.rank());
+    let lake = lake_store::Lake::open(root)?;
+    let (steps, log_every) = (args.steps, args.log_every);
+    let options = TrainOptions {
+        lake,
+        datasets: args.datasets,
+        source,
+        config,
+        steps,
+        batch_size: args.batch_size,
+        seed: args.seed,
+        device,
+        kind: match args.dtype.as_str() {
+            "fp32" => tch::Kind::Float,
+            "fp64" => tch::Kind::Double,
+            other => anyhow::bail!("unknown --dtype `{other}` (fp32 or fp64)"),
+        },
+        out: args.out,
+        resume: args.resume,
+        save_every: args.save_every,
+        init_from: args.init_from,
+        backbone_weights: args.backbone_weights,
+        loader: Default::default(),
+        collective,
+    };
+    let summary = lake_trainer::train::train(options, |s| {
+        if s.step % log_every == 0 || s.step == steps {
+            let kld = s.kld.map_or(String::new(), |k| format!("  kld {k:.4}"));
+            errln!(
+                "step {}/{steps}  loss {:.4}  l1 {:.4}{kld}  grad {:.3}  data wait {:.0} ms of {:.0} ms",
+                s.step,
+                s.loss,
+                s.l1,
+                s.grad_norm,
+                s.data_wait_s * 1e3,
+                s.step_s * 1e3
+            );
+        }
+    })
+    .await?;
+    if rank != 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!(
+        "trained steps {}..={} on {}: loss {:.4} (first steps) -> {:.4} (last steps); {:.1} samples/s, {:.1} % of the time waiting for data\ncheckpoint: {}",
+        summary.started_after + 1,
+        summary.last_step,
+        summary.datasets.join(", "),
+        summary.first_loss,
+        summary.last_loss,
+        summary.samples_per_s,
+        summary.data_wait * 100.0,
+        summary.checkpoint.display()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The ranks of a data-parallel run: MPI's when a launcher (`mpirun`, `srun`) started this
+/// process, else one process.
+#[cfg(feature = "torch")]
+fn ranks() -> anyhow::Result<Option<Box<dyn lake_trainer::collective::Collective>>> {
+    let world: u64 =
+        ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok()).unwrap_or(1);
+    #[cfg(feature = "mpi")]
+    if lake_trainer::collective::Mpi::launched() {
+        let mpi = lake_trainer::collective::Mpi::init().ok_or_else(|| anyhow::anyhow!("MPI could not be initialised"))?;
+        return Ok(Some(Box::new(mpi)));
+    }
+    if world > 1 {
+        anyhow::bail!(
+            "this process is one of {world} ranks, but this lake was built without MPI: build it with the `mpi` feature \
+             (Debian's libopenmpi-dev) and start the ranks with mpirun or srun"
+        );
+    }
+    Ok(None)
+}
+
+/// `lake train` in a build without libtorch: says how to get one.
+#[cfg(not(feature = "torch"))]
+pub async fn train(_root: &str, _args: TrainArgs) -> anyhow::Result<ExitCode> {
+    anyhow::bail!(
+        "this lake was built without libtorch, which `lake train` runs on. Build it with the `torch` feature against PyPI's torch 2.11.0: \
+         `py=$(scripts/torch-env.sh)`, then `LIBTORCH_USE_PYTORCH=1 PATH=$(dirname $py):$PATH cargo build --release -p lake --features torch`, \
+         and run it with LD_LIBRARY_PATH at that torch's lib directory (docs/guide/train.md)"
+    )
+}

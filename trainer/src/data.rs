@@ -1,0 +1,301 @@
+//! Where a run's batches and its dataset facts come from.
+//!
+//! Batches come from the in-process loader, or from a running `lake serve` over Arrow Flight or
+//! shared memory: the same sampling request gives the same batches on every path. The dataset
+//! facts a policy is built from (fps, features, normalisation statistics) are read from the lake
+//! itself in every case, so a trainer fed by a server also reads the lake's catalog.
+
+use std::{collections::BTreeSet, path::PathBuf, pin::Pin, sync::Arc};
+
+use arrow::{array::RecordBatch, datatypes::SchemaRef};
+use futures::{Stream, TryStreamExt};
+use lake_client::SampleRequest;
+use lake_loader::{Cursor, Loader, LoaderOptions, Order, Sharding, StreamRequest, Windows, views};
+use lake_store::Lake;
+use serde_json::{Map, Value};
+
+use crate::{DatasetFeature, Error, Result, Stats};
+
+/// Where batches come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchSource {
+    /// The loader, in this process.
+    InProcess,
+    /// `lake serve` over Arrow Flight (`http://HOST:PORT`; `grpc://` is read as `http://`).
+    Flight {
+        /// The server's Flight address.
+        url: String,
+        /// Bearer token, when the server asks for one.
+        token: Option<String>,
+    },
+    /// `lake serve --local PATH`: shared memory on this machine.
+    Local {
+        /// The server's Unix socket.
+        path: PathBuf,
+        /// Bearer token, when the server asks for one.
+        token: Option<String>,
+    },
+}
+
+/// Record batches, one row per sample, in the order of the request.
+pub type Batches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
+
+/// A request's batches with the shape of its epochs.
+pub struct Feed {
+    /// The batches' schema.
+    pub schema: SchemaRef,
+    /// Global steps in an epoch: a run's step `k` is step `k % steps_per_epoch` of epoch
+    /// `k / steps_per_epoch`.
+    pub steps_per_epoch: u64,
+    /// The batches, from the request's `(epoch, start_step)` on, across epochs.
+    pub batches: Batches,
+}
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feed").field("steps_per_epoch", &self.steps_per_epoch).finish_non_exhaustive()
+    }
+}
+
+fn data(e: impl std::fmt::Display) -> Error {
+    Error::Data(e.to_string())
+}
+
+/// The windows of a request: its `delta_timestamps`, or none.
+fn windows(request: &SampleRequest) -> Result<Windows> {
+    match &request.delta_timestamps {
+        Some(v) => Windows::from_json(v).map_err(data),
+        None => Ok(Windows::Preset(lake_loader::Preset::None)),
+    }
+}
+
+fn spec(request: &SampleRequest) -> views::SamplingSpec {
+    views::SamplingSpec {
+        datasets: request
+            .datasets
+            .iter()
+            .map(|d| match d {
+                lake_client::DatasetRef::Name(n) => n.clone(),
+                lake_client::DatasetRef::Weighted { name, weight } => format!("{name}={weight}"),
+            })
+            .collect(),
+        episodes: request.episodes.clone(),
+        drop_n_first_frames: request.drop_n_first_frames,
+        drop_n_last_frames: request.drop_n_last_frames,
+        frame_size: request.frame_size,
+        frame_format: request.frame_format,
+    }
+}
+
+/// Opens the batches of `request` (checked first) from `source`; `lake` serves the in-process
+/// loader.
+///
+/// # Errors
+/// [`Error::Data`]: the request refused (by the loader or the server, with its message), the
+/// server unreachable, the lake unreadable.
+pub async fn open_feed(lake: &Lake, request: &SampleRequest, source: &BatchSource, options: LoaderOptions) -> Result<Feed> {
+    request.check().map_err(data)?;
+    match source {
+        BatchSource::InProcess => {
+            let sampling = views::open_sampling(lake, &spec(request)).await.map_err(data)?;
+            let loader = Arc::new(Loader::new(sampling.datasets, &windows(request)?, options).map_err(data)?);
+            let order = Arc::new(Order::new(request.seed, sampling.sources).map_err(data)?);
+            let sharding = Sharding::new(request.batch_size * request.world_size, request.rank, request.world_size, request.drop_last)
+                .map_err(data)?;
+            let steps_per_epoch = sharding.steps_per_epoch(order.epoch_len());
+            if steps_per_epoch == 0 {
+                return Err(Error::Data(format!(
+                    "the global batch of {} is larger than the {} samples of an epoch",
+                    request.batch_size * request.world_size,
+                    order.epoch_len()
+                )));
+            }
+            let stream = StreamRequest {
+                order,
+                sharding,
+                start: Cursor { epoch: request.epoch, step: request.start_step },
+                limit: request.limit_batches,
+                stride: request.step_stride,
+                prefetch: 2,
+                lookahead: lake_loader::DEFAULT_HORIZON,
+            };
+            let schema = loader.schema();
+            let batches = lake_loader::stream(loader, stream).map_ok(|b| b.batch).map_err(data);
+            Ok(Feed { schema, steps_per_epoch, batches: Box::pin(batches) })
+        }
+        BatchSource::Flight { url, token } => {
+            let url = url.strip_prefix("grpc://").map_or_else(|| url.clone(), |rest| format!("http://{rest}"));
+            let client = lake_client::RemoteLoader::connect(&url, token.clone()).await.map_err(data)?;
+            let plan = client.describe(request).await.map_err(data)?;
+            let batches = client.stream(request).await.map_err(data)?.map_err(data);
+            Ok(Feed { schema: plan.schema, steps_per_epoch: plan.steps_per_epoch, batches: Box::pin(batches) })
+        }
+        BatchSource::Local { path, token } => {
+            let client = lake_client::LocalLoader::new(path, token.clone());
+            let plan = client.describe(request).await.map_err(data)?;
+            let batches = client.stream(request).await.map_err(data)?.map_err(data);
+            Ok(Feed { schema: plan.schema, steps_per_epoch: plan.steps_per_epoch, batches: Box::pin(batches) })
+        }
+    }
+}
+
+/// What a policy is built from: the datasets' frame rate, features and statistics.
+#[derive(Debug, Clone)]
+pub struct DatasetFacts {
+    /// Frames per second (every dataset's; a mixture of rates is refused).
+    pub fps: f64,
+    /// The first dataset's features, as LeRobot's `dataset_to_policy_features` sees them,
+    /// cameras that ingest left out removed.
+    pub features: Vec<DatasetFeature>,
+    /// Statistics over the steps sampled, in LeRobot's `stats.json` layout (a mixture's
+    /// combined as LeRobot's `aggregate_stats` combines them).
+    pub stats: Value,
+    /// The sampled datasets, `NAME@VERSION`.
+    pub datasets: Vec<String>,
+}
+
+/// The facts of the datasets a request samples, read from the lake.
+///
+/// # Errors
+/// [`Error::Data`] for a dataset that is not there or unreadable statistics, [`Error::Features`]
+/// for datasets whose features differ or fps that differ.
+pub async fn dataset_facts(lake: &Lake, request: &SampleRequest) -> Result<DatasetFacts> {
+    let sampling = views::open_sampling(lake, &spec(request)).await.map_err(data)?;
+    let first = sampling.datasets.first().ok_or_else(|| Error::Data("the request samples no dataset".into()))?;
+    let fps = f64::from(first.fps());
+    let cameras: BTreeSet<&str> = first.cameras.iter().map(|c| c.key.as_str()).collect();
+    let mut features = DatasetFeature::from_info_json(&first.record.info)?;
+    features.retain(|f| f.kind != crate::FeatureType::Visual || cameras.contains(f.name.as_str()));
+    let mut parts = Vec::new();
+    for ds in &sampling.datasets {
+        if f64::from(ds.fps()) != fps {
+            return Err(Error::Features(format!(
+                "{} runs at {} fps and {} at {fps}: a policy's windows are in seconds of one rate",
+                ds.label,
+                ds.fps(),
+                first.label
+            )));
+        }
+        let mut theirs = DatasetFeature::from_info_json(&ds.record.info)?;
+        let their_cameras: BTreeSet<&str> = ds.cameras.iter().map(|c| c.key.as_str()).collect();
+        theirs.retain(|f| f.kind != crate::FeatureType::Visual || their_cameras.contains(f.name.as_str()));
+        if theirs != features {
+            return Err(Error::Features(format!(
+                "{} and {} have different features; a mixture's samples must have the same keys and shapes",
+                first.label, ds.label
+            )));
+        }
+        let whole = ds.episodes.len() as u64 == ds.record.counts.episodes;
+        let episodes: BTreeSet<i64> = ds.episodes.iter().map(|e| e.episode_index).collect();
+        let stats = lake_stats::stats_json(lake, &ds.record, (!whole).then_some(&episodes)).await.map_err(data)?;
+        let steps: u64 = ds.episodes.iter().map(|e| e.len).sum();
+        parts.push((stats, steps));
+    }
+    let stats = if parts.len() == 1 { parts.remove(0).0 } else { aggregate(&parts) };
+    Ok(DatasetFacts { fps, features, stats, datasets: sampling.datasets.iter().map(|d| d.label.clone()).collect() })
+}
+
+/// Combines per-dataset statistics as LeRobot's `aggregate_stats`: means weighted by count,
+/// variances from each dataset's own plus the spread of the means, the least min and the
+/// greatest max. Stats LeRobot does not aggregate (quantiles) are left out.
+fn aggregate(parts: &[(Value, u64)]) -> Value {
+    let mut out = Map::new();
+    let Some(first) = parts.first().and_then(|(s, _)| s.as_object()) else { return Value::Object(out) };
+    for feature in first.keys() {
+        let of = |stat: &str| -> Option<Vec<(Vec<f64>, f64, Value)>> {
+            parts
+                .iter()
+                .map(|(s, n)| {
+                    let v = s.get(feature)?.get(stat)?;
+                    let mut flat = Vec::new();
+                    flatten(v, &mut flat)?;
+                    let count = s.get(feature).and_then(|f| f.get("count")).and_then(|c| c.get(0).or(Some(c))).and_then(Value::as_f64);
+                    Some((flat, count.unwrap_or(*n as f64), v.clone()))
+                })
+                .collect()
+        };
+        let mut entry = Map::new();
+        if let (Some(means), Some(stds)) = (of("mean"), of("std")) {
+            let total: f64 = means.iter().map(|(_, n, _)| n).sum();
+            let dims = means[0].0.len();
+            let mean: Vec<f64> = (0..dims).map(|d| means.iter().map(|(m, n, _)| m[d] * n).sum::<f64>() / total).collect();
+            let var: Vec<f64> = (0..dims)
+                .map(|d| {
+                    means.iter().zip(&stds).map(|((m, n, _), (s, _, _))| n * (s[d] * s[d] + (m[d] - mean[d]).powi(2))).sum::<f64>() / total
+                })
+                .collect();
+            let shape = &means[0].2;
+            entry.insert("mean".into(), reshape(shape, &mut mean.into_iter()));
+            entry.insert("std".into(), reshape(shape, &mut var.into_iter().map(f64::sqrt)));
+            entry.insert("count".into(), Value::from(vec![total]));
+        }
+        for (stat, pick) in [("min", f64::min as fn(f64, f64) -> f64), ("max", f64::max)] {
+            if let Some(values) = of(stat) {
+                let dims = values[0].0.len();
+                let folded: Vec<f64> = (0..dims).map(|d| values.iter().map(|(v, _, _)| v[d]).reduce(pick).unwrap_or(f64::NAN)).collect();
+                entry.insert(stat.into(), reshape(&values[0].2, &mut folded.into_iter()));
+            }
+        }
+        out.insert(feature.clone(), Value::Object(entry));
+    }
+    Value::Object(out)
+}
+
+fn flatten(v: &Value, out: &mut Vec<f64>) -> Option<()> {
+    match v {
+        Value::Array(items) => items.iter().try_for_each(|i| flatten(i, out)),
+        other => {
+            out.push(other.as_f64()?);
+            Some(())
+        }
+    }
+}
+
+/// `values` nested as `like` is.
+fn reshape(like: &Value, values: &mut impl Iterator<Item = f64>) -> Value {
+    match like {
+        Value::Array(items) => Value::Array(items.iter().map(|i| reshape(i, values)).collect()),
+        _ => values.next().map_or(Value::Null, Value::from),
+    }
+}
+
+/// The statistics an ACT policy normalises with: the numeric features' mean and std (and min
+/// and max) from the lake, and ImageNet's mean and std for cameras, as lerobot-train uses by
+/// default.
+///
+/// # Errors
+/// [`Error::Stats`] for statistics that are not numbers.
+pub fn policy_stats(facts: &DatasetFacts) -> Result<Stats> {
+    let mut stats = Stats::from_stats_json(&facts.stats)?;
+    for f in facts.features.iter().filter(|f| f.kind == crate::FeatureType::Visual) {
+        stats.set_imagenet(&f.name);
+    }
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_mixtures_stats_combine_as_one_dataset_of_all_the_steps_would() {
+        // Two datasets of one feature: [0, 2] (mean 1, std 1) and [4, 6, 8] (mean 6, std √(8/3)).
+        let a = json!({"x": {"mean": [1.0], "std": [1.0], "min": [0.0], "max": [2.0], "count": [2]}});
+        let b = json!({"x": {"mean": [6.0], "std": [(8.0f64 / 3.0).sqrt()], "min": [4.0], "max": [8.0], "count": [3]}});
+        let all = aggregate(&[(a, 0), (b, 0)]);
+        let values = [0.0, 2.0, 4.0, 6.0, 8.0];
+        let mean = values.iter().sum::<f64>() / 5.0;
+        let std = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 5.0).sqrt();
+        let got = |stat: &str| all["x"][stat][0].as_f64().expect("a number");
+        assert!((got("mean") - mean).abs() < 1e-12 && (got("std") - std).abs() < 1e-12, "{all}");
+        assert_eq!((got("min"), got("max"), got("count")), (0.0, 8.0, 5.0));
+    }
+
+    #[test]
+    fn nested_stats_keep_their_shape() {
+        let a = json!({"cam": {"mean": [[[0.5]], [[0.25]], [[0.0]]], "std": [[[1.0]], [[1.0]], [[1.0]]], "count": [1]}});
+        let all = aggregate(&[(a.clone(), 0), (a, 0)]);
+        assert_eq!(all["cam"]["mean"], json!([[[0.5]], [[0.25]], [[0.0]]]));
+    }
+}

@@ -1,0 +1,447 @@
+//! `lake train`: LeRobot's ACT trained on a lake's samples, with lerobot-train's update step
+//! and checkpoints in its layout.
+//!
+//! A run is a function of its options: the sample order is the lake's (seed, epoch, step), and
+//! libtorch's generator is seeded from `(seed, step)` before every step, so dropout and the VAE's
+//! ε at step `k` do not depend on what ran before. A run resumed from a checkpoint therefore
+//! repeats the uninterrupted run's steps bit for bit (on the CPU).
+//!
+//! Files under the run's directory:
+//! - `checkpoints/STEP/{pretrained_model, training_state}` as lerobot-train writes them, plus
+//!   `training_state/lake_run.json` (the run's seed, batch, datasets and the next step);
+//!   `checkpoints/last` links the newest;
+//! - `train_log.jsonl`: one line per step (loss, L1, KL, gradient norm, data wait, step time).
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use arrow::{
+    array::{Array, ArrayRef, AsArray, RecordBatch},
+    datatypes::{DataType, Float32Type, Float64Type, Int64Type, UInt8Type},
+};
+use futures::StreamExt;
+use lake_client::SampleRequest;
+use lake_loader::LoaderOptions;
+use lake_store::Lake;
+use serde_json::{Value, json};
+use tch::{Device, Kind, Tensor};
+
+use crate::{
+    ActConfig, Error, FeatureType, OBS_ENV_STATE, OBS_STATE, Result,
+    act::{ActBatch, ActPolicy, AdamW, PolicyOptions},
+    collective::{Collective, Values, average_gradients, broadcast},
+    data::{BatchSource, dataset_facts, open_feed, policy_stats},
+};
+
+/// The file in a checkpoint's `training_state/` that holds what lake needs to resume.
+pub const RUN_FILE: &str = "lake_run.json";
+/// The per-step log in a run's directory.
+pub const LOG_FILE: &str = "train_log.jsonl";
+
+/// What to train, from what, for how long, and where to write.
+pub struct TrainOptions {
+    /// The lake (dataset facts always; batches too, in process).
+    pub lake: Lake,
+    /// Datasets or views, `NAME[=WEIGHT]`.
+    pub datasets: Vec<String>,
+    /// Where batches come from.
+    pub source: BatchSource,
+    /// The policy's config; its features are the datasets'.
+    pub config: ActConfig,
+    /// Steps to have run when the run ends (a resumed run counts the steps before it).
+    pub steps: u64,
+    /// Samples per step.
+    pub batch_size: u64,
+    /// Seed of the sample order and of libtorch's generator.
+    pub seed: u64,
+    /// Device of the model.
+    pub device: Device,
+    /// The parameters' dtype: `Float` (LeRobot's), or `Double` (checkpoints stay f32).
+    pub kind: Kind,
+    /// The run's directory.
+    pub out: PathBuf,
+    /// Continue from `out/checkpoints/last`.
+    pub resume: bool,
+    /// A checkpoint every this many steps (0: only at the end).
+    pub save_every: u64,
+    /// Start from this checkpoint's weights (LeRobot's or lake's), keeping the lake's statistics.
+    pub init_from: Option<PathBuf>,
+    /// ResNet-18 weights (torchvision names, safetensors) to start the backbone from.
+    pub backbone_weights: Option<PathBuf>,
+    /// The in-process loader's threads and frame cache.
+    pub loader: LoaderOptions,
+    /// The ranks of a data-parallel run (`batch_size` is each rank's); `None` for one process.
+    pub collective: Option<Box<dyn Collective>>,
+}
+
+impl std::fmt::Debug for TrainOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainOptions")
+            .field("datasets", &self.datasets)
+            .field("source", &self.source)
+            .field("steps", &self.steps)
+            .field("batch_size", &self.batch_size)
+            .field("seed", &self.seed)
+            .field("out", &self.out)
+            .field("resume", &self.resume)
+            .field("ranks", &self.collective.as_ref().map_or(1, |c| c.size()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One step, as logged.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StepRecord {
+    /// The step (1 is the first).
+    pub step: u64,
+    /// ACT's loss: L1 plus `kl_weight` × KL (the mean over ranks).
+    pub loss: f64,
+    /// The L1 term.
+    pub l1: f64,
+    /// The KL term (absent without the VAE).
+    pub kld: Option<f64>,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Seconds the step waited for its batch.
+    pub data_wait_s: f64,
+    /// Seconds of the whole step, the wait included.
+    pub step_s: f64,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// The step the run started after (0 for a new run).
+    pub started_after: u64,
+    /// The last step run.
+    pub last_step: u64,
+    /// Mean loss of the first and of the last (up to) ten steps of this process.
+    pub first_loss: f64,
+    /// See `first_loss`.
+    pub last_loss: f64,
+    /// Share of the step time spent waiting for batches.
+    pub data_wait: f64,
+    /// Samples per second over the run, every rank's.
+    pub samples_per_s: f64,
+    /// The last checkpoint written.
+    pub checkpoint: PathBuf,
+    /// The datasets sampled, `NAME@VERSION`.
+    pub datasets: Vec<String>,
+}
+
+/// What a checkpoint records for a resume, besides LeRobot's files.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct RunState {
+    datasets: Vec<String>,
+    sampled: Vec<String>,
+    seed: u64,
+    /// Samples per step over every rank: a resume may change the world size, not this.
+    global_batch: u64,
+    steps_per_epoch: u64,
+    next_step: u64,
+}
+
+/// The generator's seed for step `step` of a run seeded `seed` (SplitMix64 of both).
+fn step_seed(seed: u64, step: u64) -> i64 {
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as i64 & i64::MAX
+}
+
+/// The generator's seed for step `step` on rank `rank`: rank 0 draws as a single process does,
+/// and the other ranks draw apart from it.
+fn rank_step_seed(seed: u64, rank: u64, step: u64) -> i64 {
+    step_seed(seed ^ rank.wrapping_mul(0xD1B5_4A32_D192_ED03), step)
+}
+
+/// A checkpoint's directory name: the step, zero-padded as lerobot-train pads it.
+pub fn step_name(step: u64, total: u64) -> String {
+    let width = total.to_string().len().max(6);
+    format!("{step:0width$}")
+}
+
+/// Trains as `options` say, calling `on_step` after each step.
+///
+/// # Errors
+/// [`Error::Run`] for a resume without a checkpoint or with other options than the run's;
+/// [`Error::Data`] when batches cannot be had; [`Error::Features`] for datasets ACT cannot train
+/// on; [`Error::Io`] when the run's directory cannot be written.
+pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) -> Result<Summary> {
+    let (rank, world) = options.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    let global_batch = options.batch_size * world;
+    let mut request = SampleRequest::new(options.datasets.iter().cloned());
+    (request.seed, request.batch_size, request.rank, request.world_size) = (options.seed, options.batch_size, rank, world);
+    let facts = dataset_facts(&options.lake, &request).await?;
+    let policy_options = PolicyOptions { device: options.device, kind: options.kind, backbone_weights: options.backbone_weights.clone() };
+    let checkpoints = options.out.join("checkpoints");
+    let (policy, mut optimizer, started_after) = if options.resume {
+        let last = checkpoints.join("last");
+        let dir = std::fs::canonicalize(&last)
+            .map_err(|_| Error::Run(format!("--resume: {} does not exist; start the run without --resume", last.display())))?;
+        let run: RunState = read_json(&dir.join("training_state").join(RUN_FILE))?;
+        let given = RunState {
+            datasets: options.datasets.clone(),
+            sampled: facts.datasets.clone(),
+            seed: options.seed,
+            global_batch,
+            steps_per_epoch: run.steps_per_epoch,
+            next_step: run.next_step,
+        };
+        if given != run {
+            return Err(Error::Run(format!(
+                "--resume: {} was made by a run over {:?} ({:?}) with seed {} and {} samples a step over all ranks; this one asks for {:?} ({:?}), seed {}, {} samples a step ({world} × {})",
+                dir.display(),
+                run.datasets,
+                run.sampled,
+                run.seed,
+                run.global_batch,
+                given.datasets,
+                given.sampled,
+                given.seed,
+                given.global_batch,
+                options.batch_size
+            )));
+        }
+        let policy = tokio::task::block_in_place(|| ActPolicy::from_pretrained(&dir, &policy_options))?;
+        let mut optimizer = AdamW::new(&policy);
+        optimizer.load(&dir.join("training_state"))?;
+        (policy, optimizer, run.next_step - 1)
+    } else {
+        if checkpoints.join("last").exists() {
+            return Err(Error::Run(format!(
+                "{} already holds a run's checkpoints: add --resume to continue it, or choose another --out",
+                options.out.display()
+            )));
+        }
+        let mut config = options.config.clone();
+        config.set_features(&facts.features);
+        config.validate()?;
+        let stats = policy_stats(&facts)?;
+        tch::manual_seed(rank_step_seed(options.seed, 0, 0));
+        let policy = tokio::task::block_in_place(|| ActPolicy::new(config, stats, &policy_options))?;
+        if let Some(dir) = &options.init_from {
+            tokio::task::block_in_place(|| policy.init_from(dir))?;
+        }
+        let optimizer = AdamW::new(&policy);
+        (policy, optimizer, 0)
+    };
+    if let Some(c) = &options.collective {
+        // Every rank starts from rank 0's weights (and its frozen statistics).
+        let tensors: Vec<Tensor> = policy.state_dict().map(|(_, t)| t.shallow_clone()).collect();
+        tokio::task::block_in_place(|| broadcast(c.as_ref(), &tensors))?;
+    }
+    if started_after >= options.steps {
+        return Err(Error::Run(format!("the run is at step {started_after} already; ask for more --steps than that")));
+    }
+    request.delta_timestamps = Some(delta_timestamps_json(policy.config(), facts.fps));
+    request.frame_format = lake_client::FrameFormat::Rgb24;
+    // The request's steps are the run's: a step of batch B reads the next B samples of the order.
+    let probe = open_feed(&options.lake, &request, &options.source, options.loader).await?;
+    let steps_per_epoch = probe.steps_per_epoch;
+    drop(probe);
+    (request.epoch, request.start_step) = (started_after / steps_per_epoch, started_after % steps_per_epoch);
+    request.limit_batches = Some(options.steps - started_after);
+    let mut feed = open_feed(&options.lake, &request, &options.source, options.loader).await?;
+    check_schema(&feed.schema, policy.config())?;
+
+    // Rank 0 writes the run's files.
+    let writes = rank == 0;
+    std::fs::create_dir_all(&options.out).map_err(Error::io(&options.out))?;
+    let log_path = options.out.join(LOG_FILE);
+    let mut log = match writes {
+        true => Some(std::fs::OpenOptions::new().create(true).append(true).open(&log_path).map_err(Error::io(&log_path))?),
+        false => None,
+    };
+    let run = |next_step| RunState {
+        datasets: options.datasets.clone(),
+        sampled: facts.datasets.clone(),
+        seed: options.seed,
+        global_batch,
+        steps_per_epoch,
+        next_step,
+    };
+    let (started, mut waited, mut losses, mut checkpoint) = (Instant::now(), 0.0, Vec::new(), PathBuf::new());
+    for step in started_after + 1..=options.steps {
+        let began = Instant::now();
+        let batch = feed.batches.next().await.ok_or_else(|| Error::Data(format!("the batches ended before step {step}")))??;
+        let data_wait_s = began.elapsed().as_secs_f64();
+        waited += data_wait_s;
+        let record = tokio::task::block_in_place(|| -> Result<StepRecord> {
+            let batch = act_batch(&batch, policy.config())?;
+            tch::manual_seed(rank_step_seed(options.seed, rank, step));
+            let loss = policy.forward_loss(&batch, true)?;
+            let grad_norm = match &options.collective {
+                None => optimizer.step(&loss.loss)?,
+                Some(c) => {
+                    optimizer.zero_grad();
+                    loss.loss.backward();
+                    let params: Vec<Tensor> = policy.named_parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
+                    average_gradients(c.as_ref(), &params)?;
+                    let norm = optimizer.clip_grad_norm(optimizer.grad_clip_norm);
+                    optimizer.update();
+                    norm
+                }
+            };
+            let mut terms =
+                [loss.loss.double_value(&[]), loss.l1.double_value(&[]), loss.kld.as_ref().map_or(0.0, |k| k.double_value(&[]))];
+            if let Some(c) = &options.collective {
+                c.all_reduce_sum(Values::F64(&mut terms));
+                terms.iter_mut().for_each(|t| *t /= world as f64);
+            }
+            let [loss_mean, l1, kld] = terms;
+            let single = options.collective.is_none();
+            Ok(StepRecord {
+                step,
+                loss: if single { loss.loss.double_value(&[]) } else { loss_mean },
+                l1: if single { loss.l1.double_value(&[]) } else { l1 },
+                kld: loss.kld.as_ref().map(|k| if single { k.double_value(&[]) } else { kld }),
+                grad_norm,
+                data_wait_s,
+                step_s: began.elapsed().as_secs_f64(),
+            })
+        })?;
+        losses.push(record.loss);
+        if let Some(log) = &mut log {
+            let line = serde_json::to_string(&record).expect("a step record is plain data");
+            writeln!(log, "{line}").map_err(Error::io(&log_path))?;
+            on_step(&record);
+        }
+        if writes && (step == options.steps || (options.save_every > 0 && step % options.save_every == 0)) {
+            let dest = checkpoints.join(step_name(step, options.steps));
+            checkpoint = tokio::task::block_in_place(|| save(&policy, &optimizer, &dest, step, &run(step + 1)))?;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+    let ran = options.steps - started_after;
+    Ok(Summary {
+        started_after,
+        last_step: options.steps,
+        first_loss: mean(&losses[..losses.len().min(10)]),
+        last_loss: mean(&losses[losses.len().saturating_sub(10)..]),
+        data_wait: waited / elapsed.max(f64::MIN_POSITIVE),
+        samples_per_s: (ran * global_batch) as f64 / elapsed.max(f64::MIN_POSITIVE),
+        checkpoint,
+        datasets: facts.datasets,
+    })
+}
+
+/// Writes a checkpoint with lake's run file, then points `last` at it.
+fn save(policy: &ActPolicy, optimizer: &AdamW, dest: &Path, step: u64, run: &RunState) -> Result<PathBuf> {
+    let staged = policy.stage_checkpoint(dest, Some(optimizer), Some(step))?;
+    let path = staged.path().join("training_state").join(RUN_FILE);
+    std::fs::write(&path, serde_json::to_vec_pretty(run).expect("plain data")).map_err(Error::io(&path))?;
+    let dest = staged.commit()?;
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    let (link, tmp) = (parent.join("last"), parent.join(".last.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let name = dest.file_name().ok_or_else(|| Error::Run(format!("{}: a checkpoint has no name", dest.display())))?;
+    std::os::unix::fs::symlink(name, &tmp).map_err(Error::io(&tmp))?;
+    std::fs::rename(&tmp, &link).map_err(Error::io(&link))?;
+    Ok(dest)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read(path).map_err(Error::io(path))?;
+    serde_json::from_slice(&text).map_err(|e| Error::format(path, e.to_string()))
+}
+
+/// `delta_timestamps` as a request carries them.
+fn delta_timestamps_json(config: &ActConfig, fps: f64) -> Value {
+    Value::Object(config.delta_timestamps(fps).into_iter().map(|(k, v)| (k, json!(v))).collect())
+}
+
+/// Refuses a stream whose batches lack a column the policy reads, before any step.
+fn check_schema(schema: &arrow::datatypes::Schema, config: &ActConfig) -> Result<()> {
+    let mut needed: Vec<String> = config.input_features.iter().map(|(k, _)| k.clone()).collect();
+    needed.extend(config.output_features.iter().map(|(k, _)| k.clone()));
+    needed.extend(config.output_features.iter().map(|(k, _)| format!("{k}_is_pad")));
+    for name in needed {
+        let field = schema.field_with_name(&name).map_err(|_| Error::Features(format!("the batches have no column `{name}`")))?;
+        let format = field.metadata().get(lake_loader::PIXEL_FORMAT);
+        if format.is_some_and(|f| f != "rgb24") {
+            return Err(Error::Features(format!("camera `{name}` travels as {}; the trainer reads rgb24", format.map_or("", |f| f))));
+        }
+    }
+    Ok(())
+}
+
+/// The values of a batch column as a tensor `[B, ...shape]` (the `shape` field metadata).
+fn column_tensor(batch: &RecordBatch, name: &str) -> Result<Tensor> {
+    let field = batch.schema().field_with_name(name).map_err(|_| Error::Batch(format!("no column `{name}`")))?.clone();
+    let array = batch.column_by_name(name).ok_or_else(|| Error::Batch(format!("no column `{name}`")))?;
+    let shape: Vec<i64> = match field.metadata().get(lake_loader::SHAPE) {
+        Some(s) => serde_json::from_str(s).map_err(|e| Error::Batch(format!("`{name}`: shape {s}: {e}")))?,
+        None => Vec::new(),
+    };
+    let rows = batch.num_rows();
+    let values: ArrayRef = match array.data_type() {
+        DataType::FixedSizeList(_, size) => {
+            let list = array.as_fixed_size_list();
+            let size = *size as usize;
+            list.values().slice(list.offset() * size, rows * size)
+        }
+        _ => array.clone(),
+    };
+    let flat = match values.data_type() {
+        DataType::Float32 => Tensor::from_slice(values.as_primitive::<Float32Type>().values()),
+        DataType::Float64 => Tensor::from_slice(values.as_primitive::<Float64Type>().values()).to_kind(Kind::Float),
+        DataType::Int64 => Tensor::from_slice(values.as_primitive::<Int64Type>().values()).to_kind(Kind::Float),
+        DataType::UInt8 => Tensor::from_slice(values.as_primitive::<UInt8Type>().values()),
+        DataType::Boolean => Tensor::from_slice(&values.as_boolean().iter().map(|b| b.unwrap_or(false)).collect::<Vec<_>>()),
+        other => return Err(Error::Batch(format!("`{name}`: values of type {other} cannot feed the policy"))),
+    };
+    let mut dims = vec![rows as i64];
+    dims.extend(&shape);
+    if dims.iter().product::<i64>() != values.len() as i64 {
+        return Err(Error::Batch(format!("`{name}`: {} values for {rows} samples of shape {shape:?}", values.len())));
+    }
+    Ok(flat.reshape(dims.as_slice()))
+}
+
+/// A batch of the lake's samples as the policy's raw inputs: cameras `[B, 3, H, W]` uint8 (the
+/// policy scales them to [0, 1]), the state vectors, the action chunk and its padding mask.
+///
+/// # Errors
+/// [`Error::Batch`] for a column that is missing or of another type.
+pub fn act_batch(batch: &RecordBatch, config: &ActConfig) -> Result<ActBatch> {
+    let mut images = Vec::new();
+    for (name, _) in config.image_features() {
+        let hwc = column_tensor(batch, name)?;
+        if hwc.dim() != 4 || hwc.size()[3] != 3 {
+            return Err(Error::Batch(format!("camera `{name}`: shape {:?}, expected [B, H, W, 3]", hwc.size())));
+        }
+        images.push(hwc.permute([0, 3, 1, 2]));
+    }
+    let vector = |key: &str, present: bool| present.then(|| column_tensor(batch, key)).transpose();
+    let has = |kind: FeatureType| config.input_features.iter().any(|(_, f)| f.kind == kind);
+    Ok(ActBatch {
+        state: vector(OBS_STATE, has(FeatureType::State))?,
+        env_state: vector(OBS_ENV_STATE, has(FeatureType::Env))?,
+        images,
+        action: Some(column_tensor(batch, crate::ACTION)?),
+        action_is_pad: Some(column_tensor(batch, &format!("{}_is_pad", crate::ACTION))?.to_kind(Kind::Bool)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_seeds_differ_by_step_and_by_seed() {
+        let seeds: std::collections::BTreeSet<i64> = (0..1000).flat_map(|s| [step_seed(0, s), step_seed(1, s)]).collect();
+        assert_eq!(seeds.len(), 2000);
+        assert!(seeds.iter().all(|s| *s >= 0));
+    }
+
+    #[test]
+    fn checkpoints_are_named_as_lerobot_train_names_them() {
+        assert_eq!(step_name(20, 100), "000020");
+        assert_eq!(step_name(20, 10_000_000), "00000020");
+    }
+}
