@@ -152,16 +152,33 @@ struct CameraInfo {
 }
 
 impl InspectTables {
+    /// Reads the tables, refusing one whose columns are not those ingest writes (a damaged
+    /// lake, or one written by another format version), so that what is shown below reads
+    /// only columns known to be there.
     pub async fn load(lake: &Lake, record: &CommitRecord) -> anyhow::Result<Self> {
+        let read = |name: &'static str, schema: arrow::datatypes::SchemaRef| async move {
+            let batches = lake_store::read_table(lake, record, name).await?;
+            if let Some(b) = batches.iter().find(|b| !same_columns(&b.schema(), &schema)) {
+                anyhow::bail!(
+                    "dataset {}@{}: its `{name}` table has the columns {:?}, not those ingest writes ({:?})",
+                    record.name,
+                    record.version,
+                    b.schema().fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>(),
+                    schema.fields().iter().map(|f| format!("{} {}", f.name(), f.data_type())).collect::<Vec<_>>()
+                );
+            }
+            Ok(batches)
+        };
         Ok(Self {
-            streams: lake_store::read_table(lake, record, tables::STREAMS).await?,
-            episodes: lake_store::read_table(lake, record, tables::EPISODES).await?,
-            tasks: lake_store::read_table(lake, record, tables::TASKS).await?,
-            findings: lake_store::read_table(lake, record, tables::FINDINGS).await?,
+            streams: read(tables::STREAMS, tables::streams_schema()).await?,
+            episodes: read(tables::EPISODES, tables::episodes_schema()).await?,
+            tasks: read(tables::TASKS, tables::tasks_schema()).await?,
+            findings: read(tables::FINDINGS, tables::findings_schema()).await?,
             frame_tables: lake_loader::frame_tables(lake, record).await,
         })
     }
 
+    // Below, `expect` on a column holds by `load`'s check.
     fn cameras(&self) -> BTreeMap<String, CameraInfo> {
         let mut out: BTreeMap<String, CameraInfo> = BTreeMap::new();
         for b in &self.streams {
@@ -410,4 +427,9 @@ pub fn inspect(out: &mut impl Write, record: &CommitRecord, versions: u64, t: &I
 
 fn short_hash(h: &str) -> String {
     h.chars().take(7 + 16).collect::<String>() + "…"
+}
+
+/// Whether `got` has every column of `want` with its type (extra columns are allowed).
+fn same_columns(got: &arrow::datatypes::Schema, want: &arrow::datatypes::Schema) -> bool {
+    want.fields().iter().all(|f| got.field_with_name(f.name()).is_ok_and(|g| g.data_type() == f.data_type()))
 }
