@@ -32,6 +32,16 @@ cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
+# LeRobot's own trainer on a lake server (clients/python/tests/test_lerobot.py: lerobot-train runs
+# ACT and diffusion through lake_client.lerobot), where a LeRobot 0.4.4 python is at hand
+# (LAKE_LEROBOT_PYTHON, else ~/.cache/lake/lerobot-venv); without one it says it is skipped.
+lerobot_train_python="${LAKE_LEROBOT_PYTHON:-$HOME/.cache/lake/lerobot-venv/bin/python}"
+if [ -x "$lerobot_train_python" ]; then
+  LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$lerobot_train_python" clients/python/tests/test_lerobot.py
+else
+  echo "test.sh: the LeRobot bridge tests are skipped: no LeRobot python at $lerobot_train_python (bench/compare_lerobot.sh makes one)"
+fi
+
 # `lake train` on libtorch: the trainer's tests (training runs, exact resume, checkpoints, two MPI
 # ranks against one; parity with LeRobot where LAKE_LEROBOT_PYTHON names a LeRobot 0.4.4 python)
 # and the `torch` and `mpi` build of the binary, against PyPI's torch 2.11.0 in scripts/torch-env.sh's venv. LAKE_TORCH=0 skips it

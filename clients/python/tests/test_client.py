@@ -201,7 +201,9 @@ class TheWheel(unittest.TestCase):
             with zipfile.ZipFile(wheel) as z:
                 names = z.namelist()
                 metadata = z.read("lake_client-0.1.0.dist-info/METADATA").decode()
-            self.assertEqual([n for n in names if not n.startswith("lake_client-0.1.0.dist-info/")], ["lake_client/__init__.py"])
+            # Every module of the package, and nothing else (no tests, no build leftovers).
+            modules = sorted(f"lake_client/{m}" for m in os.listdir(os.path.join(CLIENT_DIR, "lake_client")) if m.endswith(".py"))
+            self.assertEqual(sorted(n for n in names if not n.startswith("lake_client-0.1.0.dist-info/")), modules)
             requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
             self.assertIn("pyarrow>=14", requires)
             self.assertIn("numpy>=1.24", requires)
