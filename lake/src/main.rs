@@ -32,15 +32,13 @@ macro_rules! errln {
     }};
 }
 
-mod commands;
+mod args;
+mod cli;
+mod explain;
 mod output;
-mod query;
 mod render;
-mod sample;
-mod server;
 mod signals;
 mod text;
-mod train;
 
 use signals::{interrupt_ignored, reader_gone, stop_requested};
 
@@ -81,43 +79,43 @@ enum Command {
     ///
     /// Strict by default: a dataset with errors is refused with a report naming file, episode
     /// and frame, and the lake stays as it was. Re-ingesting an unchanged source is a no-op.
-    Ingest(commands::IngestArgs),
+    Ingest(cli::ingest::IngestArgs),
     /// List the datasets in the lake (latest version of each).
-    Ls(commands::LsArgs),
+    Ls(cli::ls::LsArgs),
     /// Remove a dataset from the lake: every version, its tables and frame tables.
     ///
     /// Streams and servers reading it fail from then on. Its version numbers stay taken: an
     /// ingest under the name later continues after them.
-    Rm(commands::RmArgs),
+    Rm(cli::rm::RmArgs),
     /// Show a dataset: features, cameras (codec, size, GOP), episodes, tasks, findings.
-    Inspect(commands::InspectArgs),
+    Inspect(cli::inspect::InspectArgs),
     /// Write the LeRobot samples of given step indices to an Arrow IPC file.
-    Sample(sample::SampleArgs),
+    Sample(cli::sample::SampleArgs),
     /// Measure loader throughput: samples/s, CPU per sample, first-batch latency, peak RSS.
-    Bench(sample::BenchArgs),
+    Bench(cli::bench::BenchArgs),
     /// Decode every frame of a dataset version once and store it losslessly (RGB) beside
     /// it; the loader then reads frames instead of decoding them.
-    Cache(sample::CacheArgs),
+    Cache(cli::cache::CacheArgs),
     /// Query the lake with SQL (DataFusion): `datasets`, `steps`, `episodes`, `tasks`, `stats`,
     /// `feature_stats`, `image_stats` (from `lake stats --images`), `findings`, `streams`, `packets`,
     /// `views`, and `"<dataset>".<table>`.
     /// Without a query, an interactive shell.
-    Sql(query::SqlArgs),
+    Sql(cli::sql::SqlArgs),
     /// Named training sets: the episodes a SQL query selects, usable wherever a dataset is.
     #[command(subcommand)]
-    View(query::ViewCommand),
+    View(cli::view::ViewCommand),
     /// Print a dataset's statistics in LeRobot's `meta/stats.json` layout (exact quantiles).
-    Stats(query::StatsArgs),
+    Stats(cli::stats::StatsArgs),
     /// Write a dataset or a view over one as a LeRobot v3.0 dataset (videos by stream copy) or
     /// as plain parquet tables.
-    Export(query::ExportArgs),
+    Export(cli::export::ExportArgs),
     /// Serve sampling streams (Arrow Flight and HTTP) and SQL over the lake.
-    Serve(server::ServeArgs),
+    Serve(cli::serve::ServeArgs),
     /// Train LeRobot's ACT policy on datasets of the lake, with checkpoints LeRobot loads.
     ///
     /// Batches come from the loader in this process, or from a running `lake serve`
     /// (--server, --local). Needs a build with the `torch` feature (libtorch).
-    Train(train::TrainArgs),
+    Train(cli::train::TrainArgs),
 }
 
 /// The environment variable a refused value came from, when the flag clap names in `error` was
@@ -217,22 +215,22 @@ fn main() -> ExitCode {
         runtime.block_on(async {
             let command = async {
                 let result = match cli.command {
-                    Command::Ingest(args) => commands::ingest(&cli.lake, args).await,
-                    Command::Ls(args) => commands::ls(&cli.lake, args).await,
-                    Command::Rm(args) => commands::rm(&cli.lake, args).await,
-                    Command::Inspect(args) => commands::inspect(&cli.lake, args).await,
-                    Command::Sample(args) => sample::sample(&cli.lake, args).await,
-                    Command::Bench(args) => sample::bench(&cli.lake, args).await,
-                    Command::Cache(args) => sample::cache(&cli.lake, args).await,
-                    Command::Sql(args) => query::sql(&cli.lake, args).await,
-                    Command::View(command) => query::view(&cli.lake, command).await,
-                    Command::Stats(args) => query::stats(&cli.lake, args).await,
-                    Command::Export(args) => query::export(&cli.lake, args).await,
-                    Command::Serve(args) => server::serve(&cli.lake, args).await,
-                    Command::Train(args) => train::train(&cli.lake, args).await,
+                    Command::Ingest(args) => cli::ingest::ingest(&cli.lake, args).await,
+                    Command::Ls(args) => cli::ls::ls(&cli.lake, args).await,
+                    Command::Rm(args) => cli::rm::rm(&cli.lake, args).await,
+                    Command::Inspect(args) => cli::inspect::inspect(&cli.lake, args).await,
+                    Command::Sample(args) => cli::sample::sample(&cli.lake, args).await,
+                    Command::Bench(args) => cli::bench::bench(&cli.lake, args).await,
+                    Command::Cache(args) => cli::cache::cache(&cli.lake, args).await,
+                    Command::Sql(args) => cli::sql::sql(&cli.lake, args).await,
+                    Command::View(command) => cli::view::view(&cli.lake, command).await,
+                    Command::Stats(args) => cli::stats::stats(&cli.lake, args).await,
+                    Command::Export(args) => cli::export::export(&cli.lake, args).await,
+                    Command::Serve(args) => cli::serve::serve(&cli.lake, args).await,
+                    Command::Train(args) => cli::train::train(&cli.lake, args).await,
                 };
                 match result {
-                    Err(e) => Err(commands::explained(&root, e).await),
+                    Err(e) => Err(explain::explained(&root, e).await),
                     ok => ok,
                 }
             };

@@ -1,4 +1,4 @@
-//! `lake sql`, `lake view` and `lake stats`: the lake for data engineers.
+//! `lake sql`: DataFusion over the lake, one query or an interactive shell.
 
 use std::{
     io::{IsTerminal, Write},
@@ -14,10 +14,7 @@ use arrow::{
     ipc::writer::{FileWriter, StreamWriter},
 };
 use futures::StreamExt;
-use lake_query::{
-    sql::{LakeSql, TableInfo},
-    views,
-};
+use lake_query::sql::{LakeSql, TableInfo};
 use lake_store::Lake;
 
 use crate::output::Output;
@@ -81,7 +78,7 @@ pub struct SqlArgs {
     /// MiB the query may hold: sorts, joins and aggregations spill to temporary files past it,
     /// and a query that needs more where it cannot spill fails as resources exhausted
     /// [default: half the machine's memory].
-    #[arg(long, env = "LAKE_SQL_MEMORY_MB", value_parser = crate::sample::mebibytes_at_least_one)]
+    #[arg(long, env = "LAKE_SQL_MEMORY_MB", value_parser = crate::args::mebibytes_at_least_one)]
     memory_mb: Option<u64>,
 }
 
@@ -567,163 +564,6 @@ fn describe_columns(t: &TableInfo) -> String {
     out
 }
 
-/// Arguments of `lake view`.
-#[derive(Debug, clap::Subcommand)]
-pub enum ViewCommand {
-    /// Store the episodes a query selects as a named training set. The query returns
-    /// `episode_index`, `dataset` (optional with one dataset) and optionally `weight`.
-    Create {
-        /// View name (letters, digits, `.`, `_`, `-`; not a dataset's name).
-        name: String,
-        /// The SELECT that picks episodes, e.g. "SELECT dataset, episode_index FROM episodes WHERE length > 100".
-        query: String,
-        /// Replace a view of the same name: the query becomes its next version (streams that
-        /// pinned an earlier version keep reading that one).
-        #[arg(long)]
-        replace: bool,
-    },
-    /// List the views (current versions).
-    Ls,
-    /// Show one view: its query, the dataset versions it is pinned to and its episodes.
-    Show {
-        /// View name, or `NAME@VERSION` for an earlier version.
-        name: String,
-    },
-    /// Remove a view (its versions stay readable as `NAME@VERSION` by streams pinned to them).
-    Drop {
-        /// View name.
-        name: String,
-    },
-}
-
-/// `lake view`.
-pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> {
-    let lake = Lake::open(root)?;
-    match command {
-        ViewCommand::Create { name, query, replace } => {
-            let views::Created { view: v, notes } = views::create(&lake, &name, &query, replace).await?;
-            let parts: Vec<String> = v
-                .datasets
-                .iter()
-                .map(|d| format!("{}@{}: {}", d.name, d.version, crate::text::count(d.episodes.len() as u64, "episode")))
-                .collect();
-            outln!(
-                "view {}@{} created: {} ({})",
-                v.name,
-                v.version,
-                crate::text::count(v.episode_count() as u64, "episode"),
-                parts.join("; ")
-            )?;
-            for note in notes {
-                outln!("  note: {note}")?;
-            }
-        }
-        ViewCommand::Ls => {
-            let (all, unreadable) = lake.views_listed().await?;
-            for u in &unreadable {
-                errln!("warning: view {}@{} is left out: its record {} cannot be read ({})", u.name, u.version, u.path, u.why);
-            }
-            if all.is_empty() {
-                outln!("no views in {}", lake.display_root())?;
-            }
-            let mut rows: Vec<[String; 4]> = Vec::with_capacity(all.len());
-            for v in &all {
-                rows.push([
-                    format!("{}@{}", v.name, v.version),
-                    v.episode_count().to_string(),
-                    v.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                    lake_loader::views::sources(&lake, v).await.join(", "),
-                ]);
-            }
-            if !rows.is_empty() {
-                let width = |i: usize, title: &str| rows.iter().map(|r| r[i].len()).chain([title.len()]).max().unwrap_or(0);
-                let (name_w, episodes_w) = (width(0, "view"), width(1, "episodes"));
-                outln!("{:<name_w$}  {:>episodes_w$}  {:<19}  datasets", "view", "episodes", "created")?;
-                for [name, episodes, created, on] in &rows {
-                    outln!("{name:<name_w$}  {episodes:>episodes_w$}  {created:<19}  {on}")?;
-                }
-            }
-        }
-        ViewCommand::Show { name } => {
-            let (base, version) = match name.rsplit_once('@') {
-                Some((base, version)) => (base, Some(version)),
-                None => (name.as_str(), None),
-            };
-            let v = lake_loader::views::view(&lake, base, version)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("no view `{name}` in {}", lake.display_root()))?;
-            outln!("{}", serde_json::to_string_pretty(&v)?)?;
-        }
-        ViewCommand::Drop { name } => {
-            if let Some((view, version)) = name.split_once('@') {
-                anyhow::bail!(
-                    "`{name}`: a drop takes the view's name alone (`lake view drop {view}`); it drops the name, and version {version} \
-                     stays readable as `{name}`"
-                );
-            }
-            lake.drop_view(&name).await?;
-            outln!("view {name} dropped")?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Arguments of `lake stats`.
-#[derive(Debug, clap::Args)]
-pub struct StatsArgs {
-    /// Dataset name, optionally `NAME@VERSION`.
-    dataset: String,
-    /// Write LeRobot's `meta/stats.json` layout to this file (else print it).
-    #[arg(long, short)]
-    output: Option<PathBuf>,
-    /// First compute per-channel camera statistics over LeRobot's frame subsample of each
-    /// episode (decoding those frames) and store them beside the version (`image_stats`).
-    #[arg(long)]
-    images: bool,
-}
-
-/// `lake stats`: a dataset's statistics in LeRobot's `stats.json` layout: lake's exact ones for
-/// numeric features, the source's stored ones for cameras.
-pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
-    let lake = Lake::open(root)?;
-    // A view over one dataset: the statistics of its episodes.
-    let selection = match lake_loader::views::resolve(&lake, &args.dataset).await?.as_slice() {
-        [one] => one.clone(),
-        many => anyhow::bail!("view `{}` spans {} datasets; ask for the statistics of one dataset at a time", args.dataset, many.len()),
-    };
-    let record = lake.resolve(&selection.dataset).await?;
-    let episodes: Option<std::collections::BTreeSet<i64>> = selection.episodes.as_ref().map(|e| e.iter().copied().collect());
-    if args.images && episodes.is_some() {
-        anyhow::bail!("--images computes the statistics of a whole dataset; give {}@{}", record.name, record.version);
-    }
-    if args.images {
-        let spec = format!("{}@{}", record.name, record.version);
-        let began = std::time::Instant::now();
-        let report = lake_stats::write_image_stats(&lake, &spec).await?;
-        if report.cameras == 0 {
-            errln!("{spec} has no cameras: there are no image statistics to compute");
-        } else {
-            errln!(
-                "image statistics of {spec}: {}, {} decoded, {:.1} s",
-                crate::text::count(report.cameras as u64, "camera"),
-                crate::text::count(report.frames as u64, "frame"),
-                began.elapsed().as_secs_f64()
-            );
-        }
-    }
-    let json = lake_stats::stats_json(&lake, &record, episodes.as_ref()).await?;
-    let text = lake_schemas::pyjson::to_string_pretty(&json);
-    match &args.output {
-        Some(path) => {
-            let mut out = Output::create(path).with_context(|| format!("cannot write {}", path.display()))?;
-            out.write_all((text + "\n").as_bytes()).and_then(|()| out.commit()).with_context(|| format!("writing {}", path.display()))?;
-            errln!("wrote the stats of {} to {}", args.dataset, path.display());
-        }
-        None => outln!("{text}")?,
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 /// `batch` with the tabs and carriage returns in its text columns written as `\t` and `\r`,
 /// which a table would print raw, out of its columns.
 fn tabs_shown(batch: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
@@ -755,47 +595,6 @@ fn type_name(t: &DataType) -> String {
         DataType::FixedSizeList(item, n) => format!("{}[{n}]", type_name(item.data_type())),
         other => other.to_string(),
     }
-}
-
-/// Formats of `lake export`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ExportFormatArg {
-    /// A LeRobot v3.0 dataset (parquet + mp4 by stream copy) that LeRobot loads.
-    LerobotV3,
-    /// The dataset's tables as plain parquet files.
-    Parquet,
-}
-
-/// Arguments of `lake export`.
-#[derive(Debug, clap::Args)]
-pub struct ExportArgs {
-    /// Dataset (`NAME`, `NAME@VERSION`) or a view over one dataset.
-    dataset: String,
-    /// Output format.
-    #[arg(long, value_enum)]
-    format: ExportFormatArg,
-    /// Output directory (must not exist, or be empty).
-    out: PathBuf,
-}
-
-/// `lake export`.
-pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
-    let lake = Lake::open(root)?;
-    let format = match args.format {
-        ExportFormatArg::LerobotV3 => lake_export::ExportFormat::LerobotV3,
-        ExportFormatArg::Parquet => lake_export::ExportFormat::Parquet,
-    };
-    let report = lake_export::export(&lake, &args.dataset, format, &args.out).await?;
-    outln!(
-        "exported {} ({}, {} steps) to {}: {} files, {:.1} MB",
-        report.dataset,
-        if report.episodes == 1 { "1 episode".to_string() } else { format!("{} episodes", report.episodes) },
-        report.steps,
-        args.out.display(),
-        report.files,
-        report.bytes as f64 / 1e6
-    )?;
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

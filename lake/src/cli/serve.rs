@@ -37,14 +37,14 @@ pub struct ServeArgs {
     #[arg(long, env = "LAKE_TOKENS", hide_env_values = true)]
     tokens: Option<String>,
     /// Decode threads, 1 to 256 [default: number of cores].
-    #[arg(long, env = "LAKE_SERVE_THREADS", value_parser = crate::sample::threads_in_range)]
+    #[arg(long, env = "LAKE_SERVE_THREADS", value_parser = crate::args::threads_in_range)]
     threads: Option<usize>,
     /// Decoded-frame cache budget in MiB, shared by every stream.
-    #[arg(long, env = "LAKE_SERVE_CACHE_MB", default_value_t = lake_loader::DEFAULT_CACHE_MIB, value_parser = crate::sample::mebibytes)]
+    #[arg(long, env = "LAKE_SERVE_CACHE_MB", default_value_t = lake_loader::DEFAULT_CACHE_MIB, value_parser = crate::args::mebibytes)]
     cache_mb: u64,
     /// MiB of batches each stream prepares ahead of its client (at least one batch; a batch
     /// counts twice, for its encoded copy).
-    #[arg(long, env = "LAKE_SERVE_PREFETCH_MB", default_value_t = 128, value_parser = crate::sample::mebibytes)]
+    #[arg(long, env = "LAKE_SERVE_PREFETCH_MB", default_value_t = 128, value_parser = crate::args::mebibytes)]
     prefetch_mb: u64,
     /// MiB the server's streams and SQL queries may hold together (SQL takes
     /// --sql-memory-mb of it, the streams the rest). Streams count each open stream's send
@@ -54,26 +54,26 @@ pub struct ServeArgs {
     /// for room for their next batch; a stream that cannot get its send buffer is refused
     /// (RESOURCE_EXHAUSTED / 503). The server's memory is about this plus the cache plus the
     /// open datasets.
-    #[arg(long, env = "LAKE_SERVE_MEMORY_MB", default_value_t = 4096, value_parser = crate::sample::mebibytes_at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_MEMORY_MB", default_value_t = 4096, value_parser = crate::args::mebibytes_at_least_one)]
     memory_mb: u64,
     /// Seconds a SQL query (HTTP or Flight SQL) may run before it is stopped and its answer
     /// ends with an error.
-    #[arg(long, env = "LAKE_SERVE_SQL_TIMEOUT", default_value_t = 300, value_parser = crate::sample::seconds_at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_SQL_TIMEOUT", default_value_t = 300, value_parser = crate::args::seconds_at_least_one)]
     sql_timeout: u64,
     /// MiB of --memory-mb that SQL queries (HTTP or Flight SQL) may hold together: sorts, joins
     /// and aggregations spill to temporary files past it, and a query that needs more where it
     /// cannot spill fails as resources exhausted (507 / RESOURCE_EXHAUSTED)
     /// [default: 1024, or a quarter of --memory-mb when that is less than 4096]
-    #[arg(long, env = "LAKE_SERVE_SQL_MEMORY_MB", value_parser = crate::sample::mebibytes_at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_SQL_MEMORY_MB", value_parser = crate::args::mebibytes_at_least_one)]
     sql_memory_mb: Option<u64>,
     /// SQL queries (HTTP or Flight SQL) run at once, each on a thread of its own; one more is
     /// refused as busy (503 / RESOURCE_EXHAUSTED) [default: the number of cores].
-    #[arg(long, env = "LAKE_SERVE_SQL_CONCURRENCY", value_parser = crate::sample::at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_SQL_CONCURRENCY", value_parser = crate::args::at_least_one)]
     sql_concurrency: Option<u64>,
     /// Draws the streams of one order and global batch (the ranks of a job) plan ahead together,
     /// to keep frames a decode yields for the rank that shows them next, in the frame cache's
     /// room (0: off, at most 131072).
-    #[arg(long, env = "LAKE_SERVE_LOOKAHEAD", default_value_t = lake_loader::DEFAULT_HORIZON, value_parser = crate::sample::horizon_in_range)]
+    #[arg(long, env = "LAKE_SERVE_LOOKAHEAD", default_value_t = lake_loader::DEFAULT_HORIZON, value_parser = crate::args::horizon_in_range)]
     lookahead: u64,
     /// Also serve batch streams to trainers on this machine on a Unix socket at PATH, their
     /// batches written once into shared memory instead of through TCP (lake_client's
@@ -84,11 +84,11 @@ pub struct ServeArgs {
     /// Flight's protocol, the whole handshake), and an HTTP client then to send a request's
     /// head (the next on a kept-alive connection from the answer before) and as many for its
     /// body; slower connections are cut, slower bodies answered 408.
-    #[arg(long, env = "LAKE_SERVE_REQUEST_WAIT", value_name = "SECONDS", default_value_t = 30, value_parser = crate::sample::seconds_at_least_one)]
+    #[arg(long, env = "LAKE_SERVE_REQUEST_WAIT", value_name = "SECONDS", default_value_t = 30, value_parser = crate::args::seconds_at_least_one)]
     request_wait: u64,
     /// Seconds a shutdown (Ctrl-C, SIGTERM) waits for open streams to finish the batch they
     /// are sending; streams whose clients stopped reading are cut after that.
-    #[arg(long, env = "LAKE_SERVE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10, value_parser = crate::sample::seconds)]
+    #[arg(long, env = "LAKE_SERVE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10, value_parser = crate::args::seconds)]
     shutdown_wait: u64,
 }
 

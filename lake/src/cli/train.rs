@@ -20,7 +20,7 @@ pub struct TrainArgs {
     #[arg(long)]
     steps: u64,
     /// Samples per step.
-    #[arg(long, default_value_t = 8, value_parser = crate::sample::at_least_one)]
+    #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one)]
     batch_size: u64,
     /// Learning rate (the config's `optimizer_lr` otherwise).
     #[arg(long)]
@@ -48,7 +48,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "K", default_value_t = 20_000)]
     save_every: u64,
     /// Print a line every K steps.
-    #[arg(long, value_name = "K", default_value_t = 100, value_parser = crate::sample::at_least_one)]
+    #[arg(long, value_name = "K", default_value_t = 100, value_parser = crate::args::at_least_one)]
     log_every: u64,
     /// Start from the weights of this checkpoint (made by lerobot-train or lake), keeping the
     /// lake's statistics; its architecture must be the config's.

@@ -1,4 +1,4 @@
-//! The subcommands.
+//! `lake ingest`: a LeRobot dataset validated and added to the lake as a new version.
 
 use std::{
     io::{IsTerminal, Write},
@@ -39,7 +39,7 @@ pub struct IngestArgs {
     #[arg(long)]
     verify: bool,
     /// Camera files demuxed in parallel, 1 to 256 [default: number of cores].
-    #[arg(long, value_parser = crate::sample::threads_in_range)]
+    #[arg(long, value_parser = crate::args::threads_in_range)]
     threads: Option<usize>,
     /// Then store the version's decoded frames for the loader, as `lake cache` does: `native`
     /// at their recorded size, `WxH` resized (read with `--frame-size WxH`); repeat for
@@ -47,8 +47,8 @@ pub struct IngestArgs {
     #[arg(long, value_name = "native|WxH")]
     frame_cache: Vec<FrameCacheSize>,
     /// How `--frame-cache` stores frames (see `lake cache --storage`).
-    #[arg(long, value_enum, default_value_t = crate::sample::Storage::Plain, requires = "frame_cache")]
-    frame_storage: crate::sample::Storage,
+    #[arg(long, value_enum, default_value_t = crate::cli::cache::Storage::Plain, requires = "frame_cache")]
+    frame_storage: crate::cli::cache::Storage,
     /// Print the commit record and report as JSON instead of the summary.
     #[arg(long)]
     json: bool,
@@ -67,38 +67,6 @@ impl std::str::FromStr for FrameCacheSize {
         }
         s.parse().map(|size| Self(Some(size))).map_err(|e| format!("{e}, or `native`"))
     }
-}
-
-/// Arguments of `lake ls`.
-#[derive(Debug, clap::Args)]
-pub struct LsArgs {
-    /// Print JSON (one commit record per dataset).
-    #[arg(long)]
-    json: bool,
-}
-
-/// Arguments of `lake rm`.
-#[derive(Debug, clap::Args)]
-pub struct RmArgs {
-    /// The dataset to remove, with every version.
-    name: String,
-    /// Remove it also when views select from it (loading them then fails, saying it was
-    /// removed).
-    #[arg(long)]
-    force: bool,
-}
-
-/// Arguments of `lake inspect`.
-#[derive(Debug, clap::Args)]
-pub struct InspectArgs {
-    /// Dataset name, optionally `NAME@VERSION`.
-    dataset: String,
-    /// Episodes to list (the rest are summarised) [default: 10; with --json, every episode].
-    #[arg(long)]
-    episodes: Option<usize>,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 /// The local snapshot of the Hugging Face dataset `OWNER/NAME` and the name to ingest it as,
@@ -436,7 +404,7 @@ async fn frame_caches(
             );
             continue;
         }
-        match crate::sample::store_frames(lake, ds.clone(), threads, storage, size).await {
+        match crate::cli::cache::store_frames(lake, ds.clone(), threads, storage, size).await {
             Ok(stored) => {
                 if !json {
                     let _ = outln!("{}", stored.summary());
@@ -495,185 +463,4 @@ fn spawn_progress(progress: Arc<Progress>) -> (indicatif::ProgressBar, tokio::ta
         }
     });
     (bar, task)
-}
-
-/// `lake rm`: removes a dataset, every version of it, and frees its files.
-pub async fn rm(root: &str, args: RmArgs) -> anyhow::Result<ExitCode> {
-    let lake = Lake::open(root)?;
-    let name = args.name.as_str();
-    if let Some((dataset, version)) = name.split_once('@') {
-        anyhow::bail!(
-            "`{name}`: lake rm takes a dataset's name alone (`lake rm {dataset}`) and removes every version; a single version \
-             ({version}) cannot be removed"
-        );
-    }
-    lake_store::validate_name(name)?;
-    if lake.view(name).await.ok().flatten().is_some() {
-        anyhow::bail!("`{name}` is a view; drop it with `lake view drop {name}`");
-    }
-    // Views over versions still there (those over versions removed before fail already).
-    let gone = lake.removal(name).await?.map_or(0, |r| r.through_version);
-    let users_of = |views: Vec<lake_schemas::ViewRecord>, through: u64| -> Vec<String> {
-        views
-            .into_iter()
-            .filter(|v| v.datasets.iter().any(|d| d.name == name && d.version > gone && d.version <= through))
-            .map(|v| format!("{}@{}", v.name, v.version))
-            .collect()
-    };
-    let users = users_of(lake.views().await?, u64::MAX);
-    if !users.is_empty() && !args.force {
-        anyhow::bail!("{}", lake_store::selected_message(name, &users));
-    }
-    let report = lake.remove(name, args.force).await?;
-    let versions = match report.versions.as_slice() {
-        [v] => format!("version {v}"),
-        [first, .., last] => format!("versions {first} to {last}"),
-        [] => "no files were left to delete".into(),
-    };
-    let freed = crate::text::decimal_bytes(report.bytes);
-    // An ingest of the name is not stopped: it commits after the removed versions.
-    let under_way = |report: &lake_store::RemovalReport| -> anyhow::Result<()> {
-        for ingest in &report.under_way {
-            outln!(
-                "  an ingest of {name} (pid {} on {}, started {}) goes on and commits as {name}@{} or later",
-                ingest.pid,
-                ingest.host,
-                ingest.started_at.format("%Y-%m-%d %H:%M:%S UTC"),
-                report.removal.through_version + 1
-            )?;
-        }
-        Ok(())
-    };
-    if report.finished_earlier {
-        outln!(
-            "finished removing dataset {name}, removed at {} ({versions}; {freed} freed)",
-            report.removal.removed_at.format("%Y-%m-%d %H:%M:%S UTC")
-        )?;
-        under_way(&report)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    outln!("removed dataset {name} ({versions}; {freed} freed)")?;
-    under_way(&report)?;
-    // Also the views made while it was removed.
-    let users = users_of(lake.views().await?, report.removal.through_version);
-    if !users.is_empty() {
-        outln!("  views that select from it and now fail to load: {}", users.join(", "))?;
-    }
-    if !report.kept.is_empty() {
-        let kept: Vec<String> = report.kept.iter().map(|v| format!("{name}@{v}")).collect();
-        outln!("  an ingest committed {} meanwhile; it stays", kept.join(", "))?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-pub async fn ls(root: &str, args: LsArgs) -> anyhow::Result<ExitCode> {
-    let lake = Lake::open(root)?;
-    let (datasets, unreadable) = lake.datasets_listed().await?;
-    let (views, unreadable_views) = lake.views_listed().await?;
-    // What is damaged (outside lake) is named, beside the list: as text, and as objects for
-    // JSON readers (`kind`, `name`, `version`, what cannot be read and why, the same `message`).
-    let mut problems: Vec<(serde_json::Value, String)> = Vec::new();
-    for d in &datasets {
-        let damaged = lake.damaged_tables(d).await?;
-        if !damaged.is_empty() {
-            let tables: Vec<String> = damaged.iter().map(|(table, why)| format!("{table} ({why})")).collect();
-            let message = format!(
-                "dataset {}@{} cannot be read whole: {}; ingesting its source again makes a whole version",
-                d.name,
-                d.version,
-                tables.join(", ")
-            );
-            let tables: Vec<serde_json::Value> =
-                damaged.iter().map(|(table, why)| serde_json::json!({"table": table, "why": why})).collect();
-            let entry = serde_json::json!({"kind": "dataset", "name": d.name, "version": d.version, "tables": tables, "message": message});
-            problems.push((entry, message));
-        }
-    }
-    for u in &unreadable {
-        let message = format!(
-            "dataset {}@{} is left out: its catalog record {} cannot be read ({}); ingesting its source again makes the next \
-             version",
-            u.name, u.version, u.path, u.why
-        );
-        let entry = serde_json::json!({"kind": "dataset", "name": u.name, "version": u.version, "record": u.path, "why": u.why, "message": message});
-        problems.push((entry, message));
-    }
-    for u in &unreadable_views {
-        let message = format!("view {}@{} is left out: its record {} cannot be read ({})", u.name, u.version, u.path, u.why);
-        let entry =
-            serde_json::json!({"kind": "view", "name": u.name, "version": u.version, "record": u.path, "why": u.why, "message": message});
-        problems.push((entry, message));
-    }
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        // As the text: the datasets' records, the views' and what cannot be read whole.
-        let entries: Vec<&serde_json::Value> = problems.iter().map(|(entry, _)| entry).collect();
-        let removed: Vec<lake_store::Removal> = lake.removed_datasets().await?.into_values().collect();
-        let removed_from = lake_loader::views::removals_of_all(&lake, &views).await;
-        let listed_views: Vec<serde_json::Value> =
-            views.iter().zip(removed_from).map(|(v, removed)| lake_loader::views::view_json(v, removed)).collect();
-        let listing = serde_json::json!({"datasets": datasets, "views": listed_views, "unreadable": entries, "removed": removed});
-        serde_json::to_writer_pretty(&mut out, &listing)?;
-        writeln!(out)?;
-        for (_, message) in &problems {
-            errln!("warning: {message}");
-        }
-    } else {
-        render::dataset_list(&mut out, &datasets, root)?;
-        if !views.is_empty() {
-            writeln!(out, "\nviews (lake view show NAME):")?;
-            for v in views {
-                let on = lake_loader::views::sources(&lake, &v).await;
-                let episodes = crate::text::count(v.episode_count() as u64, "episode");
-                writeln!(out, "  {:<28} {episodes:>14}  from {}", format!("{}@{}", v.name, v.version), on.join(", "))?;
-            }
-        }
-        if !problems.is_empty() {
-            writeln!(out, "\ndamaged outside lake:")?;
-            for (_, message) in &problems {
-                writeln!(out, "  {message}")?;
-            }
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-pub async fn inspect(root: &str, args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let lake = Lake::open(root)?;
-    let record = lake.resolve(&args.dataset).await?;
-    // Version numbers run on across removals (`lake rm`): the newest number, not a count.
-    let versions = lake.newest_version(&record.name).await?.map_or(record.version, |v| v.max(record.version));
-    let damaged = lake.damaged_tables(&record).await?;
-    // Tables that went with a `lake rm` that ran meanwhile: the removal says so.
-    if !damaged.is_empty()
-        && let Some(removal) = lake.removal(&record.name).await?.filter(|r| r.through_version >= record.version)
-    {
-        anyhow::bail!("{removal}, while this command read it");
-    }
-    for (table, why) in damaged {
-        errln!(
-            "warning: table {table} of {}@{} cannot be read whole ({why}); ingesting its source again makes a whole version",
-            record.name,
-            record.version
-        );
-    }
-    let tables = render::InspectTables::load(&lake, &record).await?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &tables.to_json(&record, args.episodes))?;
-        writeln!(out)?;
-    } else {
-        render::inspect(&mut out, &record, versions, &tables, args.episodes.unwrap_or(10))?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `e`, or, when it is a failure to read the files of a dataset that `lake rm` removed while
-/// the command read it, the removal, said plainly.
-pub async fn explained(root: &str, e: anyhow::Error) -> anyhow::Error {
-    let Ok(lake) = Lake::open(root) else { return e };
-    match lake.removal_behind(&format!("{e:#}")).await {
-        Some(removal) => anyhow::anyhow!("{removal}, while this command read it"),
-        None => e,
-    }
 }
