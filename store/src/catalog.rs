@@ -1195,6 +1195,7 @@ impl Lake {
             self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
         }
         report.removed_dirs.extend(self.remove_orphans().await?);
+        self.remove_finished_uploads();
         // (A writer killed between dropping its lease and pruning leaves `staging/` empty.)
         self.prune(STAGING);
         for (name, through) in self.removed_through().await? {
@@ -1207,6 +1208,26 @@ impl Lake {
             }
         }
         Ok(report)
+    }
+
+    /// Removes the staging copies of catalog and view records whose write finished (`NAME#N`
+    /// beside `NAME`): a local store's put links its staging file into place and then deletes
+    /// it, and a writer killed between the two leaves both. A staging file without its record
+    /// may be a live writer's, and stays.
+    fn remove_finished_uploads(&self) {
+        for top in [CATALOG, VIEWS] {
+            let Ok(dirs) = std::fs::read_dir(self.root.join(top)) else { continue };
+            for dir in dirs.flatten().filter(|e| e.path().is_dir()) {
+                let Ok(files) = std::fs::read_dir(dir.path()) else { continue };
+                for file in files.flatten() {
+                    let name = file.file_name();
+                    let Some((base, n)) = name.to_str().and_then(|n| n.rsplit_once('#')) else { continue };
+                    if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && dir.path().join(base).is_file() {
+                        let _ = std::fs::remove_file(file.path());
+                    }
+                }
+            }
+        }
     }
 
     /// Removes what is left of `dir` (relative to the root) on the local disk once its objects
@@ -1910,6 +1931,21 @@ mod lifecycle_tests {
         assert!(lake.resolve("ds@3").await.unwrap_err().to_string().ends_with("(version 3)"));
         assert!(lake.resolve("ds").await.unwrap_err().to_string().ends_with("(version 3)"));
         assert_eq!(lake.removals("ds").await.unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_records_staging_copy_left_by_a_kill_goes_once_the_record_is_in_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        commit_version(&lake, "ds").await;
+        let catalog = tmp.path().join("lake/catalog/ds");
+        // Killed between linking the record into place and deleting its staging name.
+        std::fs::write(catalog.join("v00000001.json#1"), b"{}").unwrap();
+        // A writer still at work (or one killed before linking) has no record yet: left alone.
+        std::fs::write(catalog.join("v00000002.json#1"), b"{").unwrap();
+        lake.collect_garbage().await.unwrap();
+        assert!(!catalog.join("v00000001.json#1").exists());
+        assert!(catalog.join("v00000001.json").is_file() && catalog.join("v00000002.json#1").is_file());
     }
 
     #[tokio::test]
