@@ -63,7 +63,7 @@ use arrow::{
     compute::{cast, concat_batches, filter_record_batch, take},
     datatypes::{DataType, Field, Int64Type, Schema, SchemaRef},
 };
-use lake_codec::ffmpeg;
+use lake_codec::Mp4Writer;
 use lake_loader::LoaderDataset;
 use lake_schemas::tables::{self, PACKET_ROW, TASK};
 use lake_store::Lake;
@@ -107,7 +107,7 @@ fn arrow_err(what: &'static str) -> impl FnOnce(arrow::error::ArrowError) -> Err
     move |e| invalid(format!("{what}: {e}"))
 }
 
-fn ff(what: String) -> impl FnOnce(ffmpeg::Error) -> Error {
+fn codec(what: String) -> impl FnOnce(lake_codec::Error) -> Error {
     move |e| invalid(format!("{what}: {e}"))
 }
 
@@ -804,14 +804,14 @@ fn episode_stats_columns(
     Ok((fields, batch.columns().to_vec()))
 }
 
-async fn stream_time_bases(lake: &Lake, ds: &LoaderDataset) -> Result<BTreeMap<u32, ffmpeg::Rational>> {
+async fn stream_time_bases(lake: &Lake, ds: &LoaderDataset) -> Result<BTreeMap<u32, (i32, i32)>> {
     let mut out = BTreeMap::new();
     for b in lake_store::read_columns(lake, &ds.record, tables::STREAMS, &["stream", "time_base_num", "time_base_den"]).await? {
         let s = b.column(0).as_primitive::<arrow::datatypes::UInt32Type>();
         let num = b.column(1).as_primitive::<arrow::datatypes::Int32Type>();
         let den = b.column(2).as_primitive::<arrow::datatypes::Int32Type>();
         for r in 0..b.num_rows() {
-            out.insert(s.value(r), ffmpeg::Rational::new(num.value(r), den.value(r)));
+            out.insert(s.value(r), (num.value(r), den.value(r)));
         }
     }
     Ok(out)
@@ -914,26 +914,15 @@ async fn write_video(
     ds: &LoaderDataset,
     camera: &lake_loader::Camera,
     stream: u32,
-    tb: ffmpeg::Rational,
+    tb: (i32, i32),
     episodes: &[(usize, &lake_loader::EpisodeSpan)],
     path: &Path,
 ) -> Result<Vec<f64>> {
     let config = ds.streams.get(&stream).ok_or_else(|| invalid(format!("{}: no stream {stream}", ds.label)))?;
     let what = || format!("{} (stream {stream} of {})", path.display(), ds.label);
     std::fs::create_dir_all(path.parent().expect("a file in a directory")).map_err(io(path))?;
-    lake_loader::init_ffmpeg();
-    let ctx = lake_loader::codec_context(&config.params).map_err(|e| invalid(format!("{}: {e}", what())))?;
-    let mut octx = ffmpeg::format::output_as(path, "mp4").map_err(ff(what()))?;
-    {
-        let mut ost = octx.add_stream_with(&ctx).map_err(ff(what()))?;
-        ost.set_time_base(tb);
-        // SAFETY: the stream's parameters were just filled from the context; a zero tag lets the
-        // mp4 muxer choose the sample entry for the codec.
-        unsafe { (*(*ost.as_mut_ptr()).codecpar).codec_tag = 0 };
-    }
-    octx.write_header().map_err(ff(what()))?;
-    let out_tb = octx.stream(0).expect("the stream just added").time_base();
-    let frame = (i64::from(tb.denominator()) / (i64::from(tb.numerator()) * i64::from(ds.fps()))).max(1);
+    let mut writer = Mp4Writer::create(path, &config.params, tb).map_err(codec(what()))?;
+    let frame = (i64::from(tb.1) / (i64::from(tb.0) * i64::from(ds.fps()))).max(1);
 
     // Per episode: packet rows [first, last] and the row of its first step's frame. Episodes
     // whose ranges touch or overlap (episodes sharing a file, one beginning inside the GOP the
@@ -969,16 +958,8 @@ async fn write_video(
             let data = ds.packet_bytes(chunk).await?;
             for (&r, bytes) in chunk.iter().zip(data) {
                 let (pts, dts) = (ds.packets.pts[r as usize] + shift, ds.packets.dts[r as usize] + shift);
-                let mut packet = ffmpeg::Packet::copy(&bytes);
-                packet.set_pts(Some(pts));
-                packet.set_dts(Some(dts));
-                packet.set_duration(frame);
-                packet.set_stream(0);
-                if ds.packets.container_keyframe[r as usize] {
-                    packet.set_flags(ffmpeg::packet::Flags::KEY);
-                }
-                packet.rescale_ts(tb, out_tb);
-                packet.write(&mut octx).map_err(ff(format!("{}: packet row {r}", what())))?;
+                let keyframe = ds.packets.container_keyframe[r as usize];
+                writer.write(&bytes, (pts, dts, frame), keyframe).map_err(codec(format!("{}: packet row {r}", what())))?;
                 end_pts = end_pts.max(pts + frame);
                 last_dts = dts;
                 written += 1;
@@ -987,21 +968,17 @@ async fn write_video(
         let block_last = block.filter(|b| b.0 == block_first).map_or(last, |b| b.3.max(last));
         block = Some((block_first, block_at, shift, block_last));
     }
-    octx.write_trailer().map_err(ff(what()))?;
-    drop(octx);
+    writer.finish().map_err(codec(what()))?;
 
     // Read the file back: the timestamps its readers (LeRobot's included) will see.
-    let mut ictx = ffmpeg::format::input(path).map_err(ff(what()))?;
-    let itb = ictx.stream(0).ok_or_else(|| invalid(format!("{}: no stream in the written file", what())))?.time_base();
-    let pts: Vec<i64> = ictx.packets().map(|(_, p)| p.pts().unwrap_or(i64::MIN)).collect();
-    if pts.len() != written {
-        return Err(invalid(format!("{}: wrote {written} packets, read back {}", what(), pts.len())));
+    let times = lake_codec::packet_times(path).map_err(codec(what()))?;
+    if times.len() != written {
+        return Err(invalid(format!("{}: wrote {written} packets, read back {}", what(), times.len())));
     }
-    let seconds = |t: i64| t as f64 * f64::from(itb.numerator()) / f64::from(itb.denominator());
     let timestamps = ds.steps.column_by_name("timestamp").ok_or_else(|| invalid("steps have no timestamp column"))?;
     let timestamps = arrow::compute::cast(timestamps, &DataType::Float64).map_err(arrow_err("timestamps"))?;
     let timestamps = timestamps.as_primitive::<arrow::datatypes::Float64Type>();
-    Ok(episodes.iter().zip(first_frame_packet).map(|((_, e), k)| seconds(pts[k]) - timestamps.value(e.first_row as usize)).collect())
+    Ok(episodes.iter().zip(first_frame_packet).map(|((_, e), k)| times[k] - timestamps.value(e.first_row as usize)).collect())
 }
 
 #[cfg(test)]

@@ -34,7 +34,6 @@ mod scratch;
 mod source;
 mod steps;
 mod streams;
-mod video;
 
 pub use crate::{
     episode_stats::StatRow,
@@ -43,5 +42,4 @@ pub use crate::{
     meta::{DatasetMeta, EpisodeMeta, TaskRow, VideoRef},
     report::{CameraSummary, Report},
     source::{Source, SourceFile},
-    video::init_ffmpeg,
 };

@@ -20,8 +20,8 @@ use crate::{
     Error, Result,
     scratch::{MAX_POSITION, Scratch},
     source::{Source, SourceFile},
-    video::{DemuxedPacket, StreamFacts, VideoDemuxer, same_codec},
 };
+use lake_codec::{DemuxedPacket, FrameCheck, StreamFacts, VideoDemuxer, same_codec};
 
 /// Rows per packets batch handed to Lance.
 const BATCH_ROWS: usize = 2048;
@@ -141,79 +141,6 @@ pub struct StreamContext {
     pub scratch: Arc<Scratch>,
     /// Decode every frame once ([`FrameCheck`]).
     pub verify: bool,
-}
-
-/// Every packet of a file decoded once, in decode order, by a decoder set up as the loader's
-/// are: the packets whose frames do not come out whole (the decoder stops at them, conceals
-/// damage in them, or never gives their frame), each with why.
-struct FrameCheck {
-    decoder: lake_codec::ffmpeg::decoder::Video,
-    frame: lake_codec::ffmpeg::frame::Video,
-    /// The decode position of each packet by its pts, and whether its frame came out.
-    packets: HashMap<i64, (u64, bool)>,
-    failed: Vec<(u64, String)>,
-}
-
-impl FrameCheck {
-    fn open(params: &lake_schemas::CodecParams) -> std::result::Result<Self, String> {
-        let mut ctx = lake_codec::codec_context(params).map_err(|e| e.0)?;
-        lake_codec::strict(&mut ctx);
-        let decoder = ctx.decoder().video().map_err(|e| format!("opening a decoder for the file's stream: {e}"))?;
-        Ok(Self { decoder, frame: lake_codec::ffmpeg::frame::Video::empty(), packets: HashMap::new(), failed: Vec::new() })
-    }
-
-    fn feed(&mut self, pos: u64, packet: &crate::video::DemuxedPacket) {
-        let mut p = lake_codec::ffmpeg::Packet::copy(&packet.data);
-        p.set_pts(Some(packet.pts));
-        p.set_dts(Some(packet.dts));
-        if packet.container_keyframe {
-            p.set_flags(lake_codec::ffmpeg::packet::Flags::KEY);
-        }
-        self.packets.insert(packet.pts, (pos, false));
-        if let Err(e) = self.decoder.send_packet(&p) {
-            self.failed.push((pos, format!("the decoder stops at it: {e}")));
-        }
-        self.drain(pos);
-    }
-
-    /// Takes the frames the decoder has ready; an error is the packet at `pos`'s.
-    fn drain(&mut self, pos: u64) {
-        loop {
-            match self.decoder.receive_frame(&mut self.frame) {
-                Ok(()) => {
-                    let pts = self.frame.pts().or_else(|| self.frame.timestamp());
-                    let Some(&(at, _)) = pts.and_then(|pts| self.packets.get(&pts)) else { continue };
-                    if let Some(pts) = pts {
-                        self.packets.insert(pts, (at, true));
-                    }
-                    if let Some(why) = lake_codec::frame_damage(&self.frame) {
-                        self.failed.push((at, why));
-                    }
-                }
-                Err(lake_codec::ffmpeg::Error::Other { errno }) if errno == lake_codec::ffmpeg::util::error::EAGAIN => return,
-                Err(lake_codec::ffmpeg::Error::Eof) => return,
-                Err(e) => {
-                    self.failed.push((pos, format!("the decoder stops at it: {e}")));
-                    return;
-                }
-            }
-        }
-    }
-
-    /// The packets whose frames did not come out whole, in decode order.
-    fn finish(mut self, last: u64) -> Vec<(u64, String)> {
-        if self.decoder.send_eof().is_ok() {
-            self.drain(last);
-        }
-        let failed: std::collections::HashSet<u64> = self.failed.iter().map(|(pos, _)| *pos).collect();
-        for &(pos, out) in self.packets.values() {
-            if !out && !failed.contains(&pos) {
-                self.failed.push((pos, "the decoder gives no frame for it".into()));
-            }
-        }
-        self.failed.sort_by_key(|(pos, _)| *pos);
-        self.failed
-    }
 }
 
 /// The camera files of one lane, demuxed one after another into one part of the packets
@@ -436,10 +363,12 @@ fn demux(
             .collect()
     };
     let reader = ctx.source.blocking_reader(&job.file, runtime, READ_BLOCK);
-    let mut demuxer = match VideoDemuxer::open(reader, &job.file.path, ctx.cancel.clone()) {
+    let size = reader.len();
+    let mut demuxer = match VideoDemuxer::open(reader, size, &job.file.path, ctx.cancel.clone()) {
         Ok(d) => d,
+        Err(lake_codec::Error::Cancelled) => return Ok(out),
         Err(e) => {
-            out.findings = episode_error(FindingKind::CorruptFile, &e.0);
+            out.findings = episode_error(FindingKind::CorruptFile, &e.to_string());
             return Ok(out);
         }
     };
@@ -475,8 +404,9 @@ fn demux(
         let packet = match demuxer.next_packet() {
             Ok(Some(p)) => p,
             Ok(None) => break,
+            Err(lake_codec::Error::Cancelled) => return Ok(out),
             Err(e) => {
-                broken = Some(e.0);
+                broken = Some(e.to_string());
                 break;
             }
         };

@@ -23,6 +23,7 @@ use arrow::{
     compute::{cast, take},
     datatypes::{DataType, Field, Schema, SchemaRef},
 };
+use lake_codec::{PIXEL_FORMAT, StreamDecoder, YUV_TO_RGB};
 use lake_schemas::tables::TASK;
 use rayon::prelude::*;
 
@@ -30,10 +31,8 @@ use crate::{
     Error, Result,
     cache::{CacheStats, Frame, FrameCache},
     dataset::LoaderDataset,
-    decode::StreamDecoder,
     frames::{FrameExtent, FrameStorage},
     lookahead::{Ahead, FrameRef},
-    pixels::{PIXEL_FORMAT, YUV_TO_RGB},
     sampler::Draw,
     samples::{BatchColumn, FrameColumn, SampleBatch, camera_array},
     spec::{DatasetKeys, Window, Windows, resolve_windows},
@@ -583,7 +582,7 @@ impl Loader {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let config = ds.streams.get(&j.stream).ok_or_else(|| Error::layout(&ds.label, format!("no stream {}", j.stream)))?;
-                    e.insert(StreamDecoder::open(config).map_err(|e| Error::layout(&ds.label, e.0))?)
+                    e.insert(StreamDecoder::open(config).map_err(|e| Error::layout(&ds.label, e.to_string()))?)
                 }
             };
             let index = &ds.packets;
@@ -594,7 +593,7 @@ impl Loader {
                 })
                 .collect();
             let wanted: Vec<i64> = j.targets.iter().map(|&r| index.pts[r as usize]).collect();
-            let frames = decoder.decode(&packets, &wanted).map_err(|e| Error::layout(&ds.label, e.0))?;
+            let frames = decoder.decode(&packets, &wanted).map_err(|e| Error::layout(&ds.label, e.to_string()))?;
             bound.packets += packets.len() as u64;
             bound.frames += frames.len() as u64;
             cpu_seconds += thread_cpu_seconds() - began;
@@ -922,7 +921,7 @@ impl Gops<'_> {
         let pooled = self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(&key);
         let mut decoder = match pooled {
             Some(d) => d,
-            None => StreamDecoder::open(config).map_err(|e| setup(e.0))?,
+            None => StreamDecoder::open(config).map_err(|e| setup(e.to_string()))?,
         };
         let last = *targets.last().expect("non-empty");
         let packets: Vec<(i64, i64, bool, &[u8])> = (job.start..=last)
@@ -956,7 +955,7 @@ impl Gops<'_> {
         };
         let idle_bytes = decoder.idle_bytes();
         self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put(key, decoder, idle_bytes);
-        result.map_err(|e| GroupError { row: first, message: e.0, setup: false })?;
+        result.map_err(|e| GroupError { row: first, message: e.to_string(), setup: false })?;
         let counters = self.counters;
         counters.groups.fetch_add(1, Ordering::Relaxed);
         counters.packets.fetch_add(packets.len() as u64, Ordering::Relaxed);

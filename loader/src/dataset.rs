@@ -9,18 +9,14 @@ use arrow::{
     compute::{cast, concat_batches},
     datatypes::{DataType, Int64Type, UInt32Type, UInt64Type},
 };
+use lake_codec::{StreamConfig, YuvToRgb, yuv420p_bytes};
 use lake_schemas::{
     CodecParams, CommitRecord,
     tables::{self, PACKET_ROW, SHAPE_METADATA, TASK, lerobot_name},
 };
 use lake_store::{Lake, deps::lance};
 
-use crate::{
-    Error, Result,
-    decode::StreamConfig,
-    frames::FrameStorage,
-    pixels::{YuvToRgb, yuv420p_bytes},
-};
+use crate::{Error, Result, frames::FrameStorage};
 use lake_schemas::FrameFormat;
 
 /// A step column served in samples.

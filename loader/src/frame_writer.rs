@@ -14,9 +14,9 @@ use lake_store::Lake;
 use crate::{
     Error, Result,
     dataset::LoaderDataset,
-    decode::StreamDecoder,
     frames::{BATCH, FRAMES, FrameStorage, LEVEL, READ_ROWS, frame_table_name, frames_schema},
 };
+use lake_codec::StreamDecoder;
 use lake_schemas::FrameSize;
 
 /// What [`write_frame_table`] did.
@@ -44,7 +44,7 @@ fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
 
 /// Decodes every frame of `ds` (streams in parallel, `threads` at a time) and stores them as
 /// the version's `frames` table, as `storage` says, or, with `size`, resized to it (every
-/// camera; [`RgbResizer`](crate::RgbResizer)) as its `frames-WxH` table. Replaces an existing
+/// camera; [`RgbResizer`](lake_codec::RgbResizer)) as its `frames-WxH` table. Replaces an existing
 /// table only once the new one is complete. `stored` counts the frames stored so far (for
 /// progress reports; the table has one per `packets` row).
 ///
@@ -151,7 +151,7 @@ struct RowWriter<'a> {
     tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
     storage: FrameStorage,
     /// Resizes frames to the table's size, when it has one.
-    resizer: Option<crate::RgbResizer>,
+    resizer: Option<lake_codec::RgbResizer>,
     /// Frames stored by every writer of the table.
     stored: &'a std::sync::atomic::AtomicU64,
     rows: UInt64Builder,
@@ -167,7 +167,7 @@ impl RowWriter<'_> {
         let resized;
         let rgb = match &mut self.resizer {
             Some(r) => {
-                resized = r.resize(rgb).map_err(|e| std::io::Error::other(e.0))?;
+                resized = r.resize(rgb).map_err(std::io::Error::other)?;
                 &resized[..]
             }
             None => rgb,
@@ -224,7 +224,7 @@ fn decode_stream(
         let (episode, frame) = ds.step_showing(row).map_or((-1, -1), |step| ds.episode_and_frame(step));
         Error::Decode { dataset: ds.label.clone(), camera: config.camera.clone(), episode, frame, row, message }
     };
-    let mut decoder = StreamDecoder::open(config).map_err(|e| decode_err(first, e.0))?;
+    let mut decoder = StreamDecoder::open(config).map_err(|e| decode_err(first, e.to_string()))?;
     let rt = tokio::runtime::Handle::current();
     let index = &ds.packets;
     let intra_only = config.kind == "image";
@@ -232,7 +232,8 @@ fn decode_stream(
         if intra_only { HashMap::new() } else { (first..end).map(|r| (index.pts[r as usize], r)).collect() };
     let resizer = match size {
         Some(s) => Some(
-            crate::RgbResizer::new((config.params.width, config.params.height), (s.width, s.height)).map_err(|e| decode_err(first, e.0))?,
+            lake_codec::RgbResizer::new((config.params.width, config.params.height), (s.width, s.height))
+                .map_err(|e| decode_err(first, e.to_string()))?,
         ),
         None => None,
     };
@@ -270,13 +271,13 @@ fn decode_stream(
                     let next_key = (row + 1..end).find(|&k| index.keyframe_offset[k as usize] == 0).unwrap_or(end);
                     let shown = shown.get_or_insert_with(|| shown_rows(ds, stream));
                     if (out.next..next_key).any(|k| shown.contains(&k)) {
-                        return Err(decode_err(row, e.0));
+                        return Err(decode_err(row, e.to_string()));
                     }
                     for k in out.next..next_key {
                         out.pending.entry(k).or_default();
                     }
                     out.flush_ready()?;
-                    decoder = StreamDecoder::open(config).map_err(|e| decode_err(next_key, e.0))?;
+                    decoder = StreamDecoder::open(config).map_err(|e| decode_err(next_key, e.to_string()))?;
                     resume_at = next_key;
                     continue;
                 }
@@ -298,7 +299,7 @@ fn decode_stream(
         }
         chunk = chunk_end;
     }
-    for (pts, frame) in decoder.finish().map_err(|e| decode_err(end.saturating_sub(1), e.0))? {
+    for (pts, frame) in decoder.finish().map_err(|e| decode_err(end.saturating_sub(1), e.to_string()))? {
         if let Some(&at) = row_of_pts.get(&pts) {
             out.add(at, &frame.data).map_err(zstd_err)?;
         }

@@ -36,18 +36,18 @@
 mod batch;
 mod cache;
 mod dataset;
-mod decode;
 mod error;
 mod frame_writer;
 mod frames;
 mod lookahead;
-mod pixels;
 mod sampler;
 mod samples;
 mod spec;
 mod stream;
 pub mod views;
 
+/// The pixel formats camera frames travel in, and the conversion of YUV planes a trainer runs.
+pub use lake_codec::{PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, yuv420p_bytes};
 pub use lake_schemas::{FrameFormat, FrameSize};
 
 pub use crate::{
@@ -56,12 +56,10 @@ pub use crate::{
     },
     cache::{CacheStats, Frame, FrameCache, FrameKey},
     dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex},
-    decode::{DecodeError, RgbConverter, RgbFrame, RgbResizer, StreamConfig, StreamDecoder, codec_context, init_ffmpeg},
     error::{Error, Result},
     frame_writer::{FrameTableReport, write_frame_table},
     frames::{FRAMES, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
-    pixels::{PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, yuv420p_bytes},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ffmpeg_next::{self as ffmpeg, ffi};
+use lake_codec::ffmpeg::{self, ffi};
 
 /// BLAKE3 of a decoded picture's planes (tightly packed, as `av_image_copy_to_buffer` lays
 /// them out).
@@ -46,7 +46,7 @@ fn drain(decoder: &mut ffmpeg::decoder::Video, out: &mut Vec<(i64, FrameHash)>) 
 /// # Panics
 /// When the file cannot be opened or decoded.
 fn for_each_frame(path: &Path, mut each: impl FnMut(i64, &ffmpeg::frame::Video)) {
-    lake_loader::init_ffmpeg();
+    lake_codec::init_ffmpeg();
     let mut input = ffmpeg::format::input(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     let stream = input.streams().best(ffmpeg::media::Type::Video).expect("video stream");
     let index = stream.index();
@@ -86,11 +86,11 @@ pub fn sequential_frames(path: &Path) -> Vec<(i64, FrameHash)> {
 /// # Panics
 /// When the file cannot be opened or decoded.
 pub fn sequential_rgb(path: &Path) -> Vec<(i64, Vec<u8>)> {
-    let mut converter: Option<lake_loader::RgbConverter> = None;
+    let mut converter: Option<lake_codec::RgbConverter> = None;
     let mut out = Vec::new();
     for_each_frame(path, |pts, frame| {
         if converter.as_ref().is_none_or(|c| !c.converts(frame)) {
-            converter = Some(lake_loader::RgbConverter::for_frame(frame).expect("converter"));
+            converter = Some(lake_codec::RgbConverter::for_frame(frame).expect("converter"));
         }
         let conv = converter.as_mut().expect("made");
         out.push((pts, conv.convert(frame).expect("convert").data));
@@ -110,29 +110,15 @@ impl PacketDecoder {
     /// # Panics
     /// When FFmpeg has no decoder for the codec.
     pub fn new(codec: &str, extradata: Option<&[u8]>, width: u32, height: u32) -> Self {
-        ffmpeg::init().expect("ffmpeg init");
-        ffmpeg::log::set_level(ffmpeg::log::Level::Quiet);
-        let name = std::ffi::CString::new(codec).expect("codec name");
-        // SAFETY: plain lookups and context setup; extradata is copied into an FFmpeg buffer
-        // with the padding decoders expect, and owned by the context from then on.
-        unsafe {
-            let desc = ffi::avcodec_descriptor_get_by_name(name.as_ptr());
-            assert!(!desc.is_null(), "FFmpeg does not know codec {codec}");
-            let found = ffi::avcodec_find_decoder((*desc).id);
-            assert!(!found.is_null(), "no decoder for {codec}");
-            let mut ctx = ffmpeg::codec::Context::new_with_codec(ffmpeg::Codec::wrap(found));
-            let raw = ctx.as_mut_ptr();
-            (*raw).width = width as i32;
-            (*raw).height = height as i32;
-            if let Some(extra) = extradata {
-                let pad = ffi::AV_INPUT_BUFFER_PADDING_SIZE as usize;
-                let buf = ffi::av_mallocz(extra.len() + pad) as *mut u8;
-                std::ptr::copy_nonoverlapping(extra.as_ptr(), buf, extra.len());
-                (*raw).extradata = buf;
-                (*raw).extradata_size = extra.len() as i32;
-            }
-            Self { decoder: ctx.decoder().video().expect("open decoder") }
-        }
+        let params = lake_schemas::CodecParams {
+            codec: codec.into(),
+            extradata: extradata.map(<[u8]>::to_vec),
+            width,
+            height,
+            ..lake_schemas::CodecParams::default()
+        };
+        let ctx = lake_codec::codec_context(&params).unwrap_or_else(|e| panic!("a decoder for {codec}: {e}"));
+        Self { decoder: ctx.decoder().video().expect("open decoder") }
     }
 
     /// Decodes `packets` (`(pts, dts, bytes)` in decode order, starting at a keyframe) and

@@ -768,7 +768,7 @@ fn resized_frame_tables_serve_resized_samples() {
             serde_json::from_str(&native.schema().field_with_name(field.name()).expect("field").metadata()[lake_loader::SHAPE])
                 .expect("shape");
         let (h, w) = (shape[1], shape[2]);
-        let mut resizer = lake_loader::RgbResizer::new((w as u32, h as u32), (64, 48)).expect("resizer");
+        let mut resizer = lake_codec::RgbResizer::new((w as u32, h as u32), (64, 48)).expect("resizer");
         let (got, want) = (column.as_fixed_size_list(), recorded.as_fixed_size_list());
         for row in 0..got.len() {
             let (got, want) = (got.value(row), want.value(row));

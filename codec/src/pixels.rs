@@ -2,7 +2,7 @@
 //! RGB that a trainer runs on its own device.
 //!
 //! By default frames are packed RGB24, converted on the loader's CPU exactly as LeRobot's reader
-//! converts them. With [`FrameFormat::Yuv420p`](lake_schemas::FrameFormat::Yuv420p) a video camera whose frames are 8-bit 4:2:0
+//! converts them. With `FrameFormat::Yuv420p` a video camera whose frames are 8-bit 4:2:0
 //! travels as the decoder's planes instead (Y, then U, then V, each packed: 1.5 bytes a pixel
 //! against 3), and the trainer converts them where its model runs, usually the GPU. The
 //! conversion is fixed-point arithmetic with six integers per camera ([`YuvToRgb`], in the
@@ -97,7 +97,7 @@ impl YuvToRgb {
             "yuvj420p" => true,
             _ => return None,
         };
-        let colorspace = lake_codec::from_name(color_space, ffi::av_color_space_from_name).unwrap_or(2);
+        let colorspace = crate::from_name(color_space, ffi::av_color_space_from_name).unwrap_or(2);
         Some(Self::for_colorspace(colorspace, full))
     }
 
@@ -132,7 +132,7 @@ impl YuvToRgb {
 fn swscale_rgb(yuv: &[u8], w: u32, h: u32, cs: i32, full: bool) -> Vec<u8> {
     let (wi, hi) = (w as i32, h as i32);
     let mut out = vec![0_u8; (w * h * 3) as usize];
-    lake_codec::init_ffmpeg();
+    crate::init_ffmpeg();
     // SAFETY: FFmpeg calls on buffers of the sizes the context was made for.
     unsafe {
         let ctx = ffi::sws_getContext(

@@ -1,8 +1,10 @@
 //! Demuxing camera videos with FFmpeg, without decoding: stream facts from the container and
-//! every packet in decode order, with keyframes taken from the bitstream.
+//! every packet in decode order, with keyframes taken from the bitstream and each packet's unit
+//! framing checked.
 
 use std::{
     ffi::CStr,
+    io::{Read, Seek},
     os::raw::c_char,
     sync::{
         Arc,
@@ -13,7 +15,7 @@ use std::{
 use ffmpeg_next::{self as ffmpeg, ffi};
 use lake_schemas::CodecParams;
 
-use crate::source::BlockingReader;
+use crate::{Error, Result, init_ffmpeg};
 
 /// Stream facts read from the container.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,18 +134,6 @@ impl Framing {
     }
 }
 
-/// Why demuxing a file failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DemuxError(pub String);
-
-impl std::fmt::Display for DemuxError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-pub use lake_codec::init_ffmpeg;
-
 /// An opened video file: the container, its first video stream and a bitstream parser.
 pub struct VideoDemuxer {
     input: ffmpeg::format::context::Input,
@@ -156,22 +146,22 @@ pub struct VideoDemuxer {
 }
 
 impl VideoDemuxer {
-    /// Opens `reader` (named `name` in messages and for format detection).
+    /// Opens `reader`, a file of `file_size` bytes (named `name` in messages and for format
+    /// detection). Setting `cancel` stops a read in progress with [`Error::Cancelled`].
     ///
     /// # Errors
     /// When FFmpeg cannot open the container or it has no video stream.
-    pub fn open(reader: BlockingReader, name: &str, cancel: Arc<AtomicBool>) -> Result<Self, DemuxError> {
+    pub fn open<R: Read + Seek + Send + 'static>(reader: R, file_size: u64, name: &str, cancel: Arc<AtomicBool>) -> Result<Self> {
         init_ffmpeg();
-        let file_size = reader.len();
         if file_size == 0 {
-            return Err(DemuxError("the file is empty".into()));
+            return Err(Error::Demux("the file is empty".into()));
         }
         let io = ffmpeg::format::context::StreamIo::from_read_seek_with_capacity(reader, 1 << 16)
-            .map_err(|e| DemuxError(format!("cannot set up reading: {e}")))?;
+            .map_err(|e| Error::Demux(format!("cannot set up reading: {e}")))?;
         let input = ffmpeg::format::input_from_stream_with_interrupt(io, Some(name), None, move || cancel.load(Ordering::Relaxed))
-            .map_err(|e| DemuxError(format!("FFmpeg cannot open the container ({e}): not an mp4, or truncated before its index")))?;
+            .map_err(|e| Error::Demux(format!("FFmpeg cannot open the container ({e}): not an mp4, or truncated before its index")))?;
         let stream =
-            input.streams().best(ffmpeg::media::Type::Video).ok_or_else(|| DemuxError("the container has no video stream".into()))?;
+            input.streams().best(ffmpeg::media::Type::Video).ok_or_else(|| Error::Demux("the container has no video stream".into()))?;
         let stream_index = stream.index();
         // SAFETY: the stream's parameters pointer is valid while `input` lives.
         let facts = unsafe { facts_of(&stream) };
@@ -190,14 +180,14 @@ impl VideoDemuxer {
     ///
     /// # Errors
     /// When the container cannot be read any further (truncated or corrupt file).
-    pub fn next_packet(&mut self) -> Result<Option<DemuxedPacket>, DemuxError> {
+    pub fn next_packet(&mut self) -> Result<Option<DemuxedPacket>> {
         let mut packet = ffmpeg::Packet::empty();
         loop {
             match packet.read(&mut self.input) {
                 Ok(()) => {}
                 Err(ffmpeg::Error::Eof) => return Ok(None),
-                Err(ffmpeg::Error::Exit) => return Err(DemuxError("cancelled".into())),
-                Err(e) => return Err(DemuxError(format!("reading packet {} failed: {e}", self.packets_read))),
+                Err(ffmpeg::Error::Exit) => return Err(Error::Cancelled),
+                Err(e) => return Err(Error::Demux(format!("reading packet {} failed: {e}", self.packets_read))),
             }
             if packet.stream() != self.stream_index {
                 continue;
@@ -207,12 +197,12 @@ impl VideoDemuxer {
             let data = packet.data().unwrap_or_default();
             let pos = packet.position();
             if pos >= 0 && pos as u64 + data.len() as u64 > self.file_size {
-                return Err(DemuxError(format!("packet {index} runs past the end of the file (truncated?)")));
+                return Err(Error::Demux(format!("packet {index} runs past the end of the file (truncated?)")));
             }
             if packet.is_corrupt() {
-                return Err(DemuxError(format!("packet {index} is incomplete: the file ends or is damaged inside it (truncated?)")));
+                return Err(Error::Demux(format!("packet {index} is incomplete: the file ends or is damaged inside it (truncated?)")));
             }
-            let pts = packet.pts().ok_or_else(|| DemuxError(format!("packet {index} has no presentation timestamp")))?;
+            let pts = packet.pts().ok_or_else(|| Error::Demux(format!("packet {index} has no presentation timestamp")))?;
             let dts = packet.dts().unwrap_or(pts);
             let container_keyframe = packet.is_key();
             let damaged = self.framing.damage(data);

@@ -18,7 +18,11 @@ use ffmpeg_next::{self as ffmpeg, ffi};
 use lake_schemas::CodecParams;
 use lake_schemas::picture;
 
-use crate::pixels::{YuvToRgb, yuv420p_bytes};
+use crate::{
+    Error, Result, codec_context, frame_damage,
+    pixels::{YuvToRgb, yuv420p_bytes},
+    strict,
+};
 use turbojpeg_sys as tj;
 
 /// The codec facts a decoder is opened from (a row of the `streams` table).
@@ -49,18 +53,9 @@ pub struct RgbFrame {
     pub data: Vec<u8>,
 }
 
-/// Why a frame could not be produced.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct DecodeError(pub String);
-
-type DecodeResult<T> = std::result::Result<T, DecodeError>;
-
-fn ff(what: &str) -> impl FnOnce(ffmpeg::Error) -> DecodeError + '_ {
-    move |e| DecodeError(format!("{what}: {e}"))
+fn ff(what: &str) -> impl FnOnce(ffmpeg::Error) -> Error + '_ {
+    move |e| Error::Decode(format!("{what}: {e}"))
 }
-
-pub use lake_codec::init_ffmpeg;
 
 /// A decoder for one stream, reused across GOPs.
 pub struct StreamDecoder {
@@ -96,7 +91,7 @@ impl StreamDecoder {
     ///
     /// # Errors
     /// When FFmpeg has no decoder for the codec or cannot open it.
-    pub fn open(config: &StreamConfig) -> DecodeResult<Self> {
+    pub fn open(config: &StreamConfig) -> Result<Self> {
         let engine = if config.kind == "image" && config.params.codec == "mjpeg" {
             Engine::Jpeg(JpegDecoder::new(&config.params))
         } else {
@@ -128,7 +123,7 @@ impl StreamDecoder {
     ///
     /// # Errors
     /// When the decoder rejects a packet, or a wanted frame does not come out.
-    pub fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
+    pub fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> Result<Vec<RgbFrame>> {
         match &mut self.engine {
             Engine::Ffmpeg(d) => d.decode(packets, wanted),
             Engine::Jpeg(d) => wanted.iter().map(|&pts| d.decode(pts, picture(packets, pts)?)).collect(),
@@ -142,12 +137,7 @@ impl StreamDecoder {
     ///
     /// # Errors
     /// As [`StreamDecoder::decode`], and when a frame is not the size of its place.
-    pub fn decode_into(
-        &mut self,
-        packets: &[(i64, i64, bool, &[u8])],
-        wanted: &[i64],
-        outs: &mut [&mut [MaybeUninit<u8>]],
-    ) -> DecodeResult<()> {
+    pub fn decode_into(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64], outs: &mut [&mut [MaybeUninit<u8>]]) -> Result<()> {
         assert_eq!(wanted.len(), outs.len(), "a place for every wanted frame");
         match &mut self.engine {
             Engine::Ffmpeg(d) => d.decode_into(packets, wanted, outs),
@@ -165,7 +155,7 @@ impl StreamDecoder {
     ///
     /// # Errors
     /// When the decoder rejects the packet or fails to decode.
-    pub fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+    pub fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> Result<Vec<(i64, RgbFrame)>> {
         match &mut self.engine {
             Engine::Ffmpeg(d) => d.feed(pts, dts, key, data),
             Engine::Jpeg(d) => Ok(vec![(pts, d.decode(pts, data)?)]),
@@ -177,7 +167,7 @@ impl StreamDecoder {
     ///
     /// # Errors
     /// When FFmpeg fails to drain.
-    pub fn finish(&mut self) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+    pub fn finish(&mut self) -> Result<Vec<(i64, RgbFrame)>> {
         match &mut self.engine {
             Engine::Ffmpeg(d) => d.finish(),
             Engine::Jpeg(_) => Ok(Vec::new()),
@@ -186,8 +176,8 @@ impl StreamDecoder {
 }
 
 /// The packet of the picture with presentation time `pts` (pictures are packets of their own).
-fn picture<'a>(packets: &[(i64, i64, bool, &'a [u8])], pts: i64) -> DecodeResult<&'a [u8]> {
-    packets.iter().find(|p| p.0 == pts).map(|p| p.3).ok_or_else(|| DecodeError(format!("no picture with pts {pts} among the packets")))
+fn picture<'a>(packets: &[(i64, i64, bool, &'a [u8])], pts: i64) -> Result<&'a [u8]> {
+    packets.iter().find(|p| p.0 == pts).map(|p| p.3).ok_or_else(|| Error::Decode(format!("no picture with pts {pts} among the packets")))
 }
 
 /// A stream FFmpeg decodes, with the conversion to RGB torchcodec makes after it.
@@ -207,12 +197,12 @@ struct FfmpegDecoder {
 }
 
 impl FfmpegDecoder {
-    fn open(config: &StreamConfig) -> DecodeResult<Self> {
+    fn open(config: &StreamConfig) -> Result<Self> {
         let mut ctx = codec_context(&config.params)?;
         // SAFETY: a context we own, not opened yet.
         unsafe { (*ctx.as_mut_ptr()).thread_count = 1 };
         // Damage fails the frame instead of being concealed (see `receive_all`).
-        lake_codec::strict(&mut ctx);
+        strict(&mut ctx);
         let decoder = ctx.decoder().video().map_err(ff("opening the decoder"))?;
         let (opened_colour, opened_format) = Self::colour_of(&decoder);
         let intra_only = config.kind == "image";
@@ -251,7 +241,7 @@ impl FfmpegDecoder {
     /// that says nothing as BT.709, where a fresh decoder gives them as the stream's. (The pixel
     /// format it chose for a full-range part, yuvj420p, it keeps too: a decoder that drifted
     /// so is opened again.)
-    fn reset(&mut self) -> DecodeResult<()> {
+    fn reset(&mut self) -> Result<()> {
         self.decoder.flush();
         if !self.drifted() {
             return Ok(());
@@ -274,7 +264,7 @@ impl FfmpegDecoder {
         Ok(())
     }
 
-    fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> DecodeResult<Vec<RgbFrame>> {
+    fn decode(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64]) -> Result<Vec<RgbFrame>> {
         let mut found: Vec<Option<RgbFrame>> = vec![None; wanted.len()];
         self.decode_each(packets, wanted, |this, i, frame| {
             found[i] = Some(this.convert(frame)?);
@@ -283,12 +273,7 @@ impl FfmpegDecoder {
         Ok(found.into_iter().map(|f| f.expect("every wanted frame came out")).collect())
     }
 
-    fn decode_into(
-        &mut self,
-        packets: &[(i64, i64, bool, &[u8])],
-        wanted: &[i64],
-        outs: &mut [&mut [MaybeUninit<u8>]],
-    ) -> DecodeResult<()> {
+    fn decode_into(&mut self, packets: &[(i64, i64, bool, &[u8])], wanted: &[i64], outs: &mut [&mut [MaybeUninit<u8>]]) -> Result<()> {
         self.decode_each(packets, wanted, |this, i, frame| this.convert_into(frame, outs[i]))
     }
 
@@ -298,8 +283,8 @@ impl FfmpegDecoder {
         &mut self,
         packets: &[(i64, i64, bool, &[u8])],
         wanted: &[i64],
-        mut put: impl FnMut(&mut Self, usize, &ffmpeg::frame::Video) -> DecodeResult<()>,
-    ) -> DecodeResult<()> {
+        mut put: impl FnMut(&mut Self, usize, &ffmpeg::frame::Video) -> Result<()>,
+    ) -> Result<()> {
         let mut done = vec![false; wanted.len()];
         let mut frame = ffmpeg::frame::Video::empty();
         let mut drain = |this: &mut Self, frame: &mut ffmpeg::frame::Video| {
@@ -321,7 +306,7 @@ impl FfmpegDecoder {
                 if *key {
                     p.set_flags(ffmpeg::packet::Flags::KEY);
                 }
-                self.decoder.send_packet(&p).map_err(|e| DecodeError(format!("packet pts {pts}: {e}")))?;
+                self.decoder.send_packet(&p).map_err(|e| Error::Decode(format!("packet pts {pts}: {e}")))?;
                 drain(self, &mut frame)?;
             }
             if self.intra_only {
@@ -335,7 +320,7 @@ impl FfmpegDecoder {
         }
         result?;
         match done.iter().position(|d| !d) {
-            Some(i) => Err(DecodeError(format!("the frame with pts {} did not come out of the decoder", wanted[i]))),
+            Some(i) => Err(Error::Decode(format!("the frame with pts {} did not come out of the decoder", wanted[i]))),
             None => Ok(()),
         }
     }
@@ -344,15 +329,15 @@ impl FfmpegDecoder {
     fn receive_all(
         &mut self,
         frame: &mut ffmpeg::frame::Video,
-        mut each: impl FnMut(&mut Self, &ffmpeg::frame::Video, i64) -> DecodeResult<()>,
-    ) -> DecodeResult<()> {
+        mut each: impl FnMut(&mut Self, &ffmpeg::frame::Video, i64) -> Result<()>,
+    ) -> Result<()> {
         loop {
             match self.decoder.receive_frame(frame) {
                 Ok(()) => {
                     let pts = frame.pts().or_else(|| frame.timestamp());
                     // A damaged frame, wanted or one others refer to, is never served.
-                    if let Some(why) = lake_codec::frame_damage(frame) {
-                        return Err(DecodeError(match pts {
+                    if let Some(why) = frame_damage(frame) {
+                        return Err(Error::Decode(match pts {
                             Some(pts) => format!("the frame with pts {pts} ({why})"),
                             None => why,
                         }));
@@ -363,12 +348,12 @@ impl FfmpegDecoder {
                 }
                 Err(ffmpeg::Error::Other { errno }) if errno == ffmpeg::util::error::EAGAIN => return Ok(()),
                 Err(ffmpeg::Error::Eof) => return Ok(()),
-                Err(e) => return Err(DecodeError(format!("decoding: {e}"))),
+                Err(e) => return Err(Error::Decode(format!("decoding: {e}"))),
             }
         }
     }
 
-    fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+    fn feed(&mut self, pts: i64, dts: i64, key: bool, data: &[u8]) -> Result<Vec<(i64, RgbFrame)>> {
         // A keyframe begins its GOP as a freshly opened decoder would (see `reset`): a decoder
         // that drifted gives back the frames it holds first.
         let mut out = if key && !self.intra_only && self.drifted() { self.finish()? } else { Vec::new() };
@@ -378,7 +363,7 @@ impl FfmpegDecoder {
         if key {
             p.set_flags(ffmpeg::packet::Flags::KEY);
         }
-        self.decoder.send_packet(&p).map_err(|e| DecodeError(format!("packet pts {pts}: {e}")))?;
+        self.decoder.send_packet(&p).map_err(|e| Error::Decode(format!("packet pts {pts}: {e}")))?;
         let mut frame = ffmpeg::frame::Video::empty();
         self.receive_all(&mut frame, |this, frame, pts| {
             out.push((pts, this.convert(frame)?));
@@ -387,7 +372,7 @@ impl FfmpegDecoder {
         Ok(out)
     }
 
-    fn finish(&mut self) -> DecodeResult<Vec<(i64, RgbFrame)>> {
+    fn finish(&mut self) -> Result<Vec<(i64, RgbFrame)>> {
         let mut out = Vec::new();
         if !self.intra_only {
             self.decoder.send_eof().map_err(ff("end of stream"))?;
@@ -401,7 +386,7 @@ impl FfmpegDecoder {
         Ok(out)
     }
 
-    fn converter(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<&mut RgbConverter> {
+    fn converter(&mut self, frame: &ffmpeg::frame::Video) -> Result<&mut RgbConverter> {
         let key = ConverterKey::of(frame);
         if self.converter.as_ref().is_none_or(|c| c.key != key) {
             self.converter = Some(RgbConverter::new(key)?);
@@ -416,7 +401,7 @@ impl FfmpegDecoder {
         (self.opened_colour.2, full)
     }
 
-    fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
+    fn convert(&mut self, frame: &ffmpeg::frame::Video) -> Result<RgbFrame> {
         if let Some(yuv) = self.yuv {
             let (w, h) = (frame.width(), frame.height());
             let mut data = Vec::with_capacity(yuv420p_bytes(w, h));
@@ -428,7 +413,7 @@ impl FfmpegDecoder {
         self.converter(frame)?.convert(frame)
     }
 
-    fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+    fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> Result<()> {
         match self.yuv {
             Some(yuv) => copy_planes(frame, yuv, self.recorded(), out),
             None => self.converter(frame)?.convert_into(frame, out),
@@ -440,7 +425,7 @@ impl FfmpegDecoder {
 /// that its pixel format and colour space convert to RGB as `yuv` says, the promise the sample's
 /// schema made from the stream's recorded facts (`recorded`: its colour space, and whether its
 /// range is full).
-fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded: (i32, bool), out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded: (i32, bool), out: &mut [MaybeUninit<u8>]) -> Result<()> {
     let key = ConverterKey::of(frame);
     let format = |f: i32| {
         // SAFETY: FFmpeg's name of a pixel format value, or null.
@@ -456,7 +441,7 @@ fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded: (i32, bool
         f if f == ffi::AVPixelFormat::AV_PIX_FMT_YUV420P as i32 => false,
         f if f == ffi::AVPixelFormat::AV_PIX_FMT_YUVJ420P as i32 => true,
         other => {
-            return Err(DecodeError(format!(
+            return Err(Error::Decode(format!(
                 "the frame decodes as {}, not as the 8-bit 4:2:0 the stream records; yuv420p frames cannot be served from it, ask for rgb24",
                 format(other)
             )));
@@ -474,7 +459,7 @@ fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded: (i32, bool
                 format!("colour space {}, {range} range", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
             }
         };
-        return Err(DecodeError(format!(
+        return Err(Error::Decode(format!(
             "the frame decodes in {}, which converts to RGB otherwise than what ingest recorded for the stream ({}); yuv420p \
              frames cannot be served from it, ask for rgb24",
             name(key.colorspace, full),
@@ -483,7 +468,7 @@ fn copy_planes(frame: &ffmpeg::frame::Video, yuv: YuvToRgb, recorded: (i32, bool
     }
     let (w, h) = (key.width as usize, key.height as usize);
     if out.len() != yuv420p_bytes(key.width as u32, key.height as u32) {
-        return Err(DecodeError(format!("a {w}x{h} frame where {} bytes of YUV planes were expected", out.len())));
+        return Err(Error::Decode(format!("a {w}x{h} frame where {} bytes of YUV planes were expected", out.len())));
     }
     let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
     let (luma, chroma) = out.split_at_mut(w * h);
@@ -542,7 +527,7 @@ impl JpegDecoder {
         Self { size: (params.width as usize, params.height as usize) }
     }
 
-    fn decode(&mut self, pts: i64, data: &[u8]) -> DecodeResult<RgbFrame> {
+    fn decode(&mut self, pts: i64, data: &[u8]) -> Result<RgbFrame> {
         let (w, h) = self.size;
         let mut frame = vec![0u8; w * h * 3];
         self.decompress(pts, data, &mut frame)?;
@@ -551,7 +536,7 @@ impl JpegDecoder {
 
     /// Decodes the picture into `out`, which must be exactly its `height * width * 3` bytes; all
     /// of them are written when this returns `Ok`.
-    fn decode_into(&mut self, pts: i64, data: &[u8], out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+    fn decode_into(&mut self, pts: i64, data: &[u8], out: &mut [MaybeUninit<u8>]) -> Result<()> {
         // Zeroed first: every byte is initialised whatever libjpeg writes.
         out.fill(MaybeUninit::new(0));
         // SAFETY: every byte was just initialised; `u8` and `MaybeUninit<u8>` share a layout.
@@ -561,18 +546,18 @@ impl JpegDecoder {
 
     /// Decodes a picture into `out` (the stream's size, as shown: its EXIF orientation applied,
     /// as LeRobot's reader applies it).
-    fn decompress(&mut self, pts: i64, data: &[u8], out: &mut [u8]) -> DecodeResult<()> {
-        let header = picture::jpeg_header(data).map_err(|why| DecodeError(format!("JPEG picture pts {pts}: {why}")))?;
+    fn decompress(&mut self, pts: i64, data: &[u8], out: &mut [u8]) -> Result<()> {
+        let header = picture::jpeg_header(data).map_err(|why| Error::Decode(format!("JPEG picture pts {pts}: {why}")))?;
         if let Some(why) = header.unsupported() {
-            return Err(DecodeError(format!("JPEG picture pts {pts}: {why}")));
+            return Err(Error::Decode(format!("JPEG picture pts {pts}: {why}")));
         }
         let (sw, sh) = header.shown_size();
         let (w, h) = self.size;
         if (sw as usize, sh as usize) != (w, h) {
-            return Err(DecodeError(format!("JPEG picture pts {pts} is {sw}x{sh}, where this stream's pictures are {w}x{h}")));
+            return Err(Error::Decode(format!("JPEG picture pts {pts} is {sw}x{sh}, where this stream's pictures are {w}x{h}")));
         }
         if out.len() != w * h * 3 {
-            return Err(DecodeError(format!("a {w}x{h} picture where {} bytes of RGB were expected", out.len())));
+            return Err(Error::Decode(format!("a {w}x{h} picture where {} bytes of RGB were expected", out.len())));
         }
         let stored = (header.width as usize, header.height as usize);
         if header.orientation == 1 {
@@ -587,12 +572,12 @@ impl JpegDecoder {
 
 /// Decodes a JPEG picture of `(w, h)` (as stored) into `out`, `h` rows of `w * 3` bytes, with a
 /// decompressor of its own.
-fn turbojpeg_rgb(pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [u8]) -> DecodeResult<()> {
+fn turbojpeg_rgb(pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [u8]) -> Result<()> {
     assert_eq!(out.len(), w * h * 3, "room for the picture");
     // SAFETY: a plain constructor; null means failure.
     let handle = TurboJpeg(unsafe { tj::tjInitDecompress() });
     if handle.0.is_null() {
-        return Err(DecodeError("libjpeg-turbo could not make a decompressor".into()));
+        return Err(Error::Decode("libjpeg-turbo could not make a decompressor".into()));
     }
     // SAFETY: `out` holds h rows of w * 3 bytes (asserted above), the size the picture decodes to
     // at scale 1 (its header says so); `data` is read within its length.
@@ -625,7 +610,7 @@ fn turbojpeg_rgb(pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [u8]) 
     if warned && LIBJPEG_WARNINGS.iter().any(|w| message.starts_with(w)) {
         return Ok(());
     }
-    Err(DecodeError(format!("JPEG picture pts {pts}: {message}")))
+    Err(Error::Decode(format!("JPEG picture pts {pts}: {message}")))
 }
 
 /// Turns an RGB picture stored `(w, h)` upright by its EXIF orientation, as PIL's
@@ -707,11 +692,11 @@ impl RgbConverter {
     ///
     /// # Errors
     /// When swscale or libavfilter cannot convert that pixel format.
-    pub fn for_frame(frame: &ffmpeg::frame::Video) -> DecodeResult<Self> {
+    pub fn for_frame(frame: &ffmpeg::frame::Video) -> Result<Self> {
         Self::new(ConverterKey::of(frame))
     }
 
-    fn new(key: ConverterKey) -> DecodeResult<Self> {
+    fn new(key: ConverterKey) -> Result<Self> {
         let rgb24 = ffi::AVPixelFormat::AV_PIX_FMT_RGB24 as i32;
         if key.format == rgb24 {
             return Ok(Self { key, how: Conversion::Copy });
@@ -719,7 +704,7 @@ impl RgbConverter {
         if key.width % 32 == 0 { Self::swscale(key) } else { Self::graph(key) }
     }
 
-    fn swscale(key: ConverterKey) -> DecodeResult<Self> {
+    fn swscale(key: ConverterKey) -> Result<Self> {
         // SAFETY: FFmpeg calls with valid arguments; the context is owned by the converter.
         unsafe {
             let format = std::mem::transmute::<i32, ffi::AVPixelFormat>(key.format);
@@ -736,7 +721,7 @@ impl RgbConverter {
                 std::ptr::null(),
             );
             if ctx.is_null() {
-                return Err(DecodeError(format!("swscale cannot convert pixel format {} to rgb24", key.format)));
+                return Err(Error::Decode(format!("swscale cannot convert pixel format {} to rgb24", key.format)));
             }
             let converter = Self { key, how: Conversion::Swscale(ctx) };
             let (mut inv_table, mut table) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -752,22 +737,22 @@ impl RgbConverter {
                 &mut saturation,
             ) < 0
             {
-                return Err(DecodeError("sws_getColorspaceDetails failed".into()));
+                return Err(Error::Decode("sws_getColorspaceDetails failed".into()));
             }
             let coefficients = ffi::sws_getCoefficients(key.colorspace);
             if ffi::sws_setColorspaceDetails(ctx, coefficients, src_range, coefficients, dst_range, brightness, contrast, saturation) < 0 {
-                return Err(DecodeError("sws_setColorspaceDetails failed".into()));
+                return Err(Error::Decode("sws_setColorspaceDetails failed".into()));
             }
             Ok(converter)
         }
     }
 
-    fn graph(key: ConverterKey) -> DecodeResult<Self> {
+    fn graph(key: ConverterKey) -> Result<Self> {
         let mut graph = ffmpeg::filter::Graph::new();
         let (sar_num, sar_den) = if key.sar.1 == 0 { (0, 1) } else { key.sar };
         let args = format!("video_size={}x{}:pix_fmt={}:time_base=1/1:pixel_aspect={sar_num}/{sar_den}", key.width, key.height, key.format);
-        let buffer = ffmpeg::filter::find("buffer").ok_or_else(|| DecodeError("libavfilter has no `buffer` filter".into()))?;
-        let sink = ffmpeg::filter::find("buffersink").ok_or_else(|| DecodeError("libavfilter has no `buffersink` filter".into()))?;
+        let buffer = ffmpeg::filter::find("buffer").ok_or_else(|| Error::Decode("libavfilter has no `buffer` filter".into()))?;
+        let sink = ffmpeg::filter::find("buffersink").ok_or_else(|| Error::Decode("libavfilter has no `buffersink` filter".into()))?;
         graph.add(&buffer, "in", &args).map_err(ff("filter graph source"))?;
         graph.add(&sink, "out", "").map_err(ff("filter graph sink"))?;
         graph.get("out").expect("sink just added").set_pixel_format(ffmpeg::format::Pixel::RGB24);
@@ -788,7 +773,7 @@ impl RgbConverter {
     ///
     /// # Errors
     /// When FFmpeg fails.
-    pub fn convert(&mut self, frame: &ffmpeg::frame::Video) -> DecodeResult<RgbFrame> {
+    pub fn convert(&mut self, frame: &ffmpeg::frame::Video) -> Result<RgbFrame> {
         let (w, h) = (self.key.width as usize, self.key.height as usize);
         // Every byte is written by `convert_into`, so the frame is not zeroed first.
         let mut data = Vec::with_capacity(w * h * 3);
@@ -803,10 +788,10 @@ impl RgbConverter {
     ///
     /// # Errors
     /// When `out` is not the frame's size, or FFmpeg fails.
-    pub fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> DecodeResult<()> {
+    pub fn convert_into(&mut self, frame: &ffmpeg::frame::Video, out: &mut [MaybeUninit<u8>]) -> Result<()> {
         let (w, h) = (self.key.width as usize, self.key.height as usize);
         if out.len() != w * h * 3 {
-            return Err(DecodeError(format!("a {w}x{h} frame where {} bytes of RGB were expected", out.len())));
+            return Err(Error::Decode(format!("a {w}x{h} frame where {} bytes of RGB were expected", out.len())));
         }
         match &mut self.how {
             Conversion::Copy => copy_rows(frame.data(0), frame.stride(0), out, w * 3, h),
@@ -820,7 +805,7 @@ impl RgbConverter {
                     ffi::sws_scale(*ctx, (*f).data.as_ptr().cast(), (*f).linesize.as_ptr(), 0, h as i32, dst.as_ptr(), dst_stride.as_ptr())
                 };
                 if rows != h as i32 {
-                    return Err(DecodeError(format!("swscale produced {rows} rows of {h}")));
+                    return Err(Error::Decode(format!("swscale produced {rows} rows of {h}")));
                 }
             }
             Conversion::Graph(graph) => {
@@ -854,9 +839,9 @@ impl RgbResizer {
     ///
     /// # Errors
     /// When swscale cannot scale between those sizes.
-    pub fn new(from: (u32, u32), to: (u32, u32)) -> DecodeResult<Self> {
+    pub fn new(from: (u32, u32), to: (u32, u32)) -> Result<Self> {
         let rgb24 = ffi::AVPixelFormat::AV_PIX_FMT_RGB24;
-        let size = |v: u32| i32::try_from(v).map_err(|_| DecodeError(format!("a frame size of {v} pixels")));
+        let size = |v: u32| i32::try_from(v).map_err(|_| Error::Decode(format!("a frame size of {v} pixels")));
         // SAFETY: a plain constructor call; a null result is an error.
         let ctx = unsafe {
             ffi::sws_getContext(
@@ -873,7 +858,7 @@ impl RgbResizer {
             )
         };
         if ctx.is_null() {
-            return Err(DecodeError(format!("swscale cannot resize {}x{} frames to {}x{}", from.0, from.1, to.0, to.1)));
+            return Err(Error::Decode(format!("swscale cannot resize {}x{} frames to {}x{}", from.0, from.1, to.0, to.1)));
         }
         Ok(Self { ctx, from, to })
     }
@@ -882,10 +867,10 @@ impl RgbResizer {
     ///
     /// # Errors
     /// When `rgb` is not a frame of that size, or swscale fails.
-    pub fn resize(&mut self, rgb: &[u8]) -> DecodeResult<Vec<u8>> {
+    pub fn resize(&mut self, rgb: &[u8]) -> Result<Vec<u8>> {
         let ((w, h), (tw, th)) = ((self.from.0 as usize, self.from.1 as usize), (self.to.0 as usize, self.to.1 as usize));
         if rgb.len() != w * h * 3 {
-            return Err(DecodeError(format!("a frame of {} bytes, not {w}x{h} RGB", rgb.len())));
+            return Err(Error::Decode(format!("a frame of {} bytes, not {w}x{h} RGB", rgb.len())));
         }
         let mut out = Vec::with_capacity(tw * th * 3);
         let dst = [out.spare_capacity_mut().as_mut_ptr().cast::<u8>(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
@@ -895,7 +880,7 @@ impl RgbResizer {
         // for th rows of tw*3 bytes, and the context scales exactly these sizes.
         let rows = unsafe { ffi::sws_scale(self.ctx, src.as_ptr(), src_stride.as_ptr(), 0, h as i32, dst.as_ptr(), dst_stride.as_ptr()) };
         if rows != th as i32 {
-            return Err(DecodeError(format!("swscale produced {rows} rows of {th}")));
+            return Err(Error::Decode(format!("swscale produced {rows} rows of {th}")));
         }
         // SAFETY: swscale wrote all `th` rows of `tw * 3` bytes.
         unsafe { out.set_len(tw * th * 3) };
@@ -907,16 +892,6 @@ fn copy_rows(src: &[u8], stride: usize, dst: &mut [MaybeUninit<u8>], row: usize,
     for (y, out) in dst.chunks_exact_mut(row).take(rows).enumerate() {
         out.write_copy_of_slice(&src[y * stride..y * stride + row]);
     }
-}
-
-/// A codec context set up from the stream facts ingest recorded (codec, size, pixel format,
-/// colour description, extradata), not opened: what a decoder needs, and what a muxer copies into
-/// a stream's parameters.
-///
-/// # Errors
-/// When FFmpeg does not know the codec or has no decoder for it.
-pub fn codec_context(params: &CodecParams) -> DecodeResult<ffmpeg::codec::Context> {
-    lake_codec::codec_context(params).map_err(|e| DecodeError(e.0))
 }
 
 #[cfg(test)]
@@ -975,9 +950,9 @@ mod tests {
         // A place of another size, or a picture not among the packets, is an error.
         let mut small = vec![MaybeUninit::new(0u8); 10];
         let e = d.decode_into(&packets, &[0], &mut [&mut small]).expect_err("wrong size");
-        assert!(e.0.contains("a 37x21 picture where 10 bytes"), "{e}");
+        assert!(e.to_string().contains("a 37x21 picture where 10 bytes"), "{e}");
         let e = d.decode(&packets, &[2]).expect_err("no such picture");
-        assert_eq!(e.0, "no picture with pts 2 among the packets");
+        assert_eq!(e.to_string(), "no picture with pts 2 among the packets");
         // Greyscale pictures come out as three equal channels.
         let grey = encode(&scene(size, 1), size, tj::TJPF_TJPF_GRAY, tj::TJSAMP_TJSAMP_GRAY);
         let frame = d.decode(&[(5, 5, true, grey.as_slice())], &[5]).expect("grey").remove(0);
@@ -1019,7 +994,7 @@ mod tests {
         // The stream's size is the shown one: a turned picture in a stream of the stored size is
         // another size.
         let e = jpeg_stream((w, h)).decode(&[(2, 2, true, with_orientation(&jpeg, 8).as_slice())], &[2]).expect_err("size");
-        assert_eq!(e.0, "JPEG picture pts 2 is 3x5, where this stream's pictures are 5x3");
+        assert_eq!(e.to_string(), "JPEG picture pts 2 is 3x5, where this stream's pictures are 5x3");
     }
 
     #[test]
@@ -1041,10 +1016,13 @@ mod tests {
         let size = (16, 16);
         let mut d = jpeg_stream(size);
         let e = d.decode(&[(7, 7, true, b"\xFF\xD8 not a picture".as_slice())], &[7]).expect_err("garbage");
-        assert!(e.0.starts_with("JPEG picture pts 7: ") && e.0.len() > 24, "{e}");
+        assert!(e.to_string().starts_with("JPEG picture pts 7: ") && e.to_string().len() > 24, "{e}");
         let cmyk = encode(&scene(size, 4), size, tj::TJPF_TJPF_CMYK, tj::TJSAMP_TJSAMP_444);
         let e = d.decode(&[(9, 9, true, cmyk.as_slice())], &[9]).expect_err("cmyk");
-        assert_eq!(e.0, "JPEG picture pts 9: the JPEG picture is CMYK: LeRobot reads it as 4 channels, and lake's camera columns are RGB");
+        assert_eq!(
+            e.to_string(),
+            "JPEG picture pts 9: the JPEG picture is CMYK: LeRobot reads it as 4 channels, and lake's camera columns are RGB"
+        );
         // A warning (bytes before the scan's marker) followed by an error (the scan names a
         // Huffman table no segment defines) is an error, not a picture.
         let good = encode(&scene(size, 3), size, tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);
@@ -1056,11 +1034,11 @@ mod tests {
         assert_eq!(broken[first_component], 0x00, "luma uses tables 0/0");
         broken[first_component] = 0x33;
         let e = d.decode(&[(4, 4, true, broken.as_slice())], &[4]).expect_err("warned, then failed");
-        assert!(e.0.starts_with("JPEG picture pts 4: ") && e.0.contains("Huffman table"), "{e}");
+        assert!(e.to_string().starts_with("JPEG picture pts 4: ") && e.to_string().contains("Huffman table"), "{e}");
         // A picture of another size than the stream's is refused before anything is made for it.
         let big = encode(&scene((32, 16), 3), (32, 16), tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_420);
         let e = d.decode(&[(6, 6, true, big.as_slice())], &[6]).expect_err("other size");
-        assert_eq!(e.0, "JPEG picture pts 6 is 32x16, where this stream's pictures are 16x16");
+        assert_eq!(e.to_string(), "JPEG picture pts 6 is 32x16, where this stream's pictures are 16x16");
         // The decoder is still good for the next picture.
         assert_eq!(d.decode(&[(1, 1, true, good.as_slice())], &[1]).expect("good").len(), 1);
     }
