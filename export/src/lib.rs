@@ -145,6 +145,13 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
         [one] => one.clone(),
         many => return Err(invalid(format!("view `{spec}` spans {} datasets; export one dataset at a time", many.len()))),
     };
+    if !selection.features.is_empty() {
+        return Err(invalid(format!(
+            "view `{spec}` maps its features (renamed, cut or left out), which applies to samples; an export writes the dataset's \
+             own features: export {} or a view without a mapping",
+            selection.dataset
+        )));
+    }
     // A symbolic link stands for the directory it names, which must be new or empty too.
     let linked;
     let out = match std::fs::symlink_metadata(out) {
@@ -183,6 +190,9 @@ pub async fn export(lake: &Lake, spec: &str, format: ExportFormat, out: &Path) -
     let ds = LoaderDataset::open(lake, &selection.dataset).await?;
     let episodes: Vec<&lake_loader::EpisodeSpan> =
         ds.episodes.iter().filter(|e| selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e.episode_index).is_ok())).collect();
+    if format == ExportFormat::LerobotV3 {
+        refuse_episodes_without_video(&ds, &episodes)?;
+    }
     // Written into a partial directory, then moved into place: `.OUT.partial-PID@HOST-…` beside
     // a new OUT (renamed to it), `OUT/.partial-PID@HOST-…` in an existing empty one (its
     // contents moved up, so that OUT keeps its owner and mode, also as a mount point). One an
@@ -362,7 +372,7 @@ impl PacketRenumbering {
         let mut needed: Vec<std::ops::Range<u64>> = Vec::new();
         for camera in &ds.cameras {
             for row in rows.values() {
-                if let Some(&p) = camera.packet_rows.values().get(*row as usize) {
+                if let Some(p) = camera.packet_row(*row as usize) {
                     needed.push(p - back(p)..p + 1);
                 }
             }
@@ -528,6 +538,26 @@ async fn write_packets(lake: &Lake, ds: &LoaderDataset, renumber: &PacketRenumbe
 /// `schema` without metadata.
 fn plain_schema(schema: &Schema) -> SchemaRef {
     Arc::new(Schema::new(schema.fields().iter().map(|f| f.as_ref().clone().with_metadata(Default::default())).collect::<Vec<_>>()))
+}
+
+/// LeRobot's format gives every episode every camera's video: an episode ingested without one
+/// (`--missing-video keep-rows`) cannot be written in it.
+fn refuse_episodes_without_video(ds: &LoaderDataset, episodes: &[&lake_loader::EpisodeSpan]) -> Result<()> {
+    for camera in ds.cameras.iter().filter(|c| !c.every_step_has_a_frame()) {
+        let lacking: Vec<i64> =
+            episodes.iter().filter(|e| camera.packet_row(e.first_row as usize).is_none()).map(|e| e.episode_index).collect();
+        if let Some(first) = lacking.first() {
+            return Err(invalid(format!(
+                "{}: {} episode(s) (the first is episode {first}) have no video for camera {} (ingested with --missing-video \
+                 keep-rows), and LeRobot's format needs every camera's video; export a view that selects the episodes that have it, \
+                 or --format parquet",
+                ds.label,
+                lacking.len(),
+                camera.key
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The output file of each camera stream the episodes use: `(camera, stream) → k`, numbered per

@@ -58,6 +58,10 @@ pub struct IngestOptions {
     pub skip_bad_episodes: bool,
     /// Leave out cameras that have no video file at all.
     pub drop_missing_cameras: bool,
+    /// Keep the rows of an episode whose video file of a camera is missing, without that
+    /// camera's frames (a sample that shows one is refused, naming it), instead of counting the
+    /// missing file as the episode's error.
+    pub keep_rows_without_video: bool,
     /// Camera files demuxed at once.
     pub threads: usize,
     /// Decode every video frame once while demuxing, and report the frames that do not decode
@@ -72,6 +76,7 @@ impl Default for IngestOptions {
             tolerance_s: lake_schemas::DEFAULT_TOLERANCE_S,
             skip_bad_episodes: false,
             drop_missing_cameras: false,
+            keep_rows_without_video: false,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             verify: false,
         }
@@ -179,6 +184,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
         tolerance_s: options.tolerance_s,
         skip_bad_episodes: options.skip_bad_episodes,
         drop_missing_cameras: options.drop_missing_cameras,
+        keep_rows_without_video: options.keep_rows_without_video,
     };
 
     let fingerprint = fingerprint(&plan.read_files);
@@ -295,6 +301,9 @@ struct Plan {
     data_files: Vec<(String, Option<SourceFile>, Vec<i64>)>,
     /// Video files by path.
     video_files: HashMap<String, Option<SourceFile>>,
+    /// (episode, video camera slot) whose file is missing and whose rows are kept without its
+    /// frames (`keep_rows_without_video`).
+    without_video: HashSet<(i64, usize)>,
     /// Video cameras kept, in feature order.
     video_cameras: Vec<String>,
     /// Image cameras, in feature order.
@@ -373,7 +382,8 @@ impl Plan {
                 if any && options.drop_missing_cameras && with < shown.len() {
                     report.hints.push(format!(
                         "--drop-missing-cameras leaves out only a camera with no video file at all; camera `{}` has its files for {with} of \
-                         {} episodes, so it stays (--skip-bad-episodes ingests the episodes whose files are there)",
+                         {} episodes, so it stays (--skip-bad-episodes ingests the episodes whose files are there; --missing-video \
+                         keep-rows keeps every episode's rows)",
                         cam.name,
                         shown.len()
                     ));
@@ -381,6 +391,7 @@ impl Plan {
                 video_cameras.push(cam.name.clone());
             }
         }
+        let mut without_video = HashSet::new();
         for e in &meta.episodes {
             if heads[&e.data_file].is_none() {
                 report
@@ -388,15 +399,37 @@ impl Plan {
                     .push(Finding::error(FindingKind::MissingFile, "data file not found").with_file(&e.data_file).with_episode(e.index));
             }
             for v in e.videos.iter().filter(|v| video_cameras.contains(&v.camera)) {
-                if heads[&v.file].is_none() {
-                    report.findings.push(
-                        Finding::error(FindingKind::MissingFile, "video file not found")
-                            .with_file(&v.file)
-                            .with_episode(e.index)
-                            .with_camera(&v.camera),
-                    );
+                if heads[&v.file].is_some() {
+                    continue;
                 }
+                let finding = if options.keep_rows_without_video {
+                    let slot = video_cameras.iter().position(|c| c == &v.camera).expect("a kept camera");
+                    without_video.insert((e.index, slot));
+                    Finding::new(
+                        Severity::Warning,
+                        FindingKind::MissingFile,
+                        "video file not found; the episode's rows are kept and its frames of this camera are refused by name \
+                         (--missing-video keep-rows)",
+                    )
+                } else {
+                    Finding::error(FindingKind::MissingFile, "video file not found")
+                };
+                report.findings.push(finding.with_file(&v.file).with_episode(e.index).with_camera(&v.camera));
             }
+        }
+        let lacking: BTreeSet<i64> = report
+            .findings
+            .iter()
+            .filter(|f| f.is_error() && f.kind == FindingKind::MissingFile && f.camera.is_some())
+            .filter_map(|f| f.episode)
+            .collect();
+        if !lacking.is_empty() {
+            report.hints.push(format!(
+                "{} of {} episodes lack a video file: --skip-bad-episodes ingests the others; --missing-video keep-rows keeps their \
+                 rows (for SQL, statistics and state-only training) and refuses their frames by name",
+                lacking.len(),
+                meta.episodes.len()
+            ));
         }
         let unreferenced = unreferenced_data_files(source, meta, &data_files).await?;
         report.findings.extend(undeclared_camera_files(source, meta).await?);
@@ -415,6 +448,7 @@ impl Plan {
             data_files,
             unreferenced,
             video_files: heads,
+            without_video,
             video_cameras,
             image_cameras: meta.image_cameras().iter().map(|f| f.name.clone()).collect(),
             rows: HashMap::new(),
@@ -888,7 +922,7 @@ fn stream_jobs(meta: &DatasetMeta, plan: &Plan, by_index: &HashMap<i64, &Episode
             shape: hwc.map(|(h, w, _)| (h as u32, w as u32)),
         };
         let mut job_of: HashMap<&str, usize> = HashMap::new();
-        for e in &plan.kept {
+        for e in plan.kept.iter().filter(|e| !plan.without_video.contains(&(**e, camera_slot))) {
             let em = by_index[e];
             let v = em.videos.iter().find(|v| &v.camera == cam).expect("every episode has every camera");
             let rows = &plan.rows[e];
@@ -1030,8 +1064,9 @@ async fn write_steps(
 type Pointers = HashMap<(i64, usize), (u64, u64, u64)>;
 
 /// The packet row of each video camera's frame for every row of a data batch, read from the
-/// scratch files: `[camera in the layout][row]` (empty for image cameras).
-fn batch_packet_rows(plan: &Plan, layout: &StepsLayout, pointers: &Pointers, batch: &RecordBatch) -> Result<Vec<Vec<u64>>> {
+/// scratch files: `[camera in the layout][row]` (empty for image cameras; `None` for the steps
+/// of an episode kept without that camera's video).
+fn batch_packet_rows(plan: &Plan, layout: &StepsLayout, pointers: &Pointers, batch: &RecordBatch) -> Result<Vec<Vec<Option<u64>>>> {
     let scratch = &plan.scratch;
     let (episode, frame) = (crate::steps::int_column(batch, "episode_index")?, crate::steps::int_column(batch, "frame_index")?);
     let mut out = vec![Vec::new(); layout.cameras.len()];
@@ -1045,6 +1080,11 @@ fn batch_packet_rows(plan: &Plan, layout: &StepsLayout, pointers: &Pointers, bat
             let e = episode[start];
             let end = episode[start..].iter().position(|x| *x != e).map_or(episode.len(), |n| start + n);
             let frames = &frame[start..end];
+            if plan.without_video.contains(&(e, slot)) {
+                rows.extend(std::iter::repeat_n(None, frames.len()));
+                start = end;
+                continue;
+            }
             let (lo, hi) = (*frames.iter().min().expect("a run has rows"), *frames.iter().max().expect("a run has rows"));
             let (Some(&(base, ..)), Some(steps), Some(first)) = (pointers.get(&(e, ci)), plan.rows.get(&e), plan.first_slot.get(&e)) else {
                 return Err(Error::Internal(format!("episode {e}: no frames of camera {cam} were indexed")));
@@ -1053,7 +1093,7 @@ fn batch_packet_rows(plan: &Plan, layout: &StepsLayout, pointers: &Pointers, bat
                 return Err(Error::Internal(format!("episode {e}: frame_index {hi} changed between passes")));
             }
             let positions = scratch.positions(slot, first + lo as u64, (hi - lo + 1) as usize)?;
-            rows.extend(frames.iter().map(|f| positions[(f - lo) as usize].map_or(u64::MAX, |p| base + u64::from(p))));
+            rows.extend(frames.iter().map(|f| Some(positions[(f - lo) as usize].map_or(u64::MAX, |p| base + u64::from(p)))));
             start = end;
         }
     }
@@ -1233,6 +1273,11 @@ fn episodes_table(
         data_file.append_value(&em.data_file);
         let entries = cameras.values();
         for (ci, cam) in layout.cameras.iter().enumerate() {
+            let slot = plan.video_cameras.iter().position(|c| c == cam);
+            if slot.is_some_and(|slot| plan.without_video.contains(&(*e, slot))) {
+                // Kept without this camera's video: the episode lists no stream of it.
+                continue;
+            }
             let (stream, file, from_ts, to_ts, first, last) = match layout.image_cameras.iter().position(|c| c == cam) {
                 Some(ii) => {
                     let (stream, base) = image_streams[ii];

@@ -73,7 +73,9 @@ impl StepsLayout {
         }
         fields.push(Field::new(TASK, DataType::Utf8, false));
         if !cameras.is_empty() {
-            let camera_fields: Fields = cameras.iter().map(|c| stored(Field::new(c, DataType::UInt64, false))).collect();
+            // A step of an episode kept without a camera's video (`--missing-video keep-rows`)
+            // has no packet row for it: null.
+            let camera_fields: Fields = cameras.iter().map(|c| stored(Field::new(c, DataType::UInt64, true))).collect();
             fields.push(Field::new(PACKET_ROW, DataType::Struct(camera_fields), false));
         }
         let mut names: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
@@ -104,8 +106,8 @@ impl StepsLayout {
 
     /// Converts a batch of data rows (already filtered to ingested episodes).
     ///
-    /// `packet_rows[camera][row]` is the packet row of a video camera's frame (the list is
-    /// empty for image cameras); image camera `i` is packet stream `image_streams[i].0` whose rows start at
+    /// `packet_rows[camera][row]` is the packet row of a video camera's frame, `None` where the
+    /// episode was kept without that camera's video (the list is empty for image cameras); image camera `i` is packet stream `image_streams[i].0` whose rows start at
     /// `image_streams[i].1`, one row per ingested step; `first_ordinal` counts the steps
     /// converted before this batch.
     ///
@@ -115,7 +117,7 @@ impl StepsLayout {
         &self,
         batch: &RecordBatch,
         tasks: &dyn Fn(i64) -> Option<&'t str>,
-        packet_rows: &[Vec<u64>],
+        packet_rows: &[Vec<Option<u64>>],
         image_streams: &[(u32, u64)],
         first_ordinal: u64,
     ) -> Result<(RecordBatch, Vec<ImagePackets>)> {
@@ -160,7 +162,7 @@ impl StepsLayout {
                     images
                         .push(ImagePackets { camera: ii, batch: image_packet_batch(image_streams[ii].0, camera, col, &episode, &frame)? });
                 } else {
-                    rows.append_slice(&packet_rows[ci]);
+                    rows.extend(packet_rows[ci].iter().copied());
                 }
                 camera_arrays.push(Arc::new(rows.finish()));
             }

@@ -200,6 +200,10 @@ struct GroupError {
 pub struct Loader {
     datasets: Vec<Arc<LoaderDataset>>,
     windows: Vec<Vec<Window>>,
+    /// Per dataset, where each column of the batch schema is among the columns the dataset
+    /// makes, when a mixture's dataset makes them in another order (a view's feature mapping
+    /// gives datasets the same keys, not the same column order).
+    orders: Vec<Option<Vec<usize>>>,
     schema: SchemaRef,
     pool: Arc<rayon::ThreadPool>,
     cache: Arc<FrameCache>,
@@ -229,6 +233,7 @@ impl Loader {
             return Err(Error::request("no dataset to load from"));
         }
         let mut resolved = Vec::with_capacity(datasets.len());
+        let mut orders = Vec::with_capacity(datasets.len());
         let mut schema: Option<SchemaRef> = None;
         for ds in &datasets {
             if let Some(size) = ds.frame_size().filter(|_| !frame_table) {
@@ -264,8 +269,17 @@ impl Loader {
                 }
                 None => vec![],
             };
-            let s = sample_schema(ds, &w);
+            let mut s = sample_schema(ds, &w);
+            let mut order = None;
             if let Some(first) = &schema {
+                // The same columns in another order are put in the first dataset's order.
+                let position: Option<Vec<usize>> = (s.fields().len() == first.fields().len())
+                    .then(|| first.fields().iter().map(|f| s.index_of(f.name()).ok()).collect())
+                    .flatten();
+                if let Some(position) = position.filter(|p| p.iter().enumerate().any(|(i, j)| i != *j)) {
+                    s = Schema::new_with_metadata(position.iter().map(|&j| s.field(j).clone()).collect::<Vec<_>>(), s.metadata().clone());
+                    order = Some(position);
+                }
                 // Names, types and, of cameras, what their bytes are (frame shape, pixel format,
                 // conversion): the batch carries the first dataset's metadata for every source.
                 let strip =
@@ -283,6 +297,7 @@ impl Loader {
                 schema = Some(Arc::new(s));
             }
             resolved.push(w);
+            orders.push(order);
         }
         let mut schema = schema.expect("at least one dataset");
         if datasets.len() > 1 {
@@ -300,6 +315,7 @@ impl Loader {
         Ok(Self {
             datasets,
             windows: resolved,
+            orders,
             schema,
             decoders: Arc::new(Mutex::new(IdlePool::new(IDLE_DECODER_BYTES_PER_THREAD * resources.pool.current_num_threads() as u64))),
             pool: resources.pool,
@@ -355,7 +371,10 @@ impl Loader {
             if self.reads_frame_table(&self.datasets[source]) {
                 continue;
             }
-            let rows: BTreeSet<u64> = self.camera_rows(source, &rows).0.into_iter().flatten().collect();
+            // A batch that shows a frame no video holds fails when it is made; nothing is
+            // decoded ahead for it.
+            let Ok((wanted, _)) = self.camera_rows(source, &rows) else { continue };
+            let rows: BTreeSet<u64> = wanted.into_iter().flatten().collect();
             out.extend(rows.into_iter().map(|r| (source, r)));
         }
         out
@@ -467,7 +486,7 @@ impl Loader {
             }
         }
 
-        let (wanted, shown_by) = self.camera_rows(source, rows);
+        let (wanted, shown_by) = self.camera_rows(source, rows)?;
         let cameras: Vec<(usize, Vec<u64>)> = ds.cameras.iter().map(|c| c.frame_bytes()).zip(wanted).collect();
         let found = self.frames(source, &cameras, &shown_by, ahead, layout).await?;
         if let Some(frame_columns) = found.columns {
@@ -510,12 +529,20 @@ impl Loader {
         if self.datasets.len() > 1 {
             columns.push(BatchColumn::Array(Arc::new(Int64Array::from(vec![source as i64; rows.len()]))));
         }
+        if let Some(order) = &self.orders[source] {
+            let mut made: Vec<Option<BatchColumn>> = columns.into_iter().map(Some).collect();
+            let rest = made.split_off(order.len());
+            columns = order.iter().map(|&j| made[j].take().expect("each column once")).chain(rest.into_iter().flatten()).collect();
+        }
         Ok(SampleBatch::try_new(self.schema.clone(), columns, rows.len())?)
     }
 
     /// Which `packets` row each (camera, sample, window slot) shows, per camera; and for each
     /// packet row, a step showing it (to name episode and frame in errors).
-    fn camera_rows(&self, source: usize, rows: &[u64]) -> (Vec<Vec<u64>>, HashMap<u64, u64>) {
+    ///
+    /// # Errors
+    /// [`Error::NoVideo`] for a step of an episode ingested without the camera's video.
+    fn camera_rows(&self, source: usize, rows: &[u64]) -> Result<CameraRows> {
         let ds = &self.datasets[source];
         let mut wanted = Vec::with_capacity(ds.cameras.len());
         let mut shown_by = HashMap::new();
@@ -524,13 +551,21 @@ impl Loader {
                 Some(w) => window_rows(ds, rows, &w.offsets).0,
                 None => rows.to_vec(),
             };
-            let packet_rows: Vec<u64> = steps.iter().map(|&s| camera.packet_rows.value(s as usize)).collect();
+            let packet_rows: Vec<u64> = steps
+                .iter()
+                .map(|&s| {
+                    camera.packet_row(s as usize).ok_or_else(|| {
+                        let (episode, frame) = ds.episode_and_frame(s as usize);
+                        Error::NoVideo { dataset: ds.label.clone(), camera: camera.key.clone(), episode, frame }
+                    })
+                })
+                .collect::<Result<_>>()?;
             for (p, s) in packet_rows.iter().zip(&steps) {
                 shown_by.entry(*p).or_insert(*s);
             }
             wanted.push(packet_rows);
         }
-        (wanted, shown_by)
+        Ok((wanted, shown_by))
     }
 
     /// The GOP decodes `draws` need when nothing is cached: per dataset and stream, the packet
@@ -542,7 +577,9 @@ impl Loader {
         }
         let mut jobs = Vec::new();
         for (source, rows) in by_source {
-            let rows: BTreeSet<u64> = self.camera_rows(source, &rows).0.into_iter().flatten().collect();
+            // Draws that show a frame no video holds fail when their batch is made.
+            let Ok((wanted, _)) = self.camera_rows(source, &rows) else { continue };
+            let rows: BTreeSet<u64> = wanted.into_iter().flatten().collect();
             for ((stream, start), targets) in group_by_gop(&self.datasets[source], rows) {
                 jobs.push(GopJob { source, stream, start, targets });
             }
@@ -1070,6 +1107,9 @@ fn thread_cpu_seconds() -> f64 {
 }
 
 /// Packet rows grouped by `(stream, keyframe row)`, each group's targets ascending.
+/// Per camera, the `packets` row each (sample, window slot) shows; and a step showing each row.
+type CameraRows = (Vec<Vec<u64>>, HashMap<u64, u64>);
+
 fn group_by_gop(ds: &LoaderDataset, rows: BTreeSet<u64>) -> BTreeMap<(u32, u64), Vec<u64>> {
     let mut groups: BTreeMap<(u32, u64), Vec<u64>> = BTreeMap::new();
     for row in rows {

@@ -5,13 +5,13 @@
 use std::{collections::HashMap, sync::Arc};
 
 use arrow::{
-    array::{Array, AsArray, RecordBatch, UInt64Array},
-    compute::{cast, concat_batches},
-    datatypes::{DataType, Int64Type, UInt32Type, UInt64Type},
+    array::{Array, AsArray, FixedSizeListArray, RecordBatch, UInt64Array},
+    compute::{cast, concat_batches, take},
+    datatypes::{DataType, Field, Int64Type, Schema, UInt32Type, UInt64Type},
 };
 use lake_codec::{StreamConfig, YuvToRgb, yuv420p_bytes};
 use lake_schemas::{
-    CodecParams, CommitRecord,
+    CodecParams, CommitRecord, FeatureMap,
     tables::{self, PACKET_ROW, SHAPE_METADATA, TASK, lerobot_name},
 };
 use lake_store::{Lake, deps::lance};
@@ -35,7 +35,8 @@ pub struct Column {
 pub struct Camera {
     /// The camera key.
     pub key: String,
-    /// Per step row: the `packets` row of its frame.
+    /// Per step row: the `packets` row of its frame; null for the steps of an episode ingested
+    /// without this camera's video (use [`Camera::packet_row`]).
     pub packet_rows: UInt64Array,
     /// Frame height.
     pub height: u32,
@@ -50,6 +51,16 @@ pub struct Camera {
 }
 
 impl Camera {
+    /// The `packets` row of step row `step`'s frame, if the step has one.
+    pub fn packet_row(&self, step: usize) -> Option<u64> {
+        self.packet_rows.is_valid(step).then(|| self.packet_rows.value(step))
+    }
+
+    /// Whether every step has a frame (no episode was ingested without this camera's video).
+    pub fn every_step_has_a_frame(&self) -> bool {
+        self.packet_rows.null_count() == 0
+    }
+
     /// Bytes of one frame as samples carry it (RGB, or YUV planes).
     pub fn frame_bytes(&self) -> usize {
         match self.yuv {
@@ -139,6 +150,10 @@ pub struct LoaderDataset {
     frame_size: Option<lake_schemas::FrameSize>,
     /// Whether frames may come from the frame table (it stores RGB; YUV planes are decoded).
     frame_table_allowed: bool,
+    /// How samples present the features (a view's mapping; empty for a plain dataset): the
+    /// columns and cameras above are already mapped, and statistics read elsewhere are mapped
+    /// with it.
+    pub features: FeatureMap,
 }
 
 impl LoaderDataset {
@@ -158,6 +173,16 @@ impl LoaderDataset {
     /// As [`open`](Self::open), when there is no frame table of that size, and for YUV planes at
     /// another size (frame tables hold RGB).
     pub async fn open_as(lake: &Lake, spec: &str, frames: FrameSpec) -> Result<Arc<Self>> {
+        Self::open_mapped(lake, spec, frames, &FeatureMap::default()).await
+    }
+
+    /// [`open_as`](Self::open_as), its features presented as a view's mapping says (renamed,
+    /// cut to some dimensions, left out).
+    ///
+    /// # Errors
+    /// As [`open_as`](Self::open_as), and when the mapping names a feature the dataset lacks,
+    /// an index column, a dimension past a feature's end, or gives two features one key.
+    pub async fn open_mapped(lake: &Lake, spec: &str, frames: FrameSpec, features: &FeatureMap) -> Result<Arc<Self>> {
         let FrameSpec { size: frame_size, format } = frames;
         let record = lake.resolve(spec).await?;
         let label = format!("{}@{}", record.name, record.version);
@@ -259,7 +284,7 @@ impl LoaderDataset {
             (packets_table.uri(), &label, frame_size, format).hash(&mut h);
             h.finish()
         };
-        Ok(Arc::new(Self {
+        let mut ds = Self {
             label,
             record,
             steps,
@@ -277,7 +302,69 @@ impl LoaderDataset {
             frame_files: crate::frames::FrameFiles::default(),
             frame_size,
             frame_table_allowed,
-        }))
+            features: FeatureMap::default(),
+        };
+        ds.map_features(features)?;
+        Ok(Arc::new(ds))
+    }
+
+    /// Presents the features as `map` says: columns and cameras renamed or left out, and
+    /// one-dimensional columns cut to the kept dimensions (the steps batch holds the cut column).
+    fn map_features(&mut self, map: &FeatureMap) -> Result<()> {
+        if map.is_empty() {
+            return Ok(());
+        }
+        let label = self.label.clone();
+        let refuse = |m: String| Error::request(format!("{label}: the view's feature mapping {m}"));
+        let keys = self.keys();
+        for key in map.rename.keys().chain(&map.drop) {
+            if !keys.contains(key) {
+                return Err(refuse(format!("names `{key}`, which this dataset lacks (it has {})", keys.join(", "))));
+            }
+            if tables::INDEX_COLUMNS.contains(&key.as_str()) || key == TASK {
+                return Err(refuse(format!("names `{key}`, an index column every sample carries as it is")));
+            }
+        }
+        self.columns.retain(|c| map.key(&c.key).is_some());
+        self.cameras.retain(|c| map.key(&c.key).is_some());
+        for key in self.columns.iter_mut().map(|c| &mut c.key).chain(self.cameras.iter_mut().map(|c| &mut c.key)) {
+            *key = map.key(key).unwrap_or(key).to_string();
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = self.keys().into_iter().find(|k| !seen.insert(k.clone())) {
+            return Err(refuse(format!("gives two features the key `{twice}`")));
+        }
+        for (key, dims) in &map.dims {
+            let Some(column) = self.columns.iter_mut().find(|c| &c.key == key) else {
+                return Err(refuse(format!("cuts `{key}`, which samples of this dataset do not carry")));
+            };
+            let array = self.steps.column(column.position).clone();
+            let (Some(list), [width]) = (array.as_fixed_size_list_opt(), column.shape.as_slice()) else {
+                return Err(refuse(format!("cuts `{key}`, which is not a one-dimensional feature (shape {:?})", column.shape)));
+            };
+            if let Some(past) = dims.iter().find(|&&d| d >= *width) {
+                return Err(refuse(format!("keeps dimension {past} of `{key}`, which has {width}")));
+            }
+            if dims.is_empty() {
+                return Err(refuse(format!("keeps no dimension of `{key}`")));
+            }
+            let width = *width as u64;
+            let at: UInt64Array = (0..list.len() as u64).flat_map(|row| dims.iter().map(move |&d| row * width + d as u64)).collect();
+            let values = take(list.values(), &at, None)?;
+            let DataType::FixedSizeList(item, _) = list.data_type() else { unreachable!("a fixed-size list") };
+            let cut = FixedSizeListArray::try_new(item.clone(), dims.len() as i32, values, list.nulls().cloned())?;
+            let schema = self.steps.schema();
+            let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            let field = &fields[column.position];
+            fields[column.position] =
+                Field::new(field.name(), cut.data_type().clone(), field.is_nullable()).with_metadata(field.metadata().clone());
+            let mut arrays = self.steps.columns().to_vec();
+            arrays[column.position] = Arc::new(cut);
+            self.steps = RecordBatch::try_new(Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())), arrays)?;
+            column.shape = vec![dims.len()];
+        }
+        self.features = map.clone();
+        Ok(())
     }
 
     /// Frames per second.
@@ -366,7 +453,7 @@ impl LoaderDataset {
     pub fn step_showing(&self, row: u64) -> Option<usize> {
         let camera = &self.streams.get(&self.packets.stream[row as usize])?.camera;
         let rows = &self.cameras.iter().find(|c| &c.key == camera)?.packet_rows;
-        rows.values().iter().position(|&r| r == row)
+        rows.iter().position(|r| r == Some(row))
     }
 
     /// Whether a decoded-frame table exists for this version.

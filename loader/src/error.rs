@@ -33,6 +33,23 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// A sample shows a frame of an episode that was ingested without that camera's video
+    /// (`lake ingest --missing-video keep-rows`).
+    #[error(
+        "dataset {dataset}, camera {camera}, episode {episode}, frame {frame}: the episode has no video for this camera (its file \
+         was missing at ingest, and --missing-video keep-rows kept its rows only); sample the episodes that have it (`episodes`, or \
+         a view that selects them)"
+    )]
+    NoVideo {
+        /// Dataset name and version.
+        dataset: String,
+        /// Camera key.
+        camera: String,
+        /// Episode index.
+        episode: i64,
+        /// Frame index in the episode.
+        frame: i64,
+    },
     /// The lake could not be read.
     #[error(transparent)]
     Store(#[from] lake_store::Error),

@@ -208,7 +208,7 @@ impl RowWriter<'_> {
 /// The `packets` rows of `stream` that some step shows.
 fn shown_rows(ds: &LoaderDataset, stream: u32) -> std::collections::HashSet<u64> {
     let camera = ds.streams.get(&stream).map(|s| s.camera.as_str());
-    ds.cameras.iter().filter(|c| Some(c.key.as_str()) == camera).flat_map(|c| c.packet_rows.values().iter().copied()).collect()
+    ds.cameras.iter().filter(|c| Some(c.key.as_str()) == camera).flat_map(|c| c.packet_rows.iter().flatten()).collect()
 }
 
 fn decode_stream(

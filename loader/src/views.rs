@@ -2,7 +2,7 @@
 //! versions, episodes and weights a view pinned when it was made), and the sampling spec the
 //! CLI and the serving layer open (`lake view create`, which runs SQL, is `lake-query`'s).
 
-use lake_schemas::ViewRecord;
+use lake_schemas::{FeatureMap, ViewRecord};
 use lake_store::Lake;
 
 use crate::{Error, Result};
@@ -17,6 +17,8 @@ pub struct Selection {
     pub episodes: Option<Vec<i64>>,
     /// Mixture weight.
     pub weight: f64,
+    /// How samples present its features (a view's mapping; empty for a plain dataset).
+    pub features: FeatureMap,
 }
 
 /// Resolves a dataset spec (`NAME`, `NAME@VERSION`) or a view (`VIEW`, `VIEW@VERSION`) to
@@ -37,7 +39,7 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
     // A dataset has the name when it has a version (readable or not: opening says which).
     if valid && lake.version_count(name).await? > 0 {
         // Opening it resolves the version, or refuses with the dataset's versions.
-        return Ok(vec![Selection { dataset: spec.to_string(), episodes: None, weight: 1.0 }]);
+        return Ok(vec![Selection { dataset: spec.to_string(), episodes: None, weight: 1.0, features: FeatureMap::default() }]);
     }
     if valid && let Some(view) = view(lake, name, version).await? {
         // A dataset version `lake rm --force` removed from under the view: named with the view.
@@ -52,7 +54,12 @@ pub async fn resolve(lake: &Lake, spec: &str) -> Result<Vec<Selection>> {
         return Ok(view
             .datasets
             .into_iter()
-            .map(|d| Selection { dataset: format!("{}@{}", d.name, d.version), episodes: Some(d.episodes), weight: d.weight })
+            .map(|d| Selection {
+                dataset: format!("{}@{}", d.name, d.version),
+                episodes: Some(d.episodes),
+                weight: d.weight,
+                features: d.features,
+            })
             .collect());
     }
     Err(not_found(lake, spec).await?)
@@ -233,11 +240,13 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
     // A dataset named by several entries (with other weights, or through views) is opened once.
     let mut opened: std::collections::HashMap<String, std::sync::Arc<crate::LoaderDataset>> = Default::default();
     for selection in selections {
-        let ds = match opened.get(&selection.dataset) {
+        // One opening per dataset version and mapping.
+        let key = format!("{} {}", selection.dataset, serde_json::to_string(&selection.features).unwrap_or_default());
+        let ds = match opened.get(&key) {
             Some(ds) => ds.clone(),
             None => {
-                let ds = crate::LoaderDataset::open_as(lake, &selection.dataset, spec.frames()).await?;
-                opened.insert(selection.dataset.clone(), ds.clone());
+                let ds = crate::LoaderDataset::open_mapped(lake, &selection.dataset, spec.frames(), &selection.features).await?;
+                opened.insert(key, ds.clone());
                 ds
             }
         };

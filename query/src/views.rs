@@ -14,7 +14,7 @@ use arrow::{
     compute::cast,
     datatypes::{DataType, Float64Type, Int64Type},
 };
-use lake_schemas::{ViewDataset, ViewRecord};
+use lake_schemas::{FeatureMap, ViewDataset, ViewRecord};
 use lake_store::Lake;
 
 use crate::{Error, Result, sql::LakeSql};
@@ -23,13 +23,165 @@ fn invalid(name: &str, message: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("view `{name}`: {message}"))
 }
 
+/// One rule of a view's feature mapping, for one dataset of the view or (without `dataset`) for
+/// every dataset of it that has the feature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappingRule {
+    /// The dataset it applies to (by name); `None` for every dataset with the feature.
+    pub dataset: Option<String>,
+    /// What it does.
+    pub action: Mapping,
+}
+
+/// What a [`MappingRule`] does to a feature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mapping {
+    /// Samples carry stored key `from` as `to`.
+    Rename {
+        /// The stored LeRobot key.
+        from: String,
+        /// The key samples carry.
+        to: String,
+    },
+    /// Samples carry only these dimensions (in this order) of the one-dimensional feature they
+    /// carry as `key` (after renaming).
+    Dims {
+        /// The key as samples carry it.
+        key: String,
+        /// The dimensions kept.
+        dims: Vec<usize>,
+    },
+    /// Samples leave out stored key `key`.
+    Drop {
+        /// The stored LeRobot key.
+        key: String,
+    },
+}
+
+impl MappingRule {
+    /// Parses one flag's value: `rename` takes `[DATASET:]FROM=TO`, `dims` takes
+    /// `[DATASET:]KEY=DIMS` (DIMS like `0:6` for 0 to 5, or `0,1,2,7`), `drop` takes
+    /// `[DATASET:]KEY`.
+    ///
+    /// # Errors
+    /// When the value does not have that form.
+    pub fn parse(action: &str, value: &str) -> std::result::Result<Self, String> {
+        let (dataset, rest) = match value.split_once(':').filter(|(d, _)| !d.is_empty() && !d.contains('=')) {
+            Some((d, rest)) => (Some(d.to_string()), rest),
+            None => (None, value),
+        };
+        let pair = || {
+            rest.split_once('=')
+                .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+                .ok_or_else(|| format!("`{value}` is not [DATASET:]KEY=VALUE"))
+        };
+        let action = match action {
+            "rename" => {
+                let (from, to) = pair()?;
+                Mapping::Rename { from: from.into(), to: to.into() }
+            }
+            "dims" => {
+                let (key, spec) = pair()?;
+                Mapping::Dims { key: key.into(), dims: parse_dims(spec).map_err(|e| format!("`{value}`: {e}"))? }
+            }
+            "drop" if !rest.is_empty() && !rest.contains('=') => Mapping::Drop { key: rest.into() },
+            "drop" => return Err(format!("`{value}` is not [DATASET:]KEY")),
+            other => return Err(format!("unknown mapping `{other}`")),
+        };
+        Ok(Self { dataset, action })
+    }
+}
+
+/// `0:6` (0 to 5), `3` or `0,1,2,7` (and mixes: `0:3,7`).
+fn parse_dims(spec: &str) -> std::result::Result<Vec<usize>, String> {
+    let mut dims = Vec::new();
+    for part in spec.split(',') {
+        let number = |n: &str| n.trim().parse::<usize>().map_err(|_| format!("`{n}` is not a dimension (0, 1, …)"));
+        match part.split_once(':') {
+            Some((a, b)) => {
+                let (a, b) = (number(a)?, number(b)?);
+                if a >= b {
+                    return Err(format!("`{part}` keeps no dimension (START:END keeps START to END - 1)"));
+                }
+                dims.extend(a..b);
+            }
+            None => dims.push(number(part)?),
+        }
+    }
+    let mut seen = BTreeSet::new();
+    if let Some(twice) = dims.iter().find(|d| !seen.insert(**d)) {
+        return Err(format!("dimension {twice} is kept twice"));
+    }
+    Ok(dims)
+}
+
+/// Each selected dataset's feature mapping from `rules`, checked against its `info.json`
+/// features: a rule for a named dataset must name one of the view and a feature it has; one for
+/// every dataset must apply to some dataset.
+fn feature_maps(view: &str, rules: &[MappingRule], records: &[lake_schemas::CommitRecord]) -> Result<Vec<FeatureMap>> {
+    let mut maps = vec![FeatureMap::default(); records.len()];
+    for rule in rules {
+        if let Some(d) = &rule.dataset
+            && !records.iter().any(|r| &r.name == d)
+        {
+            let names: Vec<&str> = records.iter().map(|r| r.name.as_str()).collect();
+            return Err(invalid(view, format!("the mapping names dataset `{d}`, which the view does not select ({})", names.join(", "))));
+        }
+        let mut applied = false;
+        for (record, map) in records.iter().zip(&mut maps) {
+            if rule.dataset.as_ref().is_some_and(|d| d != &record.name) {
+                continue;
+            }
+            let features = &record.info["features"];
+            let label = format!("{}@{}", record.name, record.version);
+            let has = |key: &str| features.get(key).is_some();
+            match &rule.action {
+                Mapping::Rename { from, to } if has(from) => {
+                    map.rename.insert(from.clone(), to.clone());
+                }
+                Mapping::Drop { key } if has(key) => map.drop.push(key.clone()),
+                Mapping::Dims { key, dims } => {
+                    // The stored feature samples carry as `key`.
+                    let stored = map.rename.iter().find(|(_, to)| *to == key).map_or(key.as_str(), |(from, _)| from.as_str());
+                    let Some(feature) = features.get(stored) else { continue };
+                    let width = match feature["shape"].as_array().map(Vec::as_slice) {
+                        Some([n]) => n.as_u64().unwrap_or(0) as usize,
+                        _ => {
+                            return Err(invalid(view, format!("{label}: `{key}` is not a one-dimensional feature ({})", feature["shape"])));
+                        }
+                    };
+                    if let Some(past) = dims.iter().find(|&&d| d >= width) {
+                        return Err(invalid(view, format!("{label}: `{key}` has {width} dimensions, the mapping keeps dimension {past}")));
+                    }
+                    map.dims.insert(key.clone(), dims.clone());
+                }
+                _ if rule.dataset.is_some() => {
+                    let key = match &rule.action {
+                        Mapping::Rename { from, .. } => from,
+                        Mapping::Drop { key } | Mapping::Dims { key, .. } => key,
+                    };
+                    let have: Vec<&str> = features.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
+                    return Err(invalid(view, format!("{label} has no feature `{key}` (it has {})", have.join(", "))));
+                }
+                _ => continue,
+            }
+            applied = true;
+        }
+        if !applied {
+            return Err(invalid(view, format!("the mapping {rule:?} applies to none of the view's datasets")));
+        }
+    }
+    Ok(maps)
+}
+
 /// Runs `query` and stores its selection as the view `name` (replacing one of that name when
-/// `replace`).
+/// `replace`), each dataset's features presented as `mapping` says.
 ///
 /// # Errors
 /// When the name is taken or not valid, the query fails, lacks the columns above, names a
-/// dataset or episode the lake does not have, gives one dataset two weights, or selects nothing.
-pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Result<Created> {
+/// dataset or episode the lake does not have, gives one dataset two weights, selects nothing,
+/// or the mapping names what the datasets lack, or the mapped samples could not stack.
+pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool, mapping: &[MappingRule]) -> Result<Created> {
     // A view named before its name was reserved may still be replaced.
     let taken = lake_store::validate_name(name).is_ok() && !lake.view_versions(name).await?.is_empty();
     let check = if taken { lake_store::validate_name } else { lake_store::validate_new_name };
@@ -154,7 +306,7 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
             None => merged.push((record, wanted, weight)),
         }
     }
-    let mut selected = Vec::new();
+    let mut selected: Vec<ViewDataset> = Vec::new();
     let mut records: Vec<lake_schemas::CommitRecord> = Vec::new();
     for (record, wanted, weight) in merged {
         let have = lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index"]).await?;
@@ -168,10 +320,15 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool) -> Resu
             version: record.version,
             weight: weight.map_or(1.0, |(_, w)| w),
             episodes: wanted.into_iter().collect(),
+            features: Default::default(),
         });
         records.push(record);
     }
-    let records: Vec<&lake_schemas::CommitRecord> = records.iter().collect();
+    let maps = feature_maps(name, mapping, &records)?;
+    for (selected, map) in selected.iter_mut().zip(&maps) {
+        selected.features = map.clone();
+    }
+    let records: Vec<(&lake_schemas::CommitRecord, &FeatureMap)> = records.iter().zip(&maps).collect();
     if let Some(why) = sample_shape_mismatch(lake, &records).await? {
         return Err(invalid(name, format!("its samples could not stack: {why}; select from datasets that match, one view each otherwise")));
     }
@@ -215,7 +372,7 @@ pub struct Created {
 /// (by LeRobot key; the index columns, which the loader gives fixed types, left out) with its
 /// type, then each camera with its kind (frame sizes may differ: a frame table of one size
 /// unifies them, and the loader says when they do not).
-async fn sample_shape(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<Vec<(String, String)>> {
+async fn sample_shape(lake: &Lake, record: &lake_schemas::CommitRecord, map: &FeatureMap) -> Result<Vec<(String, String)>> {
     use lake_schemas::tables::{INDEX_COLUMNS, PACKET_ROW, STEPS, STREAMS, lerobot_name};
     let steps = lake_store::open_table(lake, record, STEPS).await?;
     let mut shape: Vec<(String, String)> = arrow::datatypes::Schema::from(steps.schema())
@@ -250,17 +407,27 @@ async fn sample_shape(lake: &Lake, record: &lake_schemas::CommitRecord) -> Resul
         .unwrap_or_default();
     cameras.sort_by_key(|(c, _)| order.iter().position(|o| o == c).unwrap_or(usize::MAX));
     shape.extend(cameras);
-    Ok(shape)
+    // As the view's mapping presents them.
+    Ok(shape
+        .into_iter()
+        .filter_map(|(key, kind)| {
+            let key = map.key(&key)?.to_string();
+            let kind = match (map.dims_of(&key), kind.split_once(" x ")) {
+                (Some(dims), Some((item, _))) => format!("{item} x {}", dims.len()),
+                _ => kind,
+            };
+            Some((key, kind))
+        })
+        .collect())
 }
 
 /// Why samples of `records` could not be stacked into one batch (different features, feature
-/// types, camera kinds, or the same in another order), naming the first difference; `None` when
-/// they can.
-async fn sample_shape_mismatch(lake: &Lake, records: &[&lake_schemas::CommitRecord]) -> Result<Option<String>> {
-    let Some((first, rest)) = records.split_first() else { return Ok(None) };
-    let shape = sample_shape(lake, first).await?;
-    for other in rest {
-        let theirs = sample_shape(lake, other).await?;
+/// types or camera kinds), naming the first difference; `None` when they can.
+async fn sample_shape_mismatch(lake: &Lake, records: &[(&lake_schemas::CommitRecord, &FeatureMap)]) -> Result<Option<String>> {
+    let Some(((first, first_map), rest)) = records.split_first() else { return Ok(None) };
+    let shape = sample_shape(lake, first, first_map).await?;
+    for (other, map) in rest {
+        let theirs = sample_shape(lake, other, map).await?;
         let (a, b) = (format!("{}@{}", first.name, first.version), format!("{}@{}", other.name, other.version));
         let only = |x: &[(String, String)], y: &[(String, String)]| -> Vec<String> {
             x.iter().filter(|(k, _)| !y.iter().any(|(o, _)| o == k)).map(|(k, _)| k.clone()).collect()
@@ -272,10 +439,9 @@ async fn sample_shape_mismatch(lake: &Lake, records: &[&lake_schemas::CommitReco
         if !only_a.is_empty() {
             return Ok(Some(format!("{a} has {} that {b} lacks", list(&only_a))));
         }
-        for ((key, kind), (their_key, their_kind)) in shape.iter().zip(&theirs) {
-            if key != their_key {
-                return Ok(Some(format!("their features come in another order (`{key}` in {a} where {b} has `{their_key}`)")));
-            }
+        // The loader puts the same features in another order in the first dataset's.
+        for (key, kind) in &shape {
+            let Some((_, their_kind)) = theirs.iter().find(|(k, _)| k == key) else { continue };
             if kind != their_kind {
                 return Ok(Some(format!("`{key}` is {kind} in {a} and {their_kind} in {b}")));
             }
@@ -286,4 +452,29 @@ async fn sample_shape_mismatch(lake: &Lake, records: &[&lake_schemas::CommitReco
 
 fn list(keys: &[String]) -> String {
     keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Mapping, MappingRule, parse_dims};
+
+    #[test]
+    fn mapping_flags_parse_with_and_without_a_dataset() {
+        assert_eq!(parse_dims("0:3,7"), Ok(vec![0, 1, 2, 7]));
+        assert_eq!(parse_dims("5"), Ok(vec![5]));
+        assert!(parse_dims("3:3").expect_err("empty").contains("keeps no dimension"));
+        assert!(parse_dims("1,1").expect_err("twice").contains("kept twice"));
+        assert!(parse_dims("x").expect_err("not a number").contains("`x` is not a dimension"));
+        let rule = MappingRule::parse("rename", "aloha:actions=action").expect("valid");
+        assert_eq!(rule.dataset.as_deref(), Some("aloha"));
+        assert_eq!(rule.action, Mapping::Rename { from: "actions".into(), to: "action".into() });
+        let rule = MappingRule::parse("dims", "observation.state=0:2").expect("valid");
+        assert_eq!((rule.dataset, rule.action), (None, Mapping::Dims { key: "observation.state".into(), dims: vec![0, 1] }));
+        assert_eq!(
+            MappingRule::parse("drop", "observation.images.wrist").expect("valid").action,
+            Mapping::Drop { key: "observation.images.wrist".into() }
+        );
+        assert!(MappingRule::parse("rename", "actions").is_err());
+        assert!(MappingRule::parse("drop", "a=b").is_err());
+    }
 }

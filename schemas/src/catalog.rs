@@ -48,6 +48,10 @@ pub struct IngestOptions {
     pub skip_bad_episodes: bool,
     /// Whether cameras with no video files at all were left out.
     pub drop_missing_cameras: bool,
+    /// Whether episodes whose video files are missing kept their rows (without frames of those
+    /// cameras) instead of being refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_rows_without_video: bool,
 }
 
 /// Row counts of a committed version.
@@ -112,6 +116,88 @@ pub struct ViewDataset {
     pub weight: f64,
     /// Selected episode indices, ascending.
     pub episodes: Vec<i64>,
+    /// How samples present this dataset's features (renamed, cut to some dimensions, left out).
+    #[serde(default, skip_serializing_if = "FeatureMap::is_empty")]
+    pub features: FeatureMap,
+}
+
+/// How a view presents one dataset's features in samples, so that datasets recorded under other
+/// names or with other dimensions stack in one mixture: `actions` served as `action`, the first 6
+/// of 14 state dimensions, a camera the others lack left out. Steps, SQL and the stored data are
+/// unchanged; only samples (and the statistics a trainer normalises them with) see the mapping.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeatureMap {
+    /// Stored LeRobot key → the key samples carry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rename: BTreeMap<String, String>,
+    /// Key as samples carry it (after renaming) → the dimensions kept, in this order, of a
+    /// one-dimensional feature.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dims: BTreeMap<String, Vec<usize>>,
+    /// Stored LeRobot keys left out of samples.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop: Vec<String>,
+}
+
+impl FeatureMap {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.rename.is_empty() && self.dims.is_empty() && self.drop.is_empty()
+    }
+
+    /// The key samples carry for stored key `key`, or `None` when it is left out.
+    pub fn key<'a>(&'a self, key: &'a str) -> Option<&'a str> {
+        if self.drop.iter().any(|d| d == key) {
+            return None;
+        }
+        Some(self.rename.get(key).map_or(key, String::as_str))
+    }
+
+    /// The dimensions kept of the feature samples carry as `key`, when cut.
+    pub fn dims_of(&self, key: &str) -> Option<&[usize]> {
+        self.dims.get(key).map(Vec::as_slice)
+    }
+
+    /// `info.json`'s `features` object as samples see it: keys renamed, dropped ones left out,
+    /// and a cut feature's shape the number of dimensions kept.
+    pub fn info_features(&self, features: &serde_json::Value) -> serde_json::Value {
+        let Some(all) = features.as_object() else { return features.clone() };
+        let mut out = serde_json::Map::new();
+        for (stored, feature) in all {
+            let Some(key) = self.key(stored) else { continue };
+            let mut feature = feature.clone();
+            if let Some(dims) = self.dims_of(key) {
+                feature["shape"] = serde_json::json!([dims.len()]);
+                if let Some(names) = feature.get("names").and_then(serde_json::Value::as_array).filter(|n| n.len() > 1) {
+                    let names: Vec<serde_json::Value> = dims.iter().filter_map(|&d| names.get(d).cloned()).collect();
+                    feature["names"] = serde_json::Value::Array(names);
+                }
+            }
+            out.insert(key.to_string(), feature);
+        }
+        serde_json::Value::Object(out)
+    }
+
+    /// LeRobot `stats.json`-layout statistics (`{key: {stat: values}}`) as samples see them: keys
+    /// renamed, dropped ones left out, and each per-dimension statistic cut to the kept
+    /// dimensions (`count`, one number for all dimensions, stays).
+    pub fn stats(&self, stats: &serde_json::Value) -> serde_json::Value {
+        let Some(all) = stats.as_object() else { return stats.clone() };
+        let mut out = serde_json::Map::new();
+        for (stored, per_stat) in all {
+            let Some(key) = self.key(stored) else { continue };
+            let mut per_stat = per_stat.clone();
+            if let (Some(dims), Some(stats)) = (self.dims_of(key), per_stat.as_object_mut()) {
+                for (stat, values) in stats.iter_mut() {
+                    if let Some(list) = values.as_array().filter(|l| stat != "count" && l.len() > 1) {
+                        *values = serde_json::Value::Array(dims.iter().filter_map(|&d| list.get(d).cloned()).collect());
+                    }
+                }
+            }
+            out.insert(key.to_string(), per_stat);
+        }
+        serde_json::Value::Object(out)
+    }
 }
 
 /// A named training set: the episodes a SQL query selected, pinned to the dataset versions
@@ -145,5 +231,31 @@ impl ViewRecord {
     /// Selected episodes over all datasets.
     pub fn episode_count(&self) -> usize {
         self.datasets.iter().map(|d| d.episodes.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::FeatureMap;
+
+    #[test]
+    fn a_feature_map_renames_cuts_and_drops_features_and_their_statistics() {
+        let map = FeatureMap {
+            rename: [("actions".to_string(), "action".to_string())].into(),
+            dims: [("action".to_string(), vec![2, 0])].into(),
+            drop: vec!["image".into()],
+        };
+        assert_eq!(map.key("actions"), Some("action"));
+        assert_eq!(map.key("image"), None);
+        assert_eq!(map.key("state"), Some("state"));
+        let stats =
+            json!({"actions": {"mean": [1.0, 2.0, 3.0], "count": [10]}, "image": {"mean": [[[0.5]]]}, "state": {"min": [0.0, 1.0]}});
+        assert_eq!(map.stats(&stats), json!({"action": {"mean": [3.0, 1.0], "count": [10]}, "state": {"min": [0.0, 1.0]}}));
+        let features = json!({"actions": {"dtype": "float32", "shape": [3], "names": ["x", "y", "z"]}, "image": {"dtype": "video"}});
+        assert_eq!(map.info_features(&features), json!({"action": {"dtype": "float32", "shape": [2], "names": ["z", "x"]}}));
+        let record = serde_json::to_string(&FeatureMap::default()).expect("json");
+        assert_eq!(record, "{}", "an empty map writes nothing into a view's record");
     }
 }

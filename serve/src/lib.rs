@@ -1442,7 +1442,7 @@ fn refusal_kind(e: &Error) -> Refusal {
     use lake_loader::Error as L;
     use lake_store::Error as S;
     match e {
-        Error::Invalid(_) | Error::Query(_) | Error::Loader(L::Request(_)) => Refusal::BadRequest,
+        Error::Invalid(_) | Error::Query(_) | Error::Loader(L::Request(_) | L::NoVideo { .. }) => Refusal::BadRequest,
         Error::Busy(_) => Refusal::Busy,
         Error::ResourcesExhausted(_) => Refusal::TooLarge,
         Error::ShuttingDown => Refusal::Unavailable,

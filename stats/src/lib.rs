@@ -650,6 +650,9 @@ pub struct ImageStatsReport {
     pub cameras: usize,
     /// Frames decoded (all cameras).
     pub frames: u64,
+    /// Episodes left out because they were ingested without some camera's video
+    /// (`--missing-video keep-rows`).
+    pub episodes_without_video: usize,
 }
 
 /// Computes per-channel statistics of every camera over LeRobot's frame subsample of each
@@ -668,8 +671,12 @@ pub async fn write_image_stats(lake: &Lake, spec: &str) -> Result<ImageStatsRepo
         ds.cameras.iter().map(|c| (c.key.clone(), c.height as usize, c.width as usize, downsample_stride(c.height, c.width))).collect();
     let mut rows = Vec::new();
     let mut totals = vec![ChannelHistograms::default(); cameras.len()];
-    let mut report = ImageStatsReport { cameras: cameras.len(), frames: 0 };
+    let mut report = ImageStatsReport { cameras: cameras.len(), ..ImageStatsReport::default() };
     for episode in &ds.episodes {
+        if ds.cameras.iter().any(|c| c.packet_row(episode.first_row as usize).is_none()) {
+            report.episodes_without_video += 1;
+            continue;
+        }
         let draws: Vec<Draw> = sample_positions(episode.len).into_iter().map(|p| Draw { source: 0, row: episode.first_row + p }).collect();
         let mut hists = vec![ChannelHistograms::default(); cameras.len()];
         for chunk in draws.chunks(64) {

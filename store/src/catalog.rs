@@ -1821,7 +1821,12 @@ mod lifecycle_tests {
                 files: 0,
                 bytes: 0,
             },
-            options: IngestOptions { tolerance_s: 1e-4, skip_bad_episodes: false, drop_missing_cameras: false },
+            options: IngestOptions {
+                tolerance_s: 1e-4,
+                skip_bad_episodes: false,
+                drop_missing_cameras: false,
+                keep_rows_without_video: false,
+            },
             counts: TableCounts::default(),
             fps: 30,
             robot_type: None,
@@ -2300,7 +2305,7 @@ mod lifecycle_tests {
         let tmp = tempfile::tempdir().unwrap();
         let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
         let over = |version: u64| ViewRecord {
-            datasets: vec![ViewDataset { name: "ds".into(), version, weight: 1.0, episodes: vec![0] }],
+            datasets: vec![ViewDataset { name: "ds".into(), version, weight: 1.0, episodes: vec![0], features: Default::default() }],
             ..view("v", "q")
         };
         // A view written after `lake rm` checked the views: the removal backs out.

@@ -164,7 +164,7 @@ pub async fn dataset_facts(lake: &Lake, request: &SampleRequest) -> Result<Datas
     let first = sampling.datasets.first().ok_or_else(|| Error::Data("the request samples no dataset".into()))?;
     let fps = f64::from(first.fps());
     let cameras: BTreeSet<&str> = first.cameras.iter().map(|c| c.key.as_str()).collect();
-    let mut features = DatasetFeature::from_info_json(&first.record.info)?;
+    let mut features = DatasetFeature::from_info_json(&mapped_info(first))?;
     features.retain(|f| f.kind != crate::FeatureType::Visual || cameras.contains(f.name.as_str()));
     let mut parts = Vec::new();
     for ds in &sampling.datasets {
@@ -176,7 +176,7 @@ pub async fn dataset_facts(lake: &Lake, request: &SampleRequest) -> Result<Datas
                 first.label
             )));
         }
-        let mut theirs = DatasetFeature::from_info_json(&ds.record.info)?;
+        let mut theirs = DatasetFeature::from_info_json(&mapped_info(ds))?;
         let their_cameras: BTreeSet<&str> = ds.cameras.iter().map(|c| c.key.as_str()).collect();
         theirs.retain(|f| f.kind != crate::FeatureType::Visual || their_cameras.contains(f.name.as_str()));
         if theirs != features {
@@ -188,11 +188,21 @@ pub async fn dataset_facts(lake: &Lake, request: &SampleRequest) -> Result<Datas
         let whole = ds.episodes.len() as u64 == ds.record.counts.episodes;
         let episodes: BTreeSet<i64> = ds.episodes.iter().map(|e| e.episode_index).collect();
         let stats = lake_stats::stats_json(lake, &ds.record, (!whole).then_some(&episodes)).await.map_err(data)?;
+        let stats = ds.features.stats(&stats);
         let steps: u64 = ds.episodes.iter().map(|e| e.len).sum();
         parts.push((stats, steps));
     }
     let stats = if parts.len() == 1 { parts.remove(0).0 } else { aggregate(&parts) };
     Ok(DatasetFacts { fps, features, stats, datasets: sampling.datasets.iter().map(|d| d.label.clone()).collect() })
+}
+
+/// The dataset's `info.json` with its features as samples present them (a view's mapping).
+fn mapped_info(ds: &lake_loader::LoaderDataset) -> Value {
+    let mut info = ds.record.info.clone();
+    if !ds.features.is_empty() {
+        info["features"] = ds.features.info_features(&info["features"]);
+    }
+    info
 }
 
 /// Combines per-dataset statistics as LeRobot's `aggregate_stats`: means weighted by count,
@@ -290,6 +300,61 @@ mod tests {
         let got = |stat: &str| all["x"][stat][0].as_f64().expect("a number");
         assert!((got("mean") - mean).abs() < 1e-12 && (got("std") - std).abs() < 1e-12, "{all}");
         assert_eq!((got("min"), got("max"), got("count")), (0.0, 8.0, 5.0));
+    }
+
+    /// A view that maps two datasets' features (cut to 6 dimensions, cameras left out) gives
+    /// the trainer the mapped features and statistics: the policy sees what the samples carry.
+    #[test]
+    fn a_mapped_views_facts_are_what_its_samples_carry() {
+        tokio::runtime::Runtime::new().expect("runtime").block_on(async {
+            let dir = tempfile::tempdir().expect("tmp");
+            let lake = Lake::create(dir.path().join("lake").to_str().expect("utf-8")).expect("lake");
+            let testdata = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/lerobot/");
+            for name in ["v30-images-tiny", "v30-h264-multifile"] {
+                let progress = lake_ingest::Progress::default();
+                lake_ingest::ingest(&lake, &format!("{testdata}{name}"), &Default::default(), &progress).await.expect("ingested");
+            }
+            let cut = lake_schemas::FeatureMap {
+                dims: [("observation.state".to_string(), vec![0, 1, 2, 3, 4, 5]), ("action".to_string(), vec![5, 4, 3, 2, 1, 0])].into(),
+                drop: vec!["observation.images.front".into(), "observation.images.wrist".into(), "observation.images.side".into()],
+                ..Default::default()
+            };
+            let drop_front = lake_schemas::FeatureMap { drop: vec!["observation.images.front".into()], ..Default::default() };
+            let mut datasets = Vec::new();
+            for (name, features) in [("v30-h264-multifile", cut), ("v30-images-tiny", drop_front)] {
+                let record = lake.resolve(name).await.expect("a dataset");
+                let episodes = (0..record.counts.episodes as i64).collect();
+                datasets.push(lake_schemas::ViewDataset { name: name.into(), version: record.version, weight: 1.0, episodes, features });
+            }
+            let view = lake_schemas::ViewRecord {
+                name: "mix".into(),
+                version: 0,
+                dropped: false,
+                sql: "(written by the test)".into(),
+                created_at: chrono::Utc::now(),
+                lake_versions: Vec::new(),
+                datasets,
+            };
+            lake.put_view(&view, false).await.expect("view stored");
+
+            let facts = dataset_facts(&lake, &SampleRequest::new(["mix"])).await.expect("facts of the mapped mixture");
+            let shapes: Vec<(String, Vec<usize>)> = facts.features.iter().map(|f| (f.name.clone(), f.shape.clone())).collect();
+            assert_eq!(shapes, [("observation.state".to_string(), vec![6]), ("action".to_string(), vec![6])], "{shapes:?}");
+            let stats = async |name: &str| {
+                let record = lake.resolve(name).await.expect("a dataset");
+                lake_stats::stats_json(&lake, &record, None).await.expect("stats")
+            };
+            let (multifile, tiny) = (stats("v30-h264-multifile").await, stats("v30-images-tiny").await);
+            let max = |stats: &Value, key: &str, d: usize| stats[key]["max"][d].as_f64().expect("a number");
+            // The cut reverses the first six action dimensions: the mixture's action[0] is
+            // dimension 5 of one dataset's and dimension 0 of the other's.
+            assert_eq!(max(&facts.stats, "action", 0), max(&multifile, "action", 5).max(max(&tiny, "action", 0)), "{}", facts.stats);
+            assert_eq!(
+                max(&facts.stats, "observation.state", 2),
+                max(&multifile, "observation.state", 2).max(max(&tiny, "observation.state", 2))
+            );
+            assert!(facts.stats.get("observation.images.front").is_none(), "{}", facts.stats);
+        });
     }
 
     #[test]

@@ -33,6 +33,12 @@ pub struct IngestArgs {
     /// the tabular data of every episode.
     #[arg(long)]
     drop_missing_cameras: bool,
+    /// What an episode whose video file of a camera is missing gets: `refuse` counts the file as
+    /// the episode's error (with --skip-bad-episodes the episode is left out); `keep-rows` keeps
+    /// its rows for SQL, statistics and state-only training, and a sample that shows a frame of
+    /// that camera in it is refused, naming dataset, camera, episode and frame.
+    #[arg(long, value_enum, default_value_t = MissingVideo::Refuse)]
+    missing_video: MissingVideo,
     /// Decode every video frame once and report those that do not decode whole (a damaged
     /// file), by episode and frame, as errors of their episodes; `--frame-cache` does this too.
     /// Ingest then takes about as long as decoding the dataset.
@@ -52,6 +58,15 @@ pub struct IngestArgs {
     /// Print the commit record and report as JSON instead of the summary.
     #[arg(long)]
     json: bool,
+}
+
+/// `--missing-video`: what an episode whose video file is missing gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum MissingVideo {
+    /// The missing file is the episode's error.
+    Refuse,
+    /// The episode's rows are kept, without that camera's frames.
+    KeepRows,
 }
 
 /// A `--frame-cache` value: `native` (the recorded size) or `WxH`.
@@ -133,6 +148,7 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
         tolerance_s: args.tolerance_s,
         skip_bad_episodes: args.skip_bad_episodes,
         drop_missing_cameras: args.drop_missing_cameras,
+        keep_rows_without_video: args.missing_video == MissingVideo::KeepRows,
         // Frame tables decode every frame anyway: a frame that does not decode whole is
         // found before the version is committed.
         verify: args.verify || !args.frame_cache.is_empty(),

@@ -43,7 +43,7 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--out {} is a directory; give a file name (e.g. samples.arrow)", args.out.display());
     }
     let frames = lake_loader::FrameSpec { size: args.loader.frame_size, format: args.loader.frame_format };
-    let ds = LoaderDataset::open_as(&lake, &selection.dataset, frames).await?;
+    let ds = LoaderDataset::open_mapped(&lake, &selection.dataset, frames, &selection.features).await?;
     let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
     let indices: Vec<i64> = args.indices.concat();
     if indices.is_empty() {

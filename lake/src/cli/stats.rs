@@ -48,9 +48,15 @@ pub async fn stats(root: &str, args: StatsArgs) -> anyhow::Result<ExitCode> {
                 crate::text::count(report.frames as u64, "frame"),
                 began.elapsed().as_secs_f64()
             );
+            if report.episodes_without_video > 0 {
+                errln!(
+                    "{} left out: ingested without some camera's video (--missing-video keep-rows)",
+                    crate::text::count(report.episodes_without_video as u64, "episode")
+                );
+            }
         }
     }
-    let json = lake_stats::stats_json(&lake, &record, episodes.as_ref()).await?;
+    let json = selection.features.stats(&lake_stats::stats_json(&lake, &record, episodes.as_ref()).await?);
     let text = lake_schemas::pyjson::to_string_pretty(&json);
     match &args.output {
         Some(path) => {

@@ -19,6 +19,18 @@ pub enum ViewCommand {
         /// pinned an earlier version keep reading that one).
         #[arg(long)]
         replace: bool,
+        /// Samples carry feature FROM as TO: `[DATASET:]FROM=TO` (e.g. `--rename
+        /// aloha:actions=action`), for DATASET or every dataset of the view that has FROM.
+        /// Repeat for more.
+        #[arg(long, value_name = "[DATASET:]FROM=TO", value_parser = |v: &str| views::MappingRule::parse("rename", v))]
+        rename: Vec<views::MappingRule>,
+        /// Samples carry only these dimensions, in this order, of a one-dimensional feature (its
+        /// key after --rename): `[DATASET:]KEY=DIMS`, DIMS like `0:6` (0 to 5) or `0,1,2,7`.
+        #[arg(long, value_name = "[DATASET:]KEY=DIMS", value_parser = |v: &str| views::MappingRule::parse("dims", v))]
+        dims: Vec<views::MappingRule>,
+        /// Samples leave out a feature or camera: `[DATASET:]KEY`.
+        #[arg(long, value_name = "[DATASET:]KEY", value_parser = |v: &str| views::MappingRule::parse("drop", v))]
+        drop: Vec<views::MappingRule>,
     },
     /// List the views (current versions).
     Ls,
@@ -38,8 +50,10 @@ pub enum ViewCommand {
 pub async fn view(root: &str, command: ViewCommand) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     match command {
-        ViewCommand::Create { name, query, replace } => {
-            let views::Created { view: v, notes } = views::create(&lake, &name, &query, replace).await?;
+        ViewCommand::Create { name, query, replace, rename, dims, drop } => {
+            // Renames first: cuts name features by the key samples carry.
+            let mapping: Vec<views::MappingRule> = rename.into_iter().chain(drop).chain(dims).collect();
+            let views::Created { view: v, notes } = views::create(&lake, &name, &query, replace, &mapping).await?;
             let parts: Vec<String> = v
                 .datasets
                 .iter()

@@ -364,6 +364,55 @@ fn real_lingzu_mpeg4_gop12_missing_videos() {
     assert_eq!(stats["image"]["count"], serde_json::json!([count]), "{}", stats["image"]);
 }
 
+/// `--missing-video keep-rows` keeps all 50 episodes' rows of a dataset whose videos are there
+/// for 4 of them: SQL and statistics see every step, a sample of an episode with its video
+/// decodes, and one of an episode without is refused naming dataset, camera, episode and frame.
+#[test]
+fn missing_videos_keep_their_rows_and_refuse_their_frames_by_name() {
+    let src = shared_dir().join("lerobot-real/lingzu-open50-v30");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let refused = lake(&root, &["ingest", src.to_str().expect("utf-8")]);
+    assert_eq!(refused.code, 1, "{refused:#?}");
+    assert!(
+        refused.stderr.contains("46 of 50 episodes lack a video file") && refused.stderr.contains("--missing-video keep-rows"),
+        "{}",
+        refused.stderr
+    );
+
+    let run = ingest_ok(&root, &src, &["--missing-video", "keep-rows"]);
+    assert!(run.stdout.contains("50 of 50 episodes"), "{}", run.stdout);
+    let ds = "\"lingzu-open50-v30\"";
+    let counts = sql_rows(&root, &format!("SELECT count(*) AS steps, count(DISTINCT episode_index) AS episodes FROM {ds}.steps"));
+    assert_eq!((num(&counts[0], "steps"), num(&counts[0], "episodes")), (20_814.0, 50.0), "{counts:?}");
+    let warned = sql_rows(&root, &format!("SELECT count(*) AS n FROM {ds}.findings WHERE kind = 'missing-file' AND severity = 'warning'"));
+    assert_eq!(num(&warned[0], "n"), 46.0, "{warned:?}");
+    let stats: serde_json::Value = serde_json::from_str(&run_stats(&root, "lingzu-open50-v30")).expect("stats.json");
+    assert_eq!(stats["state"]["count"], serde_json::json!([20_814]), "{}", stats["state"]);
+
+    let first_step = |episode: i64| {
+        let rows = sql_rows(&root, &format!("SELECT min(index) AS i FROM {ds}.steps WHERE episode_index = {episode}"));
+        (num(&rows[0], "i") as i64 + 2).to_string()
+    };
+    let out = tmp.path().join("sample.arrow");
+    let with_video =
+        lake(&root, &["sample", "--dataset", "lingzu-open50-v30", "--indices", &first_step(0), "--out", out.to_str().expect("utf-8")]);
+    assert_eq!(with_video.code, 0, "{with_video:#?}");
+    let without =
+        lake(&root, &["sample", "--dataset", "lingzu-open50-v30", "--indices", &first_step(1), "--out", out.to_str().expect("utf-8")]);
+    assert_ne!(without.code, 0, "{without:#?}");
+    assert!(
+        without.stderr.contains("dataset lingzu-open50-v30@1, camera image, episode 1, frame 2: the episode has no video for this camera"),
+        "{}",
+        without.stderr
+    );
+
+    // LeRobot's format needs every camera's video: the export says which episodes lack it.
+    let export = lake(&root, &["export", "lingzu-open50-v30", "--format", "lerobot-v3", tmp.path().join("out").to_str().expect("utf-8")]);
+    assert_ne!(export.code, 0, "{export:#?}");
+    assert!(export.stderr.contains("46 episode(s) (the first is episode 1) have no video for camera image"), "{}", export.stderr);
+}
+
 #[test]
 fn real_g1_v21_av1_missing_videos() {
     let src = shared_dir().join("lerobot-real/g1-pick-bottle-v21");

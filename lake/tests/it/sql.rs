@@ -540,3 +540,71 @@ fn earlier_versions_are_queryable_and_a_damaged_dataset_leaves_the_others_readab
     let run = lake(&root, &["sql", "SELECT count(*) FROM \"v30-images-tiny\".steps"]);
     assert!(run.code != 0 && run.stderr.contains("error: dataset v30-images-tiny@1 cannot be read"), "{run:#?}");
 }
+
+/// Datasets recorded under other names (`actions` and `state`, 34 dimensions, against `action`
+/// and `observation.state`, 6) stack in one view once it maps their features: renamed, cut to
+/// the dimensions they share, cameras left out. Samples carry the mapped values, `lake stats` of
+/// the view its mapped statistics, and an export of a mapped view is refused.
+#[test]
+fn a_view_maps_features_so_datasets_from_other_robots_stack() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let lingzu = lake_testkit::shared_dir().join("lerobot-real/lingzu-open50-v30");
+    ingest_ok(&root, &lingzu, &["--missing-video", "keep-rows"]);
+    let both = "SELECT dataset, episode_index FROM episodes";
+
+    let plain = lake(&root, &["view", "create", "mix", both]);
+    assert_ne!(plain.code, 0, "{plain:#?}");
+    assert!(plain.stderr.contains("its samples could not stack"), "{}", plain.stderr);
+
+    let lz = "lingzu-open50-v30";
+    let (actions, state) = (format!("{lz}:actions=action"), format!("{lz}:state=observation.state"));
+    let mapped = ["--rename", &actions, "--rename", &state, "--dims", "observation.state=0:6", "--dims", "action=0:6"];
+    let cameras = ["--drop", "image", "--drop", "observation.images.front"];
+    let mut args = vec!["view", "create", "mix", both];
+    args.extend(mapped);
+    args.extend(cameras);
+    let made = lake(&root, &args);
+    assert_eq!(made.code, 0, "{made:#?}");
+    let shown = lake(&root, &["view", "show", "mix"]);
+    assert!(shown.stdout.contains("\"observation.state\": [") || shown.stdout.contains("\"observation.state\":["), "{}", shown.stdout);
+    let bench = lake(&root, &["bench", "--dataset", "mix", "--batches", "3", "--batch-size", "8", "--preset", "none"]);
+    assert_eq!(bench.code, 0, "{bench:#?}");
+
+    // One dataset's view: its samples carry the cut, renamed values.
+    let mut args = vec!["view", "create", "lz", "SELECT 'lingzu-open50-v30' AS dataset, episode_index FROM \"lingzu-open50-v30\".episodes"];
+    args.extend(["--rename", "state=observation.state", "--dims", "observation.state=4,0", "--drop", "image"]);
+    let made = lake(&root, &args);
+    assert_eq!(made.code, 0, "{made:#?}");
+    let step = sql_rows(&root, "SELECT index, state FROM \"lingzu-open50-v30\".steps WHERE episode_index = 7 AND frame_index = 3");
+    let index = num(&step[0], "index") as i64;
+    // float32 values, printed by SQL as the shortest text that reads back as the same float32.
+    let stored: Vec<f32> = step[0]["state"].as_array().expect("a list").iter().map(|v| v.as_f64().expect("a number") as f32).collect();
+    let out = tmp.path().join("lz.arrow");
+    let run = lake(
+        &root,
+        &["sample", "--dataset", "lz", "--indices", &index.to_string(), "--preset", "none", "--out", out.to_str().expect("utf-8")],
+    );
+    assert_eq!(run.code, 0, "{run:#?}");
+    let batch = read_arrow(&out);
+    assert!(batch.column_by_name("state").is_none() && batch.column_by_name("image").is_none(), "{:?}", batch.schema());
+    let got = batch.column_by_name("observation.state").expect("renamed").as_fixed_size_list().value(0);
+    let got: Vec<f32> = got.as_primitive::<arrow::datatypes::Float32Type>().values().to_vec();
+    assert_eq!(got, vec![stored[4], stored[0]], "dimensions 4 and 0 of the stored state");
+
+    let stats: Value = serde_json::from_str(&lake(&root, &["stats", "lz"]).stdout).expect("stats.json");
+    let whole: Value = serde_json::from_str(&lake(&root, &["stats", lz]).stdout).expect("stats.json");
+    assert_eq!(stats["observation.state"]["mean"], serde_json::json!([whole["state"]["mean"][4], whole["state"]["mean"][0]]));
+    assert!(stats.get("state").is_none() && stats.get("image").is_none(), "{stats}");
+
+    let export = lake(&root, &["export", "lz", "--format", "parquet", tmp.path().join("out").to_str().expect("utf-8")]);
+    assert_ne!(export.code, 0, "{export:#?}");
+    assert!(export.stderr.contains("maps its features"), "{}", export.stderr);
+
+    // A mapping that names what no dataset has is refused at once.
+    let bad = lake(&root, &["view", "create", "bad", both, "--rename", "nope:actions=action"]);
+    assert!(bad.stderr.contains("the mapping names dataset `nope`"), "{}", bad.stderr);
+    let bad = lake(&root, &["view", "create", "bad", both, "--dims", &format!("{lz}:actions=30:40")]);
+    assert!(bad.stderr.contains("`actions` has 34 dimensions, the mapping keeps dimension 34"), "{}", bad.stderr);
+}
