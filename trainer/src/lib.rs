@@ -53,6 +53,7 @@ mod config;
 pub mod data;
 mod error;
 mod normalize;
+pub mod run_log;
 mod tensors;
 
 #[cfg(feature = "torch")]

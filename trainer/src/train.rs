@@ -10,7 +10,9 @@
 //! - `checkpoints/STEP/{pretrained_model, training_state}` as lerobot-train writes them, plus
 //!   `training_state/lake_run.json` (the run's seed, batch, datasets and the next step);
 //!   `checkpoints/last` links the newest;
-//! - `train_log.jsonl`: one line per step (loss, L1, KL, gradient norm, data wait, step time).
+//! - `train_log.jsonl`: one line per step (loss, L1, KL, gradient norm, data wait, step time);
+//! - `train_log.svg`: the loss and the share of each step spent waiting for data, redrawn at
+//!   every checkpoint.
 
 use std::{
     io::Write as _,
@@ -38,8 +40,7 @@ use crate::{
 
 /// The file in a checkpoint's `training_state/` that holds what lake needs to resume.
 pub const RUN_FILE: &str = "lake_run.json";
-/// The per-step log in a run's directory.
-pub const LOG_FILE: &str = "train_log.jsonl";
+pub use crate::run_log::{LOG_FILE, PLOT_FILE, StepRecord};
 
 /// What to train, from what, for how long, and where to write.
 pub struct TrainOptions {
@@ -90,25 +91,6 @@ impl std::fmt::Debug for TrainOptions {
             .field("ranks", &self.collective.as_ref().map_or(1, |c| c.size()))
             .finish_non_exhaustive()
     }
-}
-
-/// One step, as logged.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct StepRecord {
-    /// The step (1 is the first).
-    pub step: u64,
-    /// ACT's loss: L1 plus `kl_weight` × KL (the mean over ranks).
-    pub loss: f64,
-    /// The L1 term.
-    pub l1: f64,
-    /// The KL term (absent without the VAE).
-    pub kld: Option<f64>,
-    /// Gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Seconds the step waited for its batch.
-    pub data_wait_s: f64,
-    /// Seconds of the whole step, the wait included.
-    pub step_s: f64,
 }
 
 /// What a run did.
@@ -313,6 +295,11 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) 
         if writes && (step == options.steps || (options.save_every > 0 && step % options.save_every == 0)) {
             let dest = checkpoints.join(step_name(step, options.steps));
             checkpoint = tokio::task::block_in_place(|| save(&policy, &optimizer, &dest, step, &run(step + 1)))?;
+            if let Some(log) = &mut log {
+                log.flush().map_err(Error::io(&log_path))?;
+            }
+            let plot = options.out.join(PLOT_FILE);
+            tokio::task::block_in_place(|| crate::run_log::plot(&crate::run_log::read_log(&log_path)?, &plot))?;
         }
     }
     let elapsed = started.elapsed().as_secs_f64();

@@ -38,7 +38,8 @@ pub struct TrainArgs {
     /// Seed of the sample order, the initialisation, dropout and the VAE's noise.
     #[arg(long, default_value_t = 1000)]
     seed: u64,
-    /// The run's directory: checkpoints/ in LeRobot's layout and train_log.jsonl.
+    /// The run's directory: checkpoints/ in LeRobot's layout, train_log.jsonl and its plot
+    /// train_log.svg.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// Continue the run in --out from its last checkpoint (same datasets, seed and batch size).
@@ -127,7 +128,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
             "fp64" => tch::Kind::Double,
             other => anyhow::bail!("unknown --dtype `{other}` (fp32 or fp64)"),
         },
-        out: args.out,
+        out: args.out.clone(),
         resume: args.resume,
         save_every: args.save_every,
         init_from: args.init_from,
@@ -154,7 +155,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     outln!(
-        "trained steps {}..={} on {}: loss {:.4} (first steps) -> {:.4} (last steps); {:.1} samples/s, {:.1} % of the time waiting for data\ncheckpoint: {}",
+        "trained steps {}..={} on {}: loss {:.4} (first steps) -> {:.4} (last steps); {:.1} samples/s, {:.1} % of the time waiting for data\ncheckpoint: {}\nplot: {}",
         summary.started_after + 1,
         summary.last_step,
         summary.datasets.join(", "),
@@ -162,7 +163,8 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         summary.last_loss,
         summary.samples_per_s,
         summary.data_wait * 100.0,
-        summary.checkpoint.display()
+        summary.checkpoint.display(),
+        args.out.join(lake_trainer::run_log::PLOT_FILE).display()
     )?;
     Ok(ExitCode::SUCCESS)
 }

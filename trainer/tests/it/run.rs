@@ -69,6 +69,8 @@ fn the_loss_goes_down_on_the_lakes_samples() {
     }
     assert_eq!(std::fs::read_link(out.join("checkpoints/last")).expect("last"), Path::new("000120"));
     assert_eq!(std::fs::read_to_string(out.join(LOG_FILE)).expect("log").lines().count(), 120);
+    let plot = std::fs::read_to_string(out.join(lake_trainer::train::PLOT_FILE)).expect("the run's plot");
+    assert!(plot.contains("loss, steps 1 to 120") && plot.contains("waiting for data: "), "{plot}");
     // A new run into the same directory is refused rather than mixed with the old one.
     let again =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(options(&lake, &out, 130), |_| ()));
