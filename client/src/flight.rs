@@ -14,6 +14,10 @@ use futures::Stream;
 
 use crate::{Error, Result, SampleRequest};
 
+/// The Flight action whose body is a JSON sampling request and whose one result is, as JSON,
+/// what a trainer builds its policy from ([`RemoteLoader::sampling_facts`]).
+pub const SAMPLING_FACTS: &str = "lake.sampling_facts";
+
 /// Batches from a server.
 pub type RemoteBatches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
 
@@ -118,6 +122,22 @@ impl RemoteLoader {
         let info = self.client()?.get_flight_info(FlightDescriptor::new_cmd(request.to_json())).await.map_err(remote)?;
         let schema = info.clone().try_decode_schema().map_err(|e| Error::Server(format!("server: a bad schema: {e}")))?;
         StreamPlan::from_json(Arc::new(schema), &info.app_metadata)
+    }
+
+    /// What a trainer builds its policy from for a sampling request, as the server reads it from
+    /// its lake: `{"fps", "features", "stats", "datasets"}` (the Flight action
+    /// [`SAMPLING_FACTS`]), so that a trainer need not read the lake itself.
+    ///
+    /// # Errors
+    /// The server's refusal (unknown dataset, a mixture whose features differ, missing token).
+    pub async fn sampling_facts(&self, request: &SampleRequest) -> Result<serde_json::Value> {
+        let action = arrow_flight::Action::new(SAMPLING_FACTS, request.to_json());
+        let mut results = self.client()?.do_action(action).await.map_err(remote)?;
+        let body = futures::StreamExt::next(&mut results)
+            .await
+            .ok_or_else(|| Error::Server("the server answered the facts action with nothing".into()))?
+            .map_err(remote)?;
+        serde_json::from_slice(&body).map_err(|e| Error::Server(format!("server: facts that are not JSON: {e}")))
     }
 
     /// Streams the batches of a sampling request, in order.

@@ -230,21 +230,34 @@ impl FlightService for LakeFlight {
         Err(Status::unimplemented("DoExchange is not offered"))
     }
 
-    /// Flight SQL's actions (prepared statements).
+    /// [`SAMPLING_FACTS`](lake_client::SAMPLING_FACTS), and Flight SQL's actions (prepared
+    /// statements).
     async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
         self.check(&request)?;
         let action = request.get_ref();
+        if action.r#type == lake_client::SAMPLING_FACTS {
+            let sample = self.service.parse_request(&action.body).map_err(|e| status(&e))?;
+            let facts = self.service.sampling_facts(&sample).await.map_err(|e| status(&e))?;
+            let body = serde_json::to_vec(&facts).map_err(|e| Status::internal(e.to_string()))?;
+            return Ok(Response::new(futures::stream::once(async move { Ok(arrow_flight::Result { body: body.into() }) }).boxed()));
+        }
         self.decodes(&action.body, Some(action.r#type.as_str()))?;
         self.sql.do_action(request).await
     }
 
-    /// The Flight SQL actions served: prepared statements (no transactions, savepoints,
-    /// Substrait plans or query cancellation).
+    /// The actions served: a sampling request's facts for a trainer, and Flight SQL's prepared
+    /// statements (no transactions, savepoints, Substrait plans or query cancellation).
     async fn list_actions(&self, request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
         self.check(&request)?;
         let offered = self.sql.list_actions(request).await?.into_inner().try_filter(|action| {
             futures::future::ready(matches!(action.r#type.as_str(), "CreatePreparedStatement" | "ClosePreparedStatement"))
         });
-        Ok(Response::new(offered.boxed()))
+        let facts = ActionType {
+            r#type: lake_client::SAMPLING_FACTS.into(),
+            description: "The body is a JSON sampling request; the result, as JSON, what a trainer builds its policy from: fps, the \
+                          features as samples carry them, the statistics of the steps sampled, the datasets sampled"
+                .into(),
+        };
+        Ok(Response::new(futures::stream::once(async { Ok(facts) }).chain(offered).boxed()))
     }
 }

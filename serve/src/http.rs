@@ -98,6 +98,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/datasets", get(datasets))
         .route("/v1/datasets/{name}", get(dataset))
         .route("/v1/sample", post(sample))
+        .route("/v1/facts", post(facts))
         .route("/v1/sql", post(sql))
         .layer(axum::extract::DefaultBodyLimit::max(super::MAX_REQUEST_BYTES))
         .layer(middleware::from_fn_with_state(service.clone(), body_in_time))
@@ -582,6 +583,23 @@ async fn sample(
     Ok(response)
 }
 
+/// `POST /v1/facts`: what a trainer builds its policy from for the sampling request in the
+/// body (fps, features as samples carry them, statistics of the steps sampled, datasets), as
+/// Flight's `lake.sampling_facts` action answers.
+async fn facts(
+    State(service): State<Arc<Service>>,
+    headers: HeaderMap,
+    body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, Refused> {
+    json_content(&headers).inspect_err(|_| service.count_bad())?;
+    let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
+    let request = service.parse_request(&body)?;
+    let facts = service.sampling_facts(&request).await?;
+    // Strict JSON: a non-finite statistic is `null`.
+    let stats = lake_schemas::pyjson::strict(&facts.stats);
+    Ok(Json(json!({"fps": facts.fps, "features": facts.features, "stats": stats, "datasets": facts.datasets})))
+}
+
 /// A JSON body, by its `Content-Type`: `application/json` or a `+json` type (parameters such
 /// as `charset` aside); a request without one is read as JSON too. Anything else (curl's `-d`
 /// alone sends a form) is a 415 that says what to send.
@@ -758,6 +776,10 @@ fn paths_and_schemas(
                     "404": error("no such dataset, version or view"), "406": error("the Accept header takes no Arrow stream"),
                     "415": error("the Content-Type is not JSON (a request without one is read as JSON)"),
                     "503": error("the memory budget has no room for another stream now (retry after the Retry-After seconds)")}}},
+            "/v1/facts": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleRequest"}}}},
+                "responses": {"200": {"description": "what a trainer builds its policy from for the request (Flight: the `lake.sampling_facts` action): `fps`, `features` (info.json's, as samples carry them), `stats` (LeRobot's stats.json layout, over the steps sampled; non-finite values null) and `datasets` (NAME@VERSION)",
+                    "content": {"application/json": {}}}, "400": error("not a valid request, or a mixture of rates or features"), "401": unauthorized,
+                    "404": error("no such dataset, version or view"), "415": error("the Content-Type is not JSON")}}},
             "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
                 "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`)",
                     "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, a query over the limits (1 MiB of text, nesting), or the query failed"), "401": unauthorized,

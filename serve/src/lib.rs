@@ -765,6 +765,24 @@ impl Service {
         Ok(Plan { datasets: prepared.datasets.clone(), sources, schema: prepared.loader.schema(), epoch_len, steps_per_epoch })
     }
 
+    /// What a trainer builds its policy from for `request`: the rate, the features as samples
+    /// carry them, the statistics of the steps sampled (a mixture's combined), the datasets.
+    ///
+    /// # Errors
+    /// As [`Service::describe`] for datasets that cannot be opened; [`Error::Invalid`] for a
+    /// mixture of rates or of features.
+    pub async fn sampling_facts(&self, request: &SampleRequest) -> Result<lake_stats::SamplingFacts> {
+        request.check().map_err(invalid).inspect_err(|e| self.count_refusal(e))?;
+        lake_stats::sampling_facts(&self.lake, &request.spec())
+            .await
+            .map_err(|e| match e {
+                lake_stats::Error::Store(e) => Error::Store(e),
+                lake_stats::Error::Loader(e) => Error::Loader(e),
+                lake_stats::Error::Invalid(m) => Error::Invalid(m),
+            })
+            .inspect_err(|e| self.count_refusal(e))
+    }
+
     /// The request's sharding and steps per epoch over `epoch_len` positions, refusing (and
     /// counting) a global batch larger than the epoch or a start past its last step: what a
     /// plan promises, its stream must be able to keep.

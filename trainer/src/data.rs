@@ -5,14 +5,14 @@
 //! facts a policy is built from (fps, features, normalisation statistics) are read from the lake
 //! itself in every case, so a trainer fed by a server also reads the lake's catalog.
 
-use std::{collections::BTreeSet, path::PathBuf, pin::Pin, sync::Arc};
+use std::{path::PathBuf, pin::Pin, sync::Arc};
 
 use arrow::{array::RecordBatch, datatypes::SchemaRef};
 use futures::{Stream, TryStreamExt};
 use lake_client::SampleRequest;
 use lake_loader::{Cursor, Loader, LoaderOptions, Order, Sharding, StreamRequest, Windows, views};
 use lake_store::Lake;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::{DatasetFeature, Error, Result, Stats};
 
@@ -93,10 +93,11 @@ fn spec(request: &SampleRequest) -> views::SamplingSpec {
 /// # Errors
 /// [`Error::Data`]: the request refused (by the loader or the server, with its message), the
 /// server unreachable, the lake unreadable.
-pub async fn open_feed(lake: &Lake, request: &SampleRequest, source: &BatchSource, options: LoaderOptions) -> Result<Feed> {
+pub async fn open_feed(lake: Option<&Lake>, request: &SampleRequest, source: &BatchSource, options: LoaderOptions) -> Result<Feed> {
     request.check().map_err(data)?;
     match source {
         BatchSource::InProcess => {
+            let lake = lake.ok_or_else(|| Error::Run("batches in process are read from the lake, and there is none here".into()))?;
             let sampling = views::open_sampling(lake, &spec(request)).await.map_err(data)?;
             let loader = Arc::new(Loader::new(sampling.datasets, &windows(request)?, options).map_err(data)?);
             let order = Arc::new(Order::new(request.seed, sampling.sources).map_err(data)?);
@@ -124,8 +125,7 @@ pub async fn open_feed(lake: &Lake, request: &SampleRequest, source: &BatchSourc
             Ok(Feed { schema, steps_per_epoch, batches: Box::pin(batches) })
         }
         BatchSource::Flight { url, token } => {
-            let url = url.strip_prefix("grpc://").map_or_else(|| url.clone(), |rest| format!("http://{rest}"));
-            let client = lake_client::RemoteLoader::connect(&url, token.clone()).await.map_err(data)?;
+            let client = connect(url, token).await?;
             let plan = client.describe(request).await.map_err(data)?;
             let batches = client.stream(request).await.map_err(data)?.map_err(data);
             Ok(Feed { schema: plan.schema, steps_per_epoch: plan.steps_per_epoch, batches: Box::pin(batches) })
@@ -154,119 +154,28 @@ pub struct DatasetFacts {
     pub datasets: Vec<String>,
 }
 
-/// The facts of the datasets a request samples, read from the lake.
+/// The facts of the datasets a request samples: from the server that serves the batches
+/// (`--server`: the trainer need not read the lake), else read from the lake.
 ///
 /// # Errors
-/// [`Error::Data`] for a dataset that is not there or unreadable statistics, [`Error::Features`]
-/// for datasets whose features differ or fps that differ.
-pub async fn dataset_facts(lake: &Lake, request: &SampleRequest) -> Result<DatasetFacts> {
-    let sampling = views::open_sampling(lake, &spec(request)).await.map_err(data)?;
-    let first = sampling.datasets.first().ok_or_else(|| Error::Data("the request samples no dataset".into()))?;
-    let fps = f64::from(first.fps());
-    let cameras: BTreeSet<&str> = first.cameras.iter().map(|c| c.key.as_str()).collect();
-    let mut features = DatasetFeature::from_info_json(&mapped_info(first))?;
-    features.retain(|f| f.kind != crate::FeatureType::Visual || cameras.contains(f.name.as_str()));
-    let mut parts = Vec::new();
-    for ds in &sampling.datasets {
-        if f64::from(ds.fps()) != fps {
-            return Err(Error::Features(format!(
-                "{} runs at {} fps and {} at {fps}: a policy's windows are in seconds of one rate",
-                ds.label,
-                ds.fps(),
-                first.label
-            )));
+/// [`Error::Data`] for a dataset that is not there, unreadable statistics or a server that
+/// refused; [`Error::Features`] for a mixture whose features or rates differ; [`Error::Run`]
+/// without a lake where the facts must be read from one.
+pub async fn dataset_facts(lake: Option<&Lake>, request: &SampleRequest, source: &BatchSource) -> Result<DatasetFacts> {
+    let facts = match (source, lake) {
+        (BatchSource::Flight { url, token }, _) => {
+            let json = connect(url, token).await?.sampling_facts(request).await.map_err(data)?;
+            serde_json::from_value::<lake_stats::SamplingFacts>(json)
+                .map_err(|e| Error::Data(format!("{url}: facts that do not parse: {e}")))?
         }
-        let mut theirs = DatasetFeature::from_info_json(&mapped_info(ds))?;
-        let their_cameras: BTreeSet<&str> = ds.cameras.iter().map(|c| c.key.as_str()).collect();
-        theirs.retain(|f| f.kind != crate::FeatureType::Visual || their_cameras.contains(f.name.as_str()));
-        if theirs != features {
-            return Err(Error::Features(format!(
-                "{} and {} have different features; a mixture's samples must have the same keys and shapes",
-                first.label, ds.label
-            )));
-        }
-        let whole = ds.episodes.len() as u64 == ds.record.counts.episodes;
-        let episodes: BTreeSet<i64> = ds.episodes.iter().map(|e| e.episode_index).collect();
-        let stats = lake_stats::stats_json(lake, &ds.record, (!whole).then_some(&episodes)).await.map_err(data)?;
-        let stats = ds.features.stats(&stats);
-        let steps: u64 = ds.episodes.iter().map(|e| e.len).sum();
-        parts.push((stats, steps));
-    }
-    let stats = if parts.len() == 1 { parts.remove(0).0 } else { aggregate(&parts) };
-    Ok(DatasetFacts { fps, features, stats, datasets: sampling.datasets.iter().map(|d| d.label.clone()).collect() })
-}
-
-/// The dataset's `info.json` with its features as samples present them (a view's mapping).
-fn mapped_info(ds: &lake_loader::LoaderDataset) -> Value {
-    let mut info = ds.record.info.clone();
-    if !ds.features.is_empty() {
-        info["features"] = ds.features.info_features(&info["features"]);
-    }
-    info
-}
-
-/// Combines per-dataset statistics as LeRobot's `aggregate_stats`: means weighted by count,
-/// variances from each dataset's own plus the spread of the means, the least min and the
-/// greatest max. Stats LeRobot does not aggregate (quantiles) are left out.
-fn aggregate(parts: &[(Value, u64)]) -> Value {
-    let mut out = Map::new();
-    let Some(first) = parts.first().and_then(|(s, _)| s.as_object()) else { return Value::Object(out) };
-    for feature in first.keys() {
-        let of = |stat: &str| -> Option<Vec<(Vec<f64>, f64, Value)>> {
-            parts
-                .iter()
-                .map(|(s, n)| {
-                    let v = s.get(feature)?.get(stat)?;
-                    let mut flat = Vec::new();
-                    flatten(v, &mut flat)?;
-                    let count = s.get(feature).and_then(|f| f.get("count")).and_then(|c| c.get(0).or(Some(c))).and_then(Value::as_f64);
-                    Some((flat, count.unwrap_or(*n as f64), v.clone()))
-                })
-                .collect()
-        };
-        let mut entry = Map::new();
-        if let (Some(means), Some(stds)) = (of("mean"), of("std")) {
-            let total: f64 = means.iter().map(|(_, n, _)| n).sum();
-            let dims = means[0].0.len();
-            let mean: Vec<f64> = (0..dims).map(|d| means.iter().map(|(m, n, _)| m[d] * n).sum::<f64>() / total).collect();
-            let var: Vec<f64> = (0..dims)
-                .map(|d| {
-                    means.iter().zip(&stds).map(|((m, n, _), (s, _, _))| n * (s[d] * s[d] + (m[d] - mean[d]).powi(2))).sum::<f64>() / total
-                })
-                .collect();
-            let shape = &means[0].2;
-            entry.insert("mean".into(), reshape(shape, &mut mean.into_iter()));
-            entry.insert("std".into(), reshape(shape, &mut var.into_iter().map(f64::sqrt)));
-            entry.insert("count".into(), Value::from(vec![total]));
-        }
-        for (stat, pick) in [("min", f64::min as fn(f64, f64) -> f64), ("max", f64::max)] {
-            if let Some(values) = of(stat) {
-                let dims = values[0].0.len();
-                let folded: Vec<f64> = (0..dims).map(|d| values.iter().map(|(v, _, _)| v[d]).reduce(pick).unwrap_or(f64::NAN)).collect();
-                entry.insert(stat.into(), reshape(&values[0].2, &mut folded.into_iter()));
-            }
-        }
-        out.insert(feature.clone(), Value::Object(entry));
-    }
-    Value::Object(out)
-}
-
-fn flatten(v: &Value, out: &mut Vec<f64>) -> Option<()> {
-    match v {
-        Value::Array(items) => items.iter().try_for_each(|i| flatten(i, out)),
-        other => {
-            out.push(other.as_f64()?);
-            Some(())
-        }
-    }
-}
-
-/// `values` nested as `like` is.
-fn reshape(like: &Value, values: &mut impl Iterator<Item = f64>) -> Value {
-    match like {
-        Value::Array(items) => Value::Array(items.iter().map(|i| reshape(i, values)).collect()),
-        _ => values.next().map_or(Value::Null, Value::from),
-    }
+        (_, Some(lake)) => lake_stats::sampling_facts(lake, &spec(request)).await.map_err(|e| match e {
+            lake_stats::Error::Invalid(m) => Error::Features(m),
+            other => data(other),
+        })?,
+        (_, None) => return Err(Error::Run("the datasets' facts are read from the lake, and there is none here".into())),
+    };
+    let features = DatasetFeature::from_info_json(&serde_json::json!({ "features": facts.features }))?;
+    Ok(DatasetFacts { fps: facts.fps, features, stats: facts.stats, datasets: facts.datasets })
 }
 
 /// The statistics an ACT policy normalises with: the numeric features' mean and std (and min
@@ -283,24 +192,15 @@ pub fn policy_stats(facts: &DatasetFacts) -> Result<Stats> {
     Ok(stats)
 }
 
+/// A Flight client of the server at `url` (`grpc://HOST:PORT` or `http://…`).
+async fn connect(url: &str, token: &Option<String>) -> Result<lake_client::RemoteLoader> {
+    let url = url.strip_prefix("grpc://").map_or_else(|| url.to_string(), |rest| format!("http://{rest}"));
+    lake_client::RemoteLoader::connect(&url, token.clone()).await.map_err(data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_mixtures_stats_combine_as_one_dataset_of_all_the_steps_would() {
-        // Two datasets of one feature: [0, 2] (mean 1, std 1) and [4, 6, 8] (mean 6, std √(8/3)).
-        let a = json!({"x": {"mean": [1.0], "std": [1.0], "min": [0.0], "max": [2.0], "count": [2]}});
-        let b = json!({"x": {"mean": [6.0], "std": [(8.0f64 / 3.0).sqrt()], "min": [4.0], "max": [8.0], "count": [3]}});
-        let all = aggregate(&[(a, 0), (b, 0)]);
-        let values = [0.0, 2.0, 4.0, 6.0, 8.0];
-        let mean = values.iter().sum::<f64>() / 5.0;
-        let std = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 5.0).sqrt();
-        let got = |stat: &str| all["x"][stat][0].as_f64().expect("a number");
-        assert!((got("mean") - mean).abs() < 1e-12 && (got("std") - std).abs() < 1e-12, "{all}");
-        assert_eq!((got("min"), got("max"), got("count")), (0.0, 8.0, 5.0));
-    }
 
     /// A view that maps two datasets' features (cut to 6 dimensions, cameras left out) gives
     /// the trainer the mapped features and statistics: the policy sees what the samples carry.
@@ -337,7 +237,9 @@ mod tests {
             };
             lake.put_view(&view, false).await.expect("view stored");
 
-            let facts = dataset_facts(&lake, &SampleRequest::new(["mix"])).await.expect("facts of the mapped mixture");
+            let facts = dataset_facts(Some(&lake), &SampleRequest::new(["mix"]), &BatchSource::InProcess)
+                .await
+                .expect("facts of the mapped mixture");
             let shapes: Vec<(String, Vec<usize>)> = facts.features.iter().map(|f| (f.name.clone(), f.shape.clone())).collect();
             assert_eq!(shapes, [("observation.state".to_string(), vec![6]), ("action".to_string(), vec![6])], "{shapes:?}");
             let stats = async |name: &str| {
@@ -355,12 +257,5 @@ mod tests {
             );
             assert!(facts.stats.get("observation.images.front").is_none(), "{}", facts.stats);
         });
-    }
-
-    #[test]
-    fn nested_stats_keep_their_shape() {
-        let a = json!({"cam": {"mean": [[[0.5]], [[0.25]], [[0.0]]], "std": [[[1.0]], [[1.0]], [[1.0]]], "count": [1]}});
-        let all = aggregate(&[(a.clone(), 0), (a, 0)]);
-        assert_eq!(all["cam"]["mean"], json!([[[0.5]], [[0.25]], [[0.0]]]));
     }
 }

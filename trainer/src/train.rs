@@ -44,8 +44,9 @@ pub use crate::run_log::{LOG_FILE, PLOT_FILE, StepRecord};
 
 /// What to train, from what, for how long, and where to write.
 pub struct TrainOptions {
-    /// The lake (dataset facts always; batches too, in process).
-    pub lake: Lake,
+    /// The lake: batches in process and with local streams, and the datasets' facts but with
+    /// `--server`, whose server gives them (a trainer on another machine needs no lake).
+    pub lake: Option<Lake>,
     /// Datasets or views, `NAME[=WEIGHT]`.
     pub datasets: Vec<String>,
     /// Where batches come from.
@@ -157,7 +158,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) 
     let global_batch = options.batch_size * world;
     let mut request = SampleRequest::new(options.datasets.iter().cloned());
     (request.seed, request.batch_size, request.rank, request.world_size) = (options.seed, options.batch_size, rank, world);
-    let facts = dataset_facts(&options.lake, &request).await?;
+    let facts = dataset_facts(options.lake.as_ref(), &request, &options.source).await?;
     let policy_options = PolicyOptions { device: options.device, kind: options.kind, backbone_weights: options.backbone_weights.clone() };
     let checkpoints = options.out.join("checkpoints");
     let (policy, mut optimizer, started_after) = if options.resume {
@@ -222,12 +223,12 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) 
     request.delta_timestamps = Some(delta_timestamps_json(policy.config(), facts.fps));
     request.frame_format = lake_client::FrameFormat::Rgb24;
     // The request's steps are the run's: a step of batch B reads the next B samples of the order.
-    let probe = open_feed(&options.lake, &request, &options.source, options.loader).await?;
+    let probe = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     let steps_per_epoch = probe.steps_per_epoch;
     drop(probe);
     (request.epoch, request.start_step) = (started_after / steps_per_epoch, started_after % steps_per_epoch);
     request.limit_batches = Some(options.steps - started_after);
-    let mut feed = open_feed(&options.lake, &request, &options.source, options.loader).await?;
+    let mut feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     check_schema(&feed.schema, policy.config())?;
 
     // Rank 0 writes the run's files.

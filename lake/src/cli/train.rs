@@ -112,7 +112,11 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     };
     let collective = ranks()?;
     let rank = collective.as_ref().map_or(0, |c| c.rank());
-    let lake = lake_store::Lake::open(root)?;
+    // With --server, the server gives the datasets' facts: a trainer elsewhere needs no lake.
+    let lake = match (&source, lake_store::Lake::open(root)) {
+        (BatchSource::Flight { .. }, opened) => opened.ok(),
+        (_, opened) => Some(opened?),
+    };
     let (steps, log_every) = (args.steps, args.log_every);
     let options = TrainOptions {
         lake,

@@ -452,7 +452,21 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         assert_eq!(seen, (0..600).collect::<Vec<i64>>(), "every step once");
         let actions: Vec<String> =
             client.list_actions().await.expect("actions").map_ok(|a| a.r#type).try_collect().await.expect("action types");
-        assert_eq!(actions, ["CreatePreparedStatement", "ClosePreparedStatement"], "only the actions served");
+        assert_eq!(actions, ["lake.sampling_facts", "CreatePreparedStatement", "ClosePreparedStatement"], "only the actions served");
+        // The facts a remote trainer builds its policy from, over Flight.
+        let facts: Vec<_> = client
+            .do_action(arrow_flight::Action::new("lake.sampling_facts", r#"{"datasets": ["v30-av1-small"]}"#))
+            .await
+            .expect("facts")
+            .try_collect()
+            .await
+            .expect("one result");
+        let facts: Value = serde_json::from_slice(&facts[0]).expect("json");
+        assert_eq!(facts["features"]["observation.state"]["shape"], json!([6]), "{facts:#}");
+        let refused = status(
+            client.do_action(arrow_flight::Action::new("lake.sampling_facts", r#"{"datasets": ["nope"]}"#)).await.err().expect("refused"),
+        );
+        assert!(refused.code() == tonic::Code::NotFound && refused.message().contains("`nope`"), "{refused:?}");
         let unknown = status(client.do_action(arrow_flight::Action::new("Compact", "")).await.err().expect("no such action"));
         assert!(unknown.code() == tonic::Code::Unimplemented && unknown.message().contains("`Compact`"), "{unknown:?}");
 
@@ -603,6 +617,16 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert_eq!(info["episodes"].as_array().map(Vec::len), Some(6));
     assert_eq!(info["frame_tables"][0]["size"], "32x24", "the frame table sizes a request may ask for: {info:#}");
     assert_eq!(info["frame_tables"][0]["frames"], 1200);
+    // What a trainer on another machine builds its policy from, read by the server.
+    let facts_request = br#"{"datasets": ["v30-av1-small"], "preset": "act"}"#;
+    let (code, body) = http(&server.http, "POST", "/v1/facts", &[("Authorization", auth.as_str())], facts_request);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let facts: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!((facts["fps"].as_f64(), &facts["datasets"]), (Some(30.0), &json!(["v30-av1-small@1"])), "{facts:#}");
+    assert_eq!(facts["features"]["action"]["shape"], json!([6]));
+    assert_eq!(facts["stats"]["action"]["mean"].as_array().map(Vec::len), Some(6), "{facts:#}");
+    let (code, _) = http(&server.http, "POST", "/v1/facts", &[], facts_request);
+    assert_eq!(code, 401, "the facts are behind the token too");
     let (code, body) = http(&server.http, "GET", "/v1/openapi.json", &[("Authorization", auth.as_str())], b"");
     assert_eq!(code, 200);
     assert!(serde_json::from_slice::<Value>(&body).expect("json")["paths"]["/v1/sample"].is_object());
