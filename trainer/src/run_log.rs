@@ -15,6 +15,38 @@ use crate::{Error, Result};
 pub const LOG_FILE: &str = "train_log.jsonl";
 /// The plot's file name in a run directory.
 pub const PLOT_FILE: &str = "train_log.svg";
+/// The held-out evaluations' log file name in a run directory.
+pub const EVAL_FILE: &str = "eval_log.jsonl";
+
+/// One evaluation on held-out samples, as logged.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvalRecord {
+    /// The step it followed.
+    pub step: u64,
+    /// The policy's loss in eval mode (no dropout, no VAE sampling: ACT's L1 alone), the mean
+    /// over the samples.
+    pub loss: f64,
+    /// Samples evaluated, every rank's.
+    pub samples: u64,
+}
+
+/// A record of a log that is kept per step.
+pub trait Logged: serde::de::DeserializeOwned {
+    /// The step it belongs to.
+    fn step(&self) -> u64;
+}
+
+impl Logged for StepRecord {
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+impl Logged for EvalRecord {
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
 
 /// One step, as logged.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -35,36 +67,37 @@ pub struct StepRecord {
     pub step_s: f64,
 }
 
-/// Every step of a step log, in file order; a resumed run's log holds the steps of each of its
+/// Every record of a step log (steps, or evaluations), in file order; a resumed run's log holds the steps of each of its
 /// processes, and a step logged twice (a run resumed from an earlier checkpoint) counts as its
 /// last line says.
 ///
 /// # Errors
 /// When the file cannot be read or a line is not a step record (naming the line).
-pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
+pub fn read_log<T: Logged>(path: &Path) -> Result<Vec<T>> {
     let file = std::fs::File::open(path).map_err(Error::io(path))?;
-    let mut steps: Vec<StepRecord> = Vec::new();
+    let mut steps: Vec<T> = Vec::new();
     for (n, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(Error::io(path))?;
         if line.trim().is_empty() {
             continue;
         }
-        let record: StepRecord = serde_json::from_str(&line)
+        let record: T = serde_json::from_str(&line)
             .map_err(|e| Error::Format { path: path.to_path_buf(), reason: format!("line {}: not a step record: {e}", n + 1) })?;
         // A resume from an earlier checkpoint runs its steps again: the later line is the run's.
-        let at = steps.partition_point(|s| s.step < record.step);
+        let at = steps.partition_point(|s| s.step() < record.step());
         steps.truncate(at);
         steps.push(record);
     }
     Ok(steps)
 }
 
-/// Plots `steps` into the SVG file `out`: the loss (and its L1 term) against the step, on a
-/// logarithmic scale, above the share of each step's time spent waiting for data.
+/// Plots `steps` into the SVG file `out`: the loss (and its L1 term, and the held-out loss of
+/// `evals`) against the step, on a logarithmic scale, above the share of each step's time spent
+/// waiting for data.
 ///
 /// # Errors
 /// When there is no step to plot or the file cannot be written.
-pub fn plot(steps: &[StepRecord], out: &Path) -> Result<()> {
+pub fn plot(steps: &[StepRecord], evals: &[EvalRecord], out: &Path) -> Result<()> {
     let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
         return Err(Error::Run(format!("{}: no step to plot", out.display())));
     };
@@ -75,7 +108,7 @@ pub fn plot(steps: &[StepRecord], out: &Path) -> Result<()> {
     let steps_range = first.step..last.step.max(first.step + 1);
 
     let positive = |v: f64| v.is_finite() && v > 0.0;
-    let losses: Vec<f64> = steps.iter().flat_map(|s| [s.loss, s.l1]).filter(|v| positive(*v)).collect();
+    let losses: Vec<f64> = steps.iter().flat_map(|s| [s.loss, s.l1]).chain(evals.iter().map(|e| e.loss)).filter(|v| positive(*v)).collect();
     let low = losses.iter().copied().fold(f64::INFINITY, f64::min);
     let high = losses.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let (low, high) = if low.is_finite() { (low * 0.9, high * 1.1) } else { (1e-3, 1.0) };
@@ -93,6 +126,14 @@ pub fn plot(steps: &[StepRecord], out: &Path) -> Result<()> {
             .map_err(|e| draw(&e))?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
+    }
+    if !evals.is_empty() {
+        let held_out = evals.iter().filter(|e| positive(e.loss) && (first.step..=last.step).contains(&e.step));
+        chart
+            .draw_series(held_out.map(|e| Circle::new((e.step, e.loss), 4, BLACK.filled())))
+            .map_err(|e| draw(&e))?
+            .label("held-out loss")
+            .legend(|(x, y)| Circle::new((x + 8, y), 4, BLACK.filled()));
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| draw(&e))?;
 
@@ -133,11 +174,11 @@ mod tests {
                 .map(|r| serde_json::to_string(r).expect("json"))
                 .collect();
         std::fs::write(&path, lines.join("\n") + "\n").expect("written");
-        let steps = read_log(&path).expect("read");
+        let steps: Vec<StepRecord> = read_log(&path).expect("read");
         assert_eq!(steps.iter().map(|s| (s.step, s.loss)).collect::<Vec<_>>(), [(1, 4.0), (2, 2.5), (3, 1.5), (4, 1.0)]);
 
         std::fs::write(&path, "{\"step\": 1}\n").expect("written");
-        let err = read_log(&path).expect_err("not a step record");
+        let err = read_log::<StepRecord>(&path).expect_err("not a step record");
         assert!(err.to_string().contains("line 1: not a step record"), "{err}");
     }
 
@@ -146,7 +187,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let out = dir.path().join(PLOT_FILE);
         let steps: Vec<StepRecord> = (1..=20).map(|s| record(s, 10.0 / s as f64, if s % 5 == 0 { 0.25 } else { 0.0 })).collect();
-        plot(&steps, &out).expect("plotted");
+        let evals = [EvalRecord { step: 10, loss: 1.5, samples: 64 }, EvalRecord { step: 20, loss: 0.75, samples: 64 }];
+        plot(&steps, &evals, &out).expect("plotted");
         let svg = std::fs::read_to_string(&out).expect("an SVG");
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
         // The loss, L1 and wait lines, each with its 20 points (and the legend's two samples).
@@ -156,6 +198,7 @@ mod tests {
         }
         // 4 of 20 steps waited half their time: 10 % of the run.
         assert!(svg.contains("waiting for data: 10.0 % of 10.0 s of steps"), "{svg}");
-        assert!(plot(&[], &out).is_err());
+        assert!(svg.contains("held-out loss") && svg.matches("<circle").count() >= 2, "the evaluations are drawn");
+        assert!(plot(&[], &[], &out).is_err());
     }
 }

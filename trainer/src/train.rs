@@ -40,7 +40,7 @@ use crate::{
 
 /// The file in a checkpoint's `training_state/` that holds what lake needs to resume.
 pub const RUN_FILE: &str = "lake_run.json";
-pub use crate::run_log::{LOG_FILE, PLOT_FILE, StepRecord};
+pub use crate::run_log::{EVAL_FILE, EvalRecord, LOG_FILE, PLOT_FILE, StepRecord};
 
 /// What to train, from what, for how long, and where to write.
 pub struct TrainOptions {
@@ -77,6 +77,21 @@ pub struct TrainOptions {
     pub loader: LoaderOptions,
     /// The ranks of a data-parallel run (`batch_size` is each rank's); `None` for one process.
     pub collective: Option<Box<dyn Collective>>,
+    /// Held-out evaluations during the run; `None` for none.
+    pub eval: Option<EvalOptions>,
+}
+
+/// Held-out evaluation: every `every` steps and at the end, the policy's loss in eval mode (no
+/// dropout, no VAE sampling: ACT's L1 alone) over the first `batches` batches of `datasets`,
+/// sampled with the run's seed, so that every evaluation sees the same samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalOptions {
+    /// Datasets or views held out from training, `NAME[=WEIGHT]`.
+    pub datasets: Vec<String>,
+    /// Steps between evaluations (0: only at the end).
+    pub every: u64,
+    /// Batches (of the run's batch size, per rank) per evaluation.
+    pub batches: u64,
 }
 
 impl std::fmt::Debug for TrainOptions {
@@ -113,6 +128,8 @@ pub struct Summary {
     pub checkpoint: PathBuf,
     /// The datasets sampled, `NAME@VERSION`.
     pub datasets: Vec<String>,
+    /// This process's held-out evaluations.
+    pub evals: Vec<EvalRecord>,
 }
 
 /// What a checkpoint records for a resume, besides LeRobot's files.
@@ -147,13 +164,14 @@ pub fn step_name(step: u64, total: u64) -> String {
     format!("{step:0width$}")
 }
 
-/// Trains as `options` say, calling `on_step` after each step.
+/// Trains as `options` say, calling `on_step` after each step and `on_eval` after each held-out
+/// evaluation.
 ///
 /// # Errors
 /// [`Error::Run`] for a resume without a checkpoint or with other options than the run's;
 /// [`Error::Data`] when batches cannot be had; [`Error::Features`] for datasets ACT cannot train
 /// on; [`Error::Io`] when the run's directory cannot be written.
-pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) -> Result<Summary> {
+pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), mut on_eval: impl FnMut(&EvalRecord)) -> Result<Summary> {
     let (rank, world) = options.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
     let global_batch = options.batch_size * world;
     let mut request = SampleRequest::new(options.datasets.iter().cloned());
@@ -230,6 +248,11 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) 
     request.limit_batches = Some(options.steps - started_after);
     let mut feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     check_schema(&feed.schema, policy.config())?;
+    let eval_request = options.eval.as_ref().map(|e| {
+        let mut held_out = SampleRequest { datasets: SampleRequest::new(e.datasets.iter().cloned()).datasets, ..request.clone() };
+        (held_out.epoch, held_out.start_step, held_out.limit_batches) = (0, 0, Some(e.batches));
+        held_out
+    });
 
     // Rank 0 writes the run's files.
     let writes = rank == 0;
@@ -248,6 +271,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) 
         next_step,
     };
     let (started, mut waited, mut losses, mut checkpoint) = (Instant::now(), 0.0, Vec::new(), PathBuf::new());
+    let (mut evals, mut checkpoint_step, mut evaluating) = (Vec::new(), 0, 0.0);
     for step in started_after + 1..=options.steps {
         let began = Instant::now();
         let batch = feed.batches.next().await.ok_or_else(|| Error::Data(format!("the batches ended before step {step}")))??;
@@ -294,16 +318,38 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) 
             on_step(&record);
         }
         if writes && (step == options.steps || (options.save_every > 0 && step % options.save_every == 0)) {
+            checkpoint_step = step;
             let dest = checkpoints.join(step_name(step, options.steps));
             checkpoint = tokio::task::block_in_place(|| save(&policy, &optimizer, &dest, step, &run(step + 1)))?;
             if let Some(log) = &mut log {
                 log.flush().map_err(Error::io(&log_path))?;
             }
+        }
+        if let (Some(eval), Some(held_out)) = (&options.eval, &eval_request)
+            && (step == options.steps || (eval.every > 0 && step % eval.every == 0))
+        {
+            let began = Instant::now();
+            let (loss, samples) = evaluate(&options, held_out, &policy).await?;
+            evaluating += began.elapsed().as_secs_f64();
+            let record = EvalRecord { step, loss, samples };
+            if writes {
+                let path = options.out.join(EVAL_FILE);
+                let line = serde_json::to_string(&record).expect("an eval record is plain data") + "\n";
+                let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(Error::io(&path))?;
+                file.write_all(line.as_bytes()).map_err(Error::io(&path))?;
+            }
+            on_eval(&record);
+            evals.push(record);
+        }
+        if writes && step == checkpoint_step {
+            let evals_path = options.out.join(EVAL_FILE);
+            let evals = if evals_path.exists() { crate::run_log::read_log(&evals_path)? } else { Vec::new() };
             let plot = options.out.join(PLOT_FILE);
-            tokio::task::block_in_place(|| crate::run_log::plot(&crate::run_log::read_log(&log_path)?, &plot))?;
+            tokio::task::block_in_place(|| crate::run_log::plot(&crate::run_log::read_log(&log_path)?, &evals, &plot))?;
         }
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    // Training time: the held-out evaluations' aside.
+    let elapsed = started.elapsed().as_secs_f64() - evaluating;
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     let ran = options.steps - started_after;
     Ok(Summary {
@@ -315,7 +361,34 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord)) 
         samples_per_s: (ran * global_batch) as f64 / elapsed.max(f64::MIN_POSITIVE),
         checkpoint,
         datasets: facts.datasets,
+        evals,
     })
+}
+
+/// The held-out loss of `policy` over the batches of `request` (each rank its own, the mean over
+/// all), and the samples it covers.
+async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActPolicy) -> Result<(f64, u64)> {
+    let mut feed = open_feed(options.lake.as_ref(), request, &options.source, options.loader).await?;
+    check_schema(&feed.schema, policy.config())?;
+    let mut totals = [0.0, 0.0];
+    while let Some(batch) = feed.batches.next().await {
+        let batch = batch?;
+        let samples = batch.num_rows() as f64;
+        let loss = tokio::task::block_in_place(|| -> Result<f64> {
+            let batch = act_batch(&batch, policy.config())?;
+            let loss = tch::no_grad(|| policy.forward_loss(&batch, false))?;
+            Ok(loss.loss.double_value(&[]))
+        })?;
+        totals[0] += loss * samples;
+        totals[1] += samples;
+    }
+    if let Some(c) = &options.collective {
+        c.all_reduce_sum(Values::F64(&mut totals));
+    }
+    if totals[1] == 0.0 {
+        return Err(Error::Data(format!("the held-out datasets ({}) gave no samples", request.datasets.len())));
+    }
+    Ok((totals[0] / totals[1], totals[1] as u64))
 }
 
 /// Writes a checkpoint with lake's run file, then points `last` at it.

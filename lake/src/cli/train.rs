@@ -59,6 +59,17 @@ pub struct TrainArgs {
     /// downloaded.
     #[arg(long, value_name = "FILE")]
     backbone_weights: Option<PathBuf>,
+    /// Evaluate on these datasets or views (held out from --dataset, e.g. a view of other
+    /// episodes): the loss in eval mode, no dropout or VAE sampling, over the same samples each
+    /// time. Repeat for a mixture.
+    #[arg(long, value_name = "NAME|VIEW[=WEIGHT]")]
+    eval_dataset: Vec<String>,
+    /// Steps between held-out evaluations (0: only at the end).
+    #[arg(long, default_value_t = 0, value_name = "K", requires = "eval_dataset")]
+    eval_every: u64,
+    /// Batches per held-out evaluation (of --batch-size, per rank).
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    eval_batches: u64,
     /// Take batches from `lake serve` over Arrow Flight at this address (`grpc://HOST:PORT`).
     #[arg(long, value_name = "URL", conflicts_with = "local")]
     server: Option<String>,
@@ -139,21 +150,32 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         backbone_weights: args.backbone_weights,
         loader: Default::default(),
         collective,
+        eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
+            datasets: args.eval_dataset.clone(),
+            every: args.eval_every,
+            batches: args.eval_batches,
+        }),
     };
-    let summary = lake_trainer::train::train(options, |s| {
-        if s.step % log_every == 0 || s.step == steps {
-            let kld = s.kld.map_or(String::new(), |k| format!("  kld {k:.4}"));
-            errln!(
-                "step {}/{steps}  loss {:.4}  l1 {:.4}{kld}  grad {:.3}  data wait {:.0} ms of {:.0} ms",
-                s.step,
-                s.loss,
-                s.l1,
-                s.grad_norm,
-                s.data_wait_s * 1e3,
-                s.step_s * 1e3
-            );
-        }
-    })
+    let summary = lake_trainer::train::train(
+        options,
+        |s| {
+            if s.step % log_every == 0 || s.step == steps {
+                let kld = s.kld.map_or(String::new(), |k| format!("  kld {k:.4}"));
+                errln!(
+                    "step {}/{steps}  loss {:.4}  l1 {:.4}{kld}  grad {:.3}  data wait {:.0} ms of {:.0} ms",
+                    s.step,
+                    s.loss,
+                    s.l1,
+                    s.grad_norm,
+                    s.data_wait_s * 1e3,
+                    s.step_s * 1e3
+                );
+            }
+        },
+        |e| {
+            errln!("step {}/{steps}  held-out loss {:.4} over {} samples", e.step, e.loss, e.samples);
+        },
+    )
     .await?;
     if rank != 0 {
         return Ok(ExitCode::SUCCESS);

@@ -38,13 +38,14 @@ fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainOptions {
         backbone_weights: None,
         loader: Default::default(),
         collective: None,
+        eval: None,
     }
 }
 
 fn run(options: TrainOptions) -> (lake_trainer::train::Summary, Vec<StepRecord>) {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let mut steps = Vec::new();
-    let summary = runtime.block_on(train(options, |s| steps.push(s.clone()))).expect("training");
+    let summary = runtime.block_on(train(options, |s| steps.push(s.clone()), |_| ())).expect("training");
     (summary, steps)
 }
 
@@ -72,8 +73,11 @@ fn the_loss_goes_down_on_the_lakes_samples() {
     let plot = std::fs::read_to_string(out.join(lake_trainer::train::PLOT_FILE)).expect("the run's plot");
     assert!(plot.contains("loss, steps 1 to 120") && plot.contains("waiting for data: "), "{plot}");
     // A new run into the same directory is refused rather than mixed with the old one.
-    let again =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(options(&lake, &out, 130), |_| ()));
+    let again = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(
+        options(&lake, &out, 130),
+        |_| (),
+        |_| (),
+    ));
     assert!(again.expect_err("refused").to_string().contains("--resume"));
 }
 
@@ -87,11 +91,11 @@ fn a_resumed_run_ends_where_the_uninterrupted_run_ends() {
     let parts = tmp.path().join("parts");
     run(TrainOptions { save_every: 4, ..options(&lake, &parts, 8) });
     // Changed options are refused on resume, before any step.
-    let refused = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("rt")
-        .block_on(train(TrainOptions { resume: true, seed: 8, ..options(&lake, &parts, 12) }, |_| ()));
+    let refused = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(
+        TrainOptions { resume: true, seed: 8, ..options(&lake, &parts, 12) },
+        |_| (),
+        |_| (),
+    ));
     assert!(refused.expect_err("another seed").to_string().contains("seed 7"));
     let (summary, resumed) = run(TrainOptions { resume: true, save_every: 4, ..options(&lake, &parts, 12) });
     assert_eq!(summary.started_after, 8);
@@ -164,6 +168,28 @@ fn a_run_fed_by_lake_serve_ends_as_the_in_process_run_ends() {
     for (name, w) in &weights[1..] {
         assert!(*w == weights[0].1, "the run fed over {name} ended with other weights than the in-process run");
     }
+}
+
+/// Held-out evaluations run where asked, see the same samples each time, are drawn on the plot,
+/// and leave training as it was: the weights equal those of the run without them.
+#[test]
+fn held_out_evaluations_leave_the_run_as_it_was() {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let lake = lake_with_fixture(tmp.path());
+    let (plain, evaluated) = (tmp.path().join("plain"), tmp.path().join("evaluated"));
+    run(options(&lake, &plain, 6));
+    let eval = lake_trainer::train::EvalOptions { datasets: vec!["v30-images-tiny".into()], every: 3, batches: 2 };
+    let (summary, _) = run(TrainOptions { eval: Some(eval), ..options(&lake, &evaluated, 6) });
+    let weights = |run: &Path| std::fs::read(run.join("checkpoints/000006/pretrained_model/model.safetensors")).expect("weights");
+    assert!(weights(&plain) == weights(&evaluated), "evaluating changed what the run trained");
+    let steps: Vec<u64> = summary.evals.iter().map(|e| e.step).collect();
+    assert_eq!(steps, [3, 6]);
+    assert!(summary.evals.iter().all(|e| e.loss.is_finite() && e.samples == 16), "{:?}", summary.evals);
+    let logged = std::fs::read_to_string(evaluated.join(lake_trainer::train::EVAL_FILE)).expect("eval log");
+    assert_eq!(logged.lines().count(), 2, "{logged}");
+    let plot = std::fs::read_to_string(evaluated.join(lake_trainer::train::PLOT_FILE)).expect("plot");
+    assert!(plot.contains("held-out loss"), "the plot draws the evaluations");
 }
 
 /// Steps of the data-parallel comparison.
