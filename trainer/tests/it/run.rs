@@ -212,14 +212,82 @@ fn mpi_rank() {
     let Some(dir) = std::env::var_os("LAKE_TEST_MPI_RUN").map(std::path::PathBuf::from) else { return };
     let lake = lake_store::Lake::open(dir.join("lake").to_str().expect("utf-8")).expect("lake");
     let mpi = lake_trainer::collective::Mpi::init().expect("MPI");
+    // Where the test that started the ranks finds them.
+    let rank = std::env::var("OMPI_COMM_WORLD_RANK").expect("a rank under mpirun");
+    std::fs::write(dir.join(format!("rank-{rank}.pid")), std::process::id().to_string()).expect("pid file");
+    let steps = std::env::var("LAKE_TEST_MPI_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(STEPS);
     let options = TrainOptions {
         batch_size: 4,
         config: without_noise(),
         kind: tch::Kind::Double,
         collective: Some(Box::new(mpi)),
-        ..options(&lake, &dir.join("ranks"), STEPS)
+        ..options(&lake, &dir.join("ranks"), steps)
     };
     run(options);
+}
+
+/// `mpirun -np 2` of [`mpi_rank`] in `dir`, for `steps` steps.
+#[cfg(feature = "mpi")]
+fn mpirun(dir: &Path, steps: u64) -> std::process::Command {
+    let mut command = std::process::Command::new("mpirun");
+    command
+        .args(["-np", "2", "--oversubscribe"])
+        .arg(std::env::current_exe().expect("test path"))
+        .args(["--exact", "run::mpi_rank", "--ignored", "--test-threads", "1"])
+        .env("LAKE_TEST_MPI_RUN", dir)
+        .env("LAKE_TEST_MPI_STEPS", steps.to_string())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    command
+}
+
+/// A rank that dies (killed outright, mid-run) ends the run on every rank: the others do not
+/// wait forever in a collective that can no longer complete. Open MPI's launcher sees the death
+/// and ends the job, with a failing exit.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_dead_rank_ends_the_run_on_every_rank() {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let _lake = lake_with_fixture(tmp.path());
+    let mut launcher =
+        mpirun(tmp.path(), 100_000).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("mpirun");
+    let log = tmp.path().join("ranks").join(LOG_FILE);
+    let began = std::time::Instant::now();
+    // Both ranks train: rank 0 has logged a few steps.
+    while std::fs::read_to_string(&log).map_or(0, |l| l.lines().count()) < 3 {
+        assert!(began.elapsed().as_secs() < 300, "the ranks did not start training");
+        assert!(launcher.try_wait().expect("mpirun").is_none(), "mpirun ended before the ranks trained");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let pid = |rank: u32| std::fs::read_to_string(tmp.path().join(format!("rank-{rank}.pid"))).expect("the rank's pid");
+    let (zero, one) = (pid(0), pid(1));
+    let killed = std::process::Command::new("kill").args(["-9", &one]).status().expect("kill");
+    assert!(killed.success());
+    let killed_at = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = launcher.try_wait().expect("mpirun") {
+            break status;
+        }
+        if killed_at.elapsed().as_secs() > 120 {
+            let _ = launcher.kill();
+            panic!("rank 1 died and the run went on for two minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(!status.success(), "a run that lost a rank must not end as a success");
+    // Running, that is: a process whose parent is gone and that nobody reaped stays a zombie.
+    let running = |pid: &str| {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    };
+    let ended_at = std::time::Instant::now();
+    while running(&zero) {
+        let state = std::fs::read_to_string(format!("/proc/{}/stat", zero.trim())).unwrap_or_default();
+        assert!(ended_at.elapsed().as_secs() < 30, "rank 0 still runs 30 s after the launcher ended: {state}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    eprintln!("rank 1 killed: the run ended in {:.1} s ({status})", killed_at.elapsed().as_secs_f64());
 }
 
 #[cfg(feature = "mpi")]
@@ -234,15 +302,7 @@ fn data_parallel_ranks_take_the_steps_one_rank_takes() {
         kind: tch::Kind::Double,
         ..options(&lake, &tmp.path().join("single"), STEPS)
     });
-    let status = std::process::Command::new("mpirun")
-        .args(["-np", "2", "--oversubscribe"])
-        .arg(std::env::current_exe().expect("test path"))
-        .args(["--exact", "run::mpi_rank", "--ignored", "--test-threads", "1"])
-        .env("LAKE_TEST_MPI_RUN", tmp.path())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .status()
-        .expect("mpirun (Debian's openmpi-bin)");
+    let status = mpirun(tmp.path(), STEPS).status().expect("mpirun (Debian's openmpi-bin)");
     assert!(status.success(), "mpirun: {status}");
     let log = std::fs::read_to_string(tmp.path().join("ranks").join(LOG_FILE)).expect("rank 0's log");
     let ranks: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
