@@ -184,6 +184,12 @@ impl LakeSql {
         // LIMIT n` then let one dataset's indices cut another's rows, a wrong answer (and a
         // view made from it the wrong episodes).
         config.options_mut().optimizer.repartition_sorts = false;
+        // Struct field reads (`packet_row['front']`) stay where the query has them. DataFusion
+        // 54's leaf-expression pushdown fails to plan one above a projection that renames columns
+        // ("Schema contains qualified field name … and unqualified field name …"), and a stacked
+        // table is such a projection: stored `observation/state` read as `observation.state`
+        // (apache/datafusion#25446).
+        config.options_mut().optimizer.enable_leaf_expression_pushdown = false;
         config.options_mut().sql_parser.recursion_limit = limits::MAX_PARSER_DEPTH;
         let ctx = SessionContext::new_with_config_rt(config, memory.runtime());
         for function in crate::sql_functions::functions() {

@@ -608,3 +608,19 @@ fn a_view_maps_features_so_datasets_from_other_robots_stack() {
     let bad = lake(&root, &["view", "create", "bad", both, "--dims", &format!("{lz}:actions=30:40")]);
     assert!(bad.stderr.contains("`actions` has 34 dimensions, the mapping keeps dimension 34"), "{}", bad.stderr);
 }
+
+/// A struct field read in an aggregate over a stacked table plans and answers (the query that
+/// picks the episodes with a camera's video, as the ingest guide gives it).
+#[test]
+fn struct_fields_are_read_through_stacked_tables() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let rows = sql_rows(
+        &root,
+        "SELECT episode_index, count(packet_row['observation/images/front']) AS n FROM steps GROUP BY episode_index \
+         HAVING count(packet_row['observation/images/front']) > 0 ORDER BY episode_index",
+    );
+    let counted: f64 = rows.iter().map(|r| num(r, "n")).sum();
+    assert_eq!((rows.len(), counted), (6, 600.0), "{rows:?}");
+}
