@@ -36,6 +36,7 @@ use crate::{
     sampler::Draw,
     samples::{BatchColumn, FrameColumn, SampleBatch, camera_array},
     spec::{DatasetKeys, Window, Windows, resolve_windows},
+    usage::thread_cpu_seconds,
 };
 use lake_schemas::FrameFormat;
 
@@ -1097,13 +1098,6 @@ pub struct DecodeBound {
     pub packets: u64,
     /// Frames converted to RGB.
     pub frames: u64,
-}
-
-fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime fills the struct we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// Packet rows grouped by `(stream, keyframe row)`, each group's targets ascending.

@@ -44,6 +44,7 @@ mod sampler;
 mod samples;
 mod spec;
 mod stream;
+mod usage;
 pub mod views;
 
 /// The pixel formats camera frames travel in, and the conversion of YUV planes a trainer runs.
@@ -64,5 +65,6 @@ pub use crate::{
     samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
     stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_samples_with, load_with, stream, stream_with},
+    usage::{ProcessUsage, process_usage},
     views::{Sampling, SamplingSpec, Selection, open_sampling, resolve},
 };

@@ -63,18 +63,6 @@ pub struct BenchArgs {
     json: bool,
 }
 
-/// CPU seconds and peak RSS of this process.
-fn usage() -> (f64, f64) {
-    // SAFETY: getrusage fills the struct we pass.
-    let usage = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut u);
-        u
-    };
-    let cpu = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (cpu(usage.ru_utime) + cpu(usage.ru_stime), usage.ru_maxrss as f64 / 1024.0)
-}
-
 /// `lake bench`: loader throughput on a dataset.
 pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
@@ -124,7 +112,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let warm = 1 + args.prefetch;
     let timed_cursors: Vec<Cursor> = lake_loader::cursors(&request).skip(warm).take(args.batches as usize).collect();
-    let (cpu0, _) = usage();
+    let cpu0 = lake_loader::process_usage().cpu_s;
     let began = Instant::now();
     let mut stream = lake_loader::stream(loader.clone(), request);
     let first = stream.next().await.context("the loader produced no batch")??;
@@ -132,7 +120,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
     for _ in 1..warm {
         stream.next().await.context("the loader's stream ended")??;
     }
-    let (cpu1, _) = usage();
+    let cpu1 = lake_loader::process_usage().cpu_s;
     let decode_before = loader.decode_stats();
     let timed = Instant::now();
     let (mut samples, mut bytes) = (0u64, 0u64);
@@ -142,7 +130,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         bytes += batch.get_array_memory_size() as u64;
     }
     let wall = timed.elapsed();
-    let (cpu2, peak_rss_mb) = usage();
+    let lake_loader::ProcessUsage { cpu_s: cpu2, peak_rss_mb } = lake_loader::process_usage();
     // What the decoders did in the timed window (which opens and closes with batches in the
     // making, as the CPU time does).
     let decode = loader.decode_stats();
