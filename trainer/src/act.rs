@@ -37,12 +37,14 @@
 //! # Ok::<(), lake_trainer::Error>(())
 //! ```
 
+mod autocast;
 mod checkpoint;
 mod model;
 mod optim;
 mod policy;
 
 pub use self::{
+    autocast::bf16_autocast,
     checkpoint::StagedCheckpoint,
     optim::AdamW,
     policy::{ActBatch, ActLoss, ActPolicy, PolicyOptions, cuda_is_available, load_libtorch_cuda},

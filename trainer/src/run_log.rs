@@ -17,6 +17,21 @@ pub const LOG_FILE: &str = "train_log.jsonl";
 pub const PLOT_FILE: &str = "train_log.svg";
 /// The held-out evaluations' log file name in a run directory.
 pub const EVAL_FILE: &str = "eval_log.jsonl";
+/// The step log's file name of a run without a model (`--policy none`).
+pub const FEED_LOG_FILE: &str = "feed_log.jsonl";
+
+/// One step of a run without a model: its batch taken and moved to the device, as logged.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FeedRecord {
+    /// The step (1 is the first).
+    pub step: u64,
+    /// Samples in this rank's batch.
+    pub samples: u64,
+    /// Seconds the step waited for its batch.
+    pub data_wait_s: f64,
+    /// Seconds of the whole step: the wait, and the copy to the device finished.
+    pub step_s: f64,
+}
 
 /// One evaluation on held-out samples, as logged.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -37,6 +52,12 @@ pub trait Logged: serde::de::DeserializeOwned {
 }
 
 impl Logged for StepRecord {
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+impl Logged for FeedRecord {
     fn step(&self) -> u64 {
         self.step
     }

@@ -13,6 +13,11 @@
 //! - `train_log.jsonl`: one line per step (loss, L1, KL, gradient norm, data wait, step time);
 //! - `train_log.svg`: the loss and the share of each step spent waiting for data, redrawn at
 //!   every checkpoint.
+//!
+//! Batches are read, made into tensors and copied to the device by a task of their own, one
+//! batch ahead of the step that takes it ([`Prefetch`]). [`feed_only`] runs the same data path
+//! without a model: its steps only take their batches, which measures what the data side can
+//! give a device.
 
 use std::{
     io::Write as _,
@@ -33,14 +38,14 @@ use tch::{Device, Kind, Tensor};
 
 use crate::{
     ActConfig, Error, FeatureType, OBS_ENV_STATE, OBS_STATE, Result,
-    act::{ActBatch, ActPolicy, AdamW, PolicyOptions},
+    act::{ActBatch, ActPolicy, AdamW, PolicyOptions, bf16_autocast},
     collective::{Collective, Values, average_gradients, broadcast},
-    data::{BatchSource, dataset_facts, open_feed, policy_stats},
+    data::{BatchSource, DatasetFacts, Feed, dataset_facts, open_feed, policy_stats},
 };
 
 /// The file in a checkpoint's `training_state/` that holds what lake needs to resume.
 pub const RUN_FILE: &str = "lake_run.json";
-pub use crate::run_log::{EVAL_FILE, EvalRecord, LOG_FILE, PLOT_FILE, StepRecord};
+pub use crate::run_log::{EVAL_FILE, EvalRecord, FEED_LOG_FILE, FeedRecord, LOG_FILE, PLOT_FILE, StepRecord};
 
 /// What to train, from what, for how long, and where to write.
 pub struct TrainOptions {
@@ -63,6 +68,9 @@ pub struct TrainOptions {
     pub device: Device,
     /// The parameters' dtype: `Float` (LeRobot's), or `Double` (checkpoints stay f32).
     pub kind: Kind,
+    /// bfloat16 mixed precision: the forward passes run under autocast (as lerobot-train's
+    /// `bf16`), while parameters, optimizer state and checkpoints stay in `kind`.
+    pub bf16: bool,
     /// The run's directory.
     pub out: PathBuf,
     /// Continue from `out/checkpoints/last`.
@@ -130,6 +138,9 @@ pub struct Summary {
     pub datasets: Vec<String>,
     /// This process's held-out evaluations.
     pub evals: Vec<EvalRecord>,
+    /// CPU seconds this process spent over the steps, every thread's: the model's and, in
+    /// process, the loader's.
+    pub cpu_s: f64,
 }
 
 /// What a checkpoint records for a resume, besides LeRobot's files.
@@ -164,6 +175,71 @@ pub fn step_name(step: u64, total: u64) -> String {
     format!("{step:0width$}")
 }
 
+/// This rank and the number of ranks.
+fn ranks(options: &TrainOptions) -> (u64, u64) {
+    options.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()))
+}
+
+/// The run's sampling request for this rank, before its windows are known, and the facts of the
+/// datasets it samples.
+async fn plan(options: &TrainOptions) -> Result<(SampleRequest, DatasetFacts)> {
+    let (rank, world) = ranks(options);
+    let mut request = SampleRequest::new(options.datasets.iter().cloned());
+    (request.seed, request.batch_size, request.rank, request.world_size) = (options.seed, options.batch_size, rank, world);
+    let facts = dataset_facts(options.lake.as_ref(), &request, &options.source).await?;
+    Ok((request, facts))
+}
+
+/// The windows a policy of `config` reads, in RGB frames as the policy takes them.
+fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64) {
+    request.delta_timestamps = Some(delta_timestamps_json(config, fps));
+    request.frame_format = lake_client::FrameFormat::Rgb24;
+}
+
+/// Batches made into a policy's tensors on its device by a task of their own, ahead of the steps
+/// that take them: while a step runs, the next batch is read, converted and copied (from pinned
+/// memory to a GPU). One batch waits ready and one is in the making; dropping this stops the
+/// task and the feed.
+pub struct Prefetch {
+    ready: tokio::sync::mpsc::Receiver<Result<ActBatch>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Prefetch {
+    /// Starts taking `feed`'s batches for a policy of `config` on `device`. Needs tokio's
+    /// multi-threaded runtime: the conversion runs in place of an async task.
+    pub fn start(mut feed: Feed, config: ActConfig, device: Device) -> Self {
+        let (tx, ready) = tokio::sync::mpsc::channel(1);
+        let task = tokio::spawn(async move {
+            while let Some(batch) = feed.batches.next().await {
+                let made = batch.and_then(|b| tokio::task::block_in_place(|| act_batch(&b, &config)?.to_device(device)));
+                let failed = made.is_err();
+                if tx.send(made).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Prefetch { ready, task }
+    }
+
+    /// The next batch; `None` once the feed has ended.
+    pub async fn next(&mut self) -> Option<Result<ActBatch>> {
+        self.ready.recv().await
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::fmt::Debug for Prefetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefetch").field("ready", &self.ready.len()).finish_non_exhaustive()
+    }
+}
+
 /// Trains as `options` say, calling `on_step` after each step and `on_eval` after each held-out
 /// evaluation.
 ///
@@ -172,11 +248,9 @@ pub fn step_name(step: u64, total: u64) -> String {
 /// [`Error::Data`] when batches cannot be had; [`Error::Features`] for datasets ACT cannot train
 /// on; [`Error::Io`] when the run's directory cannot be written.
 pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), mut on_eval: impl FnMut(&EvalRecord)) -> Result<Summary> {
-    let (rank, world) = options.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    let (rank, world) = ranks(&options);
     let global_batch = options.batch_size * world;
-    let mut request = SampleRequest::new(options.datasets.iter().cloned());
-    (request.seed, request.batch_size, request.rank, request.world_size) = (options.seed, options.batch_size, rank, world);
-    let facts = dataset_facts(options.lake.as_ref(), &request, &options.source).await?;
+    let (mut request, facts) = plan(&options).await?;
     let policy_options = PolicyOptions { device: options.device, kind: options.kind, backbone_weights: options.backbone_weights.clone() };
     let checkpoints = options.out.join("checkpoints");
     let (policy, mut optimizer, started_after) = if options.resume {
@@ -238,16 +312,16 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     if started_after >= options.steps {
         return Err(Error::Run(format!("the run is at step {started_after} already; ask for more --steps than that")));
     }
-    request.delta_timestamps = Some(delta_timestamps_json(policy.config(), facts.fps));
-    request.frame_format = lake_client::FrameFormat::Rgb24;
+    ask_for(&mut request, policy.config(), facts.fps);
     // The request's steps are the run's: a step of batch B reads the next B samples of the order.
     let probe = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     let steps_per_epoch = probe.steps_per_epoch;
     drop(probe);
     (request.epoch, request.start_step) = (started_after / steps_per_epoch, started_after % steps_per_epoch);
     request.limit_batches = Some(options.steps - started_after);
-    let mut feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
+    let feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     check_schema(&feed.schema, policy.config())?;
+    let mut batches = Prefetch::start(feed, policy.config().clone(), options.device);
     let eval_request = options.eval.as_ref().map(|e| {
         let mut held_out = SampleRequest { datasets: SampleRequest::new(e.datasets.iter().cloned()).datasets, ..request.clone() };
         (held_out.epoch, held_out.start_step, held_out.limit_batches) = (0, 0, Some(e.batches));
@@ -271,16 +345,16 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         next_step,
     };
     let (started, mut waited, mut losses, mut checkpoint) = (Instant::now(), 0.0, Vec::new(), PathBuf::new());
+    let cpu_at_start = lake_loader::process_usage().cpu_s;
     let (mut evals, mut checkpoint_step, mut evaluating) = (Vec::new(), 0, 0.0);
     for step in started_after + 1..=options.steps {
         let began = Instant::now();
-        let batch = feed.batches.next().await.ok_or_else(|| Error::Data(format!("the batches ended before step {step}")))??;
+        let batch = batches.next().await.ok_or_else(|| Error::Data(format!("the batches ended before step {step}")))??;
         let data_wait_s = began.elapsed().as_secs_f64();
         waited += data_wait_s;
         let record = tokio::task::block_in_place(|| -> Result<StepRecord> {
-            let batch = act_batch(&batch, policy.config())?;
             tch::manual_seed(rank_step_seed(options.seed, rank, step));
-            let loss = policy.forward_loss(&batch, true)?;
+            let loss = bf16_autocast(options.device, options.bf16, || policy.forward_loss(&batch, true))??;
             let grad_norm = match &options.collective {
                 None => optimizer.step(&loss.loss)?,
                 Some(c) => {
@@ -350,6 +424,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     }
     // Training time: the held-out evaluations' aside.
     let elapsed = started.elapsed().as_secs_f64() - evaluating;
+    let cpu_s = lake_loader::process_usage().cpu_s - cpu_at_start;
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     let ran = options.steps - started_after;
     Ok(Summary {
@@ -362,6 +437,78 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         checkpoint,
         datasets: facts.datasets,
         evals,
+        cpu_s,
+    })
+}
+
+/// What a run without a model measured (`--policy none`).
+#[derive(Debug, Clone)]
+pub struct FeedSummary {
+    /// Steps taken.
+    pub steps: u64,
+    /// Samples per second over the run, every rank's.
+    pub samples_per_s: f64,
+    /// CPU seconds this process spent per sample it took: in process, the whole data path's;
+    /// fed by a server, the receiving side's only.
+    pub cpu_s_per_sample: f64,
+    /// Peak resident set size of this process, MiB.
+    pub peak_rss_mb: f64,
+    /// The datasets sampled, `NAME@VERSION`.
+    pub datasets: Vec<String>,
+}
+
+/// The data path alone: the batches a run of `options` would train on, each made into the
+/// policy's tensors and copied to the device, and nothing else. Its rate is the most samples a
+/// second this data path gives one device; with its CPU time per sample, it says how many cores
+/// keep a device fed. Writes `feed_log.jsonl` in the run's directory (rank 0); the model in
+/// `options` is only read for the windows it needs.
+///
+/// # Errors
+/// As [`train`], for the data side.
+pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecord)) -> Result<FeedSummary> {
+    let (rank, world) = ranks(&options);
+    let (mut request, facts) = plan(&options).await?;
+    let mut config = options.config.clone();
+    config.set_features(&facts.features);
+    config.validate()?;
+    ask_for(&mut request, &config, facts.fps);
+    request.limit_batches = Some(options.steps);
+    let feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
+    check_schema(&feed.schema, &config)?;
+    let mut batches = Prefetch::start(feed, config, options.device);
+    std::fs::create_dir_all(&options.out).map_err(Error::io(&options.out))?;
+    let log_path = options.out.join(FEED_LOG_FILE);
+    let mut log = match rank {
+        0 => Some(std::fs::File::create(&log_path).map_err(Error::io(&log_path))?),
+        _ => None,
+    };
+    let (started, cpu_at_start) = (Instant::now(), lake_loader::process_usage().cpu_s);
+    let mut samples = 0;
+    for step in 1..=options.steps {
+        let began = Instant::now();
+        let batch = batches.next().await.ok_or_else(|| Error::Data(format!("the batches ended before step {step}")))??;
+        let data_wait_s = began.elapsed().as_secs_f64();
+        if let Device::Cuda(index) = options.device {
+            tokio::task::block_in_place(|| tch::Cuda::synchronize(index as i64));
+        }
+        let rows = batch.action.as_ref().map_or(0, |a| a.size()[0] as u64);
+        samples += rows;
+        drop(batch);
+        let record = FeedRecord { step, samples: rows, data_wait_s, step_s: began.elapsed().as_secs_f64() };
+        if let Some(log) = &mut log {
+            let line = serde_json::to_string(&record).expect("a feed record is plain data");
+            writeln!(log, "{line}").map_err(Error::io(&log_path))?;
+            on_step(&record);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
+    let usage = lake_loader::process_usage();
+    Ok(FeedSummary {
+        steps: options.steps,
+        samples_per_s: (samples * world) as f64 / elapsed,
+        cpu_s_per_sample: (usage.cpu_s - cpu_at_start) / samples.max(1) as f64,
+        peak_rss_mb: usage.peak_rss_mb,
+        datasets: facts.datasets,
     })
 }
 
@@ -376,7 +523,7 @@ async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActP
         let samples = batch.num_rows() as f64;
         let loss = tokio::task::block_in_place(|| -> Result<f64> {
             let batch = act_batch(&batch, policy.config())?;
-            let loss = tch::no_grad(|| policy.forward_loss(&batch, false))?;
+            let loss = bf16_autocast(options.device, options.bf16, || tch::no_grad(|| policy.forward_loss(&batch, false)))??;
             Ok(loss.loss.double_value(&[]))
         })?;
         totals[0] += loss * samples;

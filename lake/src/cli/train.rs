@@ -9,7 +9,8 @@ pub struct TrainArgs {
     /// A dataset or view to sample, `NAME[=WEIGHT]`; repeat for a mixture.
     #[arg(long = "dataset", value_name = "NAME[=WEIGHT]", required = true)]
     datasets: Vec<String>,
-    /// The policy: `act` (LeRobot's ACT).
+    /// The policy: `act` (LeRobot's ACT), or `none`: no model, each step only takes its batch
+    /// onto the device, which measures the data path alone (writes feed_log.jsonl).
     #[arg(long, default_value = "act")]
     policy: String,
     /// LeRobot ACT config fields as JSON (a `config.json`, or some of its fields), over
@@ -31,8 +32,9 @@ pub struct TrainArgs {
     /// `cpu`, or `cuda` (the first GPU).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// The parameters' dtype: `fp32` (LeRobot's), or `fp64` (to compare runs without float
-    /// rounding; checkpoints are f32 either way).
+    /// Precision: `fp32` (LeRobot's default), `bf16` (mixed precision: the forward passes under
+    /// bfloat16 autocast, the parameters and optimizer in fp32), or `fp64` (to compare runs
+    /// without float rounding). Checkpoints are f32 in every case.
     #[arg(long, default_value = "fp32")]
     dtype: String,
     /// Seed of the sample order, the initialisation, dropout and the VAE's noise.
@@ -87,9 +89,11 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context as _;
     use lake_trainer::{ActConfig, data::BatchSource, train::TrainOptions};
 
-    if args.policy != "act" {
-        anyhow::bail!("unknown policy `{}`; lake trains `act`", args.policy);
-    }
+    let data_only = match args.policy.as_str() {
+        "act" => false,
+        "none" => true,
+        other => anyhow::bail!("unknown policy `{other}`: lake trains `act`, and `none` measures the data path without a model"),
+    };
     let device = match args.device.as_str() {
         "cpu" => tch::Device::Cpu,
         "cuda" if lake_trainer::act::cuda_is_available() => tch::Device::Cuda(0),
@@ -139,10 +143,11 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         device,
         kind: match args.dtype.as_str() {
-            "fp32" => tch::Kind::Float,
+            "fp32" | "bf16" => tch::Kind::Float,
             "fp64" => tch::Kind::Double,
-            other => anyhow::bail!("unknown --dtype `{other}` (fp32 or fp64)"),
+            other => anyhow::bail!("unknown --dtype `{other}` (fp32, bf16 or fp64)"),
         },
+        bf16: args.dtype == "bf16",
         out: args.out.clone(),
         resume: args.resume,
         save_every: args.save_every,
@@ -156,6 +161,9 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
             batches: args.eval_batches,
         }),
     };
+    if data_only {
+        return feed_only(options, rank, log_every).await;
+    }
     let summary = lake_trainer::train::train(
         options,
         |s| {
@@ -191,6 +199,31 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         summary.data_wait * 100.0,
         summary.checkpoint.display(),
         args.out.join(lake_trainer::run_log::PLOT_FILE).display()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `lake train --policy none`: the data path alone, as the run would be fed.
+#[cfg(feature = "torch")]
+async fn feed_only(options: lake_trainer::train::TrainOptions, rank: u64, log_every: u64) -> anyhow::Result<ExitCode> {
+    let (steps, out, device) = (options.steps, options.out.clone(), options.device);
+    let summary = lake_trainer::train::feed_only(options, |s| {
+        if s.step % log_every == 0 || s.step == steps {
+            errln!("step {}/{steps}  {} samples  data wait {:.1} ms of {:.1} ms", s.step, s.samples, s.data_wait_s * 1e3, s.step_s * 1e3);
+        }
+    })
+    .await?;
+    if rank != 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    outln!(
+        "fed {} steps of {} to {device:?} without a model: {:.1} samples/s, {:.2} CPU ms per sample in this process, peak RSS {:.0} MB\nlog: {}",
+        summary.steps,
+        summary.datasets.join(", "),
+        summary.samples_per_s,
+        summary.cpu_s_per_sample * 1e3,
+        summary.peak_rss_mb,
+        out.join(lake_trainer::train::FEED_LOG_FILE).display()
     )?;
     Ok(ExitCode::SUCCESS)
 }

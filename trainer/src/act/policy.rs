@@ -45,6 +45,29 @@ pub struct ActBatch {
     pub action_is_pad: Option<Tensor>,
 }
 
+impl ActBatch {
+    /// The batch on `device` with its dtypes kept (uint8 frames travel as uint8 and become
+    /// floats on the device). To a GPU, each tensor is copied from pinned memory without
+    /// blocking the calling thread, so the copy overlaps the step that runs meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Torch`] when a tensor cannot be pinned or copied.
+    pub fn to_device(self, device: Device) -> Result<ActBatch> {
+        if device == Device::Cpu {
+            return Ok(self);
+        }
+        let moved = |t: Tensor| -> Result<Tensor> { Ok(t.f_pin_memory(device)?.f_to_device_(device, t.kind(), true, false)?) };
+        let maybe = |t: Option<Tensor>| t.map(moved).transpose();
+        Ok(ActBatch {
+            state: maybe(self.state)?,
+            images: self.images.into_iter().map(moved).collect::<Result<_>>()?,
+            env_state: maybe(self.env_state)?,
+            action: maybe(self.action)?,
+            action_is_pad: maybe(self.action_is_pad)?,
+        })
+    }
+}
+
 /// The training objective of one batch (scalars).
 #[derive(Debug)]
 pub struct ActLoss {

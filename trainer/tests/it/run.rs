@@ -31,6 +31,7 @@ fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainOptions {
         seed: 7,
         device: tch::Device::Cpu,
         kind: tch::Kind::Float,
+        bf16: false,
         out: out.to_path_buf(),
         resume: false,
         save_every: 0,
@@ -192,6 +193,54 @@ fn held_out_evaluations_leave_the_run_as_it_was() {
     assert!(plot.contains("held-out loss"), "the plot draws the evaluations");
 }
 
+#[test]
+fn bf16_mixed_precision_trains_and_keeps_float32_weights() {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let lake = lake_with_fixture(tmp.path());
+    let (full, mixed) = (tmp.path().join("fp32"), tmp.path().join("bf16"));
+    let (_, fp32) = run(options(&lake, &full, 40));
+    let (_, bf16) = run(TrainOptions { bf16: true, ..options(&lake, &mixed, 40) });
+    // The same initial weights and samples, the forward pass in bfloat16: the first losses are
+    // close, not equal.
+    let (a, b) = (fp32[0].loss, bf16[0].loss);
+    assert!(a != b && ((a - b) / a).abs() < 0.05, "first loss fp32 {a}, bf16 {b}");
+    let mean = |s: &[StepRecord]| s.iter().map(|r| r.loss).sum::<f64>() / s.len() as f64;
+    let (first, last) = (mean(&bf16[..10]), mean(&bf16[30..]));
+    let fp32_last = mean(&fp32[30..]);
+    eprintln!("bf16: loss {first:.3} -> {last:.3} (fp32: {:.3} -> {fp32_last:.3})", mean(&fp32[..10]));
+    assert!(last < first * 0.7, "bf16: the loss went from {first} to {last}");
+    assert!(((last - fp32_last) / fp32_last).abs() < 0.25, "bf16 ends at {last}, fp32 at {fp32_last}");
+    let weights = std::fs::read(mixed.join("checkpoints/000040/pretrained_model/model.safetensors")).expect("weights");
+    let tensors = safetensors::SafeTensors::deserialize(&weights).expect("safetensors");
+    assert!(tensors.iter().all(|(_, t)| t.dtype() == safetensors::Dtype::F32), "a bf16 run's checkpoint is float32");
+}
+
+#[test]
+fn a_run_without_a_model_takes_the_batches_a_run_would_train_on() {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let lake = lake_with_fixture(tmp.path());
+    let out = tmp.path().join("feed");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let mut steps = Vec::new();
+    let summary =
+        runtime.block_on(lake_trainer::train::feed_only(options(&lake, &out, 5), |s| steps.push(s.clone()))).expect("the data path alone");
+    assert_eq!(steps.iter().map(|s| (s.step, s.samples)).collect::<Vec<_>>(), [(1, 8), (2, 8), (3, 8), (4, 8), (5, 8)]);
+    assert!(steps.iter().all(|s| s.data_wait_s <= s.step_s));
+    assert!(summary.samples_per_s > 0.0 && summary.cpu_s_per_sample > 0.0 && summary.peak_rss_mb > 0.0, "{summary:?}");
+    assert_eq!(summary.datasets, ["v30-images-tiny@1"]);
+    let log = std::fs::read_to_string(out.join(lake_trainer::train::FEED_LOG_FILE)).expect("feed log");
+    assert_eq!(log.lines().count(), 5, "{log}");
+    assert!(!out.join("checkpoints").exists(), "no model, no checkpoint");
+    // A dataset the policy cannot read is refused as it is by a training run.
+    let refused = runtime.block_on(lake_trainer::train::feed_only(
+        TrainOptions { datasets: vec!["no-such-dataset".into()], ..options(&lake, &out, 5) },
+        |_| (),
+    ));
+    assert!(refused.expect_err("unknown dataset").to_string().contains("no-such-dataset"));
+}
+
 /// Steps of the data-parallel comparison.
 #[cfg(feature = "mpi")]
 const STEPS: u64 = 20;
@@ -220,6 +269,7 @@ fn mpi_rank() {
         batch_size: 4,
         config: without_noise(),
         kind: tch::Kind::Double,
+        bf16: false,
         collective: Some(Box::new(mpi)),
         ..options(&lake, &dir.join("ranks"), steps)
     };
@@ -300,6 +350,7 @@ fn data_parallel_ranks_take_the_steps_one_rank_takes() {
         batch_size: 8,
         config: without_noise(),
         kind: tch::Kind::Double,
+        bf16: false,
         ..options(&lake, &tmp.path().join("single"), STEPS)
     });
     let status = mpirun(tmp.path(), STEPS).status().expect("mpirun (Debian's openmpi-bin)");
