@@ -100,16 +100,8 @@ elif [ "$lake_batches" -gt "$max_batches" ]; then
 fi
 
 # 1. The LeRobot venv.
-req="$py_dir/requirements.txt"
-want="$(sha256sum "$req" | cut -d' ' -f1)"
-stamp="$venv/.lake-requirements.sha256"
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "installing $req into $venv (about 8 GB: PyPI's torch brings CUDA libraries)"
-  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-  "$venv/bin/pip" install --quiet -r "$req"
-  echo "$want" >"$stamp"
-fi
-vpy="$venv/bin/python"
+. "$py_dir/common.sh"
+lerobot_venv
 
 # The lake binary.
 if [ -z "${LAKE_BIN:-}" ]; then
@@ -121,21 +113,7 @@ fi
 [ -x "$LAKE_BIN" ] || { echo "LAKE_BIN=$LAKE_BIN is not an executable" >&2; exit 2; }
 
 # 2. The fixture, written once by LeRobot's writer.
-export HF_HUB_OFFLINE=1 HF_HOME="$bench_dir/hf"
-gen_id="$(cat "$py_dir/make_fixture.py" "$req" | sha256sum | cut -c1-10)"
-fixture="$bench_dir/fixtures/lerobot-av1-${frames}f-seed${seed}-${gen_id}"
-if [ ! -f "$fixture.done" ]; then
-  rm -rf "$fixture"
-  mkdir -p "$(dirname "$fixture")"
-  log "writing a $frames-frame LeRobot v3.0 dataset with LeRobot's writer (once): $fixture"
-  began=$SECONDS
-  if ! nice -n 10 "$vpy" "$py_dir/make_fixture.py" --out "$fixture" --frames "$frames" --seed "$seed" >"$fixture.log" 2>&1; then
-    tail -30 "$fixture.log" >&2
-    exit 1
-  fi
-  log "$(tail -1 "$fixture.log") (wall $((SECONDS - began)) s)"
-  touch "$fixture.done"
-fi
+lerobot_fixture
 
 # 3. A fresh lake.
 work="$(mktemp -d)"
