@@ -1,35 +1,52 @@
 #!/usr/bin/env bash
-# Side by side: LeRobot's own loader and `lake bench` on the same LeRobot dataset, on this
-# machine, in one run.
+# Side by side: LeRobot's own loader (the pinned release, 0.4.4, and the newest, 0.6.1), LeRobot
+# + Lance (lerobot-lancedb's loader, the strongest CPU peer) and `lake bench` on the same LeRobot
+# dataset, on this machine, in one run.
 #
 #   bench/compare_lerobot.sh                     # ~10 000-frame fixture, 30 LeRobot batches, a lake epoch
 #   bench/compare_lerobot.sh --frames 1500       # a small fixture, for a quick check
 #   LAKE_BIN=/path/to/lake bench/compare_lerobot.sh --json results.json
+#   LAKE_BIN=/path/to/lake bench/compare_lerobot.sh --peers lerobot   # LeRobot 0.4.4 and lake only
 #
 # What it does:
 #  1. Makes (or reuses) a Python venv with the pinned LeRobot release from
 #     bench/lerobot/requirements.txt; it reinstalls only when that file changes (a stamp file
 #     in the venv holds its hash). PyPI's torch wheel brings NVIDIA's CUDA libraries with it:
 #     the venv takes about 8 GB and a few minutes to install.
+#     Unless --peers lerobot, two more venvs layered over it (each reuses the one below through a
+#     .pth file; made once, remade only when what they are made from changes; a stamp file in
+#     each holds its hash): LeRobot 0.6.1, installed for Python 3.11 by the shared tool
+#     install-lerobot-0.6.1.sh (about 90 MB, half a minute), and over that lerobot-lancedb 0.3.1
+#     with lancedb 0.40.0 from PyPI (about 180 MB, ten seconds).
 #  2. Writes (once; cached by frame count, seed and generator version) a LeRobot v3.0 dataset
 #     with LeRobot's own writer (bench/lerobot/make_fixture.py): cameras
 #     observation.images.front 480x640 and observation.images.wrist 96x128, AV1 by LeRobot's
 #     default encoder settings (libsvtav1, GOP 2, crf 30), 6-d state and action, 30 fps,
 #     about 200 frames per episode. LeRobot stages every frame as a PNG and encodes each
 #     episode, so this takes about 150 CPU ms per frame (10 000 frames: ~15 min on 2 cores).
+#     Unless --peers lerobot, converts it (once; cached next to it, keyed by the fixture and the
+#     lancedb pins) to Lance's layout with lerobot-lancedb's `lerobot-lance-convert`.
 #  3. Ingests it into a fresh lake with `lake ingest`.
 #  4. Times, on the same data, one after the other:
 #     - LeRobot: LeRobotDataset(delta_timestamps = ACT's 50 future actions, video_backend
 #       torchcodec) behind torch's DataLoader (batch 32, 2 worker processes, shuffled with a
 #       fixed seed), counting the CPU time of the parent and of every worker process
 #       (bench/lerobot/run_lerobot.py);
+#     - unless --peers lerobot, LeRobot 0.6.1 the way its `lerobot-train` feeds the trainer
+#       (frames as uint8, converted to float in the main process; EpisodeAwareSampler seeded with
+#       --seed; prefetch 4, persistent workers, spawn), the same batches, batch size and workers
+#       (the shared tool bench-lerobot-loader.py);
+#     - unless --peers lerobot, LeRobot + Lance: lerobot-lancedb's LanceDBDataset on the Lance
+#       copy, as its README builds the DataLoader (forkserver workers, the same sampler), the
+#       same batches, batch size and workers (the shared tool bench-lancedb-loader.py);
 #     - lake: `lake bench --preset act` with frames decoded from packets, in-memory frame cache
 #       off (the cold path), the cold path again with frames sent as the decoder's YUV planes
 #       (`--frame-format yuv420p`: the trainer converts them to LeRobot's RGB on its GPU), the
 #       cache on, then, when the binary has `lake cache`, frames read from the stored frame table.
 #  5. Prints one table (bench/lerobot/report.py): samples/s, CPU ms per sample, samples per
-#     CPU-second, the ratio to LeRobot of both, peak RSS, lake's decode-bound limit and copy
-#     floor. With --json FILE (or LAKE_BENCH_JSON) it also writes every number as JSON.
+#     CPU-second, the ratio to LeRobot 0.4.4 of both, peak RSS, lake's decode-bound limit and
+#     copy floor. With --json FILE (or LAKE_BENCH_JSON) it also writes every number as JSON
+#     (the shared tools' whole reports for the newer peers).
 #
 # Options (environment variable in brackets):
 #   --frames N            fixture size in frames [LAKE_BENCH_FRAMES, 10000]
@@ -42,15 +59,28 @@
 #   --seed N              fixture and sampler seed [0]
 #   --json FILE           write the results as JSON [LAKE_BENCH_JSON]
 #   --keep-lake           keep the lake (with its frame table, several GB) after the run
+#   --peers lerobot|all   all: LeRobot 0.4.4, LeRobot 0.6.1, LeRobot + Lance and lake; lerobot:
+#                         LeRobot 0.4.4 and lake only, as before the newer peers (no shared tools
+#                         needed; for a quick before/after of two lake binaries) [LAKE_BENCH_PEERS,
+#                         all]
 # Environment:
 #   LAKE_BIN              the lake binary [built here: cargo build --release -p lake, then
 #                         $CARGO_TARGET_DIR (default ~/.cache/lake/target)/release/lake]
 #   LAKE_LEROBOT_VENV     the venv [~/.cache/lake/lerobot-venv]
+#   LAKE_LEROBOT061_VENV  the LeRobot 0.6.1 venv, layered over LAKE_LEROBOT_VENV
+#                         [~/.cache/lake/lerobot061-venv]
+#   LAKE_LANCEDB_VENV     the LeRobot + Lance venv, layered over LAKE_LEROBOT061_VENV
+#                         [~/.cache/lake/lerobot-lancedb-venv]
+#   LAKE_SHARED_TOOLS     the shared benchmark tools kept outside the repo
+#                         (install-lerobot-0.6.1.sh, bench-lerobot-loader.py,
+#                         bench-lancedb-loader.py), needed unless --peers lerobot
+#                         [the repo's ../shared/tools]
 #   LAKE_BENCH_DIR        fixtures, lake and Hugging Face caches [~/.cache/lake/bench]
 #   PYTHON                Python 3.11 used to create the venv [python3]
 #
 # Wall-clock figures depend on whatever else the machine runs; CPU per sample is the steadier
-# figure. The run after the fixture exists takes a few minutes.
+# figure. The run after the fixture exists takes a few minutes (the newer peers add about
+# half a minute each at the default 30 batches on 2 cores).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -66,6 +96,10 @@ seed=0
 json_out="${LAKE_BENCH_JSON:-}"
 keep_lake=0
 venv="${LAKE_LEROBOT_VENV:-$HOME/.cache/lake/lerobot-venv}"
+venv061="${LAKE_LEROBOT061_VENV:-$HOME/.cache/lake/lerobot061-venv}"
+lance_venv="${LAKE_LANCEDB_VENV:-$HOME/.cache/lake/lerobot-lancedb-venv}"
+shared_tools="${LAKE_SHARED_TOOLS:-$repo/../shared/tools}"
+peers="${LAKE_BENCH_PEERS:-all}"
 bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
 python="${PYTHON:-python3}"
 
@@ -80,11 +114,16 @@ while [ $# -gt 0 ]; do
     --seed) seed="$2"; shift 2 ;;
     --json) json_out="$2"; shift 2 ;;
     --keep-lake) keep_lake=1; shift ;;
+    --peers) peers="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 log() { echo "[compare] $*" >&2; }
+case "$peers" in
+  lerobot | all) ;;
+  *) echo "--peers takes lerobot or all, not $peers" >&2; exit 2 ;;
+esac
 
 # The batches must fit in one pass over the dataset (LeRobot's DataLoader stops at its end).
 max_batches=$((frames / batch_size - 1))
@@ -99,9 +138,16 @@ elif [ "$lake_batches" -gt "$max_batches" ]; then
   lake_batches="$max_batches"
 fi
 
-# 1. The LeRobot venv.
+# 1. The LeRobot venvs.
 . "$py_dir/common.sh"
+if [ "$peers" = all ]; then
+  require_shared_tools install-lerobot-0.6.1.sh bench-lerobot-loader.py bench-lancedb-loader.py
+fi
 lerobot_venv
+if [ "$peers" = all ]; then
+  lerobot061_venv
+  lancedb_venv
+fi
 
 # The lake binary.
 if [ -z "${LAKE_BIN:-}" ]; then
@@ -114,6 +160,7 @@ fi
 
 # 2. The fixture, written once by LeRobot's writer.
 lerobot_fixture
+if [ "$peers" = all ]; then lance_fixture; fi
 
 # 3. A fresh lake.
 work="$(mktemp -d)"
@@ -133,6 +180,21 @@ log "LeRobot: $lerobot_batches batches of $batch_size after the first, $workers 
 "$vpy" "$py_dir/run_lerobot.py" --root "$fixture" --preset act --backend torchcodec \
   --batch-size "$batch_size" --batches "$lerobot_batches" --num-workers "$workers" --seed "$seed" \
   --json-out "$work/lerobot.json" >/dev/null
+peer_args=()
+if [ "$peers" = all ]; then
+  # 4a'. LeRobot 0.6.1, as its lerobot-train runs the loader.
+  log "LeRobot 0.6.1: $lerobot_batches batches of $batch_size after the first, $workers workers"
+  "$vpy061" "$shared_tools/bench-lerobot-loader.py" --root "$fixture" --preset act \
+    --batch-size "$batch_size" --batches "$lerobot_batches" --num-workers "$workers" --seed "$seed" \
+    --out "$work/lerobot061.json" >/dev/null
+  # 4a''. LeRobot + Lance.
+  log "LeRobot + Lance: $lerobot_batches batches of $batch_size after the first, $workers workers"
+  BENCH_LEROBOT_LOADER="$shared_tools/bench-lerobot-loader.py" "$vpy_lance" "$shared_tools/bench-lancedb-loader.py" \
+    --root "$lance_root" --preset act --batch-size "$batch_size" --batches "$lerobot_batches" \
+    --num-workers "$workers" --seed "$seed" --out "$work/lancedb.json" >/dev/null
+  LANCE_ROOT="$lance_root" SECS="$(cat "$lance_root.done")" "$vpy" -c 'import json,os; print(json.dumps({"lance_root": os.environ["LANCE_ROOT"], "seconds": float(os.environ["SECS"])}))' >"$work/lance-convert.json"
+  peer_args=(--lerobot061 "$work/lerobot061.json" --lancedb "$work/lancedb.json" --lance-convert "$work/lance-convert.json")
+fi
 
 # 4b. lake.
 frame_table_off=()
@@ -172,14 +234,14 @@ fi
 # 5. The table.
 title="side by side: $frames steps, $episodes episodes (LeRobot v3.0 by lerobot's writer; AV1 GOP 2, 480x640 + 96x128, 30 fps); preset act; batch $batch_size; LeRobot $lerobot_batches batches, lake $lake_batches batches, after the first; $workers workers/threads; $(nproc) cores"
 FRAMES="$frames" EPISODES="$episodes" FIXTURE="$fixture" LAKE_BIN="$LAKE_BIN" LAKE_VERSION="$("$LAKE_BIN" --version)" \
-  BATCH="$batch_size" LR_BATCHES="$lerobot_batches" LAKE_BATCHES="$lake_batches" WORKERS="$workers" SEED="$seed" \
+  BATCH="$batch_size" LR_BATCHES="$lerobot_batches" LAKE_BATCHES="$lake_batches" WORKERS="$workers" SEED="$seed" PEERS="$peers" \
   "$vpy" -c 'import json, os, platform
 e = os.environ
 print(json.dumps({"frames": int(e["FRAMES"]), "episodes": int(e["EPISODES"]), "fixture": e["FIXTURE"],
   "lake_bin": e["LAKE_BIN"], "lake_version": e["LAKE_VERSION"], "preset": "act", "batch_size": int(e["BATCH"]),
   "lerobot_batches": int(e["LR_BATCHES"]), "lake_batches": int(e["LAKE_BATCHES"]), "workers": int(e["WORKERS"]),
-  "seed": int(e["SEED"]), "cores": os.cpu_count(), "machine": platform.platform()}))' >"$work/meta.json"
+  "seed": int(e["SEED"]), "cores": os.cpu_count(), "machine": platform.platform(), "peers": e["PEERS"]}))' >"$work/meta.json"
 json_args=()
 if [ -n "$json_out" ]; then json_args=(--json-out "$json_out"); fi
-"$vpy" "$py_dir/report.py" --title "$title" --lerobot "$work/lerobot.json" "${report_args[@]}" \
+"$vpy" "$py_dir/report.py" --title "$title" --lerobot "$work/lerobot.json" "${peer_args[@]}" "${report_args[@]}" \
   --meta "$work/meta.json" "${json_args[@]}"
