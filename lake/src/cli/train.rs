@@ -189,7 +189,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     outln!(
-        "trained steps {}..={} on {}: loss {:.4} (first steps) -> {:.4} (last steps); {:.1} samples/s, {:.1} % of the time waiting for data\ncheckpoint: {}\nplot: {}",
+        "trained steps {}..={} on {}: loss {:.4} (first steps) -> {:.4} (last steps); {:.1} samples/s, {:.1} % of the time waiting for data, {:.0} CPU ms per sample in this process\ncheckpoint: {}\nplot: {}",
         summary.started_after + 1,
         summary.last_step,
         summary.datasets.join(", "),
@@ -197,6 +197,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         summary.last_loss,
         summary.samples_per_s,
         summary.data_wait * 100.0,
+        summary.cpu_s * 1e3 / ((summary.last_step - summary.started_after) * args.batch_size).max(1) as f64,
         summary.checkpoint.display(),
         args.out.join(lake_trainer::run_log::PLOT_FILE).display()
     )?;
