@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Side by side: training LeRobot's ACT on one LeRobot dataset, on this machine, in one run.
+#
+#   bench/compare_train.sh                        # 1500-frame fixture, 10 timed steps of batch 8
+#   bench/compare_train.sh --steps 20 --json train.json
+#   LAKE_BIN=/path/to/lake bench/compare_train.sh # a lake built with the `torch` feature
+#
+# Every contender trains the same model config (LeRobot's ACT defaults, the backbone from
+# scratch: nothing is downloaded) on the same data (the fixture of bench/compare_lerobot.sh:
+# LeRobot v3.0 by LeRobot's writer, AV1, 480x640 + 96x128 cameras, 30 fps) with the same batch
+# size and seed, one after the other, on the CPU:
+#  1. lerobot-train (LeRobot 0.4.4, bench/lerobot/requirements.txt) with LeRobot's own loader
+#     and its defaults (4 DataLoader workers; the bridge's run too);
+#  2. lerobot-train through lake's bridge (python -m lake_client.lerobot_train) on `lake serve`;
+#  3. `lake train`, batches from the loader in its own process;
+#  4. `lake train` fed by `lake serve --local` (shared memory).
+# Each gives steps/s, samples/s and the share of step time spent waiting for data, over the
+# steps after the first --warmup (lerobot-train's per-step updt_s and data_s at --log_freq=1;
+# lake's train_log.jsonl), and the CPU seconds of the whole run (every process it started, and
+# the server's share for the fed ones).
+#
+# Then the data path alone, at the same batch size, for --feed-steps batches:
+#  5. LeRobot's loader behind torch's DataLoader (bench/lerobot/run_lerobot.py: the CPU of the
+#     main and every worker process);
+#  6. `lake train --policy none` in process (each step only takes its batch onto the device);
+#  7. `lake train --policy none` fed by `lake serve --local` (the trainer's CPU plus the
+#     server's).
+# Samples per CPU-second there say how many cores feed a GPU that takes 1000 samples a second.
+#
+# Options (environment variable in brackets):
+#   --frames N       fixture size in frames [LAKE_BENCH_FRAMES, 1500]
+#   --steps N        timed training steps after the warm-up [10]
+#   --warmup N       training steps before the clock starts [2]
+#   --feed-steps N   batches of the data-only runs after the warm-up [40]
+#   --batch-size N   samples per step [8]
+#   --workers N      LeRobot DataLoader workers of the data-only run, and lake serve's
+#                    threads (lake train's loader takes one per core) [2]
+#   --seed N         fixture, sampler and model seed [0]
+#   --json FILE      write the results as JSON [LAKE_BENCH_JSON]
+# Environment:
+#   LAKE_BIN           a lake built with `--features torch` [built here: cargo build --release
+#                      -p lake --features torch against scripts/torch-env.sh's torch]
+#   LAKE_LEROBOT_VENV  the LeRobot venv [~/.cache/lake/lerobot-venv]
+#   LAKE_BENCH_DIR     fixtures and lakes [~/.cache/lake/bench]
+#   PYTHON             Python 3.11 used to create the venv [python3]
+#
+# A CPU step of ACT at these camera sizes takes seconds, so on a CPU-only machine the data path
+# is a small share of any step; the data-only runs measure it on its own. On a GPU the model's
+# share shrinks and the data path's rate is the ceiling (docs/gpu-checks.md).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+py_dir="$here/lerobot"
+
+frames="${LAKE_BENCH_FRAMES:-1500}"
+steps=10
+warmup=2
+feed_steps=40
+batch_size=8
+workers=2
+seed=0
+json_out="${LAKE_BENCH_JSON:-}"
+venv="${LAKE_LEROBOT_VENV:-$HOME/.cache/lake/lerobot-venv}"
+bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
+python="${PYTHON:-python3}"
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --frames) frames="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
+    --feed-steps) feed_steps="$2"; shift 2 ;;
+    --batch-size) batch_size="$2"; shift 2 ;;
+    --workers) workers="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
+    --json) json_out="$2"; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+log() { echo "[compare-train] $*" >&2; }
+total=$((warmup + steps))
+
+. "$py_dir/common.sh"
+lerobot_venv
+
+# The lake binary, with the trainer.
+if [ -z "${LAKE_BIN:-}" ]; then
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
+  tpy="$("$repo/scripts/torch-env.sh")"
+  log "building lake with the trainer (release)"
+  (cd "$repo" && LIBTORCH_USE_PYTORCH=1 PATH="$(dirname "$tpy"):$PATH" VIRTUAL_ENV="$(dirname "$(dirname "$tpy")")" \
+    cargo build --release -p lake --features torch --locked)
+  LAKE_BIN="$CARGO_TARGET_DIR/release/lake"
+  export LD_LIBRARY_PATH="$("$tpy" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+[ -x "$LAKE_BIN" ] || { echo "LAKE_BIN=$LAKE_BIN is not an executable" >&2; exit 2; }
+
+lerobot_fixture
+
+work="$(mktemp -d)"
+probe="$("$LAKE_BIN" --lake "$work/no-lake" train --dataset x --steps 1 --out "$work/probe" 2>&1 || true)"
+if [[ "$probe" == *"without libtorch"* ]]; then
+  rm -rf "$work"
+  echo "$LAKE_BIN was built without libtorch: build it with --features torch (see --help)" >&2
+  exit 2
+fi
+lake="$bench_dir/lake-train"
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$work" "$lake"
+}
+trap cleanup EXIT
+rm -rf "$lake"
+log "ingesting into $lake"
+"$LAKE_BIN" --lake "$lake" ingest "$fixture" --name bench >"$work/ingest.txt"
+
+# The server the fed contenders read from.
+"$LAKE_BIN" --lake "$lake" serve --flight 127.0.0.1:0 --http 127.0.0.1:0 --local "$work/serve.sock" \
+  --threads "$workers" >"$work/serve.out" 2>"$work/serve.err" &
+server_pid=$!
+for _ in $(seq 100); do grep -q "grpc://" "$work/serve.out" 2>/dev/null && break; sleep 0.1; done
+flight="$(grep -o 'grpc://[^ ]*' "$work/serve.out" | head -1)"
+http="$(grep -o 'http://[^ ]*' "$work/serve.out" | head -1)"
+[ -n "$flight" ] && [ -n "$http" ] || { cat "$work/serve.err" >&2; echo "lake serve did not start" >&2; exit 1; }
+ticks="$(getconf CLK_TCK)"
+server_cpu() { awk -v t="$ticks" '{ print ($14 + $15) / t }' "/proc/$server_pid/stat"; }
+
+# Runs a contender under /usr/bin/time: NAME, then the command. Writes NAME.out (its output),
+# NAME.time (user and system CPU seconds of it and the children it waited for) and
+# NAME.server (the server's CPU seconds during it).
+contender() {
+  local name="$1" before
+  shift
+  log "$name"
+  before="$(server_cpu)"
+  if ! /usr/bin/time -f "%U %S %e" -o "$work/$name.time" "$@" >"$work/$name.out" 2>&1; then
+    tail -40 "$work/$name.out" >&2
+    echo "$name failed" >&2
+    exit 1
+  fi
+  awk -v a="$before" -v b="$(server_cpu)" 'BEGIN { print b - a }' >"$work/$name.server"
+}
+
+export HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH="$repo/clients/python${PYTHONPATH:+:$PYTHONPATH}"
+lerobot_args=(--policy.type=act --policy.device=cpu --policy.push_to_hub=false --policy.pretrained_backbone_weights=null
+  "--batch_size=$batch_size" "--steps=$total" --log_freq=1 --save_checkpoint=false
+  --eval_freq=0 --wandb.enable=false "--seed=$seed")
+lake_args=(--dataset bench --policy act --steps "$total" --batch-size "$batch_size" --seed "$seed" --log-every 1)
+
+contender lerobot-train "$venv/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
+  "${lerobot_args[@]}" "--output_dir=$work/run-lerobot-train"
+contender lerobot-train-bridge "$vpy" -m lake_client.lerobot_train --lake-server "$flight" --lake-http "$http" \
+  --lake-dataset bench "${lerobot_args[@]}" "--output_dir=$work/run-lerobot-train-bridge"
+contender lake-train "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --out "$work/run-lake-train"
+contender lake-train-local "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --local "$work/serve.sock" \
+  --out "$work/run-lake-train-local"
+
+feed_total=$((feed_steps + 1))
+contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" --root "$fixture" --repo-id local/bench --preset act \
+  --backend torchcodec --batch-size "$batch_size" --batches "$feed_steps" --num-workers "$workers" --seed "$seed" \
+  --json-out "$work/lerobot-loader.json"
+contender lake-feed "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --steps "$feed_total" \
+  --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" --out "$work/run-lake-feed"
+contender lake-feed-local "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --steps "$feed_total" \
+  --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" --local "$work/serve.sock" \
+  --out "$work/run-lake-feed-local"
+
+json_args=()
+if [ -n "$json_out" ]; then json_args=(--json-out "$json_out"); fi
+"$vpy" "$py_dir/train_report.py" --work "$work" --warmup "$warmup" --steps "$steps" --batch-size "$batch_size" \
+  --workers "$workers" --frames "$frames" --fixture "$fixture" --lake-version "$("$LAKE_BIN" --version)" "${json_args[@]}"
