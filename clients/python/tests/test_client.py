@@ -275,8 +275,10 @@ class _SilentServer(flight.FlightServerBase):
         super().__init__("grpc://127.0.0.1:0")
         self.release = threading.Event()
         self.cancelled = threading.Event()
+        self.started = threading.Event()
 
     def do_get(self, context, ticket):
+        self.started.set()
         schema = pa.schema([("index", pa.int64())])
 
         def silent():
@@ -377,11 +379,21 @@ class AStreamThatStopsAnswering(unittest.TestCase):
     def test_ctrl_c_interrupts_a_wait_for_the_next_batch_and_cancels_the_stream(self):
         batches = self.client.batches({"datasets": ["silent"]})
         main = threading.main_thread().ident
-        threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
-        started = time.monotonic()
+        interrupted = []
+
+        # Ctrl-C once the stream has started and the reader waits for its first batch (a timer
+        # alone could fire before, on a loaded machine).
+        def interrupt():
+            if self.server.started.wait(30.0):
+                time.sleep(0.2)
+                interrupted.append(time.monotonic())
+                signal.pthread_kill(main, signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
         with self.assertRaises(KeyboardInterrupt):
             next(batches)
-        self.assertLess(time.monotonic() - started, 5.0)
+        self.assertTrue(interrupted, "the stream started")
+        self.assertLess(time.monotonic() - interrupted[0], 5.0)
         self.assertTrue(self.server.cancelled.wait(5.0), "the server saw the stream cancelled")
 
     def test_dropping_the_iterator_cancels_the_stream(self):
