@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The trainer's GPU checks (docs/gpu-checks.md), in two halves:
+#
+#   scripts/gpu-check-train.sh pack [DIR]   # here: DIR (.gpu-check/train) gets a stripped lake
+#                                           # built with the trainer, the shared libraries it
+#                                           # needs besides libtorch (FFmpeg and its codecs), and
+#                                           # a lake holding bench/compare_lerobot.sh's fixture
+#   scripts/gpu-check-train.sh run [DIR]    # on the GPU machine (torch 2.11 installed, no
+#                                           # FFmpeg, no network): the checks, a report on stdout
+#
+# `run` checks, each with the lake binary's own commands:
+#  1. one ACT step on CUDA against the same step on the CPU (fp32, same weights and batch): the
+#     loss of each, and the largest difference between the two checkpoints' parameters;
+#  2. bf16 mixed precision trains on CUDA (the loss over 40 steps);
+#  3. steps/s, samples/s and the data-wait share of ACT's default config on the fixture's
+#     480x640 and 96x128 cameras, batch 8 and 64, and the data path alone (--policy none) at
+#     both batch sizes.
+# LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
+# LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
+#
+# pack needs LAKE_BIN (a release lake built with --features torch), the fixture that
+# bench/compare_lerobot.sh --frames 1500 writes (LAKE_GPU_CHECK_FIXTURE overrides), and zstd.
+# The packed directory is .gpu-check/train.tar.zst (the device tool carries ignored paths).
+set -euo pipefail
+
+mode="${1:-}"
+dir="${2:-.gpu-check/train}"
+log() { echo "[gpu-check] $*" >&2; }
+
+pack() {
+  local bin="${LAKE_BIN:?LAKE_BIN: a release lake built with --features torch}"
+  local fixture="${LAKE_GPU_CHECK_FIXTURE:-$(ls -d "$HOME"/.cache/lake/bench/fixtures/lerobot-av1-1500f-seed0-* 2>/dev/null | grep -v '\.' | head -1)}"
+  [ -d "$fixture" ] || { echo "no fixture: run bench/compare_lerobot.sh --frames 1500 first, or set LAKE_GPU_CHECK_FIXTURE" >&2; exit 2; }
+  rm -rf "$dir"
+  mkdir -p "$dir/lib" "$dir/bin"
+  strip -o "$dir/bin/lake" "$bin"
+  # Every library the binary loads that is not libc's, the C++ runtime's or libtorch's (the
+  # GPU machine's torch brings those).
+  ldd "$bin" | awk '$3 ~ /^\// { print $3 }' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux* | libstdc++* | libgcc_s* | libgomp*) ;;
+      libtorch* | libc10* | libcu* | libnv* | libshm*) ;;
+      *) cp -L "$lib" "$dir/lib/" ;;
+    esac
+  done
+  "$bin" --lake "$dir/lake" ingest "$fixture" --name bench >"$dir/ingest.txt"
+  tar -C "$(dirname "$dir")" -cf - "$(basename "$dir")" | zstd -q -19 -T0 -o "$dir.tar.zst" -f
+  local bytes
+  bytes="$(stat -c %s "$dir.tar.zst")"
+  log "packed $((bytes >> 20)) MiB: $dir.tar.zst ($(ls "$dir/lib" | wc -l) libraries)"
+  # The device tool carries at most 64 MiB a call. A lake linking Debian's shared FFmpeg brings
+  # its whole codec closure (about 77 MiB compressed), which does not fit: build the lake
+  # against a static, minimal FFmpeg first.
+  if [ "$bytes" -gt $((64 << 20)) ]; then
+    echo "$dir.tar.zst is $((bytes >> 20)) MiB, over the 64 MiB a device call carries; libraries packed: $(ls "$dir/lib" | tr '\n' ' ')" >&2
+    exit 1
+  fi
+}
+
+run() {
+  if [ ! -d "$dir" ] && [ -f "$dir.tar.zst" ]; then
+    zstd -q -d -c "$dir.tar.zst" | tar -C "$(dirname "$dir")" -xf -
+  fi
+  local device="${LAKE_GPU_CHECK_DEVICE:-cuda}" py="${PYTHON:-python3}" out
+  local steps="${LAKE_GPU_CHECK_STEPS:-40}" batches="${LAKE_GPU_CHECK_BATCHES:-8 64}"
+  local torch_lib
+  torch_lib="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  export LD_LIBRARY_PATH="$dir/lib:$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local lake=("$dir/bin/lake" --lake "$dir/lake")
+  out="$(mktemp -d)"
+  echo "== machine"
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
+  nproc
+  "${lake[0]}" --version
+
+  echo "== 1. one ACT step, $device against cpu (fp32)"
+  for run in cpu:reference "$device:checked"; do
+    local d="${run%%:*}" name="one-${run#*:}"
+    "${lake[@]}" train --dataset bench --steps 1 --batch-size 8 --seed 3 --device "$d" --out "$out/$name" >"$out/$name.txt" 2>&1 ||
+      { cat "$out/$name.txt"; exit 1; }
+  done
+  "$py" - "$out/one-reference" "$out/one-checked" <<'EOF'
+import json, struct, sys, torch
+def load(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        assert v["dtype"] == "F32", (k, v["dtype"])
+        out[k] = torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32).reshape(v["shape"])
+    return out
+runs = sys.argv[1:]
+losses = [json.loads(open(f"{r}/train_log.jsonl").readline())["loss"] for r in runs]
+weights = [load(f"{r}/checkpoints/000001/pretrained_model/model.safetensors") for r in runs]
+diff = max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0])
+rel = abs(losses[0] - losses[1]) / abs(losses[0])
+print(f"loss cpu {losses[0]:.6f}, other {losses[1]:.6f} (relative difference {rel:.2e}); "
+      f"largest parameter difference after the step {diff:.2e}")
+EOF
+
+  echo "== 2. bf16 mixed precision on $device, $steps steps"
+  "${lake[@]}" train --dataset bench --steps "$steps" --batch-size 8 --device "$device" --dtype bf16 --log-every 10 \
+    --out "$out/bf16" 2>&1 | tail -4
+
+  echo "== 3. ACT's default config, 480x640 + 96x128 cameras, on $device"
+  for b in $batches; do
+    echo "-- batch $b: training, $steps steps"
+    "${lake[@]}" train --dataset bench --steps "$steps" --batch-size "$b" --device "$device" --log-every 20 \
+      --out "$out/act-$b" 2>&1 | tail -4
+    echo "-- batch $b: the data path alone (--policy none), $steps steps"
+    "${lake[@]}" train --dataset bench --policy none --steps "$steps" --batch-size "$b" --device "$device" --log-every "$steps" \
+      --out "$out/feed-$b" 2>&1 | tail -2
+  done
+  rm -rf "$out"
+}
+
+case "$mode" in
+  pack) pack ;;
+  run) run ;;
+  *) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
