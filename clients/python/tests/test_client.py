@@ -370,12 +370,7 @@ class ALocalServerThatStopsAnswering(unittest.TestCase):
 class AStreamThatStopsAnswering(unittest.TestCase):
     def setUp(self):
         self.server = _SilentServer()
-        location = f"grpc://127.0.0.1:{self.server.port}"
-        self.client = LakeClient(location)
-        # gRPC's default channel: the server here is gRPC's own, which counts a client's pings
-        # on a stream that sends no data as abuse and goes away; the client's keepalive (pings
-        # with no limit) can trip it when a loaded machine delays the Ctrl-C under test.
-        self.client._client = flight.FlightClient(location)
+        self.client = LakeClient(f"grpc://127.0.0.1:{self.server.port}")
 
     def tearDown(self):
         self.server.release.set()
@@ -394,6 +389,10 @@ class AStreamThatStopsAnswering(unittest.TestCase):
                 interrupted.append(time.monotonic())
                 signal.pthread_kill(main, signal.SIGINT)
 
+        # Python's own Ctrl-C handler, also where this process was started with SIGINT ignored
+        # (as a background job of a shell is): without it the signal would do nothing.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
         threading.Thread(target=interrupt, daemon=True).start()
         with self.assertRaises(KeyboardInterrupt):
             next(batches)
