@@ -4,12 +4,13 @@
 # well-known types (Lance's build imports google/protobuf/empty.proto), libjpeg-turbo's
 # TurboJPEG (JPEG pictures are decoded with it, as PIL decodes them), the ffmpeg tool (tests make
 # media with it), python3 with venv (the Python client's tests; see scripts/python-env.sh), and
-# Open MPI (data-parallel `lake train` on CPUs, feature `mpi`), and the rustfmt/clippy components. Safe to run again: it only installs what is missing.
+# Open MPI (data-parallel `lake train` under mpirun, feature `mpi`), Gloo's headers (ranks that
+# torchrun starts meet through libtorch's own Gloo, which libtorch ships without headers), and the rustfmt/clippy components. Safe to run again: it only installs what is missing.
 set -euo pipefail
 
 packages=(pkg-config make gcc clang libclang-dev protobuf-compiler libprotobuf-dev ffmpeg python3 python3-venv
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
-  libavfilter-dev libavdevice-dev libturbojpeg0-dev libopenmpi-dev openmpi-bin)
+  libavfilter-dev libavdevice-dev libturbojpeg0-dev libopenmpi-dev openmpi-bin libgloo-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -68,6 +68,10 @@ pub enum Error {
     /// made for another run, an option this build lacks).
     #[error("{0}")]
     Run(String),
+    /// The ranks of a data-parallel run could not meet or exchange values: a launch whose
+    /// variables are incomplete, a rendezvous that timed out, a rank that went away.
+    #[error("ranks: {0}")]
+    Ranks(String),
     /// libtorch reported an error (a shape mismatch inside an operation, an unavailable device).
     #[cfg(feature = "torch")]
     #[error("libtorch: {0}")]

@@ -370,7 +370,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             let mut terms =
                 [loss.loss.double_value(&[]), loss.l1.double_value(&[]), loss.kld.as_ref().map_or(0.0, |k| k.double_value(&[]))];
             if let Some(c) = &options.collective {
-                c.all_reduce_sum(Values::F64(&mut terms));
+                c.all_reduce_sum(Values::F64(&mut terms))?;
                 terms.iter_mut().for_each(|t| *t /= world as f64);
             }
             let [loss_mean, l1, kld] = terms;
@@ -530,7 +530,7 @@ async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActP
         totals[1] += samples;
     }
     if let Some(c) = &options.collective {
-        c.all_reduce_sum(Values::F64(&mut totals));
+        c.all_reduce_sum(Values::F64(&mut totals))?;
     }
     if totals[1] == 0.0 {
         return Err(Error::Data(format!("the held-out datasets ({}) gave no samples", request.datasets.len())));

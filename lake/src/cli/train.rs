@@ -94,9 +94,10 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         "none" => true,
         other => anyhow::bail!("unknown policy `{other}`: lake trains `act`, and `none` measures the data path without a model"),
     };
+    let (collective, local_rank) = ranks()?;
     let device = match args.device.as_str() {
         "cpu" => tch::Device::Cpu,
-        "cuda" if lake_trainer::act::cuda_is_available() => tch::Device::Cuda(0),
+        "cuda" if lake_trainer::act::cuda_is_available() => tch::Device::Cuda(local_rank as usize),
         "cuda" => anyhow::bail!("--device cuda: no CUDA device is visible to libtorch (driver, GPU, or a CPU-only libtorch)"),
         other => anyhow::bail!("unknown --device `{other}` (cpu or cuda)"),
     };
@@ -125,7 +126,6 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         (None, Some(path)) => BatchSource::Local { path, token: args.token },
         (None, None) => BatchSource::InProcess,
     };
-    let collective = ranks()?;
     let rank = collective.as_ref().map_or(0, |c| c.rank());
     // With --server, the server gives the datasets' facts: a trainer elsewhere needs no lake.
     let lake = match (&source, lake_store::Lake::open(root)) {
@@ -229,24 +229,37 @@ async fn feed_only(options: lake_trainer::train::TrainOptions, rank: u64, log_ev
     Ok(ExitCode::SUCCESS)
 }
 
-/// The ranks of a data-parallel run: MPI's when a launcher (`mpirun`, `srun`) started this
-/// process, else one process.
+/// The ranks of a data-parallel run, and this rank's index on its machine (its GPU):
+/// - MPI's when a launcher (`mpirun`, `srun`) started this process (feature `mpi`);
+/// - libtorch's Gloo over the TCPStore at MASTER_ADDR:MASTER_PORT when torchrun's variables
+///   (RANK, WORLD_SIZE, LOCAL_RANK) describe more than one rank;
+/// - else one process.
 #[cfg(feature = "torch")]
-fn ranks() -> anyhow::Result<Option<Box<dyn lake_trainer::collective::Collective>>> {
-    let world: u64 =
-        ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok()).unwrap_or(1);
+fn ranks() -> anyhow::Result<(Option<Box<dyn lake_trainer::collective::Collective>>, u64)> {
     #[cfg(feature = "mpi")]
     if lake_trainer::collective::Mpi::launched() {
         let mpi = lake_trainer::collective::Mpi::init().ok_or_else(|| anyhow::anyhow!("MPI could not be initialised"))?;
-        return Ok(Some(Box::new(mpi)));
+        let local = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok()?.parse().ok())
+            .unwrap_or(0);
+        return Ok((Some(Box::new(mpi)), local));
     }
-    if world > 1 {
+    let mpi_world: u64 = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok()).unwrap_or(1);
+    if mpi_world > 1 {
         anyhow::bail!(
-            "this process is one of {world} ranks, but this lake was built without MPI: build it with the `mpi` feature \
-             (Debian's libopenmpi-dev) and start the ranks with mpirun or srun"
+            "this process is one of {mpi_world} MPI ranks, but this lake was built without MPI: build it with the `mpi` feature \
+             (Debian's libopenmpi-dev), or start the ranks with torchrun"
         );
     }
-    Ok(None)
+    match lake_trainer::collective::Launch::from_env()? {
+        Some(launch) if launch.world_size > 1 => {
+            let gloo = lake_trainer::collective::Gloo::connect(&launch)?;
+            Ok((Some(Box::new(gloo)), launch.local_rank))
+        }
+        Some(launch) => Ok((None, launch.local_rank)),
+        None => Ok((None, 0)),
+    }
 }
 
 /// `lake train` in a build without libtorch: says how to get one.

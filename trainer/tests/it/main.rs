@@ -8,5 +8,6 @@
 
 mod common;
 mod parity;
+mod ranks;
 mod run;
 mod training;

@@ -10,7 +10,7 @@ use lake_trainer::train::{LOG_FILE, StepRecord, TrainOptions, train};
 use crate::common::fixture_dir;
 
 /// A lake holding the tiny image fixture, ingested under its directory name.
-fn lake_with_fixture(dir: &Path) -> lake_store::Lake {
+pub(crate) fn lake_with_fixture(dir: &Path) -> lake_store::Lake {
     let lake = lake_store::Lake::create(dir.join("lake").to_str().expect("utf-8")).expect("lake");
     let source = fixture_dir();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -20,7 +20,7 @@ fn lake_with_fixture(dir: &Path) -> lake_store::Lake {
     lake
 }
 
-fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainOptions {
+pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainOptions {
     TrainOptions {
         lake: Some(lake.clone()),
         datasets: vec!["v30-images-tiny".into()],
@@ -43,7 +43,7 @@ fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainOptions {
     }
 }
 
-fn run(options: TrainOptions) -> (lake_trainer::train::Summary, Vec<StepRecord>) {
+pub(crate) fn run(options: TrainOptions) -> (lake_trainer::train::Summary, Vec<StepRecord>) {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let mut steps = Vec::new();
     let summary = runtime.block_on(train(options, |s| steps.push(s.clone()), |_| ())).expect("training");
@@ -239,145 +239,4 @@ fn a_run_without_a_model_takes_the_batches_a_run_would_train_on() {
         |_| (),
     ));
     assert!(refused.expect_err("unknown dataset").to_string().contains("no-such-dataset"));
-}
-
-/// Steps of the data-parallel comparison.
-#[cfg(feature = "mpi")]
-const STEPS: u64 = 20;
-
-/// The small config without dropout or the VAE's noise: a step's gradient is then a function of
-/// its samples alone, however they are split over ranks.
-#[cfg(feature = "mpi")]
-fn without_noise() -> ActConfig {
-    ActConfig { dropout: 0.0, use_vae: false, ..ActConfig::small() }
-}
-
-/// One rank of `data_parallel_ranks_take_the_steps_one_rank_takes`, which starts it under
-/// `mpirun` (it does nothing when run otherwise).
-#[cfg(feature = "mpi")]
-#[test]
-#[ignore = "a rank started by mpirun from data_parallel_ranks_take_the_steps_one_rank_takes"]
-fn mpi_rank() {
-    let Some(dir) = std::env::var_os("LAKE_TEST_MPI_RUN").map(std::path::PathBuf::from) else { return };
-    let lake = lake_store::Lake::open(dir.join("lake").to_str().expect("utf-8")).expect("lake");
-    let mpi = lake_trainer::collective::Mpi::init().expect("MPI");
-    // Where the test that started the ranks finds them.
-    let rank = std::env::var("OMPI_COMM_WORLD_RANK").expect("a rank under mpirun");
-    std::fs::write(dir.join(format!("rank-{rank}.pid")), std::process::id().to_string()).expect("pid file");
-    let steps = std::env::var("LAKE_TEST_MPI_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(STEPS);
-    let options = TrainOptions {
-        batch_size: 4,
-        config: without_noise(),
-        kind: tch::Kind::Double,
-        bf16: false,
-        collective: Some(Box::new(mpi)),
-        ..options(&lake, &dir.join("ranks"), steps)
-    };
-    run(options);
-}
-
-/// `mpirun -np 2` of [`mpi_rank`] in `dir`, for `steps` steps.
-#[cfg(feature = "mpi")]
-fn mpirun(dir: &Path, steps: u64) -> std::process::Command {
-    let mut command = std::process::Command::new("mpirun");
-    command
-        .args(["-np", "2", "--oversubscribe"])
-        .arg(std::env::current_exe().expect("test path"))
-        .args(["--exact", "run::mpi_rank", "--ignored", "--test-threads", "1"])
-        .env("LAKE_TEST_MPI_RUN", dir)
-        .env("LAKE_TEST_MPI_STEPS", steps.to_string())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    command
-}
-
-/// A rank that dies (killed outright, mid-run) ends the run on every rank: the others do not
-/// wait forever in a collective that can no longer complete. Open MPI's launcher sees the death
-/// and ends the job, with a failing exit.
-#[cfg(feature = "mpi")]
-#[test]
-fn a_dead_rank_ends_the_run_on_every_rank() {
-    let _serial = crate::common::serial();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let _lake = lake_with_fixture(tmp.path());
-    let mut launcher =
-        mpirun(tmp.path(), 100_000).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("mpirun");
-    let log = tmp.path().join("ranks").join(LOG_FILE);
-    let began = std::time::Instant::now();
-    // Both ranks train: rank 0 has logged a few steps.
-    while std::fs::read_to_string(&log).map_or(0, |l| l.lines().count()) < 3 {
-        assert!(began.elapsed().as_secs() < 300, "the ranks did not start training");
-        assert!(launcher.try_wait().expect("mpirun").is_none(), "mpirun ended before the ranks trained");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    let pid = |rank: u32| std::fs::read_to_string(tmp.path().join(format!("rank-{rank}.pid"))).expect("the rank's pid");
-    let (zero, one) = (pid(0), pid(1));
-    let killed = std::process::Command::new("kill").args(["-9", &one]).status().expect("kill");
-    assert!(killed.success());
-    let killed_at = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = launcher.try_wait().expect("mpirun") {
-            break status;
-        }
-        if killed_at.elapsed().as_secs() > 120 {
-            let _ = launcher.kill();
-            panic!("rank 1 died and the run went on for two minutes");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
-    assert!(!status.success(), "a run that lost a rank must not end as a success");
-    // Running, that is: a process whose parent is gone and that nobody reaped stays a zombie.
-    let running = |pid: &str| {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
-        stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
-    };
-    let ended_at = std::time::Instant::now();
-    while running(&zero) {
-        let state = std::fs::read_to_string(format!("/proc/{}/stat", zero.trim())).unwrap_or_default();
-        assert!(ended_at.elapsed().as_secs() < 30, "rank 0 still runs 30 s after the launcher ended: {state}");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    eprintln!("rank 1 killed: the run ended in {:.1} s ({status})", killed_at.elapsed().as_secs_f64());
-}
-
-#[cfg(feature = "mpi")]
-#[test]
-fn data_parallel_ranks_take_the_steps_one_rank_takes() {
-    let _serial = crate::common::serial();
-    let tmp = tempfile::tempdir().expect("tmp");
-    let lake = lake_with_fixture(tmp.path());
-    let (_, single) = run(TrainOptions {
-        batch_size: 8,
-        config: without_noise(),
-        kind: tch::Kind::Double,
-        bf16: false,
-        ..options(&lake, &tmp.path().join("single"), STEPS)
-    });
-    let status = mpirun(tmp.path(), STEPS).status().expect("mpirun (Debian's openmpi-bin)");
-    assert!(status.success(), "mpirun: {status}");
-    let log = std::fs::read_to_string(tmp.path().join("ranks").join(LOG_FILE)).expect("rank 0's log");
-    let ranks: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
-    assert_eq!(ranks.len(), STEPS as usize);
-    let losses = single.iter().zip(&ranks).map(|(one, two)| (one.loss - two["loss"].as_f64().expect("loss")).abs() / one.loss.abs());
-    let losses: Vec<f64> = losses.collect();
-    let worst_loss = losses.iter().copied().fold(0f64, f64::max);
-    // The parameters after the last step, as one vector: ‖two ranks − one rank‖ / ‖one rank‖.
-    let weights = |dir: &str| {
-        let path = tmp.path().join(dir).join(format!("checkpoints/0000{STEPS}/pretrained_model/model.safetensors"));
-        lake_trainer::read_safetensors(path).expect("weights")
-    };
-    let (one, two) = (weights("single"), weights("ranks"));
-    let (mut diff, mut norm) = (0f64, 0f64);
-    for (key, a) in &one {
-        for (x, y) in a.values.iter().zip(&two[key].values) {
-            diff += f64::from(x - y).powi(2);
-            norm += f64::from(*x).powi(2);
-        }
-    }
-    let relative = (diff / norm).sqrt();
-    eprintln!(
-        "one rank of batch 8 against two of 4, {STEPS} steps: parameters differ by {relative:.2e} relative, losses by at most {worst_loss:.2e}"
-    );
-    assert!(relative <= 1e-5, "the parameters differ by {relative} relative");
-    assert!(worst_loss <= 1e-4, "a step's loss differs by {worst_loss} relative");
 }

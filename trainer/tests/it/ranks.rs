@@ -1,0 +1,212 @@
+//! Data-parallel runs: two ranks of batch B, started by `mpirun` (feature `mpi`) or by
+//! torchrun (libtorch's Gloo), take the steps one rank of batch 2B takes; a rank that dies
+//! ends the run on every rank.
+
+use std::path::Path;
+use std::process::Command;
+
+use lake_trainer::ActConfig;
+use lake_trainer::collective::Collective;
+use lake_trainer::train::{LOG_FILE, TrainOptions};
+
+use crate::run::{lake_with_fixture, options, run};
+
+/// Steps of the data-parallel comparison.
+const STEPS: u64 = 20;
+
+/// The small config without dropout or the VAE's noise: a step's gradient is then a function of
+/// its samples alone, however they are split over ranks.
+fn without_noise() -> ActConfig {
+    ActConfig { dropout: 0.0, use_vae: false, ..ActConfig::small() }
+}
+
+/// How the test starts its two ranks.
+#[derive(Clone, Copy, Debug)]
+enum Launcher {
+    /// Open MPI's `mpirun`.
+    #[cfg(feature = "mpi")]
+    Mpirun,
+    /// PyTorch's `torchrun`, from the torch that lake's trainer links.
+    Torchrun,
+}
+
+/// The launcher's command that starts two ranks of [`rank`] in `dir`, for `steps` steps.
+fn launch(launcher: Launcher, dir: &Path, steps: u64) -> Command {
+    let mut command = match launcher {
+        #[cfg(feature = "mpi")]
+        Launcher::Mpirun => {
+            let mut command = Command::new("mpirun");
+            command.args(["-np", "2", "--oversubscribe"]).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+            command
+        }
+        Launcher::Torchrun => {
+            let mut command = Command::new(torchrun());
+            command.args(["--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--no-python"]);
+            command
+        }
+    };
+    command
+        .arg(std::env::current_exe().expect("test path"))
+        .args(["--exact", "ranks::rank", "--ignored", "--test-threads", "1"])
+        .env("LAKE_TEST_RANKS_RUN", dir)
+        .env("LAKE_TEST_RANKS_STEPS", steps.to_string());
+    command
+}
+
+/// torchrun beside the python whose torch the trainer links (`VIRTUAL_ENV`, as the build
+/// environment sets it), else the one on `PATH`.
+fn torchrun() -> std::path::PathBuf {
+    std::env::var_os("VIRTUAL_ENV")
+        .map(|venv| Path::new(&venv).join("bin/torchrun"))
+        .filter(|path| path.is_file())
+        .unwrap_or_else(|| "torchrun".into())
+}
+
+/// One rank, started by [`launch`] (it does nothing when run otherwise): the engine is MPI's
+/// under mpirun, libtorch's Gloo under torchrun.
+#[test]
+#[ignore = "a rank started by mpirun or torchrun from the tests below"]
+fn rank() {
+    let Some(dir) = std::env::var_os("LAKE_TEST_RANKS_RUN").map(std::path::PathBuf::from) else { return };
+    let lake = lake_store::Lake::open(dir.join("lake").to_str().expect("utf-8")).expect("lake");
+    let collective: Box<dyn Collective> = match lake_trainer::collective::Launch::from_env().expect("torchrun's variables") {
+        Some(launch) => Box::new(lake_trainer::collective::Gloo::connect(&launch).expect("libtorch's Gloo group")),
+        None => mpi_world(),
+    };
+    // Where the test that started the ranks finds them.
+    std::fs::write(dir.join(format!("rank-{}.pid", collective.rank())), std::process::id().to_string()).expect("pid file");
+    let steps = std::env::var("LAKE_TEST_RANKS_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(STEPS);
+    let options = TrainOptions {
+        batch_size: 4,
+        config: without_noise(),
+        kind: tch::Kind::Double,
+        bf16: false,
+        collective: Some(collective),
+        ..options(&lake, &dir.join("ranks"), steps)
+    };
+    run(options);
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_world() -> Box<dyn Collective> {
+    Box::new(lake_trainer::collective::Mpi::init().expect("MPI"))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_world() -> Box<dyn Collective> {
+    panic!("started without torchrun's variables, in a build without MPI")
+}
+
+/// One rank of batch 8 and two of batch 4 (started by `launcher`) end [`STEPS`] steps with the
+/// same parameters, up to the order of float additions.
+fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let lake = lake_with_fixture(tmp.path());
+    let (_, single) = run(TrainOptions {
+        batch_size: 8,
+        config: without_noise(),
+        kind: tch::Kind::Double,
+        bf16: false,
+        ..options(&lake, &tmp.path().join("single"), STEPS)
+    });
+    let status = launch(launcher, tmp.path(), STEPS).status().unwrap_or_else(|e| panic!("{launcher:?}: {e}"));
+    assert!(status.success(), "{launcher:?}: {status}");
+    let log = std::fs::read_to_string(tmp.path().join("ranks").join(LOG_FILE)).expect("rank 0's log");
+    let ranks: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_eq!(ranks.len(), STEPS as usize);
+    let losses = single.iter().zip(&ranks).map(|(one, two)| (one.loss - two["loss"].as_f64().expect("loss")).abs() / one.loss.abs());
+    let losses: Vec<f64> = losses.collect();
+    let worst_loss = losses.iter().copied().fold(0f64, f64::max);
+    // The parameters after the last step, as one vector: ‖two ranks − one rank‖ / ‖one rank‖.
+    let weights = |dir: &str| {
+        let path = tmp.path().join(dir).join(format!("checkpoints/0000{STEPS}/pretrained_model/model.safetensors"));
+        lake_trainer::read_safetensors(path).expect("weights")
+    };
+    let (one, two) = (weights("single"), weights("ranks"));
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (key, a) in &one {
+        for (x, y) in a.values.iter().zip(&two[key].values) {
+            diff += f64::from(x - y).powi(2);
+            norm += f64::from(*x).powi(2);
+        }
+    }
+    let relative = (diff / norm).sqrt();
+    eprintln!(
+        "{launcher:?}: one rank of batch 8 against two of 4, {STEPS} steps: parameters differ by {relative:.2e} relative, losses by at most {worst_loss:.2e}"
+    );
+    assert!(relative <= 1e-5, "the parameters differ by {relative} relative");
+    assert!(worst_loss <= 1e-4, "a step's loss differs by {worst_loss} relative");
+}
+
+/// A rank that dies (killed outright, mid-run) ends the run on every rank: the others do not
+/// wait forever in a collective that can no longer complete. The launcher sees the death and
+/// ends the job with a failing exit.
+fn a_dead_rank_ends_the_run(launcher: Launcher) {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let _lake = lake_with_fixture(tmp.path());
+    let mut job = launch(launcher, tmp.path(), 100_000)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{launcher:?}: {e}"));
+    let log = tmp.path().join("ranks").join(LOG_FILE);
+    let began = std::time::Instant::now();
+    // Both ranks train: rank 0 has logged a few steps.
+    while std::fs::read_to_string(&log).map_or(0, |l| l.lines().count()) < 3 {
+        assert!(began.elapsed().as_secs() < 300, "the ranks did not start training");
+        assert!(job.try_wait().expect("launcher").is_none(), "{launcher:?} ended before the ranks trained");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let pid = |rank: u32| std::fs::read_to_string(tmp.path().join(format!("rank-{rank}.pid"))).expect("the rank's pid");
+    let (zero, one) = (pid(0), pid(1));
+    let killed = Command::new("kill").args(["-9", &one]).status().expect("kill");
+    assert!(killed.success());
+    let killed_at = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = job.try_wait().expect("launcher") {
+            break status;
+        }
+        if killed_at.elapsed().as_secs() > 120 {
+            let _ = job.kill();
+            panic!("rank 1 died and the run went on for two minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(!status.success(), "a run that lost a rank must not end as a success");
+    // Running, that is: a process whose parent is gone and that nobody reaped stays a zombie.
+    let running = |pid: &str| {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    };
+    let ended_at = std::time::Instant::now();
+    while running(&zero) {
+        let state = std::fs::read_to_string(format!("/proc/{}/stat", zero.trim())).unwrap_or_default();
+        assert!(ended_at.elapsed().as_secs() < 30, "rank 0 still runs 30 s after the launcher ended: {state}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    eprintln!("{launcher:?}: rank 1 killed: the run ended in {:.1} s ({status})", killed_at.elapsed().as_secs_f64());
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_ranks_take_the_steps_one_rank_takes() {
+    two_ranks_take_the_steps_one_rank_takes(Launcher::Mpirun);
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn a_dead_mpi_rank_ends_the_run_on_every_rank() {
+    a_dead_rank_ends_the_run(Launcher::Mpirun);
+}
+
+#[test]
+fn torchrun_ranks_take_the_steps_one_rank_takes() {
+    two_ranks_take_the_steps_one_rank_takes(Launcher::Torchrun);
+}
+
+#[test]
+fn a_dead_torchrun_rank_ends_the_run_on_every_rank() {
+    a_dead_rank_ends_the_run(Launcher::Torchrun);
+}
