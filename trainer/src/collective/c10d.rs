@@ -6,7 +6,7 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::time::Duration;
 
-use super::{Collective, Values};
+use super::buckets::{Collective, Values};
 use crate::{Error, Result};
 
 /// How long a rank waits for the others to meet: torch.distributed's store timeout.

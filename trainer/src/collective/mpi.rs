@@ -2,7 +2,7 @@
 
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 
-use super::{Collective, Values};
+use super::buckets::{Collective, Values};
 use crate::Result;
 
 /// MPI's world communicator: the ranks of the launch.

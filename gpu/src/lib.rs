@@ -1,0 +1,23 @@
+//! CUDA for lake, through cudarc with the driver, NVRTC and NCCL loaded at run time: a binary
+//! built on a machine without a CUDA toolkit runs everywhere, and says plainly when there is no
+//! GPU, driver or NVRTC rather than failing at start.
+//!
+//! # Crate tour
+//! - [`colour`]: YUV 4:2:0 → RGB for a whole batch in one launch, from lake's packed `yuv420p`
+//!   planes or NVDEC's NV12 surfaces, to RGB24 (HWC, the loader's layout) or normalised float32
+//!   CHW, written straight into the caller's device buffer (a trainer's input tensor). The
+//!   arithmetic is libswscale's fixed point ([`lake_codec::YuvToRgb`]), so GPU frames
+//!   equal the CPU path's, and LeRobot's, byte for byte. Its CPU twin,
+//!   [`colour::convert_on_cpu`], is the specification: the same operations in the same order.
+//! - [`Gpu`]: one device's context, its stream, and the kernels compiled once per process by
+//!   NVRTC and loaded once per device.
+//!
+//! Kernels are compiled with `--fmad=false`: CUDA would otherwise contract a multiply and an add
+//! into one fused operation, rounding once where the twin rounds twice.
+
+pub mod colour;
+mod device;
+mod error;
+
+pub use device::{Gpu, compile_kernels, nvrtc_version};
+pub use error::{Error, Result};

@@ -1,0 +1,118 @@
+//! Gradients and parameters over ranks, a bucket of values at a time, on any [`Collective`].
+
+use tch::Tensor;
+
+use crate::{Error, Result};
+
+/// Gradients are reduced in buckets of about this many bytes of f32: one collective per bucket
+/// rather than per tensor (ACT has ~160), without a copy of every gradient at once.
+pub const BUCKET_BYTES: usize = 25 << 20;
+
+/// Values a collective works on: a policy's f32 tensors, or f64 ones.
+#[derive(Debug)]
+pub enum Values<'a> {
+    /// Single precision.
+    F32(&'a mut [f32]),
+    /// Double precision.
+    F64(&'a mut [f64]),
+}
+
+/// The operations data-parallel training needs from a collective engine.
+pub trait Collective {
+    /// This process's rank.
+    fn rank(&self) -> u64;
+    /// Number of ranks.
+    fn size(&self) -> u64;
+    /// Sums `values` element-wise over every rank, in place, on every rank.
+    ///
+    /// # Errors
+    /// [`Error::Ranks`] when the ranks cannot complete it (one went away, a timeout).
+    fn all_reduce_sum(&self, values: Values<'_>) -> Result<()>;
+    /// Replaces `values` with rank 0's, on every rank.
+    ///
+    /// # Errors
+    /// As [`Collective::all_reduce_sum`].
+    fn broadcast(&self, values: Values<'_>) -> Result<()>;
+}
+
+/// Every tensor's values flattened into buckets of at most [`BUCKET_BYTES`] (f64 for double
+/// tensors, else f32); `apply` runs on each bucket, whose values are then copied back.
+fn bucketed(tensors: &[Tensor], mut apply: impl FnMut(Values<'_>) -> Result<()>) -> Result<()> {
+    let double = |t: &Tensor| t.kind() == tch::Kind::Double;
+    let mut start = 0;
+    while start < tensors.len() {
+        let wide = double(&tensors[start]);
+        let per_bucket = BUCKET_BYTES / if wide { 8 } else { 4 };
+        let (mut end, mut len) = (start, 0);
+        while end < tensors.len() && double(&tensors[end]) == wide && (end == start || len + tensors[end].numel() <= per_bucket) {
+            len += tensors[end].numel();
+            end += 1;
+        }
+        let bucket = &tensors[start..end];
+        let host = |t: &Tensor, kind| t.to_device(tch::Device::Cpu).to_kind(kind).contiguous().flatten(0, -1);
+        let back = |values: Tensor| -> () {
+            let mut at = 0;
+            for t in bucket {
+                let n = t.numel() as i64;
+                let part = values.narrow(0, at, n).to_kind(t.kind()).to_device(t.device()).view(t.size().as_slice());
+                tch::no_grad(|| t.shallow_clone().copy_(&part));
+                at += n;
+            }
+        };
+        if wide {
+            let mut values = Vec::with_capacity(len);
+            for t in bucket {
+                values.extend(Vec::<f64>::try_from(&host(t, tch::Kind::Double)).map_err(Error::Torch)?);
+            }
+            apply(Values::F64(&mut values))?;
+            back(Tensor::from_slice(&values));
+        } else {
+            let mut values = Vec::with_capacity(len);
+            for t in bucket {
+                values.extend(Vec::<f32>::try_from(&host(t, tch::Kind::Float)).map_err(Error::Torch)?);
+            }
+            apply(Values::F32(&mut values))?;
+            back(Tensor::from_slice(&values));
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+/// Averages the gradients of `params` over every rank. Every rank runs the same model, so a
+/// parameter without a gradient has none on any rank; it is left out.
+///
+/// # Errors
+/// [`Error::Torch`] when a gradient cannot be read, [`Error::Ranks`] when the ranks cannot sum
+/// them.
+pub fn average_gradients(collective: &dyn Collective, params: &[Tensor]) -> Result<()> {
+    if collective.size() == 1 {
+        return Ok(());
+    }
+    let grads: Vec<Tensor> = params.iter().map(Tensor::grad).filter(Tensor::defined).collect();
+    let size = collective.size();
+    bucketed(&grads, |values| match values {
+        Values::F32(v) => {
+            collective.all_reduce_sum(Values::F32(v))?;
+            v.iter_mut().for_each(|x| *x /= size as f32);
+            Ok(())
+        }
+        Values::F64(v) => {
+            collective.all_reduce_sum(Values::F64(v))?;
+            v.iter_mut().for_each(|x| *x /= size as f64);
+            Ok(())
+        }
+    })?;
+    Ok(())
+}
+
+/// Makes every rank's `tensors` rank 0's.
+///
+/// # Errors
+/// [`Error::Torch`] when a tensor cannot be read, [`Error::Ranks`] when the ranks cannot agree.
+pub fn broadcast(collective: &dyn Collective, tensors: &[Tensor]) -> Result<()> {
+    if collective.size() == 1 {
+        return Ok(());
+    }
+    bucketed(tensors, |values| collective.broadcast(values))
+}
