@@ -9,12 +9,16 @@
 #                                           # FFmpeg, no network): the checks, a report on stdout
 #
 # `run` checks, each with the lake binary's own commands:
+#  0. `lake gpu`: the driver, NVRTC, NCCL and NVDEC found, and lake's colour kernel on the GPU
+#     against its CPU twin (64 frames of 640x480, byte for byte, and its time a batch);
 #  1. one ACT step on CUDA against the same step on the CPU (fp32, same weights and batch): the
 #     loss of each, and the largest difference between the two checkpoints' parameters;
 #  2. bf16 mixed precision trains on CUDA (the loss over 40 steps);
 #  3. steps/s, samples/s and the data-wait share of ACT's default config on the fixture's
 #     480x640 and 96x128 cameras, batch 8 and 64, and the data path alone (--policy none) at
-#     both batch sizes.
+#     both batch sizes;
+#  4. NCCL with world size 1: torchrun starts one rank that sums its gradients through NCCL
+#     (--backend nccl), against the same steps without a collective.
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
 # LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
 #
@@ -65,13 +69,23 @@ run() {
   local steps="${LAKE_GPU_CHECK_STEPS:-40}" batches="${LAKE_GPU_CHECK_BATCHES:-8 64}"
   local torch_lib
   torch_lib="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-  export LD_LIBRARY_PATH="$dir/lib:$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # NVRTC and NCCL come with the torch wheel (nvidia-* packages). NCCL's library is named
+  # libnccl.so.2 there; lake looks for libnccl.so, so a link to it goes beside the packed ones.
+  local nvidia
+  nvidia="$(dirname "$torch_lib")/../nvidia"
+  for nccl in "$nvidia"/nccl/lib/libnccl.so.2; do
+    [ -f "$nccl" ] && ln -sf "$(readlink -f "$nccl")" "$dir/lib/libnccl.so"
+  done
+  export LD_LIBRARY_PATH="$dir/lib:$torch_lib:$nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local lake=("$dir/bin/lake" --lake "$dir/lake")
   out="$(mktemp -d)"
   echo "== machine"
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
   nproc
   "${lake[0]}" --version
+
+  echo "== 0. lake gpu"
+  "${lake[0]}" gpu || echo "(lake gpu exited $?)"
 
   echo "== 1. one ACT step, $device against cpu (fp32)"
   for run in cpu:reference "$device:checked"; do
@@ -116,6 +130,24 @@ EOF
     "${lake[@]}" train --dataset bench --policy none --steps "$steps" --batch-size "$b" --device "$device" --log-every "$steps" \
       --out "$out/feed-$b" 2>&1 | tail -2
   done
+
+  echo "== 4. NCCL, world size 1, on $device"
+  if [ "$device" = cuda ]; then
+    "$py" -m torch.distributed.run --standalone --nproc-per-node 1 --no-python "${lake[@]}" train --dataset bench --steps 5 \
+      --batch-size 8 --seed 3 --device cuda --backend nccl --out "$out/nccl" >"$out/nccl.txt" 2>&1 || tail -20 "$out/nccl.txt"
+    "${lake[@]}" train --dataset bench --steps 5 --batch-size 8 --seed 3 --device cuda --out "$out/alone" >"$out/alone.txt" 2>&1 ||
+      tail -5 "$out/alone.txt"
+    tail -3 "$out/nccl.txt"
+    "$py" - "$out/alone" "$out/nccl" <<'EOF'
+import json, sys
+runs = sys.argv[1:]
+losses = [[json.loads(l)["loss"] for l in open(f"{r}/train_log.jsonl")] for r in runs]
+print("losses without a collective:", [round(x, 6) for x in losses[0]])
+print("losses through NCCL:        ", [round(x, 6) for x in losses[1]])
+EOF
+  else
+    echo "(skipped: no GPU)"
+  fi
   rm -rf "$out"
 }
 

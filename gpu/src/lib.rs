@@ -11,13 +11,17 @@
 //!   [`colour::convert_on_cpu`], is the specification: the same operations in the same order.
 //! - [`Gpu`]: one device's context, its stream, and the kernels compiled once per process by
 //!   NVRTC and loaded once per device.
+//! - [`check`]: what the machine has (driver, devices, NVRTC, NCCL, NVDEC), and the colour
+//!   kernel run on a device against its twin.
 //!
 //! Kernels are compiled with `--fmad=false`: CUDA would otherwise contract a multiply and an add
 //! into one fused operation, rounding once where the twin rounds twice.
 
+pub mod check;
 pub mod colour;
 mod device;
 mod error;
 
 pub use device::{Gpu, compile_kernels, nvrtc_version};
 pub use error::{Error, Result};
+pub use lake_codec::YuvToRgb;

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cache;
 pub mod export;
+pub mod gpu;
 pub mod ingest;
 pub mod inspect;
 pub mod ls;

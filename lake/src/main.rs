@@ -116,6 +116,12 @@ enum Command {
     /// Batches come from the loader in this process, or from a running `lake serve`
     /// (--server, --local). Needs a build with the `torch` feature (libtorch).
     Train(cli::train::TrainArgs),
+    /// Show what this machine's GPU side has (CUDA driver and devices, NVRTC, NCCL, NVDEC) and
+    /// check lake's colour kernel on a device against its CPU twin.
+    ///
+    /// Exits 0 when the device's frames equal the CPU's, 1 when there is no usable GPU or they
+    /// differ.
+    Gpu(cli::gpu::GpuArgs),
 }
 
 /// The environment variable a refused value came from, when the flag clap names in `error` was
@@ -228,6 +234,7 @@ fn main() -> ExitCode {
                     Command::Export(args) => cli::export::export(&cli.lake, args).await,
                     Command::Serve(args) => cli::serve::serve(&cli.lake, args).await,
                     Command::Train(args) => cli::train::train(&cli.lake, args).await,
+                    Command::Gpu(args) => cli::gpu::gpu(args).await,
                 };
                 match result {
                     Err(e) => Err(explain::explained(&root, e).await),

@@ -39,7 +39,7 @@ use tch::{Device, Kind, Tensor};
 use crate::{
     ActConfig, Error, FeatureType, OBS_ENV_STATE, OBS_STATE, Result,
     act::{ActBatch, ActPolicy, AdamW, PolicyOptions, bf16_autocast},
-    collective::{Collective, Values, average_gradients, broadcast},
+    collective::{Collective, all_reduce_host, average_gradients, broadcast},
     data::{BatchSource, DatasetFacts, Feed, dataset_facts, open_feed, policy_stats},
 };
 
@@ -87,6 +87,24 @@ pub struct TrainOptions {
     pub collective: Option<Box<dyn Collective>>,
     /// Held-out evaluations during the run; `None` for none.
     pub eval: Option<EvalOptions>,
+    /// How camera frames travel and where they become RGB.
+    pub frames: Frames,
+}
+
+/// How a run's camera frames travel and where they become RGB. Both give the policy the same
+/// bytes: the conversion of the planes is the loader's, to the bit.
+#[derive(Debug, Clone, Default)]
+pub enum Frames {
+    /// RGB24, converted on the data side (the loader, or the server).
+    #[default]
+    Rgb24,
+    /// The decoder's YUV 4:2:0 planes where a camera allows them (8-bit 4:2:0 video; half the
+    /// bytes of RGB), converted here: by lake-gpu's kernel on `gpu`, straight into the batch's
+    /// tensor on the device, or by its CPU twin when `gpu` is `None`.
+    Yuv420p {
+        /// The GPU that converts; `None` for the CPU.
+        gpu: Option<std::sync::Arc<lake_gpu::Gpu>>,
+    },
 }
 
 /// Held-out evaluation: every `every` steps and at the end, the policy's loss in eval mode (no
@@ -113,6 +131,7 @@ impl std::fmt::Debug for TrainOptions {
             .field("out", &self.out)
             .field("resume", &self.resume)
             .field("ranks", &self.collective.as_ref().map_or(1, |c| c.size()))
+            .field("frames", &self.frames)
             .finish_non_exhaustive()
     }
 }
@@ -190,10 +209,13 @@ async fn plan(options: &TrainOptions) -> Result<(SampleRequest, DatasetFacts)> {
     Ok((request, facts))
 }
 
-/// The windows a policy of `config` reads, in RGB frames as the policy takes them.
-fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64) {
+/// The windows a policy of `config` reads, with frames as `frames` says.
+fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64, frames: &Frames) {
     request.delta_timestamps = Some(delta_timestamps_json(config, fps));
-    request.frame_format = lake_client::FrameFormat::Rgb24;
+    request.frame_format = match frames {
+        Frames::Rgb24 => lake_client::FrameFormat::Rgb24,
+        Frames::Yuv420p { .. } => lake_client::FrameFormat::Yuv420p,
+    };
 }
 
 /// Batches made into a policy's tensors on its device by a task of their own, ahead of the steps
@@ -206,13 +228,14 @@ pub struct Prefetch {
 }
 
 impl Prefetch {
-    /// Starts taking `feed`'s batches for a policy of `config` on `device`. Needs tokio's
+    /// Starts taking `feed`'s batches for a policy of `config` on `device`, with camera frames as
+    /// `frames` says. Needs tokio's
     /// multi-threaded runtime: the conversion runs in place of an async task.
-    pub fn start(mut feed: Feed, config: ActConfig, device: Device) -> Self {
+    pub fn start(mut feed: Feed, config: ActConfig, device: Device, frames: Frames) -> Self {
         let (tx, ready) = tokio::sync::mpsc::channel(1);
         let task = tokio::spawn(async move {
             while let Some(batch) = feed.batches.next().await {
-                let made = batch.and_then(|b| tokio::task::block_in_place(|| act_batch(&b, &config)?.to_device(device)));
+                let made = batch.and_then(|b| tokio::task::block_in_place(|| act_batch(&b, &config, &frames)?.to_device(device)));
                 let failed = made.is_err();
                 if tx.send(made).await.is_err() || failed {
                     break;
@@ -312,7 +335,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     if started_after >= options.steps {
         return Err(Error::Run(format!("the run is at step {started_after} already; ask for more --steps than that")));
     }
-    ask_for(&mut request, policy.config(), facts.fps);
+    ask_for(&mut request, policy.config(), facts.fps, &options.frames);
     // The request's steps are the run's: a step of batch B reads the next B samples of the order.
     let probe = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     let steps_per_epoch = probe.steps_per_epoch;
@@ -320,8 +343,8 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     (request.epoch, request.start_step) = (started_after / steps_per_epoch, started_after % steps_per_epoch);
     request.limit_batches = Some(options.steps - started_after);
     let feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
-    check_schema(&feed.schema, policy.config())?;
-    let mut batches = Prefetch::start(feed, policy.config().clone(), options.device);
+    check_schema(&feed.schema, policy.config(), &options.frames)?;
+    let mut batches = Prefetch::start(feed, policy.config().clone(), options.device, options.frames.clone());
     let eval_request = options.eval.as_ref().map(|e| {
         let mut held_out = SampleRequest { datasets: SampleRequest::new(e.datasets.iter().cloned()).datasets, ..request.clone() };
         (held_out.epoch, held_out.start_step, held_out.limit_batches) = (0, 0, Some(e.batches));
@@ -370,7 +393,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             let mut terms =
                 [loss.loss.double_value(&[]), loss.l1.double_value(&[]), loss.kld.as_ref().map_or(0.0, |k| k.double_value(&[]))];
             if let Some(c) = &options.collective {
-                c.all_reduce_sum(Values::F64(&mut terms))?;
+                all_reduce_host(c.as_ref(), &mut terms)?;
                 terms.iter_mut().for_each(|t| *t /= world as f64);
             }
             let [loss_mean, l1, kld] = terms;
@@ -471,11 +494,11 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
     let mut config = options.config.clone();
     config.set_features(&facts.features);
     config.validate()?;
-    ask_for(&mut request, &config, facts.fps);
+    ask_for(&mut request, &config, facts.fps, &options.frames);
     request.limit_batches = Some(options.steps);
     let feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
-    check_schema(&feed.schema, &config)?;
-    let mut batches = Prefetch::start(feed, config, options.device);
+    check_schema(&feed.schema, &config, &options.frames)?;
+    let mut batches = Prefetch::start(feed, config, options.device, options.frames.clone());
     std::fs::create_dir_all(&options.out).map_err(Error::io(&options.out))?;
     let log_path = options.out.join(FEED_LOG_FILE);
     let mut log = match rank {
@@ -516,13 +539,13 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
 /// all), and the samples it covers.
 async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActPolicy) -> Result<(f64, u64)> {
     let mut feed = open_feed(options.lake.as_ref(), request, &options.source, options.loader).await?;
-    check_schema(&feed.schema, policy.config())?;
+    check_schema(&feed.schema, policy.config(), &options.frames)?;
     let mut totals = [0.0, 0.0];
     while let Some(batch) = feed.batches.next().await {
         let batch = batch?;
         let samples = batch.num_rows() as f64;
         let loss = tokio::task::block_in_place(|| -> Result<f64> {
-            let batch = act_batch(&batch, policy.config())?;
+            let batch = act_batch(&batch, policy.config(), &options.frames)?;
             let loss = bf16_autocast(options.device, options.bf16, || tch::no_grad(|| policy.forward_loss(&batch, false)))??;
             Ok(loss.loss.double_value(&[]))
         })?;
@@ -530,7 +553,7 @@ async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActP
         totals[1] += samples;
     }
     if let Some(c) = &options.collective {
-        c.all_reduce_sum(Values::F64(&mut totals))?;
+        all_reduce_host(c.as_ref(), &mut totals)?;
     }
     if totals[1] == 0.0 {
         return Err(Error::Data(format!("the held-out datasets ({}) gave no samples", request.datasets.len())));
@@ -564,18 +587,74 @@ fn delta_timestamps_json(config: &ActConfig, fps: f64) -> Value {
 }
 
 /// Refuses a stream whose batches lack a column the policy reads, before any step.
-fn check_schema(schema: &arrow::datatypes::Schema, config: &ActConfig) -> Result<()> {
+fn check_schema(schema: &arrow::datatypes::Schema, config: &ActConfig, frames: &Frames) -> Result<()> {
     let mut needed: Vec<String> = config.input_features.iter().map(|(k, _)| k.clone()).collect();
     needed.extend(config.output_features.iter().map(|(k, _)| k.clone()));
     needed.extend(config.output_features.iter().map(|(k, _)| format!("{k}_is_pad")));
     for name in needed {
         let field = schema.field_with_name(&name).map_err(|_| Error::Features(format!("the batches have no column `{name}`")))?;
         let format = field.metadata().get(lake_loader::PIXEL_FORMAT);
-        if format.is_some_and(|f| f != "rgb24") {
-            return Err(Error::Features(format!("camera `{name}` travels as {}; the trainer reads rgb24", format.map_or("", |f| f))));
+        let planes_read = matches!(frames, Frames::Yuv420p { .. });
+        if format.is_some_and(|f| f != "rgb24" && !(planes_read && f == "yuv420p")) {
+            return Err(Error::Features(format!(
+                "camera `{name}` travels as {}; the trainer reads {}",
+                format.map_or("", |f| f),
+                if planes_read { "rgb24 or yuv420p" } else { "rgb24" }
+            )));
         }
     }
     Ok(())
+}
+
+/// A camera column as RGB24 frames `[B, H, W, 3]`: its values, or its YUV planes converted as
+/// `frames` says (on the GPU, the tensor is on that device).
+fn camera_tensor(batch: &RecordBatch, name: &str, frames: &Frames) -> Result<Tensor> {
+    use lake_gpu::colour::{Geometry, Layout, Target, convert_on_cpu};
+
+    let schema = batch.schema();
+    let field = schema.field_with_name(name).map_err(|_| Error::Batch(format!("no column `{name}`")))?;
+    if field.metadata().get(lake_loader::PIXEL_FORMAT).is_none_or(|f| f != "yuv420p") {
+        return column_tensor(batch, name);
+    }
+    let Frames::Yuv420p { gpu } = frames else {
+        return Err(Error::Batch(format!("camera `{name}` travels as yuv420p planes, and this run reads rgb24")));
+    };
+    let metadata =
+        |key: &str| field.metadata().get(key).ok_or_else(|| Error::Batch(format!("camera `{name}`: yuv420p planes without `{key}`")));
+    let bad = |key: &str, e: serde_json::Error| Error::Batch(format!("camera `{name}`: `{key}`: {e}"));
+    let [height, width, _]: [u32; 3] = serde_json::from_str(metadata("frame_shape")?).map_err(|e| bad("frame_shape", e))?;
+    let matrix: lake_gpu::YuvToRgb =
+        serde_json::from_str(metadata(lake_loader::YUV_TO_RGB)?).map_err(|e| bad(lake_loader::YUV_TO_RGB, e))?;
+    let geometry = Geometry { width, height, layout: Layout::Yuv420p };
+    let planes = column_tensor(batch, name)?;
+    let (rows, bytes) = (planes.size()[0], geometry.frame_bytes());
+    if planes.numel() != rows as usize * bytes {
+        return Err(Error::Batch(format!("camera `{name}`: {} bytes of planes for {rows} frames of {width}x{height}", planes.numel())));
+    }
+    let shape = [rows, i64::from(height), i64::from(width), 3];
+    let converted = |e: lake_gpu::Error| Error::Batch(format!("camera `{name}`: {e}"));
+    match gpu {
+        None => {
+            let host = Vec::<u8>::try_from(planes.flatten(0, -1)).map_err(Error::Torch)?;
+            let refs: Vec<&[u8]> = host.chunks_exact(bytes).collect();
+            let mut rgb = vec![0_u8; Target::Rgb24.bytes(refs.len(), width, height)];
+            convert_on_cpu(&refs, geometry, &matrix, Target::Rgb24, &mut rgb).map_err(converted)?;
+            Ok(Tensor::from_slice(&rgb).reshape(shape))
+        }
+        Some(gpu) => {
+            let device = Device::Cuda(gpu.ordinal());
+            // From pinned memory without blocking, on the stream the kernel then runs on.
+            let on_device = planes.f_pin_memory(device)?.f_to_device_(device, Kind::Uint8, true, false)?;
+            let rgb = Tensor::f_empty(shape, (Kind::Uint8, device))?;
+            let base = on_device.data_ptr() as u64;
+            let addresses: Vec<u64> = (0..rows as u64).map(|i| base + i * bytes as u64).collect();
+            // SAFETY: `on_device` holds `rows` frames of `bytes` bytes and `rgb` the RGB24 batch,
+            // both on `gpu`'s device. Both live until the kernel has run: libtorch's caching
+            // allocator hands their memory out again only to work queued after it on this stream.
+            unsafe { gpu.convert(&addresses, geometry, &matrix, Target::Rgb24, rgb.data_ptr() as u64) }.map_err(converted)?;
+            Ok(rgb)
+        }
+    }
 }
 
 /// The values of a batch column as a tensor `[B, ...shape]` (the `shape` field metadata).
@@ -613,13 +692,16 @@ fn column_tensor(batch: &RecordBatch, name: &str) -> Result<Tensor> {
 
 /// A batch of the lake's samples as the policy's raw inputs: cameras `[B, 3, H, W]` uint8 (the
 /// policy scales them to [0, 1]), the state vectors, the action chunk and its padding mask.
+/// Cameras that travel as YUV planes become RGB as `frames` says: on its GPU (their tensors are
+/// then on that device already), or on the CPU.
 ///
 /// # Errors
-/// [`Error::Batch`] for a column that is missing or of another type.
-pub fn act_batch(batch: &RecordBatch, config: &ActConfig) -> Result<ActBatch> {
+/// [`Error::Batch`] for a column that is missing or of another type, or planes the run does not
+/// read.
+pub fn act_batch(batch: &RecordBatch, config: &ActConfig, frames: &Frames) -> Result<ActBatch> {
     let mut images = Vec::new();
     for (name, _) in config.image_features() {
-        let hwc = column_tensor(batch, name)?;
+        let hwc = camera_tensor(batch, name, frames)?;
         if hwc.dim() != 4 || hwc.size()[3] != 3 {
             return Err(Error::Batch(format!("camera `{name}`: shape {:?}, expected [B, H, W, 3]", hwc.size())));
         }

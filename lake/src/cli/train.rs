@@ -29,9 +29,20 @@ pub struct TrainArgs {
     /// Learning rate of the vision backbone (the config's `optimizer_lr_backbone` otherwise).
     #[arg(long)]
     lr_backbone: Option<f64>,
-    /// `cpu`, or `cuda` (the first GPU).
+    /// `cpu`, or `cuda` (the GPU of the rank's local rank: the first GPU for one process).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// How the ranks of a data-parallel run sum their gradients: `auto` (MPI under mpirun or
+    /// srun; under torchrun, NCCL on GPUs where libnccl loads and libtorch's Gloo otherwise),
+    /// `nccl`, `gloo` or `mpi`. A backend named outright joins even a single rank, to check it.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// How camera frames travel: `rgb24` (converted by the loader or server), `yuv420p` (the
+    /// decoder's planes, half the bytes, converted here to the same RGB: on a GPU by lake's
+    /// kernel, on the CPU by its twin), or `auto` (yuv420p on a GPU that runs lake's kernel,
+    /// rgb24 otherwise).
+    #[arg(long, default_value = "auto")]
+    frames: String,
     /// Precision: `fp32` (LeRobot's default), `bf16` (mixed precision: the forward passes under
     /// bfloat16 autocast, the parameters and optimizer in fp32), or `fp64` (to compare runs
     /// without float rounding). Checkpoints are f32 in every case.
@@ -94,7 +105,8 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         "none" => true,
         other => anyhow::bail!("unknown policy `{other}`: lake trains `act`, and `none` measures the data path without a model"),
     };
-    let (collective, local_rank) = ranks()?;
+    let (collective, local_rank) = ranks(&args.backend, args.device == "cuda")?;
+    let frames = frames(&args.frames, args.device == "cuda", local_rank)?;
     let device = match args.device.as_str() {
         "cpu" => tch::Device::Cpu,
         "cuda" if lake_trainer::act::cuda_is_available() => tch::Device::Cuda(local_rank as usize),
@@ -155,6 +167,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         backbone_weights: args.backbone_weights,
         loader: Default::default(),
         collective,
+        frames,
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
             datasets: args.eval_dataset.clone(),
             every: args.eval_every,
@@ -229,37 +242,88 @@ async fn feed_only(options: lake_trainer::train::TrainOptions, rank: u64, log_ev
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where camera frames become RGB (`--frames`): on the GPU of `local_rank` when it runs lake's
+/// colour kernel, or where asked.
+#[cfg(feature = "torch")]
+fn frames(asked: &str, cuda: bool, local_rank: u64) -> anyhow::Result<lake_trainer::train::Frames> {
+    use lake_trainer::train::Frames;
+
+    let gpu = || lake_gpu::Gpu::open(usize::try_from(local_rank).unwrap_or(usize::MAX)).map(std::sync::Arc::new);
+    Ok(match (asked, cuda) {
+        ("rgb24", _) | ("auto", false) => Frames::Rgb24,
+        ("yuv420p", false) => Frames::Yuv420p { gpu: None },
+        ("yuv420p", true) => Frames::Yuv420p { gpu: Some(gpu().map_err(|e| anyhow::anyhow!("--frames yuv420p on cuda: {e}"))?) },
+        ("auto", true) => match gpu() {
+            Ok(gpu) => Frames::Yuv420p { gpu: Some(gpu) },
+            Err(e) => {
+                tracing::warn!("camera frames travel as RGB: lake's colour kernel cannot run here ({e})");
+                Frames::Rgb24
+            }
+        },
+        (other, _) => anyhow::bail!("unknown --frames `{other}` (auto, rgb24 or yuv420p)"),
+    })
+}
+
 /// The ranks of a data-parallel run, and this rank's index on its machine (its GPU):
 /// - MPI's when a launcher (`mpirun`, `srun`) started this process (feature `mpi`);
-/// - libtorch's Gloo over the TCPStore at MASTER_ADDR:MASTER_PORT when torchrun's variables
-///   (RANK, WORLD_SIZE, LOCAL_RANK) describe more than one rank;
+/// - when torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK) describe more than one rank, a
+///   group that meets at the TCPStore on MASTER_ADDR:MASTER_PORT: NCCL for `cuda` ranks where
+///   libnccl loads, libtorch's Gloo otherwise;
 /// - else one process.
+///
+/// `backend` other than `auto` names the engine, and forms a group even of one rank.
 #[cfg(feature = "torch")]
-fn ranks() -> anyhow::Result<(Option<Box<dyn lake_trainer::collective::Collective>>, u64)> {
-    #[cfg(feature = "mpi")]
-    if lake_trainer::collective::Mpi::launched() {
-        let mpi = lake_trainer::collective::Mpi::init().ok_or_else(|| anyhow::anyhow!("MPI could not be initialised"))?;
-        let local = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
-            .iter()
-            .find_map(|v| std::env::var(v).ok()?.parse().ok())
-            .unwrap_or(0);
-        return Ok((Some(Box::new(mpi)), local));
+fn ranks(backend: &str, cuda: bool) -> anyhow::Result<(Option<Box<dyn lake_trainer::collective::Collective>>, u64)> {
+    use lake_trainer::collective::{Gloo, Launch, Nccl};
+
+    if !["auto", "nccl", "gloo", "mpi"].contains(&backend) {
+        anyhow::bail!("unknown --backend `{backend}` (auto, nccl, gloo or mpi)");
     }
     let mpi_world: u64 = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok()).unwrap_or(1);
-    if mpi_world > 1 {
-        anyhow::bail!(
-            "this process is one of {mpi_world} MPI ranks, but this lake was built without MPI: build it with the `mpi` feature \
-             (Debian's libopenmpi-dev), or start the ranks with torchrun"
-        );
-    }
-    match lake_trainer::collective::Launch::from_env()? {
-        Some(launch) if launch.world_size > 1 => {
-            let gloo = lake_trainer::collective::Gloo::connect(&launch)?;
-            Ok((Some(Box::new(gloo)), launch.local_rank))
+    let mpi_launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"].iter().any(|v| std::env::var_os(v).is_some());
+    if matches!(backend, "auto" | "mpi") && mpi_launched {
+        #[cfg(feature = "mpi")]
+        {
+            let mpi = lake_trainer::collective::Mpi::init().ok_or_else(|| anyhow::anyhow!("MPI could not be initialised"))?;
+            let local = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok()?.parse().ok())
+                .unwrap_or(0);
+            return Ok((Some(Box::new(mpi)), local));
         }
-        Some(launch) => Ok((None, launch.local_rank)),
-        None => Ok((None, 0)),
+        #[cfg(not(feature = "mpi"))]
+        if mpi_world > 1 || backend == "mpi" {
+            anyhow::bail!(
+                "this process is one of {mpi_world} MPI ranks, but this lake was built without MPI: build it with the `mpi` \
+                 feature (Debian's libopenmpi-dev), or start the ranks with torchrun"
+            );
+        }
     }
+    if backend == "mpi" {
+        anyhow::bail!("--backend mpi: this process was not started by mpirun or srun");
+    }
+    let _ = mpi_world;
+    let Some(launch) = Launch::from_env()? else {
+        if backend != "auto" {
+            anyhow::bail!("--backend {backend}: no ranks to join (RANK and WORLD_SIZE are not set; start the run with torchrun)");
+        }
+        return Ok((None, 0));
+    };
+    let local = launch.local_rank;
+    let collective: Box<dyn lake_trainer::collective::Collective> = match backend {
+        "auto" if launch.world_size == 1 => return Ok((None, local)),
+        "auto" if cuda => match Nccl::available() {
+            Ok(()) => Box::new(Nccl::connect(&launch)?),
+            Err(why) => {
+                tracing::warn!("the ranks sum gradients with Gloo through host memory: {why}");
+                Box::new(Gloo::connect(&launch)?)
+            }
+        },
+        "nccl" if !cuda => anyhow::bail!("--backend nccl sums GPU memory: train with --device cuda, or take gloo"),
+        "nccl" => Box::new(Nccl::connect(&launch)?),
+        _ => Box::new(Gloo::connect(&launch)?),
+    };
+    Ok((Some(collective), local))
 }
 
 /// `lake train` in a build without libtorch: says how to get one.

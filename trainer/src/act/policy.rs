@@ -56,7 +56,12 @@ impl ActBatch {
         if device == Device::Cpu {
             return Ok(self);
         }
-        let moved = |t: Tensor| -> Result<Tensor> { Ok(t.f_pin_memory(device)?.f_to_device_(device, t.kind(), true, false)?) };
+        let moved = |t: Tensor| -> Result<Tensor> {
+            if t.device() == device {
+                return Ok(t);
+            }
+            Ok(t.f_pin_memory(device)?.f_to_device_(device, t.kind(), true, false)?)
+        };
         let maybe = |t: Option<Tensor>| t.map(moved).transpose();
         Ok(ActBatch {
             state: maybe(self.state)?,

@@ -8,13 +8,16 @@ use crate::{Error, Result};
 /// rather than per tensor (ACT has ~160), without a copy of every gradient at once.
 pub const BUCKET_BYTES: usize = 25 << 20;
 
-/// Values a collective works on: a policy's f32 tensors, or f64 ones.
+/// Values a collective works on: a policy's f32 tensors, or f64 ones, in host memory; or a
+/// contiguous bucket in GPU memory, for engines that work there ([`Collective::device`]).
 #[derive(Debug)]
 pub enum Values<'a> {
     /// Single precision.
     F32(&'a mut [f32]),
     /// Double precision.
     F64(&'a mut [f64]),
+    /// A contiguous one-dimensional f32 or f64 tensor on the engine's GPU, changed in place.
+    Device(&'a Tensor),
 }
 
 /// The operations data-parallel training needs from a collective engine.
@@ -33,11 +36,34 @@ pub trait Collective {
     /// # Errors
     /// As [`Collective::all_reduce_sum`].
     fn broadcast(&self, values: Values<'_>) -> Result<()>;
+    /// Where the engine takes its values: host memory (MPI, Gloo), or a GPU's (NCCL), where
+    /// buckets are then gathered without a trip through the host.
+    fn device(&self) -> tch::Device {
+        tch::Device::Cpu
+    }
+}
+
+/// Sums host values over every rank in place, through the engine's device when it works on a
+/// GPU (a run's loss terms, the held-out totals).
+///
+/// # Errors
+/// As [`Collective::all_reduce_sum`].
+pub fn all_reduce_host(collective: &dyn Collective, values: &mut [f64]) -> Result<()> {
+    let device = collective.device();
+    if !device.is_cuda() {
+        return collective.all_reduce_sum(Values::F64(values));
+    }
+    let on_device = Tensor::from_slice(values).to_device(device);
+    collective.all_reduce_sum(Values::Device(&on_device))?;
+    let summed = Vec::<f64>::try_from(&on_device.to_device(tch::Device::Cpu)).map_err(Error::Torch)?;
+    values.copy_from_slice(&summed);
+    Ok(())
 }
 
 /// Every tensor's values flattened into buckets of at most [`BUCKET_BYTES`] (f64 for double
-/// tensors, else f32); `apply` runs on each bucket, whose values are then copied back.
-fn bucketed(tensors: &[Tensor], mut apply: impl FnMut(Values<'_>) -> Result<()>) -> Result<()> {
+/// tensors, else f32), in host memory or, when `device` is a GPU, in its memory; `apply` runs on
+/// each bucket, whose values are then copied back.
+fn bucketed(tensors: &[Tensor], device: tch::Device, mut apply: impl FnMut(Values<'_>) -> Result<()>) -> Result<()> {
     let double = |t: &Tensor| t.kind() == tch::Kind::Double;
     let mut start = 0;
     while start < tensors.len() {
@@ -59,7 +85,13 @@ fn bucketed(tensors: &[Tensor], mut apply: impl FnMut(Values<'_>) -> Result<()>)
                 at += n;
             }
         };
-        if wide {
+        if device.is_cuda() {
+            let kind = if wide { tch::Kind::Double } else { tch::Kind::Float };
+            let flat: Vec<Tensor> = bucket.iter().map(|t| t.to_device(device).to_kind(kind).flatten(0, -1)).collect();
+            let values = Tensor::cat(&flat, 0).contiguous();
+            apply(Values::Device(&values))?;
+            back(values);
+        } else if wide {
             let mut values = Vec::with_capacity(len);
             for t in bucket {
                 values.extend(Vec::<f64>::try_from(&host(t, tch::Kind::Double)).map_err(Error::Torch)?);
@@ -91,7 +123,12 @@ pub fn average_gradients(collective: &dyn Collective, params: &[Tensor]) -> Resu
     }
     let grads: Vec<Tensor> = params.iter().map(Tensor::grad).filter(Tensor::defined).collect();
     let size = collective.size();
-    bucketed(&grads, |values| match values {
+    bucketed(&grads, collective.device(), |values| match values {
+        Values::Device(t) => {
+            collective.all_reduce_sum(Values::Device(t))?;
+            let _ = tch::no_grad(|| t.shallow_clone().f_div_scalar_(size as f64)).map_err(Error::Torch)?;
+            Ok(())
+        }
         Values::F32(v) => {
             collective.all_reduce_sum(Values::F32(v))?;
             v.iter_mut().for_each(|x| *x /= size as f32);
@@ -114,5 +151,10 @@ pub fn broadcast(collective: &dyn Collective, tensors: &[Tensor]) -> Result<()> 
     if collective.size() == 1 {
         return Ok(());
     }
-    bucketed(tensors, |values| collective.broadcast(values))
+    bucketed(tensors, collective.device(), |values| collective.broadcast(values))
+}
+
+/// The error of an engine that works on host memory given GPU memory.
+pub(super) fn host_only(engine: &str) -> Error {
+    Error::Ranks(format!("{engine} sums values in host memory, and was given a GPU buffer"))
 }

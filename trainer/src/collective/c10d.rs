@@ -313,6 +313,7 @@ impl Gloo {
         let (data, count, dtype) = match values {
             Values::F32(v) => (v.as_mut_ptr().cast::<c_void>(), v.len(), 0),
             Values::F64(v) => (v.as_mut_ptr().cast::<c_void>(), v.len(), 1),
+            Values::Device(_) => return Err(super::buckets::host_only("Gloo")),
         };
         let mut err = ErrorBuffer::new();
         let (e, len) = err.ptr();

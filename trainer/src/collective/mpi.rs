@@ -48,6 +48,7 @@ impl Collective for Mpi {
         match values {
             Values::F32(v) => self.world.all_reduce_into(&v.to_vec()[..], v, sum),
             Values::F64(v) => self.world.all_reduce_into(&v.to_vec()[..], v, sum),
+            Values::Device(_) => return Err(super::buckets::host_only("MPI")),
         }
         Ok(())
     }
@@ -57,6 +58,7 @@ impl Collective for Mpi {
         match values {
             Values::F32(v) => root.broadcast_into(v),
             Values::F64(v) => root.broadcast_into(v),
+            Values::Device(_) => return Err(super::buckets::host_only("MPI")),
         }
         Ok(())
     }

@@ -11,8 +11,12 @@ use crate::common::fixture_dir;
 
 /// A lake holding the tiny image fixture, ingested under its directory name.
 pub(crate) fn lake_with_fixture(dir: &Path) -> lake_store::Lake {
+    lake_with(dir, &fixture_dir())
+}
+
+/// A lake holding the dataset at `source`, ingested under its directory name.
+fn lake_with(dir: &Path, source: &Path) -> lake_store::Lake {
     let lake = lake_store::Lake::create(dir.join("lake").to_str().expect("utf-8")).expect("lake");
-    let source = fixture_dir();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime
         .block_on(lake_ingest::ingest(&lake, source.to_str().expect("utf-8"), &Default::default(), &lake_ingest::Progress::default()))
@@ -40,6 +44,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         loader: Default::default(),
         collective: None,
         eval: None,
+        frames: Default::default(),
     }
 }
 
@@ -239,4 +244,41 @@ fn a_run_without_a_model_takes_the_batches_a_run_would_train_on() {
         |_| (),
     ));
     assert!(refused.expect_err("unknown dataset").to_string().contains("no-such-dataset"));
+}
+
+/// A run fed the decoder's YUV planes, which the trainer converts (here on the CPU, by the GPU
+/// kernel's twin), ends with the weights of the run fed RGB frames, byte for byte: the planes
+/// become the loader's RGB to the bit. The dataset's three H.264 cameras all travel as planes.
+#[test]
+fn a_run_fed_yuv_planes_ends_as_the_run_fed_rgb_frames() {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let source = fixture_dir().with_file_name("v30-h264-multifile");
+    let lake = lake_with(tmp.path(), &source);
+    let planes = lake_trainer::train::Frames::Yuv420p { gpu: None };
+    let on = |name: &str, frames| TrainOptions {
+        datasets: vec!["v30-h264-multifile".into()],
+        batch_size: 4,
+        frames,
+        ..options(&lake, &tmp.path().join(name), 4)
+    };
+    let (_, rgb) = run(on("rgb", lake_trainer::train::Frames::Rgb24));
+    let (_, yuv) = run(on("yuv", planes));
+    let losses = |steps: &[StepRecord]| steps.iter().map(|s| s.loss).collect::<Vec<_>>();
+    assert_eq!(losses(&yuv), losses(&rgb));
+    let weights =
+        |name: &str| std::fs::read(tmp.path().join(name).join("checkpoints/000004/pretrained_model/model.safetensors")).expect("weights");
+    assert!(weights("yuv") == weights("rgb"), "the weights differ");
+    // The planes did travel: a sample of the same request as planes has yuv420p cameras.
+    let request = lake_client::SampleRequest {
+        frame_format: lake_client::FrameFormat::Yuv420p,
+        batch_size: 2,
+        ..lake_client::SampleRequest::new(["v30-h264-multifile".to_owned()])
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let feed = runtime
+        .block_on(lake_trainer::data::open_feed(Some(&lake), &request, &BatchSource::InProcess, Default::default()))
+        .expect("a feed");
+    let cameras = feed.schema.fields().iter().filter(|f| f.metadata().get("pixel_format").is_some_and(|p| p == "yuv420p")).count();
+    assert_eq!(cameras, 3, "{:?}", feed.schema);
 }

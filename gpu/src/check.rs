@@ -1,0 +1,101 @@
+//! What this machine's GPU side can do, and a check of the colour kernel on a real device
+//! against its CPU twin (`lake gpu` prints both).
+
+use std::time::Instant;
+
+use cudarc::driver::DevicePtr as _;
+use lake_codec::YuvToRgb;
+
+use crate::colour::{Geometry, Layout, Target, convert_on_cpu};
+use crate::{Gpu, Result};
+
+/// The libraries and devices found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// Number of CUDA devices, or why there are none (no driver library, the driver refused).
+    pub devices: std::result::Result<usize, String>,
+    /// NVRTC's version, when its library loads.
+    pub nvrtc: Option<(i32, i32)>,
+    /// NCCL's version code (e.g. 22703 for 2.27.3), when `libnccl.so` loads.
+    pub nccl: Option<i32>,
+    /// Whether NVDEC's library (`libnvcuvid.so.1`, which the driver installs) loads.
+    pub nvdec: bool,
+}
+
+/// Looks for the driver, NVRTC, NCCL and NVDEC without touching a device beyond counting them.
+pub fn probe() -> Probe {
+    // SAFETY: each probe only tries to load a library; the calls after it use it.
+    let devices = if unsafe { cudarc::driver::sys::is_culib_present() } {
+        cudarc::driver::CudaContext::device_count()
+            .map(|n| usize::try_from(n).unwrap_or(0))
+            .map_err(|e| format!("the CUDA driver refused: {e}"))
+    } else {
+        Err("no CUDA driver library (libcuda.so)".to_owned())
+    };
+    // SAFETY: as above.
+    let nccl = unsafe { cudarc::nccl::sys::is_culib_present() }.then(|| cudarc::nccl::result::get_nccl_version().ok()).flatten();
+    // SAFETY: loading a library runs its initialisers; the driver's NVDEC library has no others.
+    let nvdec = unsafe { libloading::Library::new("libnvcuvid.so.1") }.is_ok();
+    Probe { devices, nvrtc: crate::nvrtc_version(), nccl, nvdec }
+}
+
+/// The colour kernel on a device against its twin, and its speed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColourCheck {
+    /// Frames a batch.
+    pub frames: usize,
+    /// Their size.
+    pub width: u32,
+    /// Their size.
+    pub height: u32,
+    /// Whether the device's RGB24 equals the twin's, byte for byte.
+    pub rgb24_equal: bool,
+    /// Whether the device's normalised float32 equals the twin's, bit for bit.
+    pub float32_equal: bool,
+    /// Milliseconds a batch takes on the device (RGB24, the mean of the timed launches).
+    pub ms_per_batch: f64,
+}
+
+/// Converts a batch of `frames` frames of `width` × `height` (fixed noise, every frame its own)
+/// on `gpu` and with the twin, as RGB24 and as ImageNet-normalised float32, compares them, and
+/// times `repeats` launches of the RGB24 batch.
+///
+/// # Errors
+/// [`crate::Error::Driver`] when the device fails, [`crate::Error::Layout`] for a size without
+/// pixels.
+pub fn colour_check(gpu: &Gpu, frames: usize, width: u32, height: u32, matrix: &YuvToRgb, repeats: u32) -> Result<ColourCheck> {
+    let geometry = Geometry { width, height, layout: Layout::Yuv420p };
+    let frame_bytes = geometry.frame_bytes();
+    let host: Vec<u8> = (0..(frame_bytes * frames) as u64).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let refs: Vec<&[u8]> = host.chunks_exact(frame_bytes).collect();
+    let stream = gpu.stream();
+    let on_device = stream.clone_htod(&host)?;
+    let (base, _read) = on_device.device_ptr(stream);
+    let addresses: Vec<u64> = (0..frames).map(|f| base + (f * frame_bytes) as u64).collect();
+    let float = Target::Float32Chw { mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] };
+    let mut equal = [false; 2];
+    let mut ms_per_batch = 0.0;
+    for (k, target) in [Target::Rgb24, float].into_iter().enumerate() {
+        let bytes = target.bytes(frames, width, height);
+        let out = stream.alloc_zeros::<u8>(bytes)?;
+        let (out_ptr, _write) = out.device_ptr(stream);
+        // SAFETY: the frames and the output are allocations of this GPU of the sizes the
+        // geometry and target need, alive until after the synchronisation below.
+        unsafe { gpu.convert(&addresses, geometry, matrix, target, out_ptr) }?;
+        gpu.synchronize()?;
+        let device = stream.clone_dtoh(&out)?;
+        let mut twin = vec![0_u8; bytes];
+        convert_on_cpu(&refs, geometry, matrix, target, &mut twin)?;
+        equal[k] = device == twin;
+        if k == 0 {
+            let began = Instant::now();
+            for _ in 0..repeats {
+                // SAFETY: as above.
+                unsafe { gpu.convert(&addresses, geometry, matrix, target, out_ptr) }?;
+            }
+            gpu.synchronize()?;
+            ms_per_batch = began.elapsed().as_secs_f64() * 1e3 / f64::from(repeats.max(1));
+        }
+    }
+    Ok(ColourCheck { frames, width, height, rgb24_equal: equal[0], float32_equal: equal[1], ms_per_batch })
+}
