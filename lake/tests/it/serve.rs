@@ -360,8 +360,9 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
                 let mut read = 0;
                 // Each batch is checked and dropped (its slot goes back) before the next.
                 while let Some(batch) = batches.next().await {
-                    let half = whole[read].slice(8 * r, 8);
-                    same_rows(&[batch.expect("batch")], &[half], &format!("local rank {r} of 2, one slot, batch {read}"));
+                    let batch = batch.unwrap_or_else(|e| panic!("local rank {r} of 2, one slot, after {read} batches: {e}"));
+                    assert!(read < whole.len(), "local rank {r} of 2, one slot: a batch past the {} of the epoch", whole.len());
+                    same_rows(&[batch], &[whole[read].slice(8 * r, 8)], &format!("local rank {r} of 2, one slot, batch {read}"));
                     read += 1;
                 }
                 read
