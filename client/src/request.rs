@@ -202,9 +202,10 @@ pub struct SampleRequest {
     /// cache NAME --size WxH`); absent: as recorded.
     #[serde(default)]
     pub frame_size: Option<FrameSize>,
-    /// `rgb24` (LeRobot's frames), or `yuv420p`: the video cameras whose frames are 8-bit 4:2:0
-    /// as the decoder's planes, for the trainer to convert (see the camera columns' metadata).
-    /// `null` is the default, as for `frame_size`.
+    /// `rgb24` (LeRobot's frames); `yuv420p`: the video cameras whose frames are 8-bit 4:2:0
+    /// as the decoder's planes, for the trainer to convert (see the camera columns' metadata);
+    /// `packets`: every camera's compressed GOPs, for the trainer to decode (lake-loader's
+    /// `PacketBatchDecoder`). `null` is the default, as for `frame_size`.
     #[serde(default, skip_serializing_if = "is_rgb", deserialize_with = "format_or_null")]
     pub frame_format: FrameFormat,
 }
@@ -215,7 +216,7 @@ fn format_or_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::res
     impl serde::de::Visitor<'_> for Format {
         type Value = FrameFormat;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("`rgb24` or `yuv420p`, or null")
+            f.write_str("`rgb24`, `yuv420p` or `packets`, or null")
         }
         fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Self::Value, E> {
             Ok(FrameFormat::default())
@@ -404,9 +405,12 @@ mod tests {
         for (bad, says) in [
             (
                 r#"{"datasets": ["a"], "frame_format": 3}"#,
-                "`frame_format`: invalid type: integer `3`, expected `rgb24` or `yuv420p`, or null",
+                "`frame_format`: invalid type: integer `3`, expected `rgb24`, `yuv420p` or `packets`, or null",
             ),
-            (r#"{"datasets": ["a"], "frame_format": "bgr"}"#, "`frame_format`: unknown frame format `bgr` (known: rgb24, yuv420p)"),
+            (
+                r#"{"datasets": ["a"], "frame_format": "bgr"}"#,
+                "`frame_format`: unknown frame format `bgr` (known: rgb24, yuv420p, packets)",
+            ),
         ] {
             let e = format(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");

@@ -26,7 +26,7 @@ use crate::{
 use turbojpeg_sys as tj;
 
 /// The codec facts a decoder is opened from (a row of the `streams` table).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StreamConfig {
     /// Stream id in the dataset version.
     pub stream: u32,

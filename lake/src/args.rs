@@ -52,9 +52,10 @@ pub struct LoaderArgs {
     /// (`lake cache NAME --size WxH`) instead of at their recorded size.
     #[arg(long, value_name = "WxH")]
     pub(crate) frame_size: Option<lake_loader::FrameSize>,
-    /// How camera frames travel: rgb24 (LeRobot's frames), or yuv420p (the decoder's planes,
-    /// half the bytes, for the trainer to convert to the same RGB on its GPU) for the video
-    /// cameras whose frames are 8-bit 4:2:0; the others stay RGB.
+    /// How camera frames travel: rgb24 (LeRobot's frames); yuv420p (the decoder's planes, half
+    /// the bytes, for the trainer to convert to the same RGB on its GPU) for the video cameras
+    /// whose frames are 8-bit 4:2:0, the others staying RGB; or packets (every camera's
+    /// compressed GOPs, for the trainer to decode into the same frames).
     #[arg(long, default_value = "rgb24", value_name = "FORMAT")]
     pub(crate) frame_format: lake_loader::FrameFormat,
 }

@@ -149,12 +149,12 @@ type DecoderPool = Mutex<IdlePool<(usize, u32), StreamDecoder>>;
 /// few dozen files keeps a decoder for each: opening one again costs more than decoding a small
 /// frame (the serving bench's 34 streams: `lake bench --cache off` took 2.15-2.22 CPU ms per
 /// `act` sample, against 2.33-2.43 with 8 decoders per thread, for 20-45 MB more peak RSS).
-const IDLE_DECODER_BYTES_PER_THREAD: u64 = 32 << 20;
+pub(crate) const IDLE_DECODER_BYTES_PER_THREAD: u64 = 32 << 20;
 
 /// Idle things by key, each with the bytes it holds; the most recently returned kept when they
 /// hold more than `cap` bytes together.
 #[derive(Debug)]
-struct IdlePool<K, T> {
+pub(crate) struct IdlePool<K, T> {
     cap: u64,
     bytes: u64,
     /// Oldest first.
@@ -162,12 +162,12 @@ struct IdlePool<K, T> {
 }
 
 impl<K: PartialEq, T> IdlePool<K, T> {
-    fn new(cap: u64) -> Self {
+    pub(crate) fn new(cap: u64) -> Self {
         Self { cap, bytes: 0, idle: std::collections::VecDeque::new() }
     }
 
     /// The most recently returned idle thing of `key`.
-    fn take(&mut self, key: &K) -> Option<T> {
+    pub(crate) fn take(&mut self, key: &K) -> Option<T> {
         let at = self.idle.iter().rposition(|(k, _, _)| k == key)?;
         let (_, thing, bytes) = self.idle.remove(at)?;
         self.bytes -= bytes;
@@ -175,7 +175,7 @@ impl<K: PartialEq, T> IdlePool<K, T> {
     }
 
     /// Returns `thing` (holding `bytes`) to the pool, dropping the longest idle beyond the cap.
-    fn put(&mut self, key: K, thing: T, bytes: u64) {
+    pub(crate) fn put(&mut self, key: K, thing: T, bytes: u64) {
         self.idle.push_back((key, thing, bytes));
         self.bytes += bytes;
         while self.bytes > self.cap {
@@ -355,9 +355,15 @@ impl Loader {
         self.frame_table && ds.has_frame_table()
     }
 
+    /// Whether this loader decodes the frames of `ds` (it has cameras, read neither from a frame
+    /// table nor shipped as packets).
+    fn decodes(&self, ds: &LoaderDataset) -> bool {
+        !ds.cameras.is_empty() && !self.reads_frame_table(ds) && ds.frame_format != FrameFormat::Packets
+    }
+
     /// Whether some dataset's frames are decoded from packets.
     pub(crate) fn decodes_any(&self) -> bool {
-        self.datasets.iter().any(|ds| !ds.cameras.is_empty() && !self.reads_frame_table(ds))
+        self.datasets.iter().any(|ds| self.decodes(ds))
     }
 
     /// The distinct frames `draws` show that are decoded from packets (not read from a frame
@@ -369,7 +375,7 @@ impl Loader {
         }
         let mut out = Vec::new();
         for (source, rows) in by_source {
-            if self.reads_frame_table(&self.datasets[source]) {
+            if !self.decodes(&self.datasets[source]) {
                 continue;
             }
             // A batch that shows a frame no video holds fails when it is made; nothing is
@@ -457,7 +463,12 @@ impl Loader {
                 (slot, next[slot] - 1)
             })
             .collect();
-        Ok(SampleBatch::interleave(&parts, &order)?)
+        let batch = SampleBatch::interleave(&parts, &order)?;
+        if self.datasets[0].frame_format == FrameFormat::Packets {
+            // Each part numbered its own frames; the mixture's batch numbers them anew.
+            return crate::packets::renumber(&parts, &order, batch);
+        }
+        Ok(batch)
     }
 
     async fn assemble(&self, source: usize, rows: &[u64], ahead: &Ahead, layout: Layout) -> Result<SampleBatch> {
@@ -488,8 +499,57 @@ impl Loader {
         }
 
         let (wanted, shown_by) = self.camera_rows(source, rows)?;
+        // Both paths' futures are boxed: they nest Lance's reads deep, and a caller's future
+        // holding them inline outgrows the compiler's layout depth limit.
+        if ds.frame_format == FrameFormat::Packets {
+            let fetch_began = Instant::now();
+            let (shipped, read) = Box::pin(crate::packets::packet_columns(ds, &wanted, rows.len(), &shown_by)).await?;
+            self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.counters.packet_bytes.fetch_add(read, Ordering::Relaxed);
+            let (numbers, gops): (Vec<ArrayRef>, Vec<ArrayRef>) = shipped.into_iter().map(|[n, g]| (n, g)).unzip();
+            for (camera, numbers) in ds.cameras.iter().zip(numbers) {
+                let field = self.schema.field_with_name(&camera.key)?;
+                columns.push(BatchColumn::Array(match field.data_type() {
+                    DataType::FixedSizeList(item, slots) => Arc::new(FixedSizeListArray::try_new(item.clone(), *slots, numbers, None)?),
+                    _ => numbers,
+                }));
+            }
+            columns.extend(gops.into_iter().map(BatchColumn::Array));
+        } else {
+            Box::pin(self.frame_columns(source, wanted, &shown_by, ahead, layout, &mut columns)).await?;
+        }
+        for w in windows {
+            let (_, pad) = query(w);
+            let field = self.schema.field_with_name(&format!("{}_is_pad", w.key))?;
+            let DataType::FixedSizeList(item, size) = field.data_type() else { unreachable!("pad columns are fixed-size lists") };
+            let pad = FixedSizeListArray::try_new(item.clone(), *size, Arc::new(BooleanArray::from(pad)), None)?;
+            columns.push(BatchColumn::Array(Arc::new(pad)));
+        }
+        if self.datasets.len() > 1 {
+            columns.push(BatchColumn::Array(Arc::new(Int64Array::from(vec![source as i64; rows.len()]))));
+        }
+        if let Some(order) = &self.orders[source] {
+            let mut made: Vec<Option<BatchColumn>> = columns.into_iter().map(Some).collect();
+            let rest = made.split_off(order.len());
+            columns = order.iter().map(|&j| made[j].take().expect("each column once")).chain(rest.into_iter().flatten()).collect();
+        }
+        Ok(SampleBatch::try_new(self.schema.clone(), columns, rows.len())?)
+    }
+
+    /// The camera columns of a batch of dataset `source`, frames decoded or read (`wanted`: per
+    /// camera, the packets row of each sample and slot), appended to `columns`.
+    async fn frame_columns(
+        &self,
+        source: usize,
+        wanted: Vec<Vec<u64>>,
+        shown_by: &HashMap<u64, u64>,
+        ahead: &Ahead,
+        layout: Layout,
+        columns: &mut Vec<BatchColumn>,
+    ) -> Result<()> {
+        let ds = &self.datasets[source];
         let cameras: Vec<(usize, Vec<u64>)> = ds.cameras.iter().map(|c| c.frame_bytes()).zip(wanted).collect();
-        let found = self.frames(source, &cameras, &shown_by, ahead, layout).await?;
+        let found = self.frames(source, &cameras, shown_by, ahead, layout).await?;
         if let Some(frame_columns) = found.columns {
             // Decoded into place, every slot filled.
             for (camera, values) in ds.cameras.iter().zip(frame_columns) {
@@ -520,22 +580,7 @@ impl Loader {
                 columns.push(BatchColumn::Array(camera_array(self.schema.field_with_name(&camera.key)?, out)?));
             }
         }
-        for w in windows {
-            let (_, pad) = query(w);
-            let field = self.schema.field_with_name(&format!("{}_is_pad", w.key))?;
-            let DataType::FixedSizeList(item, size) = field.data_type() else { unreachable!("pad columns are fixed-size lists") };
-            let pad = FixedSizeListArray::try_new(item.clone(), *size, Arc::new(BooleanArray::from(pad)), None)?;
-            columns.push(BatchColumn::Array(Arc::new(pad)));
-        }
-        if self.datasets.len() > 1 {
-            columns.push(BatchColumn::Array(Arc::new(Int64Array::from(vec![source as i64; rows.len()]))));
-        }
-        if let Some(order) = &self.orders[source] {
-            let mut made: Vec<Option<BatchColumn>> = columns.into_iter().map(Some).collect();
-            let rest = made.split_off(order.len());
-            columns = order.iter().map(|&j| made[j].take().expect("each column once")).chain(rest.into_iter().flatten()).collect();
-        }
-        Ok(SampleBatch::try_new(self.schema.clone(), columns, rows.len())?)
+        Ok(())
     }
 
     /// Which `packets` row each (camera, sample, window slot) shows, per camera; and for each
@@ -578,6 +623,9 @@ impl Loader {
         }
         let mut jobs = Vec::new();
         for (source, rows) in by_source {
+            if self.datasets[source].frame_format == FrameFormat::Packets {
+                continue;
+            }
             // Draws that show a frame no video holds fail when their batch is made.
             let Ok((wanted, _)) = self.camera_rows(source, &rows) else { continue };
             let rows: BTreeSet<u64> = wanted.into_iter().flatten().collect();
@@ -1252,6 +1300,7 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
         };
         fields.push(out);
     }
+    let mut packet_columns = Vec::new();
     for camera in &ds.cameras {
         let (h, w) = (camera.height as usize, camera.width as usize);
         // LeRobot squeezes a video camera's one-frame window (`frames.squeeze(0)`), and stacks
@@ -1260,6 +1309,12 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
             Some(win) if !(camera.video && win.offsets.len() == 1) => (vec![win.offsets.len(), h, w, 3], "THWC"),
             _ => (vec![h, w, 3], "HWC"),
         };
+        if ds.frame_format == FrameFormat::Packets {
+            let [numbers, gops] = crate::packets::packet_fields(camera, (layout == "THWC").then(|| shape[0]), layout);
+            fields.push(numbers);
+            packet_columns.push(gops);
+            continue;
+        }
         if camera.yuv.is_some() {
             // A frame's planes, one dimension; `layout` and `frame_shape` are of its RGB.
             shape.truncate(shape.len() - 3);
@@ -1279,6 +1334,7 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
         }
         fields.push(Field::new(&camera.key, list, false).with_metadata(m));
     }
+    fields.extend(packet_columns);
     for w in windows {
         let t = w.offsets.len();
         let list = DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Boolean, false)), t as i32);

@@ -46,7 +46,8 @@ pub struct Camera {
     /// time dimension of a video camera's one-offset window, not of an image camera's.
     pub video: bool,
     /// With [`FrameFormat::Yuv420p`], for a camera whose frames travel as YUV planes: their
-    /// conversion to RGB (`None`: the frames are RGB).
+    /// conversion to RGB (`None`: the frames are RGB). With [`FrameFormat::Packets`], the
+    /// conversion of the planes its packets decode to, for a consumer that takes planes.
     pub yuv: Option<YuvToRgb>,
 }
 
@@ -150,6 +151,8 @@ pub struct LoaderDataset {
     frame_size: Option<lake_schemas::FrameSize>,
     /// Whether frames may come from the frame table (it stores RGB; YUV planes are decoded).
     frame_table_allowed: bool,
+    /// How camera frames travel: decoded here (RGB or YUV planes), or as packets.
+    pub frame_format: FrameFormat,
     /// How samples present the features (a view's mapping; empty for a plain dataset): the
     /// columns and cameras above are already mapped, and statistics read elsewhere are mapped
     /// with it.
@@ -187,10 +190,10 @@ impl LoaderDataset {
         let record = lake.resolve(spec).await?;
         let label = format!("{}@{}", record.name, record.version);
         let bad = |m: String| Error::layout(&label, m);
-        if let (FrameFormat::Yuv420p, Some(size)) = (format, frame_size) {
+        if let (FrameFormat::Yuv420p | FrameFormat::Packets, Some(size)) = (format, frame_size) {
             return Err(Error::request(format!(
-                "{label}: frames at {size} come from a frame table, which stores RGB; ask for rgb24 frames at {size}, or for yuv420p frames \
-                 without a frame size (they come from the packets, at the size each camera recorded)"
+                "{label}: frames at {size} come from a frame table, which stores RGB; ask for rgb24 frames at {size}, or for {format} \
+                 frames without a frame size (they come from the packets, at the size each camera recorded)"
             )));
         }
 
@@ -237,7 +240,7 @@ impl LoaderDataset {
                 return Err(bad(format!("camera {}: its files have different frame sizes; samples cannot stack them", camera.key)));
             }
             (camera.height, camera.width) = (h, w);
-            if format == FrameFormat::Yuv420p && camera.video {
+            if matches!(format, FrameFormat::Yuv420p | FrameFormat::Packets) && camera.video {
                 // Planes only where every file of the camera converts the same way.
                 let mut conversions = streams
                     .values()
@@ -302,6 +305,7 @@ impl LoaderDataset {
             frame_files: crate::frames::FrameFiles::default(),
             frame_size,
             frame_table_allowed,
+            frame_format: format,
             features: FeatureMap::default(),
         };
         ds.map_features(features)?;

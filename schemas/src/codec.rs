@@ -4,7 +4,7 @@
 /// `AVCodecParameters`. Ingest reads these from the container (trusting it over `info.json`)
 /// and stores them as columns of the `streams` table; the loader reads them back and opens its
 /// decoder as `avcodec_parameters_to_context` would.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CodecParams {
     /// FFmpeg's codec name (`av1`, `h264`, `hevc`, `mpeg4`, …; `png`/`jpeg` for images).
     pub codec: String,

@@ -16,6 +16,11 @@ pub enum FrameFormat {
     /// are 8-bit 4:2:0 and whose RGB conversion `YuvToRgb` (lake-loader) reproduces; every other camera
     /// stays RGB. The camera column's metadata says which.
     Yuv420p,
+    /// Each camera's compressed packets, the GOPs a batch shows, for the consumer to decode
+    /// (lake-loader's `PacketBatchDecoder`): the camera column says which of the batch's decoded
+    /// frames each sample and window slot shows, and `{camera}_packets` carries the GOPs. The
+    /// frames decoded from them are the frames the other formats carry, byte for byte.
+    Packets,
 }
 
 impl std::str::FromStr for FrameFormat {
@@ -25,7 +30,8 @@ impl std::str::FromStr for FrameFormat {
         match s {
             "rgb24" => Ok(Self::Rgb24),
             "yuv420p" => Ok(Self::Yuv420p),
-            other => Err(format!("unknown frame format `{other}` (known: rgb24, yuv420p)")),
+            "packets" => Ok(Self::Packets),
+            other => Err(format!("unknown frame format `{other}` (known: rgb24, yuv420p, packets)")),
         }
     }
 }
@@ -35,6 +41,7 @@ impl fmt::Display for FrameFormat {
         f.write_str(match self {
             Self::Rgb24 => "rgb24",
             Self::Yuv420p => "yuv420p",
+            Self::Packets => "packets",
         })
     }
 }

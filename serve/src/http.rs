@@ -736,8 +736,8 @@ fn paths_and_schemas(
                     "drop_n_last_frames": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0},
                     "frame_size": {"type": ["string", "null"], "pattern": "^[1-9][0-9]*x[1-9][0-9]*$",
                                    "description": "WIDTHxHEIGHT of a frame table of every dataset (lake cache NAME --size WxH)"},
-                    "frame_format": {"type": ["string", "null"], "enum": ["rgb24", "yuv420p", null], "default": "rgb24",
-                                     "description": "rgb24: LeRobot's RGB frames; yuv420p: the video cameras whose frames are 8-bit 4:2:0 as YUV planes, to convert on the trainer (camera field metadata pixel_format and yuv_to_rgb)"}}},
+                    "frame_format": {"type": ["string", "null"], "enum": ["rgb24", "yuv420p", "packets", null], "default": "rgb24",
+                                     "description": "rgb24: LeRobot's RGB frames; yuv420p: the video cameras whose frames are 8-bit 4:2:0 as YUV planes, to convert on the trainer (camera field metadata pixel_format and yuv_to_rgb); packets: every camera's compressed GOPs in {camera}_packets, the camera column the index of the decoded frame each slot shows"}}},
                 "Datasets": {"type": "object", "properties": {
                     "datasets": {"type": "array", "items": {"type": "object", "properties": {
                         "name": {"type": "string"}, "version": {"type": "integer"}, "episodes": {"type": "integer"}, "steps": {"type": "integer"},

@@ -299,9 +299,19 @@ fn value_bytes(data_type: &DataType) -> u64 {
     }
 }
 
-/// The bytes a batch of `rows` samples of `schema` takes.
+/// The bytes a batch of `rows` samples of `schema` takes. A packet camera's GOPs
+/// (`{camera}_packets`) are counted as one RGB frame of the camera per sample: a GOP of
+/// compressed frames that a sample ships, and which later samples share, stays within that
+/// unless its frames compress less than its length.
 pub fn batch_bytes(schema: &SchemaRef, rows: usize) -> u64 {
-    schema.fields().iter().map(|f| value_bytes(f.data_type())).sum::<u64>() * rows as u64
+    let row = |f: &arrow::datatypes::FieldRef| -> u64 {
+        let camera = f.name().strip_suffix(lake_loader::PACKETS_SUFFIX).and_then(|c| schema.field_with_name(c).ok());
+        match camera.and_then(|c| c.metadata().get("frame_shape")).and_then(|s| serde_json::from_str::<Vec<u64>>(s).ok()) {
+            Some(shape) => shape.iter().product(),
+            None => value_bytes(f.data_type()),
+        }
+    };
+    schema.fields().iter().map(row).sum::<u64>() * rows as u64
 }
 
 /// Counters exported at `/metrics`.

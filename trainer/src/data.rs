@@ -87,6 +87,36 @@ fn spec(request: &SampleRequest) -> views::SamplingSpec {
     }
 }
 
+impl Feed {
+    /// This feed with its packet batches (`frame_format: packets`) decoded by `decoder`, off the
+    /// async threads: the batches the frame path would have sent, and their schema.
+    ///
+    /// # Errors
+    /// [`Error::Data`] when the feed's schema is not one of packet batches the decoder reads.
+    pub fn decoded(self, decoder: Arc<lake_loader::PacketBatchDecoder>) -> Result<Self> {
+        let decoded_already = self.schema.fields().iter().find(|f| {
+            f.metadata().contains_key(lake_loader::LAYOUT) && f.metadata().get(lake_loader::PIXEL_FORMAT).is_none_or(|p| p != "packets")
+        });
+        if let Some(camera) = decoded_already {
+            return Err(Error::Data(format!(
+                "camera `{}` arrives decoded ({}), and this run decodes packets: the source ignored `frame_format: packets`",
+                camera.name(),
+                camera.metadata().get(lake_loader::PIXEL_FORMAT).map_or("rgb24", String::as_str)
+            )));
+        }
+        let schema = decoder.decoded_schema(&self.schema).map_err(data)?;
+        let batches = self.batches.and_then(move |batch| {
+            let decoder = decoder.clone();
+            async move {
+                tokio::task::spawn_blocking(move || decoder.decode(&batch).map_err(data))
+                    .await
+                    .map_err(|e| Error::Data(format!("the packet decoder stopped: {e}")))?
+            }
+        });
+        Ok(Self { schema, steps_per_epoch: self.steps_per_epoch, batches: Box::pin(batches) })
+    }
+}
+
 /// Opens the batches of `request` (checked first) from `source`; `lake` serves the in-process
 /// loader.
 ///

@@ -89,6 +89,8 @@ pub struct TrainOptions {
     pub eval: Option<EvalOptions>,
     /// How camera frames travel and where they become RGB.
     pub frames: Frames,
+    /// Where camera frames are decoded.
+    pub decode: Decode,
 }
 
 /// How a run's camera frames travel and where they become RGB. Both give the policy the same
@@ -104,6 +106,22 @@ pub enum Frames {
     Yuv420p {
         /// The GPU that converts; `None` for the CPU.
         gpu: Option<std::sync::Arc<lake_gpu::Gpu>>,
+    },
+}
+
+/// Where a run's camera frames are decoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Decode {
+    /// By the data side (the in-process loader, or the server): frames travel decoded, as
+    /// [`Frames`] says.
+    #[default]
+    Server,
+    /// Here, on the CPU: each camera's compressed packets travel (a small part of the frames'
+    /// bytes, and the server only reads them), and `threads` decode them (0: one per core) into
+    /// the frames the server would have sent, RGB or, with [`Frames::Yuv420p`], planes.
+    Cpu {
+        /// Decode threads (0: one per core).
+        threads: usize,
     },
 }
 
@@ -132,6 +150,7 @@ impl std::fmt::Debug for TrainOptions {
             .field("resume", &self.resume)
             .field("ranks", &self.collective.as_ref().map_or(1, |c| c.size()))
             .field("frames", &self.frames)
+            .field("decode", &self.decode)
             .finish_non_exhaustive()
     }
 }
@@ -209,13 +228,31 @@ async fn plan(options: &TrainOptions) -> Result<(SampleRequest, DatasetFacts)> {
     Ok((request, facts))
 }
 
-/// The windows a policy of `config` reads, with frames as `frames` says.
-fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64, frames: &Frames) {
+/// The windows a policy of `config` reads, with frames as `options` say.
+fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64, options: &TrainOptions) {
     request.delta_timestamps = Some(delta_timestamps_json(config, fps));
-    request.frame_format = match frames {
-        Frames::Rgb24 => lake_client::FrameFormat::Rgb24,
-        Frames::Yuv420p { .. } => lake_client::FrameFormat::Yuv420p,
+    request.frame_format = match (options.decode, &options.frames) {
+        (Decode::Cpu { .. }, _) => lake_client::FrameFormat::Packets,
+        (Decode::Server, Frames::Rgb24) => lake_client::FrameFormat::Rgb24,
+        (Decode::Server, Frames::Yuv420p { .. }) => lake_client::FrameFormat::Yuv420p,
     };
+}
+
+/// The batches of `request` for a run of `options`: its packets decoded here when the run
+/// decodes them.
+async fn open_frames(options: &TrainOptions, request: &SampleRequest) -> Result<Feed> {
+    let feed = open_feed(options.lake.as_ref(), request, &options.source, options.loader).await?;
+    match options.decode {
+        Decode::Server => Ok(feed),
+        Decode::Cpu { threads } => {
+            let format = match options.frames {
+                Frames::Rgb24 => lake_client::FrameFormat::Rgb24,
+                Frames::Yuv420p { .. } => lake_client::FrameFormat::Yuv420p,
+            };
+            let decoder = lake_loader::PacketBatchDecoder::new(format, threads).map_err(|e| Error::Data(e.to_string()))?;
+            feed.decoded(std::sync::Arc::new(decoder))
+        }
+    }
 }
 
 /// Batches made into a policy's tensors on its device by a task of their own, ahead of the steps
@@ -335,14 +372,14 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     if started_after >= options.steps {
         return Err(Error::Run(format!("the run is at step {started_after} already; ask for more --steps than that")));
     }
-    ask_for(&mut request, policy.config(), facts.fps, &options.frames);
+    ask_for(&mut request, policy.config(), facts.fps, &options);
     // The request's steps are the run's: a step of batch B reads the next B samples of the order.
     let probe = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     let steps_per_epoch = probe.steps_per_epoch;
     drop(probe);
     (request.epoch, request.start_step) = (started_after / steps_per_epoch, started_after % steps_per_epoch);
     request.limit_batches = Some(options.steps - started_after);
-    let feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
+    let feed = open_frames(&options, &request).await?;
     check_schema(&feed.schema, policy.config(), &options.frames)?;
     let mut batches = Prefetch::start(feed, policy.config().clone(), options.device, options.frames.clone());
     let eval_request = options.eval.as_ref().map(|e| {
@@ -494,9 +531,9 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
     let mut config = options.config.clone();
     config.set_features(&facts.features);
     config.validate()?;
-    ask_for(&mut request, &config, facts.fps, &options.frames);
+    ask_for(&mut request, &config, facts.fps, &options);
     request.limit_batches = Some(options.steps);
-    let feed = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
+    let feed = open_frames(&options, &request).await?;
     check_schema(&feed.schema, &config, &options.frames)?;
     let mut batches = Prefetch::start(feed, config, options.device, options.frames.clone());
     std::fs::create_dir_all(&options.out).map_err(Error::io(&options.out))?;
@@ -538,7 +575,7 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
 /// The held-out loss of `policy` over the batches of `request` (each rank its own, the mean over
 /// all), and the samples it covers.
 async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActPolicy) -> Result<(f64, u64)> {
-    let mut feed = open_feed(options.lake.as_ref(), request, &options.source, options.loader).await?;
+    let mut feed = open_frames(options, request).await?;
     check_schema(&feed.schema, policy.config(), &options.frames)?;
     let mut totals = [0.0, 0.0];
     while let Some(batch) = feed.batches.next().await {

@@ -974,9 +974,10 @@ def _refuse_unknown(owner: str, given: Sequence[str], valid: Sequence[str], refu
 
 
 def _rgb_cameras(schema: pa.Schema) -> set:
-    """The camera columns of `schema` that carry RGB frames (not YUV planes)."""
+    """The camera columns of `schema` that carry RGB frames (not YUV planes, nor packets' frame
+    numbers)."""
     metadata = [(f.name, f.metadata or {}) for f in schema]
-    return {name for name, meta in metadata if meta.get(b"layout") and meta.get(b"pixel_format") != b"yuv420p"}
+    return {name for name, meta in metadata if meta.get(b"layout") and meta.get(b"pixel_format", b"rgb24") == b"rgb24"}
 
 
 def _worker() -> tuple:
@@ -1083,6 +1084,12 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
             raise ValueError(f"epochs must be a whole number, 0 or more (None: endless), not {epochs!r}")
         if hasattr(request.get("episodes"), "__len__") and len(request["episodes"]) == 0:
             raise ValueError("episodes=[] selects no episode: leave it out (or None) to sample every episode")
+        if request.get("frame_format") == "packets":
+            raise ValueError(
+                'frame_format="packets" sends compressed GOPs for a trainer that decodes them (lake train '
+                '--decode cpu); a dataset yields frames: ask for "rgb24" or "yuv420p" (LakeClient.batches passes '
+                "packet batches through as they are)"
+            )
         super().__init__()
         self.location, self.token, self.local = location, token, local
         self.server_timeout_s = server_timeout_s

@@ -560,6 +560,21 @@ class YuvFrames(unittest.TestCase):
         np.testing.assert_array_equal(as_tensor.numpy(), on_cpu)
 
 
+    def test_packet_batches_pass_through_as_the_server_sends_them(self):
+        (batch,) = LakeClient(LOCATION, TOKEN).batches({**self.REQUEST, "frame_format": "packets", "limit_batches": 1})
+        cameras = [f for f in batch.schema if (f.metadata or {}).get(b"pixel_format") == b"packets"]
+        self.assertTrue(cameras)
+        for camera in cameras:
+            gops = batch.column(camera.name + "_packets")
+            self.assertEqual(gops.type.value_type.field("packets").type.value_type.field("data").type, pa.binary())
+            listed = gops.flatten()
+            frames = sum(len(g["frames"].as_py()) for g in listed)
+            column = batch.column(camera.name)
+            numbers = (column.flatten() if pa.types.is_fixed_size_list(column.type) else column).to_numpy()
+            # Every slot shows one of the frames its batch's GOPs give.
+            self.assertTrue(numbers.max() < frames, (numbers.max(), frames))
+
+
 class LeRobotLayout(unittest.TestCase):
     """`to_lerobot_layout`: uint8 HWC frames as float32 CHW, each value the uint8 / 255."""
 
@@ -876,6 +891,8 @@ class TorchDataset(unittest.TestCase):
         self.assertIn("arguments 'drop_lsat' (did you mean 'drop_last'?), 'batchsize' (did you mean 'batch_size'?)", said)
         with self.assertRaisesRegex(ValueError, r"frame_layout 'LeRobot' is not one of .*did you mean 'lerobot'"):
             self.make(location=nowhere, frame_layout="LeRobot")
+        with self.assertRaisesRegex(ValueError, r'frame_format="packets" sends compressed GOPs .*lake train --decode cpu'):
+            self.make(location=nowhere, frame_format="packets")
         # Every valid keyword is taken without a word from the server.
         self.make(location=nowhere, episodes=[0], drop_last=False, drop_n_first_frames=1, drop_n_last_frames=1,
                   frame_size=None, frame_format="yuv420p", epoch=0, start_step=0, frame_layout="lerobot")

@@ -43,6 +43,14 @@ pub struct TrainArgs {
     /// rgb24 otherwise).
     #[arg(long, default_value = "auto")]
     frames: String,
+    /// Where camera frames are decoded: `server` (by the loader or server; frames travel as
+    /// --frames says), or `cpu` (each camera's compressed packets travel, a small part of the
+    /// frames' bytes, and this process decodes them into the same frames on --decode-threads).
+    #[arg(long, default_value = "server", value_parser = ["server", "cpu"])]
+    decode: String,
+    /// Threads that decode packets with --decode cpu (0: one per core).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    decode_threads: usize,
     /// Precision: `fp32` (LeRobot's default), `bf16` (mixed precision: the forward passes under
     /// bfloat16 autocast, the parameters and optimizer in fp32), or `fp64` (to compare runs
     /// without float rounding). Checkpoints are f32 in every case.
@@ -168,6 +176,10 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         loader: Default::default(),
         collective,
         frames,
+        decode: match args.decode.as_str() {
+            "cpu" => lake_trainer::train::Decode::Cpu { threads: args.decode_threads },
+            _ => lake_trainer::train::Decode::Server,
+        },
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
             datasets: args.eval_dataset.clone(),
             every: args.eval_every,

@@ -208,3 +208,35 @@ pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     out.sort();
     out
 }
+
+/// `lake sample ARGS --frame-format packets --out OUT`: the packet batch, decoded as a trainer
+/// decodes it (lake-loader's `PacketBatchDecoder`), must equal `rgb`, the frame path's batch of
+/// the same samples, whole: schema, metadata and every byte. Decoded to planes it must equal
+/// `yuv` (the `yuv420p` batch) when given. Returns the IPC bytes of the packet batch and of the
+/// frame batch.
+pub fn packets_decode_to(root: &Path, args: &[&str], out: &Path, rgb: &RecordBatch, yuv: Option<&RecordBatch>) -> (usize, usize) {
+    use lake_loader::{FrameFormat, PacketBatchDecoder};
+    let out_arg = out.to_str().expect("utf-8");
+    let run = lake(root, &[args, &["--frame-format", "packets", "--out", out_arg]].concat());
+    assert_eq!(run.code, 0, "{run:#?}");
+    let packets = read_arrow(out);
+    let to_rgb = PacketBatchDecoder::new(FrameFormat::Rgb24, 2).expect("decoder");
+    assert_eq!(to_rgb.decoded_schema(&packets.schema()).expect("schema"), rgb.schema(), "{args:?}: the decoded schema");
+    let decoded = to_rgb.decode(&packets).expect("packets decode");
+    assert_eq!(decoded.schema(), rgb.schema(), "{args:?}: the schema of the decoded batch");
+    for (field, (got, want)) in rgb.schema().fields().iter().zip(decoded.columns().iter().zip(rgb.columns())) {
+        assert!(got == want, "{args:?}: column {} of the decoded packets differs from the frame path's", field.name());
+    }
+    if let Some(yuv) = yuv {
+        let planes = PacketBatchDecoder::new(FrameFormat::Yuv420p, 2).expect("decoder").decode(&packets).expect("packets decode");
+        assert!(&planes == yuv, "{args:?}: the packets decoded to planes differ from the yuv420p batch");
+    }
+    (ipc_bytes(&packets), ipc_bytes(rgb))
+}
+
+/// The bytes of `batch` as an Arrow IPC stream (what Flight and HTTP send, uncompressed).
+pub fn ipc_bytes(batch: &RecordBatch) -> usize {
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema()).expect("writer");
+    writer.write(batch).expect("write");
+    writer.into_inner().expect("finish").len()
+}

@@ -158,8 +158,30 @@ fn check_dataset(src: &Path, flags: &[&str], expected: &[i64]) -> tempfile::Temp
     assert!(strings(&steps, "task").iter().all(Option::is_some), "{name}: every step has its task");
 
     check_frames(&root, name, src, &info, &steps, &step_episodes, &want);
+    check_packets(&root, name, &info, &steps, &want);
     check_sql(&root, name, &info, expected, &want);
     tmp
+}
+
+/// The packets of a spread of steps, every camera with a window of three frames, decode on the
+/// consumer's side to the frame path's samples, byte for byte.
+fn check_packets(root: &Path, name: &str, info: &InfoJson, steps: &[arrow::array::RecordBatch], want: &[&SourceStep]) {
+    let cameras = packet_rows(steps);
+    if cameras.is_empty() {
+        return;
+    }
+    let dt = 1.0 / info.fps;
+    let windows: Vec<String> = cameras.iter().map(|(c, _)| format!("\"{c}\": [{}, 0.0, {dt}]", -dt)).collect();
+    let windows = format!("{{{}}}", windows.join(", "));
+    let indices: Vec<String> = want.iter().step_by((want.len() / 40).max(1)).map(|s| s.index.to_string()).collect();
+    let indices = indices.join(",");
+    let args = ["sample", "--dataset", name, "--indices", &indices, "--delta-timestamps", &windows];
+    let dir = root.parent().expect("parent");
+    let frames = dir.join(format!("{name}.windows.arrow"));
+    let run = lake(root, &[&args[..], &["--out", frames.to_str().expect("utf-8")]].concat());
+    assert_eq!(run.code, 0, "{run:#?}");
+    let rgb = crate::common::read_arrow(&frames);
+    crate::common::packets_decode_to(root, &args, &dir.join(format!("{name}.packets.arrow")), &rgb, None);
 }
 
 /// `lake sql` answers about the dataset equal facts computed here from the source files: steps
@@ -588,6 +610,10 @@ fn b_frame_streams_rebuild_every_frame() {
     let run = crate::common::lake(&root, &["sample", "--dataset", "bframes", "--indices", &indices.join(","), "--out", &s(&cached)]);
     assert_eq!(run.code, 0, "{run:#?}");
     assert!(crate::common::read_arrow(&cached) == got, "frames from the frame table differ from decoded ones");
+    // The same frames from the packets, decoded on the consumer's side.
+    let args = ["sample", "--dataset", "bframes", "--indices", &indices.join(","), "--frame-table", "off"];
+    let (shipped, decoded) = crate::common::packets_decode_to(&root, &args, &lake.path().join("packets.arrow"), &got, None);
+    assert!(shipped * 10 < decoded, "packets carry a tenth of the frames' bytes or less: {shipped} against {decoded}");
     for (camera, path) in [("observation.images.front", &front), ("observation.images.wrist", &wrist)] {
         let mut frames = lake_testkit::sequential_rgb(path);
         frames.sort_by_key(|f| f.0);

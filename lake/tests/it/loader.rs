@@ -182,6 +182,15 @@ fn check_dataset(source: &Path, flags: &[&str], frame_table: bool) {
         // The fixtures' and real datasets' videos are all 8-bit 4:2:0 at widths of 32s; only
         // pictures stored in the parquet stay RGB.
         assert!(planes > 0 || name.contains("images"), "{name}/{preset}: no camera sent as planes");
+        // Their packets, decoded on the consumer's side, are the same frames, byte for byte.
+        let dir = root.parent().expect("parent");
+        let rgb = read_arrow(&dir.join(format!("{name}.{preset}.arrow")));
+        let yuv = read_arrow(&dir.join(format!("{name}.{preset}.yuv.arrow")));
+        let indices: Vec<String> =
+            rgb.column_by_name("index").expect("index").as_primitive::<Int64Type>().values().iter().map(i64::to_string).collect();
+        let args = ["sample", "--dataset", name, "--indices", &indices.join(","), "--preset", preset];
+        let out = dir.join(format!("{name}.{preset}.packets.arrow"));
+        crate::common::packets_decode_to(&root, &args, &out, &rgb, Some(&yuv));
     }
     if frame_table {
         // Frames stored by `lake cache` are the decoded frames, byte for byte.
@@ -448,7 +457,7 @@ fn bad_sample_requests_are_refused_clearly() {
         (vec!["--indices", "1", "--delta-timestamps", r#"{"action": [0.01]}"#], "not a multiple of 1/30"),
         (vec!["--indices", "1", "--delta-timestamps", r#"{"nope": [0.0]}"#], "`nope` is not a feature"),
         (vec!["--indices", "1", "--preset", "pi0"], "unknown preset `pi0`"),
-        (vec!["--indices", "1", "--frame-format", "bgr24"], "unknown frame format `bgr24` (known: rgb24, yuv420p)"),
+        (vec!["--indices", "1", "--frame-format", "bgr24"], "unknown frame format `bgr24` (known: rgb24, yuv420p, packets)"),
         (
             vec!["--indices", "1", "--frame-format", "yuv420p", "--frame-size", "24x18"],
             "frames at 24x18 come from a frame table, which stores RGB",

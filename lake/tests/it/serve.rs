@@ -7,10 +7,12 @@ use std::{
     net::TcpStream,
     path::Path,
     process::{Child, Stdio},
+    sync::Arc,
 };
 
 use arrow::{
-    array::{AsArray, RecordBatch},
+    array::{ArrayRef, AsArray, RecordBatch},
+    datatypes::DataType,
     ipc::reader::StreamReader,
 };
 use arrow_flight::{FlightClient, FlightDescriptor};
@@ -269,7 +271,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
             (json!({"datasets": ["nope"]}), tonic::Code::NotFound, "nope"),
             (json!({"datasets": ["v30-av1-small"], "frame_size": "big"}), tonic::Code::InvalidArgument, "expected WIDTHxHEIGHT"),
             (json!({"datasets": ["v30-av1-small"], "frame_size": "16x16"}), tonic::Code::InvalidArgument, "no frame table of 16x16 frames"),
-            (json!({"datasets": ["v30-av1-small"], "frame_format": "bgr24"}), tonic::Code::InvalidArgument, "unknown frame format `bgr24` (known: rgb24, yuv420p)"),
+            (json!({"datasets": ["v30-av1-small"], "frame_format": "bgr24"}), tonic::Code::InvalidArgument, "unknown frame format `bgr24` (known: rgb24, yuv420p, packets)"),
             (json!({"datasets": ["v30-av1-small"], "frame_format": "yuv420p", "frame_size": "32x24"}), tonic::Code::InvalidArgument, "frames at 32x24 come from a frame table, which stores RGB"),
             (json!({"datasets": ["v30-av1-small"], "rank": 2, "world_size": 2}), tonic::Code::InvalidArgument, "outside a world"),
             (json!({"datasets": ["v30-av1-small"], "delta_timestamps": {"action": [0.01]}}), tonic::Code::InvalidArgument, "action"),
@@ -1597,4 +1599,82 @@ fn each_stream_leaves_an_access_log_line() {
             && log.contains("; complete"),
         "{log}"
     );
+}
+
+/// Packet batches (`frame_format: packets`): the same batches in process, over Flight, HTTP
+/// and shared memory, a mixture's too; decoded on the consumer's side they are the frame path's
+/// batches, and they are a small part of their bytes.
+#[test]
+fn packet_batches_travel_every_transport_and_decode_to_the_frames() {
+    use lake_loader::{FrameFormat, PacketBatchDecoder};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let server = start(&root);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let frames = json!({"datasets": ["v30-av1-small"], "preset": "diffusion", "batch_size": 8, "seed": 5, "limit_batches": 3});
+    let mixture = json!({"datasets": ["v30-av1-small=2", {"name": "v30-av1-small", "weight": 1}], "preset": "act", "batch_size": 8,
+        "seed": 5, "limit_batches": 2});
+    let decoder = PacketBatchDecoder::new(FrameFormat::Rgb24, 2).expect("decoder");
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+    for request in [frames, mixture] {
+        let mut packets = request.clone();
+        packets["frame_format"] = "packets".into();
+        let (want, shipped) = rt.block_on(async { (in_process(&root, &request).await, in_process(&root, &packets).await) });
+        let camera = shipped[0].schema().field_with_name("observation.images.front").expect("camera").clone();
+        assert_eq!(
+            (camera.metadata()["pixel_format"].as_str(), camera.data_type().is_nested()),
+            ("packets", request["preset"] == "diffusion")
+        );
+        for (batch, frames) in shipped.iter().zip(&want) {
+            assert!(&decoder.decode(batch).expect("decode") == frames, "{request}: decoded packets differ from the frame path");
+            let (p, f) = (crate::common::ipc_bytes(batch), crate::common::ipc_bytes(frames));
+            assert!(p * 20 < f, "{request}: a packet batch is {p} bytes against {f} of frames");
+        }
+        rt.block_on(async {
+            let mut client = flight_client(&server).await;
+            same_rows(&over_flight(&mut client, &packets).await.expect("flight"), &shipped, "packets over flight");
+            // Every batch is kept: a slot each.
+            let local = lake_client::LocalLoader::new(&server.local, Some(TOKEN.into())).with_slots(3);
+            let got: Vec<RecordBatch> = local.stream(&typed(&packets)).await.expect("local").try_collect().await.expect("batches");
+            same_rows(&got, &shipped, "packets over shared memory");
+        });
+        let (code, body) = http(&server.http, "POST", "/v1/sample", &headers, packets.to_string().as_bytes());
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+        same_rows(&arrow_batches(&body), &shipped, "packets over http");
+    }
+
+    // A batch whose GOPs do not decode fails naming the dataset, camera, episode and frame; one
+    // whose numbers point past its frames is refused.
+    let packets = json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 4, "seed": 5, "limit_batches": 1,
+        "frame_format": "packets"});
+    let batch = rt.block_on(in_process(&root, &packets)).remove(0);
+    let replaced = |name: &str, column: ArrayRef| {
+        let mut columns = batch.columns().to_vec();
+        columns[batch.schema().index_of(name).expect("column")] = column;
+        RecordBatch::try_new(batch.schema(), columns).expect("batch")
+    };
+    let gops = batch.column_by_name("observation.images.front_packets").expect("gops").as_list::<i32>().clone();
+    let structs = gops.values().as_struct();
+    let mut fields = structs.columns().to_vec();
+    let streams: Vec<String> = fields[1].as_string::<i32>().iter().map(|s| s.expect("stream").replace("\"av1\"", "\"h264\"")).collect();
+    fields[1] = Arc::new(arrow::array::StringArray::from(streams));
+    let structs = arrow::array::StructArray::try_new(structs.fields().clone(), fields, None).expect("gops");
+    let DataType::List(item) = arrow::array::Array::data_type(&gops).clone() else { unreachable!("a list") };
+    let gops = arrow::array::ListArray::try_new(item, gops.offsets().clone(), Arc::new(structs), None).expect("gops");
+    let e = decoder.decode(&replaced("observation.images.front_packets", Arc::new(gops))).expect_err("h264 decodes no AV1");
+    let (episode, frame) = (
+        batch["episode_index"].as_primitive::<arrow::datatypes::Int64Type>(),
+        batch["frame_index"].as_primitive::<arrow::datatypes::Int64Type>(),
+    );
+    let said = e.to_string();
+    assert!(said.contains("v30-av1-small@1") && said.contains("observation.images.front"), "{said}");
+    assert!(
+        (0..4).any(|r| said.contains(&format!("episode {}", episode.value(r))) && said.contains(&format!("frame {}", frame.value(r)))),
+        "{said}"
+    );
+    let past = Arc::new(arrow::array::UInt32Array::from(vec![0, 1, 2, 99]));
+    let e = decoder.decode(&replaced("observation.images.front", past)).expect_err("frame 99");
+    assert!(e.to_string().contains("packet camera `observation.images.front`: frame 99 of a batch whose GOPs give"), "{e}");
 }

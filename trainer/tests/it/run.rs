@@ -45,6 +45,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         collective: None,
         eval: None,
         frames: Default::default(),
+        decode: Default::default(),
     }
 }
 
@@ -246,29 +247,37 @@ fn a_run_without_a_model_takes_the_batches_a_run_would_train_on() {
     assert!(refused.expect_err("unknown dataset").to_string().contains("no-such-dataset"));
 }
 
-/// A run fed the decoder's YUV planes, which the trainer converts (here on the CPU, by the GPU
-/// kernel's twin), ends with the weights of the run fed RGB frames, byte for byte: the planes
-/// become the loader's RGB to the bit. The dataset's three H.264 cameras all travel as planes.
+/// Runs fed the decoder's YUV planes, which the trainer converts (here on the CPU, by the GPU
+/// kernel's twin), or the cameras' packets, which the trainer decodes (into RGB, or into planes
+/// it converts), end with the weights of the run fed RGB frames, byte for byte: every path
+/// gives the loader's RGB to the bit. The dataset's three H.264 cameras all travel as planes.
 #[test]
-fn a_run_fed_yuv_planes_ends_as_the_run_fed_rgb_frames() {
+fn runs_fed_yuv_planes_or_packets_end_as_the_run_fed_rgb_frames() {
+    use lake_trainer::train::{Decode, Frames};
     let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().expect("tmp");
     let source = fixture_dir().with_file_name("v30-h264-multifile");
     let lake = lake_with(tmp.path(), &source);
-    let planes = lake_trainer::train::Frames::Yuv420p { gpu: None };
-    let on = |name: &str, frames| TrainOptions {
+    let on = |name: &str, frames, decode| TrainOptions {
         datasets: vec!["v30-h264-multifile".into()],
         batch_size: 4,
         frames,
+        decode,
         ..options(&lake, &tmp.path().join(name), 4)
     };
-    let (_, rgb) = run(on("rgb", lake_trainer::train::Frames::Rgb24));
-    let (_, yuv) = run(on("yuv", planes));
+    let (_, rgb) = run(on("rgb", Frames::Rgb24, Decode::Server));
     let losses = |steps: &[StepRecord]| steps.iter().map(|s| s.loss).collect::<Vec<_>>();
-    assert_eq!(losses(&yuv), losses(&rgb));
     let weights =
         |name: &str| std::fs::read(tmp.path().join(name).join("checkpoints/000004/pretrained_model/model.safetensors")).expect("weights");
-    assert!(weights("yuv") == weights("rgb"), "the weights differ");
+    for (name, frames, decode) in [
+        ("yuv", Frames::Yuv420p { gpu: None }, Decode::Server),
+        ("packets", Frames::Rgb24, Decode::Cpu { threads: 2 }),
+        ("packets-yuv", Frames::Yuv420p { gpu: None }, Decode::Cpu { threads: 2 }),
+    ] {
+        let (_, steps) = run(on(name, frames, decode));
+        assert_eq!(losses(&steps), losses(&rgb), "{name}");
+        assert!(weights(name) == weights("rgb"), "{name}: the weights differ");
+    }
     // The planes did travel: a sample of the same request as planes has yuv420p cameras.
     let request = lake_client::SampleRequest {
         frame_format: lake_client::FrameFormat::Yuv420p,
