@@ -41,11 +41,13 @@
 #       same batches, batch size and workers (the shared tool bench-lancedb-loader.py);
 #     - lake: `lake bench --preset act` with frames decoded from packets, in-memory frame cache
 #       off (the cold path), the cold path again with frames sent as the decoder's YUV planes
-#       (`--frame-format yuv420p`: the trainer converts them to LeRobot's RGB on its GPU), the
-#       cache on, then, when the binary has `lake cache`, frames read from the stored frame table.
+#       (`--frame-format yuv420p`: the trainer converts them to LeRobot's RGB on its GPU), packets
+#       for the trainer to decode (`--frame-format packets`: the server's side, and the CPU a
+#       consumer spends decoding them), the cache on, then, when the binary has `lake cache`,
+#       frames read from the stored frame table.
 #  5. Prints one table (bench/lerobot/report.py): samples/s, CPU ms per sample, samples per
 #     CPU-second, the ratio to LeRobot 0.4.4 of both, peak RSS, lake's decode-bound limit and
-#     copy floor. With --json FILE (or LAKE_BENCH_JSON) it also writes every number as JSON
+#     copy floor, and the bytes of a sample (lake's on the wire). With --json FILE (or LAKE_BENCH_JSON) it also writes every number as JSON
 #     (the shared tools' whole reports for the newer peers).
 #
 # Options (environment variable in brackets):
@@ -212,6 +214,13 @@ if "$LAKE_BIN" bench --help | grep -q -- '--frame-format'; then
   report_args+=(--lake-cold-yuv "$work/lake-cold-yuv.json")
 else
   report_args+=(--skipped "lake, cold, YUV planes: $LAKE_BIN has no --frame-format")
+fi
+if "$LAKE_BIN" bench --help | grep -q -- 'packets'; then
+  log "lake: packets (each camera's GOPs, for the trainer to decode)"
+  lake_bench --cache off "${frame_table_off[@]}" --frame-format packets >"$work/lake-packets.json"
+  report_args+=(--lake-packets "$work/lake-packets.json")
+else
+  report_args+=(--skipped "lake, packets: $LAKE_BIN has no --frame-format packets")
 fi
 log "lake: cache on (frames decoded ahead kept in it)"
 lake_bench --cache on "${frame_table_off[@]}" >"$work/lake-cache.json"

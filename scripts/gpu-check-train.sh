@@ -9,8 +9,10 @@
 #                                           # FFmpeg, no network): the checks, a report on stdout
 #
 # `run` checks, each with the lake binary's own commands:
-#  0. `lake gpu`: the driver, NVRTC, NCCL and NVDEC found, and lake's colour kernel on the GPU
-#     against its CPU twin (64 frames of 640x480, byte for byte, and its time a batch);
+#  0. `lake gpu`: the driver, NVRTC, NCCL and NVDEC found, what NVDEC decodes (H.264, HEVC and
+#     AV1 at 8 and 10 bits: engines, sizes, and whether 128x96, 640x480 and 1920x1080 decode), and
+#     lake's colour kernel on the GPU against its CPU twin (64 frames of 640x480, byte for byte,
+#     and its time a batch);
 #  1. one ACT step on CUDA against the same step on the CPU (fp32, same weights and batch): the
 #     loss of each, and the largest difference between the two checkpoints' parameters;
 #  2. bf16 mixed precision trains on CUDA (the loss over 40 steps);

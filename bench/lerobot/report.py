@@ -2,15 +2,16 @@
 
 Reads LeRobot's report (``run_lerobot.py``), optionally those of the shared tools for LeRobot
 0.6.1 (``bench-lerobot-loader.py``) and LeRobot + Lance (``bench-lancedb-loader.py``), and up
-to four ``lake bench --json`` reports (frames decoded from packets with the in-memory cache off,
-as RGB and as YUV planes, and on, and frames read from the stored frame table), prints one
+to five ``lake bench --json`` reports (frames decoded from packets with the in-memory cache off,
+as RGB and as YUV planes, and on; packets sent for the consumer to decode; and frames read from
+the stored frame table), prints one
 table, and optionally writes everything as one JSON object. Every ratio is to the first
 LeRobot report. Standard library only.
 
 Usage::
 
     python report.py --lerobot L.json [--lerobot061 N.json] [--lancedb D.json] [--lance-convert V.json]
-        --lake-cold A.json [--lake-cold-yuv Y.json] [--lake-cache B.json]
+        --lake-cold A.json [--lake-cold-yuv Y.json] [--lake-packets P.json] [--lake-cache B.json]
         [--lake-frame-table C.json] [--skipped 'row: reason'] [--title TEXT] [--json-out OUT.json]
 """
 
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--lance-convert", type=Path, help="JSON with lance_root and the seconds lerobot-lance-convert took")
     ap.add_argument("--lake-cold", type=Path, required=True)
     ap.add_argument("--lake-cold-yuv", type=Path, help="the cold path with frames as YUV planes")
+    ap.add_argument("--lake-packets", type=Path, help="packets sent for the consumer to decode (frame_format packets)")
     ap.add_argument("--lake-cache", type=Path)
     ap.add_argument("--lake-frame-table", type=Path)
     ap.add_argument("--frame-table-build", type=Path, help="JSON with seconds and the output of `lake cache`")
@@ -84,6 +86,7 @@ def main() -> None:
     for label, key, path in (
         ("lake, cold (packets)", "lake_cold", args.lake_cold),
         ("lake, cold, YUV planes", "lake_cold_yuv", args.lake_cold_yuv),
+        ("lake, packets (server side)", "lake_packets", args.lake_packets),
         ("lake, cache on (ahead)", "lake_cache_on", args.lake_cache),
         ("lake, frame table", "lake_frame_table", args.lake_frame_table),
     ):
@@ -101,7 +104,8 @@ def main() -> None:
     width = max(28, *(len(label) for label, _, _ in rows))
     head = (
         f"{'loader':<{width}} {'samples/s':>9} {'CPU ms/sample':>13} {'samples/CPU-s':>13} {'x CPU':>6} "
-        f"{'x wall':>6} {'peak RSS MB':>11} {'bound ms/s.':>11} {'% of bound':>10} {'copy ms/s.':>10} {'first ms':>8}"
+        f"{'x wall':>6} {'peak RSS MB':>11} {'bound ms/s.':>11} {'% of bound':>10} {'copy ms/s.':>10} {'first ms':>8} "
+        f"{'MB/sample':>9}"
     )
     print(head)
     results = {}
@@ -114,7 +118,8 @@ def main() -> None:
             f"{label:<{width}} {fmt(num(r, 'samples_per_s'), '.1f', 9)} {fmt(num(r, 'cpu_ms_per_sample'), '.2f', 13)} "
             f"{fmt(spcs, '.1f', 13)} {fmt(x_cpu, '.1f', 5)}x {fmt(x_wall, '.1f', 5)}x "
             f"{fmt(num(r, 'peak_rss_mb'), '.0f', 11)} {fmt(bound, '.2f', 11)} {fmt(frac, '.0f', 9)}% "
-            f"{fmt(num(r, 'copy_ms_per_sample'), '.4f', 10)} {fmt(num(r, 'first_batch_ms'), '.0f', 8)}"
+            f"{fmt(num(r, 'copy_ms_per_sample'), '.4f', 10)} {fmt(num(r, 'first_batch_ms'), '.0f', 8)} "
+            f"{fmt(num(r, 'wire_bytes_per_sample') / 1e6 if 'wire_bytes_per_sample' in r else num(r, 'sample_bytes') / 1e6, '.3f', 9)}"
         )
         results[key] = {**r, "x_lerobot_samples_per_cpu_s": x_cpu, "x_lerobot_samples_per_s": x_wall}
     for label, key, r in peers:
@@ -138,6 +143,17 @@ def main() -> None:
             "LeRobot's exact RGB on its GPU (lake_client.frames_to_rgb; docs/gpu-checks.md: about 1.1 ms of GPU time "
             "per 32 frames of 640x480 on an H100); their bound is the decoders plus the plane copy."
         )
+    if args.lake_packets:
+        pk = load(args.lake_packets)
+        print(
+            "  packets: each camera's compressed GOPs, for the trainer to decode into the same frames (lake train "
+            "--decode cpu); the row is the server's side. The consumer's decode of the same batches into RGB took "
+            f"{fmt(num(pk, 'consumer_decode_ms_per_sample'), '.2f', 1)} CPU ms per sample on one thread."
+        )
+    print(
+        "  MB/sample: lake's, as an Arrow IPC stream sends a sample (Flight, HTTP; uncompressed); LeRobot's, the "
+        "tensors its DataLoader hands the trainer."
+    )
     for s in args.skipped:
         print(f"  not run: {s}")
     build = load(args.frame_table_build)

@@ -14,7 +14,7 @@ use crate::{Error, Result};
 
 /// A GPU with lake's kernels loaded.
 pub struct Gpu {
-    context: Arc<CudaContext>,
+    pub(crate) context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     colour: CudaFunction,
 }

@@ -13,6 +13,8 @@
 //!   NVRTC and loaded once per device.
 //! - [`check`]: what the machine has (driver, devices, NVRTC, NCCL, NVDEC), and the colour
 //!   kernel run on a device against its twin.
+//! - [`nvdec`]: what the GPU's video decode engine decodes, asked of the device per codec, bit
+//!   depth and size.
 //!
 //! Kernels are compiled with `--fmad=false`: CUDA would otherwise contract a multiply and an add
 //! into one fused operation, rounding once where the twin rounds twice.
@@ -21,6 +23,7 @@ pub mod check;
 pub mod colour;
 mod device;
 mod error;
+pub mod nvdec;
 
 pub use device::{Gpu, compile_kernels, nvrtc_version};
 pub use error::{Error, Result};

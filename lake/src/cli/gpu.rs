@@ -29,6 +29,9 @@ pub async fn gpu(args: GpuArgs) -> anyhow::Result<ExitCode> {
     tokio::task::spawn_blocking(move || check(&args)).await?
 }
 
+/// Frame sizes NVDEC is asked about: the bundled samples' wrist and main cameras, and full HD.
+const SIZES: [(u32, u32); 3] = [(128, 96), (640, 480), (1920, 1080)];
+
 fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
     let probe = lake_gpu::check::probe();
     let version = |v: Option<(i32, i32)>| v.map_or_else(|| "not found".to_owned(), |(a, b)| format!("{a}.{b}"));
@@ -38,12 +41,23 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
         Err(why) => format!("none: {why}"),
     };
     let matrix = lake_codec::YuvToRgb::for_colorspace(5, false);
-    let checked = match &probe.devices {
-        Ok(n) if *n > args.device => Some(lake_gpu::Gpu::open(args.device).and_then(|gpu| {
-            let name = gpu.name()?;
-            lake_gpu::check::colour_check(&gpu, args.frames, args.width, args.height, &matrix, 20).map(|c| (name, c))
-        })),
+    let opened = match &probe.devices {
+        Ok(n) if *n > args.device => Some(lake_gpu::Gpu::open(args.device)),
         _ => None,
+    };
+    let checked = opened.as_ref().map(|gpu| {
+        let gpu = gpu.as_ref().map_err(|e| lake_gpu::Error::Unavailable(e.to_string()))?;
+        let name = gpu.name()?;
+        lake_gpu::check::colour_check(gpu, args.frames, args.width, args.height, &matrix, 20).map(|c| (name, c))
+    });
+    // NVDEC's answers for each codec and bit depth, and whether the sizes lake's samples
+    // record decode there.
+    let caps: Vec<(lake_gpu::nvdec::Codec, u32, Result<lake_gpu::nvdec::DecoderCaps, String>)> = match (&opened, probe.nvdec) {
+        (Some(Ok(gpu)), true) => lake_gpu::nvdec::Codec::ALL
+            .into_iter()
+            .flat_map(|codec| [8, 10].map(|bits| (codec, bits, gpu.decoder_caps(codec, bits).map_err(|e| e.to_string()))))
+            .collect(),
+        _ => Vec::new(),
     };
     let passed = matches!(&checked, Some(Ok((_, c))) if c.rgb24_equal && c.float32_equal);
     if args.json {
@@ -59,6 +73,15 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
             "devices": probe.devices.as_ref().ok(), "devices_error": probe.devices.as_ref().err(),
             "nvrtc": probe.nvrtc.map(|(a, b)| format!("{a}.{b}")), "nccl": probe.nccl, "nvdec": probe.nvdec,
             "colour_check": colour, "passed": passed,
+            "nvdec_caps": caps.iter().map(|(codec, bits, c)| match c {
+                Ok(c) => serde_json::json!({
+                    "codec": codec.ffmpeg_name(), "bit_depth": bits, "supported": c.supported, "engines": c.engines,
+                    "max_width": c.max_width, "max_height": c.max_height, "max_macroblocks": c.max_macroblocks,
+                    "min_width": c.min_width, "min_height": c.min_height, "output_formats": c.output_formats,
+                    "sizes": SIZES.iter().map(|&(w, h)| serde_json::json!({"width": w, "height": h, "decodes": c.fits(w, h).is_ok()})).collect::<Vec<_>>(),
+                }),
+                Err(e) => serde_json::json!({"codec": codec.ffmpeg_name(), "bit_depth": bits, "error": e}),
+            }).collect::<Vec<_>>(),
         });
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
     } else {
@@ -66,6 +89,29 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
         outln!("NVRTC: {}", version(probe.nvrtc))?;
         outln!("NCCL: {nccl}")?;
         outln!("NVDEC (libnvcuvid.so.1): {}", if probe.nvdec { "found" } else { "not found" })?;
+        for (codec, bits, c) in &caps {
+            let line = match c {
+                Ok(c) if !c.supported => "not decoded".to_owned(),
+                Ok(c) => {
+                    let sizes: Vec<String> = SIZES
+                        .iter()
+                        .map(|&(w, h)| format!("{w}x{h} {}", if c.fits(w, h).is_ok() { "yes" } else { "no" }))
+                        .collect();
+                    format!(
+                        "{} engine{}, {}x{} to {}x{}; {}",
+                        c.engines,
+                        if c.engines == 1 { "" } else { "s" },
+                        c.min_width,
+                        c.min_height,
+                        c.max_width,
+                        c.max_height,
+                        sizes.join(", ")
+                    )
+                }
+                Err(e) => e.clone(),
+            };
+            outln!("  NVDEC {} {bits}-bit: {line}", codec.ffmpeg_name())?;
+        }
         match &checked {
             Some(Ok((name, c))) => outln!(
                 "device {} ({name}): {} frames of {}x{} YUV 4:2:0 to RGB24 {} and to normalised float32 {} the CPU's; {:.3} ms a batch ({:.0} frames/s)",
