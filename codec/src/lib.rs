@@ -13,6 +13,8 @@
 //!   out as YUV 4:2:0 planes with the integers that convert them ([`YuvToRgb`]);
 //!   [`RgbResizer`] scales RGB frames for frame tables.
 //! - [`Mp4Writer`]: packets written back into an mp4 without re-encoding.
+//! - [`nvdec`]: the same decoders with the GPU's NVDEC engine behind them (FFmpeg's CUDA
+//!   hwaccel), frames left in GPU memory as NV12 surfaces for lake-gpu's kernel.
 //!
 //! ```
 //! use lake_codec::{StreamConfig, StreamDecoder};
@@ -34,6 +36,7 @@ mod decode;
 mod demux;
 mod error;
 mod mux;
+pub mod nvdec;
 mod pixels;
 
 pub use ffmpeg_next as ffmpeg;

@@ -99,3 +99,35 @@ pub fn colour_check(gpu: &Gpu, frames: usize, width: u32, height: u32, matrix: &
     }
     Ok(ColourCheck { frames, width, height, rgb24_equal: equal[0], float32_equal: equal[1], ms_per_batch })
 }
+
+/// The RGB24 frames of NV12 `surfaces` (NVDEC's, in this GPU's memory) as lake's kernel makes
+/// them, copied to the host: one launch per surface layout, in the order given.
+///
+/// # Errors
+/// [`crate::Error::Driver`] when the device fails.
+pub fn surfaces_to_rgb(gpu: &Gpu, surfaces: &[lake_codec::nvdec::DeviceFrame], matrix: &YuvToRgb) -> Result<Vec<Vec<u8>>> {
+    let mut out: Vec<Vec<u8>> = vec![Vec::new(); surfaces.len()];
+    let mut layouts: Vec<(u32, u32, u32, u64)> = surfaces.iter().map(|s| (s.width, s.height, s.pitch, s.chroma_offset)).collect();
+    layouts.sort_unstable();
+    layouts.dedup();
+    let stream = gpu.stream();
+    for (width, height, pitch, uv_offset) in layouts {
+        let members: Vec<usize> = (0..surfaces.len())
+            .filter(|&i| (surfaces[i].width, surfaces[i].height, surfaces[i].pitch, surfaces[i].chroma_offset) == (width, height, pitch, uv_offset))
+            .collect();
+        let geometry = Geometry { width, height, layout: Layout::Nv12 { pitch, uv_offset } };
+        let addresses: Vec<u64> = members.iter().map(|&i| surfaces[i].luma).collect();
+        let frame_bytes = Target::Rgb24.bytes(1, width, height);
+        let rgb = stream.alloc_zeros::<u8>(frame_bytes * members.len())?;
+        let (rgb_ptr, _write) = rgb.device_ptr(stream);
+        // SAFETY: the surfaces are NV12 frames of this geometry in this GPU's memory, held by
+        // `surfaces` until after the synchronisation; the output holds every frame's RGB.
+        unsafe { gpu.convert(&addresses, geometry, matrix, Target::Rgb24, rgb_ptr) }?;
+        gpu.synchronize()?;
+        let host = stream.clone_dtoh(&rgb)?;
+        for (frame, &i) in host.chunks_exact(frame_bytes).zip(&members) {
+            out[i] = frame.to_vec();
+        }
+    }
+    Ok(out)
+}

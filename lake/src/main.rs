@@ -234,7 +234,7 @@ fn main() -> ExitCode {
                     Command::Export(args) => cli::export::export(&cli.lake, args).await,
                     Command::Serve(args) => cli::serve::serve(&cli.lake, args).await,
                     Command::Train(args) => cli::train::train(&cli.lake, args).await,
-                    Command::Gpu(args) => cli::gpu::gpu(args).await,
+                    Command::Gpu(args) => cli::gpu::gpu(&cli.lake, args).await,
                 };
                 match result {
                     Err(e) => Err(explain::explained(&root, e).await),
