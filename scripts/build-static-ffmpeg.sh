@@ -17,6 +17,9 @@
 #  - demuxer mov (mp4), muxer mp4 (`lake export`), protocol file;
 #  - libswscale, and libavfilter with buffer, buffersink, scale and format (the filter graph
 #    that converts frames as LeRobot's reader does);
+#  - NVDEC for h264, hevc and av1 (FFmpeg's CUDA hwaccel: the driver's libraries are loaded at
+#    run time, so the binary still runs without them), from Debian's MIT ffnvcodec headers
+#    (libffmpeg-nvenc-dev);
 #  - zlib (PNG) from the system (static libz.a, zlib1g-dev), dav1d built static here;
 #  - TurboJPEG: Debian's static libturbojpeg.a and its header, copied into the prefix (lake's
 #    JPEG decoder; turbojpeg-sys links it with TURBOJPEG_SOURCE=explicit).
@@ -33,7 +36,7 @@ ffmpeg_version="$(dpkg-query -W -f '${Version}' libavcodec-dev 2>/dev/null || tr
 dav1d_version="$(dpkg-query -W -f '${Version}' libdav1d-dev 2>/dev/null || dpkg-query -W -f '${Version}' libdav1d6)"
 [ -n "$ffmpeg_version" ] || { echo "libavcodec-dev is not installed: scripts/setup.sh installs it" >&2; exit 1; }
 # The recipe's version: raise it when the configure flags below change.
-recipe=1
+recipe=2
 stamp="ffmpeg $ffmpeg_version dav1d $dav1d_version recipe $recipe"
 
 # TurboJPEG's static library and header, next to FFmpeg's.
@@ -56,6 +59,7 @@ for tool in dpkg-source:dpkg-dev nasm:nasm meson:meson ninja:ninja-build; do
   command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
 done
 [ -f /usr/lib/x86_64-linux-gnu/libz.a ] || missing+=(zlib1g-dev)
+[ -f /usr/include/ffnvcodec/dynlink_cuviddec.h ] || missing+=(libffmpeg-nvenc-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "missing: ${missing[*]} (apt-get install ${missing[*]})" >&2
   exit 1
@@ -103,6 +107,7 @@ ffmpeg_src="$(find "$work" -maxdepth 1 -type d -name 'ffmpeg-*' | head -1)"
     --enable-static --disable-shared --enable-pic --disable-programs --disable-doc --disable-debug \
     --disable-autodetect --disable-everything --disable-network --disable-avdevice --disable-swresample \
     --disable-postproc --enable-zlib --enable-libdav1d \
+    --enable-ffnvcodec --enable-cuda --enable-nvdec --enable-hwaccel=h264_nvdec,hevc_nvdec,av1_nvdec \
     --enable-decoder=h264,hevc,mpeg4,vp9,av1,libdav1d,png,mjpeg \
     --enable-parser=h264,hevc,mpeg4video,vp9,av1,png,mjpeg \
     --enable-demuxer=mov --enable-muxer=mp4 --enable-protocol=file \

@@ -13,6 +13,10 @@
 #     AV1 at 8 and 10 bits: engines, sizes, and whether 128x96, 640x480 and 1920x1080 decode), and
 #     lake's colour kernel on the GPU against its CPU twin (64 frames of 640x480, byte for byte,
 #     and its time a batch);
+#  0b. `lake gpu --dataset`: frames decoded on NVDEC (made RGB by lake's kernel) against the
+#     loader's, byte for byte, with NVDEC's and the CPU's frames/s: the AV1 fixture (where NVDEC
+#     has AV1), the bundled H.264 sample, and the bundled H.264/HEVC sample with B-frames (its
+#     widths are not multiples of 32: lake's kernel does not convert them, which it says);
 #  1. one ACT step on CUDA against the same step on the CPU (fp32, same weights and batch): the
 #     loss of each, and the largest difference between the two checkpoints' parameters;
 #  2. bf16 mixed precision trains on CUDA (the loss over 40 steps);
@@ -20,7 +24,10 @@
 #     480x640 and 96x128 cameras, batch 8 and 64, and the data path alone (--policy none) at
 #     both batch sizes;
 #  4. NCCL with world size 1: torchrun starts one rank that sums its gradients through NCCL
-#     (--backend nccl), against the same steps without a collective.
+#     (--backend nccl), against the same steps without a collective;
+#  5. --decode gpu (NVDEC where the stream allows, the CPU into planes elsewhere, lake's kernel)
+#     against --decode server: the same 4 steps must end with the same weights, on the H.264
+#     sample and the AV1 fixture, and the data path alone at batch 64 with each.
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
 # LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
 #
@@ -54,6 +61,12 @@ pack() {
     esac
   done
   "$bin" --lake "$dir/lake" ingest "$fixture" --name bench >"$dir/ingest.txt"
+  # H.264 at widths lake's kernel converts, and H.264 and HEVC with B-frames, for NVDEC.
+  local repo
+  repo="$(cd "$(dirname "$0")/.." && pwd)"
+  for sample in v30-h264-multifile v30-bframes; do
+    "$bin" --lake "$dir/lake" ingest "$repo/testdata/lerobot/$sample" >>"$dir/ingest.txt"
+  done
   # The strongest zstd level with a 128 MiB window: the binary alone goes from 50 MB at -19 to
   # 46 MB, which keeps binary and lake under the 64 MiB a device call carries.
   tar -C "$(dirname "$dir")" -cf - "$(basename "$dir")" | zstd -q --ultra -22 --long=27 -T0 -o "$dir.tar.zst" -f
@@ -94,6 +107,10 @@ run() {
 
   echo "== 0. lake gpu"
   "${lake[0]}" gpu || echo "(lake gpu exited $?)"
+  echo "== 0b. NVDEC frames against the loader's (AV1 480x640 + 96x128; H.264; HEVC and H.264 with B-frames)"
+  for dataset in bench v30-h264-multifile v30-bframes; do
+    "${lake[@]}" gpu --dataset "$dataset" --steps 96 | grep '^NVDEC ' || echo "(lake gpu --dataset $dataset exited $?)"
+  done
 
   echo "== 1. one ACT step, $device against cpu (fp32)"
   for run in cpu:reference "$device:checked"; do
@@ -153,6 +170,28 @@ losses = [[json.loads(l)["loss"] for l in open(f"{r}/train_log.jsonl")] for r in
 print("losses without a collective:", [round(x, 6) for x in losses[0]])
 print("losses through NCCL:        ", [round(x, 6) for x in losses[1]])
 EOF
+  else
+    echo "(skipped: no GPU)"
+  fi
+
+  echo "== 5. --decode gpu against --decode server on $device (the same steps, the same weights expected)"
+  if [ "$device" = cuda ]; then
+    for dataset in v30-h264-multifile bench; do
+      for decode in server gpu; do
+        "${lake[@]}" train --dataset "$dataset" --steps 4 --batch-size 8 --seed 3 --device cuda --frames yuv420p --decode "$decode" \
+          --log-every 1 --out "$out/decode-$dataset-$decode" >"$out/decode-$dataset-$decode.txt" 2>&1 ||
+          tail -5 "$out/decode-$dataset-$decode.txt"
+      done
+      a="$out/decode-$dataset-server/checkpoints/000004/pretrained_model/model.safetensors"
+      b="$out/decode-$dataset-gpu/checkpoints/000004/pretrained_model/model.safetensors"
+      if cmp -s "$a" "$b"; then echo "$dataset: the same weights, byte for byte"; else echo "$dataset: the weights DIFFER"; fi
+      grep -h "decodes on the CPU" "$out/decode-$dataset-gpu.txt" | sort -u | head -3
+      echo "-- $dataset, the data path alone, batch 64: server, then gpu"
+      for decode in server gpu; do
+        "${lake[@]}" train --dataset "$dataset" --policy none --steps "$steps" --batch-size 64 --device cuda --frames yuv420p \
+          --decode "$decode" --log-every "$steps" --out "$out/feed-$dataset-$decode" 2>&1 | tail -2
+      done
+    done
   else
     echo "(skipped: no GPU)"
   fi

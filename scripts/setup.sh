@@ -10,7 +10,7 @@ set -euo pipefail
 
 packages=(pkg-config make gcc clang libclang-dev protobuf-compiler libprotobuf-dev ffmpeg python3 python3-venv
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
-  libavfilter-dev libavdevice-dev libturbojpeg0-dev libopenmpi-dev openmpi-bin libgloo-dev)
+  libavfilter-dev libavdevice-dev libturbojpeg0-dev libopenmpi-dev openmpi-bin libgloo-dev libffmpeg-nvenc-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -113,7 +113,9 @@ pub fn surfaces_to_rgb(gpu: &Gpu, surfaces: &[lake_codec::nvdec::DeviceFrame], m
     let stream = gpu.stream();
     for (width, height, pitch, uv_offset) in layouts {
         let members: Vec<usize> = (0..surfaces.len())
-            .filter(|&i| (surfaces[i].width, surfaces[i].height, surfaces[i].pitch, surfaces[i].chroma_offset) == (width, height, pitch, uv_offset))
+            .filter(|&i| {
+                (surfaces[i].width, surfaces[i].height, surfaces[i].pitch, surfaces[i].chroma_offset) == (width, height, pitch, uv_offset)
+            })
             .collect();
         let geometry = Geometry { width, height, layout: Layout::Nv12 { pitch, uv_offset } };
         let addresses: Vec<u64> = members.iter().map(|&i| surfaces[i].luma).collect();

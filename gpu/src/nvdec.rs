@@ -112,7 +112,10 @@ impl DecoderCaps {
         }
         let macroblocks = u64::from(width.div_ceil(16)) * u64::from(height.div_ceil(16));
         if macroblocks > u64::from(self.max_macroblocks) {
-            return Err(format!("{width}x{height} is {macroblocks} macroblocks, over the {} NVDEC decodes {what} with", self.max_macroblocks));
+            return Err(format!(
+                "{width}x{height} is {macroblocks} macroblocks, over the {} NVDEC decodes {what} with",
+                self.max_macroblocks
+            ));
         }
         Ok(())
     }
@@ -143,7 +146,8 @@ fn library() -> std::result::Result<&'static (libloading::Library, GetDecoderCap
             // SAFETY: loading the driver's NVDEC library runs no initialiser beyond its own; the
             // symbol has the signature `dynlink_cuviddec.h` declares.
             unsafe {
-                let library = libloading::Library::new("libnvcuvid.so.1").map_err(|e| format!("no NVDEC library (libnvcuvid.so.1): {e}"))?;
+                let library =
+                    libloading::Library::new("libnvcuvid.so.1").map_err(|e| format!("no NVDEC library (libnvcuvid.so.1): {e}"))?;
                 let query = *library
                     .get::<GetDecoderCaps>(b"cuvidGetDecoderCaps\0")
                     .map_err(|e| format!("libnvcuvid.so.1 has no cuvidGetDecoderCaps: {e}"))?;
@@ -167,7 +171,10 @@ impl Gpu {
         // device's context is current on this thread, as the query needs.
         let status = unsafe { query(&mut raw) };
         if status != 0 {
-            return Err(Error::Driver(format!("cuvidGetDecoderCaps({} {bit_depth}-bit) failed with CUresult {status}", codec.ffmpeg_name())));
+            return Err(Error::Driver(format!(
+                "cuvidGetDecoderCaps({} {bit_depth}-bit) failed with CUresult {status}",
+                codec.ffmpeg_name()
+            )));
         }
         Ok(DecoderCaps::from_raw(codec, bit_depth, &raw))
     }

@@ -62,7 +62,7 @@ pub use crate::{
     frame_writer::{FrameTableReport, write_frame_table},
     frames::{FRAMES, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
-    packets::{PACKETS_SUFFIX, PacketBatchDecoder, gops_type},
+    packets::{PACKETS_SUFFIX, PacketBatchDecoder, PacketCamera, ShippedGop, gops_type},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, FrameColumn, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

@@ -319,14 +319,32 @@ impl std::fmt::Debug for PacketBatchDecoder {
     }
 }
 
-/// A GOP of a packet batch as the decoder reads it.
-struct ShippedGop<'a> {
-    camera: usize,
-    dataset: &'a str,
-    stream: &'a str,
-    packets: Vec<(i64, i64, bool, &'a [u8])>,
-    /// `(pts, packets row, episode, frame)` of each wanted frame.
-    frames: Vec<(i64, u64, i64, i64)>,
+/// A GOP of a packet batch, borrowed from it.
+#[derive(Debug, Clone)]
+pub struct ShippedGop<'a> {
+    /// The dataset it comes from, `name@version`.
+    pub dataset: &'a str,
+    /// Its stream's codec facts, as JSON ([`ShippedGop::stream_config`]).
+    pub stream: &'a str,
+    /// `(pts, dts, keyframe flag, bytes)` from the keyframe on, in decode order.
+    pub packets: Vec<(i64, i64, bool, &'a [u8])>,
+    /// `(pts, packets row, episode, frame)` of each wanted frame, in numbering order.
+    pub frames: Vec<(i64, u64, i64, i64)>,
+}
+
+impl ShippedGop<'_> {
+    /// The codec facts a decoder of this GOP opens from (frames as RGB: set `yuv` for planes).
+    ///
+    /// # Errors
+    /// [`Error::Request`] when the stream is not a stream configuration.
+    pub fn stream_config(&self) -> Result<StreamConfig> {
+        serde_json::from_str(self.stream).map_err(|e| Error::request(format!("a GOP's stream is not a stream configuration: {e}")))
+    }
+
+    /// The pts of the wanted frames, in numbering order.
+    pub fn wanted(&self) -> Vec<i64> {
+        self.frames.iter().map(|f| f.0).collect()
+    }
 }
 
 impl PacketBatchDecoder {
@@ -420,27 +438,26 @@ impl PacketBatchDecoder {
         for &i in &cameras {
             let field = schema.field(i);
             let (out, yuv) = self.frame_field(field, &schema)?;
-            let column = batch.column_by_name(&format!("{}{PACKETS_SUFFIX}", field.name())).expect("checked by frame_field");
-            shipped.push(CameraGops::new(out, yuv, column.as_list::<i32>()));
+            shipped.push(CameraGops { out, yuv, shipped: PacketCamera::of(batch, field.name())? });
         }
         let mut gops = Vec::new();
         for (c, camera) in shipped.iter().enumerate() {
-            camera.gops(c, &mut gops)?;
+            gops.extend(camera.shipped.gops()?.into_iter().map(|g| (c, g)));
         }
         let decoded: Vec<Vec<Vec<u8>>> =
-            self.pool.install(|| gops.par_iter().map(|g| self.decode_gop(g, &shipped[g.camera])).collect::<Result<_>>())?;
+            self.pool.install(|| gops.par_iter().map(|(c, g)| self.decode_gop(g, &shipped[*c])).collect::<Result<_>>())?;
         // Each camera's frames, numbered in the order its GOPs are listed.
         let mut frames: Vec<Vec<&[u8]>> = vec![Vec::new(); cameras.len()];
-        for (g, made) in gops.iter().zip(&decoded) {
-            frames[g.camera].extend(made.iter().map(Vec::as_slice));
+        for ((c, _), made) in gops.iter().zip(&decoded) {
+            frames[*c].extend(made.iter().map(Vec::as_slice));
         }
         let mut replaced: HashMap<usize, (Field, ArrayRef)> = HashMap::new();
         for ((&i, camera), frames) in cameras.iter().zip(&shipped).zip(&frames) {
             let out = &camera.out;
-            let numbers = frame_numbers(batch.column(i));
+            let numbers = camera.shipped.numbers();
             let frame_bytes = frames.first().map_or(0, |f| f.len());
             let mut values = Vec::with_capacity(numbers.len() * frame_bytes);
-            for n in numbers.values() {
+            for n in numbers {
                 let frame = frames.get(*n as usize).ok_or_else(|| {
                     Error::request(format!("packet camera `{}`: frame {n} of a batch whose GOPs give {}", out.name(), frames.len()))
                 })?;
@@ -480,14 +497,12 @@ impl PacketBatchDecoder {
         let mut decoder = match pooled {
             Some(d) => d,
             None => {
-                let mut config: StreamConfig =
-                    serde_json::from_str(gop.stream).map_err(|e| fail(format!("the GOP's stream is not a stream configuration: {e}")))?;
+                let mut config = gop.stream_config().map_err(|e| fail(e.to_string()))?;
                 config.yuv = yuv;
                 StreamDecoder::open(&config).map_err(|e| fail(e.to_string()))?
             }
         };
-        let wanted: Vec<i64> = gop.frames.iter().map(|f| f.0).collect();
-        let made = decoder.decode(&gop.packets, &wanted).map_err(|e| fail(e.to_string()))?;
+        let made = decoder.decode(&gop.packets, &gop.wanted()).map_err(|e| fail(e.to_string()))?;
         let idle = decoder.idle_bytes();
         self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put(key, decoder, idle);
         Ok(made.into_iter().map(|f| f.data).collect())
@@ -499,17 +514,50 @@ impl PacketBatchDecoder {
 struct CameraGops {
     out: Field,
     yuv: Option<YuvToRgb>,
-    listed: ListArray,
+    shipped: PacketCamera,
 }
 
-impl CameraGops {
-    fn new(out: Field, yuv: Option<YuvToRgb>, listed: &ListArray) -> Self {
-        Self { out, yuv, listed: listed.clone() }
+/// A camera of a packet batch, for a consumer that decodes its GOPs itself (on a GPU, say): its
+/// GOPs in the order its frames are numbered, and the frame number of each sample's slots.
+#[derive(Debug, Clone)]
+pub struct PacketCamera {
+    name: String,
+    listed: ListArray,
+    numbers: UInt32Array,
+}
+
+impl PacketCamera {
+    /// Camera `name` of packet batch `batch`.
+    ///
+    /// # Errors
+    /// [`Error::Request`] when `batch` has no packet camera of that name.
+    pub fn of(batch: &RecordBatch, name: &str) -> Result<Self> {
+        let bad = |m: &str| Error::request(format!("packet camera `{name}`: {m}"));
+        let schema = batch.schema();
+        let field = schema.field_with_name(name).map_err(|_| bad("no such column"))?;
+        if !is_packet_camera(field) {
+            return Err(bad("the column does not carry packets"));
+        }
+        let gops = batch.column_by_name(&format!("{name}{PACKETS_SUFFIX}")).ok_or_else(|| bad("no column of GOPs"))?;
+        if gops.data_type() != &gops_type() {
+            return Err(bad("its GOPs are not of the packet batch type"));
+        }
+        let numbers = frame_numbers(batch.column_by_name(name).expect("the field's column"));
+        Ok(Self { name: name.to_string(), listed: gops.as_list::<i32>().clone(), numbers })
     }
 
-    /// Appends this camera's GOPs (camera `c` of the batch) to `gops`, in the order listed.
-    fn gops<'a>(&'a self, c: usize, gops: &mut Vec<ShippedGop<'a>>) -> Result<()> {
-        let bad = |m: String| Error::request(format!("packet camera `{}`: {m}", self.out.name()));
+    /// The number, among the batch's frames of this camera, of the frame each slot shows
+    /// (sample-major).
+    pub fn numbers(&self) -> &[u32] {
+        self.numbers.values()
+    }
+
+    /// The GOPs, in the order their frames are numbered.
+    ///
+    /// # Errors
+    /// [`Error::Request`] for a GOP without packets or frames.
+    pub fn gops(&self) -> Result<Vec<ShippedGop<'_>>> {
+        let bad = |m: String| Error::request(format!("packet camera `{}`: {m}", self.name));
         let structs = self.listed.values().as_struct();
         let text = |name: &'static str| structs.column_by_name(name).expect("typed").as_string::<i32>();
         let list = |name: &'static str| structs.column_by_name(name).expect("typed").as_list::<i32>();
@@ -520,6 +568,7 @@ impl CameraGops {
         let (fpts, frow) = (f.column(0).as_primitive::<Int64Type>(), f.column(1).as_primitive::<UInt64Type>());
         let (fep, fidx) = (f.column(2).as_primitive::<Int64Type>(), f.column(3).as_primitive::<Int64Type>());
         let offsets = self.listed.value_offsets();
+        let mut gops = Vec::new();
         for g in offsets[0] as usize..offsets[self.listed.len()] as usize {
             let packet_range = packets.value_offsets()[g] as usize..packets.value_offsets()[g + 1] as usize;
             let frame_range = frames.value_offsets()[g] as usize..frames.value_offsets()[g + 1] as usize;
@@ -527,14 +576,13 @@ impl CameraGops {
                 return Err(bad(format!("GOP {g} has no {}", if packet_range.is_empty() { "packets" } else { "frames" })));
             }
             gops.push(ShippedGop {
-                camera: c,
                 dataset: datasets.value(g),
                 stream: streams.value(g),
                 packets: packet_range.map(|k| (pts.value(k), dts.value(k), keys.value(k), data.value(k))).collect(),
                 frames: frame_range.map(|k| (fpts.value(k), frow.value(k), fep.value(k), fidx.value(k))).collect(),
             });
         }
-        Ok(())
+        Ok(gops)
     }
 }
 

@@ -61,6 +61,8 @@ pub mod act;
 #[cfg(feature = "torch")]
 pub mod collective;
 #[cfg(feature = "torch")]
+pub mod gpu_decode;
+#[cfg(feature = "torch")]
 pub mod train;
 
 pub use crate::config::{

@@ -123,6 +123,11 @@ pub enum Decode {
         /// Decode threads (0: one per core).
         threads: usize,
     },
+    /// On the GPU that converts the run's frames ([`Frames::Yuv420p`] with a GPU): each
+    /// camera's packets travel, NVDEC decodes them where the stream allows and the CPU into
+    /// planes elsewhere, and lake-gpu's kernel makes the RGB in the batch's tensor
+    /// ([`crate::gpu_decode`]).
+    Gpu,
 }
 
 /// Held-out evaluation: every `every` steps and at the end, the policy's loss in eval mode (no
@@ -232,7 +237,7 @@ async fn plan(options: &TrainOptions) -> Result<(SampleRequest, DatasetFacts)> {
 fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64, options: &TrainOptions) {
     request.delta_timestamps = Some(delta_timestamps_json(config, fps));
     request.frame_format = match (options.decode, &options.frames) {
-        (Decode::Cpu { .. }, _) => lake_client::FrameFormat::Packets,
+        (Decode::Cpu { .. } | Decode::Gpu, _) => lake_client::FrameFormat::Packets,
         (Decode::Server, Frames::Rgb24) => lake_client::FrameFormat::Rgb24,
         (Decode::Server, Frames::Yuv420p { .. }) => lake_client::FrameFormat::Yuv420p,
     };
@@ -243,7 +248,8 @@ fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64, options: &
 async fn open_frames(options: &TrainOptions, request: &SampleRequest) -> Result<Feed> {
     let feed = open_feed(options.lake.as_ref(), request, &options.source, options.loader).await?;
     match options.decode {
-        Decode::Server => Ok(feed),
+        // Packets of a GPU run are decoded where their tensors are made (`camera_tensor`).
+        Decode::Server | Decode::Gpu => Ok(feed),
         Decode::Cpu { threads } => {
             let format = match options.frames {
                 Frames::Rgb24 => lake_client::FrameFormat::Rgb24,
@@ -632,11 +638,16 @@ fn check_schema(schema: &arrow::datatypes::Schema, config: &ActConfig, frames: &
         let field = schema.field_with_name(&name).map_err(|_| Error::Features(format!("the batches have no column `{name}`")))?;
         let format = field.metadata().get(lake_loader::PIXEL_FORMAT);
         let planes_read = matches!(frames, Frames::Yuv420p { .. });
-        if format.is_some_and(|f| f != "rgb24" && !(planes_read && f == "yuv420p")) {
+        let packets_read = matches!(frames, Frames::Yuv420p { gpu: Some(_) });
+        if format.is_some_and(|f| f != "rgb24" && !(planes_read && f == "yuv420p") && !(packets_read && f == "packets")) {
             return Err(Error::Features(format!(
                 "camera `{name}` travels as {}; the trainer reads {}",
                 format.map_or("", |f| f),
-                if planes_read { "rgb24 or yuv420p" } else { "rgb24" }
+                match (planes_read, packets_read) {
+                    (_, true) => "rgb24, yuv420p or packets",
+                    (true, false) => "rgb24 or yuv420p",
+                    (false, false) => "rgb24",
+                }
             )));
         }
     }
@@ -650,18 +661,39 @@ fn camera_tensor(batch: &RecordBatch, name: &str, frames: &Frames) -> Result<Ten
 
     let schema = batch.schema();
     let field = schema.field_with_name(name).map_err(|_| Error::Batch(format!("no column `{name}`")))?;
-    if field.metadata().get(lake_loader::PIXEL_FORMAT).is_none_or(|f| f != "yuv420p") {
+    let format = field.metadata().get(lake_loader::PIXEL_FORMAT).map(String::as_str);
+    if format.is_none_or(|f| f != "yuv420p" && f != "packets") {
         return column_tensor(batch, name);
     }
     let Frames::Yuv420p { gpu } = frames else {
-        return Err(Error::Batch(format!("camera `{name}` travels as yuv420p planes, and this run reads rgb24")));
+        return Err(Error::Batch(format!("camera `{name}` travels as {}, and this run reads rgb24", format.unwrap_or_default())));
     };
-    let metadata =
-        |key: &str| field.metadata().get(key).ok_or_else(|| Error::Batch(format!("camera `{name}`: yuv420p planes without `{key}`")));
+    let metadata = |key: &str| {
+        field.metadata().get(key).ok_or_else(|| {
+            Error::Batch(format!(
+                "camera `{name}`: {} without `{key}` (its frames do not convert with lake's kernel: decode them on the data side or the CPU)",
+                format.unwrap_or_default()
+            ))
+        })
+    };
     let bad = |key: &str, e: serde_json::Error| Error::Batch(format!("camera `{name}`: `{key}`: {e}"));
     let [height, width, _]: [u32; 3] = serde_json::from_str(metadata("frame_shape")?).map_err(|e| bad("frame_shape", e))?;
     let matrix: lake_gpu::YuvToRgb =
         serde_json::from_str(metadata(lake_loader::YUV_TO_RGB)?).map_err(|e| bad(lake_loader::YUV_TO_RGB, e))?;
+    if format == Some("packets") {
+        let Some(gpu) = gpu else {
+            return Err(Error::Batch(format!("camera `{name}` travels as packets, which this run decodes on a GPU it does not have")));
+        };
+        let frames = crate::gpu_decode::GpuDecoders::of(gpu).camera(batch, name, width, height, &matrix)?;
+        let slots = frames.size()[0];
+        let rows = batch.num_rows() as i64;
+        // A window's slots become its time dimension, as the RGB column's shape has it.
+        return Ok(if slots == rows {
+            frames
+        } else {
+            frames.reshape([rows, slots / rows.max(1), i64::from(height), i64::from(width), 3])
+        });
+    }
     let geometry = Geometry { width, height, layout: Layout::Yuv420p };
     let planes = column_tensor(batch, name)?;
     let (rows, bytes) = (planes.size()[0], geometry.frame_bytes());

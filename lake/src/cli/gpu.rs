@@ -83,14 +83,21 @@ async fn nvdec_frames(root: &str, name: &str, device: usize, steps: usize) -> an
         }
         let gops: Vec<Gop> = gops
             .into_iter()
-            .map(|((stream, start), w)| Gop { stream, rows: (start..=*w.last().expect("a row")).collect(), wanted: w.into_iter().collect() })
+            .map(|((stream, start), w)| Gop {
+                stream,
+                rows: (start..=*w.last().expect("a row")).collect(),
+                wanted: w.into_iter().collect(),
+            })
             .collect();
         let needed: BTreeSet<u64> = gops.iter().flat_map(|g| g.rows.iter().copied()).collect();
         let needed: Vec<u64> = needed.into_iter().collect();
         let bytes: std::collections::HashMap<u64, _> = needed.iter().copied().zip(ds.packet_bytes(&needed).await?).collect();
         let index = &ds.packets;
         let packets = |g: &Gop| -> Vec<(i64, i64, bool, &[u8])> {
-            g.rows.iter().map(|&r| (index.pts[r as usize], index.dts[r as usize], index.container_keyframe[r as usize], bytes[&r].as_ref())).collect()
+            g.rows
+                .iter()
+                .map(|&r| (index.pts[r as usize], index.dts[r as usize], index.container_keyframe[r as usize], bytes[&r].as_ref()))
+                .collect()
         };
         let pts = |g: &Gop| -> Vec<i64> { g.wanted.iter().map(|&r| index.pts[r as usize]).collect() };
         let config = |stream: u32| ds.streams.get(&stream).cloned().ok_or_else(|| anyhow::anyhow!("no stream {stream}"));
@@ -139,8 +146,13 @@ async fn nvdec_frames(root: &str, name: &str, device: usize, steps: usize) -> an
             outln!("NVDEC {what}: not decoded there ({why}); the CPU decodes it at {cpu_fps:.0} frames/s per core")?;
             continue;
         }
-        let matrix = lake_codec::YuvToRgb::for_stream(first.params.pix_fmt.as_deref(), first.params.color_space.as_deref(), camera.width, camera.height)
-            .ok_or_else(|| anyhow::anyhow!("{}: its frames do not convert with lake's kernel", camera.key))?;
+        let matrix = lake_codec::YuvToRgb::for_stream(
+            first.params.pix_fmt.as_deref(),
+            first.params.color_space.as_deref(),
+            camera.width,
+            camera.height,
+        )
+        .ok_or_else(|| anyhow::anyhow!("{}: its frames do not convert with lake's kernel", camera.key))?;
         let rgb = lake_gpu::check::surfaces_to_rgb(&gpu, &surfaces, &matrix)?;
         let by_row: std::collections::HashMap<u64, &Vec<u8>> = order.iter().copied().zip(&rgb).collect();
         let (mut equal, mut largest) = (0usize, 0u8);
@@ -226,10 +238,8 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
             let line = match c {
                 Ok(c) if !c.supported => "not decoded".to_owned(),
                 Ok(c) => {
-                    let sizes: Vec<String> = SIZES
-                        .iter()
-                        .map(|&(w, h)| format!("{w}x{h} {}", if c.fits(w, h).is_ok() { "yes" } else { "no" }))
-                        .collect();
+                    let sizes: Vec<String> =
+                        SIZES.iter().map(|&(w, h)| format!("{w}x{h} {}", if c.fits(w, h).is_ok() { "yes" } else { "no" })).collect();
                     format!(
                         "{} engine{}, {}x{} to {}x{}; {}",
                         c.engines,

@@ -44,9 +44,12 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto")]
     frames: String,
     /// Where camera frames are decoded: `server` (by the loader or server; frames travel as
-    /// --frames says), or `cpu` (each camera's compressed packets travel, a small part of the
-    /// frames' bytes, and this process decodes them into the same frames on --decode-threads).
-    #[arg(long, default_value = "server", value_parser = ["server", "cpu"])]
+    /// --frames says), `cpu` (each camera's compressed packets travel, a small part of the
+    /// frames' bytes, and this process decodes them into the same frames on --decode-threads),
+    /// or `gpu` (with --device cuda: the packets decode on the GPU's NVDEC where the stream
+    /// allows, on the CPU into planes elsewhere, and lake's kernel makes the RGB in the batch's
+    /// tensor).
+    #[arg(long, default_value = "server", value_parser = ["server", "cpu", "gpu"])]
     decode: String,
     /// Threads that decode packets with --decode cpu (0: one per core).
     #[arg(long, default_value_t = 0, value_name = "N")]
@@ -114,7 +117,12 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         other => anyhow::bail!("unknown policy `{other}`: lake trains `act`, and `none` measures the data path without a model"),
     };
     let (collective, local_rank) = ranks(&args.backend, args.device == "cuda")?;
-    let frames = frames(&args.frames, args.device == "cuda", local_rank)?;
+    let frames = match args.decode.as_str() {
+        "gpu" if args.device != "cuda" => anyhow::bail!("--decode gpu decodes on the run's GPU: add --device cuda"),
+        // The packets become RGB through the kernel, on the GPU they decode on.
+        "gpu" => frames("yuv420p", true, local_rank).context("--decode gpu")?,
+        _ => frames(&args.frames, args.device == "cuda", local_rank)?,
+    };
     let device = match args.device.as_str() {
         "cpu" => tch::Device::Cpu,
         "cuda" if lake_trainer::act::cuda_is_available() => tch::Device::Cuda(local_rank as usize),
@@ -178,6 +186,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         frames,
         decode: match args.decode.as_str() {
             "cpu" => lake_trainer::train::Decode::Cpu { threads: args.decode_threads },
+            "gpu" => lake_trainer::train::Decode::Gpu,
             _ => lake_trainer::train::Decode::Server,
         },
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {

@@ -162,13 +162,16 @@ fn a_run_fed_by_lake_serve_ends_as_the_in_process_run_ends() {
         ("in-process", BatchSource::InProcess),
         ("flight", BatchSource::Flight { url: server.flight.clone(), token: None }),
         ("local", BatchSource::Local { path: server.local.clone(), token: None }),
+        // Packets over shared memory, decoded here.
+        ("local-packets", BatchSource::Local { path: server.local.clone(), token: None }),
     ];
     let mut weights = Vec::new();
     for (name, source) in runs {
         let out = tmp.path().join(name);
         // Over Flight the trainer reads no lake: the server gives the datasets' facts.
         let own_lake = (name != "flight").then(|| lake.clone());
-        let (_, steps) = run(TrainOptions { source, lake: own_lake, ..options(&lake, &out, 6) });
+        let decode = if name.ends_with("packets") { lake_trainer::train::Decode::Cpu { threads: 2 } } else { Default::default() };
+        let (_, steps) = run(TrainOptions { source, lake: own_lake, decode, ..options(&lake, &out, 6) });
         assert_eq!(steps.len(), 6, "{name}");
         weights.push((name, std::fs::read(out.join("checkpoints/000006/pretrained_model/model.safetensors")).expect("weights")));
     }
@@ -290,4 +293,20 @@ fn runs_fed_yuv_planes_or_packets_end_as_the_run_fed_rgb_frames() {
         .expect("a feed");
     let cameras = feed.schema.fields().iter().filter(|f| f.metadata().get("pixel_format").is_some_and(|p| p == "yuv420p")).count();
     assert_eq!(cameras, 3, "{:?}", feed.schema);
+}
+
+/// `--decode gpu` decodes on the run's GPU: without `--device cuda` it is refused, saying so.
+#[test]
+fn decoding_on_the_gpu_needs_a_cuda_run() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let exe = std::env::current_exe().expect("test path");
+    let bin = exe.parent().and_then(Path::parent).map(|d| d.join("lake")).expect("target dir");
+    let out = std::process::Command::new(&bin)
+        .args(["--lake", tmp.path().join("lake").to_str().expect("utf-8"), "train", "--dataset", "any", "--steps", "1", "--decode", "gpu"])
+        .arg("--out")
+        .arg(tmp.path().join("run"))
+        .output()
+        .expect("run lake train");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("--decode gpu decodes on the run's GPU: add --device cuda"), "{said}");
 }
