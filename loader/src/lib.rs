@@ -39,6 +39,7 @@ mod dataset;
 mod error;
 mod frame_writer;
 mod frames;
+mod idle;
 mod lookahead;
 mod packets;
 mod sampler;
@@ -53,9 +54,7 @@ pub use lake_codec::{PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, yuv420p_bytes};
 pub use lake_schemas::{FrameFormat, FrameSize};
 
 pub use crate::{
-    batch::{
-        DATASET_INDEX, DEFAULT_CACHE_MIB, DTYPE, DecodeBound, DecodeStats, GopJob, LAYOUT, Loader, LoaderOptions, Resources, SHAPE, Spawned,
-    },
+    batch::{DATASET_INDEX, DEFAULT_CACHE_MIB, DecodeBound, DecodeStats, GopJob, Loader, LoaderOptions, Resources, Spawned},
     cache::{CacheStats, Frame, FrameCache, FrameKey},
     dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex},
     error::{Error, Result},
@@ -64,7 +63,7 @@ pub use crate::{
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
     packets::{PACKETS_SUFFIX, PacketBatchDecoder, PacketCamera, ShippedGop, gops_type},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
-    samples::{BatchColumn, FrameColumn, SampleBatch},
+    samples::{BatchColumn, DTYPE, FrameColumn, LAYOUT, SHAPE, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},
     stream::{BatchStream, LoadedBatch, StreamRequest, cursors, load, load_samples_with, load_with, stream, stream_with},
     usage::{ProcessUsage, process_usage},

@@ -31,9 +31,9 @@ use rayon::prelude::*;
 
 use crate::{
     Error, Result,
-    batch::{DTYPE, IDLE_DECODER_BYTES_PER_THREAD, IdlePool, LAYOUT, SHAPE},
     dataset::{Camera, LoaderDataset},
-    samples::{BatchColumn, SampleBatch, camera_array},
+    idle::{IDLE_DECODER_BYTES_PER_THREAD, IdlePool},
+    samples::{BatchColumn, DTYPE, LAYOUT, SHAPE, SampleBatch, camera_array},
 };
 
 /// The suffix of the column that carries a camera's GOPs in a packet batch (`{camera}_packets`).

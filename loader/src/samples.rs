@@ -22,6 +22,14 @@ use arrow::{
 
 use crate::cache::Frame;
 
+/// Field metadata key: the sample value's shape as JSON (`[50, 6]`, `[2, 96, 128, 3]`).
+pub const SHAPE: &str = "shape";
+/// Field metadata key: the element dtype (`float32`, `uint8`, `bool`, …).
+pub const DTYPE: &str = "dtype";
+/// Field metadata key on camera columns: `HWC`, or `THWC` with a time window (a video
+/// camera's window of one offset is `HWC`, as in LeRobot).
+pub const LAYOUT: &str = "layout";
+
 /// A batch of samples: the loader's schema, and a column per field.
 #[derive(Debug, Clone)]
 pub struct SampleBatch {
