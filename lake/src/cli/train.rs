@@ -105,6 +105,14 @@ pub struct TrainArgs {
     token: Option<String>,
 }
 
+/// Refuses arguments that contradict each other, whatever the build.
+fn check_args(args: &TrainArgs) -> anyhow::Result<()> {
+    if args.decode == "gpu" && args.device != "cuda" {
+        anyhow::bail!("--decode gpu decodes on the run's GPU: add --device cuda");
+    }
+    Ok(())
+}
+
 /// Runs `lake train`.
 #[cfg(feature = "torch")]
 pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
@@ -117,8 +125,8 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         other => anyhow::bail!("unknown policy `{other}`: lake trains `act`, and `none` measures the data path without a model"),
     };
     let (collective, local_rank) = ranks(&args.backend, args.device == "cuda")?;
+    check_args(&args)?;
     let frames = match args.decode.as_str() {
-        "gpu" if args.device != "cuda" => anyhow::bail!("--decode gpu decodes on the run's GPU: add --device cuda"),
         // The packets become RGB through the kernel, on the GPU they decode on.
         "gpu" => frames("yuv420p", true, local_rank).context("--decode gpu")?,
         _ => frames(&args.frames, args.device == "cuda", local_rank)?,
@@ -349,7 +357,8 @@ fn ranks(backend: &str, cuda: bool) -> anyhow::Result<(Option<Box<dyn lake_train
 
 /// `lake train` in a build without libtorch: says how to get one.
 #[cfg(not(feature = "torch"))]
-pub async fn train(_root: &str, _args: TrainArgs) -> anyhow::Result<ExitCode> {
+pub async fn train(_root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
+    check_args(&args)?;
     anyhow::bail!(
         "this lake was built without libtorch, which `lake train` runs on. Build it with the `torch` feature against PyPI's torch 2.11.0: \
          `py=$(scripts/torch-env.sh)`, then `LIBTORCH_USE_PYTORCH=1 PATH=$(dirname $py):$PATH cargo build --release -p lake --features torch`, \

@@ -665,4 +665,8 @@ fn train_without_libtorch_says_how_to_build_it() {
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("built without libtorch") && run.stderr.contains("scripts/torch-env.sh"), "{}", run.stderr);
     assert!(!out.exists());
+    // Arguments that contradict each other are refused first, whatever the build.
+    let run =
+        crate::common::lake(&root, &["train", "--dataset", "x", "--steps", "1", "--decode", "gpu", "--out", out.to_str().expect("utf-8")]);
+    assert!(run.code == 2 && run.stderr.contains("--decode gpu decodes on the run's GPU: add --device cuda"), "{}", run.stderr);
 }

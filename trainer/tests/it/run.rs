@@ -294,19 +294,3 @@ fn runs_fed_yuv_planes_or_packets_end_as_the_run_fed_rgb_frames() {
     let cameras = feed.schema.fields().iter().filter(|f| f.metadata().get("pixel_format").is_some_and(|p| p == "yuv420p")).count();
     assert_eq!(cameras, 3, "{:?}", feed.schema);
 }
-
-/// `--decode gpu` decodes on the run's GPU: without `--device cuda` it is refused, saying so.
-#[test]
-fn decoding_on_the_gpu_needs_a_cuda_run() {
-    let tmp = tempfile::tempdir().expect("tmp");
-    let exe = std::env::current_exe().expect("test path");
-    let bin = exe.parent().and_then(Path::parent).map(|d| d.join("lake")).expect("target dir");
-    let out = std::process::Command::new(&bin)
-        .args(["--lake", tmp.path().join("lake").to_str().expect("utf-8"), "train", "--dataset", "any", "--steps", "1", "--decode", "gpu"])
-        .arg("--out")
-        .arg(tmp.path().join("run"))
-        .output()
-        .expect("run lake train");
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && said.contains("--decode gpu decodes on the run's GPU: add --device cuda"), "{said}");
-}
