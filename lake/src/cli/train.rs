@@ -46,10 +46,10 @@ pub struct TrainArgs {
     /// Where camera frames are decoded: `server` (by the loader or server; frames travel as
     /// --frames says), `cpu` (each camera's compressed packets travel, a small part of the
     /// frames' bytes, and this process decodes them into the same frames on --decode-threads),
-    /// or `gpu` (with --device cuda: the packets decode on the GPU's NVDEC where the stream
+    /// `gpu` (with --device cuda: the packets decode on the GPU's NVDEC where the stream
     /// allows, on the CPU into planes elsewhere, and lake's kernel makes the RGB in the batch's
-    /// tensor).
-    #[arg(long, default_value = "server", value_parser = ["server", "cpu", "gpu"])]
+    /// tensor), or `auto` (gpu on a cuda run whose GPU runs lake's kernel, server otherwise).
+    #[arg(long, default_value = "server", value_parser = ["server", "cpu", "gpu", "auto"])]
     decode: String,
     /// Threads that decode packets with --decode cpu (0: one per core).
     #[arg(long, default_value_t = 0, value_name = "N")]
@@ -126,10 +126,22 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     };
     let (collective, local_rank) = ranks(&args.backend, args.device == "cuda")?;
     check_args(&args)?;
-    let frames = match args.decode.as_str() {
+    // `auto` decodes on the GPU where lake's kernel runs there.
+    let on_gpu = match args.decode.as_str() {
+        "gpu" => true,
+        "auto" if args.device == "cuda" => match lake_gpu::Gpu::open(usize::try_from(local_rank).unwrap_or(usize::MAX)) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("--decode auto: frames decode on the data side: lake's colour kernel cannot run here ({e})");
+                false
+            }
+        },
+        _ => false,
+    };
+    let frames = match on_gpu {
         // The packets become RGB through the kernel, on the GPU they decode on.
-        "gpu" => frames("yuv420p", true, local_rank).context("--decode gpu")?,
-        _ => frames(&args.frames, args.device == "cuda", local_rank)?,
+        true => frames("yuv420p", true, local_rank).context("--decode gpu")?,
+        false => frames(&args.frames, args.device == "cuda", local_rank)?,
     };
     let device = match args.device.as_str() {
         "cpu" => tch::Device::Cpu,
@@ -194,7 +206,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         frames,
         decode: match args.decode.as_str() {
             "cpu" => lake_trainer::train::Decode::Cpu { threads: args.decode_threads },
-            "gpu" => lake_trainer::train::Decode::Gpu,
+            _ if on_gpu => lake_trainer::train::Decode::Gpu,
             _ => lake_trainer::train::Decode::Server,
         },
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
