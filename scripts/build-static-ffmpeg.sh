@@ -23,6 +23,8 @@
 #  - zlib (PNG) from the system (static libz.a, zlib1g-dev), dav1d built static here;
 #  - TurboJPEG: Debian's static libturbojpeg.a and its header, copied into the prefix (lake's
 #    JPEG decoder; turbojpeg-sys links it with TURBOJPEG_SOURCE=explicit).
+# After a rebuild, `cargo clean -p ffmpeg-sys-next --release` in the target: that crate bundles the
+# static libraries into its own build, and cargo does not see them change.
 # Needs: dpkg-dev (apt-get source), nasm, meson and ninja-build (apt); about 5 minutes on 2
 # cores. The result holds include/, lib/*.a and lib/pkgconfig/; a stamp names what built it, and
 # an unchanged run does nothing.
