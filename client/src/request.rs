@@ -208,6 +208,11 @@ pub struct SampleRequest {
     /// `PacketBatchDecoder`). `null` is the default, as for `frame_size`.
     #[serde(default, skip_serializing_if = "is_rgb", deserialize_with = "format_or_null")]
     pub frame_format: FrameFormat,
+    /// Every camera's frames from each dataset's training proxy (`lake cache NAME --proxy
+    /// h264`): re-encoded for random access, lossy, not LeRobot's frames; the camera columns'
+    /// `lake:proxy` metadata says how far they are from them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proxy: bool,
 }
 
 /// A frame format by its name, `null` for the default.
@@ -318,6 +323,7 @@ impl SampleRequest {
             drop_n_last_frames: 0,
             frame_size: None,
             frame_format: FrameFormat::default(),
+            proxy: false,
         }
     }
 

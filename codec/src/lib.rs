@@ -13,6 +13,8 @@
 //!   out as YUV 4:2:0 planes with the integers that convert them ([`YuvToRgb`]);
 //!   [`RgbResizer`] scales RGB frames for frame tables.
 //! - [`Mp4Writer`]: packets written back into an mp4 without re-encoding.
+//! - [`ProxyEncoder`]: frames re-encoded into a stream built for random access (a training
+//!   proxy: short closed GOPs, no B-frames), with [`psnr`] to say how far it is from them.
 //! - [`nvdec`]: the same decoders with the GPU's NVDEC engine behind them (FFmpeg's CUDA
 //!   hwaccel), frames left in GPU memory as NV12 surfaces for lake-gpu's kernel.
 //!
@@ -34,6 +36,7 @@ mod check;
 mod context;
 mod decode;
 mod demux;
+mod encode;
 mod error;
 mod mux;
 pub mod nvdec;
@@ -46,6 +49,7 @@ pub use crate::{
     context::{codec_context, frame_damage, from_name, init_ffmpeg, strict},
     decode::{RgbConverter, RgbFrame, RgbResizer, StreamConfig, StreamDecoder},
     demux::{DemuxedPacket, StreamFacts, VideoDemuxer, same_codec},
+    encode::{EncodedPacket, ProxyCodec, ProxyEncoder, ProxySettings, psnr, squared_error},
     error::{Error, Result},
     mux::{Mp4Writer, packet_times},
     pixels::{PIXEL_FORMAT, YUV_TO_RGB, YuvToRgb, reproduces_libswscale, yuv420p_bytes},

@@ -58,6 +58,10 @@ pub struct LoaderArgs {
     /// compressed GOPs, for the trainer to decode into the same frames).
     #[arg(long, default_value = "rgb24", value_name = "FORMAT")]
     pub(crate) frame_format: lake_loader::FrameFormat,
+    /// Every camera's frames from the dataset's training proxy (`lake cache NAME --proxy
+    /// h264`): re-encoded for random access, lossy, not LeRobot's frames.
+    #[arg(long)]
+    pub(crate) proxy: bool,
 }
 
 /// A count that must be 1 or more (`--batch-size`, `--batches`, `--memory-mb`).

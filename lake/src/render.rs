@@ -134,6 +134,8 @@ pub struct InspectTables {
     tasks: Vec<RecordBatch>,
     findings: Vec<RecordBatch>,
     frame_tables: Vec<lake_loader::FrameTableInfo>,
+    /// The version's training proxy, if `lake cache --proxy` made one.
+    proxy: Option<lake_loader::ProxyInfo>,
 }
 
 struct CameraInfo {
@@ -175,6 +177,7 @@ impl InspectTables {
             tasks: read(tables::TASKS, tables::tasks_schema()).await?,
             findings: read(tables::FINDINGS, tables::findings_schema()).await?,
             frame_tables: lake_loader::frame_tables(lake, record).await,
+            proxy: lake_loader::ProxyInfo::read(lake, record).await?,
         })
     }
 
@@ -285,6 +288,8 @@ impl InspectTables {
             "tasks": self.task_rows().iter().map(|(i, t)| serde_json::json!({"task_index": i, "task": t})).collect::<Vec<_>>(),
             "findings": self.finding_rows(),
             "frame_tables": self.frame_tables,
+            "proxy": self.proxy.as_ref().map(|p| serde_json::json!({"codec": p.settings.codec, "gop": p.settings.gop, "crf": p.settings.crf,
+                "lossy": true, "cameras": p.cameras})),
         })
     }
 }
@@ -339,6 +344,19 @@ pub fn inspect(out: &mut impl Write, record: &CommitRecord, versions: u64, t: &I
             _ => format!("unreadable, {} (run {again} again)", bytes(f.bytes)),
         };
         writeln!(out, "{:<10}{size}: {what}", if i == 0 { "frames" } else { "" })?;
+    }
+    if let Some(p) = &t.proxy {
+        writeln!(out, "proxy     {}: lossy re-encoding, served only to requests for it (--proxy)", p.label())?;
+        for c in &p.cameras {
+            writeln!(
+                out,
+                "            {}: PSNR {} against the recorded frames, {} frames, {}",
+                c.camera,
+                lake_loader::ProxyInfo::psnr_words(c),
+                c.frames,
+                bytes(c.bytes)
+            )?;
+        }
     }
 
     writeln!(out, "\nfeatures")?;

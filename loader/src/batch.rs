@@ -186,6 +186,8 @@ impl Loader {
         }
         let mut resolved = Vec::with_capacity(datasets.len());
         let mut orders = Vec::with_capacity(datasets.len());
+        // The sample schemas of the datasets served from proxies, whose labels a mixture merges.
+        let mut proxied = Vec::new();
         let mut schema: Option<SchemaRef> = None;
         for ds in &datasets {
             if let Some(size) = ds.frame_size().filter(|_| !frame_table) {
@@ -222,6 +224,9 @@ impl Loader {
                 None => vec![],
             };
             let mut s = sample_schema(ds, &w);
+            if ds.proxy.is_some() {
+                proxied.push(s.clone());
+            }
             let mut order = None;
             if let Some(first) = &schema {
                 // The same columns in another order are put in the first dataset's order.
@@ -252,6 +257,9 @@ impl Loader {
             orders.push(order);
         }
         let mut schema = schema.expect("at least one dataset");
+        if proxied.len() > 1 {
+            schema = Arc::new(crate::proxy_info::merge_labels(&schema, &proxied));
+        }
         if datasets.len() > 1 {
             if let Some(ds) = datasets.iter().find(|ds| ds.keys().iter().any(|k| k == DATASET_INDEX)) {
                 return Err(Error::request(format!(
@@ -1282,6 +1290,9 @@ fn sample_schema(ds: &LoaderDataset, windows: &[Window]) -> Schema {
                 m.insert(YUV_TO_RGB.into(), serde_json::to_string(&yuv).expect("integers"));
             }
             None => drop(m.insert(PIXEL_FORMAT.into(), FrameFormat::Rgb24.to_string())),
+        }
+        if let Some(label) = &camera.proxy {
+            m.insert(lake_schemas::tables::PROXY_METADATA.into(), label.clone());
         }
         fields.push(Field::new(&camera.key, list, false).with_metadata(m));
     }

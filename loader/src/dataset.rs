@@ -49,6 +49,9 @@ pub struct Camera {
     /// conversion to RGB (`None`: the frames are RGB). With [`FrameFormat::Packets`], the
     /// conversion of the planes its packets decode to, for a consumer that takes planes.
     pub yuv: Option<YuvToRgb>,
+    /// For frames from a training proxy: what they are ([`crate::proxy_info::ProxyLabel`]), as
+    /// the camera's column carries it in [`lake_schemas::tables::PROXY_METADATA`].
+    pub proxy: Option<String>,
 }
 
 impl Camera {
@@ -79,6 +82,9 @@ pub struct FrameSpec {
     pub size: Option<lake_schemas::FrameSize>,
     /// RGB, or YUV planes where a camera's frames allow it.
     pub format: FrameFormat,
+    /// Every camera's frames from the version's training proxy (`lake cache NAME --proxy
+    /// CODEC`): re-encoded, lossy, not the recorded frames.
+    pub proxy: bool,
 }
 
 /// An episode's rows in the steps batch.
@@ -153,6 +159,9 @@ pub struct LoaderDataset {
     frame_table_allowed: bool,
     /// How camera frames travel: decoded here (RGB or YUV planes), or as packets.
     pub frame_format: FrameFormat,
+    /// The training proxy the frames come from (a request for `proxy`), with how far each
+    /// camera's frames are from the recorded ones; `None`: the recorded frames.
+    pub proxy: Option<Arc<crate::proxy_info::ProxyInfo>>,
     /// How samples present the features (a view's mapping; empty for a plain dataset): the
     /// columns and cameras above are already mapped, and statistics read elsewhere are mapped
     /// with it.
@@ -186,7 +195,7 @@ impl LoaderDataset {
     /// As [`open_as`](Self::open_as), and when the mapping names a feature the dataset lacks,
     /// an index column, a dimension past a feature's end, or gives two features one key.
     pub async fn open_mapped(lake: &Lake, spec: &str, frames: FrameSpec, features: &FeatureMap) -> Result<Arc<Self>> {
-        let FrameSpec { size: frame_size, format } = frames;
+        let FrameSpec { size: frame_size, format, proxy } = frames;
         let record = lake.resolve(spec).await?;
         let label = format!("{}@{}", record.name, record.version);
         let bad = |m: String| Error::layout(&label, m);
@@ -216,6 +225,7 @@ impl LoaderDataset {
                         width: 0,
                         video: true,
                         yuv: None,
+                        proxy: None,
                     });
                 }
                 continue;
@@ -232,6 +242,20 @@ impl LoaderDataset {
 
         let (episodes, row_episode) = episode_spans(&label, &steps, lake, &record).await?;
         let mut streams = read_streams(lake, &record, &label).await?;
+        if proxy && let Some(size) = frame_size {
+            return Err(Error::request(format!(
+                "{label}: frames at {size} come from a frame table of the recorded frames; a proxy's frames come at the recorded size"
+            )));
+        }
+        let proxy_table = match proxy {
+            true => Some(open_proxy(lake, &record, &label).await?),
+            false => None,
+        };
+        if let Some((_, info)) = &proxy_table {
+            for config in &info.streams {
+                streams.insert(config.stream, config.clone());
+            }
+        }
         for camera in &mut cameras {
             camera.video = streams.values().any(|s| s.camera == camera.key && s.kind == "video");
             let mut sizes = streams.values().filter(|s| s.camera == camera.key).map(|s| (s.params.height, s.params.width));
@@ -257,11 +281,24 @@ impl LoaderDataset {
                 }
             }
         }
-        let packets_table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
-        let checksums = packets_table.schema().field(tables::PACKET_CHECKSUM).is_some();
-        let packets = read_packet_index(lake, &record, checksums).await?;
+        let (packets_table, packets, proxy) = match proxy_table {
+            Some((table, info)) => {
+                let (index, source_rows) = read_proxy_index(lake, &record).await?;
+                remap_to_proxy(&label, &mut cameras, &source_rows)?;
+                for camera in &mut cameras {
+                    camera.proxy = Some(crate::proxy_info::ProxyLabel::of(&info, &label, &camera.key).to_json());
+                }
+                (table, index, Some(Arc::new(info)))
+            }
+            None => {
+                let table = lake_store::open_table(lake, &record, tables::PACKETS).await?;
+                let checksums = table.schema().field(tables::PACKET_CHECKSUM).is_some();
+                let index = read_packet_index(lake, &record, tables::PACKETS, checksums).await?;
+                (table, index, None)
+            }
+        };
         let frames_uri = lake.uri(&record.tables.path(&crate::frames::frame_table_name(frame_size)));
-        let frame_table_allowed = format == FrameFormat::Rgb24;
+        let frame_table_allowed = format == FrameFormat::Rgb24 && proxy.is_none();
         let frames_table = match frame_table_allowed {
             true => open_frame_table(&frames_uri, packets.stream.len(), &label).await,
             false => None,
@@ -284,7 +321,7 @@ impl LoaderDataset {
         let cache_id = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (packets_table.uri(), &label, frame_size, format).hash(&mut h);
+            (packets_table.uri(), &label, frame_size, format, proxy.is_some()).hash(&mut h);
             h.finish()
         };
         let mut ds = Self {
@@ -306,6 +343,7 @@ impl LoaderDataset {
             frame_size,
             frame_table_allowed,
             frame_format: format,
+            proxy,
             features: FeatureMap::default(),
         };
         ds.map_features(features)?;
@@ -791,15 +829,59 @@ async fn read_streams(lake: &Lake, record: &CommitRecord, label: &str) -> Result
     Ok(out)
 }
 
-/// The packets' index columns, with their checksums where the table has them.
-async fn read_packet_index(lake: &Lake, record: &CommitRecord, checksums: bool) -> Result<PacketIndex> {
+/// Opens the version's proxy table, with what its metadata says of it.
+async fn open_proxy(lake: &Lake, record: &CommitRecord, label: &str) -> Result<(lance::Dataset, crate::proxy_info::ProxyInfo)> {
+    if !std::path::Path::new(&lake.uri(&record.tables.path(tables::PROXY))).exists() {
+        return Err(Error::request(format!(
+            "{label} has no training proxy: make one with `lake cache {label} --proxy h264` (or hevc), or ask for the recorded frames"
+        )));
+    }
+    let table = lake_store::open_table(lake, record, tables::PROXY).await?;
+    let info = crate::proxy_info::ProxyInfo::of_table(&table, label)?;
+    Ok((table, info))
+}
+
+/// The proxy's index, and the `packets` row each of its rows re-encodes.
+async fn read_proxy_index(lake: &Lake, record: &CommitRecord) -> Result<(PacketIndex, Vec<u64>)> {
+    let index = read_packet_index(lake, record, tables::PROXY, true).await?;
+    let mut source_rows = Vec::with_capacity(index.stream.len());
+    for b in lake_store::read_columns(lake, record, tables::PROXY, &["source_row"]).await? {
+        source_rows.extend_from_slice(b.column(0).as_primitive::<UInt64Type>().values());
+    }
+    Ok((index, source_rows))
+}
+
+/// Points every camera's steps at the proxy rows that re-encode their recorded frames.
+fn remap_to_proxy(label: &str, cameras: &mut [Camera], source_rows: &[u64]) -> Result<()> {
+    let proxy_row: HashMap<u64, u64> = source_rows.iter().enumerate().map(|(row, &source)| (source, row as u64)).collect();
+    for camera in cameras {
+        let mut rows = arrow::array::UInt64Builder::with_capacity(camera.packet_rows.len());
+        for row in camera.packet_rows.iter() {
+            match row.map(|r| proxy_row.get(&r)) {
+                None => rows.append_null(),
+                Some(Some(&at)) => rows.append_value(at),
+                Some(None) => {
+                    return Err(Error::layout(
+                        label,
+                        format!("the proxy has no frame of camera {} that a step shows: make it again with `lake cache`", camera.key),
+                    ));
+                }
+            }
+        }
+        camera.packet_rows = rows.finish();
+    }
+    Ok(())
+}
+
+/// The packets' (or the proxy's) index columns, with their checksums where the table has them.
+async fn read_packet_index(lake: &Lake, record: &CommitRecord, table: &str, checksums: bool) -> Result<PacketIndex> {
     let mut out = PacketIndex::default();
     let mut columns = vec!["stream", "pts", "dts", "keyframe_offset", "container_keyframe"];
     if checksums {
         columns.push(tables::PACKET_CHECKSUM);
         out.checksum = Some(Vec::new());
     }
-    for b in lake_store::read_columns(lake, record, tables::PACKETS, &columns).await? {
+    for b in lake_store::read_columns(lake, record, table, &columns).await? {
         out.stream.extend_from_slice(b.column(0).as_primitive::<UInt32Type>().values());
         out.pts.extend_from_slice(b.column(1).as_primitive::<Int64Type>().values());
         out.dts.extend_from_slice(b.column(2).as_primitive::<Int64Type>().values());

@@ -31,7 +31,7 @@ pub struct FrameTableReport {
 }
 
 /// The rows `[first, end)` of each stream, in packet row order.
-fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
+pub(crate) fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
     let mut runs: Vec<(u32, u64, u64)> = Vec::new();
     for (row, &stream) in ds.packets.stream.iter().enumerate() {
         match runs.last_mut() {
@@ -119,7 +119,7 @@ pub async fn write_frame_table(
 }
 
 /// A directory removed when dropped, unless taken out.
-struct RemoveOnDrop(Option<std::path::PathBuf>);
+pub(crate) struct RemoveOnDrop(pub(crate) Option<std::path::PathBuf>);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
@@ -129,16 +129,16 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// Removes the unpublished frame tables (`.<table>-<pid>-<id>.lance`) in a version's directory
-/// whose writer no longer runs.
-fn remove_dead_writers(version_dir: &std::path::Path) {
+/// Removes the unpublished frame and proxy tables (`.<table>-<pid>-<id>.lance`) in a version's
+/// directory whose writer no longer runs.
+pub(crate) fn remove_dead_writers(version_dir: &std::path::Path) {
     for entry in std::fs::read_dir(version_dir).into_iter().flatten().flatten() {
         let file = entry.file_name();
         let Some(name) = file.to_str().and_then(|n| n.strip_prefix('.')).and_then(|n| n.strip_suffix(".lance")) else { continue };
         let mut parts = name.rsplitn(3, '-');
         let (_id, pid, table) = (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok()), parts.next());
         if let (Some(pid), Some(table)) = (pid, table)
-            && table.starts_with(FRAMES)
+            && (table.starts_with(FRAMES) || table == lake_schemas::tables::PROXY)
             && !lake_store::process_alive(pid)
         {
             let _ = std::fs::remove_dir_all(entry.path());
@@ -206,7 +206,7 @@ impl RowWriter<'_> {
 /// Decodes rows `[first, end)` of one stream sequentially, in decode order, and sends them in
 /// row order as batches of the frames table.
 /// The `packets` rows of `stream` that some step shows.
-fn shown_rows(ds: &LoaderDataset, stream: u32) -> std::collections::HashSet<u64> {
+pub(crate) fn shown_rows(ds: &LoaderDataset, stream: u32) -> std::collections::HashSet<u64> {
     let camera = ds.streams.get(&stream).map(|s| s.camera.as_str());
     ds.cameras.iter().filter(|c| Some(c.key.as_str()) == camera).flat_map(|c| c.packet_rows.iter().flatten()).collect()
 }

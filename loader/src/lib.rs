@@ -42,6 +42,8 @@ mod frames;
 mod idle;
 mod lookahead;
 mod packets;
+pub mod proxy;
+mod proxy_info;
 mod sampler;
 mod samples;
 mod spec;
@@ -62,6 +64,7 @@ pub use crate::{
     frames::{FRAMES, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
     packets::{PACKETS_SUFFIX, PacketBatchDecoder, PacketCamera, ShippedGop, gops_type},
+    proxy::{ProxyCamera, ProxyInfo, ProxyReport, write_proxy},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, DTYPE, FrameColumn, LAYOUT, SHAPE, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

@@ -81,6 +81,9 @@ pub(crate) fn packet_fields(camera: &Camera, slots: Option<usize>, layout: &str)
         // The conversion every file of the camera shares, for a consumer that takes planes.
         m.insert(YUV_TO_RGB.to_string(), serde_json::to_string(&yuv).expect("integers"));
     }
+    if let Some(label) = &camera.proxy {
+        m.insert(lake_schemas::tables::PROXY_METADATA.to_string(), label.clone());
+    }
     [Field::new(&camera.key, data_type, false).with_metadata(m), Field::new(format!("{}{PACKETS_SUFFIX}", camera.key), gops_type(), false)]
 }
 
@@ -415,6 +418,9 @@ impl PacketBatchDecoder {
                 shape.extend([h, w, c]);
                 m.insert(PIXEL_FORMAT.to_string(), FrameFormat::Rgb24.to_string());
             }
+        }
+        if let Some(label) = field.metadata().get(lake_schemas::tables::PROXY_METADATA) {
+            m.insert(lake_schemas::tables::PROXY_METADATA.to_string(), label.clone());
         }
         let values: usize = shape.iter().product();
         m.insert(SHAPE.to_string(), serde_json::to_string(&shape).expect("shape"));

@@ -184,12 +184,15 @@ pub struct SamplingSpec {
     pub frame_size: Option<lake_schemas::FrameSize>,
     /// Camera frames as RGB, or as YUV planes where a camera's frames allow it.
     pub frame_format: lake_schemas::FrameFormat,
+    /// Every camera's frames from each dataset's training proxy (`lake cache NAME --proxy
+    /// CODEC`), not the recorded ones.
+    pub proxy: bool,
 }
 
 impl SamplingSpec {
     /// How the datasets' frames are served.
     pub fn frames(&self) -> crate::FrameSpec {
-        crate::FrameSpec { size: self.frame_size, format: self.frame_format }
+        crate::FrameSpec { size: self.frame_size, format: self.frame_format, proxy: self.proxy }
     }
 }
 

@@ -107,6 +107,32 @@ pub fn packets_schema() -> SchemaRef {
 /// instead of decoding to other pixels. Lakes ingested before it have no such column.
 pub const PACKET_CHECKSUM: &str = "data_crc32";
 
+/// A version's training proxy (`lake cache NAME --proxy CODEC`): the frames some step shows,
+/// re-encoded per stream for random access. Not one of the tables ingest writes: it lies beside
+/// them, like the frame tables.
+pub const PROXY: &str = "proxy";
+
+/// Schema metadata key of the proxy table: how it was encoded, its streams' decoder
+/// parameters, and how far each camera's frames are from the recorded ones (JSON).
+pub const PROXY_METADATA: &str = "lake:proxy";
+
+/// Schema of the proxy table. As in `packets`, rows are grouped by stream and in decode order
+/// (which is presentation order: proxies have no B-frames); `source_row` is the `packets` row
+/// of the recorded frame each one re-encodes.
+pub fn proxy_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        required("stream", DataType::UInt32),
+        required("pts", DataType::Int64),
+        required("dts", DataType::Int64),
+        required("keyframe", DataType::Boolean),
+        required("container_keyframe", DataType::Boolean),
+        required("keyframe_offset", DataType::UInt32),
+        required("data", DataType::LargeBinary),
+        required(PACKET_CHECKSUM, DataType::UInt32),
+        required("source_row", DataType::UInt64),
+    ]))
+}
+
 /// Schema of `streams`: codec facts read from the container, next to what `info.json` declares.
 pub fn streams_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![

@@ -737,7 +737,9 @@ fn paths_and_schemas(
                     "frame_size": {"type": ["string", "null"], "pattern": "^[1-9][0-9]*x[1-9][0-9]*$",
                                    "description": "WIDTHxHEIGHT of a frame table of every dataset (lake cache NAME --size WxH)"},
                     "frame_format": {"type": ["string", "null"], "enum": ["rgb24", "yuv420p", "packets", null], "default": "rgb24",
-                                     "description": "rgb24: LeRobot's RGB frames; yuv420p: the video cameras whose frames are 8-bit 4:2:0 as YUV planes, to convert on the trainer (camera field metadata pixel_format and yuv_to_rgb); packets: every camera's compressed GOPs in {camera}_packets, the camera column the index of the decoded frame each slot shows"}}},
+                                     "description": "rgb24: LeRobot's RGB frames; yuv420p: the video cameras whose frames are 8-bit 4:2:0 as YUV planes, to convert on the trainer (camera field metadata pixel_format and yuv_to_rgb); packets: every camera's compressed GOPs in {camera}_packets, the camera column the index of the decoded frame each slot shows"},
+                    "proxy": {"type": "boolean", "default": false,
+                              "description": "every camera's frames from each dataset's training proxy (lake cache NAME --proxy h264): re-encoded, lossy, not LeRobot's frames; the camera fields' lake:proxy metadata gives the settings and the PSNR against the recorded frames"}}},
                 "Datasets": {"type": "object", "properties": {
                     "datasets": {"type": "array", "items": {"type": "object", "properties": {
                         "name": {"type": "string"}, "version": {"type": "integer"}, "episodes": {"type": "integer"}, "steps": {"type": "integer"},

@@ -148,6 +148,7 @@ impl Planned for SampleRequest {
             drop_n_last_frames: self.drop_n_last_frames,
             frame_size: self.frame_size,
             frame_format: self.frame_format,
+            proxy: self.proxy,
         }
     }
 

@@ -27,8 +27,8 @@ pub use crate::{
     lance_open::open_lance,
     removal::Removal,
     tables::{
-        UncommittedPart, commit_parts, open_table, publish_dir, read_columns, read_columns_at, read_table, read_whole_at, remove_abandoned,
-        remove_when_done, stream_columns_at, write_table, write_uncommitted,
+        UncommittedPart, commit_parts, commit_parts_with, open_table, publish_dir, read_columns, read_columns_at, read_table,
+        read_whole_at, remove_abandoned, remove_when_done, stream_columns_at, write_table, write_uncommitted,
     },
 };
 

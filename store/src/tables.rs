@@ -112,6 +112,20 @@ where
 /// # Errors
 /// When the parts have different schemas or Lance cannot commit.
 pub async fn commit_parts(uri: &str, fallback_schema: SchemaRef, parts: Vec<UncommittedPart>) -> Result<u64> {
+    commit_parts_with(uri, fallback_schema, parts, std::collections::HashMap::new()).await
+}
+
+/// [`commit_parts`], with `metadata` added to the table's schema metadata (facts known only once
+/// every part is written).
+///
+/// # Errors
+/// As [`commit_parts`].
+pub async fn commit_parts_with(
+    uri: &str,
+    fallback_schema: SchemaRef,
+    parts: Vec<UncommittedPart>,
+    metadata: std::collections::HashMap<String, String>,
+) -> Result<u64> {
     let mut fragments = Vec::new();
     let mut schema = None;
     let mut rows = 0;
@@ -125,10 +139,11 @@ pub async fn commit_parts(uri: &str, fallback_schema: SchemaRef, parts: Vec<Unco
         fragments.extend(part.fragments);
         rows += part.rows;
     }
-    let schema = match schema {
+    let mut schema = match schema {
         Some(s) => s,
         None => lance::datatypes::Schema::try_from(fallback_schema.as_ref()).map_err(Error::lance(uri))?,
     };
+    schema.metadata.extend(metadata);
     let op = Operation::Overwrite { fragments, schema, config_upsert_values: None, initial_bases: None };
     CommitBuilder::new(uri).execute(Transaction::new(0, op, None)).await.map_err(Error::lance(uri))?;
     Ok(rows)

@@ -84,6 +84,7 @@ fn spec(request: &SampleRequest) -> views::SamplingSpec {
         drop_n_last_frames: request.drop_n_last_frames,
         frame_size: request.frame_size,
         frame_format: request.frame_format,
+        proxy: request.proxy,
     }
 }
 

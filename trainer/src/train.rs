@@ -91,6 +91,9 @@ pub struct TrainOptions {
     pub frames: Frames,
     /// Where camera frames are decoded.
     pub decode: Decode,
+    /// Every camera's frames from each dataset's training proxy (`lake cache NAME --proxy
+    /// CODEC`), not the recorded ones.
+    pub proxy: bool,
 }
 
 /// How a run's camera frames travel and where they become RGB. Both give the policy the same
@@ -156,6 +159,7 @@ impl std::fmt::Debug for TrainOptions {
             .field("ranks", &self.collective.as_ref().map_or(1, |c| c.size()))
             .field("frames", &self.frames)
             .field("decode", &self.decode)
+            .field("proxy", &self.proxy)
             .finish_non_exhaustive()
     }
 }
@@ -229,6 +233,7 @@ async fn plan(options: &TrainOptions) -> Result<(SampleRequest, DatasetFacts)> {
     let (rank, world) = ranks(options);
     let mut request = SampleRequest::new(options.datasets.iter().cloned());
     (request.seed, request.batch_size, request.rank, request.world_size) = (options.seed, options.batch_size, rank, world);
+    request.proxy = options.proxy;
     let facts = dataset_facts(options.lake.as_ref(), &request, &options.source).await?;
     Ok((request, facts))
 }

@@ -936,7 +936,7 @@ _WARNED_FORKED_FLIGHT = False
 # The fields of a sampling request that `LakeIterableDataset` takes as keyword arguments besides
 # its named parameters (the server's `SampleRequest`, less the fields the dataset sets itself).
 _REQUEST_KEYWORDS = ("epoch", "start_step", "drop_last", "episodes", "drop_n_first_frames", "drop_n_last_frames",
-                     "frame_size", "frame_format")
+                     "frame_size", "frame_format", "proxy")
 # Fields the dataset sets itself, refused with the reason.
 _OWNED_KEYWORDS = ("limit_batches", "step_stride")
 # Keyword arguments people give a dataset by habit, with what to do instead.
@@ -1007,7 +1007,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
     Other request fields are keyword arguments (`episodes`, `drop_last`, `drop_n_first_frames`,
-    `drop_n_last_frames`, `frame_size`, `frame_format`); `epoch` and `start_step` among them
+    `drop_n_last_frames`, `frame_size`, `frame_format`, `proxy`: the frames of each dataset's
+    training proxy, lossy, labelled `lake:proxy`); `epoch` and `start_step` among them
     start the cursor there. A keyword argument that is neither is refused when the dataset is
     made (`TypeError`, naming it, the closest valid one and all of them). None is unset: the
     server's default (`episodes=None` samples every episode, `preset=None` is `"none"`);

@@ -895,12 +895,12 @@ class TorchDataset(unittest.TestCase):
             self.make(location=nowhere, frame_format="packets")
         # Every valid keyword is taken without a word from the server.
         self.make(location=nowhere, episodes=[0], drop_last=False, drop_n_first_frames=1, drop_n_last_frames=1,
-                  frame_size=None, frame_format="yuv420p", epoch=0, start_step=0, frame_layout="lerobot")
+                  frame_size=None, frame_format="yuv420p", proxy=False, epoch=0, start_step=0, frame_layout="lerobot")
 
     def test_none_is_unset(self):
         whole = [b["index"].tolist() for b in self.make()]
         unset = self.make(episodes=None, drop_last=None, drop_n_first_frames=None, drop_n_last_frames=None, frame_size=None,
-                          frame_format=None, epoch=None, start_step=None, limit_batches=None, step_stride=None,
+                          frame_format=None, proxy=None, epoch=None, start_step=None, limit_batches=None, step_stride=None,
                           preset=None, delta_timestamps=None, frame_layout=None)
         self.assertEqual([b["index"].tolist() for b in unset], whole)
         self.assertEqual(unset.state_dict()["order"], self.make().state_dict()["order"])

@@ -73,6 +73,7 @@ pub async fn bench(root: &str, args: BenchArgs) -> anyhow::Result<ExitCode> {
         drop_n_last_frames: args.drop_n_last_frames,
         frame_size: args.loader.frame_size,
         frame_format: args.loader.frame_format,
+        proxy: args.loader.proxy,
     };
     let lake_loader::views::Sampling { datasets, sources } = lake_loader::views::open_sampling(&lake, &spec).await?;
     let labels: Vec<String> = datasets.iter().map(|d| d.label.clone()).collect();

@@ -27,8 +27,23 @@ pub struct CacheArgs {
     storage: Storage,
     /// Store every camera's frames resized to WIDTHxHEIGHT (swscale, area averaging) in a table
     /// of their own, which `--frame-size WxH` reads, instead of at their recorded size.
-    #[arg(long, value_name = "WxH")]
+    #[arg(long, value_name = "WxH", conflicts_with = "proxy")]
     size: Option<lake_loader::FrameSize>,
+    /// Instead of a frame table, make the dataset's training proxy: every camera re-encoded
+    /// once with this codec (h264 or hevc) into short closed GOPs without B-frames, for GPUs
+    /// that cannot decode the recorded codec and for cheap random access. Its frames are not
+    /// the recorded ones (lossy): they are served only to requests that ask (`--proxy`), and
+    /// their PSNR against the recorded frames is reported and carried with them.
+    #[arg(long, value_name = "CODEC", conflicts_with = "storage")]
+    proxy: Option<lake_loader::proxy::ProxyCodec>,
+    /// With --proxy: frames per GOP (a keyframe every N frames). A sample's frame costs on
+    /// average (N + 1) / 2 decoded frames (docs/decisions/0024-training-proxy-gop-2-crf-18.md).
+    #[arg(long, value_name = "N", default_value_t = 2, requires = "proxy", value_parser = clap::value_parser!(u32).range(1..=300))]
+    gop: u32,
+    /// With --proxy: the encoder's constant rate factor, 0 to 51 (lower: closer to the recorded
+    /// frames and larger).
+    #[arg(long, value_name = "Q", default_value_t = 18, requires = "proxy", value_parser = clap::value_parser!(u8).range(0..=51))]
+    crf: u8,
 }
 
 /// `lake cache --storage`, `lake ingest --frame-storage`.
@@ -51,6 +66,18 @@ impl From<Storage> for FrameStorage {
 pub async fn cache(root: &str, args: CacheArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
     let ds = LoaderDataset::open(&lake, &args.dataset).await?;
+    if let Some(codec) = args.proxy {
+        let settings = lake_loader::proxy::Settings { codec, gop: args.gop, crf: args.crf };
+        let made = tokio::select! {
+            made = store_proxy(&lake, ds, args.threads, settings) => made?,
+            code = crate::signals::stop_requested() => {
+                errln!("cancelled; no proxy was stored (the lake is unchanged)");
+                return Ok(ExitCode::from(code));
+            }
+        };
+        outln!("{made}")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     // Ctrl-C drops the work: the unpublished table is removed, an existing one kept.
     let stored = tokio::select! {
         stored = store_frames(&lake, ds, args.threads, args.storage.into(), args.size) => stored?,
@@ -131,28 +158,7 @@ pub async fn store_frames(
     check_room(lake, &ds, storage, size)?;
     let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let ticker = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::with_draw_target(
-            Some(ds.packets.stream.len() as u64),
-            indicatif::ProgressDrawTarget::stderr_with_hz(4),
-        );
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} storing frames {bar:20} {pos}/{len} {msg}").expect("valid template"),
-        );
-        let (shown, stored, total) = (bar.clone(), stored.clone(), ds.packets.stream.len() as u64);
-        let task = tokio::spawn(async move {
-            let began = Instant::now();
-            loop {
-                let done = stored.load(std::sync::atomic::Ordering::Relaxed);
-                let rate = done as f64 / began.elapsed().as_secs_f64().max(1e-3);
-                let eta = if rate > 0.0 { format!(", ETA {:.0} s", total.saturating_sub(done) as f64 / rate) } else { String::new() };
-                shown.set_position(done);
-                shown.set_message(format!("({rate:.0} frames/s{eta})"));
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        });
-        (bar, task)
-    });
+    let ticker = progress_bar("storing frames", ds.packets.stream.len() as u64, stored.clone());
     let report = lake_loader::write_frame_table(lake, ds.clone(), threads, storage, size, &stored).await;
     if let Some((bar, task)) = ticker {
         task.abort();
@@ -167,6 +173,77 @@ pub async fn store_frames(
         raw_bytes: report.raw_bytes,
         stored_bytes: report.stored_bytes,
         seconds: began.elapsed().as_secs_f64(),
+    })
+}
+
+/// Re-encodes `ds` into its training proxy, with a progress bar on stderr when it is a
+/// terminal; returns what `lake cache --proxy` prints: the proxy and each camera's PSNR.
+///
+/// # Errors
+/// When a frame cannot be decoded or encoded, or the table cannot be written (nothing is
+/// replaced then).
+pub async fn store_proxy(
+    lake: &Lake,
+    ds: Arc<LoaderDataset>,
+    threads: Option<usize>,
+    settings: lake_loader::proxy::Settings,
+) -> anyhow::Result<String> {
+    let began = Instant::now();
+    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let total: u64 = ds.cameras.iter().map(|c| c.packet_rows.iter().flatten().collect::<std::collections::HashSet<_>>().len() as u64).sum();
+    let ticker = progress_bar("re-encoding frames", total, done.clone());
+    let report = lake_loader::write_proxy(lake, ds.clone(), threads, settings, &done).await;
+    if let Some((bar, task)) = ticker {
+        task.abort();
+        bar.finish_and_clear();
+    }
+    let report = report?;
+    let seconds = began.elapsed().as_secs_f64();
+    let mut out = format!(
+        "stored the {} of {}: {} frames in {seconds:.1} s ({:.0} frames/s); lossy, served only to requests for the proxy (--proxy)",
+        report.info.label(),
+        ds.label,
+        report.frames,
+        report.frames as f64 / seconds.max(1e-9)
+    );
+    for c in &report.info.cameras {
+        out.push_str(&format!(
+            "\n  {}: PSNR {} against the recorded frames; {} as {}",
+            c.camera,
+            lake_loader::ProxyInfo::psnr_words(c),
+            crate::text::decimal_bytes(c.recorded_bytes),
+            crate::text::decimal_bytes(c.bytes)
+        ));
+    }
+    Ok(out)
+}
+
+/// A progress bar of `total` steps on stderr, following `done`, when stderr is a terminal.
+fn progress_bar(
+    what: &str,
+    total: u64,
+    done: Arc<std::sync::atomic::AtomicU64>,
+) -> Option<(indicatif::ProgressBar, tokio::task::JoinHandle<()>)> {
+    std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr_with_hz(4));
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(&format!("{{spinner}} {what} {{bar:20}} {{pos}}/{{len}} {{msg}}"))
+                .expect("valid template"),
+        );
+        let shown = bar.clone();
+        let task = tokio::spawn(async move {
+            let began = Instant::now();
+            loop {
+                let now = done.load(std::sync::atomic::Ordering::Relaxed);
+                let rate = now as f64 / began.elapsed().as_secs_f64().max(1e-3);
+                let eta = if rate > 0.0 { format!(", ETA {:.0} s", total.saturating_sub(now) as f64 / rate) } else { String::new() };
+                shown.set_position(now);
+                shown.set_message(format!("({rate:.0} frames/s{eta})"));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        (bar, task)
     })
 }
 

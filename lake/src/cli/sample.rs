@@ -42,7 +42,7 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
     if args.out.is_dir() {
         anyhow::bail!("--out {} is a directory; give a file name (e.g. samples.arrow)", args.out.display());
     }
-    let frames = lake_loader::FrameSpec { size: args.loader.frame_size, format: args.loader.frame_format };
+    let frames = lake_loader::FrameSpec { size: args.loader.frame_size, format: args.loader.frame_format, proxy: args.loader.proxy };
     let ds = LoaderDataset::open_mapped(&lake, &selection.dataset, frames, &selection.features).await?;
     let loader = Loader::new(vec![ds.clone()], &args.windows.windows()?, args.loader.options())?;
     let indices: Vec<i64> = args.indices.concat();

@@ -51,6 +51,11 @@ pub struct TrainArgs {
     /// tensor), or `auto` (gpu on a cuda run whose GPU runs lake's kernel, server otherwise).
     #[arg(long, default_value = "server", value_parser = ["server", "cpu", "gpu", "auto"])]
     decode: String,
+    /// Train on every camera's frames from each dataset's training proxy (`lake cache NAME
+    /// --proxy h264`): re-encoded for random access (and for GPUs without the recorded codec's
+    /// NVDEC), lossy, not LeRobot's frames.
+    #[arg(long)]
+    proxy: bool,
     /// Threads that decode packets with --decode cpu (0: one per core).
     #[arg(long, default_value_t = 0, value_name = "N")]
     decode_threads: usize,
@@ -209,6 +214,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
             _ if on_gpu => lake_trainer::train::Decode::Gpu,
             _ => lake_trainer::train::Decode::Server,
         },
+        proxy: args.proxy,
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
             datasets: args.eval_dataset.clone(),
             every: args.eval_every,

@@ -1147,3 +1147,119 @@ fn a_stopped_stream_gives_back_room_beyond_its_share() {
         assert_eq!(loader.cache_stats().reserved, 0);
     });
 }
+
+/// A training proxy (`lake cache --proxy`): made only on request, served only on request, its
+/// frames close to the recorded ones but not equal, labelled with their PSNR in `lake inspect`
+/// and in every camera column, and the same frames whichever way they travel (decoded, or as
+/// packets the trainer decodes).
+#[test]
+fn a_training_proxy_serves_labelled_lossy_frames_near_the_recorded_ones() {
+    use lake_schemas::tables::PROXY_METADATA;
+    let name = "v30-av1-small";
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata(name), &[]);
+    let out = |file: &str| tmp.path().join(file);
+    let sample = |extra: &[&str], file: &str| {
+        let path = out(file);
+        let mut args = vec!["sample", "--dataset", name, "--indices", "0,57,310,599", "--preset", "diffusion"];
+        args.extend(extra);
+        args.extend(["--out", path.to_str().expect("utf-8")]);
+        lake(&root, &args)
+    };
+
+    let run = sample(&["--proxy"], "none.arrow");
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.stderr.contains("v30-av1-small@1 has no training proxy: make one with `lake cache v30-av1-small@1 --proxy h264`"),
+        "{}",
+        run.stderr
+    );
+    let run = lake(&root, &["cache", name, "--proxy", "h264", "--size", "64x48"]);
+    assert_eq!(run.code, 2, "a proxy is not a frame table: {run:#?}");
+
+    let run = lake(&root, &["cache", name, "--proxy", "h264", "--gop", "4"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("stored the h264 proxy (GOP 4, CRF 18) of v30-av1-small@1: 1200 frames"), "{}", run.stdout);
+    assert!(run.stdout.contains("observation.images.front: PSNR ") && run.stdout.contains("lossy"), "{}", run.stdout);
+
+    // The table: GOPs of four frames, no reordering, every shown frame once.
+    let proxy = crate::common::table(&root, name, "proxy");
+    let (offsets, pts, dts) =
+        (crate::common::ints(&proxy, "keyframe_offset"), crate::common::ints(&proxy, "pts"), crate::common::ints(&proxy, "dts"));
+    assert_eq!(offsets.len(), 1200);
+    assert_eq!(offsets.iter().max(), Some(&3), "GOPs of 4");
+    assert_eq!(pts, dts, "decode order is presentation order");
+    let mut sources = crate::common::ints(&proxy, "source_row");
+    sources.sort_unstable();
+    sources.dedup();
+    assert_eq!(sources.len(), 1200, "each recorded frame re-encoded once");
+
+    let run = lake(&root, &["inspect", name, "--json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let inspected: serde_json::Value = serde_json::from_str(&run.stdout).expect("json");
+    let cameras = inspected["proxy"]["cameras"].as_array().expect("the proxy's cameras");
+    assert_eq!((inspected["proxy"]["codec"].as_str(), inspected["proxy"]["lossy"].as_bool()), (Some("h264"), Some(true)));
+    assert_eq!(cameras.len(), 2);
+    for c in cameras {
+        let (mean, worst) = (c["psnr_db"].as_f64().expect("lossy"), c["min_psnr_db"].as_f64().expect("lossy"));
+        assert!(worst > 30.0 && mean >= worst && mean < 80.0, "{c}");
+    }
+    let run = lake(&root, &["inspect", name]);
+    assert!(run.stdout.contains("proxy     h264 proxy (GOP 4, CRF 18): lossy re-encoding"), "{}", run.stdout);
+
+    // Recorded frames unless asked; proxy frames near them, labelled.
+    assert_eq!(sample(&[], "recorded.arrow").code, 0);
+    let run = sample(&["--proxy"], "proxy.arrow");
+    assert_eq!(run.code, 0, "{run:#?}");
+    let (recorded, proxied) = (read_arrow(&out("recorded.arrow")), read_arrow(&out("proxy.arrow")));
+    assert_eq!(recorded.num_rows(), proxied.num_rows());
+    for (field, (a, b)) in recorded.schema().fields().iter().zip(recorded.columns().iter().zip(proxied.columns())) {
+        let proxied_field = proxied.schema().field_with_name(field.name()).expect("same columns").clone();
+        let Some(label) = proxied_field.metadata().get(PROXY_METADATA) else {
+            assert!(a == b, "`{}` is not a camera: the same with or without the proxy", field.name());
+            continue;
+        };
+        let label: lake_loader::proxy::ProxyLabel = serde_json::from_str(label).expect("a proxy label");
+        let entry = &label.datasets["v30-av1-small@1"];
+        assert_eq!((entry.settings.gop, entry.settings.crf), (4, 18));
+        assert!(!field.metadata().contains_key(PROXY_METADATA), "recorded frames carry no proxy label");
+        let (a, b) = (
+            a.as_fixed_size_list().values().as_primitive::<arrow::datatypes::UInt8Type>(),
+            b.as_fixed_size_list().values().as_primitive::<arrow::datatypes::UInt8Type>(),
+        );
+        let sse = lake_codec::squared_error(a.values(), b.values());
+        let db = lake_codec::psnr(sse, a.len() as u64).expect("lossy: not the recorded frames");
+        assert!(db > 30.0, "`{}`: {db:.1} dB from the recorded frames", field.name());
+    }
+    // As packets, the proxy's GOPs decode to the same frames.
+    crate::common::packets_decode_to(
+        &root,
+        &["sample", "--dataset", name, "--indices", "0,57,310,599", "--preset", "diffusion", "--proxy"],
+        &out("packets.arrow"),
+        &proxied,
+        None,
+    );
+
+    // HEVC from a source with B-frames (and H.264 and HEVC cameras): none in the proxy.
+    let name = "v30-bframes";
+    ingest_ok(&root, &testdata(name), &[]);
+    let run = lake(&root, &["cache", name, "--proxy", "hevc", "--crf", "23"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("stored the hevc proxy (GOP 2, CRF 23) of v30-bframes@1: 900 frames"), "{}", run.stdout);
+    let proxy = crate::common::table(&root, name, "proxy");
+    assert_eq!(crate::common::ints(&proxy, "pts"), crate::common::ints(&proxy, "dts"), "no B-frames");
+    let args = ["sample", "--dataset", name, "--indices", "0,1,150,299", "--preset", "act", "--proxy"];
+    let file = out("bframes.arrow");
+    let run = lake(&root, &[&args[..], &["--out", file.to_str().expect("utf-8")]].concat());
+    assert_eq!(run.code, 0, "{run:#?}");
+    let hevc = read_arrow(&file);
+    let label = hevc.schema().field_with_name("observation.images.wrist").expect("camera").metadata()[PROXY_METADATA].clone();
+    assert!(label.contains(r#""codec":"hevc""#) && label.contains("v30-bframes@1"), "{label}");
+    crate::common::packets_decode_to(&root, &args, &out("bframes-packets.arrow"), &hevc, None);
+    // Made again, it replaces the one there.
+    let run = lake(&root, &["cache", name, "--proxy", "h264", "--gop", "1"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&root, &["inspect", name]);
+    assert!(run.stdout.contains("proxy     h264 proxy (GOP 1, CRF 18)"), "{}", run.stdout);
+}

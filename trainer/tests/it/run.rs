@@ -46,6 +46,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         eval: None,
         frames: Default::default(),
         decode: Default::default(),
+        proxy: false,
     }
 }
 
