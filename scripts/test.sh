@@ -32,6 +32,11 @@ cargo build --workspace --all-targets --locked
 cargo test --workspace --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
+# A lake's tables read by other engines (docs/guide/engines.md): pylance opens the tables the
+# commit record names, and per-episode aggregates from DuckDB and Polars over them equal `lake
+# sql`'s; with scripts/python-env.sh's python, which pins pylance, duckdb and polars.
+LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$(scripts/python-env.sh)" clients/python/tests/test_engines.py
+
 # LeRobot's own trainer on a lake server (clients/python/tests/test_lerobot.py: lerobot-train runs
 # ACT and diffusion through lake_client.lerobot), where a LeRobot 0.4.4 python is at hand
 # (LAKE_LEROBOT_PYTHON, else ~/.cache/lake/lerobot-venv); without one it says it is skipped.
