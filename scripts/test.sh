@@ -21,6 +21,10 @@ if [ -z "${LAKE_PYTHON:-}" ] && [ -x "$lerobot_python" ] && "$lerobot_python" -c
 fi
 LAKE_PYTHON="${LAKE_PYTHON:-$(scripts/python-env.sh)}"
 export LAKE_PYTHON
+# The S3-compatible server the object-store tests start on loopback (lake/tests/it/object_store.rs:
+# moto, pinned, docs/decisions/0025-s3-test-server.md).
+LAKE_S3_PYTHON="${LAKE_S3_PYTHON:-$(scripts/s3-env.sh)}"
+export LAKE_S3_PYTHON
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 

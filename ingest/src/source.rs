@@ -44,12 +44,19 @@ pub struct SourceFile {
 }
 
 impl Source {
-    /// Opens a dataset root: a local directory or `file://` URL.
+    /// Opens a dataset root: a local directory or `file://` URL, or an object store prefix
+    /// (`s3://bucket/prefix/DATASET`, `gs://…`, `az://…`; configured as lake-store's
+    /// [`remote`](lake_store::remote) says).
     ///
     /// # Errors
     /// [`Error::Missing`] when the directory does not exist; [`Error::Unsupported`] for URL
-    /// schemes this build cannot read.
+    /// schemes this build cannot read, or an object store that cannot be configured.
     pub fn open(location: &str) -> Result<Self> {
+        if lake_store::remote::is_remote(location) {
+            let remote = lake_store::remote::Remote::parse(location).map_err(|e| Error::Unsupported(format!("source {e}")))?;
+            let store = object_store::prefix::PrefixStore::new(remote.store, remote.prefix);
+            return Ok(Self::from_store(Arc::new(store), location));
+        }
         let Some(path) = lake_store::local_path(location) else {
             return Err(Error::Unsupported(format!(
                 "source `{location}`: only local directories (a path or an absolute file:// URL) can be read by this build"

@@ -64,6 +64,7 @@ pub async fn write_frame_table(
             ds.label, camera.key
         )));
     }
+    lake.local_only("frame tables")?;
     let name = frame_table_name(size);
     let final_rel = ds.record.tables.path(&name);
     // `.<table>-<pid>-<id>.lance`: the writer's pid tells the leftovers of a killed run (removed

@@ -61,6 +61,7 @@ pub async fn write_proxy(
             ds.label
         )));
     }
+    lake.local_only("training proxies")?;
     remove_dead_writers(&std::path::PathBuf::from(lake.uri(&ds.record.tables.dir)));
     let tmp_rel = format!("{}/.{PROXY}-{}-{}.lance", ds.record.tables.dir, std::process::id(), uuid::Uuid::new_v4().simple());
     let tmp_uri = lake.uri(&tmp_rel);

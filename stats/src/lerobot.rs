@@ -628,6 +628,7 @@ pub struct ImageStatsReport {
 /// When the dataset cannot be opened, a frame cannot be decoded, or the table cannot be written.
 pub async fn write_image_stats(lake: &Lake, spec: &str) -> Result<ImageStatsReport> {
     use lake_loader::{Draw, Loader, LoaderDataset, LoaderOptions, Preset, Windows};
+    lake.local_only("image statistics")?;
     let ds = LoaderDataset::open(lake, spec).await?;
     let loader =
         Loader::new(vec![ds.clone()], &Windows::Preset(Preset::None), LoaderOptions { threads: 0, cache_bytes: 0, frame_table: true })?;

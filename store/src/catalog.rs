@@ -88,7 +88,10 @@ struct Marker {
 /// A lake: a root directory (object store prefix) holding many datasets and their versions.
 #[derive(Debug, Clone)]
 pub struct Lake {
+    /// The lake's directory, for a lake on the local disk (empty on an object store).
     root: PathBuf,
+    /// The lake's location, for a lake on an object store.
+    remote: Option<Arc<crate::remote::Remote>>,
     display: String,
     store: Arc<dyn ObjectStore>,
     /// Opened to be created where there is none ([`Lake::create`]).
@@ -188,8 +191,11 @@ impl Lake {
 
     fn open_inner(root: &str, create: bool) -> Result<Self> {
         let root_err = |message: String| Error::Root { root: root.to_string(), message };
+        if crate::remote::is_remote(root) {
+            return Self::open_remote(root, create);
+        }
         let Some(path) = local_path(root) else {
-            return Err(root_err("only local lakes (a path or an absolute file:// URL) are supported by this build".into()));
+            return Err(root_err("is neither a local path (or file:// URL) nor an object store URL (s3://, gs://, az://)".into()));
         };
         let abs = std::path::absolute(&path).map_err(|e| root_err(e.to_string()))?;
         if !abs.exists()
@@ -279,7 +285,91 @@ impl Lake {
                 .map_err(|e| root_err(format!("cannot write {MARKER}: {e}")))?;
         }
         let store = LocalFileSystem::new_with_prefix(&abs).map_err(|e| root_err(e.to_string()))?.with_automatic_cleanup(true);
-        Ok(Self { root: abs, display: root.to_string(), store: Arc::new(store), creates: create, remade: Arc::default() })
+        Ok(Self { root: abs, remote: None, display: root.to_string(), store: Arc::new(store), creates: create, remade: Arc::default() })
+    }
+
+    /// Opens (with `create`, creates) the lake at the object store location `root`. A new lake's
+    /// marker is created with a conditional put: of two creators one writes it, and both use it.
+    fn open_remote(root: &str, create: bool) -> Result<Self> {
+        let root_err = |message: String| Error::Root { root: root.to_string(), message };
+        let remote = crate::remote::Remote::parse(root)?;
+        // Checked with a client of its own, on a runtime of its own (this is called from sync
+        // and async code alike); the lake's client starts with no connection made.
+        let checked = on_own_runtime(|| async {
+            let probe = crate::remote::Remote::parse(root)?;
+            let store = object_store::prefix::PrefixStore::new(probe.store.clone(), probe.prefix.clone());
+            let marker = Path::from(MARKER);
+            let found = match store.get(&marker).await {
+                Ok(got) => Some(got.bytes().await),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => Some(Err(e)),
+            };
+            let text = match found {
+                Some(text) => text.map_err(|e| root_err(format!("cannot read {MARKER}: {}", crate::error::store_message(&e))))?,
+                None => {
+                    let occupied = store
+                        .list(None)
+                        .try_next()
+                        .await
+                        .map_err(|e| root_err(format!("cannot list it: {}", crate::error::store_message(&e))))?
+                        .is_some();
+                    match (occupied, create) {
+                        (true, _) => {
+                            return Err(root_err(
+                                "holds other objects and is not a lake (no lake.json); choose a new or empty prefix".into(),
+                            ));
+                        }
+                        (false, false) => return Err(root_err("no lake here yet (`lake ingest` creates it)".into())),
+                        (false, true) => {}
+                    }
+                    let body = serde_json::to_vec_pretty(&Marker { format: "lake".into(), layout: LAYOUT }).expect("marker serialises");
+                    match store.put_opts(&marker, PutPayload::from(body.clone()), PutOptions::from(PutMode::Create)).await {
+                        // Another creator's marker is as good as this one.
+                        Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
+                        Err(e) => return Err(root_err(format!("cannot write {MARKER}: {}", crate::error::store_message(&e)))),
+                    }
+                    body.into()
+                }
+            };
+            let found: Marker = serde_json::from_slice(&text).map_err(|e| root_err(format!("{MARKER} is not readable: {e}")))?;
+            if found.format != "lake" || found.layout > LAYOUT {
+                return Err(root_err(format!(
+                    "{MARKER} says format `{}` layout {}; this build reads format `lake` up to layout {LAYOUT}",
+                    found.format, found.layout
+                )));
+            }
+            Ok(())
+        });
+        checked?;
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::prefix::PrefixStore::new(remote.store.clone(), remote.prefix.clone()));
+        Ok(Self {
+            root: PathBuf::new(),
+            remote: Some(Arc::new(remote)),
+            display: root.to_string(),
+            store,
+            creates: create,
+            remade: Arc::default(),
+        })
+    }
+
+    /// Refuses `what` (a table written beside a version: frame tables, proxies, image
+    /// statistics) on a lake on an object store, where those are not written yet.
+    ///
+    /// # Errors
+    /// [`Error::Root`] saying so, for a lake on an object store.
+    pub fn local_only(&self, what: &str) -> Result<()> {
+        match self.remote {
+            Some(_) => Err(Error::Root {
+                root: self.display.clone(),
+                message: format!("is on an object store; {what} are written beside a version only in lakes on the local disk so far"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The lake's directory, when it is on the local disk.
+    pub fn local_root(&self) -> Option<&std::path::Path> {
+        self.remote.is_none().then_some(self.root.as_path())
     }
 
     /// Takes back the lake this process created for an ingest that failed: removes the lake
@@ -288,6 +378,10 @@ impl Lake {
     /// starts from here on finds no lake once its lease is written ([`Lake::begin`] checks), and
     /// one that wrote its lease before is seen here, so that the lake stays.
     pub fn take_back(&self, dir_existed: bool) -> bool {
+        if self.remote.is_some() {
+            // On an object store the lake stays: an empty lake is one marker object.
+            return false;
+        }
         let marker = self.root.join(MARKER);
         let aside = self.root.join(format!("{TAKING_BACK}{}", std::process::id()));
         if std::fs::rename(&marker, &aside).is_err() {
@@ -326,6 +420,9 @@ impl Lake {
     /// Waits (briefly) for the lake's marker to be in place: it is missing while a failed
     /// ingest that created the lake checks whether to remove it, and for good once it did.
     async fn still_a_lake(&self) -> bool {
+        if self.remote.is_some() {
+            return self.store.head(&Path::from(MARKER)).await.is_ok();
+        }
         for _ in 0..100 {
             if self.root.join(MARKER).is_file() {
                 return true;
@@ -345,7 +442,10 @@ impl Lake {
 
     /// The URI Lance should use for a path relative to the root.
     pub fn uri(&self, relative: &str) -> String {
-        self.root.join(relative).to_string_lossy().into_owned()
+        match &self.remote {
+            Some(remote) => remote.join(relative),
+            None => self.root.join(relative).to_string_lossy().into_owned(),
+        }
     }
 
     /// The object store rooted at the lake root.
@@ -713,14 +813,9 @@ impl Lake {
     /// live writer's directory is always named by one of them. Anything unreadable among them
     /// might name a directory, and then nothing is swept.
     async fn sweep_unnamed_versions(&self, name: &str) -> Result<u64> {
-        let Ok(entries) = std::fs::read_dir(self.root.join(DATASETS).join(name)) else { return Ok(0) };
         // Ids are compared, not paths: a version's id (time and random) is unique in the lake,
         // also where the file system folds `Foo` and `foo` together.
-        let found: Vec<String> = entries
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| e.file_name().to_str().map(String::from))
-            .collect();
+        let found = self.child_dirs(&format!("{DATASETS}/{name}")).await?;
         if found.is_empty() {
             return Ok(0);
         }
@@ -1039,7 +1134,7 @@ impl Lake {
         // writer starts; a writer that may create the lake makes it again and starts over.
         for _ in 0..4 {
             match self.begin_once(name).await {
-                Err(Error::Root { .. }) if self.creates && !self.root.join(MARKER).is_file() => {
+                Err(Error::Root { .. }) if self.creates && self.remote.is_none() && !self.root.join(MARKER).is_file() => {
                     Self::open_inner(&self.display, true)?;
                     self.remade.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -1057,7 +1152,7 @@ impl Lake {
         if self.remade.load(std::sync::atomic::Ordering::Relaxed) {
             return Some(false);
         }
-        let note: serde_json::Value = serde_json::from_slice(&std::fs::read(self.root.join(UNCLAIMED)).ok()?).ok()?;
+        let note: serde_json::Value = serde_json::from_slice(&std::fs::read(self.local_root()?.join(UNCLAIMED)).ok()?).ok()?;
         Some(note["dir_existed"].as_bool().unwrap_or(true))
     }
 
@@ -1146,7 +1241,8 @@ impl Lake {
     /// Creates `dir` (relative to the root) and its parents, again when a writer that finished
     /// meanwhile removed an emptied parent between two steps.
     fn make_dir(&self, dir: &str) -> Result<()> {
-        let abs = self.root.join(dir);
+        let Some(root) = self.local_root() else { return Ok(()) };
+        let abs = root.join(dir);
         let mut attempts = 0;
         loop {
             match std::fs::create_dir_all(&abs) {
@@ -1215,8 +1311,9 @@ impl Lake {
     /// it, and a writer killed between the two leaves both. A staging file without its record
     /// may be a live writer's, and stays.
     fn remove_finished_uploads(&self) {
+        let Some(root) = self.local_root() else { return };
         for top in [CATALOG, VIEWS] {
-            let Ok(dirs) = std::fs::read_dir(self.root.join(top)) else { continue };
+            let Ok(dirs) = std::fs::read_dir(root.join(top)) else { continue };
             for dir in dirs.flatten().filter(|e| e.path().is_dir()) {
                 let Ok(files) = std::fs::read_dir(dir.path()) else { continue };
                 for file in files.flatten() {
@@ -1234,7 +1331,8 @@ impl Lake {
     /// are deleted: files an object store never lists, such as the partial upload a writer
     /// killed in the middle of a write leaves (`NAME#1`).
     fn remove_local_dir(&self, dir: &str) -> Result<()> {
-        let abs = self.root.join(dir);
+        let Some(root) = self.local_root() else { return Ok(()) };
+        let abs = root.join(dir);
         match std::fs::remove_dir_all(&abs) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -1261,9 +1359,7 @@ impl Lake {
             .filter_map(|p| p.filename().and_then(|f| f.strip_suffix(".json")).map(str::to_string))
             .collect();
         let mut removed = Vec::new();
-        let Ok(names) = std::fs::read_dir(self.root.join(DATASETS)) else { return Ok(removed) };
-        for name in names.flatten().filter(|e| e.path().is_dir()) {
-            let Some(name) = name.file_name().to_str().map(str::to_string) else { continue };
+        for name in self.child_dirs(DATASETS).await? {
             if validate_name(&name).is_err() {
                 continue;
             }
@@ -1280,9 +1376,7 @@ impl Lake {
             if !readable {
                 continue;
             }
-            let Ok(dirs) = std::fs::read_dir(self.root.join(DATASETS).join(&name)) else { continue };
-            for dir in dirs.flatten() {
-                let Some(id) = dir.file_name().to_str().map(str::to_string) else { continue };
+            for id in self.child_dirs(&format!("{DATASETS}/{name}")).await? {
                 let rel = format!("{DATASETS}/{name}/{id}");
                 if leased.contains(&id) || named.contains(&rel) {
                     continue;
@@ -1292,11 +1386,33 @@ impl Lake {
                 if self.store.head(&Path::from(format!("{STAGING}/{id}.json"))).await.is_ok() {
                     continue;
                 }
+                if self.remote.is_some() {
+                    self.delete_prefix(&rel).await?;
+                }
                 self.remove_local_dir(&rel)?;
                 removed.push(rel);
             }
         }
         Ok(removed)
+    }
+
+    /// The names of the directories in `dir` (relative to the root): on an object store, the
+    /// prefixes one level below it.
+    async fn child_dirs(&self, dir: &str) -> Result<Vec<String>> {
+        if let Some(root) = self.local_root() {
+            let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return Ok(Vec::new()) };
+            return Ok(entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().to_str().map(String::from))
+                .collect());
+        }
+        let prefix = Path::from(dir);
+        match self.store.list_with_delimiter(Some(&prefix)).await {
+            Ok(listed) => Ok(listed.common_prefixes.iter().filter_map(|p| p.filename().map(String::from)).collect()),
+            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(Error::store(prefix.to_string())(e)),
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Path>> {
@@ -1346,6 +1462,10 @@ impl Lake {
     /// holds only lease files, and a writer whose lease's directory was just removed makes it
     /// again.
     fn prune(&self, dir: &str) {
+        if self.remote.is_some() {
+            // An object store has no directories to leave behind.
+            return;
+        }
         fn prune_tree(dir: &std::path::Path) -> bool {
             let Ok(entries) = std::fs::read_dir(dir) else { return false };
             let mut empty = true;
@@ -1367,6 +1487,16 @@ impl Lake {
             }
         }
     }
+}
+
+/// What became of a commit record's create.
+enum Written {
+    /// The record is there, this writer's.
+    Yes,
+    /// Another writer's record took the number.
+    Taken,
+    /// Not written.
+    Failed(object_store::Error),
 }
 
 /// What [`PendingVersion::commit_unless`] did.
@@ -1485,8 +1615,30 @@ impl PendingVersion {
             let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
             let put =
                 self.lake.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await;
-            match put {
-                Ok(_) => {
+            // An object store may take a request whose answer is lost: a retry of the create then
+            // finds the record there, and an error may follow a write that happened. The record
+            // at the path says whose it is.
+            let written = match put {
+                Ok(_) => Written::Yes,
+                Err(object_store::Error::AlreadyExists { .. }) => match self.record_is_ours(&path).await {
+                    Ok(true) => Written::Yes,
+                    _ => Written::Taken,
+                },
+                Err(e) => match self.record_is_ours(&path).await {
+                    Ok(true) => Written::Yes,
+                    Ok(false) => Written::Failed(e),
+                    Err(unread) => {
+                        // The directory and lease stay: a record may name them. Garbage
+                        // collection keeps them if one does, and removes them once this
+                        // process is gone otherwise.
+                        self.done = true;
+                        let message = format!("{}; reading it back: {unread}", crate::error::store_message(&e));
+                        return Err(Error::CommitUnknown { name: self.name.clone(), version, message });
+                    }
+                },
+            };
+            match written {
+                Written::Yes => {
                     // `lake rm` may have removed the version this one took the number after, and
                     // its record with it, between the listing and the write: then this version
                     // is hidden by the removal, and finishing the removal would delete it.
@@ -1502,12 +1654,14 @@ impl PendingVersion {
                     let _ = self.lake.store.delete(&self.lease).await;
                     self.lake.prune(STAGING);
                     // The lake holds a dataset now: no failed ingest is to take it back.
-                    let _ = std::fs::remove_file(self.lake.root.join(UNCLAIMED));
+                    if let Some(root) = self.lake.local_root() {
+                        let _ = std::fs::remove_file(root.join(UNCLAIMED));
+                    }
                     return Ok(Committed::New(record));
                 }
                 // Another writer took the number between the listing and now: the next one.
-                Err(object_store::Error::AlreadyExists { .. }) => {}
-                Err(e) => {
+                Written::Taken => {}
+                Written::Failed(e) => {
                     self.abort_inner().await?;
                     // The record's directory, made for it, goes when it is left empty.
                     self.lake.prune(&format!("{CATALOG}/{}", self.name));
@@ -1517,6 +1671,18 @@ impl PendingVersion {
         }
         self.abort_inner().await?;
         Err(Error::Conflict { name: self.name.clone(), version })
+    }
+
+    /// Whether the commit record at `path` is this writer's (names its directory); `false` when
+    /// there is none.
+    async fn record_is_ours(&self, path: &Path) -> Result<bool> {
+        match self.lake.read_record(path).await {
+            Ok(record) => Ok(record.tables.dir == self.dir),
+            Err(Error::ObjectStore { source: object_store::Error::NotFound { .. }, .. }) => Ok(false),
+            // Another writer's record being written, or damaged: not this writer's.
+            Err(Error::Record { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Removes everything this version wrote, leaving the lake as it was before [`Lake::begin`].
@@ -1545,6 +1711,19 @@ impl Drop for PendingVersion {
         if !self.done {
             // Dropped without commit or abort (a panic or a cancelled task): remove the files
             // synchronously so nothing half-written stays behind.
+            if self.lake.remote.is_some() {
+                // On an object store, deleted in the background where a runtime runs; otherwise
+                // the next garbage collection removes them (this process's lease is dead then).
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    let (lake, dir, lease) = (self.lake.clone(), self.dir.clone(), self.lease.clone());
+                    handle.spawn(async move {
+                        if lake.delete_prefix(&dir).await.is_ok() {
+                            let _ = lake.store.delete(&lease).await;
+                        }
+                    });
+                }
+                return;
+            }
             let root = self.lake.root.clone();
             let _ = std::fs::remove_dir_all(root.join(&self.dir));
             let _ = std::fs::remove_file(root.join(self.lease.as_ref()));
@@ -1552,6 +1731,17 @@ impl Drop for PendingVersion {
             self.lake.prune(STAGING);
         }
     }
+}
+
+/// Runs the future `make` gives on a runtime of its own, on a thread of its own: for sync code
+/// that may itself run inside a runtime.
+fn on_own_runtime<T: Send, F: std::future::Future<Output = T>>(make: impl FnOnce() -> F + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(make()))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 /// The error of a removal whose record is written but whose files could not all be deleted.
@@ -1894,6 +2084,93 @@ mod lifecycle_tests {
         write_file(lake, &format!("{dir}/steps.lance/data/part.lance"));
         pending.commit(record(name, 0, &dir)).await.unwrap();
         dir
+    }
+
+    /// A store that writes a commit record and then loses the answer, as an object store
+    /// behind a flaky network can: `reset` answers with an error, otherwise with the
+    /// `AlreadyExists` a retried create gets.
+    #[derive(Debug)]
+    struct LostAnswers {
+        inner: Arc<dyn ObjectStore>,
+        reset: bool,
+        unreadable: bool,
+        lost: std::sync::atomic::AtomicBool,
+    }
+
+    impl std::fmt::Display for LostAnswers {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("LostAnswers")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for LostAnswers {
+        async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> object_store::Result<object_store::PutResult> {
+            let written = self.inner.put_opts(location, payload, opts).await?;
+            let record = location.as_ref().starts_with(CATALOG);
+            if record && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                let source = "connection reset by peer".into();
+                return Err(match self.reset {
+                    true => object_store::Error::Generic { store: "S3", source },
+                    false => object_store::Error::AlreadyExists { path: location.to_string(), source },
+                });
+            }
+            Ok(written)
+        }
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.inner.put_multipart_opts(location, opts).await
+        }
+        async fn get_opts(&self, location: &Path, options: object_store::GetOptions) -> object_store::Result<object_store::GetResult> {
+            if self.unreadable && location.as_ref().starts_with(CATALOG) {
+                return Err(object_store::Error::Generic { store: "S3", source: "timed out".into() });
+            }
+            self.inner.get_opts(location, options).await
+        }
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+            self.inner.delete_stream(locations)
+        }
+        fn list(&self, prefix: Option<&Path>) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+        async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<object_store::ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(&self, from: &Path, to: &Path, options: object_store::CopyOptions) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_commit_whose_answer_was_lost_is_this_writers_version_or_says_it_is_unknown() {
+        for (reset, unreadable) in [(false, false), (true, false), (true, true)] {
+            let tmp = tempfile::tempdir().unwrap();
+            let mut lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+            let lost = LostAnswers { inner: lake.store.clone(), reset, unreadable, lost: Default::default() };
+            lake.store = Arc::new(lost);
+            let pending = lake.begin("ds").await.unwrap();
+            let dir = pending.dir().to_string();
+            write_file(&lake, &format!("{dir}/steps.lance/data/part.lance"));
+            let committed = pending.commit(record("ds", 0, &dir)).await;
+            let case = format!("reset {reset}, record unreadable {unreadable}");
+            if unreadable {
+                let err = committed.unwrap_err().to_string();
+                assert!(err.contains("whether version 1 was committed is unknown"), "{case}: {err}");
+                assert!(lake.root.join(&dir).is_dir(), "{case}: the directory a record may name stays");
+                continue;
+            }
+            let r = committed.unwrap();
+            assert_eq!((r.version, r.tables.dir.as_str()), (1, dir.as_str()), "{case}");
+            assert!(lake.root.join(&dir).is_dir(), "{case}: the committed version's tables stay");
+            assert_eq!(lake.resolve("ds").await.unwrap().version, 1, "{case}: one version, no second record");
+            assert!(lake.list(STAGING).await.unwrap().is_empty(), "{case}: the lease is dropped");
+        }
     }
 
     #[tokio::test]

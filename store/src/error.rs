@@ -62,6 +62,20 @@ pub enum Error {
         /// The version number taken.
         version: u64,
     },
+    /// Writing a commit record failed in a way that leaves unknown whether it was written (the
+    /// store took the request and the answer was lost), and reading it back failed too.
+    #[error(
+        "dataset `{name}`: whether version {version} was committed is unknown ({message}); `lake ls` shows whether it was, and the \
+         next ingest removes what this one wrote if not"
+    )]
+    CommitUnknown {
+        /// Dataset name.
+        name: String,
+        /// The version number tried.
+        version: u64,
+        /// What failed.
+        message: String,
+    },
     /// A dataset is removed (its removal record is written) but deleting its files failed.
     #[error(
         "dataset `{name}` is removed (no reader sees it any more), but deleting its files failed: {message}; `lake rm {name}` again, \
@@ -175,6 +189,22 @@ pub fn without_source_locations(message: &str) -> String {
         part.contains(".rs:") && !part.contains(' ') && part.rsplit(':').next().is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()))
     };
     message.split(", ").filter(|part| !location(part)).collect::<Vec<_>>().join(", ")
+}
+
+/// An object store's error in one line, with its causes (which name the request that failed: a
+/// refused connection, a timeout) where its own message leaves them out.
+pub fn store_message(e: &object_store::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
 }
 
 impl Error {

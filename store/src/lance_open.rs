@@ -11,7 +11,14 @@ use lance::Dataset;
 pub async fn open_lance(uri: &str) -> lance::Result<Dataset> {
     use futures::FutureExt;
     quiet_panics::install();
-    match std::panic::AssertUnwindSafe(quiet_panics::Quiet(Box::pin(Dataset::open(uri)))).catch_unwind().await {
+    let opening = async {
+        match crate::remote::is_remote(uri) {
+            // Tables on object stores are read through lake's clients for them.
+            true => lance::dataset::builder::DatasetBuilder::from_uri(uri).with_session(crate::remote::session()).load().await,
+            false => Dataset::open(uri).await,
+        }
+    };
+    match std::panic::AssertUnwindSafe(quiet_panics::Quiet(Box::pin(opening))).catch_unwind().await {
         Ok(opened) => opened,
         Err(panic) => {
             let why = panic.downcast_ref::<&str>().map(ToString::to_string).or_else(|| panic.downcast_ref::<String>().cloned());

@@ -15,6 +15,7 @@
 mod catalog;
 mod error;
 mod lance_open;
+pub mod remote;
 mod removal;
 mod tables;
 
@@ -23,7 +24,9 @@ pub use crate::{
         Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, RemovalReport, Unreadable, absolute_location,
         default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
     },
-    error::{Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, without_source_locations},
+    error::{
+        Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, store_message, without_source_locations,
+    },
     lance_open::open_lance,
     removal::Removal,
     tables::{

@@ -26,8 +26,11 @@ const MAX_ROWS_PER_FILE: usize = 256 * 1024;
 /// Bytes per Lance data file before a new one starts (soft limit).
 const MAX_BYTES_PER_FILE: usize = 1 << 30;
 
-fn write_params(mode: WriteMode) -> WriteParams {
-    WriteParams { mode, max_rows_per_file: MAX_ROWS_PER_FILE, max_bytes_per_file: MAX_BYTES_PER_FILE, ..Default::default() }
+/// How lake writes a table at `uri`: files of bounded size, and on object stores through lake's
+/// clients for them.
+fn write_params(uri: &str, mode: WriteMode) -> WriteParams {
+    let session = crate::remote::is_remote(uri).then(crate::remote::session);
+    WriteParams { mode, max_rows_per_file: MAX_ROWS_PER_FILE, max_bytes_per_file: MAX_BYTES_PER_FILE, session, ..Default::default() }
 }
 
 /// Writes `batches` as a new Lance table at `uri` and returns its row count.
@@ -37,7 +40,7 @@ fn write_params(mode: WriteMode) -> WriteParams {
 pub async fn write_table(uri: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<u64> {
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
-    Dataset::write(reader, uri, Some(write_params(WriteMode::Create))).await.map_err(Error::lance(uri))?;
+    Dataset::write(reader, uri, Some(write_params(uri, WriteMode::Create))).await.map_err(Error::lance(uri))?;
     Ok(rows as u64)
 }
 
@@ -89,7 +92,7 @@ where
         }
     });
     let stream: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(schema, stream));
-    let params = write_params(WriteMode::Create);
+    let params = write_params(&uri, WriteMode::Create);
     let result = InsertBuilder::new(uri.as_str()).with_params(&params).execute_uncommitted_stream(stream).await;
     if let Some(e) = failure.lock().expect("producer error slot").take() {
         return Err(e);
@@ -145,7 +148,11 @@ pub async fn commit_parts_with(
     };
     schema.metadata.extend(metadata);
     let op = Operation::Overwrite { fragments, schema, config_upsert_values: None, initial_bases: None };
-    CommitBuilder::new(uri).execute(Transaction::new(0, op, None)).await.map_err(Error::lance(uri))?;
+    let mut commit = CommitBuilder::new(uri);
+    if crate::remote::is_remote(uri) {
+        commit = commit.with_session(crate::remote::session());
+    }
+    commit.execute(Transaction::new(0, op, None)).await.map_err(Error::lance(uri))?;
     Ok(rows)
 }
 

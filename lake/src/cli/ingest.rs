@@ -315,8 +315,14 @@ struct NewLake {
 
 impl NewLake {
     fn create(root: &str) -> anyhow::Result<Self> {
-        let path = std::path::absolute(lake_store::local_path(root).unwrap_or_else(|| root.into()))?;
-        let made = (!path.join("lake.json").exists()).then(|| path.exists());
+        // A lake on an object store is one marker object when empty: it stays.
+        let made = match lake_store::local_path(root).filter(|_| !lake_store::remote::is_remote(root)) {
+            Some(path) => {
+                let path = std::path::absolute(path)?;
+                (!path.join("lake.json").exists()).then(|| path.exists())
+            }
+            None => None,
+        };
         Ok(Self { lake: Lake::create(root)?, made })
     }
 

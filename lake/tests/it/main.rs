@@ -8,5 +8,6 @@ mod docs;
 mod export;
 mod lifecycle;
 mod loader;
+mod object_store;
 mod serve;
 mod sql;

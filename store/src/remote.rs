@@ -1,0 +1,186 @@
+//! Lakes and sources on object stores: S3 and S3-compatible servers (`s3://bucket/prefix`), Google
+//! Cloud Storage (`gs://`) and Azure Blob Storage (`az://`).
+//!
+//! Stores are object_store's own clients, configured from the environment as each cloud's tools
+//! are (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_SESSION_TOKEN`, `AWS_ALLOW_HTTP`; `GOOGLE_SERVICE_ACCOUNT`; `AZURE_STORAGE_ACCOUNT_NAME`,
+//! …), with transient errors (5xx, timeouts, reset connections) retried with backoff
+//! (`OBJECT_STORE_CLIENT_MAX_RETRIES`, `OBJECT_STORE_CLIENT_RETRY_TIMEOUT` seconds). Lance opens
+//! and commits tables through the same clients: lake registers them with Lance for their schemes
+//! ([`session`]), and Lance commits a table version with a conditional put, as the catalog
+//! commits its records, so nothing relies on rename.
+
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
+
+use lance::{
+    io::{ObjectStoreParams, ObjectStoreRegistry},
+    session::Session,
+};
+use object_store::{ObjectStore, RetryConfig, path::Path};
+use url::Url;
+
+use crate::{Error, Result};
+
+/// URL schemes of the object stores lake reads and writes.
+pub const SCHEMES: [&str; 3] = ["s3", "gs", "az"];
+
+/// Whether `location` is a URL of an object store lake can use.
+pub fn is_remote(location: &str) -> bool {
+    location.split_once("://").is_some_and(|(scheme, _)| SCHEMES.contains(&scheme))
+}
+
+/// A location on an object store, parsed: the store of its bucket (or container), and the
+/// prefix inside it.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// The location without a trailing `/` (`s3://bucket/prefix`).
+    pub url: String,
+    /// The store of the bucket.
+    pub store: Arc<dyn ObjectStore>,
+    /// The prefix inside the bucket (empty for the bucket's root).
+    pub prefix: Path,
+}
+
+impl Remote {
+    /// Parses `location` and builds its store from the environment.
+    ///
+    /// # Errors
+    /// [`Error::Root`] when the location is not a URL of a known store, has no bucket, or the
+    /// store cannot be configured (a missing region, malformed credentials).
+    pub fn parse(location: &str) -> Result<Self> {
+        let err = |message: String| Error::Root { root: location.to_string(), message };
+        let trimmed = location.trim_end_matches('/');
+        let url = Url::parse(trimmed).map_err(|e| err(format!("not a URL: {e}")))?;
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(err(format!("names no bucket ({}://BUCKET/PREFIX)", url.scheme())));
+        }
+        let store = store_for(&url).map_err(|e| err(e.to_string()))?;
+        let prefix = Path::from_url_path(url.path()).map_err(|e| err(format!("bad path: {e}")))?;
+        Ok(Self { url: trimmed.to_string(), store, prefix })
+    }
+
+    /// The URL of `relative` (a path below the location).
+    pub fn join(&self, relative: &str) -> String {
+        match relative.trim_start_matches('/') {
+            "" | "." => self.url.clone(),
+            rel => format!("{}/{rel}", self.url),
+        }
+    }
+}
+
+/// How many times a request is retried, and for how long: object_store's defaults, or the
+/// environment's `OBJECT_STORE_CLIENT_MAX_RETRIES` and `OBJECT_STORE_CLIENT_RETRY_TIMEOUT`
+/// (seconds), the names Lance reads too.
+fn retry_config() -> RetryConfig {
+    let mut retry = RetryConfig::default();
+    if let Some(n) = std::env::var("OBJECT_STORE_CLIENT_MAX_RETRIES").ok().and_then(|v| v.parse().ok()) {
+        retry.max_retries = n;
+    }
+    if let Some(s) = std::env::var("OBJECT_STORE_CLIENT_RETRY_TIMEOUT").ok().and_then(|v| v.parse::<f64>().ok()) {
+        retry.retry_timeout = Duration::from_secs_f64(s.max(0.0));
+    }
+    retry
+}
+
+/// The store of the bucket (container) `url` names, configured from the environment.
+fn store_for(url: &Url) -> object_store::Result<Arc<dyn ObjectStore>> {
+    install_crypto();
+    Ok(match url.scheme() {
+        "s3" => {
+            let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url.as_str()).with_retry(retry_config());
+            // An S3-compatible server named by AWS_ENDPOINT_URL is usually reached by path.
+            if std::env::var_os("AWS_ENDPOINT_URL").is_some() || std::env::var_os("AWS_ENDPOINT").is_some() {
+                builder = builder.with_virtual_hosted_style_request(false);
+            }
+            Arc::new(builder.build()?)
+        }
+        "gs" => {
+            Arc::new(object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url.as_str()).with_retry(retry_config()).build()?)
+        }
+        "az" => Arc::new(object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url.as_str()).with_retry(retry_config()).build()?),
+        other => {
+            return Err(object_store::Error::NotSupported {
+                source: format!("`{other}://` is not an object store lake can use (s3://, gs://, az://)").into(),
+            });
+        }
+    })
+}
+
+/// Makes ring rustls' default crypto provider, once: the HTTP client is built without one.
+fn install_crypto() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        // Another part of the process may have installed one first; either serves.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// Lance's access to the object stores, through lake's clients.
+#[derive(Debug)]
+struct Provider;
+
+#[async_trait::async_trait]
+impl lance_io::object_store::ObjectStoreProvider for Provider {
+    async fn new_store(&self, base: Url, params: &ObjectStoreParams) -> lance::Result<lance::io::ObjectStore> {
+        let store = store_for(&base).map_err(|e| lance::Error::invalid_input(format!("{base}: {e}")))?;
+        Ok(lance::io::ObjectStore::new(
+            store,
+            base,
+            params.block_size,
+            params.object_store_wrapper.clone(),
+            params.use_constant_size_upload_parts,
+            // Object stores list keys in lexical order.
+            params.list_is_lexically_ordered.unwrap_or(true),
+            lance_io_parallelism(),
+            DOWNLOAD_RETRIES,
+            None,
+        ))
+    }
+}
+
+/// Reads in flight per store: Lance's default for cloud stores.
+fn lance_io_parallelism() -> usize {
+    64
+}
+
+/// Retries of a download whose body broke off: Lance's default.
+const DOWNLOAD_RETRIES: usize = 3;
+
+/// The Lance session every table on an object store is opened and written with: Lance's
+/// default caches, and lake's clients for [`SCHEMES`].
+pub fn session() -> Arc<Session> {
+    static SESSION: OnceLock<Arc<Session>> = OnceLock::new();
+    SESSION
+        .get_or_init(|| {
+            let registry = ObjectStoreRegistry::default();
+            for scheme in SCHEMES {
+                registry.insert(scheme, Arc::new(Provider));
+            }
+            Arc::new(Session::new(
+                lance::dataset::DEFAULT_INDEX_CACHE_SIZE,
+                lance::dataset::DEFAULT_METADATA_CACHE_SIZE,
+                Arc::new(registry),
+            ))
+        })
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_store_urls_are_told_from_paths_and_parsed_with_their_prefix() {
+        assert!(is_remote("s3://bucket/lake") && is_remote("gs://b") && is_remote("az://c/p"));
+        assert!(!is_remote("/data/lake") && !is_remote("file:///data/lake") && !is_remote("http://host/lake") && !is_remote("lake"));
+        let remote = Remote::parse("s3://bucket/some/lake/").expect("parses");
+        assert_eq!((remote.url.as_str(), remote.prefix.as_ref()), ("s3://bucket/some/lake", "some/lake"));
+        assert_eq!(remote.join("catalog/a/v00000001.json"), "s3://bucket/some/lake/catalog/a/v00000001.json");
+        assert_eq!(remote.join("."), "s3://bucket/some/lake");
+        let err = Remote::parse("s3:///lake").unwrap_err().to_string();
+        assert!(err.contains("names no bucket"), "{err}");
+    }
+}

@@ -1,0 +1,83 @@
+//! A real S3-compatible server on loopback for object-store tests: `scripts/s3-server.sh` (moto's
+//! S3 behind `scripts/s3_server.py`, which makes conditional writes atomic), in the venv
+//! `scripts/s3-env.sh` makes.
+
+use std::{path::PathBuf, process::Command};
+
+use crate::files::workspace_root;
+
+/// A running server, stopped when dropped (and by itself when the test process is gone).
+#[derive(Debug)]
+pub struct S3Server {
+    env: Vec<(String, String)>,
+    pid: u32,
+    _dir: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts a server with one bucket, `lake`.
+    ///
+    /// # Panics
+    /// When the server cannot start: the message is the script's (it names `scripts/s3-env.sh`
+    /// when the venv is missing).
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let out = Command::new(workspace_root().join("scripts/s3-server.sh"))
+            .env("LAKE_S3_DIR", dir.path())
+            .env("LAKE_S3_WATCH_PID", std::process::id().to_string())
+            .output()
+            .expect("run scripts/s3-server.sh");
+        assert!(out.status.success(), "the S3 test server did not start: {}", String::from_utf8_lossy(&out.stderr));
+        let mut env = Vec::new();
+        let mut pid = None;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some((key, value)) = line.split_once('=') else { continue };
+            match key {
+                "LAKE_S3_PID" => pid = value.parse().ok(),
+                "LAKE_S3_LOG" => {}
+                _ => env.push((key.to_string(), value.to_string())),
+            }
+        }
+        let pid = pid.expect("scripts/s3-server.sh prints LAKE_S3_PID");
+        Self { env, pid, _dir: dir }
+    }
+
+    /// The variables that point a client at this server (endpoint, region, credentials, plain
+    /// HTTP allowed).
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> &str {
+        self.env.iter().find(|(k, _)| k == "AWS_ENDPOINT_URL").map(|(_, v)| v.as_str()).expect("an endpoint")
+    }
+
+    /// Stops the server at once (SIGKILL): its objects are gone with it.
+    pub fn kill(&self) {
+        // SAFETY: a signal to the pid of the server this handle started.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGKILL);
+        }
+    }
+
+    /// The keys under `prefix` in bucket `lake`, listed with the server's own client (boto3).
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let python = std::env::var_os("LAKE_S3_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/lake/s3-venv/bin/python"));
+        let script = "import boto3, sys\n\
+            s3 = boto3.client('s3')\n\
+            for page in s3.get_paginator('list_objects_v2').paginate(Bucket='lake', Prefix=sys.argv[1]):\n\
+            \x20   for o in page.get('Contents', []): print(o['Key'])\n";
+        let out = Command::new(python).arg("-c").arg(script).arg(prefix).envs(self.env.iter().cloned()).output().expect("run python");
+        assert!(out.status.success(), "listing the bucket failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
