@@ -6,7 +6,7 @@ use std::time::Instant;
 use cudarc::driver::DevicePtr as _;
 use lake_codec::YuvToRgb;
 
-use crate::colour::{Geometry, Layout, Target, convert_on_cpu};
+use crate::colour::{Geometry, Layout, Matrix, Target, YuvToRgb10, convert_on_cpu};
 use crate::{Gpu, Result};
 
 /// The libraries and devices found.
@@ -52,52 +52,67 @@ pub struct ColourCheck {
     pub rgb24_equal: bool,
     /// Whether the device's normalised float32 equals the twin's, bit for bit.
     pub float32_equal: bool,
+    /// Whether the device's normalised bfloat16 equals the twin's, bit for bit.
+    pub bf16_equal: bool,
+    /// Whether the device's RGB24 of P010 surfaces (BT.709, limited range) equals the twin's.
+    pub p010_equal: bool,
     /// Milliseconds a batch takes on the device (RGB24, the mean of the timed launches).
     pub ms_per_batch: f64,
 }
 
 /// Converts a batch of `frames` frames of `width` × `height` (fixed noise, every frame its own)
-/// on `gpu` and with the twin, as RGB24 and as ImageNet-normalised float32, compares them, and
-/// times `repeats` launches of the RGB24 batch.
+/// on `gpu` and with the twin, compares them, and times `repeats` launches of the RGB24 batch:
+/// 8-bit planes with `matrix` as RGB24, ImageNet-normalised float32 and bfloat16, and the same
+/// noise as P010 surfaces (a pitch wider than the row) with BT.709 limited range as RGB24.
 ///
 /// # Errors
 /// [`crate::Error::Driver`] when the device fails, [`crate::Error::Layout`] for a size without
 /// pixels.
 pub fn colour_check(gpu: &Gpu, frames: usize, width: u32, height: u32, matrix: &YuvToRgb, repeats: u32) -> Result<ColourCheck> {
-    let geometry = Geometry { width, height, layout: Layout::Yuv420p };
-    let frame_bytes = geometry.frame_bytes();
-    let host: Vec<u8> = (0..(frame_bytes * frames) as u64).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    let refs: Vec<&[u8]> = host.chunks_exact(frame_bytes).collect();
+    let planes = Geometry { width, height, layout: Layout::Yuv420p };
+    let pitch = 4 * width.div_ceil(2) + 64;
+    let uv_offset = u64::from(pitch) * u64::from(height);
+    let p010 = Geometry { layout: Layout::P010 { pitch, uv_offset }, ..planes };
+    let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+    let runs: [(Geometry, Matrix, Target); 4] = [
+        (planes, (*matrix).into(), Target::Rgb24),
+        (planes, (*matrix).into(), Target::Float32Chw { mean, std }),
+        (planes, (*matrix).into(), Target::Bf16Chw { mean, std }),
+        (p010, YuvToRgb10::for_colorspace(1, false).into(), Target::Rgb24),
+    ];
     let stream = gpu.stream();
-    let on_device = stream.clone_htod(&host)?;
-    let (base, _read) = on_device.device_ptr(stream);
-    let addresses: Vec<u64> = (0..frames).map(|f| base + (f * frame_bytes) as u64).collect();
-    let float = Target::Float32Chw { mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] };
-    let mut equal = [false; 2];
+    let mut equal = [false; 4];
     let mut ms_per_batch = 0.0;
-    for (k, target) in [Target::Rgb24, float].into_iter().enumerate() {
+    for (k, (geometry, matrix, target)) in runs.into_iter().enumerate() {
+        let frame_bytes = geometry.frame_bytes();
+        let host: Vec<u8> = (0..(frame_bytes * frames) as u64).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let refs: Vec<&[u8]> = host.chunks_exact(frame_bytes).collect();
+        let on_device = stream.clone_htod(&host)?;
+        let (base, _read) = on_device.device_ptr(stream);
+        let addresses: Vec<u64> = (0..frames).map(|f| base + (f * frame_bytes) as u64).collect();
         let bytes = target.bytes(frames, width, height);
         let out = stream.alloc_zeros::<u8>(bytes)?;
         let (out_ptr, _write) = out.device_ptr(stream);
         // SAFETY: the frames and the output are allocations of this GPU of the sizes the
         // geometry and target need, alive until after the synchronisation below.
-        unsafe { gpu.convert(&addresses, geometry, matrix, target, out_ptr) }?;
+        unsafe { gpu.convert(&addresses, geometry, &matrix, target, out_ptr) }?;
         gpu.synchronize()?;
         let device = stream.clone_dtoh(&out)?;
         let mut twin = vec![0_u8; bytes];
-        convert_on_cpu(&refs, geometry, matrix, target, &mut twin)?;
+        convert_on_cpu(&refs, geometry, &matrix, target, &mut twin)?;
         equal[k] = device == twin;
         if k == 0 {
             let began = Instant::now();
             for _ in 0..repeats {
                 // SAFETY: as above.
-                unsafe { gpu.convert(&addresses, geometry, matrix, target, out_ptr) }?;
+                unsafe { gpu.convert(&addresses, geometry, &matrix, target, out_ptr) }?;
             }
             gpu.synchronize()?;
             ms_per_batch = began.elapsed().as_secs_f64() * 1e3 / f64::from(repeats.max(1));
         }
     }
-    Ok(ColourCheck { frames, width, height, rgb24_equal: equal[0], float32_equal: equal[1], ms_per_batch })
+    let [rgb24_equal, float32_equal, bf16_equal, p010_equal] = equal;
+    Ok(ColourCheck { frames, width, height, rgb24_equal, float32_equal, bf16_equal, p010_equal, ms_per_batch })
 }
 
 /// The RGB24 frames of NV12 `surfaces` (NVDEC's, in this GPU's memory) as lake's kernel makes

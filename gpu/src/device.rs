@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use lake_codec::YuvToRgb;
-
-use crate::colour::{ENTRY, Geometry, KERNELS, Layout, Target};
+use crate::colour::{ENTRY, Geometry, KERNELS, Matrix, Target};
 use crate::{Error, Result};
 
 /// A GPU with lake's kernels loaded.
@@ -76,23 +74,32 @@ impl Gpu {
 
 impl Gpu {
     /// Converts a batch on this GPU in one launch on its stream: the frames at the device
-    /// addresses `frames` (each as `geometry` says) into the device buffer `out`
+    /// addresses `frames` (each as `geometry` says), with `matrix` (of the layout's bit depth),
+    /// into the device buffer `out`
     /// (at least [`Target::bytes`] long), which may be a tensor's storage. Returns once the
     /// launch is queued; work queued after it on the same stream sees its result.
     ///
     /// # Safety
     /// Every address in `frames` must point to device memory of this GPU holding at least
-    /// [`Layout::frame_bytes`] bytes, and `out` to device memory of at least
+    /// [`Layout::frame_bytes`](crate::colour::Layout::frame_bytes) bytes, and `out` to device memory of at least
     /// [`Target::bytes`] bytes that nothing else uses until the launch completes.
     ///
     /// # Errors
-    /// [`Error::Layout`] for sizes that do not fit, [`Error::Driver`] when the
-    /// launch fails.
-    pub unsafe fn convert(&self, frames: &[u64], geometry: Geometry, matrix: &YuvToRgb, target: Target, out: u64) -> Result<()> {
+    /// [`Error::Layout`] for sizes that do not fit or a matrix of another bit depth,
+    /// [`Error::Driver`] when the launch fails.
+    pub unsafe fn convert<M: Into<Matrix> + Copy>(
+        &self,
+        frames: &[u64],
+        geometry: Geometry,
+        matrix: &M,
+        target: Target,
+        out: u64,
+    ) -> Result<()> {
         use cudarc::driver::{LaunchConfig, PushKernelArg as _};
 
         geometry.check()?;
         let Geometry { width, height, layout } = geometry;
+        let [y_term, y_gain, v_to_r, u_to_g, v_to_g, u_to_b] = (*matrix).into().for_layout(layout)?;
         if frames.is_empty() {
             return Ok(());
         }
@@ -100,19 +107,13 @@ impl Gpu {
         let blocks = u32::try_from(threads.div_ceil(256)).map_err(|_| Error::Layout(format!("{threads} pixels in one batch")))?;
         let table = self.stream().clone_htod(frames)?;
         let (count, w, h) = (frames.len() as i32, width as i32, height as i32);
-        let (nv12, pitch, uv_offset) = match layout {
-            Layout::Yuv420p => (0_i32, w, 0_u64),
-            Layout::Nv12 { pitch, uv_offset } => (1, pitch as i32, uv_offset),
-        };
-        let (kind, mean, std) = match target {
-            Target::Rgb24 => (0_i32, [0.0_f32; 3], [1.0_f32; 3]),
-            Target::Float32Chw { mean, std } => (1, mean, std),
-        };
-        let m = matrix;
+        let (code, pitch, uv_offset) = layout.code(width);
+        let pitch = pitch as i32;
+        let (kind, mean, std) = target.code();
         let function = &self.colour;
         let mut launch = self.stream().launch_builder(function);
-        launch.arg(&table).arg(&count).arg(&w).arg(&h).arg(&nv12).arg(&pitch).arg(&uv_offset);
-        launch.arg(&m.y_offset).arg(&m.y_gain).arg(&m.v_to_r).arg(&m.u_to_g).arg(&m.v_to_g).arg(&m.u_to_b);
+        launch.arg(&table).arg(&count).arg(&w).arg(&h).arg(&code).arg(&pitch).arg(&uv_offset);
+        launch.arg(&y_term).arg(&y_gain).arg(&v_to_r).arg(&u_to_g).arg(&v_to_g).arg(&u_to_b);
         launch.arg(&kind).arg(&out);
         launch.arg(&mean[0]).arg(&mean[1]).arg(&mean[2]).arg(&std[0]).arg(&std[1]).arg(&std[2]);
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -194,6 +195,8 @@ mod tests {
             Ok(ptx) => {
                 assert!(ptx.contains(".entry lake_yuv_to_rgb"), "no entry point in:\n{ptx}");
                 assert!(!ptx.contains("fma."), "a fused multiply-add in:\n{ptx}");
+                // bfloat16 rounding is integer work on the float's bits, not a conversion.
+                assert!(!ptx.contains("bf16"), "a bfloat16 instruction in:\n{ptx}");
                 eprintln!("NVRTC {:?} compiled the kernels: {} bytes of PTX", super::nvrtc_version(), ptx.len());
             }
             Err(crate::Error::Unavailable(why)) if !required => eprintln!("skipped: {why}"),

@@ -4,10 +4,11 @@
 //!
 //! # Crate tour
 //! - [`colour`]: YUV 4:2:0 → RGB for a whole batch in one launch, from lake's packed `yuv420p`
-//!   planes or NVDEC's NV12 surfaces, to RGB24 (HWC, the loader's layout) or normalised float32
-//!   CHW, written straight into the caller's device buffer (a trainer's input tensor). The
-//!   arithmetic is libswscale's fixed point ([`lake_codec::YuvToRgb`]), so GPU frames
-//!   equal the CPU path's, and LeRobot's, byte for byte. Its CPU twin,
+//!   planes, NVDEC's NV12 surfaces, or their 10-bit kin (`yuv420p10le` planes, P010 surfaces),
+//!   to RGB24 (HWC, the loader's layout) or normalised float32 or bfloat16 CHW, written straight
+//!   into the caller's device buffer (a trainer's input tensor). The arithmetic is libswscale's
+//!   fixed point ([`lake_codec::YuvToRgb`], [`colour::YuvToRgb10`]), so GPU frames equal the
+//!   CPU path's, and LeRobot's, byte for byte. Its CPU twin,
 //!   [`colour::convert_on_cpu`], is the specification: the same operations in the same order.
 //! - [`Gpu`]: one device's context, its stream, and the kernels compiled once per process by
 //!   NVRTC and loaded once per device.

@@ -204,12 +204,13 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
             .collect(),
         _ => Vec::new(),
     };
-    let passed = matches!(&checked, Some(Ok((_, c))) if c.rgb24_equal && c.float32_equal);
+    let passed = matches!(&checked, Some(Ok((_, c))) if c.rgb24_equal && c.float32_equal && c.bf16_equal && c.p010_equal);
     if args.json {
         let colour = match &checked {
             Some(Ok((name, c))) => serde_json::json!({
                 "device": args.device, "name": name, "frames": c.frames, "width": c.width, "height": c.height,
-                "rgb24_equal": c.rgb24_equal, "float32_equal": c.float32_equal, "ms_per_batch": c.ms_per_batch,
+                "rgb24_equal": c.rgb24_equal, "float32_equal": c.float32_equal, "bf16_equal": c.bf16_equal,
+                "p010_equal": c.p010_equal, "ms_per_batch": c.ms_per_batch,
             }),
             Some(Err(e)) => serde_json::json!({"device": args.device, "error": e.to_string()}),
             None => serde_json::Value::Null,
@@ -257,13 +258,16 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
         }
         match &checked {
             Some(Ok((name, c))) => outln!(
-                "device {} ({name}): {} frames of {}x{} YUV 4:2:0 to RGB24 {} and to normalised float32 {} the CPU's; {:.3} ms a batch ({:.0} frames/s)",
+                "device {} ({name}): {} frames of {}x{} YUV 4:2:0 to RGB24 {}, to normalised float32 {}, to bfloat16 {}, and 10-bit P010 \
+                 to RGB24 {} the CPU's; {:.3} ms a batch ({:.0} frames/s)",
                 args.device,
                 c.frames,
                 c.width,
                 c.height,
                 if c.rgb24_equal { "equal" } else { "DIFFERENT from" },
                 if c.float32_equal { "equal" } else { "DIFFERENT from" },
+                if c.bf16_equal { "equal" } else { "DIFFERENT from" },
+                if c.p010_equal { "equal" } else { "DIFFERENT from" },
                 c.ms_per_batch,
                 c.frames as f64 / (c.ms_per_batch / 1e3),
             )?,
