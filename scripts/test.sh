@@ -29,6 +29,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 cargo fmt --all --check
+# docker/ linted without an engine: hadolint, shellcheck, and dclint against the compose spec.
+scripts/lint-docker.sh
 # No crate imports one above it, and no files import each other in a loop.
 python3 scripts/check-layering.py
 cargo clippy --workspace --all-targets --locked -- -D warnings
