@@ -8,6 +8,10 @@ pub enum Error {
     /// with the server's status code).
     #[error("{0}")]
     Server(String),
+    /// The server cannot be reached, went away, or is shutting down: another server of the
+    /// lake can take the stream over from its cursor ([`crate::ServerPool`]).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// Results of the clients.

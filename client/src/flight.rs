@@ -72,7 +72,18 @@ fn remote(e: FlightError) -> Error {
 }
 
 fn refused(status: &tonic::Status) -> Error {
-    Error::Server(format!("server: {} ({:?})", status.message(), status.code()))
+    let message = format!("server: {} ({:?})", status.message(), status.code());
+    // A connection that broke (the server killed, the network cut) surfaces as `Unknown` or
+    // `Internal` with the transport's words.
+    let broken = matches!(status.code(), tonic::Code::Unknown | tonic::Code::Internal)
+        && ["transport error", "connection", "h2 protocol error", "broken pipe", "stream no longer needed"]
+            .iter()
+            .any(|w| status.message().to_ascii_lowercase().contains(w));
+    match status.code() {
+        tonic::Code::Unavailable => Error::Unavailable(message),
+        _ if broken => Error::Unavailable(message),
+        _ => Error::Server(message),
+    }
 }
 
 /// A gRPC endpoint set up for training batches: HTTP/2 receive windows and frames sized for
@@ -96,7 +107,7 @@ impl RemoteLoader {
     /// # Errors
     /// When the server cannot be reached.
     pub async fn connect(url: &str, token: Option<String>) -> Result<Self> {
-        let channel = flight_endpoint(url)?.connect().await.map_err(|e| Error::Server(format!("{url}: {e}")))?;
+        let channel = flight_endpoint(url)?.connect().await.map_err(|e| Error::Unavailable(format!("{url}: {e}")))?;
         Ok(Self { channel, token })
     }
 
@@ -191,4 +202,193 @@ pub(crate) fn batch_from_ipc(header: &[u8], body: &Buffer, schema: &SchemaRef) -
     let batch = message.header_as_record_batch().ok_or_else(|| bad("a record batch message without its header".into()))?;
     read_record_batch(body, batch, schema.clone(), &HashMap::new(), None, &message.version())
         .map_err(|e| bad(format!("an unreadable record batch: {e}")))
+}
+
+/// Several `lake serve` processes over one lake, serving the streams of one job: each stream
+/// goes to one of them (spread by rank and start step, so the readers of a job share the
+/// servers), and when its server becomes unavailable (killed, shutting down, unreachable) it
+/// moves to the next and resumes after the last batch received, pinned to the dataset versions
+/// the first server read: the same batches, in the same order, as one server sends.
+#[derive(Debug, Clone)]
+pub struct ServerPool {
+    urls: Vec<String>,
+    token: Option<String>,
+}
+
+impl ServerPool {
+    /// A pool of the servers at `urls` (`http://host:port`), sending `token` as a bearer
+    /// token when given. Nothing is connected yet.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for no URL.
+    pub fn new(urls: impl IntoIterator<Item = impl Into<String>>, token: Option<String>) -> Result<Self> {
+        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
+        if urls.is_empty() {
+            return Err(Error::Invalid("no server URL given".into()));
+        }
+        Ok(Self { urls, token })
+    }
+
+    /// The servers, in order.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// The server a request's stream starts on.
+    pub fn first(&self, request: &SampleRequest) -> usize {
+        let stride = request.step_stride.max(1);
+        let reader = request.rank.saturating_mul(stride).saturating_add(request.start_step % stride);
+        (reader % self.urls.len() as u64) as usize
+    }
+
+    /// `call` on the servers in turn from `first`, until one is available; returns which
+    /// answered, and its answer.
+    async fn on_any<T, F, Fut>(&self, first: usize, call: F) -> Result<(usize, T)>
+    where
+        F: Fn(RemoteLoader) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut last = None;
+        for k in 0..self.urls.len() {
+            let at = (first + k) % self.urls.len();
+            let answered = match RemoteLoader::connect(&self.urls[at], self.token.clone()).await {
+                Ok(loader) => call(loader).await,
+                Err(e) => Err(e),
+            };
+            match answered {
+                Ok(v) => return Ok((at, v)),
+                Err(Error::Unavailable(why)) => last = Some(why),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Unavailable(format!("no server of {} is available (last: {})", self.urls.join(", "), last.unwrap_or_default())))
+    }
+
+    /// The plan of `request` ([`RemoteLoader::describe`]) from the first available server.
+    ///
+    /// # Errors
+    /// The server's refusal, or [`Error::Unavailable`] when none answers.
+    pub async fn describe(&self, request: &SampleRequest) -> Result<StreamPlan> {
+        let request = request.clone();
+        Ok(self
+            .on_any(self.first(&request), move |l| {
+                let r = request.clone();
+                async move { l.describe(&r).await }
+            })
+            .await?
+            .1)
+    }
+
+    /// The trainer's facts of `request` ([`RemoteLoader::sampling_facts`]) from the first
+    /// available server.
+    ///
+    /// # Errors
+    /// The server's refusal, or [`Error::Unavailable`] when none answers.
+    pub async fn sampling_facts(&self, request: &SampleRequest) -> Result<serde_json::Value> {
+        let request = request.clone();
+        Ok(self
+            .on_any(self.first(&request), move |l| {
+                let r = request.clone();
+                async move { l.sampling_facts(&r).await }
+            })
+            .await?
+            .1)
+    }
+
+    /// Streams the batches of `request`, moving to another server and resuming from the cursor
+    /// when the one serving it becomes unavailable. The stream ends with [`Error::Unavailable`]
+    /// once every server has failed it twice in a row.
+    ///
+    /// # Errors
+    /// The server's refusal of the request, or [`Error::Unavailable`] when no server answers.
+    pub async fn stream(&self, request: &SampleRequest) -> Result<RemoteBatches> {
+        let (server, plan) = {
+            let request = request.clone();
+            self.on_any(self.first(&request), move |l| {
+                let r = request.clone();
+                async move { l.describe(&r).await }
+            })
+            .await?
+        };
+        let mut pinned = request.clone();
+        if let Ok(datasets) = serde_json::from_value(plan.datasets.clone()) {
+            pinned.datasets = datasets;
+        }
+        let state = Failover {
+            pool: self.clone(),
+            request: pinned,
+            steps_per_epoch: plan.steps_per_epoch.max(1),
+            server,
+            inner: None,
+            failures: 0,
+        };
+        Ok(Box::pin(futures::stream::try_unfold(state, |mut state| async move {
+            loop {
+                if state.request.limit_batches == Some(0) {
+                    return Ok(None);
+                }
+                if state.inner.is_none() {
+                    let opened = match RemoteLoader::connect(&state.pool.urls[state.server], state.pool.token.clone()).await {
+                        Ok(loader) => loader.stream(&state.request).await,
+                        Err(e) => Err(e),
+                    };
+                    match opened {
+                        Ok(batches) => state.inner = Some(batches),
+                        Err(Error::Unavailable(why)) => {
+                            state.moved(why)?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                let next = futures::StreamExt::next(state.inner.as_mut().expect("opened above")).await;
+                match next {
+                    Some(Ok(batch)) => {
+                        state.advance();
+                        state.failures = 0;
+                        return Ok(Some((batch, state)));
+                    }
+                    Some(Err(Error::Unavailable(why))) => {
+                        state.inner = None;
+                        state.moved(why)?;
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None => return Ok(None),
+                }
+            }
+        })))
+    }
+}
+
+/// A [`ServerPool`] stream's state: the request from the next batch on, and where it is served.
+struct Failover {
+    pool: ServerPool,
+    request: SampleRequest,
+    steps_per_epoch: u64,
+    server: usize,
+    inner: Option<RemoteBatches>,
+    /// Servers that failed the stream since its last batch.
+    failures: usize,
+}
+
+impl Failover {
+    /// The request's cursor past one more batch: `step_stride` steps on, epochs wrapping.
+    fn advance(&mut self) {
+        let at = self.request.epoch * self.steps_per_epoch + self.request.start_step + self.request.step_stride.max(1);
+        (self.request.epoch, self.request.start_step) = (at / self.steps_per_epoch, at % self.steps_per_epoch);
+        if let Some(left) = self.request.limit_batches.as_mut() {
+            *left -= 1;
+        }
+    }
+
+    /// Moves to the next server after `why`, or gives up once every server failed twice.
+    fn moved(&mut self, why: String) -> Result<()> {
+        self.failures += 1;
+        if self.failures >= 2 * self.pool.urls.len() {
+            return Err(Error::Unavailable(format!("every server of {} failed the stream (last: {why})", self.pool.urls.join(", "))));
+        }
+        tracing::warn!(from = %self.pool.urls[self.server], %why, "server unavailable; resuming the stream on the next one");
+        self.server = (self.server + 1) % self.pool.urls.len();
+        Ok(())
+    }
 }

@@ -43,7 +43,7 @@ pub use lake_schemas::{FrameFormat, FrameSize};
 
 pub use crate::{
     error::{Error, Result},
-    flight::{RemoteBatches, RemoteLoader, SAMPLING_FACTS, StreamPlan, flight_endpoint},
+    flight::{RemoteBatches, RemoteLoader, SAMPLING_FACTS, ServerPool, StreamPlan, flight_endpoint},
     local::LocalLoader,
     request::{DatasetRef, MAX_BATCH_SIZE, MAX_DATASETS, MAX_REQUEST_BYTES, MAX_TICKET_BYTES, MAX_WORLD_SIZE, SampleRequest},
 };

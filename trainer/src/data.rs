@@ -21,9 +21,11 @@ use crate::{DatasetFeature, Error, Result, Stats};
 pub enum BatchSource {
     /// The loader, in this process.
     InProcess,
-    /// `lake serve` over Arrow Flight (`http://HOST:PORT`; `grpc://` is read as `http://`).
+    /// `lake serve` over Arrow Flight (`http://HOST:PORT`; `grpc://` is read as `http://`), or
+    /// several servers over one lake, comma-separated: the run's stream moves to another when
+    /// its server becomes unavailable and resumes where it stopped.
     Flight {
-        /// The server's Flight address.
+        /// The servers' Flight addresses, comma-separated.
         url: String,
         /// Bearer token, when the server asks for one.
         token: Option<String>,
@@ -156,9 +158,9 @@ pub async fn open_feed(lake: Option<&Lake>, request: &SampleRequest, source: &Ba
             Ok(Feed { schema, steps_per_epoch, batches: Box::pin(batches) })
         }
         BatchSource::Flight { url, token } => {
-            let client = connect(url, token).await?;
-            let plan = client.describe(request).await.map_err(data)?;
-            let batches = client.stream(request).await.map_err(data)?.map_err(data);
+            let servers = pool(url, token)?;
+            let plan = servers.describe(request).await.map_err(data)?;
+            let batches = servers.stream(request).await.map_err(data)?.map_err(data);
             Ok(Feed { schema: plan.schema, steps_per_epoch: plan.steps_per_epoch, batches: Box::pin(batches) })
         }
         BatchSource::Local { path, token } => {
@@ -195,7 +197,7 @@ pub struct DatasetFacts {
 pub async fn dataset_facts(lake: Option<&Lake>, request: &SampleRequest, source: &BatchSource) -> Result<DatasetFacts> {
     let facts = match (source, lake) {
         (BatchSource::Flight { url, token }, _) => {
-            let json = connect(url, token).await?.sampling_facts(request).await.map_err(data)?;
+            let json = pool(url, token)?.sampling_facts(request).await.map_err(data)?;
             serde_json::from_value::<lake_stats::SamplingFacts>(json)
                 .map_err(|e| Error::Data(format!("{url}: facts that do not parse: {e}")))?
         }
@@ -223,10 +225,14 @@ pub fn policy_stats(facts: &DatasetFacts) -> Result<Stats> {
     Ok(stats)
 }
 
-/// A Flight client of the server at `url` (`grpc://HOST:PORT` or `http://…`).
-async fn connect(url: &str, token: &Option<String>) -> Result<lake_client::RemoteLoader> {
-    let url = url.strip_prefix("grpc://").map_or_else(|| url.to_string(), |rest| format!("http://{rest}"));
-    lake_client::RemoteLoader::connect(&url, token.clone()).await.map_err(data)
+/// The servers at `urls` (comma-separated, each `grpc://HOST:PORT` or `http://…`).
+fn pool(urls: &str, token: &Option<String>) -> Result<lake_client::ServerPool> {
+    let urls = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|url| url.strip_prefix("grpc://").map_or_else(|| url.to_string(), |rest| format!("http://{rest}")));
+    lake_client::ServerPool::new(urls, token.clone()).map_err(data)
 }
 
 #[cfg(test)]

@@ -342,35 +342,61 @@ class _Batches(_Counted):
 
 
 class LakeClient:
-    """A connection to `lake serve`'s Flight endpoint.
+    """A connection to `lake serve`'s Flight endpoint, or to several servers over one lake.
+
+    With several locations, each stream goes to one of them (spread by the request's rank and
+    start step, so the ranks of a job share the servers), and when that server becomes
+    unavailable (it went away, or is shutting down) the stream moves to the next one and
+    resumes exactly after the last batch received: the same batches, in the same order, as one
+    server would have sent. Requests are pinned to the dataset versions the first server read,
+    so every server reads the same ones.
 
     gRPC, which Flight runs on, is not fork-safe: in a process forked after this one made a
     client (the default start of `torch.utils.data.DataLoader` workers on Linux), a call can
     hang. Start such workers with `multiprocessing_context="spawn"` (or `"forkserver"`), or read
     a local socket (`LocalClient`), which is."""
 
-    def __init__(self, location: str = "grpc://127.0.0.1:50051", token: Optional[str] = None):
+    def __init__(self, location: Union[str, Sequence[str]] = "grpc://127.0.0.1:50051", token: Optional[str] = None):
         global _FLIGHT_PID
         _FLIGHT_PID = os.getpid()
-        self.location = location
-        try:
-            self._client = flight.FlightClient(location, generic_options=_GRPC_OPTIONS)
-        except (pa.ArrowException, ValueError, TypeError) as e:
-            raise LakeError("bad_request", f"{location!r} is not a Flight location (grpc://HOST:PORT): {e}") from e
+        self.locations = [location] if isinstance(location, str) else list(location)
+        if not self.locations:
+            raise LakeError("bad_request", "no server location given")
+        self.location = self.locations[0]
+        self._clients = []
+        for where in self.locations:
+            try:
+                self._clients.append(flight.FlightClient(where, generic_options=_GRPC_OPTIONS))
+            except (pa.ArrowException, ValueError, TypeError) as e:
+                raise LakeError("bad_request", f"{where!r} is not a Flight location (grpc://HOST:PORT): {e}") from e
+        self._client = self._clients[0]
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._options = flight.FlightCallOptions(headers=headers)
 
+    def _on_any(self, call, first: int = 0):
+        """`call(client)` on the servers in turn from `first`, until one is available."""
+        last = None
+        for k in range(len(self._clients)):
+            try:
+                return call(self._clients[(first + k) % len(self._clients)])
+            except pa.ArrowException as e:
+                last = _lake_error(e)
+                if last.code != "unavailable":
+                    raise last from e
+        raise last
+
     def datasets(self) -> List[Dict[str, Any]]:
         """The datasets the server offers: name, latest version and step count."""
-        out = []
-        try:
-            for info in self._client.list_flights(options=self._options):
+
+        def listed(client):
+            out = []
+            for info in client.list_flights(options=self._options):
                 request = json.loads(info.descriptor.command)
                 name, _, version = request["datasets"][0].partition("@")
                 out.append({"name": name, "version": int(version) if version else None, "steps": info.total_records})
-        except pa.ArrowException as e:
-            raise _lake_error(e) from e
-        return out
+            return out
+
+        return self._on_any(listed)
 
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """Schema and epoch shape (`epoch_len`, `steps_per_epoch`) of a sampling request, and
@@ -378,13 +404,20 @@ class LakeClient:
         that carries them reads the same versions whatever is ingested later. A field set to
         None is left out (the server's default), except `delta_timestamps`, whose None the
         server reads as no windows."""
+        return self._info(request, self._first(request))
+
+    def _info(self, request: Dict[str, Any], first: int) -> Dict[str, Any]:
         descriptor = flight.FlightDescriptor.for_command(json.dumps(_sent(request)).encode())
-        try:
-            info = self._client.get_flight_info(descriptor, self._options)
-        except pa.ArrowException as e:
-            raise _lake_error(e) from e
+        info = self._on_any(lambda client: client.get_flight_info(descriptor, self._options), first)
         shape = json.loads(info.app_metadata or b"{}")
         return {"schema": info.schema, "ticket": info.endpoints[0].ticket, **shape}
+
+    def _first(self, request: Dict[str, Any]) -> int:
+        """The server a request's stream starts on: the readers of a job (ranks, and the
+        readers of one rank that take turns by `step_stride`) spread over the servers."""
+        stride = max(1, int(request.get("step_stride") or 1))
+        reader = int(request.get("rank") or 0) * stride + int(request.get("start_step") or 0) % stride
+        return reader % len(self._clients)
 
     def batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
         """The request's batches, in order (one record batch per training batch). Closing the
@@ -392,13 +425,86 @@ class LakeClient:
         With `limit_batches` in the request, `len()` of the iterator is the batches still to
         come (one per step, a batch of 0 rows where a rank's slice of an epoch's short last
         step is empty); without it the stream is endless and `len()` raises `TypeError`. None
-        fields are left out, as in `info`.
+        fields are left out, as in `info`. With several servers, a stream whose server becomes
+        unavailable resumes on the next one after the last batch received.
 
         The stream is read on a thread of its own, one batch ahead of the caller: a read
         blocked in gRPC does not see Ctrl-C, a wait on that thread does."""
         request = _sent(request)
+        if len(self._clients) == 1:
+            ticket = flight.Ticket(json.dumps(request).encode())
+            return _Prefetch(lambda: self._client.do_get(ticket, self._options), _limit(request))
+        return _Failover(self, request)
+
+
+class _Failover(_Counted):
+    """A stream over several servers: on `unavailable` it moves to the next server and asks for
+    the batches after the last one received (the cursor advanced by `step_stride` steps a batch,
+    epochs wrapping every `steps_per_epoch` steps)."""
+
+    def __init__(self, client: LakeClient, request: Dict[str, Any]):
+        self._client = client
+        self._server = client._first(request)
+        info = client._info(request, self._server)
+        # Every server reads the versions the first one pinned.
+        self._request = {**request, "datasets": info.get("datasets") or request["datasets"]}
+        self._steps_per_epoch = int(info["steps_per_epoch"])
+        self._left = _limit(request)
+        self._stream = None
+        self._done = False
+        self.moves = 0
+
+    def _open(self) -> None:
+        request = dict(self._request)
+        if self._left is not None:
+            request["limit_batches"] = self._left
         ticket = flight.Ticket(json.dumps(request).encode())
-        return _Prefetch(lambda: self._client.do_get(ticket, self._options), _limit(request))
+        client = self._client._clients[self._server]
+        self._stream = _Prefetch(lambda: client.do_get(ticket, self._client._options), self._left)
+
+    def __iter__(self) -> "_Failover":
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if self._done or self._left == 0:
+            raise StopIteration
+        tried = 0
+        while True:
+            if self._stream is None:
+                self._open()
+            try:
+                batch = next(self._stream)
+            except LakeError as e:
+                self._stream.close()
+                self._stream = None
+                tried += 1
+                if e.code != "unavailable" or tried >= 2 * len(self._client._clients):
+                    self._done = True
+                    raise
+                self._server = (self._server + 1) % len(self._client._clients)
+                self.moves += 1
+                continue
+            except StopIteration:
+                self._done = True
+                raise
+            self._advance()
+            self._took_one()
+            return batch
+
+    def _advance(self) -> None:
+        """The request's cursor moved past the batch just received."""
+        stride = max(1, int(self._request.get("step_stride") or 1))
+        at = int(self._request.get("epoch") or 0) * self._steps_per_epoch + int(self._request.get("start_step") or 0) + stride
+        self._request["epoch"], self._request["start_step"] = divmod(at, self._steps_per_epoch)
+
+    def close(self) -> None:
+        """Stops reading and cancels the stream, if it is still open."""
+        self._done = True
+        if self._stream is not None:
+            self._stream.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class _Prefetch(_Counted):

@@ -99,8 +99,10 @@ pub struct TrainArgs {
     /// Batches per held-out evaluation (of --batch-size, per rank).
     #[arg(long, default_value_t = 8, value_name = "N")]
     eval_batches: u64,
-    /// Take batches from `lake serve` over Arrow Flight at this address (`grpc://HOST:PORT`).
-    #[arg(long, value_name = "URL", conflicts_with = "local")]
+    /// Take batches from `lake serve` over Arrow Flight at this address (`grpc://HOST:PORT`),
+    /// or from several servers over one lake (comma-separated): the ranks spread over them,
+    /// and a stream whose server becomes unavailable resumes on the next where it stopped.
+    #[arg(long, value_name = "URL[,URL…]", conflicts_with = "local")]
     server: Option<String>,
     /// Take batches from `lake serve --local PATH` on this machine (shared memory).
     #[arg(long, value_name = "PATH")]

@@ -198,3 +198,125 @@ fn the_store_killed_during_an_ingest_fails_it_naming_the_store() {
     assert!(began.elapsed() < Duration::from_secs(120), "it gives up after its retries");
     assert!(run.stderr.contains("ingest of") && run.stderr.contains(server.endpoint().trim_start_matches("http://")), "{}", run.stderr);
 }
+
+/// `lake serve` on `root` (an S3 lake on `server`), Flight only; killed when dropped.
+fn serve_s3(server: &S3Server, root: &str) -> crate::serve::Server {
+    use std::io::BufRead;
+    let mut child = s3_cmd(server, root, &["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1"])
+        .env("LAKE_TOKENS", crate::serve::TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start lake serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
+    let addr = |prefix: &str| line.split_whitespace().find_map(|w| w.strip_prefix(prefix)).unwrap_or_else(|| panic!("{line}")).to_string();
+    crate::serve::Server { flight: format!("grpc://{}", addr("grpc://")), http: addr("http://"), child, local: std::path::PathBuf::new() }
+}
+
+/// Two stateless servers over one S3 lake serve one job: the Python client spreads its ranks
+/// over them, and a stream whose server is killed resumes on the other exactly after the last
+/// batch received (the same batches as one server sends).
+#[test]
+fn a_stream_whose_server_dies_resumes_on_another_server_of_the_lake() {
+    use std::io::{BufRead, Write};
+    let Some(python) = crate::serve::client_python() else {
+        panic!("no Python with pyarrow: run scripts/python-env.sh, or set LAKE_PYTHON");
+    };
+    let server = S3Server::start();
+    let root = s3_root("scale-out");
+    assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8")]).code, 0);
+    let (mut first, second) = (serve_s3(&server, &root), serve_s3(&server, &root));
+    let client_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let script = r#"
+import json, sys
+import lake_client
+locations, token = sys.argv[1].split(","), sys.argv[2]
+request = {"datasets": ["v30-av1-small"], "batch_size": 4, "seed": 3, "limit_batches": 10, "step_stride": 1}
+if sys.argv[3] == "reference":
+    for batch in lake_client.LakeClient(locations[-1], token).batches(request):
+        print(json.dumps(batch.column("index").to_pylist()), flush=True)
+    sys.exit(0)
+client = lake_client.LakeClient(locations, token)
+assert [client._first({**request, "rank": r}) for r in range(4)] == [0, 1, 0, 1], "ranks spread over the servers"
+stream = client.batches(request)
+for i, batch in enumerate(stream):
+    print(json.dumps(batch.column("index").to_pylist()), flush=True)
+    if i == 2:
+        sys.stdin.readline()  # the first server is killed meanwhile
+print("moves", stream.moves, flush=True)
+"#;
+    let locations = format!("{},{}", first.flight, second.flight);
+    let run = |mode: &str| {
+        std::process::Command::new(&python)
+            .args(["-c", script, &locations, crate::serve::TOKEN, mode])
+            .env("PYTHONPATH", &client_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run python")
+    };
+    let reference = run("reference").wait_with_output().expect("reference");
+    assert!(reference.status.success());
+    let reference: Vec<String> = String::from_utf8_lossy(&reference.stdout).lines().map(String::from).collect();
+    assert_eq!(reference.len(), 10);
+
+    let mut child = run("failover");
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut got: Vec<String> = (0..3).map(|_| lines.next().expect("a batch").expect("utf-8")).collect();
+    let _ = first.child.kill();
+    let _ = first.child.wait();
+    writeln!(child.stdin.as_mut().expect("stdin")).expect("go on");
+    got.extend(lines.map(|l| l.expect("utf-8")));
+    assert!(child.wait().expect("python").success(), "{got:?}");
+    assert_eq!(got.last().map(String::as_str), Some("moves 1"), "one move to the other server: {got:?}");
+    got.pop();
+    assert_eq!(got, reference, "the stream resumed exactly where it stopped");
+    drop(second);
+}
+
+/// The Rust client's pool of servers: the same as the Python client's, through
+/// `lake_client::ServerPool` (what `lake train --server A,B` uses).
+#[test]
+fn a_rust_stream_whose_server_dies_resumes_on_another_server_of_the_lake() {
+    use futures::StreamExt;
+    let server = S3Server::start();
+    let root = s3_root("pool");
+    assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8")]).code, 0);
+    let (mut first, second) = (serve_s3(&server, &root), serve_s3(&server, &root));
+    let http = |s: &crate::serve::Server| s.flight.replace("grpc://", "http://");
+    // Batches of 4 MB: a stream's flow-control window (32 MB) holds a few, so most of the 30
+    // must come from the second server once the first is killed.
+    let mut request = lake_client::SampleRequest::new(["v30-av1-small"]);
+    (request.batch_size, request.seed, request.limit_batches) = (4, 5, Some(30));
+    let indices = |batch: &arrow::array::RecordBatch| -> Vec<i64> {
+        use arrow::array::AsArray;
+        batch.column_by_name("index").expect("index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let token = Some(crate::serve::TOKEN.to_string());
+        let one = lake_client::ServerPool::new([http(&second)], token.clone()).expect("pool");
+        let reference: Vec<Vec<i64>> = one.stream(&request).await.expect("stream").map(|b| indices(&b.expect("batch"))).collect().await;
+        assert_eq!(reference.len(), 30);
+
+        let pool = lake_client::ServerPool::new([http(&first), http(&second)], token).expect("pool");
+        assert_eq!(pool.first(&request), 0);
+        let mut stream = pool.stream(&request).await.expect("stream");
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(indices(&stream.next().await.expect("a batch").expect("batch")));
+        }
+        let _ = first.child.kill();
+        let _ = first.child.wait();
+        while let Some(batch) = stream.next().await {
+            got.push(indices(&batch.expect("the stream goes on on the other server")));
+        }
+        assert_eq!(got, reference, "the stream resumed exactly where it stopped");
+        // With every server gone, it says so.
+        drop(second);
+        let err = pool.stream(&request).await.err().expect("no server").to_string();
+        assert!(err.contains("no server of") && err.contains("is available"), "{err}");
+    });
+}

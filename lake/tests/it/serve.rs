@@ -1355,7 +1355,7 @@ fn flight_sql_answers_as_lake_sql_does_and_refuses_what_is_not_a_query() {
 
 /// The Python to run the Python client's tests with: `$LAKE_PYTHON` (scripts/test.sh sets it
 /// from scripts/python-env.sh), else the LeRobot environment (it has torch too).
-fn client_python() -> Option<std::path::PathBuf> {
+pub(crate) fn client_python() -> Option<std::path::PathBuf> {
     let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
     std::env::var_os("LAKE_PYTHON")
         .map(std::path::PathBuf::from)
