@@ -3,7 +3,7 @@
 Run with the Python of scripts/s3-env.sh; scripts/s3-server.sh starts it in the background.
 
     python scripts/s3_server.py --port-file FILE [--host 127.0.0.1] [--port 0] [--bucket NAME]...
-                                [--watch-pid PID] [--verbose]
+                                [--watch-pid PID] [--fail-every N] [--delay-ms MS] [--verbose]
 
 It binds HOST:PORT (port 0: a free port), creates each --bucket (default: one bucket named
 `lake`) through the S3 API itself, and only then writes the bound port to --port-file, so a
@@ -14,6 +14,10 @@ moto checks a PUT's `If-None-Match: *` or `If-Match` and then stores the object,
 keeps another request from storing between the two. Here every request that changes state (PUT,
 POST, DELETE) runs alone under one lock, its body read off the socket before it takes the lock,
 so that of two racing conditional writes exactly one succeeds, as on S3. Reads run concurrently.
+
+Faults, for tests of a client's retries: --fail-every N answers every N-th request with S3's
+`503 SlowDown` (before moto sees it, so nothing changes), and --delay-ms MS holds every request that
+long before answering. Each injected 503 is logged as a line `injected 503 METHOD PATH` on stderr.
 """
 
 import argparse
@@ -50,6 +54,33 @@ class SerialWrites:
             finally:
                 if hasattr(result, "close"):
                     result.close()
+
+
+class Faults:
+    """A WSGI app in front of another that delays requests and fails every N-th with a 503."""
+
+    def __init__(self, app, fail_every, delay_ms):
+        self.app, self.fail_every, self.delay = app, fail_every, delay_ms / 1000.0
+        self.count = 0
+        self.lock = threading.Lock()
+        self.on = threading.Event()
+
+    def __call__(self, environ, start_response):
+        if not self.on.is_set():
+            return self.app(environ, start_response)
+        if self.delay:
+            time.sleep(self.delay)
+        with self.lock:
+            self.count += 1
+            fail = self.fail_every > 0 and self.count % self.fail_every == 0
+        if not fail:
+            return self.app(environ, start_response)
+        # The body is drained so that the client reads the answer, not a reset connection.
+        buffer_body(environ)
+        print(f"injected 503 {environ.get('REQUEST_METHOD')} {environ.get('PATH_INFO')}", file=sys.stderr, flush=True)
+        body = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>'
+        start_response("503 Service Unavailable", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
 
 
 def buffer_body(environ):
@@ -94,12 +125,14 @@ def main():
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--bucket", action="append", default=None)
     parser.add_argument("--watch-pid", type=int, default=None)
+    parser.add_argument("--fail-every", type=int, default=0, help="answer every N-th request with 503 SlowDown")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="hold every request this long")
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     args = parser.parse_args()
     if not args.verbose:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
-    app = SerialWrites(DomainDispatcherApplication(create_backend_app))
+    app = Faults(SerialWrites(DomainDispatcherApplication(create_backend_app)), args.fail_every, args.delay_ms)
     server = make_server(args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler)
     port = server.server_port
     serving = threading.Thread(target=server.serve_forever, name="s3-serve", daemon=True)
@@ -109,6 +142,8 @@ def main():
         with urllib.request.urlopen(request, timeout=30) as response:
             if response.status != 200:
                 sys.exit(f"s3_server: creating bucket {bucket} answered {response.status}")
+    # Faults start once the buckets exist.
+    app.on.set()
     tmp = f"{args.port_file}.tmp"
     with open(tmp, "w") as f:
         f.write(f"{port}\n")

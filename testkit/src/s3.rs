@@ -11,6 +11,7 @@ use crate::files::workspace_root;
 pub struct S3Server {
     env: Vec<(String, String)>,
     pid: u32,
+    log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -21,8 +22,18 @@ impl S3Server {
     /// When the server cannot start: the message is the script's (it names `scripts/s3-env.sh`
     /// when the venv is missing).
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`S3Server::start`] with settings of `scripts/s3-server.sh` (faults: `LAKE_S3_FAIL_EVERY`,
+    /// `LAKE_S3_DELAY_MS`).
+    ///
+    /// # Panics
+    /// As [`S3Server::start`].
+    pub fn start_with(settings: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tmp");
         let out = Command::new(workspace_root().join("scripts/s3-server.sh"))
+            .envs(settings.iter().copied())
             .env("LAKE_S3_DIR", dir.path())
             .env("LAKE_S3_WATCH_PID", std::process::id().to_string())
             .output()
@@ -30,16 +41,18 @@ impl S3Server {
         assert!(out.status.success(), "the S3 test server did not start: {}", String::from_utf8_lossy(&out.stderr));
         let mut env = Vec::new();
         let mut pid = None;
+        let mut log = None;
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let Some((key, value)) = line.split_once('=') else { continue };
             match key {
                 "LAKE_S3_PID" => pid = value.parse().ok(),
-                "LAKE_S3_LOG" => {}
+                "LAKE_S3_LOG" => log = Some(PathBuf::from(value)),
                 _ => env.push((key.to_string(), value.to_string())),
             }
         }
         let pid = pid.expect("scripts/s3-server.sh prints LAKE_S3_PID");
-        Self { env, pid, _dir: dir }
+        let log = log.expect("scripts/s3-server.sh prints LAKE_S3_LOG");
+        Self { env, pid, log, _dir: dir }
     }
 
     /// The variables that point a client at this server (endpoint, region, credentials, plain
@@ -51,6 +64,11 @@ impl S3Server {
     /// `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> &str {
         self.env.iter().find(|(k, _)| k == "AWS_ENDPOINT_URL").map(|(_, v)| v.as_str()).expect("an endpoint")
+    }
+
+    /// The 503 answers the server injected so far (`LAKE_S3_FAIL_EVERY`).
+    pub fn injected_failures(&self) -> usize {
+        std::fs::read_to_string(&self.log).unwrap_or_default().lines().filter(|l| l.starts_with("injected 503")).count()
     }
 
     /// Stops the server at once (SIGKILL): its objects are gone with it.

@@ -320,3 +320,38 @@ fn a_rust_stream_whose_server_dies_resumes_on_another_server_of_the_lake() {
         assert!(err.contains("no server of") && err.contains("is available"), "{err}");
     });
 }
+
+/// A store that answers every 7th request with `503 SlowDown` and holds every request 20 ms:
+/// ingest, SQL and sampling retry and finish with what a local lake gives.
+#[test]
+fn a_slow_store_that_sheds_load_is_retried_and_gives_the_same_samples() {
+    let server = S3Server::start_with(&[("LAKE_S3_FAIL_EVERY", "7"), ("LAKE_S3_DELAY_MS", "20")]);
+    let root = s3_root("faults");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let local = tmp.path().join("lake");
+    let name = "v30-images-tiny";
+    let retrying = |args: &[&str]| {
+        let out = s3_cmd(&server, &root, args).env("OBJECT_STORE_CLIENT_MAX_RETRIES", "10").output().expect("run lake");
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into(),
+            stderr: String::from_utf8_lossy(&out.stderr).into(),
+        }
+    };
+    let run = retrying(&["ingest", testdata(name).to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    ingest_ok(&local, &testdata(name), &[]);
+    let (remote_out, local_out) = (tmp.path().join("s3.arrow"), tmp.path().join("local.arrow"));
+    let args = |out: &Path| {
+        ["sample", "--dataset", name, "--indices", "0,7,33,59", "--preset", "act", "--out", out.to_str().expect("utf-8")].map(String::from)
+    };
+    let run = retrying(&args(&remote_out).iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(lake(&local, &args(&local_out).iter().map(String::as_str).collect::<Vec<_>>()).code, 0);
+    assert!(read_arrow(&remote_out) == read_arrow(&local_out), "samples through retries differ");
+    let query = "SELECT count(*) AS n FROM steps";
+    let run = retrying(&["sql", query, "--format", "json"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(run.stdout, lake(&local, &["sql", query, "--format", "json"]).stdout);
+    assert!(server.injected_failures() >= 10, "the store shed {} requests", server.injected_failures());
+}
