@@ -19,7 +19,8 @@
 # It needs the venv scripts/s3-env.sh makes (or a python with the same packages in
 # LAKE_S3_PYTHON) and installs nothing itself. LAKE_S3_START_TIMEOUT (seconds, default 60) bounds
 # the wait for the server to answer. LAKE_S3_FAIL_EVERY=N answers every N-th request with 503
-# SlowDown and LAKE_S3_DELAY_MS=MS holds each request (faults for tests of retries). The port file and the log go to LAKE_S3_DIR (a test's own
+# SlowDown and LAKE_S3_DELAY_MS=MS holds each request (faults for tests of retries);
+# LAKE_S3_VERBOSE=1 logs every request. The port file and the log go to LAKE_S3_DIR (a test's own
 # temporary directory, say), else to a new directory under $TMPDIR that is left for a look.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -46,6 +47,8 @@ done
 # Faults for tests of retries: every N-th request answered 503, every request held MS ms.
 [ -n "${LAKE_S3_FAIL_EVERY:-}" ] && args+=(--fail-every "$LAKE_S3_FAIL_EVERY")
 [ -n "${LAKE_S3_DELAY_MS:-}" ] && args+=(--delay-ms "$LAKE_S3_DELAY_MS")
+# Every request logged (LAKE_S3_LOG), for tests that count what a client asked.
+[ "${LAKE_S3_VERBOSE:-0}" = 1 ] && args+=(--verbose)
 # The server's output goes to a file, never to this script's stdout or stderr: a caller that
 # reads those to their end would otherwise wait for the server to exit.
 "$python" "$here/s3_server.py" "${args[@]}" </dev/null >"$dir/server.log" 2>&1 &

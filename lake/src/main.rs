@@ -66,9 +66,18 @@ pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:10000,mu
 #[derive(Debug, Parser)]
 #[command(name = "lake", version, about, long_about = None)]
 struct Cli {
-    /// Lake root directory (or file:// URL).
+    /// Lake root: a directory (or file:// URL), or an object store prefix (s3://BUCKET/PREFIX,
+    /// gs://…, az://…; configured by the AWS_*, GOOGLE_* and AZURE_* variables).
     #[arg(long, global = true, env = "LAKE_ROOT", default_value = "./lake")]
     lake: String,
+    /// Keep the table data read from an object store in this directory, so that later reads
+    /// (the next epoch, another process) are local: Lance data files, fetched whole on first
+    /// read, least recently used out first.
+    #[arg(long, global = true, env = "LAKE_OBJECT_CACHE", value_name = "DIR")]
+    object_cache: Option<std::path::PathBuf>,
+    /// The object cache's budget in GB (decimal).
+    #[arg(long, global = true, env = "LAKE_OBJECT_CACHE_GB", value_name = "N", default_value_t = 50.0, requires = "object_cache")]
+    object_cache_gb: f64,
     #[command(subcommand)]
     command: Command,
 }
@@ -193,6 +202,17 @@ fn main() -> ExitCode {
     // An empty `LAKE_ROOT` (or `--lake ""`) is the default root, not a root named "".
     if cli.lake.trim().is_empty() {
         cli.lake = "./lake".into();
+    }
+    if let Some(dir) = &cli.object_cache {
+        if !(cli.object_cache_gb.is_finite() && cli.object_cache_gb > 0.0) {
+            errln!("error: --object-cache-gb must be a positive number of GB, not {}", cli.object_cache_gb);
+            return ExitCode::from(2);
+        }
+        let settings = lake_store::object_cache::CacheSettings { dir: dir.clone(), budget: (cli.object_cache_gb * 1e9) as u64 };
+        if let Err(e) = lake_store::remote::use_object_cache(settings) {
+            errln!("error: --object-cache {}: {e}", dir.display());
+            return ExitCode::from(2);
+        }
     }
     // Commands that plan SQL do it on threads whose stacks hold a query at the nesting limit
     // (see `lake_query::sql::limits`); `serve` gives its queries threads of their own.

@@ -85,8 +85,34 @@ fn retry_config() -> RetryConfig {
     retry
 }
 
-/// The store of the bucket (container) `url` names, configured from the environment.
+/// The process's read-through cache of table data, once [`use_object_cache`] set it.
+static OBJECT_CACHE: OnceLock<Arc<crate::object_cache::ObjectCache>> = OnceLock::new();
+
+/// Reads Lance data files of every object store through a local cache from now on
+/// ([`crate::object_cache`]); set once, before the first store is made.
+///
+/// # Errors
+/// When the cache's directory cannot be made or read, or a cache was set already.
+pub fn use_object_cache(settings: crate::object_cache::CacheSettings) -> std::io::Result<()> {
+    let cache = crate::object_cache::ObjectCache::open(settings)?;
+    OBJECT_CACHE.set(cache).map_err(|_| std::io::Error::other("the object cache is set once per process"))
+}
+
+/// The store of the bucket (container) `url` names, configured from the environment, read
+/// through the object cache when there is one.
 fn store_for(url: &Url) -> object_store::Result<Arc<dyn ObjectStore>> {
+    let store = client_for(url)?;
+    Ok(match OBJECT_CACHE.get() {
+        Some(cache) => {
+            let name = format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default());
+            Arc::new(crate::object_cache::CachedStore::new(store, name, cache.clone()))
+        }
+        None => store,
+    })
+}
+
+/// The client of the bucket (container) `url` names, configured from the environment.
+fn client_for(url: &Url) -> object_store::Result<Arc<dyn ObjectStore>> {
     install_crypto();
     Ok(match url.scheme() {
         "s3" => {

@@ -71,6 +71,12 @@ impl S3Server {
         std::fs::read_to_string(&self.log).unwrap_or_default().lines().filter(|l| l.starts_with("injected 503")).count()
     }
 
+    /// Requests logged so far whose log line holds every one of `words` (with
+    /// `LAKE_S3_VERBOSE=1`: `"GET /BUCKET/KEY HTTP/1.1" STATUS`).
+    pub fn requests(&self, words: &[&str]) -> usize {
+        std::fs::read_to_string(&self.log).unwrap_or_default().lines().filter(|l| words.iter().all(|w| l.contains(w))).count()
+    }
+
     /// Stops the server at once (SIGKILL): its objects are gone with it.
     pub fn kill(&self) {
         // SAFETY: a signal to the pid of the server this handle started.

@@ -355,3 +355,48 @@ fn a_slow_store_that_sheds_load_is_retried_and_gives_the_same_samples() {
     assert_eq!(run.stdout, lake(&local, &["sql", query, "--format", "json"]).stdout);
     assert!(server.injected_failures() >= 10, "the store shed {} requests", server.injected_failures());
 }
+
+/// `--object-cache`: the first read of table data fetches it from the store, every later one
+/// (another process, the next epoch) reads it locally, with the same samples.
+#[test]
+fn an_object_cache_makes_the_second_read_local() {
+    let server = S3Server::start_with(&[("LAKE_S3_VERBOSE", "1")]);
+    let root = s3_root("cached");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let name = "v30-av1-small";
+    assert_eq!(s3_lake(&server, &root, &["ingest", testdata(name).to_str().expect("utf-8")]).code, 0);
+    let cache = tmp.path().join("object-cache");
+    let sample = |out: &str| {
+        let out = tmp.path().join(out);
+        let args = [
+            "--object-cache",
+            cache.to_str().expect("utf-8"),
+            "--object-cache-gb",
+            "1",
+            "sample",
+            "--dataset",
+            name,
+            "--indices",
+            "0,57,310,599",
+            "--preset",
+            "act",
+            "--out",
+            out.to_str().expect("utf-8"),
+        ];
+        let run = s3_lake(&server, &root, &args);
+        assert_eq!(run.code, 0, "{run:#?}");
+        read_arrow(&out)
+    };
+    let data_reads = || server.requests(&["\"GET ", ".lance/data/"]);
+    let before = data_reads();
+    let first = sample("first.arrow");
+    let fetched = data_reads() - before;
+    assert!(fetched > 0, "the first read fetches table data");
+    assert!(std::fs::read_dir(&cache).expect("the cache").count() > 0);
+    let second = sample("second.arrow");
+    assert_eq!(data_reads() - before, fetched, "the second read fetched no table data");
+    assert!(first == second, "the same samples from the cache");
+    let run = s3_lake(&server, &root, &["--object-cache-gb", "0", "--object-cache", cache.to_str().expect("utf-8"), "ls"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("--object-cache-gb must be a positive number"), "{}", run.stderr);
+}
