@@ -71,6 +71,69 @@ impl Remote {
     }
 }
 
+/// Copies the files under the local directory `dir` to the object store prefix `to` (each
+/// under its path relative to `dir`), streaming each file in parts, and returns the bytes
+/// copied. Refuses a prefix that holds objects already; when a copy fails, the objects it wrote
+/// are deleted again.
+///
+/// # Errors
+/// [`Error::Root`] for a prefix that is not empty or cannot be reached; the store's error,
+/// naming the object, when a copy fails.
+pub async fn upload_dir(dir: &std::path::Path, to: &str) -> Result<u64> {
+    use object_store::ObjectStoreExt;
+    let remote = Remote::parse(to)?;
+    let root_err = |message: String| Error::Root { root: to.to_string(), message };
+    let occupied = futures::TryStreamExt::try_next(&mut remote.store.list(Some(&remote.prefix)))
+        .await
+        .map_err(|e| root_err(format!("cannot list it: {}", crate::error::store_message(&e))))?
+        .is_some();
+    if occupied {
+        return Err(root_err("holds objects already; choose a new or empty prefix".into()));
+    }
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).map_err(|e| root_err(format!("reading {}: {e}", d.display())))? {
+            let entry = entry.map_err(|e| root_err(format!("reading {}: {e}", d.display())))?;
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => pending.push(entry.path()),
+                Ok(_) => files.push(entry.path()),
+                Err(e) => return Err(root_err(format!("reading {}: {e}", entry.path().display()))),
+            }
+        }
+    }
+    files.sort();
+    let mut written = Vec::new();
+    let mut bytes = 0;
+    for file in &files {
+        let relative = file.strip_prefix(dir).expect("under dir").to_string_lossy().into_owned();
+        let key = Path::from(format!("{}/{relative}", remote.prefix).trim_start_matches('/'));
+        written.push(key.clone());
+        let copied = async {
+            let mut reader = tokio::fs::File::open(file).await.map_err(|e| root_err(format!("reading {}: {e}", file.display())))?;
+            let mut writer = object_store::buffered::BufWriter::new(remote.store.clone(), key.clone());
+            let n = tokio::io::copy(&mut reader, &mut writer)
+                .await
+                .map_err(|e| root_err(format!("writing {}: {e}", remote.join(&relative))))?;
+            tokio::io::AsyncWriteExt::shutdown(&mut writer)
+                .await
+                .map_err(|e| root_err(format!("writing {}: {e}", remote.join(&relative))))?;
+            Ok::<u64, Error>(n)
+        }
+        .await;
+        match copied {
+            Ok(n) => bytes += n,
+            Err(e) => {
+                for key in &written {
+                    let _ = remote.store.delete(key).await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(bytes)
+}
+
 /// How many times a request is retried, and for how long: object_store's defaults, or the
 /// environment's `OBJECT_STORE_CLIENT_MAX_RETRIES` and `OBJECT_STORE_CLIENT_RETRY_TIMEOUT`
 /// (seconds), the names Lance reads too.

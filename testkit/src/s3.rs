@@ -87,16 +87,24 @@ impl S3Server {
 
     /// The keys under `prefix` in bucket `lake`, listed with the server's own client (boto3).
     pub fn keys(&self, prefix: &str) -> Vec<String> {
+        self.objects(prefix).into_iter().map(|(key, _)| key).collect()
+    }
+
+    /// The keys under `prefix` in bucket `lake` with their sizes.
+    pub fn objects(&self, prefix: &str) -> Vec<(String, u64)> {
         let python = std::env::var_os("LAKE_S3_PYTHON")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/lake/s3-venv/bin/python"));
         let script = "import boto3, sys\n\
             s3 = boto3.client('s3')\n\
             for page in s3.get_paginator('list_objects_v2').paginate(Bucket='lake', Prefix=sys.argv[1]):\n\
-            \x20   for o in page.get('Contents', []): print(o['Key'])\n";
+            \x20   for o in page.get('Contents', []): print(o['Size'], o['Key'])\n";
         let out = Command::new(python).arg("-c").arg(script).arg(prefix).envs(self.env.iter().cloned()).output().expect("run python");
         assert!(out.status.success(), "listing the bucket failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once(' ').and_then(|(size, key)| Some((key.to_string(), size.parse().ok()?))))
+            .collect()
     }
 }
 

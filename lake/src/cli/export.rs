@@ -21,7 +21,8 @@ pub struct ExportArgs {
     /// Output format.
     #[arg(long, value_enum)]
     format: ExportFormatArg,
-    /// Output directory (must not exist, or be empty).
+    /// Output directory (must not exist, or be empty), or an object store prefix (s3://…,
+    /// gs://…, az://…; must hold no object), written once the export is complete.
     out: PathBuf,
 }
 
@@ -32,7 +33,19 @@ pub async fn export(root: &str, args: ExportArgs) -> anyhow::Result<ExitCode> {
         ExportFormatArg::LerobotV3 => lake_export::ExportFormat::LerobotV3,
         ExportFormatArg::Parquet => lake_export::ExportFormat::Parquet,
     };
-    let report = lake_export::export(&lake, &args.dataset, format, &args.out).await?;
+    let remote = args.out.to_str().filter(|o| lake_store::remote::is_remote(o)).map(str::to_string);
+    let report = match &remote {
+        // Made whole on the local disk first, then copied up: nothing lands in the store from an
+        // export that failed.
+        Some(to) => {
+            let staging = tempfile::tempdir()?;
+            let local = staging.path().join("export");
+            let report = lake_export::export(&lake, &args.dataset, format, &local).await?;
+            lake_store::remote::upload_dir(&local, to).await?;
+            report
+        }
+        None => lake_export::export(&lake, &args.dataset, format, &args.out).await?,
+    };
     outln!(
         "exported {} ({}, {} steps) to {}: {} files, {:.1} MB",
         report.dataset,

@@ -400,3 +400,43 @@ fn an_object_cache_makes_the_second_read_local() {
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("--object-cache-gb must be a positive number"), "{}", run.stderr);
 }
+
+/// `lake export` to an object store prefix: the files the export to a directory makes, written
+/// once the export is complete, and never over objects already there.
+#[test]
+fn an_export_to_s3_writes_the_files_an_export_to_a_directory_does() {
+    let server = S3Server::start();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let local = tmp.path().join("lake");
+    ingest_ok(&local, &testdata("v30-images-tiny"), &[]);
+    let target = s3_root("export");
+    for format in ["parquet", "lerobot-v3"] {
+        let dir = tmp.path().join(format);
+        assert_eq!(lake(&local, &["export", "--format", format, "v30-images-tiny", dir.to_str().expect("utf-8")]).code, 0);
+        let to = format!("{target}/{format}");
+        let mut cmd = lake_cmd(&local);
+        cmd.args(["export", "--format", format, "v30-images-tiny", &to]).envs(server.env().iter().cloned());
+        let out = cmd.output().expect("run lake");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut uploaded: Vec<(String, u64)> = server
+            .objects(&format!("{}/{format}/", prefix(&target)))
+            .into_iter()
+            .map(|(key, size)| (key.splitn(3, '/').nth(2).expect("under the prefix").to_string(), size))
+            .collect();
+        uploaded.sort();
+        let mut written: Vec<(String, u64)> = crate::common::files_under(&dir)
+            .iter()
+            .map(|p| (p.strip_prefix(&dir).expect("under").to_string_lossy().into_owned(), std::fs::metadata(p).expect("meta").len()))
+            .collect();
+        written.sort();
+        assert_eq!(uploaded.iter().map(|(k, _)| k).collect::<Vec<_>>(), written.iter().map(|(k, _)| k).collect::<Vec<_>>(), "{format}");
+        assert!(!uploaded.is_empty());
+        // Again to the same prefix: refused, the objects there kept.
+        let mut again = lake_cmd(&local);
+        again.args(["export", "--format", format, "v30-images-tiny", &to]).envs(server.env().iter().cloned());
+        let out = again.output().expect("run lake");
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("holds objects already"), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(server.objects(&format!("{}/{format}/", prefix(&target))).len(), uploaded.len());
+    }
+}
