@@ -16,7 +16,8 @@ use crate::render;
 /// Arguments of `lake ingest`.
 #[derive(Debug, clap::Args)]
 pub struct IngestArgs {
-    /// The LeRobot dataset root (a directory with `meta/info.json`), path or file:// URL.
+    /// The LeRobot dataset root (a directory with `meta/info.json`): a path or file:// URL, or an
+    /// object store prefix (s3://BUCKET/PREFIX/DATASET, gs://…, az://…).
     source: std::path::PathBuf,
     /// Dataset name in the lake [default: the source directory's name].
     #[arg(long)]

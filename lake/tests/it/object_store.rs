@@ -439,4 +439,19 @@ fn an_export_to_s3_writes_the_files_an_export_to_a_directory_does() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("holds objects already"), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(server.objects(&format!("{}/{format}/", prefix(&target))).len(), uploaded.len());
     }
+    // A LeRobot dataset on S3 (the export above) ingests as its local original does.
+    let mut ingest = lake_cmd(&local);
+    ingest.args(["ingest", &format!("{target}/lerobot-v3"), "--name", "from-s3"]).envs(server.env().iter().cloned());
+    let out = ingest.output().expect("run lake");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sample = |name: &str| {
+        let file = tmp.path().join(format!("{name}.arrow"));
+        let run = lake(
+            &local,
+            &["sample", "--dataset", name, "--indices", "0,7,33,59", "--preset", "act", "--out", file.to_str().expect("utf-8")],
+        );
+        assert_eq!(run.code, 0, "{run:#?}");
+        read_arrow(&file)
+    };
+    assert!(sample("from-s3") == sample("v30-images-tiny"), "samples of the dataset read from S3 differ");
 }
