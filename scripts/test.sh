@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine and runs every check CI runs: formatting, the crate layers
-# and file imports (scripts/check-layering.py), clippy with warnings denied, a build of every
-# target, the whole test suite (doctests included), and the API docs with warnings denied.
+# and file imports (scripts/check-layering.py), the web app's build, clippy with warnings denied,
+# a build of every target, the whole test suite (doctests included), the API docs with warnings
+# denied, and the Python tests (the client, other engines, the web app in Chromium).
 # LAKE_ATTACK_FULL=1 runs the attack suite at the attack run's own sizes (docs/reliability.md).
 #
 # Builds go to $CARGO_TARGET_DIR (default ~/.cache/lake/target) so that repeated runs, and
@@ -29,6 +30,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 cargo fmt --all --check
+# The web app lake serve embeds (serve/assets/) is what web/'s sources build, byte for byte.
+scripts/build-web.sh --check
 # docker/ linted without an engine: hadolint, shellcheck, and dclint against the compose spec.
 scripts/lint-docker.sh
 # No crate imports one above it, and no files import each other in a loop.
@@ -42,6 +45,11 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # commit record names, and per-episode aggregates from DuckDB and Polars over them equal `lake
 # sql`'s; with scripts/python-env.sh's python, which pins pylance, duckdb and polars.
 LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$(scripts/python-env.sh)" clients/python/tests/test_engines.py
+
+# The web app in Debian's headless Chromium through its WebDriver (clients/python/tests/test_web.py:
+# login, datasets, an episode's frames equal to the loader's, the plot cursor, the SQL console);
+# with scripts/python-env.sh's python, which pins selenium.
+LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$(scripts/python-env.sh)" clients/python/tests/test_web.py
 
 # LeRobot's own trainer on a lake server (clients/python/tests/test_lerobot.py: lerobot-train runs
 # ACT and diffusion through lake_client.lerobot), where a LeRobot 0.4.4 python is at hand

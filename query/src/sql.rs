@@ -191,6 +191,8 @@ impl LakeSql {
         // (apache/datafusion#25446).
         config.options_mut().optimizer.enable_leaf_expression_pushdown = false;
         config.options_mut().sql_parser.recursion_limit = limits::MAX_PARSER_DEPTH;
+        // Planning errors then say where in the query they are (`Line: L, Column: C`).
+        config.options_mut().sql_parser.collect_spans = true;
         let ctx = SessionContext::new_with_config_rt(config, memory.runtime());
         for function in crate::sql_functions::functions() {
             ctx.register_udf(function);
@@ -468,6 +470,17 @@ impl LakeSql {
     /// Turns "table not found" for a `<dataset>.<table>` reference into a message naming the
     /// missing dataset and those the lake has.
     fn explain_error(&self, e: datafusion::error::DataFusionError) -> Error {
+        let at = e.diagnostic().and_then(|d| d.span).map(|span| span.start).filter(|start| start.line > 0);
+        match (self.explain_error_words(e), at) {
+            (Error::Query(m), Some(start)) if !m.contains("Line: ") => {
+                Error::Query(format!("{m} (Line: {}, Column: {})", start.line, start.column))
+            }
+            (explained, _) => explained,
+        }
+    }
+
+    /// [`Self::explain_error`] without the position.
+    fn explain_error_words(&self, e: datafusion::error::DataFusionError) -> Error {
         if let Error::Storage(message) = sql_error(&e) {
             return Error::Storage(message);
         }

@@ -7,7 +7,7 @@ use arrow::{array::RecordBatch, datatypes::SchemaRef, ipc::writer::StreamWriter}
 use axum::{
     Json, Router,
     body::{Body, Bytes},
-    extract::{Path, Request, State},
+    extract::{Path, Query, Request, State, rejection::QueryRejection},
     http::{HeaderMap, StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Response},
@@ -18,7 +18,7 @@ use lake_client::local::wire;
 use lake_loader::SampleBatch;
 use serde_json::{Value, json};
 
-use super::{Refusal, Service, refusal};
+use super::{Refusal, Service, browse, refusal};
 use lake_query::sql::flat_for_csv;
 
 use crate::Error;
@@ -97,6 +97,11 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/datasets", get(datasets))
         .route("/v1/datasets/{name}", get(dataset))
+        .route("/v1/datasets/{name}/episodes", get(episodes))
+        .route("/v1/datasets/{name}/episodes/{episode}", get(episode))
+        .route("/v1/datasets/{name}/findings", get(findings))
+        .route("/v1/datasets/{name}/frame", get(frame))
+        .route("/v1/views", post(create_view))
         .route("/v1/sample", post(sample))
         .route("/v1/facts", post(facts))
         .route("/v1/sql", post(sql))
@@ -107,6 +112,8 @@ pub fn router(service: Arc<Service>) -> Router {
         .route_layer(middleware::from_fn_with_state(service.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/", get(super::assets::index))
+        .route("/app/{file}", get(super::assets::app_file))
         .merge(api)
         .fallback(|State(service): State<Arc<Service>>| async move {
             service.metrics.not_found.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -167,12 +174,25 @@ async fn method_not_allowed_json(State(service): State<Arc<Service>>, request: R
     json
 }
 
-/// A refused request: status and a JSON body `{"error": message}`.
+/// A refused request: status and a JSON body `{"error": message}`, with `position` (`line`,
+/// `column`) where the message gives one (`Line: L, Column: C`, as SQL errors do).
 struct Refused(StatusCode, String);
+
+/// The position a message gives as `Line: L, Column: C` (the last one).
+fn position(message: &str) -> Option<Value> {
+    let (_, rest) = message.rsplit_once("Line: ")?;
+    let (line, rest) = rest.split_once(", Column: ")?;
+    let column: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some(json!({"line": line.parse::<u64>().ok()?, "column": column.parse::<u64>().ok()?}))
+}
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
-        let mut response = (self.0, Json(json!({"error": self.1}))).into_response();
+        let mut body = json!({"error": self.1});
+        if let Some(position) = position(&self.1) {
+            body["position"] = position;
+        }
+        let mut response = (self.0, Json(body)).into_response();
         let extra = match self.0 {
             StatusCode::UNAUTHORIZED => Some((header::WWW_AUTHENTICATE, "Bearer")),
             StatusCode::SERVICE_UNAVAILABLE => Some((header::RETRY_AFTER, "1")),
@@ -223,14 +243,8 @@ async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Re
         .map(|u| json!({"kind": "dataset", "name": u.name, "version": u.version}))
         .chain(unreadable_views.iter().map(|u| json!({"kind": "view", "name": u.name, "version": u.version})))
         .collect();
-    let list: Vec<Value> = records
-        .iter()
-        .map(|r| {
-            json!({"name": r.name, "version": r.version, "episodes": r.counts.episodes, "steps": r.counts.steps,
-                   "cameras": r.counts.cameras, "fps": r.fps, "codebase_version": r.source.codebase_version,
-                   "robot_type": r.robot_type})
-        })
-        .collect();
+    let summaries = futures::future::join_all(records.iter().map(|r| browse::dataset_summary(service.lake(), r))).await;
+    let list = summaries.into_iter().collect::<crate::Result<Vec<Value>>>()?;
     Ok(Json(json!({ "datasets": list, "views": views, "unreadable": unreadable })))
 }
 
@@ -256,20 +270,137 @@ fn view_json(v: &lake_schemas::ViewRecord, removed: Vec<Option<lake_store::Remov
 async fn dataset(
     State(service): State<Arc<Service>>,
     name: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<DatasetQuery>, QueryRejection>,
 ) -> Result<Json<Value>, Refused> {
-    let Path(name) = name.map_err(|e| {
-        service.count_bad();
-        Refused(e.status(), format!("the dataset name in the path cannot be read: {}", e.body_text()))
-    })?;
-    let described = match describe_dataset(&service, &name).await {
+    let Path(name) = name.map_err(|e| path_refused(&service, &e))?;
+    let Query(query) = query.map_err(|e| query_refused(&service, &e))?;
+    answer(&service, describe_dataset(&service, &name, query.episodes.unwrap_or(true))).await
+}
+
+/// What `GET /v1/datasets/{name}` takes: whether to list every episode (a page of them is
+/// `/v1/datasets/{name}/episodes`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetQuery {
+    episodes: Option<bool>,
+}
+
+/// A 400 for a path whose parts cannot be read.
+fn path_refused(service: &Service, e: &axum::extract::rejection::PathRejection) -> Refused {
+    service.count_bad();
+    Refused(e.status(), format!("the path cannot be read: {}", e.body_text()))
+}
+
+/// A 400 for a query string that cannot be read.
+fn query_refused(service: &Service, e: &QueryRejection) -> Refused {
+    service.count_bad();
+    Refused(e.status(), format!("the query string cannot be read: {}", e.body_text()))
+}
+
+/// The JSON `made` answers, or its error explained (a dataset `lake rm` removed) and counted.
+async fn answer(service: &Service, made: impl std::future::Future<Output = crate::Result<Value>>) -> Result<Json<Value>, Refused> {
+    let made = match made.await {
         Err(e) => Err(service.explained(e).await),
         ok => ok,
     };
-    Ok(described.map(Json).inspect_err(|e| service.count_refusal(e))?)
+    Ok(made.map(Json).inspect_err(|e| service.count_refusal(e))?)
+}
+
+/// `GET /v1/datasets/{name}/episodes`: a page of a dataset's episodes.
+async fn episodes(
+    State(service): State<Arc<Service>>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<browse::EpisodeQuery>, QueryRejection>,
+) -> Result<Json<Value>, Refused> {
+    let Path(name) = name.map_err(|e| path_refused(&service, &e))?;
+    let Query(query) = query.map_err(|e| query_refused(&service, &e))?;
+    let lake = service.lake();
+    answer(&service, async { browse::episodes_page(lake, &browse::dataset_record(lake, &name).await?, &query).await }).await
+}
+
+/// `GET /v1/datasets/{name}/findings`: what ingest found in a dataset.
+async fn findings(
+    State(service): State<Arc<Service>>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, Refused> {
+    let Path(name) = name.map_err(|e| path_refused(&service, &e))?;
+    let lake = service.lake();
+    answer(&service, async { browse::findings(lake, &browse::dataset_record(lake, &name).await?).await }).await
+}
+
+/// `GET /v1/datasets/{name}/episodes/{episode}`: one episode's steps as columns.
+async fn episode(
+    State(service): State<Arc<Service>>,
+    path: Result<Path<(String, i64)>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, Refused> {
+    let Path((name, episode)) = path.map_err(|e| path_refused(&service, &e))?;
+    answer(&service, browse::episode(&service, &name, episode)).await
+}
+
+/// What `GET /v1/datasets/{name}/frame` takes.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FrameQuery {
+    /// The camera's key.
+    camera: String,
+    /// LeRobot's `index` of the step.
+    index: i64,
+}
+
+/// `GET /v1/datasets/{name}/frame?camera=KEY&index=I`: one camera's frame at a step, as PNG,
+/// with the step's episode and frame index in `Lake-Episode-Index` and `Lake-Frame-Index`.
+async fn frame(
+    State(service): State<Arc<Service>>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<FrameQuery>, QueryRejection>,
+) -> Result<Response, Refused> {
+    let Path(name) = name.map_err(|e| path_refused(&service, &e))?;
+    let Query(query) = query.map_err(|e| query_refused(&service, &e))?;
+    let made = match browse::frame(&service, &name, &query.camera, query.index).await {
+        Err(e) => Err(service.explained(e).await),
+        ok => ok,
+    };
+    let frame = made.inspect_err(|e| service.count_refusal(e))?;
+    let headers = [
+        (header::CONTENT_TYPE, "image/png".to_string()),
+        (header::CACHE_CONTROL, "private, max-age=3600".to_string()),
+        (header::HeaderName::from_static("lake-episode-index"), frame.episode_index.to_string()),
+        (header::HeaderName::from_static("lake-frame-index"), frame.frame_index.to_string()),
+    ];
+    Ok((headers, frame.png).into_response())
+}
+
+/// What `POST /v1/views` takes.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ViewRequest {
+    name: String,
+    sql: String,
+    #[serde(default)]
+    replace: bool,
+}
+
+/// `POST /v1/views`: names a training set, as `lake view create` does.
+async fn create_view(State(service): State<Arc<Service>>, body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
+    let made = async {
+        let body = body(body_bytes).map_err(|r| Error::Invalid(r.1))?;
+        let request: ViewRequest = serde_json::from_slice(&body)
+            .map_err(|e| Error::Invalid(format!("the body must be {{\"name\", \"sql\", \"replace\"}}: {e}")))?;
+        let _slot = service.sql_slot()?;
+        let created = lake_query::views::create(service.lake(), &request.name, &request.sql, request.replace, &[]).await?;
+        let removed = lake_loader::views::removals(service.lake(), &created.view).await;
+        let mut view = view_json(&created.view, removed);
+        view["notes"] = json!(created.notes);
+        Ok::<_, Error>(view)
+    };
+    match answer(&service, made).await {
+        Ok(view) => (StatusCode::CREATED, view).into_response(),
+        Err(refused) => refused.into_response(),
+    }
 }
 
 /// A dataset (features, cameras, episodes, stats, counts) or a view, as JSON.
-async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value> {
+async fn describe_dataset(service: &Service, name: &str, list_episodes: bool) -> crate::Result<Value> {
     let lake = service.lake();
     let (base, version) = match name.rsplit_once('@') {
         Some((base, version)) => (base, Some(version)),
@@ -283,7 +414,11 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
         };
     }
     let record = lake.resolve(name).await?;
-    let episodes = lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index", "length"]).await?;
+    let episodes = if list_episodes {
+        lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index", "length"]).await?
+    } else {
+        Vec::new()
+    };
     let mut list = Vec::new();
     for b in &episodes {
         let (e, l) = (b.column(0), b.column(1));
@@ -296,15 +431,20 @@ async fn describe_dataset(service: &Service, name: &str) -> crate::Result<Value>
     let streams =
         lake_store::read_columns(lake, &record, lake_schemas::tables::STREAMS, &["camera", "kind", "codec", "width", "height", "max_gop"])
             .await?;
-    let cameras = cameras_json(batches_json(&streams)?);
+    let cameras = cameras_json(browse::batches_json(&streams)?);
     let features = features_json(&record.info, &cameras);
     let stats = lake_stats::stats_json(lake, &record, None).await.ok().map(|s| lake_schemas::pyjson::strict(&s));
     let frame_tables = lake_loader::frame_tables(lake, &record).await;
-    Ok(json!({
+    let mut described = json!({
         "name": record.name, "version": record.version, "fps": record.fps,
         "features": features, "cameras": cameras, "episodes": list, "stats": stats,
         "counts": record.counts, "source": record.source, "frame_tables": frame_tables,
-    }))
+        "tasks": browse::tasks(lake, &record).await?,
+    });
+    if !list_episodes {
+        described.as_object_mut().expect("an object").remove("episodes");
+    }
+    Ok(described)
 }
 
 /// The source's features, each camera it declares that ingest left out (it had no video,
@@ -348,21 +488,6 @@ fn cameras_json(streams: Value) -> Value {
         }
     }
     Value::Array(cameras.into_iter().map(Value::Object).collect())
-}
-
-/// Rows as JSON objects, every column in each (nulls as `null`).
-fn batches_json(batches: &[RecordBatch]) -> crate::Result<Value> {
-    let internal = |e: &dyn std::fmt::Display| Error::Internal(format!("writing the answer as JSON: {e}"));
-    let mut writer = arrow::json::WriterBuilder::new().with_explicit_nulls(true).build::<_, arrow::json::writer::JsonArray>(Vec::new());
-    for b in batches {
-        writer.write(b).map_err(|e| internal(&e))?;
-    }
-    writer.finish().map_err(|e| internal(&e))?;
-    let bytes = writer.into_inner();
-    if bytes.is_empty() {
-        return Ok(json!([]));
-    }
-    serde_json::from_slice(&bytes).map_err(|e| internal(&e))
 }
 
 /// How a streamed answer is written: an Arrow IPC stream, a JSON array of row objects, or CSV
@@ -615,21 +740,31 @@ fn json_content(headers: &HeaderMap) -> Result<(), Refused> {
     ))
 }
 
+/// What `POST /v1/sql` takes in its query string: the most rows to answer with (the query is
+/// stopped there).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SqlQuery {
+    max_rows: Option<u64>,
+}
+
 async fn sql(
     State(service): State<Arc<Service>>,
     headers: HeaderMap,
+    query: Result<Query<SqlQuery>, QueryRejection>,
     body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Refused> {
+    let Query(query) = query.map_err(|e| query_refused(&service, &e))?;
     let answer = negotiate(&headers, "/v1/sql", &[Answer::Arrow, Answer::Json, Answer::Csv]).inspect_err(|_| service.count_bad())?;
     let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
-    let answered = match sql_answer(&service, answer, &body).await {
+    let answered = match sql_answer(&service, answer, &body, query.max_rows).await {
         Err(e) => Err(service.explained(e).await),
         ok => ok,
     };
     Ok(answered.inspect_err(|e| service.count_sql_error(e))?)
 }
 
-async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Result<Response, Error> {
+async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8], max_rows: Option<u64>) -> Result<Response, Error> {
     let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
     let slot = service.sql_slot()?;
     let session = service.sql_session().await?;
@@ -642,7 +777,19 @@ async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8]) -> Resu
         first => first,
     };
     let counted = service.clone();
-    let batches = futures::stream::iter(first).chain(stream).map(move |b| {
+    let rows = futures::stream::iter(first).chain(stream).scan(max_rows.unwrap_or(u64::MAX), |left, b| {
+        let b = match b {
+            Ok(_) if *left == 0 => return std::future::ready(None),
+            Ok(b) => {
+                let taken = (b.num_rows() as u64).min(*left);
+                *left -= taken;
+                Ok(b.slice(0, taken as usize))
+            }
+            Err(e) => Err(e),
+        };
+        std::future::ready(Some(b))
+    });
+    let batches = rows.map(move |b| {
         b.map(SampleBatch::from).map_err(|e| {
             let e = lake_query::sql::sql_error(&e);
             counted.count_sql_error(&e);
@@ -705,6 +852,8 @@ fn paths_and_schemas(
         {"type": "string", "description": "NAME (its latest version, pinned when the request arrives), NAME@VERSION, a view (VIEW or VIEW@VERSION), or any of these with =WEIGHT"},
         {"type": "object", "additionalProperties": false, "required": ["name", "weight"],
          "properties": {"name": {"type": "string"}, "weight": {"type": "number", "exclusiveMinimum": 0}}}]});
+    let dataset_name =
+        json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}, "description": "NAME or NAME@VERSION"});
     json!({
         "openapi": "3.1.0",
         "info": {"title": "lake", "version": env!("CARGO_PKG_VERSION"),
@@ -712,7 +861,9 @@ fn paths_and_schemas(
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"},
+                    "position": {"type": "object", "description": "where in a SQL query the error is, when known",
+                        "properties": {"line": {"type": "integer"}, "column": {"type": "integer"}}}}},
                 "SampleRequest": {"type": "object", "required": ["datasets"], "additionalProperties": false, "properties": {
                     "datasets": {"type": "array", "minItems": 1, "maxItems": super::MAX_DATASETS, "items": dataset_entry,
                                  "description": "datasets or views to sample from; more than one is a mixture by weight"},
@@ -744,7 +895,12 @@ fn paths_and_schemas(
                     "datasets": {"type": "array", "items": {"type": "object", "properties": {
                         "name": {"type": "string"}, "version": {"type": "integer"}, "episodes": {"type": "integer"}, "steps": {"type": "integer"},
                         "cameras": {"type": "integer"}, "fps": {"type": "integer"}, "codebase_version": {"type": "string"},
-                        "robot_type": {"type": ["string", "null"]}}}},
+                        "robot_type": {"type": ["string", "null"]}, "duration_s": {"type": "number"},
+                        "bytes": {"type": ["integer", "null"], "description": "stored under the version's directory (null when it cannot be listed)"},
+                        "camera_list": {"type": "array", "items": {"type": "object", "properties": {"camera": {"type": "string"}, "codec": {"type": "string"},
+                            "width": {"type": "integer"}, "height": {"type": "integer"}}}},
+                        "frame_tables": {"type": "array"}, "findings": {"type": "object", "description": "ingest findings by severity"},
+                        "tasks": {"type": "integer"}, "committed_at": {"type": "string", "format": "date-time"}}}},
                     "views": {"type": "array", "items": {"$ref": "#/components/schemas/View"}},
                     "unreadable": {"type": "array", "description": "datasets and views whose catalog record was damaged outside lake (left out)",
                         "items": {"type": "object", "properties": {
@@ -768,8 +924,45 @@ fn paths_and_schemas(
                 "200": {"description": "the datasets (latest versions) and views",
                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Datasets"}}}},
                 "401": unauthorized}}},
+            "/": {"get": {"security": [], "responses": {"200": {"description": "the web app (its files hold no data: every page reads the API with the tab's token)", "content": {"text/html": {}}}}}},
+            "/app/{file}": {"get": {"security": [], "parameters": [{"name": "file", "in": "path", "required": true, "schema": {"enum": ["index.html", "app.js", "app.css"]}}],
+                "responses": {"200": {"description": "one of the web app's files"}, "404": error("no such file")}}},
+            "/v1/datasets/{name}/episodes": {"get": {"parameters": [
+                    dataset_name,
+                    {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": browse::MAX_PAGE, "default": 50}},
+                    {"name": "sort", "in": "query", "schema": {"enum": ["episode_index", "length", "findings"], "default": "episode_index"}},
+                    {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"], "default": "asc"}},
+                    {"name": "task", "in": "query", "schema": {"type": "string"}, "description": "only episodes with a task holding this text (any case)"},
+                    {"name": "min_length", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "max_length", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "with_findings", "in": "query", "schema": {"type": "boolean"}, "description": "only episodes with (true) or without (false) ingest findings"}],
+                "responses": {"200": {"description": "`total` (after filtering), `offset`, `limit` and `rows`: each episode's `episode_index`, `length`, `tasks`, `from_index` (LeRobot index of its first step) and `findings` (how many)",
+                        "content": {"application/json": {}}},
+                    "400": error("not a valid query, or a view"), "401": unauthorized, "404": error("no such dataset or version")}}},
+            "/v1/datasets/{name}/episodes/{episode}": {"get": {"parameters": [dataset_name,
+                    {"name": "episode", "in": "path", "required": true, "schema": {"type": "integer"}, "description": "LeRobot's episode_index"}],
+                "responses": {"200": {"description": "the episode's `length`, `fps`, `from_index`, `tasks`, `cameras` (key, size, whether video), `columns` (every steps column but the cameras, by LeRobot key, one value per step) and `names` (info.json's dimension names of each vector that has them)",
+                        "content": {"application/json": {}}},
+                    "400": error("a view"), "401": unauthorized, "404": error("no such dataset, version or episode")}}},
+            "/v1/datasets/{name}/findings": {"get": {"parameters": [dataset_name],
+                "responses": {"200": {"description": "`findings`: what ingest found (severity, kind, file, episode_index, camera, frame_index, message)", "content": {"application/json": {}}},
+                    "400": error("a view"), "401": unauthorized, "404": error("no such dataset or version")}}},
+            "/v1/datasets/{name}/frame": {"get": {"parameters": [dataset_name,
+                    {"name": "camera", "in": "query", "required": true, "schema": {"type": "string"}, "description": "the camera's key"},
+                    {"name": "index", "in": "query", "required": true, "schema": {"type": "integer"}, "description": "LeRobot's index of the step"}],
+                "responses": {"200": {"description": "the camera's frame at the step as the loader serves it (RGB as recorded), in a PNG without a colour profile; `Lake-Episode-Index` and `Lake-Frame-Index` name the step",
+                        "content": {"image/png": {}}},
+                    "400": error("a view"), "401": unauthorized, "404": error("no such dataset, version, camera or step"), "500": error("the frame could not be decoded")}}},
+            "/v1/views": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["name", "sql"], "additionalProperties": false,
+                    "properties": {"name": {"type": "string"}, "sql": {"type": "string", "description": "a query returning episode_index (and dataset, over several datasets), as `lake view create` takes"},
+                        "replace": {"type": "boolean", "default": false}}}}}},
+                "responses": {"201": {"description": "the view made, with `notes`", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/View"}}}},
+                    "400": error("not a valid name or query, or the name is taken (without replace)"), "401": unauthorized,
+                    "503": error("as many SQL queries run as the server runs at once")}}},
             "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"},
-                    "description": "NAME, NAME@VERSION, VIEW or VIEW@VERSION"}],
+                    "description": "NAME, NAME@VERSION, VIEW or VIEW@VERSION"},
+                    {"name": "episodes", "in": "query", "schema": {"type": "boolean", "default": true}, "description": "false: without the list of every episode"}],
                 "responses": {"200": {"description": "a dataset's features (a camera left out at ingest marked `\"ingested\": false`), cameras (one entry each: codec, size, longest GOP, files), episodes, stats and frame tables (the sizes `frame_size` may ask for), or a view",
                         "content": {"application/json": {"schema": {"type": "object"}}}},
                     "400": error("not a valid name"), "401": unauthorized, "404": error("no such dataset, version or view")}}},
@@ -782,7 +975,9 @@ fn paths_and_schemas(
                 "responses": {"200": {"description": "what a trainer builds its policy from for the request (Flight: the `lake.sampling_facts` action): `fps`, `features` (info.json's, as samples carry them), `stats` (LeRobot's stats.json layout, over the steps sampled; non-finite values null) and `datasets` (NAME@VERSION)",
                     "content": {"application/json": {}}}, "400": error("not a valid request, or a mixture of rates or features"), "401": unauthorized,
                     "404": error("no such dataset, version or view"), "415": error("the Content-Type is not JSON")}}},
-            "/v1/sql": {"post": {"requestBody": {"required": true, "content": {"text/plain": {}}},
+            "/v1/sql": {"post": {"parameters": [{"name": "max_rows", "in": "query", "schema": {"type": "integer", "minimum": 0},
+                    "description": "answer with at most this many rows (the query stops there)"}],
+                "requestBody": {"required": true, "content": {"text/plain": {}}},
                 "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`)",
                     "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, a query over the limits (1 MiB of text, nesting), or the query failed"), "401": unauthorized,
                     "406": error("the Accept header takes none of the answer's forms"),

@@ -611,6 +611,18 @@ impl Service {
         ok
     }
 
+    /// The loader single steps of a dataset version are read with (the web app's frames and
+    /// episodes): no windows, the recorded frames; shared and evicted like a request's.
+    ///
+    /// # Errors
+    /// When the version cannot be opened.
+    pub(crate) async fn browsing(&self, record: &lake_schemas::CommitRecord) -> Result<Arc<Loader>> {
+        let spec = format!("{}@{}", record.name, record.version);
+        let request: SampleRequest = serde_json::from_value(serde_json::json!({"datasets": [spec], "delta_timestamps": null}))
+            .map_err(|e| Error::Internal(format!("a browse request: {e}")))?;
+        Ok(self.prepare(&request).await?.loader.clone())
+    }
+
     /// `request` with every dataset and view it names by name alone pinned to its latest
     /// version (`NAME@VERSION` as it is), so that a later ingest or `lake view create --replace`
     /// makes a new loader for new requests while streams already open keep their version.
@@ -1324,6 +1336,8 @@ impl Service {
     }
 }
 
+pub mod assets;
+pub mod browse;
 pub mod do_get;
 pub mod flight;
 pub mod flight_sql;

@@ -1678,3 +1678,132 @@ fn packet_batches_travel_every_transport_and_decode_to_the_frames() {
     let e = decoder.decode(&replaced("observation.images.front", past)).expect_err("frame 99");
     assert!(e.to_string().contains("packet camera `observation.images.front`: frame 99 of a batch whose GOPs give"), "{e}");
 }
+
+#[test]
+fn the_web_apps_endpoints_page_episodes_and_give_the_loaders_frames_as_png() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-bframes"), &[]);
+    let server = start(&root);
+    let auth = format!("Bearer {TOKEN}");
+    let get = |path: &str| {
+        let (code, head, body) = http_with_head(&server.http, "GET", path, &[("Authorization", auth.as_str())], b"");
+        (code, head, body)
+    };
+    let json_of = |path: &str| {
+        let (code, _, body) = get(path);
+        (code, serde_json::from_slice::<Value>(&body).unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&body))))
+    };
+
+    // The app's files need no token (they hold no data); every page's data does.
+    let (code, head, body) = http_with_head(&server.http, "GET", "/", &[], b"");
+    assert_eq!(code, 200);
+    assert!(head.contains("content-type: text/html") && head.contains("content-security-policy: default-src 'self'"), "{head}");
+    assert!(String::from_utf8_lossy(&body).contains("/app/app.js"), "the page loads the app");
+    assert_eq!(http(&server.http, "GET", "/app/app.js", &[], b"").0, 200);
+    assert_eq!(http(&server.http, "GET", "/app/secrets.txt", &[], b"").0, 404);
+    for path in ["/v1/datasets/v30-bframes/episodes", "/v1/datasets/v30-bframes/episodes/0", "/v1/datasets/v30-bframes/findings"] {
+        assert_eq!(http(&server.http, "GET", path, &[], b"").0, 401, "{path}");
+    }
+
+    // A page of episodes: filtered, sorted and cut by the server, as `lake sql` orders them.
+    let by_length = sql_rows(&root, r#"SELECT episode_index, length FROM "v30-bframes".episodes ORDER BY length DESC, episode_index"#);
+    let (code, page) = json_of("/v1/datasets/v30-bframes/episodes?sort=length&order=desc&limit=2&offset=1");
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(page["total"], 5);
+    let got: Vec<(i64, i64)> = page["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| (r["episode_index"].as_i64().unwrap(), r["length"].as_i64().unwrap()))
+        .collect();
+    let want: Vec<(i64, i64)> =
+        by_length[1..3].iter().map(|r| (r["episode_index"].as_i64().unwrap(), r["length"].as_i64().unwrap())).collect();
+    assert_eq!(got, want, "{page}");
+    let task =
+        sql_rows(&root, r#"SELECT task FROM "v30-bframes".tasks ORDER BY task_index LIMIT 1"#)[0]["task"].as_str().unwrap().to_string();
+    let with_task =
+        sql_rows(&root, &format!(r#"SELECT count(*) AS n FROM "v30-bframes".episodes WHERE array_has(tasks, '{task}') AND length >= 50"#));
+    let words = task.split_whitespace().take(3).collect::<Vec<_>>().join("%20").to_uppercase();
+    let (_, filtered) = json_of(&format!("/v1/datasets/v30-bframes/episodes?task={words}&min_length=50"));
+    assert_eq!(filtered["total"], with_task[0]["n"], "a task's words in any case, and a length: {filtered}");
+    let (code, refused) = json_of("/v1/datasets/v30-bframes/episodes?sort=tasks");
+    assert_eq!((code, refused["error"].as_str()), (400, Some("sort must be episode_index, length or findings, not `tasks`")));
+
+    // One episode: its steps' columns as `lake sql` gives them, and the dimension names.
+    let (code, episode) = json_of("/v1/datasets/v30-bframes/episodes/1");
+    assert_eq!(code, 200, "{episode}");
+    let steps = sql_rows(&root, r#"SELECT "index", action FROM "v30-bframes".steps WHERE episode_index = 1 ORDER BY "index""#);
+    assert_eq!(episode["length"].as_u64(), Some(steps.len() as u64));
+    assert_eq!(episode["from_index"], steps[0]["index"]);
+    let column = |key: &str| episode["columns"][key].as_array().unwrap_or_else(|| panic!("no column {key}: {episode}")).clone();
+    assert_eq!(column("index"), steps.iter().map(|r| r["index"].clone()).collect::<Vec<_>>());
+    assert_eq!(column("action"), steps.iter().map(|r| r["action"].clone()).collect::<Vec<_>>());
+    assert_eq!(episode["cameras"].as_array().map(Vec::len), Some(3), "{episode}");
+    let (code, missing) = json_of("/v1/datasets/v30-bframes/episodes/99");
+    assert_eq!((code, missing["error"].as_str()), (404, Some("v30-bframes@1: no episode 99 (episodes 0 to 4)")));
+
+    // A frame: the loader's RGB bytes at that step, in a PNG, whatever the stream's B-frames.
+    let index = steps[7]["index"].as_i64().expect("index");
+    let camera = "observation.images.front";
+    let (code, head, png_bytes) = get(&format!("/v1/datasets/v30-bframes/frame?camera={camera}&index={index}"));
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&png_bytes));
+    assert!(
+        head.contains("content-type: image/png") && head.contains("lake-episode-index: 1") && head.contains("lake-frame-index: 7"),
+        "{head}"
+    );
+    let mut reader = png::Decoder::new(std::io::Cursor::new(png_bytes)).read_info().expect("a PNG");
+    let mut pixels = vec![0; reader.output_buffer_size().expect("size")];
+    let info = reader.next_frame(&mut pixels).expect("decode");
+    assert_eq!((info.color_type, info.bit_depth), (png::ColorType::Rgb, png::BitDepth::Eight));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let want = rt.block_on(async {
+        use lake_loader::{Draw, Loader, LoaderDataset, LoaderOptions, Preset, Windows};
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let ds = LoaderDataset::open(&lake, "v30-bframes").await.expect("open");
+        let loader = Loader::new(vec![ds.clone()], &Windows::Preset(Preset::None), LoaderOptions::default()).expect("loader");
+        let batch = loader.batch(&[Draw { source: 0, row: ds.row_of_index(index).expect("row") }]).await.expect("batch");
+        let frame = batch.column_by_name(camera).expect("camera").as_fixed_size_list().value(0);
+        frame.as_primitive::<arrow::datatypes::UInt8Type>().values().to_vec()
+    });
+    assert_eq!((info.width, info.height), (152, 120));
+    assert!(pixels == want, "the PNG holds the loader's frame");
+    let (code, missing) = json_of(&format!("/v1/datasets/v30-bframes/frame?camera=observation.images.top&index={index}"));
+    assert_eq!(code, 404, "{missing}");
+    assert!(missing["error"].as_str().is_some_and(|e| e.contains("no camera `observation.images.top` (cameras: ")), "{missing}");
+
+    // SQL: answers cut at `max_rows`, errors with their position.
+    let sql = |query: &str, path: &str| {
+        let headers = [("Authorization", auth.as_str()), ("Accept", "application/json")];
+        let (code, body) = http(&server.http, "POST", path, &headers, query.as_bytes());
+        (code, serde_json::from_slice::<Value>(&body).expect("json"))
+    };
+    let (code, rows) = sql(r#"SELECT "index" FROM "v30-bframes".steps ORDER BY "index""#, "/v1/sql?max_rows=3");
+    assert_eq!((code, rows), (200, json!([{"index": 0}, {"index": 1}, {"index": 2}])));
+    let (code, error) = sql("SELECT nope\nFROM steps", "/v1/sql");
+    assert_eq!((code, &error["position"]), (400, &json!({"line": 1, "column": 8})), "{error}");
+    let (code, error) = sql("SELECT 1 FROM steps\nWHERE", "/v1/sql");
+    assert_eq!((code, &error["position"]["line"]), (400, &json!(2)), "{error}");
+
+    // A view saved from the console is a view like `lake view create`'s.
+    let view = json!({"name": "long_ones", "sql": r#"SELECT episode_index FROM "v30-bframes".episodes WHERE length > 50"#});
+    let post = |body: &Value| {
+        let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+        let (code, body) = http(&server.http, "POST", "/v1/views", &headers, body.to_string().as_bytes());
+        (code, serde_json::from_slice::<Value>(&body).expect("json"))
+    };
+    let long = sql_rows(&root, r#"SELECT episode_index FROM "v30-bframes".episodes WHERE length > 50 ORDER BY 1"#);
+    let (code, made) = post(&view);
+    assert_eq!((code, made["kind"].as_str(), made["version"].as_u64()), (201, Some("view"), Some(1)), "{made}");
+    assert_eq!(made["selects"][0]["episodes"], json!(long.iter().map(|r| r["episode_index"].clone()).collect::<Vec<_>>()));
+    let (code, again) = post(&view);
+    assert_eq!(code, 400, "{again}");
+    assert!(again["error"].as_str().is_some_and(|e| e.contains("already exists")), "{again}");
+    let (_, listed) = json_of("/v1/datasets");
+    assert_eq!(listed["views"][0]["name"], "long_ones", "{listed}");
+    let (code, refused) = json_of("/v1/datasets/long_ones/episodes");
+    assert_eq!((code, refused["error"].as_str()), (400, Some("`long_ones` is a view; open the datasets it selects")));
+    let summary = &listed["datasets"][0];
+    assert_eq!((summary["duration_s"].as_f64(), summary["camera_list"].as_array().map(Vec::len)), (Some(10.0), Some(3)), "{summary}");
+    assert!(summary["bytes"].as_u64().is_some_and(|b| b > 100_000), "{summary}");
+}
