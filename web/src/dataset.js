@@ -33,7 +33,7 @@ export async function datasetPage(ctx) {
     h("h2", null, "Tasks"),
     tasksList(d.tasks ?? []),
     h("h2", null, "Statistics"),
-    statsSection(d.features, d.stats),
+    statsSection(d.features, d.stats, ctx.onLeave),
     h("h2", null, "Ingest findings"),
     findings,
   );

@@ -40,16 +40,6 @@ function append(el, children) {
   }
 }
 
-/** An SVG element (attributes only). */
-export function svg(tag, attrs, ...children) {
-  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  for (const [key, value] of Object.entries(attrs ?? {})) {
-    if (value !== null && value !== undefined) el.setAttribute(key, String(value));
-  }
-  append(el, children);
-  return el;
-}
-
 /** A link to a route of the app. */
 export function link(route, ...children) {
   return h("a", { href: `#${route}` }, ...children);

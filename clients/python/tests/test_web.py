@@ -13,8 +13,9 @@ the driver is given by path, so Selenium never fetches one). They check that:
   a copy of v30-images-tiny whose info.json overstates `total_frames` shows its ingest warning,
   and a click on it lists the finding;
 - a dataset's page pages, sorts and filters its episodes on the server as `lake sql` would (longest
-  first; a minimum length), and plots the statistics of `observation.state` labelled with
-  info.json's dimension names;
+  first; a minimum length), and charts the statistics of `observation.state` with its x axis
+  labelled by info.json's dimension names (the figure's `data-names`, the labels the app gives
+  the axis);
 - an episode's page draws each camera's frame at the step its URL names, and the pixels read back
   from the canvas (`getImageData`) equal the frame `lake sample --indices INDEX` decodes for that
   step, exactly. The server sends the frame as a PNG without a colour profile; the app decodes it
@@ -63,7 +64,7 @@ try:
     import numpy as np
     import pyarrow.ipc as ipc
     from selenium import webdriver
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -242,8 +243,11 @@ class WebApp(unittest.TestCase):
     # Helpers
 
     def wait(self, condition, what, timeout=WAIT):
+        # A condition that reads an element the page replaces meanwhile (a table re-rendered) is asked again.
         try:
-            return WebDriverWait(self.browser, timeout, poll_frequency=0.05).until(lambda _: condition())
+            return WebDriverWait(self.browser, timeout, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException]).until(
+                lambda _: condition()
+            )
         except TimeoutException:
             self.fail(f"waited {timeout} s for {what}; the page says: {self.browser.find_element(By.ID, 'main').text[:2000]}")
 
@@ -389,7 +393,8 @@ class WebApp(unittest.TestCase):
         plot = self.element('figure.feature-stats[data-feature="observation.state"]')
         with open(os.path.join(REPO, "testdata", "lerobot", NAME, "meta", "info.json")) as f:
             info = json.load(f)
-        labels = [t.text for t in plot.find_elements(By.CSS_SELECTOR, "text.name")]
+        self.element('figure.feature-stats[data-feature="observation.state"] .u-over', "the statistics chart")
+        labels = json.loads(plot.get_attribute("data-names"))
         self.assertEqual(labels, info["features"]["observation.state"]["names"], "the dimensions are labelled with info.json's names")
         self.element("#findings .findings-list", "the findings list")
         self.browser.find_element(By.ID, "filter-min").send_keys(Keys.CONTROL, "a", Keys.BACKSPACE)
