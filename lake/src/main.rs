@@ -78,6 +78,11 @@ struct Cli {
     /// The object cache's budget in GB (decimal).
     #[arg(long, global = true, env = "LAKE_OBJECT_CACHE_GB", value_name = "N", default_value_t = 50.0, requires = "object_cache")]
     object_cache_gb: f64,
+    /// How the lake's local files are read: `pread` (positioned reads), or `uring` (io_uring:
+    /// a batch's frame-table reads all in flight from one thread, and Lance's io_uring reader
+    /// for tables), where the kernel allows it, else `pread`, saying so.
+    #[arg(long, global = true, env = "LAKE_IO", value_name = "HOW", default_value = "pread", value_parser = ["pread", "uring"])]
+    io: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -213,6 +218,11 @@ fn main() -> ExitCode {
             errln!("error: --object-cache {}: {e}", dir.display());
             return ExitCode::from(2);
         }
+    }
+    if cli.io == "uring"
+        && let Err(why) = lake_store::local_io::use_uring()
+    {
+        errln!("warning: --io uring: {why}");
     }
     // Commands that plan SQL do it on threads whose stacks hold a query at the nesting limit
     // (see `lake_query::sql::limits`); `serve` gives its queries threads of their own.

@@ -903,9 +903,9 @@ impl Found {
 }
 
 /// The frame column values of each camera (`(frame bytes, packet row of each slot)`): every
-/// slot filled from a frame in memory, or read from the frame table straight into place (in
-/// parallel when on a pool; a frame shown in two slots is read twice, which costs what a copy
-/// would). A failed read names the row.
+/// slot filled from a frame in memory, or read from the frame table straight into place
+/// ([`crate::frames::read_frames_into`]; a frame shown in two slots is read twice, which costs
+/// what a copy would). A failed read names the row.
 fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::result::Result<Vec<Vec<u8>>, (u64, std::io::Error)> {
     let mut columns: Vec<Vec<u8>> = cameras.iter().map(|(size, rows)| Vec::with_capacity(size * rows.len())).collect();
     let mut reads = Vec::new();
@@ -919,7 +919,7 @@ fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::resu
             }
         }
     }
-    reads.into_par_iter().try_for_each(|(row, extent, slot)| extent.read_into(slot).map_err(|e| (row, e)))?;
+    crate::frames::read_frames_into(reads)?;
     for ((size, rows), column) in cameras.iter().zip(columns.iter_mut()) {
         // SAFETY: every slot of the first `size * rows.len()` bytes was written above.
         unsafe { column.set_len(size * rows.len()) };

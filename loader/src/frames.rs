@@ -109,6 +109,67 @@ pub async fn read_frames(table: &Arc<lance::Dataset>, column: &str, rows: &[u64]
     futures::future::try_join_all(reads).await
 }
 
+/// Reads each stored frame into its slot (exactly its size), naming the row of a read that
+/// fails: through this thread's io_uring, every read in flight at once, when the lake's files
+/// are read through io_uring (`lake --io uring`); else with positioned reads, in parallel on the
+/// pool.
+pub(crate) fn read_frames_into(mut reads: Vec<(u64, &FrameExtent, &mut [MaybeUninit<u8>])>) -> Result<(), (u64, std::io::Error)> {
+    use rayon::prelude::*;
+    if lake_store::local_io::uring()
+        && let Some(read) = with_ring(|ring| read_through(ring, &mut reads))
+    {
+        return read;
+    }
+    reads.into_par_iter().try_for_each(|(row, extent, slot)| extent.read_into(slot).map_err(|e| (row, e)))
+}
+
+/// Runs `f` with this thread's ring, made on first use; `None` when the kernel refuses one.
+fn with_ring<T>(f: impl FnOnce(&mut lake_store::local_io::Ring) -> T) -> Option<T> {
+    use std::cell::RefCell;
+    thread_local! {
+        static RING: RefCell<Option<lake_store::local_io::Ring>> = const { RefCell::new(None) };
+    }
+    RING.with_borrow_mut(|ring| {
+        if ring.is_none() {
+            *ring = lake_store::local_io::Ring::new().inspect_err(|e| tracing::warn!("io_uring: {e}")).ok();
+        }
+        ring.as_mut().map(f)
+    })
+}
+
+/// [`read_frames_into`] through `ring`; a read cut short (a signal, the file's end) is done
+/// again with positioned reads, which finish it or name why not.
+fn read_through(
+    ring: &mut lake_store::local_io::Ring,
+    reads: &mut [(u64, &FrameExtent, &mut [MaybeUninit<u8>])],
+) -> Result<(), (u64, std::io::Error)> {
+    use std::os::fd::AsRawFd;
+    let list: Vec<lake_store::local_io::Read> = reads
+        .iter_mut()
+        .map(|(_, extent, slot)| {
+            assert_eq!(slot.len(), extent.len, "a frame is read into a slot of its size");
+            lake_store::local_io::Read {
+                fd: extent.file.file.as_raw_fd(),
+                offset: extent.offset,
+                dst: slot.as_mut_ptr().cast(),
+                len: extent.len,
+            }
+        })
+        .collect();
+    // SAFETY: each destination is its own slot of exactly `len` bytes, borrowed mutably by
+    // `reads` for the whole call, and uninitialised memory is a valid read target.
+    let done = unsafe { ring.read_all(&list) }.map_err(|(i, e)| {
+        let (row, extent, _) = &reads[i];
+        (*row, std::io::Error::new(e.kind(), format!("{}: {e}", extent.file.path)))
+    })?;
+    for ((row, extent, slot), n) in reads.iter_mut().zip(done) {
+        if n < extent.len {
+            extent.read_into(slot).map_err(|e| (*row, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Where a stored frame lies in a file on the local filesystem: what a read straight into its
 /// place in a batch needs (see [`locate_frames`]).
 #[derive(Debug, Clone)]
@@ -299,6 +360,50 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Frames of a file read through a ring and with positioned reads are the file's bytes; a
+    /// frame past the file's end is an error naming the file either way.
+    #[test]
+    fn frames_read_through_io_uring_are_the_files_bytes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("frames.blob");
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        std::fs::write(&path, &bytes).expect("write");
+        let file = Arc::new(FrameFile { path: path.display().to_string(), file: std::fs::File::open(&path).expect("open") });
+        // More extents than a ring keeps in flight, of sizes from a byte to a megabyte.
+        let extents: Vec<FrameExtent> = (0..300u64)
+            .map(|i| {
+                let len = [1, 4096, 9_999, 1 << 20][i as usize % 4];
+                let offset = (i * 7919 * 97) % (bytes.len() - len) as u64;
+                FrameExtent { file: file.clone(), offset, len }
+            })
+            .collect();
+        let check = |slots: &[Vec<MaybeUninit<u8>>], how: &str| {
+            for (e, slot) in extents.iter().zip(slots) {
+                // SAFETY: every byte of the slot was read.
+                let got = unsafe { std::slice::from_raw_parts(slot.as_ptr().cast::<u8>(), slot.len()) };
+                assert!(got == &bytes[e.offset as usize..e.offset as usize + e.len], "{how}: the frame at {} ({} bytes)", e.offset, e.len);
+            }
+        };
+        let mut slots: Vec<Vec<MaybeUninit<u8>>> = extents.iter().map(|e| vec![MaybeUninit::uninit(); e.len]).collect();
+        for (e, slot) in extents.iter().zip(slots.iter_mut()) {
+            e.read_into(slot).expect("a positioned read");
+        }
+        check(&slots, "positioned reads");
+        // The kernels lake is built and tested on allow io_uring.
+        let mut ring = lake_store::local_io::Ring::new().expect("an io_uring");
+        let mut slots: Vec<Vec<MaybeUninit<u8>>> = extents.iter().map(|e| vec![MaybeUninit::uninit(); e.len]).collect();
+        let mut reads: Vec<_> =
+            extents.iter().zip(slots.iter_mut()).enumerate().map(|(row, (e, slot))| (row as u64, e, slot.as_mut_slice())).collect();
+        read_through(&mut ring, &mut reads).expect("read");
+        drop(reads);
+        check(&slots, "io_uring");
+        let past = FrameExtent { file, offset: bytes.len() as u64 - 10, len: 100 };
+        let mut slot = vec![MaybeUninit::uninit(); 100];
+        let (row, e) = read_through(&mut ring, &mut [(7, &past, slot.as_mut_slice())]).expect_err("past the end");
+        assert_eq!((row, e.kind()), (7, std::io::ErrorKind::UnexpectedEof));
+        assert!(e.to_string().contains("frames.blob ends inside a frame"), "{e}");
+    }
 
     #[test]
     fn frame_columns_are_uncompressed_lance_blobs() {

@@ -15,6 +15,9 @@ pub async fn open_lance(uri: &str) -> lance::Result<Dataset> {
         match crate::remote::is_remote(uri) {
             // Tables on object stores are read through lake's clients for them.
             true => lance::dataset::builder::DatasetBuilder::from_uri(uri).with_session(crate::remote::session()).load().await,
+            false if crate::local_io::uring() => {
+                lance::dataset::builder::DatasetBuilder::from_uri(crate::local_io::lance_uri(uri)).load().await
+            }
             false => Dataset::open(uri).await,
         }
     };

@@ -15,6 +15,7 @@
 mod catalog;
 mod error;
 mod lance_open;
+pub mod local_io;
 pub mod object_cache;
 pub mod remote;
 mod removal;
