@@ -45,7 +45,7 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
     // them (per channel, shaped [3, 1, 1] as LeRobot stores them).
     let stat_names: Vec<&str> = ["min", "max", "mean", "std"].into_iter().chain(QUANTILES.iter().map(|(q, _)| *q)).collect();
     let mut features = match episodes {
-        None => dataset_rows(&lake_store::read_table(lake, record, FEATURE_STATS).await?, &stat_names),
+        None => dataset_rows(&lake_store::read_table_where(lake, record, FEATURE_STATS, "episode_index IS NULL").await?, &stat_names),
         Some(subset) => subset_rows(lake, record, subset, &stat_names).await?,
     };
     let image_stats = lake.uri(&record.tables.path(IMAGE_STATS));
@@ -117,7 +117,16 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
     }
     let from_images: std::collections::HashSet<String> = per_episode.keys().cloned().collect();
     let mut source_level = Map::new();
-    for batch in lake_store::read_table(lake, record, STATS).await? {
+    // Only the source's statistics of features without exact ones above are read (the table has
+    // a row per episode, feature and statistic: a million on a large dataset), and none when
+    // every feature info.json declares has exact ones.
+    let declared = record.info["features"].as_object().into_iter().flat_map(|f| f.keys());
+    let wanted: Vec<String> = declared.filter(|k| !out.contains_key(k.as_str())).map(|k| lake_store::sql_string(k)).collect();
+    let source_stats = match wanted.is_empty() {
+        true => Vec::new(),
+        false => lake_store::read_table_where(lake, record, STATS, &format!("feature IN ({})", wanted.join(", "))).await?,
+    };
+    for batch in source_stats {
         let episode = batch.column_by_name("episode_index").expect("stats schema");
         let feature = batch.column_by_name("feature").expect("stats schema").as_string::<i32>();
         let stat = batch.column_by_name("stat").expect("stats schema").as_string::<i32>();

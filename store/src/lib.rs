@@ -33,7 +33,7 @@ pub use crate::{
     removal::Removal,
     tables::{
         UncommittedPart, commit_parts, commit_parts_with, open_table, publish_dir, read_columns, read_columns_at, read_table,
-        read_whole_at, remove_abandoned, remove_when_done, stream_columns_at, write_table, write_uncommitted,
+        read_table_where, read_whole_at, remove_abandoned, remove_when_done, sql_string, stream_columns_at, write_table, write_uncommitted,
     },
 };
 

@@ -66,7 +66,7 @@ impl Ring {
         Ok(Self(io_uring::IoUring::new(DEPTH)?))
     }
 
-    /// Runs `reads`, up to [`DEPTH`] in flight at once, and returns how many bytes each read
+    /// Runs `reads`, up to 128 in flight at once, and returns how many bytes each read
     /// (a read may return fewer than it asked for at the end of a file, or when interrupted:
     /// the caller finishes it). Every read submitted has completed when this returns, failed
     /// or not, so no buffer is written after.

@@ -218,6 +218,24 @@ pub async fn read_table(lake: &Lake, record: &CommitRecord, table: &str) -> Resu
     stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
 }
 
+/// Reads the rows of a table that `filter` (Lance's SQL filter syntax) keeps, every column.
+///
+/// # Errors
+/// When the table cannot be opened or scanned, or the filter is not valid for it.
+pub async fn read_table_where(lake: &Lake, record: &CommitRecord, table: &str, filter: &str) -> Result<Vec<RecordBatch>> {
+    let ds = open_table(lake, record, table).await?;
+    let path = record.tables.path(table);
+    let mut scan = ds.scan();
+    scan.filter(filter).map_err(Error::lance(path.clone()))?;
+    let stream = scan.try_into_stream().await.map_err(Error::lance(path.clone()))?;
+    stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
+}
+
+/// A string as a literal of Lance's SQL filters (quoted, quotes doubled).
+pub fn sql_string(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
 /// Every row of the Lance table at `uri` as one batch (of the table's schema when it has no
 /// rows).
 ///
