@@ -621,15 +621,22 @@ async fn receive(
         || Error::Server("server: the server closed the stream (it stopped or went away); resume from the next step (unavailable)".into());
     let closed =
         |e: &io::Error| matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe);
+    // Whether the server closed its side: it may have sent the stream's end (or an error) just
+    // before, still to be read, so slots given back after are not sent, and what it sent decides.
+    let mut server_closed = false;
     loop {
         let message = tokio::select! {
             m = heard_from(&mut inbox, &socket, &mut heard, server_timeout) => m,
-            Some((segment, slot)) = released.recv() => {
+            Some((segment, slot)) = released.recv(), if !server_closed => {
                 let message = wire::frame(wire::RELEASE, &[&segment.to_le_bytes(), &slot.to_le_bytes()]);
-                if let Err(e) = write_all(&socket, &message).await {
-                    // Never a silent end, which would read as the stream's last batch.
-                    let _ = batches.send(Err(if closed(&e) { gone() } else { Error::Server(format!("server: the connection failed: {e}")) })).await;
-                    return;
+                match write_all(&socket, &message).await {
+                    Ok(()) => {}
+                    Err(e) if closed(&e) => server_closed = true,
+                    Err(e) => {
+                        // Never a silent end, which would read as the stream's last batch.
+                        let _ = batches.send(Err(Error::Server(format!("server: the connection failed: {e}")))).await;
+                        return;
+                    }
                 }
                 continue;
             }
@@ -748,6 +755,59 @@ mod tests {
         let mut short = wire::message_prefix(&header);
         short.truncate(40);
         assert!(wire::split_message(&short).is_none(), "metadata running past the end");
+    }
+
+    /// A server that sends three batches into one slot, then its end, and closes at once: the
+    /// trainer gives a slot back while the end waits unread, and the stream still ends cleanly
+    /// (the end decides, not the failed give-back), every time.
+    #[tokio::test]
+    async fn a_slot_given_back_after_the_server_closed_still_ends_the_stream_cleanly() {
+        use arrow::{
+            array::Int64Array,
+            datatypes::{DataType, Field},
+            ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions},
+        };
+        use futures::StreamExt;
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2, 3]))]).expect("batch");
+        let (ipc, options) = (IpcDataGenerator::default(), IpcWriteOptions::default());
+        let schema_header = ipc.schema_to_bytes_with_dictionary_tracker(&schema, &mut DictionaryTracker::new(false), &options).ipc_message;
+        let (_, encoded) = ipc.encode(&batch, &mut DictionaryTracker::new(false), &options, &mut Default::default()).expect("encode");
+        let mut message = wire::message_prefix(&encoded.ipc_message);
+        message.extend_from_slice(&encoded.arrow_data);
+        let dir = tempfile::tempdir().expect("tmp");
+        for round in 0..40 {
+            let path = dir.path().join(format!("s{round}.sock"));
+            let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+            let (schema_header, message) = (schema_header.clone(), message.clone());
+            let server = tokio::spawn(async move {
+                let (socket, _) = listener.accept().await.expect("accept");
+                let mut inbox = Inbox::default();
+                let (kind, _) = inbox.next(&socket).await.expect("hello");
+                assert_eq!(kind, wire::HELLO);
+                write_all(&socket, &wire::frame(wire::SCHEMA, &[&schema_header])).await.expect("schema");
+                let memory = SharedMemory::create(4096).expect("memfd");
+                assert!(memory.write_at(0, &[Bytes::from(message.clone())]));
+                let segment = wire::frame(wire::SEGMENT, &[&0u32.to_le_bytes(), &1u32.to_le_bytes(), &4096u64.to_le_bytes()]);
+                send_message_with_fd(&socket, &segment, memory.fd()).await.expect("segment");
+                let sent = wire::frame(wire::BATCH, &[&0u32.to_le_bytes(), &0u32.to_le_bytes(), &(message.len() as u64).to_le_bytes()]);
+                for _ in 0..3 {
+                    write_all(&socket, &sent).await.expect("batch");
+                }
+                write_all(&socket, &wire::frame(wire::DONE, &[])).await.expect("done");
+                drop(socket);
+                memory
+            });
+            let loader = LocalLoader::new(&path, None).with_slots(1);
+            let mut batches = loader.stream(&SampleRequest::new(["d"])).await.expect("stream");
+            let _memory = server.await.expect("the server");
+            let mut read = 0;
+            while let Some(got) = batches.next().await {
+                assert_eq!(got.unwrap_or_else(|e| panic!("round {round}, after {read} batches: {e}")), batch);
+                read += 1;
+            }
+            assert_eq!(read, 3, "round {round}");
+        }
     }
 
     #[test]
