@@ -150,6 +150,8 @@ pub struct LoaderDataset {
     /// The inode and modification time of a frame table directory that could not be opened (it
     /// is not tried again, nor warned about again, until it changes).
     frames_unreadable: tokio::sync::Mutex<Option<(u64, std::time::SystemTime)>>,
+    /// When a frame table on an object store was last looked for.
+    frames_looked: tokio::sync::Mutex<Option<std::time::Instant>>,
     /// The frame table's open data files.
     frame_files: crate::frames::FrameFiles,
     /// The size every camera's frames are read at, from a resized frame table (`None`: as
@@ -339,6 +341,7 @@ impl LoaderDataset {
             frames_table: std::sync::RwLock::new(frames_table),
             frames_uri,
             frames_unreadable: tokio::sync::Mutex::new(frames_unreadable),
+            frames_looked: tokio::sync::Mutex::new(Some(std::time::Instant::now())),
             frame_files: crate::frames::FrameFiles::default(),
             frame_size,
             frame_table_allowed,
@@ -513,6 +516,9 @@ impl LoaderDataset {
         if !self.frame_table_allowed {
             return false;
         }
+        if lake_store::remote::is_remote(&self.frames_uri) {
+            return self.discover_remote_frame_table().await;
+        }
         let Some(changed) = modified(&self.frames_uri) else { return false };
         // One attempt at a time: the others wait for its outcome rather than decode meanwhile.
         let mut unreadable = self.frames_unreadable.lock().await;
@@ -532,6 +538,27 @@ impl LoaderDataset {
                 *unreadable = Some(changed);
                 false
             }
+        }
+    }
+
+    /// [`discover_frame_table`](Self::discover_frame_table) on an object store, where a look
+    /// costs a request: at most one every [`REMOTE_LOOK`].
+    async fn discover_remote_frame_table(&self) -> bool {
+        let mut looked = self.frames_looked.lock().await;
+        if self.has_frame_table() {
+            return true;
+        }
+        if looked.is_some_and(|at| at.elapsed() < REMOTE_LOOK) {
+            return false;
+        }
+        *looked = Some(std::time::Instant::now());
+        match open_frame_table(&self.frames_uri, self.packets.stream.len(), &self.label).await {
+            Some(table) => {
+                tracing::info!(dataset = %self.label, "reading the frame table `lake cache` made since the dataset was opened");
+                *self.frames_table.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(table);
+                true
+            }
+            None => false,
         }
     }
 
@@ -645,6 +672,10 @@ impl LoaderDataset {
     }
 }
 
+/// How often a dataset on an object store looks for a frame table `lake cache` made since it
+/// was opened (a look is a request to the store).
+const REMOTE_LOOK: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Which directory is at `uri` (a local path), if one is, and when it last changed: a table
 /// published in its place (a new directory) differs even within the clock's resolution.
 fn modified(uri: &str) -> Option<(u64, std::time::SystemTime)> {
@@ -659,10 +690,17 @@ type FrameTable = (Arc<lance::Dataset>, FrameStorage);
 /// The frame table at `uri`, when there is one holding a frame for each of `rows` packet rows
 /// (an unreadable or incomplete one is ignored, with a warning).
 async fn open_frame_table(uri: &str, rows: usize, label: &str) -> Option<FrameTable> {
-    if !std::path::Path::new(uri).is_dir() {
+    let opened = if lake_store::remote::is_remote(uri) {
+        // On an object store a table is there once it has a committed version.
+        match lake_store::open_lance(uri).await {
+            Err(lance::Error::DatasetNotFound { .. }) => return None,
+            opened => opened.ok(),
+        }
+    } else if std::path::Path::new(uri).is_dir() {
+        lake_store::open_lance(uri).await.ok()
+    } else {
         return None;
-    }
-    let opened = lake_store::open_lance(uri).await.ok();
+    };
     let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
     match (opened, storage) {
         (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(rows) => Some((Arc::new(table), storage)),
@@ -831,7 +869,7 @@ async fn read_streams(lake: &Lake, record: &CommitRecord, label: &str) -> Result
 
 /// Opens the version's proxy table, with what its metadata says of it.
 async fn open_proxy(lake: &Lake, record: &CommitRecord, label: &str) -> Result<(lance::Dataset, crate::proxy_info::ProxyInfo)> {
-    if !std::path::Path::new(&lake.uri(&record.tables.path(tables::PROXY))).exists() {
+    if !lake.has_table(&record.tables.dir, tables::PROXY).await? {
         return Err(Error::request(format!(
             "{label} has no training proxy: make one with `lake cache {label} --proxy h264` (or hevc), or ask for the recorded frames"
         )));

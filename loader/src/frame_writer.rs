@@ -1,6 +1,6 @@
 //! Writing a frame table (`lake cache`, `lake ingest --frame-cache`): every frame of a dataset
-//! version decoded once, in stream order, and stored as [`crate::frames`] describes, under a
-//! temporary name renamed into place when complete.
+//! version decoded once, in stream order, and stored as [`crate::frames`] describes, published
+//! whole when complete ([`lake_store::DerivedTable`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -14,7 +14,7 @@ use lake_store::Lake;
 use crate::{
     Error, Result,
     dataset::LoaderDataset,
-    frames::{BATCH, FRAMES, FrameStorage, LEVEL, READ_ROWS, frame_table_name, frames_schema},
+    frames::{BATCH, FrameStorage, LEVEL, READ_ROWS, frame_table_name, frames_schema},
 };
 use lake_codec::StreamDecoder;
 use lake_schemas::FrameSize;
@@ -64,87 +64,40 @@ pub async fn write_frame_table(
             ds.label, camera.key
         )));
     }
-    lake.local_only("frame tables")?;
-    let name = frame_table_name(size);
-    let final_rel = ds.record.tables.path(&name);
-    // `.<table>-<pid>-<id>.lance`: the writer's pid tells the leftovers of a killed run (removed
-    // here) from the work of a live one.
-    remove_dead_writers(&std::path::PathBuf::from(lake.uri(&ds.record.tables.dir)));
-    let tmp_rel = format!("{}/.{name}-{}-{}.lance", ds.record.tables.dir, std::process::id(), uuid::Uuid::new_v4().simple());
-    let tmp_uri = lake.uri(&tmp_rel);
-    // Removed when this returns or its future is dropped (a cancelled `lake cache`), unless
-    // published.
-    let mut unpublished = RemoveOnDrop(Some(std::path::PathBuf::from(&tmp_uri)));
-    let result = async {
-        let runs = stream_runs(&ds);
-        let parts = futures::stream::iter(runs)
-            .map(|(stream, first, end)| {
-                let ds = ds.clone();
-                let uri = tmp_uri.clone();
-                let stored = stored.clone();
-                async move {
-                    let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-                    let producer =
-                        tokio::task::spawn_blocking(move || decode_stream(&ds, stream, (first, end), (storage, size), &tx, &stored));
-                    let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
-                    let part = lake_store::write_uncommitted(uri, frames_schema(storage), batches).await;
-                    let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))?;
-                    // When the writer failed, the decoder only saw its channel close: the
-                    // writer's error is the cause.
-                    let part = part?;
-                    Ok::<_, Error>((part, report?))
-                }
-            })
-            .buffered(threads.max(1))
-            .collect::<Vec<_>>()
-            .await;
-        let mut report = FrameTableReport::default();
-        let mut ordered = Vec::with_capacity(parts.len());
-        for p in parts {
-            let (part, r) = p?;
-            report.frames += r.frames;
-            report.raw_bytes += r.raw_bytes;
-            report.stored_bytes += r.stored_bytes;
-            ordered.push(part);
-        }
-        lake_store::commit_parts(&tmp_uri, frames_schema(storage), ordered).await?;
-        Ok::<_, Error>(report)
+    let table = lake.derived_table(&ds.record.tables.dir, &frame_table_name(size));
+    let writing = &table;
+    let runs = stream_runs(&ds);
+    let parts = futures::stream::iter(runs)
+        .map(|(stream, first, end)| {
+            let ds = ds.clone();
+            let stored = stored.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+                let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, (first, end), (storage, size), &tx, &stored));
+                let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+                let part = writing.write_part(frames_schema(storage), batches).await;
+                let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))?;
+                // When the writer failed, the decoder only saw its channel close: the writer's
+                // error is the cause.
+                let part = part?;
+                Ok::<_, Error>((part, report?))
+            }
+        })
+        .buffered(threads.max(1))
+        .collect::<Vec<_>>()
+        .await;
+    let mut report = FrameTableReport::default();
+    let mut ordered = Vec::with_capacity(parts.len());
+    for p in parts {
+        let (part, r) = p?;
+        report.frames += r.frames;
+        report.raw_bytes += r.raw_bytes;
+        report.stored_bytes += r.stored_bytes;
+        ordered.push(part);
     }
-    .await;
-    let report = result?;
-    let tmp_path = std::path::PathBuf::from(&tmp_uri);
-    let final_path = std::path::PathBuf::from(lake.uri(&final_rel));
-    lake_store::publish_dir(&tmp_path, &final_path).map_err(|e| Error::layout(&ds.label, format!("publishing the frame table: {e}")))?;
-    unpublished.0 = None;
+    table.commit_parts(frames_schema(storage), ordered, HashMap::new()).await?;
+    table.publish().await?;
     Ok(report)
-}
-
-/// A directory removed when dropped, unless taken out.
-pub(crate) struct RemoveOnDrop(pub(crate) Option<std::path::PathBuf>);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.take() {
-            lake_store::remove_when_done(dir);
-        }
-    }
-}
-
-/// Removes the unpublished frame and proxy tables (`.<table>-<pid>-<id>.lance`) in a version's
-/// directory whose writer no longer runs.
-pub(crate) fn remove_dead_writers(version_dir: &std::path::Path) {
-    for entry in std::fs::read_dir(version_dir).into_iter().flatten().flatten() {
-        let file = entry.file_name();
-        let Some(name) = file.to_str().and_then(|n| n.strip_prefix('.')).and_then(|n| n.strip_suffix(".lance")) else { continue };
-        let mut parts = name.rsplitn(3, '-');
-        let (_id, pid, table) = (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok()), parts.next());
-        if let (Some(pid), Some(table)) = (pid, table)
-            && (table.starts_with(FRAMES) || table == lake_schemas::tables::PROXY)
-            && !lake_store::process_alive(pid)
-        {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
 }
 
 /// Rows of one stream on their way into the table, in row order.

@@ -308,53 +308,38 @@ pub struct FrameTableInfo {
 }
 
 /// The frame tables of a dataset version (`frames.lance`, `frames-WxH.lance`), recorded size
-/// first, then by size; none when the lake is not on the local filesystem.
+/// first, then by size; none when the lake cannot be listed.
 pub async fn frame_tables(lake: &Lake, record: &lake_schemas::CommitRecord) -> Vec<FrameTableInfo> {
-    let dir = std::path::PathBuf::from(lake.uri(&record.tables.dir));
-    let mut found: Vec<(Option<FrameSize>, std::path::PathBuf)> = std::fs::read_dir(&dir)
+    let dir = &record.tables.dir;
+    let names = lake.tables_named(dir, FRAMES).await.inspect_err(|e| tracing::warn!("listing frame tables: {e}")).unwrap_or_default();
+    let mut found: Vec<(Option<FrameSize>, String)> = names
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let table = name.strip_suffix(".lance")?;
-            let size = match table.strip_prefix(FRAMES)? {
+        .filter_map(|name| {
+            let size = match name.strip_prefix(FRAMES)? {
                 "" => None,
                 rest => Some(rest.strip_prefix('-')?.parse().ok()?),
             };
-            Some((size, e.path()))
+            Some((size, name))
         })
         .collect();
     found.sort_by_key(|(size, _)| size.map(|s| (s.width, s.height)));
     let mut out = Vec::with_capacity(found.len());
-    for (size, path) in found {
-        let opened = lake_store::open_lance(&path.to_string_lossy()).await.ok();
+    for (size, name) in found {
+        let path = record.tables.path(&name);
+        let opened = lake_store::open_lance(&lake.uri(&path)).await.ok();
         let storage =
             opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name))).map(FrameStorage::name);
         let frames = match &opened {
             Some(t) => t.count_rows(None).await.ok(),
             None => None,
         };
-        let damage = match (&opened, path.file_name().and_then(|n| n.to_str())) {
-            (Some(t), Some(name)) => lake.data_file_damage(&format!("{}/{name}", record.tables.dir), t).await.ok().flatten(),
-            _ => None,
+        let damage = match &opened {
+            Some(t) => lake.data_file_damage(&path, t).await.ok().flatten(),
+            None => None,
         };
-        out.push(FrameTableInfo { size, storage, frames, bytes: dir_bytes(&path), damage });
+        out.push(FrameTableInfo { size, storage, frames, bytes: lake.bytes_under(&path).await.unwrap_or(0), damage });
     }
     out
-}
-
-fn dir_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use lake_store::Lake;
 use crate::{
     Error, Result,
     dataset::LoaderDataset,
-    frame_writer::{RemoveOnDrop, remove_dead_writers, shown_rows, stream_runs},
+    frame_writer::{shown_rows, stream_runs},
     frames::READ_ROWS,
 };
 
@@ -61,19 +61,16 @@ pub async fn write_proxy(
             ds.label
         )));
     }
-    lake.local_only("training proxies")?;
-    remove_dead_writers(&std::path::PathBuf::from(lake.uri(&ds.record.tables.dir)));
-    let tmp_rel = format!("{}/.{PROXY}-{}-{}.lance", ds.record.tables.dir, std::process::id(), uuid::Uuid::new_v4().simple());
-    let tmp_uri = lake.uri(&tmp_rel);
-    let mut unpublished = RemoveOnDrop(Some(std::path::PathBuf::from(&tmp_uri)));
+    let table = lake.derived_table(&ds.record.tables.dir, PROXY);
+    let writing = &table;
     let parts = futures::stream::iter(stream_runs(&ds))
         .map(|(stream, first, end)| {
-            let (ds, uri, done) = (ds.clone(), tmp_uri.clone(), done.clone());
+            let (ds, done) = (ds.clone(), done.clone());
             async move {
                 let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
                 let producer = tokio::task::spawn_blocking(move || encode_stream(&ds, stream, (first, end), settings, &tx, &done));
                 let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
-                let part = lake_store::write_uncommitted(uri, proxy_schema(), batches).await;
+                let part = writing.write_part(proxy_schema(), batches).await;
                 let report = producer.await.map_err(|e| Error::request(format!("proxy encoder stopped: {e}")))?;
                 // When the writer failed, the encoder only saw its channel close: the writer's
                 // error is the cause.
@@ -114,11 +111,8 @@ pub async fn write_proxy(
     let info = ProxyInfo { settings, cameras, streams };
     let frames = info.cameras.iter().map(|c| c.frames).sum();
     let metadata = HashMap::from([(PROXY_METADATA.to_string(), serde_json::to_string(&info).expect("plain data"))]);
-    lake_store::commit_parts_with(&tmp_uri, proxy_schema(), ordered, metadata).await?;
-    let final_path = std::path::PathBuf::from(lake.uri(&ds.record.tables.path(PROXY)));
-    lake_store::publish_dir(&std::path::PathBuf::from(&tmp_uri), &final_path)
-        .map_err(|e| Error::layout(&ds.label, format!("publishing the proxy table: {e}")))?;
-    unpublished.0 = None;
+    table.commit_parts(proxy_schema(), ordered, metadata).await?;
+    table.publish().await?;
     Ok(ProxyReport { info, frames })
 }
 

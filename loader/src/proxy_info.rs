@@ -64,8 +64,7 @@ impl ProxyInfo {
     /// # Errors
     /// When the table exists but cannot be opened, or its metadata is not a proxy's.
     pub async fn read(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<Option<Self>> {
-        let path = record.tables.path(PROXY);
-        if !std::path::Path::new(&lake.uri(&path)).exists() {
+        if !lake.has_table(&record.tables.dir, PROXY).await? {
             return Ok(None);
         }
         let table = lake_store::open_table(lake, record, PROXY).await?;

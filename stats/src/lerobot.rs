@@ -49,8 +49,9 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
         Some(subset) => subset_rows(lake, record, subset, &stat_names).await?,
     };
     let image_stats = lake.uri(&record.tables.path(IMAGE_STATS));
+    let has_image_stats = lake.has_table(&record.tables.dir, IMAGE_STATS).await?;
     let mut shapes = shapes;
-    if episodes.is_none() && std::path::Path::new(&image_stats).is_dir() {
+    if episodes.is_none() && has_image_stats {
         let batches = read_image_stats(record, &image_stats).await?;
         for row in dataset_rows(&batches, &stat_names) {
             shapes.insert(row.0.clone(), vec![3, 1, 1]);
@@ -89,7 +90,7 @@ pub async fn stats_json(lake: &Lake, record: &lake_schemas::CommitRecord, episod
     // A selection's cameras with `lake stats --images`' per-episode statistics: those of its
     // episodes, aggregated below as the source's would be (the selection's exported
     // `meta/episodes` holds the same per-episode ones).
-    if let Some(subset) = episodes.filter(|_| std::path::Path::new(&image_stats).is_dir()) {
+    if let Some(subset) = episodes.filter(|_| has_image_stats) {
         let batches = read_image_stats(record, &image_stats).await?;
         for batch in &batches {
             let episode = batch.column_by_name("episode_index").expect("feature_stats schema");
@@ -309,7 +310,7 @@ pub async fn episode_stats(lake: &Lake, record: &lake_schemas::CommitRecord, num
     // `feature_stats`-shaped tables: one row per (episode, feature, dimension).
     let mut exact = lake_store::read_table(lake, record, FEATURE_STATS).await?;
     let image_stats = lake.uri(&record.tables.path(IMAGE_STATS));
-    if std::path::Path::new(&image_stats).is_dir() {
+    if lake.has_table(&record.tables.dir, IMAGE_STATS).await? {
         let batches = read_image_stats(record, &image_stats).await?;
         for batch in &batches {
             for name in batch.column_by_name("feature").expect("feature_stats schema").as_string::<i32>().iter().flatten() {
@@ -637,7 +638,6 @@ pub struct ImageStatsReport {
 /// When the dataset cannot be opened, a frame cannot be decoded, or the table cannot be written.
 pub async fn write_image_stats(lake: &Lake, spec: &str) -> Result<ImageStatsReport> {
     use lake_loader::{Draw, Loader, LoaderDataset, LoaderOptions, Preset, Windows};
-    lake.local_only("image statistics")?;
     let ds = LoaderDataset::open(lake, spec).await?;
     let loader =
         Loader::new(vec![ds.clone()], &Windows::Preset(Preset::None), LoaderOptions { threads: 0, cache_bytes: 0, frame_table: true })?;
@@ -679,22 +679,10 @@ pub async fn write_image_stats(lake: &Lake, spec: &str) -> Result<ImageStatsRepo
         }
     }
     let batch = lake_ingest::feature_stats::rows_batch(rows).map_err(|e| Error::Invalid(format!("{}: {e}", ds.label)))?;
-    let dest = std::path::PathBuf::from(lake.uri(&ds.record.tables.path(lake_schemas::tables::IMAGE_STATS)));
-    let tmp = dest.with_extension(format!("partial-{}", std::process::id()));
-    let tmp_uri = tmp.to_string_lossy().into_owned();
-    // Also removed when this future is dropped (Ctrl-C) while the table is written.
-    struct Unpublished<'a>(&'a std::path::Path);
-    impl Drop for Unpublished<'_> {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(self.0);
-        }
-    }
-    let _unpublished = Unpublished(&tmp);
-    let written = lake_store::write_table(&tmp_uri, batch.schema(), vec![batch]).await;
-    let published = written.map_err(Error::from).and_then(|_| {
-        lake_store::publish_dir(&tmp, &dest).map_err(|e| Error::Invalid(format!("{}: publishing image statistics: {e}", ds.label)))
-    });
-    published.map(|()| report)
+    let table = lake.derived_table(&ds.record.tables.dir, lake_schemas::tables::IMAGE_STATS);
+    table.write(batch.schema(), vec![batch]).await?;
+    table.publish().await?;
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -1398,7 +1398,7 @@ impl Lake {
 
     /// The names of the directories in `dir` (relative to the root): on an object store, the
     /// prefixes one level below it.
-    async fn child_dirs(&self, dir: &str) -> Result<Vec<String>> {
+    pub(crate) async fn child_dirs(&self, dir: &str) -> Result<Vec<String>> {
         if let Some(root) = self.local_root() {
             let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return Ok(Vec::new()) };
             return Ok(entries

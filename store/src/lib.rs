@@ -13,6 +13,7 @@
 //! ```
 
 mod catalog;
+mod derived;
 mod error;
 mod lance_open;
 pub mod local_io;
@@ -26,6 +27,7 @@ pub use crate::{
         Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, RemovalReport, Unreadable, absolute_location,
         default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
     },
+    derived::DerivedTable,
     error::{
         Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, store_message, without_source_locations,
     },

@@ -28,7 +28,7 @@ const MAX_BYTES_PER_FILE: usize = 1 << 30;
 
 /// How lake writes a table at `uri`: files of bounded size, and on object stores through lake's
 /// clients for them.
-fn write_params(uri: &str, mode: WriteMode) -> WriteParams {
+pub(crate) fn write_params(uri: &str, mode: WriteMode) -> WriteParams {
     let session = crate::remote::is_remote(uri).then(crate::remote::session);
     WriteParams { mode, max_rows_per_file: MAX_ROWS_PER_FILE, max_bytes_per_file: MAX_BYTES_PER_FILE, session, ..Default::default() }
 }
@@ -75,6 +75,16 @@ where
     S: Stream<Item = Result<RecordBatch, E>> + Send + 'static,
     E: From<Error> + Send + 'static,
 {
+    write_uncommitted_in(uri, schema, batches, WriteMode::Create).await
+}
+
+/// [`write_uncommitted`] into a table that exists already when `mode` is
+/// [`WriteMode::Overwrite`] (its next version).
+pub(crate) async fn write_uncommitted_in<S, E>(uri: String, schema: SchemaRef, batches: S, mode: WriteMode) -> Result<UncommittedPart, E>
+where
+    S: Stream<Item = Result<RecordBatch, E>> + Send + 'static,
+    E: From<Error> + Send + 'static,
+{
     // Lance consumes a DataFusion stream; a producer error is parked here and returned instead
     // of Lance's wrapped version of it.
     let failure: Arc<std::sync::Mutex<Option<E>>> = Arc::default();
@@ -92,7 +102,7 @@ where
         }
     });
     let stream: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(schema, stream));
-    let params = write_params(&uri, WriteMode::Create);
+    let params = write_params(&uri, mode);
     let result = InsertBuilder::new(uri.as_str()).with_params(&params).execute_uncommitted_stream(stream).await;
     if let Some(e) = failure.lock().expect("producer error slot").take() {
         return Err(e);
@@ -109,7 +119,7 @@ where
     }
 }
 
-/// Publishes `parts` as version 1 of a new table at `uri`; rows are numbered in the order of
+/// Publishes `parts` as version 1 of a new table at `uri` (the next version of one there); rows are numbered in the order of
 /// `parts` (the first part's rows are 0.., the next part's follow, and so on).
 ///
 /// # Errors
@@ -148,11 +158,14 @@ pub async fn commit_parts_with(
     };
     schema.metadata.extend(metadata);
     let op = Operation::Overwrite { fragments, schema, config_upsert_values: None, initial_bases: None };
+    // Over a table that exists (a derived table on an object store, rewritten), this is its next
+    // version, read from the latest.
+    let read_version = open_lance(uri).await.map_or(0, |t| t.version().version);
     let mut commit = CommitBuilder::new(uri);
     if crate::remote::is_remote(uri) {
         commit = commit.with_session(crate::remote::session());
     }
-    commit.execute(Transaction::new(0, op, None)).await.map_err(Error::lance(uri))?;
+    commit.execute(Transaction::new(read_version, op, None)).await.map_err(Error::lance(uri))?;
     Ok(rows)
 }
 
