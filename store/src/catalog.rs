@@ -29,7 +29,11 @@ use lake_schemas::{CommitRecord, ViewRecord};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, local::LocalFileSystem, path::Path};
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result, removal::Removal};
+use crate::{
+    Error, Result,
+    lease::{HeldLease, Lease},
+    removal::Removal,
+};
 
 const CATALOG: &str = "catalog";
 const DATASETS: &str = "datasets";
@@ -100,17 +104,6 @@ pub struct Lake {
     remade: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// A lease: which ingest is writing which directory, so that leftovers of a dead one can be told
-/// from the work of a live one.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Lease {
-    name: String,
-    dir: String,
-    pid: u32,
-    host: String,
-    started_at: DateTime<Utc>,
-}
-
 impl Lease {
     /// Whether this lease, read from `path`, names the version directory `begin` gives it:
     /// `datasets/NAME/ID` for a valid name and the lease file `staging/ID.json`. Anything else
@@ -120,18 +113,6 @@ impl Lease {
         let Some(id) = path.filename().and_then(|f| f.strip_suffix(".json")) else { return false };
         let plain = !id.is_empty() && !id.starts_with('.') && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
         plain && validate_name(&self.name).is_ok() && self.dir == format!("{DATASETS}/{}/{id}", self.name)
-    }
-}
-
-impl Lease {
-    /// Whether the writer that holds this lease is gone: its process, on this host (`host`), or
-    /// a day has passed, on another.
-    fn is_dead(&self, host: &str) -> bool {
-        if self.host == host {
-            !process_alive(self.pid)
-        } else {
-            Utc::now().signed_duration_since(self.started_at) > chrono::Duration::days(1)
-        }
     }
 }
 
@@ -350,21 +331,6 @@ impl Lake {
             creates: create,
             remade: Arc::default(),
         })
-    }
-
-    /// Refuses `what` (a table written beside a version: frame tables, proxies, image
-    /// statistics) on a lake on an object store, where those are not written yet.
-    ///
-    /// # Errors
-    /// [`Error::Root`] saying so, for a lake on an object store.
-    pub fn local_only(&self, what: &str) -> Result<()> {
-        match self.remote {
-            Some(_) => Err(Error::Root {
-                root: self.display.clone(),
-                message: format!("is on an object store; {what} are written beside a version only in lakes on the local disk so far"),
-            }),
-            None => Ok(()),
-        }
     }
 
     /// The lake's directory, when it is on the local disk.
@@ -1159,18 +1125,13 @@ impl Lake {
     async fn begin_once(&self, name: &str) -> Result<PendingVersion> {
         let id = format!("{}-{}", Utc::now().format("%Y%m%dT%H%M%S"), &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let dir = format!("{DATASETS}/{name}/{id}");
-        let lease = Lease { name: name.to_string(), dir: dir.clone(), pid: std::process::id(), host: hostname(), started_at: Utc::now() };
         let lease_path = Path::from(format!("{STAGING}/{id}.json"));
-        let body = serde_json::to_vec_pretty(&lease).expect("lease serialises");
-        self.store
-            .put_opts(&lease_path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() })
-            .await
-            .map_err(Error::store(lease_path.to_string()))?;
+        let lease = HeldLease::create(&self.store, lease_path, Lease::new(name, &dir)).await?;
         let pending = PendingVersion {
             lake: self.clone(),
             name: name.to_string(),
             dir,
-            lease: lease_path,
+            lease,
             done: false,
             #[cfg(test)]
             before_put: None,
@@ -1229,7 +1190,7 @@ impl Lake {
             if let Ok(lease) = self.get_json::<Lease>(&lease_path).await
                 && lease.name == name
                 && lease.names_its_own_version(&lease_path)
-                && !lease.is_dead(&host)
+                && !lease.is_dead(&host, Utc::now())
             {
                 found.push(IngestUnderWay { pid: lease.pid, host: lease.host, started_at: lease.started_at });
             }
@@ -1268,14 +1229,16 @@ impl Lake {
         let mut report = GarbageReport::default();
         let host = hostname();
         for lease_path in self.list(STAGING).await? {
-            let lease: Lease = match self.get_json(&lease_path).await {
+            let (lease, version): (Lease, _) = match self.get_json_versioned(&lease_path).await {
                 Ok(l) => l,
                 Err(_) => continue, // half-written lease of a live writer, or foreign file
             };
             if !lease.names_its_own_version(&lease_path) {
                 continue; // not a lease lake wrote: nothing it names is removed
             }
-            if !lease.is_dead(&host) {
+            // Taken over first: a writer that renewed it since it was read is alive after all,
+            // and one that renews it after this finds it taken and does not commit.
+            if !lease.is_dead(&host, Utc::now()) || !crate::lease::take_over(&self.store, &lease_path, &lease, version).await? {
                 continue;
             }
             // A record that cannot be read might be the one naming this directory: it stays.
@@ -1288,7 +1251,11 @@ impl Lake {
                 self.remove_local_dir(&lease.dir)?;
                 report.removed_dirs.push(lease.dir.clone());
             }
-            self.store.delete(&lease_path).await.map_err(Error::store(lease_path.to_string()))?;
+            match self.store.delete(&lease_path).await {
+                // (The writer, finding its lease taken, may have deleted it.)
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(lease_path.to_string())(e)),
+            }
         }
         report.removed_dirs.extend(self.remove_orphans().await?);
         self.remove_finished_uploads();
@@ -1430,6 +1397,15 @@ impl Lake {
         serde_json::from_slice(&bytes).map_err(|source| Error::Record { path: path.to_string(), source })
     }
 
+    /// [`get_json`](Self::get_json), with the version read (for a conditional update of it).
+    async fn get_json_versioned<T: serde::de::DeserializeOwned>(&self, path: &Path) -> Result<(T, object_store::UpdateVersion)> {
+        let got = self.store.get(path).await.map_err(Error::store(path.to_string()))?;
+        let version = object_store::UpdateVersion { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
+        let bytes = got.bytes().await.map_err(Error::store(path.to_string()))?;
+        let value = serde_json::from_slice(&bytes).map_err(|source| Error::Record { path: path.to_string(), source })?;
+        Ok((value, version))
+    }
+
     async fn read_record(&self, path: &Path) -> Result<CommitRecord> {
         self.get_json(path).await
     }
@@ -1518,7 +1494,7 @@ pub struct PendingVersion {
     lake: Lake,
     name: String,
     dir: String,
-    lease: Path,
+    lease: HeldLease,
     done: bool,
     /// Tests: waited at before the commit record's first write, so that writers collide.
     #[cfg(test)]
@@ -1609,6 +1585,12 @@ impl PendingVersion {
             if let Some(barrier) = self.before_put.take() {
                 barrier.wait().await;
             }
+            // Renewed right before the record is written: garbage collection that took the
+            // lease over (this writer went unrenewed too long) may be deleting the directory.
+            if !self.lease.confirm().await? {
+                self.abort_inner().await?;
+                return Err(Error::LeaseLost { name: self.name.clone(), expiry_minutes: crate::lease::EXPIRY.num_minutes() });
+            }
             record.version = version;
             record.committed_at = chrono::Utc::now();
             let path = Path::from(format!("{CATALOG}/{}/v{version:08}.json", self.name));
@@ -1651,7 +1633,8 @@ impl PendingVersion {
                     self.done = true;
                     // The version is visible now; a failure to drop the lease only leaves a lease
                     // that garbage collection recognises as committed.
-                    let _ = self.lake.store.delete(&self.lease).await;
+                    self.lease.stop().await;
+                    let _ = self.lake.store.delete(self.lease.path()).await;
                     self.lake.prune(STAGING);
                     // The lake holds a dataset now: no failed ingest is to take it back.
                     if let Some(root) = self.lake.local_root() {
@@ -1697,9 +1680,10 @@ impl PendingVersion {
         self.done = true;
         self.lake.delete_prefix(&self.dir).await?;
         self.lake.remove_local_dir(&self.dir)?;
-        match self.lake.store.delete(&self.lease).await {
+        self.lease.stop().await;
+        match self.lake.store.delete(self.lease.path()).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(Error::store(self.lease.to_string())(e)),
+            Err(e) => return Err(Error::store(self.lease.path().to_string())(e)),
         }
         self.lake.prune(STAGING);
         Ok(())
@@ -1715,7 +1699,7 @@ impl Drop for PendingVersion {
                 // On an object store, deleted in the background where a runtime runs; otherwise
                 // the next garbage collection removes them (this process's lease is dead then).
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    let (lake, dir, lease) = (self.lake.clone(), self.dir.clone(), self.lease.clone());
+                    let (lake, dir, lease) = (self.lake.clone(), self.dir.clone(), self.lease.path().clone());
                     handle.spawn(async move {
                         if lake.delete_prefix(&dir).await.is_ok() {
                             let _ = lake.store.delete(&lease).await;
@@ -1726,7 +1710,7 @@ impl Drop for PendingVersion {
             }
             let root = self.lake.root.clone();
             let _ = std::fs::remove_dir_all(root.join(&self.dir));
-            let _ = std::fs::remove_file(root.join(self.lease.as_ref()));
+            let _ = std::fs::remove_file(root.join(self.lease.path().as_ref()));
             self.lake.prune(&self.dir);
             self.lake.prune(STAGING);
         }
@@ -2516,7 +2500,7 @@ mod lifecycle_tests {
         for (file, name, dir) in
             [("x.json", "ds", "datasets"), ("y.json", "ds", "datasets/other/v"), ("v.json", "../..", "datasets/../../v")]
         {
-            let forged = Lease { name: name.into(), dir: dir.into(), pid: i32::MAX as u32, host: hostname(), started_at: Utc::now() };
+            let forged = Lease { pid: i32::MAX as u32, ..Lease::new(name, dir) };
             write_file(&lake, &format!("staging/{file}"));
             std::fs::write(lake.root.join("staging").join(file), serde_json::to_vec(&forged).unwrap()).unwrap();
         }

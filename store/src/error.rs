@@ -62,6 +62,18 @@ pub enum Error {
         /// The version number taken.
         version: u64,
     },
+    /// An ingest's lease was taken over by another process's garbage collection (the ingest
+    /// stopped renewing it for longer than a lease lasts), so it must not commit.
+    #[error(
+        "dataset `{name}`: this ingest's lease was collected by another process (it went unrenewed for longer than {expiry_minutes} \
+         minutes: was this process paused, or cut off from the store?); nothing was committed, run the ingest again"
+    )]
+    LeaseLost {
+        /// Dataset name.
+        name: String,
+        /// How long a lease lasts unrenewed.
+        expiry_minutes: i64,
+    },
     /// Writing a commit record failed in a way that leaves unknown whether it was written (the
     /// store took the request and the answer was lost), and reading it back failed too.
     #[error(

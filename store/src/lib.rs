@@ -16,6 +16,7 @@ mod catalog;
 mod derived;
 mod error;
 mod lance_open;
+mod lease;
 pub mod local_io;
 pub mod object_cache;
 pub mod remote;

@@ -90,22 +90,48 @@ impl S3Server {
         self.objects(prefix).into_iter().map(|(key, _)| key).collect()
     }
 
+    /// Writes `body` as the object `key` of bucket `lake` with the server's own client (boto3),
+    /// as another host's writer would.
+    ///
+    /// # Panics
+    /// When the write fails.
+    pub fn put(&self, key: &str, body: &[u8]) {
+        let script = "import boto3, sys\n\
+            boto3.client('s3').put_object(Bucket='lake', Key=sys.argv[1], Body=sys.stdin.buffer.read())\n";
+        let mut child = Command::new(python())
+            .arg("-c")
+            .arg(script)
+            .arg(key)
+            .envs(self.env.iter().cloned())
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run python");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), body).expect("write the body");
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "writing {key} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// The keys under `prefix` in bucket `lake` with their sizes.
     pub fn objects(&self, prefix: &str) -> Vec<(String, u64)> {
-        let python = std::env::var_os("LAKE_S3_PYTHON")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/lake/s3-venv/bin/python"));
         let script = "import boto3, sys\n\
             s3 = boto3.client('s3')\n\
             for page in s3.get_paginator('list_objects_v2').paginate(Bucket='lake', Prefix=sys.argv[1]):\n\
             \x20   for o in page.get('Contents', []): print(o['Size'], o['Key'])\n";
-        let out = Command::new(python).arg("-c").arg(script).arg(prefix).envs(self.env.iter().cloned()).output().expect("run python");
+        let out = Command::new(python()).arg("-c").arg(script).arg(prefix).envs(self.env.iter().cloned()).output().expect("run python");
         assert!(out.status.success(), "listing the bucket failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split_once(' ').and_then(|(size, key)| Some((key.to_string(), size.parse().ok()?))))
             .collect()
     }
+}
+
+/// The Python of the venv `scripts/s3-env.sh` makes (`LAKE_S3_PYTHON` overrides it).
+fn python() -> PathBuf {
+    std::env::var_os("LAKE_S3_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/lake/s3-venv/bin/python"))
 }
 
 impl Drop for S3Server {

@@ -261,6 +261,61 @@ fn an_ingest_killed_on_s3_shows_nothing_and_the_next_one_cleans_up_after_it() {
     assert!(server.keys(&format!("{}/staging/", prefix(&root))).is_empty(), "leases left");
 }
 
+/// A lease as a writer on another host writes it, for `datasets/NAME/ID`, renewed `minutes` ago.
+fn foreign_lease(name: &str, id: &str, minutes: i64) -> Vec<u8> {
+    let renewed = chrono::Utc::now() - chrono::TimeDelta::minutes(minutes);
+    let started = chrono::Utc::now() - chrono::TimeDelta::days(2);
+    serde_json::to_vec(&serde_json::json!({
+        "name": name, "dir": format!("datasets/{name}/{id}"), "pid": 1, "host": "a-host-of-another-rack",
+        "started_at": started.to_rfc3339(), "renewed_at": renewed.to_rfc3339(),
+    }))
+    .expect("json")
+}
+
+#[test]
+fn writers_on_other_hosts_keep_their_work_while_they_renew_their_leases() {
+    let server = S3Server::start();
+    let root = s3_root("leases");
+    let lake_prefix = prefix(&root);
+    assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-images-tiny").to_str().expect("utf-8")]).code, 0);
+    // Two writers on another host, both started two days ago: one renewed its lease a minute
+    // ago (a long ingest at work), one has not for twenty minutes (it died).
+    for (name, id, minutes) in [("alive", "20261128T000000-aaaaaaaaaaaa", 1), ("dead", "20261128T000000-bbbbbbbbbbbb", 20)] {
+        server.put(&format!("{lake_prefix}/staging/{id}.json"), &foreign_lease(name, id, minutes));
+        server.put(&format!("{lake_prefix}/datasets/{name}/{id}/steps.lance/data/part.lance"), b"rows");
+    }
+    // The next ingest collects garbage.
+    assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8")]).code, 0);
+    assert_eq!(server.keys(&format!("{lake_prefix}/datasets/alive/")).len(), 1, "a renewed lease keeps its writer's files");
+    assert_eq!(server.keys(&format!("{lake_prefix}/staging/20261128T000000-aaaaaaaaaaaa")).len(), 1);
+    assert!(server.keys(&format!("{lake_prefix}/datasets/dead/")).is_empty(), "an unrenewed lease's files are collected");
+    assert!(server.keys(&format!("{lake_prefix}/staging/20261128T000000-bbbbbbbbbbbb")).is_empty());
+
+    // A writer paused for longer than a lease lasts, whose lease another host's collection took
+    // over meanwhile, commits nothing once it runs again. (A slow store, so that it is paused
+    // before it commits.)
+    let server = S3Server::start_with(&[("LAKE_S3_DELAY_MS", "20")]);
+    let root = s3_root("paused");
+    let lake_prefix = prefix(&root);
+    let child = spawn(&server, &root, &["ingest", testdata("v30-images-tiny").to_str().expect("utf-8"), "--name", "taken"]);
+    wait_for_key(&server, &format!("{lake_prefix}/staging/"));
+    // SAFETY: signals to the child this test started and still holds.
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    let lease = server.keys(&format!("{lake_prefix}/staging/")).pop().expect("its lease");
+    let id = lease.rsplit('/').next().and_then(|f| f.strip_suffix(".json")).expect("an id").to_string();
+    let mut taken: serde_json::Value = serde_json::from_slice(&foreign_lease("taken", &id, 20)).expect("json");
+    taken["collected_by"] = "a-host-of-another-rack".into();
+    server.put(&lease, &serde_json::to_vec(&taken).expect("json"));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    let run = finish(child);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(run.stderr.contains("this ingest's lease was collected by another process"), "{}", run.stderr);
+    let run = s3_lake(&server, &root, &["ls"]);
+    assert!(!run.stdout.contains("taken"), "{run:#?}");
+    assert!(server.keys(&format!("{lake_prefix}/datasets/taken/")).is_empty(), "what it wrote is gone");
+}
+
 #[test]
 fn the_store_killed_during_an_ingest_fails_it_naming_the_store() {
     let server = S3Server::start();

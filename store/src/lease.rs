@@ -1,0 +1,308 @@
+//! Leases: which writer is writing which version directory, renewed while it writes, so that
+//! garbage collection on any host tells a dead writer's leftovers from a live writer's work.
+//!
+//! - A writer creates its lease when it begins (`staging/<id>.json`, only if absent) and rewrites
+//!   it every [`RENEW`] with the time. Each rewrite is conditional on the lease being the one it
+//!   last wrote (its ETag), so a lease taken over is never written back.
+//! - A lease is dead when its process is gone (asked of the kernel, on the writer's own host) or
+//!   when it went unrenewed for [`EXPIRY`] (on any other host).
+//! - Garbage collection takes a dead lease over with a conditional write of its own before it
+//!   deletes what the lease names. A writer that was only paused (or cut off from the store)
+//!   finds its lease changed at its next renewal, or at the latest when it confirms the lease
+//!   right before committing, and stops with nothing committed.
+//! - A store without conditional updates (a local filesystem) gets the same steps as plain reads
+//!   and writes; there, writers on one host are told apart by their pids.
+
+use std::{sync::Arc, time::Duration};
+
+use chrono::{DateTime, Utc};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, path::Path};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// How often a writer renews its lease.
+pub(crate) const RENEW: Duration = Duration::from_secs(60);
+
+/// How long a lease lasts unrenewed, for garbage collection on another host than the writer's:
+/// ten renewals, and room for clocks that disagree by minutes.
+pub(crate) const EXPIRY: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// How long a lease that is never renewed (written by a lake that did not renew leases) lasts on
+/// another host.
+const UNRENEWED_EXPIRY: chrono::TimeDelta = chrono::TimeDelta::days(1);
+
+/// A lease, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Lease {
+    pub(crate) name: String,
+    pub(crate) dir: String,
+    pub(crate) pid: u32,
+    pub(crate) host: String,
+    pub(crate) started_at: DateTime<Utc>,
+    /// When the writer last renewed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) renewed_at: Option<DateTime<Utc>>,
+    /// The host whose garbage collection took the lease over (the writer is dead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) collected_by: Option<String>,
+}
+
+impl Lease {
+    /// A new lease of this process for the version directory `dir` of `name`.
+    pub(crate) fn new(name: &str, dir: &str) -> Self {
+        let now = Utc::now();
+        Self {
+            name: name.to_string(),
+            dir: dir.to_string(),
+            pid: std::process::id(),
+            host: crate::hostname(),
+            started_at: now,
+            renewed_at: Some(now),
+            collected_by: None,
+        }
+    }
+
+    /// Whether the writer that holds this lease is gone, seen from `host` at `now`: its process
+    /// is, on its own host; it went unrenewed for [`EXPIRY`], on another; or garbage collection
+    /// took the lease over.
+    pub(crate) fn is_dead(&self, host: &str, now: DateTime<Utc>) -> bool {
+        if self.collected_by.is_some() {
+            return true;
+        }
+        if self.host == host {
+            return !crate::process_alive(self.pid);
+        }
+        match self.renewed_at {
+            Some(renewed) => now.signed_duration_since(renewed) > EXPIRY,
+            None => now.signed_duration_since(self.started_at) > UNRENEWED_EXPIRY,
+        }
+    }
+
+    fn body(&self) -> PutPayload {
+        PutPayload::from(serde_json::to_vec_pretty(self).expect("lease serialises"))
+    }
+}
+
+/// Takes over the dead lease `lease` at `path`, read with `version`, for this host's garbage
+/// collection; false when its writer renewed it since it was read (it is alive).
+///
+/// # Errors
+/// When the store fails.
+pub(crate) async fn take_over(store: &Arc<dyn ObjectStore>, path: &Path, lease: &Lease, version: UpdateVersion) -> Result<bool> {
+    if lease.collected_by.is_some() {
+        return Ok(true);
+    }
+    let taken = Lease { collected_by: Some(crate::hostname()), ..lease.clone() };
+    match store.put_opts(path, taken.body(), PutOptions::from(PutMode::Update(version))).await {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }) => Ok(false),
+        Err(object_store::Error::NotImplemented { .. }) => {
+            store.put_opts(path, taken.body(), PutOptions::from(PutMode::Overwrite)).await.map_err(Error::store(path.to_string()))?;
+            Ok(true)
+        }
+        Err(e) => Err(Error::store(path.to_string())(e)),
+    }
+}
+
+/// A lease this process holds: renewed in the background until it is stopped or dropped.
+#[derive(Debug)]
+pub(crate) struct HeldLease {
+    path: Path,
+    state: Arc<tokio::sync::Mutex<Held>>,
+    renewal: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct Held {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    lease: Lease,
+    /// The version this process last wrote, when the store takes conditional updates.
+    version: Option<UpdateVersion>,
+    /// Taken over by another process's garbage collection.
+    lost: bool,
+    /// No more renewals (the lease is being deleted).
+    stopped: bool,
+}
+
+impl HeldLease {
+    /// Creates `lease` at `path` (failing if a lease is there) and starts renewing it.
+    ///
+    /// # Errors
+    /// When the lease cannot be created.
+    pub(crate) async fn create(store: &Arc<dyn ObjectStore>, path: Path, lease: Lease) -> Result<Self> {
+        let put = store
+            .put_opts(&path, lease.body(), PutOptions { mode: PutMode::Create, ..Default::default() })
+            .await
+            .map_err(Error::store(path.to_string()))?;
+        let version = Some(UpdateVersion { e_tag: put.e_tag, version: put.version });
+        let state = Arc::new(tokio::sync::Mutex::new(Held {
+            store: store.clone(),
+            path: path.clone(),
+            lease,
+            version,
+            lost: false,
+            stopped: false,
+        }));
+        let renewing = state.clone();
+        let renewal = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RENEW).await;
+                let mut held = renewing.lock().await;
+                if held.stopped {
+                    return;
+                }
+                match held.renew().await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(lease = %held.path, "garbage collection of another process took this writer's lease over");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(lease = %held.path, "renewing the lease failed (tried again in {} s): {e}", RENEW.as_secs()),
+                }
+            }
+        });
+        Ok(Self { path, state, renewal })
+    }
+
+    /// The lease's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Renews the lease now: false when another process took it over (this writer must not
+    /// commit).
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub(crate) async fn confirm(&self) -> Result<bool> {
+        let mut held = self.state.lock().await;
+        held.renew().await.map_err(Error::store(self.path.to_string()))
+    }
+
+    /// Stops renewing: once this returns, no renewal is under way or follows.
+    pub(crate) async fn stop(&self) {
+        let mut held = self.state.lock().await;
+        held.stopped = true;
+        self.renewal.abort();
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        self.renewal.abort();
+    }
+}
+
+impl Held {
+    /// Rewrites the lease with the time, unless another process took it over (then false).
+    async fn renew(&mut self) -> std::result::Result<bool, object_store::Error> {
+        if self.lost {
+            return Ok(false);
+        }
+        self.lease.renewed_at = Some(Utc::now());
+        if let Some(version) = self.version.clone() {
+            match self.store.put_opts(&self.path, self.lease.body(), PutOptions::from(PutMode::Update(version))).await {
+                Ok(put) => {
+                    self.version = Some(UpdateVersion { e_tag: put.e_tag, version: put.version });
+                    return Ok(true);
+                }
+                Err(object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }) => {
+                    self.lost = true;
+                    return Ok(false);
+                }
+                Err(object_store::Error::NotImplemented { .. }) => self.version = None,
+                Err(e) => return Err(e),
+            }
+        }
+        // Without conditional updates: the lease must still be this writer's before it is
+        // rewritten.
+        let current: Option<Lease> = match self.store.get(&self.path).await {
+            Ok(got) => serde_json::from_slice(&got.bytes().await?).ok(),
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let ours = current.is_some_and(|c| {
+            c.collected_by.is_none() && (c.pid, &c.host, c.started_at) == (self.lease.pid, &self.lease.host, self.lease.started_at)
+        });
+        if !ours {
+            self.lost = true;
+            return Ok(false);
+        }
+        self.store.put_opts(&self.path, self.lease.body(), PutOptions::from(PutMode::Overwrite)).await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_dead_when_its_process_is_gone_or_it_went_unrenewed() {
+        let now = Utc::now();
+        let mut lease = Lease::new("ds", "datasets/ds/x");
+        let here = crate::hostname();
+        assert!(!lease.is_dead(&here, now), "this process is alive");
+        assert!(!lease.is_dead(&here, now + chrono::TimeDelta::days(3)), "on its own host, its pid decides");
+        lease.pid = i32::MAX as u32;
+        assert!(lease.is_dead(&here, now));
+
+        // On another host: the time since its last renewal.
+        let elsewhere = format!("{here}-elsewhere");
+        let mut lease = Lease::new("ds", "datasets/ds/x");
+        lease.started_at = now - chrono::TimeDelta::days(2);
+        lease.renewed_at = Some(now - chrono::TimeDelta::minutes(2));
+        assert!(!lease.is_dead(&elsewhere, now), "renewed two minutes ago: a long ingest, alive");
+        lease.renewed_at = Some(now - EXPIRY - chrono::TimeDelta::seconds(1));
+        assert!(lease.is_dead(&elsewhere, now));
+        // A lease that is never renewed lasts a day.
+        lease.renewed_at = None;
+        lease.started_at = now - chrono::TimeDelta::hours(23);
+        assert!(!lease.is_dead(&elsewhere, now));
+        lease.started_at = now - chrono::TimeDelta::hours(25);
+        assert!(lease.is_dead(&elsewhere, now));
+        // Taken over: dead for everyone.
+        let mut lease = Lease::new("ds", "datasets/ds/x");
+        lease.collected_by = Some("other".into());
+        assert!(lease.is_dead(&here, now) && lease.is_dead(&elsewhere, now));
+    }
+
+    /// A writer whose lease garbage collection took over finds out when it confirms, and a
+    /// lease renewed since it was read is not taken over. Both through a store with
+    /// conditional updates and through a local filesystem without them.
+    #[tokio::test]
+    async fn a_lease_taken_over_is_lost_to_its_writer_and_a_renewed_one_is_not_taken() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let stores: [Arc<dyn ObjectStore>; 2] = [
+            Arc::new(object_store::memory::InMemory::new()),
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(tmp.path()).expect("local")),
+        ];
+        for store in stores {
+            let path = Path::from("staging/x.json");
+            let read = |store: Arc<dyn ObjectStore>| async move {
+                let got = store.get(&Path::from("staging/x.json")).await.expect("get");
+                let version = UpdateVersion { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
+                (serde_json::from_slice::<Lease>(&got.bytes().await.expect("bytes")).expect("a lease"), version)
+            };
+            let held = HeldLease::create(&store, path.clone(), Lease::new("ds", "datasets/ds/x")).await.expect("create");
+            assert!(HeldLease::create(&store, path.clone(), Lease::new("ds", "datasets/ds/x")).await.is_err(), "one lease per path");
+            let (stale, version) = read(store.clone()).await;
+            assert!(held.confirm().await.expect("confirm"), "{store}");
+            // Read before the writer renewed it: not taken over (where the store can tell).
+            let taken = take_over(&store, &path, &stale, version).await.expect("take over");
+            let conditional = format!("{store}").starts_with("InMemory");
+            assert_eq!(taken, !conditional, "{store}");
+            if !taken {
+                let (current, version) = read(store.clone()).await;
+                assert!(take_over(&store, &path, &current, version).await.expect("take over"), "{store}");
+            }
+            let (collected, _) = read(store.clone()).await;
+            assert_eq!(collected.collected_by, Some(crate::hostname()));
+            assert!(!held.confirm().await.expect("confirm"), "{store}: the writer lost its lease");
+            held.stop().await;
+            store.delete(&path).await.expect("delete");
+        }
+    }
+}
