@@ -6,15 +6,16 @@
 # media with it), python3 with venv (the Python client's tests; see scripts/python-env.sh), and
 # Open MPI (data-parallel `lake train` under mpirun, feature `mpi`), Gloo's headers (ranks that
 # torchrun starts meet through libtorch's own Gloo, which libtorch ships without headers),
-# Chromium and its WebDriver (the web app's browser test), node and npm where no node is on the
-# path (scripts/build-web.sh builds the web app), and the rustfmt/clippy components. Safe to run
+# Chromium and its WebDriver (the web app's browser test), nginx (the web server of the HTTP
+# source tests), node and npm where no node is on the path (scripts/build-web.sh builds the web
+# app), and the rustfmt/clippy components. Safe to run
 # again: it only installs what is missing.
 set -euo pipefail
 
 packages=(pkg-config make gcc clang libclang-dev protobuf-compiler libprotobuf-dev ffmpeg python3 python3-venv
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libavfilter-dev libavdevice-dev libturbojpeg0-dev libopenmpi-dev openmpi-bin libgloo-dev libffmpeg-nvenc-dev
-  chromium chromium-driver)
+  chromium chromium-driver nginx-light)
 
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 

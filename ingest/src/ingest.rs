@@ -431,8 +431,21 @@ impl Plan {
                 meta.episodes.len()
             ));
         }
-        let unreferenced = unreferenced_data_files(source, meta, &data_files).await?;
-        report.findings.extend(undeclared_camera_files(source, meta).await?);
+        let unreferenced = match source.can_list() {
+            true => {
+                report.findings.extend(undeclared_camera_files(source, meta).await?);
+                unreferenced_data_files(source, meta, &data_files).await?
+            }
+            false => {
+                report.findings.push(Finding::new(
+                    Severity::Info,
+                    FindingKind::NotChecked,
+                    "the source is served over HTTP and cannot be listed: its files are those the metadata names, and files it does \
+                     not name (stray data files, videos of undeclared cameras) were not looked for",
+                ));
+                Vec::new()
+            }
+        };
         let mut read_files: Vec<SourceFile> = meta.files.clone();
         read_files.extend(data_files.iter().filter_map(|d| d.1.clone()));
         read_files.extend(unreferenced.iter().cloned());

@@ -247,8 +247,28 @@ impl DatasetMeta {
         template.format(&values).map_err(|e| Error::metadata(INFO, e.to_string()))
     }
 
+    /// The episode metadata shards of a source that cannot be listed: those LeRobot's writer
+    /// names (`meta/episodes/chunk-CCC/file-FFF.parquet`, files numbered from 0 in each chunk of
+    /// `chunks_size` files), asked for in order until one is missing. (A shard missing in the
+    /// middle leaves episodes out, which the episode count in `info.json` then reports.)
+    async fn named_episode_shards(&self, source: &Source) -> Result<Vec<SourceFile>> {
+        let mut shards = Vec::new();
+        let (mut chunk, mut file) = (0i64, 0i64);
+        while let Some(found) = source.head(&format!("{EPISODES_DIR}chunk-{chunk:03}/file-{file:03}.parquet")).await? {
+            shards.push(found);
+            file += 1;
+            if file == self.chunks_size() {
+                (chunk, file) = (chunk + 1, 0);
+            }
+        }
+        Ok(shards)
+    }
+
     async fn load_v3(&mut self, source: &Source, spill: &mut Spill) -> Result<()> {
-        let shards: Vec<SourceFile> = source.list(EPISODES_DIR).await?.into_iter().filter(|f| f.path.ends_with(".parquet")).collect();
+        let shards: Vec<SourceFile> = match source.can_list() {
+            true => source.list(EPISODES_DIR).await?.into_iter().filter(|f| f.path.ends_with(".parquet")).collect(),
+            false => self.named_episode_shards(source).await?,
+        };
         if shards.is_empty() {
             return Err(Error::Missing { path: EPISODES_DIR.into(), what: "episode metadata shards (*.parquet)".into() });
         }

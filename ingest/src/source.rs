@@ -1,5 +1,6 @@
 //! Reading a LeRobot dataset through `object_store`: whole files, parquet row groups, and a
-//! `Read + Seek` view for FFmpeg's demuxer. Local directories today; any object store URL later.
+//! `Read + Seek` view for FFmpeg's demuxer. Local directories, object stores, and datasets served
+//! over HTTP(S) (read-only, and not listed: see [`Source::can_list`]).
 
 use std::{
     io::{self, Read, Seek, SeekFrom},
@@ -30,6 +31,8 @@ pub struct Source {
     /// The directory of a local source, whose files are checked to be regular files before
     /// they are opened (opening a FIFO would wait for a writer forever).
     local: Option<std::path::PathBuf>,
+    /// Whether the source's files can be listed (not over HTTP).
+    listable: bool,
 }
 
 /// A file of the source: its path relative to the dataset root, size and modification time.
@@ -52,6 +55,10 @@ impl Source {
     /// [`Error::Missing`] when the directory does not exist; [`Error::Unsupported`] for URL
     /// schemes this build cannot read, or an object store that cannot be configured.
     pub fn open(location: &str) -> Result<Self> {
+        if lake_store::remote::is_http(location) {
+            let store = lake_store::remote::http_store(location).map_err(|e| Error::Unsupported(format!("source {e}")))?;
+            return Ok(Self { listable: false, ..Self::from_store(store, location) });
+        }
         if lake_store::remote::is_remote(location) {
             let remote = lake_store::remote::Remote::parse(location).map_err(|e| Error::Unsupported(format!("source {e}")))?;
             let store = object_store::prefix::PrefixStore::new(remote.store, remote.prefix);
@@ -77,7 +84,13 @@ impl Source {
 
     /// Wraps any object store whose root is the dataset root.
     pub fn from_store(store: Arc<dyn ObjectStore>, display: impl Into<String>) -> Self {
-        Self { store, display: display.into(), bytes_read: Arc::new(AtomicU64::new(0)), local: None }
+        Self { store, display: display.into(), bytes_read: Arc::new(AtomicU64::new(0)), local: None, listable: true }
+    }
+
+    /// Whether the source's files can be listed. A dataset served over HTTP(S) cannot be (a web
+    /// server answers reads of named files): its files are those its metadata names.
+    pub fn can_list(&self) -> bool {
+        self.listable
     }
 
     /// Refuses a local `path` (relative to the root) that exists but is not a regular file
@@ -146,8 +159,11 @@ impl Source {
     /// Every file under `prefix`, sorted by path.
     ///
     /// # Errors
-    /// When listing fails.
+    /// When listing fails, or the source cannot be listed ([`can_list`](Self::can_list)).
     pub async fn list(&self, prefix: &str) -> Result<Vec<SourceFile>> {
+        if !self.listable {
+            return Err(Error::Unsupported(format!("{}: a dataset served over HTTP cannot be listed ({prefix})", self.display)));
+        }
         let root = Path::from(prefix);
         let metas: Vec<ObjectMeta> = match self.store.list(Some(&root)).try_collect().await {
             Ok(v) => v,

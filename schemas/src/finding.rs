@@ -67,6 +67,9 @@ pub enum FindingKind {
     CameraDropped,
     /// A numeric feature holds NaN or infinite values.
     NonFinite,
+    /// A check that the source does not allow (a dataset served over HTTP cannot be listed, so
+    /// files its metadata does not name are not looked for).
+    NotChecked,
 }
 
 impl FindingKind {
@@ -91,6 +94,7 @@ impl FindingKind {
             Self::EpisodeSkipped => "episode-skipped",
             Self::CameraDropped => "camera-dropped",
             Self::NonFinite => "non-finite",
+            Self::NotChecked => "not-checked",
         }
     }
 }

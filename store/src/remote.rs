@@ -134,6 +134,58 @@ pub async fn upload_dir(dir: &std::path::Path, to: &str) -> Result<u64> {
     Ok(bytes)
 }
 
+/// Whether `location` is a dataset served over HTTP(S) (`http://`, `https://`, or the Hugging
+/// Face Hub's `hf://datasets/OWNER/NAME`): a read-only source.
+pub fn is_http(location: &str) -> bool {
+    location.split_once("://").is_some_and(|(scheme, _)| matches!(scheme, "http" | "https" | "hf"))
+}
+
+/// The HTTPS URL of a dataset on the Hugging Face Hub, `hf://datasets/OWNER/NAME[@REVISION]`
+/// (revision `main` unless given): where the Hub serves the files of that revision.
+///
+/// # Errors
+/// When the location is not of that form.
+pub fn hub_url(location: &str) -> std::result::Result<String, String> {
+    let rest = location.strip_prefix("hf://").ok_or_else(|| "not an hf:// location".to_string())?;
+    let rest = rest.trim_end_matches('/');
+    let form = "hf://datasets/OWNER/NAME[@REVISION]";
+    let Some(repo) = rest.strip_prefix("datasets/") else {
+        return Err(format!("names no dataset repository ({form})"));
+    };
+    let (repo, revision) = repo.split_once('@').unwrap_or((repo, "main"));
+    let parts: Vec<&str> = repo.split('/').collect();
+    let plain = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && p != "." && p != "..";
+    if parts.len() != 2 || !parts.iter().all(|p| plain(p)) || revision.is_empty() || revision.contains(['/', '?', '#']) {
+        return Err(format!("is not {form}"));
+    }
+    Ok(format!("https://huggingface.co/datasets/{repo}/resolve/{revision}"))
+}
+
+/// The store of a dataset served over HTTP(S) at `location` (`hf://` is the Hub's URL, see
+/// [`hub_url`]): its files are read with HEAD and ranged GET requests below that URL, retried as
+/// object stores' are. Listing needs a WebDAV server (`PROPFIND`); a plain web server answers
+/// reads only.
+///
+/// # Errors
+/// What is wrong, naming the location, when it is not such a URL.
+pub fn http_store(location: &str) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+    let err = |message: String| format!("`{location}` {message}");
+    let url = if location.starts_with("hf://") { hub_url(location).map_err(err)? } else { location.trim_end_matches('/').to_string() };
+    let parsed = Url::parse(&url).map_err(|e| err(format!("not a URL: {e}")))?;
+    if parsed.host_str().is_none_or(str::is_empty) || parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(err("names no host, or has a query or fragment: give the URL of the dataset's directory".into()));
+    }
+    install_crypto();
+    let options = object_store::ClientOptions::new().with_allow_http(parsed.scheme() == "http");
+    let store = object_store::http::HttpBuilder::new()
+        .with_url(url)
+        .with_retry(retry_config())
+        .with_client_options(options)
+        .build()
+        .map_err(|e| err(e.to_string()))?;
+    Ok(Arc::new(store))
+}
+
 /// How many times a request is retried, and for how long: object_store's defaults, or the
 /// environment's `OBJECT_STORE_CLIENT_MAX_RETRIES` and `OBJECT_STORE_CLIENT_RETRY_TIMEOUT`
 /// (seconds), the names Lance reads too.
@@ -271,5 +323,21 @@ mod tests {
         assert_eq!(remote.join("."), "s3://bucket/some/lake");
         let err = Remote::parse("s3:///lake").unwrap_err().to_string();
         assert!(err.contains("names no bucket"), "{err}");
+    }
+
+    #[test]
+    fn http_sources_are_told_apart_and_hub_datasets_name_their_files_url() {
+        assert!(is_http("http://127.0.0.1:8080/d") && is_http("https://host/d") && is_http("hf://datasets/lerobot/pusht"));
+        assert!(!is_http("s3://b/d") && !is_http("/data/d") && !is_http("file:///d"));
+        assert_eq!(hub_url("hf://datasets/lerobot/pusht").as_deref(), Ok("https://huggingface.co/datasets/lerobot/pusht/resolve/main"));
+        assert_eq!(
+            hub_url("hf://datasets/lerobot/aloha_sim_insertion_human@v3.0/").as_deref(),
+            Ok("https://huggingface.co/datasets/lerobot/aloha_sim_insertion_human/resolve/v3.0")
+        );
+        for bad in ["hf://lerobot/pusht", "hf://datasets/lerobot", "hf://datasets/a/b/c", "hf://datasets/../b", "hf://datasets/a/b@"] {
+            assert!(hub_url(bad).is_err(), "{bad}");
+        }
+        assert!(http_store("https://host/d?x=1").is_err());
+        assert!(http_store("http://127.0.0.1:1/d").is_ok());
     }
 }

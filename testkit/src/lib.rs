@@ -16,6 +16,7 @@ mod derive;
 mod files;
 mod http;
 mod s3;
+mod web_server;
 
 pub use crate::{
     decode::{FrameHash, PacketDecoder, sequential_frames, sequential_rgb},
@@ -23,4 +24,5 @@ pub use crate::{
     files::{bench_lake, bench_workdir, committed_snapshot, copy_dir, ffmpeg, run_lake, shared_dir, snapshot, testdata, workspace_root},
     http::{HttpResponse, http_request, prometheus_values},
     s3::S3Server,
+    web_server::WebServer,
 };

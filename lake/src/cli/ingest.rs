@@ -16,8 +16,9 @@ use crate::render;
 /// Arguments of `lake ingest`.
 #[derive(Debug, clap::Args)]
 pub struct IngestArgs {
-    /// The LeRobot dataset root (a directory with `meta/info.json`): a path or file:// URL, or an
-    /// object store prefix (s3://BUCKET/PREFIX/DATASET, gs://…, az://…).
+    /// The LeRobot dataset root (a directory with `meta/info.json`): a path or file:// URL, an
+    /// object store prefix (s3://BUCKET/PREFIX/DATASET, gs://…, az://…), or the URL a web server
+    /// serves it at (http(s)://…, hf://datasets/OWNER/NAME[@REVISION] on the Hugging Face Hub).
     source: std::path::PathBuf,
     /// Dataset name in the lake [default: the source directory's name].
     #[arg(long)]

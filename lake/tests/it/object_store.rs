@@ -1,7 +1,8 @@
 //! Lakes on an S3-compatible object store: a real server on loopback (moto's S3 behind
 //! `scripts/s3_server.py`, conditional writes atomic), reached through lake's own clients. Every
 //! command that reads a lake works on one as on a local lake, with the same results; commits
-//! stay atomic with no rename: racing ingests, a killed ingest and a killed store.
+//! stay atomic with no rename: racing ingests, a killed ingest and a killed store. And sources
+//! served over HTTP by a real web server (nginx).
 
 use std::{
     path::Path,
@@ -9,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lake_testkit::{S3Server, testdata};
+use lake_testkit::{S3Server, WebServer, testdata};
 
 use crate::common::{Run, ingest_ok, lake, lake_cmd, read_arrow};
 
@@ -585,4 +586,41 @@ fn an_export_to_s3_writes_the_files_an_export_to_a_directory_does() {
         read_arrow(&file)
     };
     assert!(sample("from-s3") == sample("v30-images-tiny"), "samples of the dataset read from S3 differ");
+}
+
+#[test]
+fn a_dataset_served_over_http_ingests_as_its_directory_does() {
+    let web = WebServer::serve(&testdata("v30-av1-small").join(".."));
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (over_http, local) = (tmp.path().join("http"), tmp.path().join("local"));
+    for name in ["v30-av1-small", "v30-h264-multifile"] {
+        let url = format!("{}/{name}", web.url());
+        let run = lake(&over_http, &["ingest", &url]);
+        assert_eq!(run.code, 0, "{run:#?}");
+        assert!(run.stdout.contains(&format!("as {name}@1")), "named after the URL's last segment: {}", run.stdout);
+        assert!(run.stdout.contains("cannot be listed"), "says what was not checked: {}", run.stdout);
+        ingest_ok(&local, &testdata(name), &[]);
+        let (http_out, local_out) = (tmp.path().join(format!("{name}-http.arrow")), tmp.path().join(format!("{name}-local.arrow")));
+        for (root, out) in [(&over_http, &http_out), (&local, &local_out)] {
+            let run = lake(
+                root,
+                &["sample", "--dataset", name, "--indices", "0,57,150,299", "--preset", "act", "--out", out.to_str().expect("utf-8")],
+            );
+            assert_eq!(run.code, 0, "{run:#?}");
+        }
+        assert!(read_arrow(&http_out) == read_arrow(&local_out), "{name}: samples of the HTTP source differ from its directory's");
+        // Again: the source's files did not change, so no new version.
+        let run = lake(&over_http, &["ingest", &url, "--json"]);
+        assert!(run.stdout.contains(r#""outcome":"unchanged""#) || run.stdout.contains(r#""outcome": "unchanged""#), "{}", run.stdout);
+    }
+    let query = "SELECT dataset, episode_index, count(*) AS steps, sum(\"action\"[1]) AS a FROM steps GROUP BY dataset, episode_index \
+                 ORDER BY dataset, episode_index";
+    let (a, b) = (lake(&over_http, &["sql", query, "--format", "json"]), lake(&local, &["sql", query, "--format", "json"]));
+    assert_eq!((a.code, &a.stdout), (0, &b.stdout), "{a:#?}");
+    assert!(web.requests(&["\"GET /v30-av1-small/videos/", "\" 206 "]) > 0, "videos are read with ranged GETs");
+
+    // A missing dataset, or a missing file of one, is named.
+    let run = lake(&over_http, &["ingest", &format!("{}/no-such-dataset", web.url())]);
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(run.stderr.contains("meta/info.json"), "{}", run.stderr);
 }
