@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     Error, Result,
-    lease::{HeldLease, Lease},
+    lease::{HeldLease, Lease, hostname, process_alive},
     removal::Removal,
 };
 
@@ -1838,47 +1838,9 @@ pub fn default_name(source: &str) -> String {
     if name.is_empty() { "dataset".to_string() } else { name.chars().take(128).collect() }
 }
 
-/// This machine's name (what leases record, to tell this machine's writers from others').
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
-}
-
-/// Whether process `pid` exists on this machine (a writer that died leaves files that may go).
-pub fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-    // SAFETY: kill with signal 0 only checks whether the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    // A process killed but not reaped yet (a zombie, which a container whose first process
-    // reaps nothing keeps for good) still answers the signal; it is gone all the same.
-    exists && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| zombie(&stat))
-}
-
-/// Whether a `/proc/PID/stat` line is a dead process's: its state (after the parenthesised
-/// command name, which may itself hold parentheses) `Z` or `X`.
-fn zombie(stat: &str) -> bool {
-    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).is_some_and(|state| matches!(state, 'Z' | 'X'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn zombies_are_not_alive() {
-        assert!(zombie("4242 (lake) Z 1 4242 4242 0 -1"));
-        assert!(zombie("4242 (a) b) X 1"), "the state follows the last parenthesis");
-        assert!(!zombie("4242 (lake) S 1 4242"));
-        assert!(process_alive(std::process::id()), "this process is alive");
-        let mut child = std::process::Command::new("true").spawn().expect("spawn");
-        let pid = child.id();
-        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !zombie(&s)) {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(!process_alive(pid), "exited, not reaped yet");
-        child.wait().expect("reaped");
-        assert!(!process_alive(pid));
-    }
 
     #[test]
     fn names() {

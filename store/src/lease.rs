@@ -56,7 +56,7 @@ impl Lease {
             name: name.to_string(),
             dir: dir.to_string(),
             pid: std::process::id(),
-            host: crate::hostname(),
+            host: hostname(),
             started_at: now,
             renewed_at: Some(now),
             collected_by: None,
@@ -71,7 +71,7 @@ impl Lease {
             return true;
         }
         if self.host == host {
-            return !crate::process_alive(self.pid);
+            return !process_alive(self.pid);
         }
         match self.renewed_at {
             Some(renewed) => now.signed_duration_since(renewed) > EXPIRY,
@@ -93,7 +93,7 @@ pub(crate) async fn take_over(store: &Arc<dyn ObjectStore>, path: &Path, lease: 
     if lease.collected_by.is_some() {
         return Ok(true);
     }
-    let taken = Lease { collected_by: Some(crate::hostname()), ..lease.clone() };
+    let taken = Lease { collected_by: Some(hostname()), ..lease.clone() };
     match store.put_opts(path, taken.body(), PutOptions::from(PutMode::Update(version))).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }) => Ok(false),
@@ -235,15 +235,53 @@ impl Held {
     }
 }
 
+/// This machine's name (what leases record, to tell this machine's writers from others').
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+/// Whether process `pid` exists on this machine (a writer that died leaves files that may go).
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A process killed but not reaped yet (a zombie, which a container whose first process
+    // reaps nothing keeps for good) still answers the signal; it is gone all the same.
+    exists && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| zombie(&stat))
+}
+
+/// Whether a `/proc/PID/stat` line is a dead process's: its state (after the parenthesised
+/// command name, which may itself hold parentheses) `Z` or `X`.
+fn zombie(stat: &str) -> bool {
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).is_some_and(|state| matches!(state, 'Z' | 'X'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn zombies_are_not_alive() {
+        assert!(zombie("4242 (lake) Z 1 4242 4242 0 -1"));
+        assert!(zombie("4242 (a) b) X 1"), "the state follows the last parenthesis");
+        assert!(!zombie("4242 (lake) S 1 4242"));
+        assert!(process_alive(std::process::id()), "this process is alive");
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = child.id();
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !zombie(&s)) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!process_alive(pid), "exited, not reaped yet");
+        child.wait().expect("reaped");
+        assert!(!process_alive(pid));
+    }
+
+    #[test]
     fn a_lease_is_dead_when_its_process_is_gone_or_it_went_unrenewed() {
         let now = Utc::now();
         let mut lease = Lease::new("ds", "datasets/ds/x");
-        let here = crate::hostname();
+        let here = hostname();
         assert!(!lease.is_dead(&here, now), "this process is alive");
         assert!(!lease.is_dead(&here, now + chrono::TimeDelta::days(3)), "on its own host, its pid decides");
         lease.pid = i32::MAX as u32;
@@ -299,7 +337,7 @@ mod tests {
                 assert!(take_over(&store, &path, &current, version).await.expect("take over"), "{store}");
             }
             let (collected, _) = read(store.clone()).await;
-            assert_eq!(collected.collected_by, Some(crate::hostname()));
+            assert_eq!(collected.collected_by, Some(hostname()));
             assert!(!held.confirm().await.expect("confirm"), "{store}: the writer lost its lease");
             held.stop().await;
             store.delete(&path).await.expect("delete");

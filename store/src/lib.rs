@@ -26,13 +26,14 @@ mod tables;
 pub use crate::{
     catalog::{
         Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, RemovalReport, Unreadable, absolute_location,
-        default_name, hostname, local_path, parse_version, process_alive, validate_name, validate_new_name,
+        default_name, local_path, parse_version, validate_name, validate_new_name,
     },
     derived::DerivedTable,
     error::{
         Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, store_message, without_source_locations,
     },
     lance_open::open_lance,
+    lease::{hostname, process_alive},
     removal::Removal,
     tables::{
         UncommittedPart, commit_parts, commit_parts_with, open_table, publish_dir, read_columns, read_columns_at, read_table,
