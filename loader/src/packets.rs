@@ -450,8 +450,9 @@ impl PacketBatchDecoder {
         for (c, camera) in shipped.iter().enumerate() {
             gops.extend(camera.shipped.gops()?.into_iter().map(|g| (c, g)));
         }
-        let decoded: Vec<Vec<Vec<u8>>> =
-            self.pool.install(|| gops.par_iter().map(|(c, g)| self.decode_gop(g, &shipped[*c])).collect::<Result<_>>())?;
+        let decoded: Vec<Vec<Vec<u8>>> = self
+            .pool
+            .install(|| gops.par_iter().map(|(c, g)| self.decode_gop(g, shipped[*c].out.name(), shipped[*c].yuv)).collect::<Result<_>>())?;
         // Each camera's frames, numbered in the order its GOPs are listed.
         let mut frames: Vec<Vec<&[u8]>> = vec![Vec::new(); cameras.len()];
         for ((c, _), made) in gops.iter().zip(&decoded) {
@@ -486,18 +487,21 @@ impl PacketBatchDecoder {
         Ok(RecordBatch::try_new(Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())), columns)?)
     }
 
+    /// The wanted frames of `gops`, GOPs of camera `camera`, decoded on this decoder's threads
+    /// all at once: each GOP's frames in its `frames` order, as YUV planes converting with `yuv`
+    /// when it is given, else as RGB24 (whatever format this decoder puts out in batches).
+    ///
+    /// # Errors
+    /// [`Error::Decode`] naming the dataset, camera, episode and frame when a GOP does not decode.
+    pub fn decode_gops(&self, gops: &[ShippedGop<'_>], camera: &str, yuv: Option<YuvToRgb>) -> Result<Vec<Vec<Vec<u8>>>> {
+        self.pool.install(|| gops.par_iter().map(|g| self.decode_gop(g, camera, yuv)).collect())
+    }
+
     /// The wanted frames of one GOP, in its `frames` order.
-    fn decode_gop(&self, gop: &ShippedGop<'_>, camera: &CameraGops) -> Result<Vec<Vec<u8>>> {
-        let yuv = camera.yuv;
+    fn decode_gop(&self, gop: &ShippedGop<'_>, camera: &str, yuv: Option<YuvToRgb>) -> Result<Vec<Vec<u8>>> {
         let (_, row, episode, frame) = gop.frames[0];
-        let fail = |message: String| Error::Decode {
-            dataset: gop.dataset.to_string(),
-            camera: camera.out.name().clone(),
-            episode,
-            frame,
-            row,
-            message,
-        };
+        let fail =
+            |message: String| Error::Decode { dataset: gop.dataset.to_string(), camera: camera.to_string(), episode, frame, row, message };
         let key = format!("{}{}", gop.stream, if yuv.is_some() { " planes" } else { "" });
         let pooled = self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(&key);
         let mut decoder = match pooled {

@@ -2,6 +2,7 @@
 //! decode on NVDEC where the stream allows (FFmpeg's CUDA hwaccel, frames left in GPU memory as
 //! NV12 surfaces), and on the CPU into YUV planes copied to the GPU where it does not (a codec
 //! NVDEC lacks here, such as AV1 on Hopper, or a size out of its range: said once per stream).
+//! The CPU's GOPs of a batch decode in parallel, one per core at a time, while the GPU converts.
 //! lake-gpu's kernel turns both into RGB with libswscale's arithmetic, so the batch holds the
 //! frames the loader would have sent, and the frames never travel as RGB.
 
@@ -11,15 +12,12 @@ use std::{
 };
 
 use arrow::array::RecordBatch;
-use lake_codec::{
-    StreamDecoder,
-    nvdec::{DeviceFrame, NvdecDecoder},
-};
+use lake_codec::nvdec::{DeviceFrame, NvdecDecoder};
 use lake_gpu::{
     Gpu,
     colour::{Geometry, Layout, Target},
 };
-use lake_loader::{PacketCamera, YuvToRgb, yuv420p_bytes};
+use lake_loader::{PacketBatchDecoder, PacketCamera, ShippedGop, YuvToRgb, yuv420p_bytes};
 use tch::{Device, Kind, Tensor};
 
 use crate::{Error, Result};
@@ -29,7 +27,8 @@ use crate::{Error, Result};
 pub struct GpuDecoders {
     gpu: Arc<Gpu>,
     nvdec: Mutex<HashMap<String, std::result::Result<NvdecDecoder, String>>>,
-    cpu: Mutex<HashMap<String, StreamDecoder>>,
+    /// The CPU's decoders, by stream, and its threads (one per core).
+    cpu: PacketBatchDecoder,
 }
 
 impl std::fmt::Debug for GpuDecoders {
@@ -40,12 +39,19 @@ impl std::fmt::Debug for GpuDecoders {
 
 impl GpuDecoders {
     /// The decoders of `gpu`, one set per device in a process.
-    pub fn of(gpu: &Arc<Gpu>) -> Arc<GpuDecoders> {
+    ///
+    /// # Errors
+    /// [`Error::Data`] when the CPU's decode threads cannot be started.
+    pub fn of(gpu: &Arc<Gpu>) -> Result<Arc<GpuDecoders>> {
         static ALL: OnceLock<Mutex<HashMap<usize, Arc<GpuDecoders>>>> = OnceLock::new();
         let mut all = ALL.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        all.entry(gpu.ordinal())
-            .or_insert_with(|| Arc::new(GpuDecoders { gpu: gpu.clone(), nvdec: Mutex::default(), cpu: Mutex::default() }))
-            .clone()
+        if let Some(made) = all.get(&gpu.ordinal()) {
+            return Ok(made.clone());
+        }
+        let cpu = PacketBatchDecoder::new(lake_loader::FrameFormat::Yuv420p, 0).map_err(|e| Error::Data(e.to_string()))?;
+        let made = Arc::new(GpuDecoders { gpu: gpu.clone(), nvdec: Mutex::default(), cpu });
+        all.insert(gpu.ordinal(), made.clone());
+        Ok(made)
     }
 
     /// Packet camera `name` of `batch` as RGB24 frames `[slots, height, width, 3]` on this GPU,
@@ -63,13 +69,13 @@ impl GpuDecoders {
         let mut frames = Tensor::f_empty([count as i64, i64::from(height), i64::from(width), 3], (Kind::Uint8, device))?;
         // Frame numbers of the NVDEC surfaces and of the CPU's planes.
         let (mut surfaces, mut on_surfaces) = (Vec::<DeviceFrame>::new(), Vec::<i64>::new());
-        let (mut planes, mut in_planes) = (Vec::<u8>::new(), Vec::<i64>::new());
+        // The GOPs NVDEC does not decode, with their frames' numbers.
+        let (mut on_cpu, mut in_planes) = (Vec::<ShippedGop<'_>>::new(), Vec::<i64>::new());
         let mut next = 0_i64;
         for gop in &gops {
             let numbers = next..next + gop.frames.len() as i64;
             next = numbers.end;
-            let wanted = gop.wanted();
-            match self.on_nvdec(gop.stream, &gop.packets, &wanted, name)? {
+            match self.on_nvdec(gop.stream, &gop.packets, &gop.wanted(), name)? {
                 Some(decoded) => {
                     if let Some(f) = decoded.iter().find(|f| (f.width, f.height) != (width, height)) {
                         return Err(bad(format!("NVDEC gave a {}x{} frame; the camera's are {width}x{height}", f.width, f.height)));
@@ -78,24 +84,21 @@ impl GpuDecoders {
                     on_surfaces.extend(numbers);
                 }
                 None => {
-                    let mut cpu = self.cpu.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let decoder = match cpu.entry(gop.stream.to_string()) {
-                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            let mut config = gop.stream_config().map_err(|e| Error::Batch(e.to_string()))?;
-                            config.yuv = Some(*matrix);
-                            e.insert(StreamDecoder::open(&config).map_err(|e| bad(e.to_string()))?)
-                        }
-                    };
-                    for frame in decoder.decode(&gop.packets, &wanted).map_err(|e| bad(e.to_string()))? {
-                        if (frame.width, frame.height) != (width, height) {
-                            return Err(bad(format!("a {}x{} frame; the camera's are {width}x{height}", frame.width, frame.height)));
-                        }
-                        planes.extend_from_slice(&frame.data);
-                    }
+                    on_cpu.push(gop.clone());
                     in_planes.extend(numbers);
                 }
             }
+        }
+        let plane_bytes = yuv420p_bytes(width, height);
+        let mut planes = Vec::<u8>::with_capacity(in_planes.len() * plane_bytes);
+        for frame in self.cpu.decode_gops(&on_cpu, name, Some(*matrix)).map_err(|e| Error::Batch(e.to_string()))?.iter().flatten() {
+            if frame.len() != plane_bytes {
+                return Err(bad(format!(
+                    "a frame of {} bytes of planes; the camera's {width}x{height} frames have {plane_bytes}",
+                    frame.len()
+                )));
+            }
+            planes.extend_from_slice(frame);
         }
         let converted = |e: lake_gpu::Error| bad(e.to_string());
         // The surfaces, a launch per layout, each into its frames' places.
@@ -116,7 +119,6 @@ impl GpuDecoders {
         }
         // The CPU's planes, copied over once and converted in one launch.
         if !in_planes.is_empty() {
-            let plane_bytes = yuv420p_bytes(width, height);
             let on_device = Tensor::from_slice(&planes).f_to_device(device)?;
             let base = on_device.data_ptr() as u64;
             let addresses: Vec<u64> = (0..in_planes.len() as u64).map(|i| base + i * plane_bytes as u64).collect();

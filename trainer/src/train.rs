@@ -689,7 +689,7 @@ fn camera_tensor(batch: &RecordBatch, name: &str, frames: &Frames) -> Result<Ten
         let Some(gpu) = gpu else {
             return Err(Error::Batch(format!("camera `{name}` travels as packets, which this run decodes on a GPU it does not have")));
         };
-        let frames = crate::gpu_decode::GpuDecoders::of(gpu).camera(batch, name, width, height, &matrix)?;
+        let frames = crate::gpu_decode::GpuDecoders::of(gpu)?.camera(batch, name, width, height, &matrix)?;
         let slots = frames.size()[0];
         let rows = batch.num_rows() as i64;
         // A window's slots become its time dimension, as the RGB column's shape has it.
