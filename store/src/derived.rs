@@ -108,8 +108,8 @@ impl DerivedTable {
         &self.path
     }
 
-    /// Writes one part of the table: [`write_uncommitted`](crate::write_uncommitted) at
-    /// [`uri`](Self::uri). Several parts may be written at once.
+    /// Writes one part of the table ([`write_uncommitted`](crate::write_uncommitted) where the
+    /// table is written). Several parts may be written at once.
     ///
     /// # Errors
     /// As [`write_uncommitted`](crate::write_uncommitted).

@@ -18,7 +18,8 @@ use crate::render;
 pub struct IngestArgs {
     /// The LeRobot dataset root (a directory with `meta/info.json`): a path or file:// URL, an
     /// object store prefix (s3://BUCKET/PREFIX/DATASET, gs://…, az://…), or the URL a web server
-    /// serves it at (http(s)://…, hf://datasets/OWNER/NAME[@REVISION] on the Hugging Face Hub).
+    /// serves it at (http(s)://…; hf://datasets/OWNER/NAME, or NAME@REVISION, on the Hugging Face
+    /// Hub).
     source: std::path::PathBuf,
     /// Dataset name in the lake [default: the source directory's name].
     #[arg(long)]
