@@ -12,8 +12,11 @@ use lake_store::Lake;
 #[derive(Debug, clap::Args)]
 pub struct SampleArgs {
     /// Dataset name (optionally `NAME@VERSION`), or a view over one dataset.
-    #[arg(long)]
-    dataset: String,
+    #[arg(value_name = "DATASET", required_unless_present = "dataset", conflicts_with = "dataset")]
+    name: Option<String>,
+    /// The dataset, as a flag: the same as the positional DATASET.
+    #[arg(long, value_name = "DATASET")]
+    dataset: Option<String>,
     /// LeRobot `index` values (absolute step indices), comma-separated; `@FILE` reads them from
     /// FILE (separated by commas, spaces or lines), for more than a command line holds.
     #[arg(long, required = true, allow_negative_numbers = true, value_parser = index_or_file)]
@@ -30,11 +33,12 @@ pub struct SampleArgs {
 /// `lake sample`: the samples of given indices, as an Arrow IPC file.
 pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
     let lake = Lake::open(root)?;
-    let selection = match lake_loader::views::resolve(&lake, &args.dataset).await?.as_slice() {
+    let dataset = args.name.or(args.dataset).context("name the dataset to sample")?;
+    let selection = match lake_loader::views::resolve(&lake, &dataset).await?.as_slice() {
         [one] => one.clone(),
         many => anyhow::bail!(
             "view `{}` spans {} datasets; sample one of them by name ({})",
-            args.dataset,
+            dataset,
             many.len(),
             many.iter().map(|s| s.dataset.as_str()).collect::<Vec<_>>().join(", ")
         ),
@@ -54,7 +58,7 @@ pub async fn sample(root: &str, args: SampleArgs) -> anyhow::Result<ExitCode> {
         for (draw, index) in draws.iter().zip(&indices) {
             let episode = ds.episodes.iter().find(|e| (e.first_row..e.first_row + e.len).contains(&draw.row)).map(|e| e.episode_index);
             if episode.is_none_or(|e| episodes.binary_search(&e).is_err()) {
-                anyhow::bail!("index {index} is in episode {}, which view `{}` does not select", episode.unwrap_or(-1), args.dataset);
+                anyhow::bail!("index {index} is in episode {}, which view `{}` does not select", episode.unwrap_or(-1), dataset);
             }
         }
     }

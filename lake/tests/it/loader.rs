@@ -1284,3 +1284,20 @@ fn reads_through_io_uring_give_the_samples_positioned_reads_give() {
     }
     assert!(samples[0] == samples[1], "the same samples, from the same frame table");
 }
+
+#[test]
+fn lake_sample_takes_the_dataset_as_its_first_argument_or_as_a_flag() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    let (positional, flag) = (tmp.path().join("positional.arrow"), tmp.path().join("flag.arrow"));
+    let run = lake(&root, &["sample", "v30-images-tiny", "--indices", "0,59", "--out", positional.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0,59", "--out", flag.to_str().expect("utf-8")]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(read_arrow(&positional) == read_arrow(&flag));
+    let run = lake(&root, &["sample", "v30-images-tiny", "--dataset", "v30-images-tiny", "--indices", "0", "--out", "x.arrow"]);
+    assert_eq!(run.code, 2, "both: {run:#?}");
+    let run = lake(&root, &["sample", "--indices", "0", "--out", "x.arrow"]);
+    assert!(run.code == 2 && run.stderr.contains("<DATASET>"), "neither: {run:#?}");
+}
