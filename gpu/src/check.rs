@@ -1,5 +1,5 @@
-//! What this machine's GPU side can do, and a check of the colour kernel on a real device
-//! against its CPU twin (`lake gpu` prints both).
+//! What this machine's GPU side can do, and checks of the colour and resize kernels on a real
+//! device against their CPU twins (`lake gpu` prints them).
 
 use std::time::Instant;
 
@@ -7,6 +7,7 @@ use cudarc::driver::DevicePtr as _;
 use lake_codec::YuvToRgb;
 
 use crate::colour::{Geometry, Layout, Matrix, Target, YuvToRgb10, convert_on_cpu};
+use crate::resize::{Resize, resize_on_cpu};
 use crate::{Gpu, Result};
 
 /// The libraries and devices found.
@@ -113,6 +114,68 @@ pub fn colour_check(gpu: &Gpu, frames: usize, width: u32, height: u32, matrix: &
     }
     let [rgb24_equal, float32_equal, bf16_equal, p010_equal] = equal;
     Ok(ColourCheck { frames, width, height, rgb24_equal, float32_equal, bf16_equal, p010_equal, ms_per_batch })
+}
+
+/// The resize kernels on a device against their twin, and their speed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResizeCheck {
+    /// Frames a batch.
+    pub frames: usize,
+    /// Their size before.
+    pub from: (u32, u32),
+    /// Their size after.
+    pub to: (u32, u32),
+    /// Whether the device's RGB24 equals the twin's, byte for byte.
+    pub rgb24_equal: bool,
+    /// Whether the device's normalised float32 equals the twin's, bit for bit.
+    pub float32_equal: bool,
+    /// Milliseconds a batch takes on the device (RGB24, the mean of the timed launches).
+    pub ms_per_batch: f64,
+}
+
+/// Resizes a batch of `frames` RGB24 frames (fixed noise, every frame its own) from `from` to
+/// `to` on `gpu` and with the twin, as RGB24 and as ImageNet-normalised float32, compares them,
+/// and times `repeats` batches of RGB24.
+///
+/// # Errors
+/// [`crate::Error::Layout`] for sizes the kernels do not resize, [`crate::Error::Driver`] when
+/// the device fails.
+pub fn resize_check(gpu: &Gpu, frames: usize, from: (u32, u32), to: (u32, u32), repeats: u32) -> Result<ResizeCheck> {
+    let resize = Resize::new(from, to)?;
+    let frame_bytes = Target::Rgb24.bytes(1, from.0, from.1);
+    let host: Vec<u8> = (0..(frame_bytes * frames) as u64).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let refs: Vec<&[u8]> = host.chunks_exact(frame_bytes).collect();
+    let stream = gpu.stream();
+    let on_device = stream.clone_htod(&host)?;
+    let (base, _read) = on_device.device_ptr(stream);
+    let addresses: Vec<u64> = (0..frames).map(|f| base + (f * frame_bytes) as u64).collect();
+    let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+    let mut equal = [false; 2];
+    let mut ms_per_batch = 0.0;
+    for (k, target) in [Target::Rgb24, Target::Float32Chw { mean, std }].into_iter().enumerate() {
+        let bytes = target.bytes(frames, to.0, to.1);
+        let out = stream.alloc_zeros::<u8>(bytes)?;
+        let (out_ptr, _write) = out.device_ptr(stream);
+        // SAFETY: the frames and the output are allocations of this GPU of the sizes the resize
+        // and target need, alive until after the synchronisation below.
+        unsafe { gpu.resize(&addresses, &resize, target, out_ptr) }?;
+        gpu.synchronize()?;
+        let device = stream.clone_dtoh(&out)?;
+        let mut twin = vec![0_u8; bytes];
+        resize_on_cpu(&refs, &resize, target, &mut twin)?;
+        equal[k] = device == twin;
+        if k == 0 {
+            let began = Instant::now();
+            for _ in 0..repeats {
+                // SAFETY: as above.
+                unsafe { gpu.resize(&addresses, &resize, target, out_ptr) }?;
+            }
+            gpu.synchronize()?;
+            ms_per_batch = began.elapsed().as_secs_f64() * 1e3 / f64::from(repeats.max(1));
+        }
+    }
+    let [rgb24_equal, float32_equal] = equal;
+    Ok(ResizeCheck { frames, from, to, rgb24_equal, float32_equal, ms_per_batch })
 }
 
 /// The RGB24 frames of NV12 `surfaces` (NVDEC's, in this GPU's memory) as lake's kernel makes

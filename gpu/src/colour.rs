@@ -249,6 +249,49 @@ __device__ __forceinline__ unsigned short lake_bf16(float x) {
     return (unsigned short)((b + (0x7fffu + ((b >> 16) & 1u))) >> 16);
 }
 
+// Thread `i` of a launch over `count` frames of `width` × `height` pixels, one a thread: false
+// past the last; else its frame `f`, its pixel `p` in the frame, at column `x` of row `y`.
+__device__ __forceinline__ bool lake_pixel(int width, int height, int count, long long* f, long long* p, int* x, int* y)
+{
+    long long plane = (long long)width * height;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= plane * count) return false;
+    *f = i / plane;
+    *p = i - *f * plane;
+    *y = (int)(*p / width);
+    *x = (int)(*p - (long long)*y * width);
+    return true;
+}
+
+// Pixel `p` of frame `f` (of `plane` pixels) with bytes `r, g, b`, stored as `target` asks.
+__device__ __forceinline__ void lake_store(
+    int target, void* out, int r, int g, int b, long long f, long long p, long long plane,
+    float mean0, float mean1, float mean2, float std0, float std1, float std2)
+{
+    if (target == 0) {
+        unsigned char* o = (unsigned char*)out + (f * plane + p) * 3;
+        o[0] = (unsigned char)r;
+        o[1] = (unsigned char)g;
+        o[2] = (unsigned char)b;
+    } else {
+        float xr = ((float)r / 255.0f - mean0) / std0;
+        float xg = ((float)g / 255.0f - mean1) / std1;
+        float xb = ((float)b / 255.0f - mean2) / std2;
+        long long at = f * 3 * plane + p;
+        if (target == 1) {
+            float* o = (float*)out + at;
+            o[0] = xr;
+            o[plane] = xg;
+            o[2 * plane] = xb;
+        } else {
+            unsigned short* o = (unsigned short*)out + at;
+            o[0] = lake_bf16(xr);
+            o[plane] = lake_bf16(xg);
+            o[2 * plane] = lake_bf16(xb);
+        }
+    }
+}
+
 extern "C" __global__ void lake_yuv_to_rgb(
     const unsigned long long* frames, int count, int width, int height,
     int layout, int pitch, unsigned long long uv_offset,
@@ -256,13 +299,10 @@ extern "C" __global__ void lake_yuv_to_rgb(
     int target, void* out,
     float mean0, float mean1, float mean2, float std0, float std1, float std2)
 {
+    long long f, p;
+    int x, y;
+    if (!lake_pixel(width, height, count, &f, &p, &x, &y)) return;
     long long plane = (long long)width * height;
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= plane * count) return;
-    long long f = i / plane;
-    long long p = i - f * plane;
-    int y = (int)(p / width);
-    int x = (int)(p - (long long)y * width);
     const unsigned char* src = (const unsigned char*)frames[f];
     long long cw = (width + 1) / 2, ch = (height + 1) / 2;
     int r, g, b;
@@ -319,28 +359,7 @@ extern "C" __global__ void lake_yuv_to_rgb(
         g = lake_clamp255(((l8 + dg) * y_gain + y_term) >> 16);
         b = lake_clamp255(((l8 + db) * y_gain + y_term) >> 16);
     }
-    if (target == 0) {
-        unsigned char* o = (unsigned char*)out + i * 3;
-        o[0] = (unsigned char)r;
-        o[1] = (unsigned char)g;
-        o[2] = (unsigned char)b;
-    } else {
-        float xr = ((float)r / 255.0f - mean0) / std0;
-        float xg = ((float)g / 255.0f - mean1) / std1;
-        float xb = ((float)b / 255.0f - mean2) / std2;
-        long long at = f * 3 * plane + p;
-        if (target == 1) {
-            float* o = (float*)out + at;
-            o[0] = xr;
-            o[plane] = xg;
-            o[2 * plane] = xb;
-        } else {
-            unsigned short* o = (unsigned short*)out + at;
-            o[0] = lake_bf16(xr);
-            o[plane] = lake_bf16(xg);
-            o[2 * plane] = lake_bf16(xb);
-        }
-    }
+    lake_store(target, out, r, g, b, f, p, plane, mean0, mean1, mean2, std0, std1, std2);
 }
 "#;
 
@@ -434,25 +453,31 @@ pub fn convert_on_cpu<M: Into<Matrix> + Copy>(
             g = (((l8 + dg) * y_gain + y_term) >> 16).clamp(0, 255);
             b = (((l8 + db) * y_gain + y_term) >> 16).clamp(0, 255);
         }
-        match target {
-            Target::Rgb24 => {
-                let o = i as usize * 3;
-                out[o..o + 3].copy_from_slice(&[r as u8, g as u8, b as u8]);
-            }
-            Target::Float32Chw { mean, std } | Target::Bf16Chw { mean, std } => {
-                for (c, value) in [r, g, b].into_iter().enumerate() {
-                    let at = ((f * 3 + c as i64) * plane + p) as usize;
-                    let x = (value as f32 / 255.0 - mean[c]) / std[c];
-                    if let Target::Float32Chw { .. } = target {
-                        out[at * 4..at * 4 + 4].copy_from_slice(&x.to_ne_bytes());
-                    } else {
-                        out[at * 2..at * 2 + 2].copy_from_slice(&bf16_bits(x).to_le_bytes());
-                    }
+        store(target, out, [r, g, b], f, p, plane);
+    }
+    Ok(())
+}
+
+/// Pixel `p` of frame `f` (of `plane` pixels) with bytes `rgb`, stored in `out` as `target`
+/// asks: the kernels' `lake_store`.
+pub(crate) fn store(target: Target, out: &mut [u8], rgb: [i32; 3], f: i64, p: i64, plane: i64) {
+    match target {
+        Target::Rgb24 => {
+            let o = ((f * plane + p) * 3) as usize;
+            out[o..o + 3].copy_from_slice(&rgb.map(|c| c as u8));
+        }
+        Target::Float32Chw { mean, std } | Target::Bf16Chw { mean, std } => {
+            for (c, value) in rgb.into_iter().enumerate() {
+                let at = ((f * 3 + c as i64) * plane + p) as usize;
+                let x = (value as f32 / 255.0 - mean[c]) / std[c];
+                if let Target::Float32Chw { .. } = target {
+                    out[at * 4..at * 4 + 4].copy_from_slice(&x.to_ne_bytes());
+                } else {
+                    out[at * 2..at * 2 + 2].copy_from_slice(&bf16_bits(x).to_le_bytes());
                 }
             }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

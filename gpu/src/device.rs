@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use crate::colour::{ENTRY, Geometry, KERNELS, Matrix, Target};
+use crate::colour::{ENTRY, Geometry, Matrix, Target};
+use crate::resize::{COLUMNS_ENTRY, ROWS_ENTRY, Resize};
 use crate::{Error, Result};
 
 /// A GPU with lake's kernels loaded.
@@ -15,6 +16,8 @@ pub struct Gpu {
     pub(crate) context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     colour: CudaFunction,
+    rows: CudaFunction,
+    columns: CudaFunction,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -41,7 +44,8 @@ impl Gpu {
         let context = CudaContext::new(ordinal)?;
         let module = module_for(&context)?;
         let colour = module.load_function(ENTRY)?;
-        Ok(Gpu { stream: context.default_stream(), context, colour })
+        let (rows, columns) = (module.load_function(ROWS_ENTRY)?, module.load_function(COLUMNS_ENTRY)?);
+        Ok(Gpu { stream: context.default_stream(), context, colour, rows, columns })
     }
 
     /// The device's CUDA ordinal.
@@ -125,6 +129,66 @@ impl Gpu {
     }
 }
 
+impl Gpu {
+    /// Resizes a batch of RGB24 frames on this GPU as the frame tables resize them, in two
+    /// launches on its stream: the frames at the device addresses `frames` (each of
+    /// [`Resize::from`]'s size), into the device buffer `out` (at least [`Target::bytes`] of
+    /// [`Resize::to`]'s size long, which may be a tensor's storage) as `target` asks. Returns once
+    /// the launches are queued; work queued after them on the same stream sees their result.
+    ///
+    /// # Safety
+    /// Every address in `frames` must point to device memory of this GPU holding a whole RGB24
+    /// frame of the resize's source size, and `out` to device memory of at least
+    /// [`Target::bytes`] bytes that nothing else uses until the launches complete.
+    ///
+    /// # Errors
+    /// [`Error::Layout`] for a batch too large for one launch, [`Error::Driver`] when a launch
+    /// fails.
+    pub unsafe fn resize(&self, frames: &[u64], resize: &Resize, target: Target, out: u64) -> Result<()> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg as _};
+
+        if frames.is_empty() {
+            return Ok(());
+        }
+        let ((src_w, src_h), (dst_w, dst_h)) = (resize.from(), resize.to());
+        let blocks =
+            |threads: u64| u32::try_from(threads.div_ceil(256)).map_err(|_| Error::Layout(format!("{threads} samples in one batch")));
+        let rows_blocks = blocks(u64::from(src_h) * u64::from(dst_w) * frames.len() as u64)?;
+        let columns_blocks = blocks(u64::from(dst_h) * u64::from(dst_w) * frames.len() as u64)?;
+        let stream = self.stream();
+        let table = stream.clone_htod(frames)?;
+        let params = stream.clone_htod(&resize.params()[..])?;
+        let [luma, chroma, columns] = resize.filters();
+        let upload = |f: &crate::resize::AreaFilter| -> Result<_> {
+            Ok((stream.clone_htod(&f.positions[..])?, stream.clone_htod(&f.coefficients[..])?, f.taps as i32))
+        };
+        let ((luma_at, luma_c, luma_taps), (chroma_at, chroma_c, chroma_taps)) = (upload(luma)?, upload(chroma)?);
+        let (columns_at, columns_c, columns_taps) = upload(columns)?;
+        let scratch = stream.alloc_zeros::<i16>(resize.scratch_samples(frames.len()))?;
+        let (count, pairs) = (frames.len() as i32, i32::from(resize.pairs()));
+        let (sw, sh, dw, dh) = (src_w as i32, src_h as i32, dst_w as i32, dst_h as i32);
+        let mut launch = stream.launch_builder(&self.rows);
+        launch.arg(&table).arg(&count).arg(&sw).arg(&sh).arg(&dw).arg(&pairs).arg(&params);
+        launch.arg(&luma_at).arg(&luma_c).arg(&luma_taps).arg(&chroma_at).arg(&chroma_c).arg(&chroma_taps);
+        launch.arg(&scratch);
+        let config = |blocks: u32| LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the arguments match the rows kernel's parameters in order and type; the
+        // caller vouches for the frames; the scratch holds every frame's three planes of source
+        // rows by output columns.
+        unsafe { launch.launch(config(rows_blocks)) }?;
+        let (kind, mean, std) = target.code();
+        let mut launch = stream.launch_builder(&self.columns);
+        launch.arg(&scratch).arg(&count).arg(&sh).arg(&dw).arg(&dh).arg(&params);
+        launch.arg(&columns_at).arg(&columns_c).arg(&columns_taps).arg(&kind).arg(&out);
+        launch.arg(&mean[0]).arg(&mean[1]).arg(&mean[2]).arg(&std[0]).arg(&std[1]).arg(&std[2]);
+        // SAFETY: the arguments match the columns kernel's parameters in order and type; the
+        // caller vouches for `out`. The uploads and the scratch live until the launches have
+        // read them: their drops wait on the stream.
+        unsafe { launch.launch(config(columns_blocks)) }?;
+        Ok(())
+    }
+}
+
 /// The kernels' PTX, compiled once per process by NVRTC for no particular device (the driver
 /// finishes it for each device on loading).
 ///
@@ -144,7 +208,8 @@ pub fn compile_kernels() -> Result<String> {
             name: Some("lake_kernels.cu".to_owned()),
             ..Default::default()
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, options).map_err(|e| match e {
+        let source = [crate::colour::KERNELS, crate::resize::KERNELS].concat();
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, options).map_err(|e| match e {
             cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::Compile(log.to_string_lossy().into_owned()),
             other => Error::Compile(other.to_string()),
         })?;
@@ -193,7 +258,9 @@ mod tests {
         let required = std::env::var("LAKE_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
         match super::compile_kernels() {
             Ok(ptx) => {
-                assert!(ptx.contains(".entry lake_yuv_to_rgb"), "no entry point in:\n{ptx}");
+                for entry in ["lake_yuv_to_rgb", "lake_area_rows", "lake_area_columns"] {
+                    assert!(ptx.contains(&format!(".entry {entry}")), "no entry point {entry} in:\n{ptx}");
+                }
                 assert!(!ptx.contains("fma."), "a fused multiply-add in:\n{ptx}");
                 // bfloat16 rounding is integer work on the float's bits, not a conversion.
                 assert!(!ptx.contains("bf16"), "a bfloat16 instruction in:\n{ptx}");

@@ -10,6 +10,9 @@
 //!   fixed point ([`lake_codec::YuvToRgb`], [`colour::YuvToRgb10`]), so GPU frames equal the
 //!   CPU path's, and LeRobot's, byte for byte. Its CPU twin,
 //!   [`colour::convert_on_cpu`], is the specification: the same operations in the same order.
+//! - [`resize`]: RGB24 frames resized on the GPU as lake's frame tables resize them (libswscale's
+//!   area averaging, through its YUV pipeline), to the bit, in two launches a batch; its CPU
+//!   twin, [`resize::resize_on_cpu`], is the specification.
 //! - [`Gpu`]: one device's context, its stream, and the kernels compiled once per process by
 //!   NVRTC and loaded once per device.
 //! - [`check`]: what the machine has (driver, devices, NVRTC, NCCL, NVDEC), and the colour
@@ -25,6 +28,7 @@ pub mod colour;
 mod device;
 mod error;
 pub mod nvdec;
+pub mod resize;
 
 pub use device::{Gpu, compile_kernels, nvrtc_version};
 pub use error::{Error, Result};

@@ -1,5 +1,5 @@
 //! `lake gpu`: what this machine's GPU side has (driver, devices, NVRTC, NCCL, NVDEC and what it
-//! decodes), a check of lake's colour kernel on a device against its CPU twin, and with
+//! decodes), checks of lake's colour and resize kernels on a device against their CPU twins, and with
 //! `--dataset` the dataset's frames decoded on NVDEC against the loader's.
 
 use std::process::ExitCode;
@@ -19,6 +19,10 @@ pub struct GpuArgs {
     /// Height of its frames.
     #[arg(long, default_value_t = 480)]
     height: u32,
+    /// The size the resize check resizes the batch's RGB frames to, as a frame table of that
+    /// size resizes them.
+    #[arg(long, default_value = "224x224", value_name = "WxH")]
+    resize: lake_loader::FrameSize,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -31,8 +35,8 @@ pub struct GpuArgs {
     steps: usize,
 }
 
-/// Exits 0 when the device converts as its twin does, 1 when there is no usable GPU or it
-/// does not.
+/// Exits 0 when the device converts and resizes as the twins do, 1 when there is no usable GPU
+/// or it does not.
 pub async fn gpu(root: &str, args: GpuArgs) -> anyhow::Result<ExitCode> {
     let dataset = args.dataset.clone();
     let (device, steps) = (args.device, args.steps);
@@ -193,7 +197,10 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
     let checked = opened.as_ref().map(|gpu| {
         let gpu = gpu.as_ref().map_err(|e| lake_gpu::Error::Unavailable(e.to_string()))?;
         let name = gpu.name()?;
-        lake_gpu::check::colour_check(gpu, args.frames, args.width, args.height, &matrix, 20).map(|c| (name, c))
+        let colour = lake_gpu::check::colour_check(gpu, args.frames, args.width, args.height, &matrix, 20)?;
+        let to = (args.resize.width, args.resize.height);
+        let resize = lake_gpu::check::resize_check(gpu, args.frames, (args.width, args.height), to, 20)?;
+        Ok::<_, lake_gpu::Error>((name, colour, resize))
     });
     // NVDEC's answers for each codec and bit depth, and whether the sizes lake's samples
     // record decode there.
@@ -204,21 +211,28 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
             .collect(),
         _ => Vec::new(),
     };
-    let passed = matches!(&checked, Some(Ok((_, c))) if c.rgb24_equal && c.float32_equal && c.bf16_equal && c.p010_equal);
+    let passed = matches!(&checked, Some(Ok((_, c, r)))
+        if c.rgb24_equal && c.float32_equal && c.bf16_equal && c.p010_equal && r.rgb24_equal && r.float32_equal);
     if args.json {
-        let colour = match &checked {
-            Some(Ok((name, c))) => serde_json::json!({
-                "device": args.device, "name": name, "frames": c.frames, "width": c.width, "height": c.height,
-                "rgb24_equal": c.rgb24_equal, "float32_equal": c.float32_equal, "bf16_equal": c.bf16_equal,
-                "p010_equal": c.p010_equal, "ms_per_batch": c.ms_per_batch,
-            }),
-            Some(Err(e)) => serde_json::json!({"device": args.device, "error": e.to_string()}),
-            None => serde_json::Value::Null,
+        let (colour, resize) = match &checked {
+            Some(Ok((name, c, r))) => (
+                serde_json::json!({
+                    "device": args.device, "name": name, "frames": c.frames, "width": c.width, "height": c.height,
+                    "rgb24_equal": c.rgb24_equal, "float32_equal": c.float32_equal, "bf16_equal": c.bf16_equal,
+                    "p010_equal": c.p010_equal, "ms_per_batch": c.ms_per_batch,
+                }),
+                serde_json::json!({
+                    "frames": r.frames, "from": format!("{}x{}", r.from.0, r.from.1), "to": format!("{}x{}", r.to.0, r.to.1),
+                    "rgb24_equal": r.rgb24_equal, "float32_equal": r.float32_equal, "ms_per_batch": r.ms_per_batch,
+                }),
+            ),
+            Some(Err(e)) => (serde_json::json!({"device": args.device, "error": e.to_string()}), serde_json::Value::Null),
+            None => (serde_json::Value::Null, serde_json::Value::Null),
         };
         let out = serde_json::json!({
             "devices": probe.devices.as_ref().ok(), "devices_error": probe.devices.as_ref().err(),
             "nvrtc": probe.nvrtc.map(|(a, b)| format!("{a}.{b}")), "nccl": probe.nccl, "nvdec": probe.nvdec,
-            "colour_check": colour, "passed": passed,
+            "colour_check": colour, "resize_check": resize, "passed": passed,
             "nvdec_caps": caps.iter().map(|(codec, bits, c)| match c {
                 Ok(c) => serde_json::json!({
                     "codec": codec.ffmpeg_name(), "bit_depth": bits, "supported": c.supported, "engines": c.engines,
@@ -257,20 +271,34 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
             outln!("  NVDEC {} {bits}-bit: {line}", codec.ffmpeg_name())?;
         }
         match &checked {
-            Some(Ok((name, c))) => outln!(
-                "device {} ({name}): {} frames of {}x{} YUV 4:2:0 to RGB24 {}, to normalised float32 {}, to bfloat16 {}, and 10-bit P010 \
-                 to RGB24 {} the CPU's; {:.3} ms a batch ({:.0} frames/s)",
-                args.device,
-                c.frames,
-                c.width,
-                c.height,
-                if c.rgb24_equal { "equal" } else { "DIFFERENT from" },
-                if c.float32_equal { "equal" } else { "DIFFERENT from" },
-                if c.bf16_equal { "equal" } else { "DIFFERENT from" },
-                if c.p010_equal { "equal" } else { "DIFFERENT from" },
-                c.ms_per_batch,
-                c.frames as f64 / (c.ms_per_batch / 1e3),
-            )?,
+            Some(Ok((name, c, r))) => {
+                let equal = |e: bool| if e { "equal" } else { "DIFFERENT from" };
+                outln!(
+                    "device {} ({name}): {} frames of {}x{} YUV 4:2:0 to RGB24 {}, to normalised float32 {}, to bfloat16 {}, and 10-bit \
+                     P010 to RGB24 {} the CPU's; {:.3} ms a batch ({:.0} frames/s)",
+                    args.device,
+                    c.frames,
+                    c.width,
+                    c.height,
+                    equal(c.rgb24_equal),
+                    equal(c.float32_equal),
+                    equal(c.bf16_equal),
+                    equal(c.p010_equal),
+                    c.ms_per_batch,
+                    c.frames as f64 / (c.ms_per_batch / 1e3),
+                )?;
+                outln!(
+                    "device {}: the same frames' RGB resized to {}x{} as a frame table resizes them: RGB24 {}, normalised float32 {} \
+                     the CPU's; {:.3} ms a batch ({:.0} frames/s)",
+                    args.device,
+                    r.to.0,
+                    r.to.1,
+                    equal(r.rgb24_equal),
+                    equal(r.float32_equal),
+                    r.ms_per_batch,
+                    r.frames as f64 / (r.ms_per_batch / 1e3),
+                )?;
+            }
             Some(Err(e)) => outln!("device {}: {e}", args.device)?,
             None => outln!("no device {} to check: the CPU path is taken", args.device)?,
         }
