@@ -12,7 +12,7 @@
 #  0. `lake gpu`: the driver, NVRTC, NCCL and NVDEC found, what NVDEC decodes (H.264, HEVC and
 #     AV1 at 8 and 10 bits: engines, sizes, and whether 128x96, 640x480 and 1920x1080 decode), and
 #     lake's colour kernel on the GPU against its CPU twin (64 frames of 640x480, byte for byte,
-#     and its time a batch);
+#     and its time a batch), and the resize kernels against theirs (the same frames to 224x224);
 #  0b. `lake gpu --dataset`: frames decoded on NVDEC (made RGB by lake's kernel) against the
 #     loader's, byte for byte, with NVDEC's and the CPU's frames/s: the AV1 fixture (where NVDEC
 #     has AV1), the bundled H.264 sample, and the bundled H.264/HEVC sample with B-frames (its
@@ -27,7 +27,9 @@
 #     (--backend nccl), against the same steps without a collective;
 #  5. --decode gpu (NVDEC where the stream allows, the CPU into planes elsewhere, lake's kernel)
 #     against --decode server: the same 4 steps must end with the same weights, on the H.264
-#     sample and the AV1 fixture, and the data path alone at batch 64 with each.
+#     sample and the AV1 fixture, and the data path alone at batch 64 with each;
+#  6. --decode gpu --frame-size 64x48 (frames resized by lake's kernels) against --decode cpu
+#     --frame-size 64x48 (resized by libswscale, as frame tables are): the same weights expected.
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
 # LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
 #
@@ -192,6 +194,21 @@ EOF
           --decode "$decode" --log-every "$steps" --out "$out/feed-$dataset-$decode" 2>&1 | tail -2
       done
     done
+  else
+    echo "(skipped: no GPU)"
+  fi
+
+  echo "== 6. --decode gpu --frame-size 64x48 against --decode cpu --frame-size 64x48 on $device (the same weights expected)"
+  if [ "$device" = cuda ]; then
+    for run in cpu:rgb24 gpu:yuv420p; do
+      local decode="${run%%:*}"
+      "${lake[@]}" train --dataset v30-h264-multifile --steps 4 --batch-size 8 --seed 3 --device cuda --frame-size 64x48 \
+        --frames "${run#*:}" --decode "$decode" --log-every 1 --out "$out/resized-$decode" >"$out/resized-$decode.txt" 2>&1 ||
+        tail -5 "$out/resized-$decode.txt"
+    done
+    a="$out/resized-cpu/checkpoints/000004/pretrained_model/model.safetensors"
+    b="$out/resized-gpu/checkpoints/000004/pretrained_model/model.safetensors"
+    if cmp -s "$a" "$b"; then echo "the same weights, byte for byte"; else echo "the weights DIFFER"; fi
   else
     echo "(skipped: no GPU)"
   fi

@@ -26,7 +26,7 @@ use arrow::{
     datatypes::{DataType, Field, Fields, Int64Type, Schema, SchemaRef, UInt32Type, UInt64Type},
 };
 use lake_codec::{PIXEL_FORMAT, StreamConfig, StreamDecoder, YUV_TO_RGB, YuvToRgb, yuv420p_bytes};
-use lake_schemas::FrameFormat;
+use lake_schemas::{FrameFormat, FrameSize};
 use rayon::prelude::*;
 
 use crate::{
@@ -308,17 +308,24 @@ fn frame_numbers(column: &ArrayRef) -> UInt32Array {
 
 /// Decodes packet batches into the batches the frame path makes: each camera column its frames
 /// as `rgb24`, or as YUV planes (`yuv420p`) for the cameras whose planes convert one way, and
-/// the `{camera}_packets` columns gone. Decoders are kept per stream, within a memory budget,
-/// and a batch's GOPs are decoded in parallel on the decoder's own threads.
+/// the `{camera}_packets` columns gone; RGB frames resized as a frame table of a size resizes
+/// them when the decoder is made [`resizing_to`](Self::resizing_to) it. Decoders are kept per
+/// stream, within a memory budget, and a batch's GOPs are decoded in parallel on the decoder's
+/// own threads.
 pub struct PacketBatchDecoder {
     format: FrameFormat,
+    size: Option<FrameSize>,
     pool: rayon::ThreadPool,
     decoders: Mutex<IdlePool<String, StreamDecoder>>,
 }
 
 impl std::fmt::Debug for PacketBatchDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PacketBatchDecoder").field("format", &self.format).field("threads", &self.pool.current_num_threads()).finish()
+        f.debug_struct("PacketBatchDecoder")
+            .field("format", &self.format)
+            .field("size", &self.size)
+            .field("threads", &self.pool.current_num_threads())
+            .finish()
     }
 }
 
@@ -367,7 +374,24 @@ impl PacketBatchDecoder {
             .build()
             .map_err(|e| Error::request(format!("cannot start {threads} decode threads: {e}")))?;
         let budget = IDLE_DECODER_BYTES_PER_THREAD * threads as u64;
-        Ok(Self { format, pool, decoders: Mutex::new(IdlePool::new(budget)) })
+        Ok(Self { format, size: None, pool, decoders: Mutex::new(IdlePool::new(budget)) })
+    }
+
+    /// This decoder with every camera's frames resized to `size` as the frame tables resize
+    /// them (`lake_codec::RgbResizer`): its batches are those a frame table of `size` gives,
+    /// with no such table.
+    ///
+    /// # Errors
+    /// [`Error::Request`] for a decoder of planes: they come at the size each camera recorded.
+    pub fn resizing_to(mut self, size: FrameSize) -> Result<Self> {
+        if self.format != FrameFormat::Rgb24 {
+            return Err(Error::request(format!(
+                "frames at {size} are resized RGB; {} frames come at the size each camera recorded",
+                self.format
+            )));
+        }
+        self.size = Some(size);
+        Ok(self)
     }
 
     /// The schema of the batches [`decode`](Self::decode) makes from batches of `schema`: the
@@ -394,7 +418,7 @@ impl PacketBatchDecoder {
         let bad = |m: String| Error::request(format!("packet camera `{name}`: {m}"));
         let meta = |key: &str| field.metadata().get(key).ok_or_else(|| bad(format!("no `{key}` metadata")));
         let slots: Vec<usize> = serde_json::from_str(meta(SHAPE)?).map_err(|e| bad(format!("`{SHAPE}`: {e}")))?;
-        let [h, w, c]: [usize; 3] = serde_json::from_str(meta("frame_shape")?).map_err(|e| bad(format!("`frame_shape`: {e}")))?;
+        let [mut h, mut w, c]: [usize; 3] = serde_json::from_str(meta("frame_shape")?).map_err(|e| bad(format!("`frame_shape`: {e}")))?;
         let yuv: Option<YuvToRgb> = match (self.format, field.metadata().get(YUV_TO_RGB)) {
             (FrameFormat::Yuv420p, Some(text)) => Some(serde_json::from_str(text).map_err(|e| bad(format!("`{YUV_TO_RGB}`: {e}")))?),
             _ => None,
@@ -402,11 +426,14 @@ impl PacketBatchDecoder {
         if schema.field_with_name(&format!("{name}{PACKETS_SUFFIX}")).map(|f| f.data_type() != &gops_type()).unwrap_or(true) {
             return Err(bad(format!("no `{name}{PACKETS_SUFFIX}` column of GOPs")));
         }
+        if let Some(size) = self.size {
+            (h, w) = (size.height as usize, size.width as usize);
+        }
         let mut shape = slots;
         let mut m = HashMap::from([
             (DTYPE.to_string(), "uint8".to_string()),
             (LAYOUT.to_string(), meta(LAYOUT)?.clone()),
-            ("frame_shape".to_string(), meta("frame_shape")?.clone()),
+            ("frame_shape".to_string(), serde_json::to_string(&[h, w, c]).expect("shape")),
         ]);
         match yuv {
             Some(conversion) => {
@@ -515,7 +542,14 @@ impl PacketBatchDecoder {
         let made = decoder.decode(&gop.packets, &gop.wanted()).map_err(|e| fail(e.to_string()))?;
         let idle = decoder.idle_bytes();
         self.decoders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put(key, decoder, idle);
-        Ok(made.into_iter().map(|f| f.data).collect())
+        match (self.size, made.first()) {
+            (Some(size), Some(first)) if yuv.is_none() => {
+                let mut resizer =
+                    lake_codec::RgbResizer::new((first.width, first.height), (size.width, size.height)).map_err(|e| fail(e.to_string()))?;
+                made.iter().map(|f| resizer.resize(&f.data).map_err(|e| fail(e.to_string()))).collect()
+            }
+            _ => Ok(made.into_iter().map(|f| f.data).collect()),
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! NVDEC lacks here, such as AV1 on Hopper, or a size out of its range: said once per stream).
 //! The CPU's GOPs of a batch decode in parallel, one per core at a time, while the GPU converts.
 //! lake-gpu's kernel turns both into RGB with libswscale's arithmetic, so the batch holds the
-//! frames the loader would have sent, and the frames never travel as RGB.
+//! frames the loader would have sent, and the frames never travel as RGB. Frames a run wants at
+//! another size are resized on the GPU too, to the bytes of a frame table of that size.
 
 use std::{
     collections::HashMap,
@@ -16,6 +17,7 @@ use lake_codec::nvdec::{DeviceFrame, NvdecDecoder};
 use lake_gpu::{
     Gpu,
     colour::{Geometry, Layout, Target},
+    resize::Resize,
 };
 use lake_loader::{PacketBatchDecoder, PacketCamera, ShippedGop, YuvToRgb, yuv420p_bytes};
 use tch::{Device, Kind, Tensor};
@@ -29,7 +31,12 @@ pub struct GpuDecoders {
     nvdec: Mutex<HashMap<String, std::result::Result<NvdecDecoder, String>>>,
     /// The CPU's decoders, by stream, and its threads (one per core).
     cpu: PacketBatchDecoder,
+    /// Resizes by their sizes, `[from width, from height, to width, to height]`.
+    resizes: Mutex<HashMap<[u32; 4], KernelResize>>,
 }
+
+/// A resize the kernels make, or why they cannot (the frames are then resized on the CPU).
+type KernelResize = std::result::Result<Arc<Resize>, String>;
 
 impl std::fmt::Debug for GpuDecoders {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -49,7 +56,7 @@ impl GpuDecoders {
             return Ok(made.clone());
         }
         let cpu = PacketBatchDecoder::new(lake_loader::FrameFormat::Yuv420p, 0).map_err(|e| Error::Data(e.to_string()))?;
-        let made = Arc::new(GpuDecoders { gpu: gpu.clone(), nvdec: Mutex::default(), cpu });
+        let made = Arc::new(GpuDecoders { gpu: gpu.clone(), nvdec: Mutex::default(), cpu, resizes: Mutex::default() });
         all.insert(gpu.ordinal(), made.clone());
         Ok(made)
     }
@@ -138,6 +145,52 @@ impl GpuDecoders {
             return Err(bad(format!("frame {past} of a batch whose GOPs give {count}")));
         }
         Ok(frames.f_index_select(0, &Tensor::from_slice(&slots).to_device(device))?)
+    }
+
+    /// RGB24 frames `[n, h, w, 3]` on this GPU resized to `(width, height)` as the frame tables
+    /// resize them, as a new tensor `[n, height, width, 3]` on the GPU: by lake-gpu's kernels,
+    /// or, for the sizes they cannot repeat (an odd width halved; said once per size), by
+    /// libswscale on the CPU.
+    ///
+    /// # Errors
+    /// [`Error::Batch`] for frames of another shape or sizes libswscale refuses; the device's
+    /// errors.
+    pub fn resize(&self, frames: &Tensor, (width, height): (u32, u32)) -> Result<Tensor> {
+        let [n, h, w, 3] = frames.size()[..] else {
+            return Err(Error::Batch(format!("frames of shape {:?} to resize, not [n, h, w, 3]", frames.size())));
+        };
+        let from = (w as u32, h as u32);
+        let device = Device::Cuda(self.gpu.ordinal());
+        let resize = self
+            .resizes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry([from.0, from.1, width, height])
+            .or_insert_with(|| {
+                Resize::new(from, (width, height)).map(Arc::new).map_err(|e| {
+                    tracing::warn!("{}x{} frames are resized to {width}x{height} on the CPU: {e}", from.0, from.1);
+                    e.to_string()
+                })
+            })
+            .clone();
+        let out = Tensor::f_empty([n, i64::from(height), i64::from(width), 3], (Kind::Uint8, device))?;
+        let Ok(resize) = resize else {
+            let host = Vec::<u8>::try_from(frames.f_to_device(Device::Cpu)?.flatten(0, -1)).map_err(Error::Torch)?;
+            let mut resizer = lake_codec::RgbResizer::new(from, (width, height)).map_err(|e| Error::Batch(e.to_string()))?;
+            let mut resized = Vec::with_capacity(out.numel());
+            for frame in host.chunks_exact((w * h * 3) as usize) {
+                resized.extend(resizer.resize(frame).map_err(|e| Error::Batch(e.to_string()))?);
+            }
+            return Ok(Tensor::from_slice(&resized).f_to_device(device)?.reshape(out.size()));
+        };
+        let frames = frames.f_contiguous()?;
+        let base = frames.data_ptr() as u64;
+        let addresses: Vec<u64> = (0..n as u64).map(|i| base + i * (w * h * 3) as u64).collect();
+        // SAFETY: `frames` holds `n` contiguous RGB24 frames of the resize's source size on this
+        // GPU and `out` their resized frames; both live until the kernels have run (libtorch's
+        // caching allocator reuses their memory only for work queued after them on this stream).
+        unsafe { self.gpu.resize(&addresses, &resize, Target::Rgb24, out.data_ptr() as u64) }.map_err(|e| Error::Batch(e.to_string()))?;
+        Ok(out)
     }
 
     /// The GOP's frames decoded on NVDEC, or `None` when NVDEC does not decode its stream (said

@@ -94,6 +94,12 @@ pub struct TrainOptions {
     /// Every camera's frames from each dataset's training proxy (`lake cache NAME --proxy
     /// CODEC`), not the recorded ones.
     pub proxy: bool,
+    /// Every camera's frames at this size, resized as lake's frame tables resize them, and the
+    /// policy's camera features of this size; `None` for the recorded size. Where the data side
+    /// decodes ([`Decode::Server`]) they come from a frame table of the size (`lake cache NAME
+    /// --size WxH`); where this process decodes, they are resized here after decoding, to the
+    /// same bytes: by the packet decoder on the CPU, by lake-gpu's kernel on the GPU.
+    pub frame_size: Option<lake_loader::FrameSize>,
 }
 
 /// How a run's camera frames travel and where they become RGB. Both give the policy the same
@@ -234,13 +240,21 @@ async fn plan(options: &TrainOptions) -> Result<(SampleRequest, DatasetFacts)> {
     let mut request = SampleRequest::new(options.datasets.iter().cloned());
     (request.seed, request.batch_size, request.rank, request.world_size) = (options.seed, options.batch_size, rank, world);
     request.proxy = options.proxy;
-    let facts = dataset_facts(options.lake.as_ref(), &request, &options.source).await?;
+    let mut facts = dataset_facts(options.lake.as_ref(), &request, &options.source).await?;
+    if let Some(size) = options.frame_size {
+        for camera in facts.features.iter_mut().filter(|f| f.kind == FeatureType::Visual) {
+            camera.shape = vec![3, size.height as usize, size.width as usize];
+        }
+    }
     Ok((request, facts))
 }
 
 /// The windows a policy of `config` reads, with frames as `options` say.
 fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64, options: &TrainOptions) {
     request.delta_timestamps = Some(delta_timestamps_json(config, fps));
+    // Frames at another size come from a frame table where the data side decodes; where this
+    // process decodes, the packets come at the recorded size and are resized here.
+    request.frame_size = options.frame_size.filter(|_| options.decode == Decode::Server);
     request.frame_format = match (options.decode, &options.frames) {
         (Decode::Cpu { .. } | Decode::Gpu, _) => lake_client::FrameFormat::Packets,
         (Decode::Server, Frames::Rgb24) => lake_client::FrameFormat::Rgb24,
@@ -260,7 +274,10 @@ async fn open_frames(options: &TrainOptions, request: &SampleRequest) -> Result<
                 Frames::Rgb24 => lake_client::FrameFormat::Rgb24,
                 Frames::Yuv420p { .. } => lake_client::FrameFormat::Yuv420p,
             };
-            let decoder = lake_loader::PacketBatchDecoder::new(format, threads).map_err(|e| Error::Data(e.to_string()))?;
+            let mut decoder = lake_loader::PacketBatchDecoder::new(format, threads).map_err(|e| Error::Data(e.to_string()))?;
+            if let Some(size) = options.frame_size {
+                decoder = decoder.resizing_to(size).map_err(|e| Error::Data(e.to_string()))?;
+            }
             feed.decoded(std::sync::Arc::new(decoder))
         }
     }
@@ -660,8 +677,9 @@ fn check_schema(schema: &arrow::datatypes::Schema, config: &ActConfig, frames: &
 }
 
 /// A camera column as RGB24 frames `[B, H, W, 3]`: its values, or its YUV planes converted as
-/// `frames` says (on the GPU, the tensor is on that device).
-fn camera_tensor(batch: &RecordBatch, name: &str, frames: &Frames) -> Result<Tensor> {
+/// `frames` says (on the GPU, the tensor is on that device). Packets decoded on the GPU are
+/// resized there to `size` (`[H, W]`) when their frames are of another size.
+fn camera_tensor(batch: &RecordBatch, name: &str, frames: &Frames, size: [u32; 2]) -> Result<Tensor> {
     use lake_gpu::colour::{Geometry, Layout, Target, convert_on_cpu};
 
     let schema = batch.schema();
@@ -689,7 +707,12 @@ fn camera_tensor(batch: &RecordBatch, name: &str, frames: &Frames) -> Result<Ten
         let Some(gpu) = gpu else {
             return Err(Error::Batch(format!("camera `{name}` travels as packets, which this run decodes on a GPU it does not have")));
         };
-        let frames = crate::gpu_decode::GpuDecoders::of(gpu)?.camera(batch, name, width, height, &matrix)?;
+        let decoders = crate::gpu_decode::GpuDecoders::of(gpu)?;
+        let mut frames = decoders.camera(batch, name, width, height, &matrix)?;
+        let [height, width] = size;
+        if frames.size()[1..3] != [i64::from(height), i64::from(width)] {
+            frames = decoders.resize(&frames, (width, height)).map_err(|e| Error::Batch(format!("camera `{name}`: {e}")))?;
+        }
         let slots = frames.size()[0];
         let rows = batch.num_rows() as i64;
         // A window's slots become its time dimension, as the RGB column's shape has it.
@@ -774,8 +797,12 @@ fn column_tensor(batch: &RecordBatch, name: &str) -> Result<Tensor> {
 /// read.
 pub fn act_batch(batch: &RecordBatch, config: &ActConfig, frames: &Frames) -> Result<ActBatch> {
     let mut images = Vec::new();
-    for (name, _) in config.image_features() {
-        let hwc = camera_tensor(batch, name, frames)?;
+    for (name, feature) in config.image_features() {
+        let size = match feature.shape[..] {
+            [_, h, w] => [h as u32, w as u32],
+            _ => return Err(Error::Batch(format!("camera `{name}`: a policy feature of shape {:?}, not [3, H, W]", feature.shape))),
+        };
+        let hwc = camera_tensor(batch, name, frames, size)?;
         if hwc.dim() != 4 || hwc.size()[3] != 3 {
             return Err(Error::Batch(format!("camera `{name}`: shape {:?}, expected [B, H, W, 3]", hwc.size())));
         }

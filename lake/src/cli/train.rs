@@ -56,6 +56,12 @@ pub struct TrainArgs {
     /// NVDEC), lossy, not LeRobot's frames.
     #[arg(long)]
     proxy: bool,
+    /// Train on every camera's frames at WIDTHxHEIGHT, resized as `lake cache NAME --size WxH`
+    /// resizes them (the policy's camera features take that size): read from that frame table
+    /// with --decode server; with --decode cpu or gpu, resized here after decoding to the same
+    /// bytes (on the GPU by lake's kernel), with no frame table.
+    #[arg(long, value_name = "WxH")]
+    frame_size: Option<lake_loader::FrameSize>,
     /// Threads that decode packets with --decode cpu (0: one per core).
     #[arg(long, default_value_t = 0, value_name = "N")]
     decode_threads: usize,
@@ -145,9 +151,17 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         },
         _ => false,
     };
+    if let Some(size) = args.frame_size.filter(|_| !on_gpu && args.frames == "yuv420p") {
+        anyhow::bail!(
+            "--frame-size {size} with --frames yuv420p: resized frames are RGB, and planes come at the recorded size; \
+             use --frames rgb24, or --decode gpu"
+        );
+    }
     let frames = match on_gpu {
         // The packets become RGB through the kernel, on the GPU they decode on.
         true => frames("yuv420p", true, local_rank).context("--decode gpu")?,
+        // Resized frames come as RGB: from a frame table, or from the packet decoder.
+        false if args.frame_size.is_some() && args.frames == "auto" => lake_trainer::train::Frames::Rgb24,
         false => frames(&args.frames, args.device == "cuda", local_rank)?,
     };
     let device = match args.device.as_str() {
@@ -217,6 +231,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
             _ => lake_trainer::train::Decode::Server,
         },
         proxy: args.proxy,
+        frame_size: args.frame_size,
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
             datasets: args.eval_dataset.clone(),
             every: args.eval_every,

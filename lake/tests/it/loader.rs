@@ -735,7 +735,10 @@ fn ingest_stores_frame_tables_when_asked() {
 /// A frame table of resized frames (`lake cache --size`): samples read at that size have every
 /// frame equal to the recorded frame resized (area averaging keeps each channel's mean), every
 /// other column equal to the recorded samples', and the shape in the field metadata; a size
-/// without its table, or with the frame table turned off, is refused with what to do.
+/// without its table, or with the frame table turned off, is refused with what to do. A trainer
+/// that decodes makes the same frames with no table: the packets decoded and resized on the CPU
+/// give the whole batch, and lake-gpu's resize (its CPU twin) gives each frame from the recorded
+/// one.
 #[test]
 fn resized_frame_tables_serve_resized_samples() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -778,11 +781,16 @@ fn resized_frame_tables_serve_resized_samples() {
                 .expect("shape");
         let (h, w) = (shape[1], shape[2]);
         let mut resizer = lake_codec::RgbResizer::new((w as u32, h as u32), (64, 48)).expect("resizer");
+        let on_gpu = lake_gpu::resize::Resize::new((w as u32, h as u32), (64, 48)).expect("the kernels resize these frames");
         let (got, want) = (column.as_fixed_size_list(), recorded.as_fixed_size_list());
         for row in 0..got.len() {
             let (got, want) = (got.value(row), want.value(row));
             let (got, want) =
                 (got.as_primitive::<arrow::datatypes::UInt8Type>().values(), want.as_primitive::<arrow::datatypes::UInt8Type>().values());
+            let mut twin = vec![0_u8; got.len()];
+            let slots: Vec<&[u8]> = want.chunks_exact(w * h * 3).collect();
+            lake_gpu::resize::resize_on_cpu(&slots, &on_gpu, lake_gpu::colour::Target::Rgb24, &mut twin).expect("twin");
+            assert!(twin[..] == got[..], "{} row {row}: the kernels' twin resizes otherwise", field.name());
             for (slot, (g, n)) in got.chunks_exact(64 * 48 * 3).zip(want.chunks_exact(w * h * 3)).enumerate() {
                 assert!(
                     g == &resizer.resize(n).expect("resize")[..],
@@ -797,6 +805,18 @@ fn resized_frame_tables_serve_resized_samples() {
         }
     }
     assert_eq!(cameras, 2);
+    let packets = tmp.path().join("packets.arrow");
+    let args = ["sample", "--dataset", name, "--indices", "0,7,300,599", "--preset", "diffusion", "--frame-format", "packets", "--out"];
+    let run = lake(&root, &[&args[..], &[packets.to_str().expect("utf-8")]].concat());
+    assert_eq!(run.code, 0, "{run:#?}");
+    let packets = read_arrow(&packets);
+    let size = lake_loader::FrameSize { width: 64, height: 48 };
+    let decoder =
+        lake_loader::PacketBatchDecoder::new(lake_loader::FrameFormat::Rgb24, 2).expect("decoder").resizing_to(size).expect("rgb");
+    assert_eq!(decoder.decoded_schema(&packets.schema()).expect("schema"), resized.schema());
+    assert!(decoder.decode(&packets).expect("decoded") == resized, "the packets decoded and resized differ from the frame table's");
+    let planes = lake_loader::PacketBatchDecoder::new(lake_loader::FrameFormat::Yuv420p, 2).expect("decoder").resizing_to(size);
+    assert!(planes.expect_err("planes").to_string().contains("come at the size each camera recorded"));
 
     let out = tmp.path().join("x.arrow");
     let out = out.to_str().expect("utf-8");

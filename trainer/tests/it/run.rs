@@ -47,6 +47,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         frames: Default::default(),
         decode: Default::default(),
         proxy: false,
+        frame_size: None,
     }
 }
 
@@ -178,6 +179,45 @@ fn a_run_fed_by_lake_serve_ends_as_the_in_process_run_ends() {
     }
     for (name, w) in &weights[1..] {
         assert!(*w == weights[0].1, "the run fed over {name} ended with other weights than the in-process run");
+    }
+}
+
+/// A run at another frame size reads a frame table of that size where the data side decodes,
+/// and resizes the frames itself where it decodes the packets, with no table: both end with the
+/// same losses and weights, byte for byte, and the policy's cameras take the size.
+#[test]
+fn runs_at_a_frame_size_end_alike_from_its_frame_table_and_from_packets_resized_here() {
+    use lake_trainer::train::{Decode, Frames};
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let name = "v30-h264-multifile";
+    let lake = lake_with(tmp.path(), &fixture_dir().with_file_name(name));
+    let size = lake_loader::FrameSize { width: 40, height: 30 };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let ds = lake_loader::LoaderDataset::open(&lake, name).await.expect("open");
+        let stored = Default::default();
+        lake_loader::write_frame_table(&lake, ds, 2, Default::default(), Some(size), &stored).await.expect("frame table");
+    });
+    let on = |run_name: &str, decode| TrainOptions {
+        datasets: vec![name.into()],
+        batch_size: 4,
+        frames: Frames::Rgb24,
+        decode,
+        frame_size: Some(size),
+        ..options(&lake, &tmp.path().join(run_name), 4)
+    };
+    let (_, table) = run(on("table", Decode::Server));
+    let (_, packets) = run(on("packets", Decode::Cpu { threads: 2 }));
+    let losses = |steps: &[StepRecord]| steps.iter().map(|s| s.loss).collect::<Vec<_>>();
+    assert_eq!(losses(&packets), losses(&table));
+    let model = |run_name: &str, file: &str| {
+        std::fs::read(tmp.path().join(run_name).join("checkpoints/000004/pretrained_model").join(file)).expect("checkpoint file")
+    };
+    assert!(model("packets", "model.safetensors") == model("table", "model.safetensors"), "the weights differ");
+    let config: serde_json::Value = serde_json::from_slice(&model("table", "config.json")).expect("config");
+    for camera in ["front", "wrist", "side"] {
+        assert_eq!(config["input_features"][format!("observation.images.{camera}")]["shape"], serde_json::json!([3, 30, 40]), "{camera}");
     }
 }
 
