@@ -61,13 +61,14 @@ impl GpuDecoders {
         Ok(made)
     }
 
-    /// Packet camera `name` of `batch` as RGB24 frames `[slots, height, width, 3]` on this GPU,
-    /// slot by slot (sample-major), converted with `matrix`.
+    /// Packet camera `name` of `batch` (frames of `width` × `height`) as RGB24 frames
+    /// `[slots, h, w, 3]` on this GPU, slot by slot (sample-major), converted with `matrix`, at
+    /// `size` (`(w, h)`): the recorded size, or each decoded frame resized once ([`resize`](Self::resize)).
     ///
     /// # Errors
     /// [`Error::Batch`] for a malformed packet camera or frames of another size; the decoders'
     /// and the device's errors.
-    pub fn camera(&self, batch: &RecordBatch, name: &str, width: u32, height: u32, matrix: &YuvToRgb) -> Result<Tensor> {
+    pub fn camera(&self, batch: &RecordBatch, name: &str, width: u32, height: u32, matrix: &YuvToRgb, size: (u32, u32)) -> Result<Tensor> {
         let bad = |m: String| Error::Batch(format!("camera `{name}`: {m}"));
         let camera = PacketCamera::of(batch, name).map_err(|e| Error::Batch(e.to_string()))?;
         let gops = camera.gops().map_err(|e| Error::Batch(e.to_string()))?;
@@ -140,6 +141,9 @@ impl GpuDecoders {
         // The surfaces go back to FFmpeg's pool only once the kernel has read them.
         self.gpu.synchronize().map_err(converted)?;
         drop(surfaces);
+        if size != (width, height) {
+            frames = self.resize(&frames, size).map_err(|e| bad(e.to_string()))?;
+        }
         let slots: Vec<i64> = camera.numbers().iter().map(|&n| i64::from(n)).collect();
         if let Some(past) = slots.iter().find(|&&n| n >= count as i64) {
             return Err(bad(format!("frame {past} of a batch whose GOPs give {count}")));

@@ -707,19 +707,15 @@ fn camera_tensor(batch: &RecordBatch, name: &str, frames: &Frames, size: [u32; 2
         let Some(gpu) = gpu else {
             return Err(Error::Batch(format!("camera `{name}` travels as packets, which this run decodes on a GPU it does not have")));
         };
-        let decoders = crate::gpu_decode::GpuDecoders::of(gpu)?;
-        let mut frames = decoders.camera(batch, name, width, height, &matrix)?;
-        let [height, width] = size;
-        if frames.size()[1..3] != [i64::from(height), i64::from(width)] {
-            frames = decoders.resize(&frames, (width, height)).map_err(|e| Error::Batch(format!("camera `{name}`: {e}")))?;
-        }
+        let [out_height, out_width] = size;
+        let frames = crate::gpu_decode::GpuDecoders::of(gpu)?.camera(batch, name, width, height, &matrix, (out_width, out_height))?;
         let slots = frames.size()[0];
         let rows = batch.num_rows() as i64;
         // A window's slots become its time dimension, as the RGB column's shape has it.
         return Ok(if slots == rows {
             frames
         } else {
-            frames.reshape([rows, slots / rows.max(1), i64::from(height), i64::from(width), 3])
+            frames.reshape([rows, slots / rows.max(1), i64::from(out_height), i64::from(out_width), 3])
         });
     }
     let geometry = Geometry { width, height, layout: Layout::Yuv420p };
