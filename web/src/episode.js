@@ -78,7 +78,7 @@ function shellWord(name) {
 
 /** The command that writes the sample of LeRobot index `index` of `name` to an Arrow file. */
 export function sampleCommand(name, index) {
-  return `lake sample --dataset ${shellWord(name)} --indices ${index} --out sample.arrow`;
+  return `lake sample ${shellWord(name)} --indices ${index} --out sample.arrow`;
 }
 
 /** The frames of an episode's cameras, fetched ahead of the step shown and dropped behind it. */

@@ -307,7 +307,7 @@ class WebApp(unittest.TestCase):
     def sample_frames(self, dataset, index):
         """Every camera's frame of LeRobot `index` as `lake sample` writes it: {camera: H×W×3 uint8}."""
         out = os.path.join(LAKE["tmp"], f"sample-{dataset}-{index}.arrow")
-        lake("sample", "--dataset", dataset, "--indices", str(index), "--out", out)
+        lake("sample", dataset, "--indices", str(index), "--out", out)
         table = ipc.open_file(out).read_all()
         frames = {}
         for field in table.schema:
@@ -421,7 +421,8 @@ class WebApp(unittest.TestCase):
                     self.assertEqual(got.shape, frame.shape, f"{dataset} {camera}: frame size")
                     differ = np.argwhere(got != frame)
                     self.assertEqual(len(differ), 0, f"{dataset} {camera} at index {index}: {len(differ)} values differ from lake sample's, first at {differ[:3].tolist()}")
-                self.assertIn(f"--indices {index}", self.element("#sample-command").text)
+                # The command shown is the one run above, for this dataset and step.
+                self.assertIn(f"lake sample {dataset} --indices {index} --out sample.arrow", self.element("#sample-command").text)
                 if dataset == NAME:
                     self.screenshot("episode")
 
