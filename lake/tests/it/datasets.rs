@@ -164,7 +164,8 @@ fn check_dataset(src: &Path, flags: &[&str], expected: &[i64]) -> tempfile::Temp
 }
 
 /// The packets of a spread of steps, every camera with a window of three frames, decode on the
-/// consumer's side to the frame path's samples, byte for byte.
+/// consumer's side to the frame path's samples, byte for byte; and lake-gpu's resize (its CPU
+/// twin) gives those frames at a third of their size as the frame tables' resizer does.
 fn check_packets(root: &Path, name: &str, info: &InfoJson, steps: &[arrow::array::RecordBatch], want: &[&SourceStep]) {
     let cameras = packet_rows(steps);
     if cameras.is_empty() {
@@ -182,6 +183,33 @@ fn check_packets(root: &Path, name: &str, info: &InfoJson, steps: &[arrow::array
     assert_eq!(run.code, 0, "{run:#?}");
     let rgb = crate::common::read_arrow(&frames);
     crate::common::packets_decode_to(root, &args, &dir.join(format!("{name}.packets.arrow")), &rgb, None);
+    check_gpu_resize(name, &rgb);
+}
+
+/// The first frames of each camera of `rgb` resized to a third of their size (a ratio that is
+/// rarely whole) by lake-gpu's resize twin and by `lake_codec::RgbResizer` (libswscale, as frame
+/// tables are written): the same bytes. Odd widths are skipped: the kernels leave those to
+/// libswscale.
+fn check_gpu_resize(name: &str, rgb: &arrow::array::RecordBatch) {
+    use arrow::array::{Array as _, AsArray as _};
+    for (field, column) in rgb.schema().fields().iter().zip(rgb.columns()) {
+        let Some(shape) = field.metadata().get("frame_shape") else { continue };
+        let [h, w, _]: [u32; 3] = serde_json::from_str(shape).expect("a frame shape");
+        if w % 2 == 1 {
+            continue;
+        }
+        let to = ((w / 3).max(1), (h / 3).max(1));
+        let twin = lake_gpu::resize::Resize::new((w, h), to).expect("the kernels resize these frames");
+        let mut resizer = lake_codec::RgbResizer::new((w, h), to).expect("libswscale");
+        let list = column.as_fixed_size_list();
+        let values = list.values().as_primitive::<arrow::datatypes::UInt8Type>().values();
+        let values = &values[list.offset() * list.value_length() as usize..];
+        for (k, frame) in values.chunks_exact((w * h * 3) as usize).take(6).enumerate() {
+            let mut got = vec![0_u8; (to.0 * to.1 * 3) as usize];
+            lake_gpu::resize::resize_on_cpu(&[frame], &twin, lake_gpu::colour::Target::Rgb24, &mut got).expect("twin");
+            assert!(got == resizer.resize(frame).expect("resize"), "{name} {}: frame {k} resized to {to:?} differs", field.name());
+        }
+    }
 }
 
 /// `lake sql` answers about the dataset equal facts computed here from the source files: steps
