@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing lake needs on Debian 12: FFmpeg 5.1 development headers
-# (ffmpeg-next binds them), clang (bindgen), make and gcc (jemalloc), protoc and the protobuf
+# (ffmpeg-next binds them), clang (bindgen), make and gcc (jemalloc), g++ (lake-gpu's tests build
+# the CUDA kernels' source for the CPU), protoc and the protobuf
 # well-known types (Lance's build imports google/protobuf/empty.proto), libjpeg-turbo's
 # TurboJPEG (JPEG pictures are decoded with it, as PIL decodes them), the ffmpeg tool (tests make
 # media with it), python3 with venv (the Python client's tests; see scripts/python-env.sh), and
@@ -12,7 +13,7 @@
 # again: it only installs what is missing.
 set -euo pipefail
 
-packages=(pkg-config make gcc clang libclang-dev protobuf-compiler libprotobuf-dev ffmpeg python3 python3-venv
+packages=(pkg-config make gcc g++ clang libclang-dev protobuf-compiler libprotobuf-dev ffmpeg python3 python3-venv
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libswresample-dev
   libavfilter-dev libavdevice-dev libturbojpeg0-dev libopenmpi-dev openmpi-bin libgloo-dev libffmpeg-nvenc-dev
   chromium chromium-driver nginx-light)

@@ -21,12 +21,16 @@
 //!   depth and size.
 //!
 //! Kernels are compiled with `--fmad=false`: CUDA would otherwise contract a multiply and an add
-//! into one fused operation, rounding once where the twin rounds twice.
+//! into one fused operation, rounding once where the twin rounds twice. The tests also build the
+//! kernels' CUDA source for the CPU and run it thread by thread against the twins, so that a
+//! machine without a GPU runs the code the GPU would run.
 
 pub mod check;
 pub mod colour;
 mod device;
 mod error;
+#[cfg(test)]
+mod kernels_on_host;
 pub mod nvdec;
 pub mod resize;
 
