@@ -1126,7 +1126,8 @@ impl Lake {
         let id = format!("{}-{}", Utc::now().format("%Y%m%dT%H%M%S"), &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let dir = format!("{DATASETS}/{name}/{id}");
         let lease_path = Path::from(format!("{STAGING}/{id}.json"));
-        let lease = HeldLease::create(&self.store, lease_path, Lease::new(name, &dir)).await?;
+        let local = self.local_root().map(|root| root.join(lease_path.as_ref()));
+        let lease = HeldLease::create(&self.store, lease_path, local, Lease::new(name, &dir)).await?;
         let pending = PendingVersion {
             lake: self.clone(),
             name: name.to_string(),
@@ -1238,7 +1239,10 @@ impl Lake {
             }
             // Taken over first: a writer that renewed it since it was read is alive after all,
             // and one that renews it after this finds it taken and does not commit.
-            if !lease.is_dead(&host, Utc::now()) || !crate::lease::take_over(&self.store, &lease_path, &lease, version).await? {
+            let local = self.local_root().map(|root| root.join(lease_path.as_ref()));
+            if !lease.is_dead(&host, Utc::now())
+                || !crate::lease::take_over(&self.store, &lease_path, local.as_deref(), &lease, version).await?
+            {
                 continue;
             }
             // A record that cannot be read might be the one naming this directory: it stays.
@@ -1259,6 +1263,7 @@ impl Lake {
         }
         report.removed_dirs.extend(self.remove_orphans().await?);
         self.remove_finished_uploads();
+        self.remove_dead_lease_staging(&host);
         // (A writer killed between dropping its lease and pruning leaves `staging/` empty.)
         self.prune(STAGING);
         for (name, through) in self.removed_through().await? {
@@ -1290,6 +1295,21 @@ impl Lake {
                         let _ = std::fs::remove_file(file.path());
                     }
                 }
+            }
+        }
+    }
+
+    /// Removes the lease staging files (`staging/.<id>.json.<pid>@<host>`) of this host's writers
+    /// that are gone: what a writer killed between writing its lease and moving it into place
+    /// leaves. Another host's stay (its pids mean nothing here).
+    fn remove_dead_lease_staging(&self, host: &str) {
+        let Some(root) = self.local_root() else { return };
+        let Ok(files) = std::fs::read_dir(root.join(STAGING)) else { return };
+        for file in files.flatten() {
+            let name = file.file_name();
+            let Some((pid, writer_host)) = name.to_str().and_then(crate::lease::staging_writer) else { continue };
+            if writer_host == host && !crate::lease::process_alive(pid) {
+                let _ = std::fs::remove_file(file.path());
             }
         }
     }
@@ -2174,6 +2194,31 @@ mod lifecycle_tests {
         lake.collect_garbage().await.unwrap();
         assert!(!catalog.join("v00000001.json#1").exists());
         assert!(catalog.join("v00000001.json").is_file() && catalog.join("v00000002.json#1").is_file());
+    }
+
+    /// A writer killed after writing its lease's staging file and before moving it into place
+    /// leaves that file: it goes with the next garbage collection once its pid is gone, while a
+    /// live writer's, and another host's, stay.
+    #[tokio::test]
+    async fn a_killed_writers_lease_staging_file_goes_and_a_live_ones_stays() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
+        let staging = tmp.path().join("lake/staging");
+        std::fs::create_dir_all(&staging).unwrap();
+        let host = hostname();
+        let dead = format!(".20261130T064738-fcc43957f174.json.{}@{host}", u32::MAX / 2);
+        let live = format!(".20261130T064739-0123456789ab.json.{}@{host}", std::process::id());
+        let foreign = format!(".20261130T064740-ba9876543210.json.{}@{host}-elsewhere", u32::MAX / 2);
+        for name in [&dead, &live, &foreign] {
+            std::fs::write(staging.join(name), b"{").unwrap();
+        }
+        lake.collect_garbage().await.unwrap();
+        assert!(!staging.join(&dead).exists(), "a dead writer's staging file goes");
+        assert!(staging.join(&live).exists() && staging.join(&foreign).exists(), "a live writer's and another host's stay");
+        std::fs::remove_file(staging.join(&live)).unwrap();
+        std::fs::remove_file(staging.join(&foreign)).unwrap();
+        lake.collect_garbage().await.unwrap();
+        assert!(!staging.exists(), "an empty staging directory goes");
     }
 
     #[tokio::test]

@@ -11,9 +11,16 @@
 //!   finds its lease changed at its next renewal, or at the latest when it confirms the lease
 //!   right before committing, and stops with nothing committed.
 //! - A store without conditional updates (a local filesystem) gets the same steps as plain reads
-//!   and writes; there, writers on one host are told apart by their pids.
+//!   and writes; there, writers on one host are told apart by their pids. On a local disk a
+//!   lease is written through a staging file named for its writer (`.<id>.json.<pid>@<host>`,
+//!   see [`local_staging`]), linked or renamed into place, so that what a writer killed
+//!   mid-write leaves can be told apart and removed once that writer is gone.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    path::{Path as FilePath, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use chrono::{DateTime, Utc};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion, path::Path};
@@ -84,16 +91,64 @@ impl Lease {
     }
 }
 
-/// Takes over the dead lease `lease` at `path`, read with `version`, for this host's garbage
-/// collection; false when its writer renewed it since it was read (it is alive).
+/// The staging file this process writes lease `file` through on a local disk:
+/// `.<name>.<pid>@<host>` beside it. object_store's own (`<name>#<n>`) would not say whose it
+/// is, and a writer killed between making it and moving it into place would leave a file no
+/// one could remove.
+pub(crate) fn local_staging(file: &FilePath) -> PathBuf {
+    let name = file.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    file.with_file_name(format!(".{name}.{}@{}", std::process::id(), hostname()))
+}
+
+/// The writer of a lease staging file named as [`local_staging`] names it: `(pid, host)`.
+pub(crate) fn staging_writer(file_name: &str) -> Option<(u32, &str)> {
+    let (rest, host) = file_name.strip_prefix('.')?.rsplit_once('@')?;
+    let (lease, pid) = rest.rsplit_once('.')?;
+    lease.ends_with(".json").then_some(())?;
+    Some((pid.parse().ok()?, host))
+}
+
+/// Writes lease `file` on a local disk through this process's staging file: created only if
+/// absent (`create`, a hard link), else replaced (a rename).
+fn put_local(file: &FilePath, body: &PutPayload, create: bool) -> std::result::Result<(), object_store::Error> {
+    let failed = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => object_store::Error::AlreadyExists { path: file.display().to_string(), source: Box::new(e) },
+        _ => object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) },
+    };
+    let staged = local_staging(file);
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
+    let bytes: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).collect();
+    std::fs::write(&staged, bytes).map_err(failed)?;
+    let placed = if create { std::fs::hard_link(&staged, file) } else { std::fs::rename(&staged, file) };
+    if create || placed.is_err() {
+        let _ = std::fs::remove_file(&staged);
+    }
+    placed.map_err(failed)
+}
+
+/// Takes over the dead lease `lease` at `path` (`local`: its file, on a local disk), read with
+/// `version`, for this host's garbage collection; false when its writer renewed it since it was
+/// read (it is alive).
 ///
 /// # Errors
 /// When the store fails.
-pub(crate) async fn take_over(store: &Arc<dyn ObjectStore>, path: &Path, lease: &Lease, version: UpdateVersion) -> Result<bool> {
+pub(crate) async fn take_over(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+    local: Option<&FilePath>,
+    lease: &Lease,
+    version: UpdateVersion,
+) -> Result<bool> {
     if lease.collected_by.is_some() {
         return Ok(true);
     }
     let taken = Lease { collected_by: Some(hostname()), ..lease.clone() };
+    if let Some(file) = local {
+        put_local(file, &taken.body(), false).map_err(Error::store(path.to_string()))?;
+        return Ok(true);
+    }
     match store.put_opts(path, taken.body(), PutOptions::from(PutMode::Update(version))).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }) => Ok(false),
@@ -117,6 +172,8 @@ pub(crate) struct HeldLease {
 struct Held {
     store: Arc<dyn ObjectStore>,
     path: Path,
+    /// The lease's file, on a local disk.
+    local: Option<PathBuf>,
     lease: Lease,
     /// The version this process last wrote, when the store takes conditional updates.
     version: Option<UpdateVersion>,
@@ -127,19 +184,29 @@ struct Held {
 }
 
 impl HeldLease {
-    /// Creates `lease` at `path` (failing if a lease is there) and starts renewing it.
+    /// Creates `lease` at `path` (`local`: its file, on a local disk), failing if a lease is
+    /// there, and starts renewing it.
     ///
     /// # Errors
     /// When the lease cannot be created.
-    pub(crate) async fn create(store: &Arc<dyn ObjectStore>, path: Path, lease: Lease) -> Result<Self> {
-        let put = store
-            .put_opts(&path, lease.body(), PutOptions { mode: PutMode::Create, ..Default::default() })
-            .await
-            .map_err(Error::store(path.to_string()))?;
-        let version = Some(UpdateVersion { e_tag: put.e_tag, version: put.version });
+    pub(crate) async fn create(store: &Arc<dyn ObjectStore>, path: Path, local: Option<PathBuf>, lease: Lease) -> Result<Self> {
+        let version = match &local {
+            Some(file) => {
+                put_local(file, &lease.body(), true).map_err(Error::store(path.to_string()))?;
+                None
+            }
+            None => {
+                let put = store
+                    .put_opts(&path, lease.body(), PutOptions { mode: PutMode::Create, ..Default::default() })
+                    .await
+                    .map_err(Error::store(path.to_string()))?;
+                Some(UpdateVersion { e_tag: put.e_tag, version: put.version })
+            }
+        };
         let state = Arc::new(tokio::sync::Mutex::new(Held {
             store: store.clone(),
             path: path.clone(),
+            local,
             lease,
             version,
             lost: false,
@@ -230,7 +297,10 @@ impl Held {
             self.lost = true;
             return Ok(false);
         }
-        self.store.put_opts(&self.path, self.lease.body(), PutOptions::from(PutMode::Overwrite)).await?;
+        match &self.local {
+            Some(file) => put_local(file, &self.lease.body(), false)?,
+            None => drop(self.store.put_opts(&self.path, self.lease.body(), PutOptions::from(PutMode::Overwrite)).await?),
+        }
         Ok(true)
     }
 }
@@ -317,30 +387,49 @@ mod tests {
             Arc::new(object_store::memory::InMemory::new()),
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(tmp.path()).expect("local")),
         ];
-        for store in stores {
+        for (store, local) in stores.into_iter().zip([None, Some(tmp.path().join("staging/x.json"))]) {
             let path = Path::from("staging/x.json");
             let read = |store: Arc<dyn ObjectStore>| async move {
                 let got = store.get(&Path::from("staging/x.json")).await.expect("get");
                 let version = UpdateVersion { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
                 (serde_json::from_slice::<Lease>(&got.bytes().await.expect("bytes")).expect("a lease"), version)
             };
-            let held = HeldLease::create(&store, path.clone(), Lease::new("ds", "datasets/ds/x")).await.expect("create");
-            assert!(HeldLease::create(&store, path.clone(), Lease::new("ds", "datasets/ds/x")).await.is_err(), "one lease per path");
+            let create = || HeldLease::create(&store, path.clone(), local.clone(), Lease::new("ds", "datasets/ds/x"));
+            let held = create().await.expect("create");
+            assert!(create().await.is_err(), "one lease per path");
             let (stale, version) = read(store.clone()).await;
             assert!(held.confirm().await.expect("confirm"), "{store}");
             // Read before the writer renewed it: not taken over (where the store can tell).
-            let taken = take_over(&store, &path, &stale, version).await.expect("take over");
+            let taken = take_over(&store, &path, local.as_deref(), &stale, version).await.expect("take over");
             let conditional = format!("{store}").starts_with("InMemory");
             assert_eq!(taken, !conditional, "{store}");
             if !taken {
                 let (current, version) = read(store.clone()).await;
-                assert!(take_over(&store, &path, &current, version).await.expect("take over"), "{store}");
+                assert!(take_over(&store, &path, local.as_deref(), &current, version).await.expect("take over"), "{store}");
             }
             let (collected, _) = read(store.clone()).await;
             assert_eq!(collected.collected_by, Some(hostname()));
             assert!(!held.confirm().await.expect("confirm"), "{store}: the writer lost its lease");
             held.stop().await;
             store.delete(&path).await.expect("delete");
+            if local.is_some() {
+                let left: Vec<_> =
+                    std::fs::read_dir(tmp.path().join("staging")).expect("staging").flatten().map(|e| e.file_name()).collect();
+                assert!(left.is_empty(), "no staging file is left: {left:?}");
+            }
+        }
+    }
+
+    /// A lease's local staging file names its writer, and only such names are read as one.
+    #[test]
+    fn a_local_staging_file_names_its_writer() {
+        let staged = local_staging(FilePath::new("/lake/staging/20261130T064738-fcc43957f174.json"));
+        let name = staged.file_name().and_then(|n| n.to_str()).expect("a name");
+        assert_eq!(staged.parent(), Some(FilePath::new("/lake/staging")));
+        assert_eq!(staging_writer(name), Some((std::process::id(), hostname().as_str())));
+        assert_eq!(staging_writer(".x.json.12@host-a.example"), Some((12, "host-a.example")));
+        for other in ["x.json", ".x.json", "x.json#1", ".x.json.12", ".x.lance.12@h", ".x.json.pid@h"] {
+            assert_eq!(staging_writer(other), None, "{other}");
         }
     }
 }
