@@ -705,46 +705,13 @@ impl RgbConverter {
     }
 
     fn swscale(key: ConverterKey) -> Result<Self> {
-        // SAFETY: FFmpeg calls with valid arguments; the context is owned by the converter.
-        unsafe {
-            let format = std::mem::transmute::<i32, ffi::AVPixelFormat>(key.format);
-            let ctx = ffi::sws_getContext(
-                key.width,
-                key.height,
-                format,
-                key.width,
-                key.height,
-                ffi::AVPixelFormat::AV_PIX_FMT_RGB24,
-                ffi::SWS_BILINEAR,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null(),
-            );
-            if ctx.is_null() {
-                return Err(Error::Decode(format!("swscale cannot convert pixel format {} to rgb24", key.format)));
-            }
-            let converter = Self { key, how: Conversion::Swscale(ctx) };
-            let (mut inv_table, mut table) = (std::ptr::null_mut(), std::ptr::null_mut());
-            let (mut src_range, mut dst_range, mut brightness, mut contrast, mut saturation) = (0, 0, 0, 0, 0);
-            if ffi::sws_getColorspaceDetails(
-                ctx,
-                &mut inv_table,
-                &mut src_range,
-                &mut table,
-                &mut dst_range,
-                &mut brightness,
-                &mut contrast,
-                &mut saturation,
-            ) < 0
-            {
-                return Err(Error::Decode("sws_getColorspaceDetails failed".into()));
-            }
-            let coefficients = ffi::sws_getCoefficients(key.colorspace);
-            if ffi::sws_setColorspaceDetails(ctx, coefficients, src_range, coefficients, dst_range, brightness, contrast, saturation) < 0 {
-                return Err(Error::Decode("sws_setColorspaceDetails failed".into()));
-            }
-            Ok(converter)
+        // SAFETY: `ConverterKey::format` holds an `AVPixelFormat` value read from a frame.
+        let format = unsafe { std::mem::transmute::<i32, ffi::AVPixelFormat>(key.format) };
+        let ctx = crate::pixels::rgb24_context(format, key.width, key.height, key.colorspace, None);
+        if ctx.is_null() {
+            return Err(Error::Decode(format!("swscale cannot convert pixel format {} to rgb24", key.format)));
         }
+        Ok(Self { key, how: Conversion::Swscale(ctx) })
     }
 
     fn graph(key: ConverterKey) -> Result<Self> {

@@ -54,16 +54,34 @@ pub struct YuvToRgb {
     pub u_to_b: i32,
 }
 
-impl YuvToRgb {
-    /// The conversion libswscale makes for frames of FFmpeg colour space `colorspace`
-    /// (`AVColorSpace`; unknown values take its default, BT.601) and range (`full`: JPEG range,
-    /// as for `yuvj420p`; otherwise limited), with default brightness, contrast and saturation.
-    pub fn for_colorspace(colorspace: i32, full: bool) -> Self {
+/// libswscale's YUV → RGB coefficients for FFmpeg colour space `colorspace` (`AVColorSpace`;
+/// unknown values take its default, BT.601) and a range, as `sws_setColorspaceDetails` derives them
+/// at default brightness, contrast and saturation, in 16.16 fixed point before any bit depth's
+/// scaling: the 8-bit ([`YuvToRgb`]) and 10-bit conversions both start here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwsCoefficients {
+    /// Luma gain: 1.0 for full range, 255/219 for limited.
+    pub cy: i64,
+    /// Luma black level: 0 for full range, 16 for limited.
+    pub oy: i64,
+    /// V's share of red.
+    pub crv: i64,
+    /// U's share of blue.
+    pub cbu: i64,
+    /// U's share of green (negative).
+    pub cgu: i64,
+    /// V's share of green (negative).
+    pub cgv: i64,
+}
+
+impl SwsCoefficients {
+    /// The coefficients of colour space `colorspace` at full (JPEG) range or limited range.
+    pub fn new(colorspace: i32, full: bool) -> Self {
         // SAFETY: a lookup in a static table of four ints; libswscale maps any value it does not
         // know to its default.
         let inv = unsafe { std::slice::from_raw_parts(ffi::sws_getCoefficients(colorspace), 4) };
         let (mut crv, mut cbu, mut cgu, mut cgv) = (i64::from(inv[0]), i64::from(inv[1]), -i64::from(inv[2]), -i64::from(inv[3]));
-        let (cy, oy): (i64, i64) = if full {
+        let (cy, oy) = if full {
             // Truncating division, as C's.
             for c in [&mut crv, &mut cbu, &mut cgu, &mut cgv] {
                 *c = *c * 224 / 255;
@@ -72,6 +90,16 @@ impl YuvToRgb {
         } else {
             ((1 << 16) * 255 / 219, 16 << 16)
         };
+        Self { cy, oy, crv, cbu, cgu, cgv }
+    }
+}
+
+impl YuvToRgb {
+    /// The conversion libswscale makes for frames of FFmpeg colour space `colorspace`
+    /// (`AVColorSpace`; unknown values take its default, BT.601) and range (`full`: JPEG range,
+    /// as for `yuvj420p`; otherwise limited), with default brightness, contrast and saturation.
+    pub fn for_colorspace(colorspace: i32, full: bool) -> Self {
+        let SwsCoefficients { cy, oy, crv, cbu, cgu, cgv } = SwsCoefficients::new(colorspace, full);
         let to16 = |c: i64| ((c + 32768) >> 16).clamp(-32768, 32767) as i32;
         Self {
             y_offset: to16(oy << 3),
@@ -127,42 +155,81 @@ impl YuvToRgb {
     }
 }
 
-/// libswscale's own conversion of packed planes (`yuv`, a `w` × `h` frame with even `h`), set up
-/// as LeRobot's reader sets it up: the reference [`YuvToRgb::convert`] must equal.
-fn swscale_rgb(yuv: &[u8], w: u32, h: u32, cs: i32, full: bool) -> Vec<u8> {
-    let (wi, hi) = (w as i32, h as i32);
-    let mut out = vec![0_u8; (w * h * 3) as usize];
+/// A libswscale context that converts `width` × `height` frames of pixel format `format` to
+/// RGB24 as LeRobot's reader sets one up: bilinear, colour space `colorspace`'s coefficients on
+/// both sides, the source range `full` (`None`: the one libswscale chose for the format), and
+/// libswscale's own choice for the rest. Null when libswscale cannot convert the format; the
+/// caller frees a context with `sws_freeContext`.
+pub fn rgb24_context(format: ffi::AVPixelFormat, width: i32, height: i32, colorspace: i32, full: Option<bool>) -> *mut ffi::SwsContext {
     crate::init_ffmpeg();
-    // SAFETY: FFmpeg calls on buffers of the sizes the context was made for.
+    let rgb24 = ffi::AVPixelFormat::AV_PIX_FMT_RGB24;
+    let null = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null());
+    // SAFETY: FFmpeg calls with valid arguments on a context made here, freed here on failure.
     unsafe {
-        let ctx = ffi::sws_getContext(
-            wi,
-            hi,
-            ffi::AVPixelFormat::AV_PIX_FMT_YUV420P,
-            wi,
-            hi,
-            ffi::AVPixelFormat::AV_PIX_FMT_RGB24,
-            ffi::SWS_BILINEAR,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null(),
-        );
+        let ctx = ffi::sws_getContext(width, height, format, width, height, rgb24, ffi::SWS_BILINEAR, null.0, null.1, null.2);
         if ctx.is_null() {
-            return out;
+            return ctx;
         }
-        let table = ffi::sws_getCoefficients(cs);
-        ffi::sws_setColorspaceDetails(ctx, table, i32::from(full), table, 0, 0, 1 << 16, 1 << 16);
-        let luma = (w * h) as usize;
-        let chroma = (w.div_ceil(2) * h.div_ceil(2)) as usize;
-        let src = [yuv.as_ptr(), yuv[luma..].as_ptr(), yuv[luma + chroma..].as_ptr(), std::ptr::null()];
-        let cw = w.div_ceil(2) as i32;
-        let src_stride = [wi, cw, cw, 0];
-        let dst = [out.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
-        let dst_stride = [wi * 3, 0, 0, 0];
-        ffi::sws_scale(ctx, src.as_ptr(), src_stride.as_ptr(), 0, hi, dst.as_ptr(), dst_stride.as_ptr());
+        let (mut inv_table, mut table) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let (mut src_range, mut dst_range, mut brightness, mut contrast, mut saturation) = (0, 0, 0, 0, 0);
+        let details = (&mut inv_table, &mut src_range, &mut table, &mut dst_range);
+        let set =
+            ffi::sws_getColorspaceDetails(ctx, details.0, details.1, details.2, details.3, &mut brightness, &mut contrast, &mut saturation)
+                >= 0
+                && {
+                    let coefficients = ffi::sws_getCoefficients(colorspace);
+                    let range = full.map_or(src_range, i32::from);
+                    ffi::sws_setColorspaceDetails(ctx, coefficients, range, coefficients, dst_range, brightness, contrast, saturation) >= 0
+                };
+        if !set {
+            ffi::sws_freeContext(ctx);
+            return std::ptr::null_mut();
+        }
+        ctx
+    }
+}
+
+/// libswscale's RGB24 of one `w` × `h` 4:2:0 frame of pixel format `format` (`planes`: Y, U and
+/// V, each row `sample_bytes` × its width), set up by [`rgb24_context`] with range `full`: the
+/// reference lake's own conversions must equal. None when libswscale cannot convert the format.
+///
+/// # Panics
+/// When the planes are shorter than the frame.
+pub fn swscale_rgb24(
+    format: ffi::AVPixelFormat,
+    planes: [&[u8]; 3],
+    sample_bytes: u32,
+    w: u32,
+    h: u32,
+    colorspace: i32,
+    full: bool,
+) -> Option<Vec<u8>> {
+    let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    let needed = [w * h, cw * ch, cw * ch].map(|samples| (samples * sample_bytes) as usize);
+    assert!(planes.iter().zip(needed).all(|(plane, n)| plane.len() >= n), "planes too short for a {w}x{h} frame");
+    let ctx = rgb24_context(format, w as i32, h as i32, colorspace, Some(full));
+    if ctx.is_null() {
+        return None;
+    }
+    let mut out = vec![0_u8; (w * h * 3) as usize];
+    let src = [planes[0].as_ptr(), planes[1].as_ptr(), planes[2].as_ptr(), std::ptr::null()];
+    let src_stride = [w * sample_bytes, cw * sample_bytes, cw * sample_bytes, 0].map(|s| s as i32);
+    let dst = [out.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
+    let dst_stride = [(w * 3) as i32, 0, 0, 0];
+    // SAFETY: the planes hold the frame (checked above) and `out` its RGB24; the context is ours.
+    unsafe {
+        ffi::sws_scale(ctx, src.as_ptr(), src_stride.as_ptr(), 0, h as i32, dst.as_ptr(), dst_stride.as_ptr());
         ffi::sws_freeContext(ctx);
     }
-    out
+    Some(out)
+}
+
+/// libswscale's RGB24 of packed `yuv420p` planes (`yuv`, a `w` × `h` frame).
+fn swscale_rgb(yuv: &[u8], w: u32, h: u32, cs: i32, full: bool) -> Vec<u8> {
+    let luma = (w * h) as usize;
+    let chroma = (w.div_ceil(2) * h.div_ceil(2)) as usize;
+    let planes = [&yuv[..luma], &yuv[luma..luma + chroma], &yuv[luma + chroma..]];
+    swscale_rgb24(ffi::AVPixelFormat::AV_PIX_FMT_YUV420P, planes, 1, w, h, cs, full).unwrap_or_default()
 }
 
 /// Whether this process's libswscale converts 4:2:0 to RGB with the arithmetic [`YuvToRgb`]

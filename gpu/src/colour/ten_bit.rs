@@ -1,6 +1,6 @@
 //! libswscale's conversion of 10-bit 4:2:0 to RGB24, as the integers the kernel runs.
 
-use lake_codec::ffmpeg::ffi;
+use lake_codec::SwsCoefficients;
 
 /// The conversion of 10-bit 4:2:0 frames (`yuv420p10le`, or NVDEC's P010 surfaces of the same
 /// samples) to RGB24 that libswscale makes for one colour matrix and range. For pixel `(x, y)` of
@@ -52,20 +52,9 @@ impl YuvToRgb10 {
     /// loader converts every 10-bit format as limited), with default brightness, contrast and
     /// saturation.
     pub fn for_colorspace(colorspace: i32, full: bool) -> Self {
-        // SAFETY: a lookup in a static table of four ints; libswscale maps any value it does not
-        // know to its default.
-        let inv = unsafe { std::slice::from_raw_parts(ffi::sws_getCoefficients(colorspace), 4) };
-        let (mut crv, mut cbu, mut cgu, mut cgv) = (i64::from(inv[0]), i64::from(inv[1]), -i64::from(inv[2]), -i64::from(inv[3]));
-        // Luma gain, black level, and where the table's luma 0 lies, in steps.
-        let (cy, oy, start): (i64, i64, i64) = if full {
-            // Truncating division, as C's.
-            for c in [&mut crv, &mut cbu, &mut cgu, &mut cgv] {
-                *c = *c * 224 / 255;
-            }
-            (1 << 16, 0, 384)
-        } else {
-            ((1 << 16) * 255 / 219, 16 << 16, 326)
-        };
+        let SwsCoefficients { cy, oy, crv, cbu, cgu, cgv } = SwsCoefficients::new(colorspace, full);
+        // Where the table's luma 0 lies, in steps.
+        let start: i64 = if full { 384 } else { 326 };
         let per_luma = |c: i64| ((c * (1 << 16) + 0x8000) / cy) as i32;
         Self {
             y_gain: cy as i32,
@@ -80,59 +69,20 @@ impl YuvToRgb10 {
 
 #[cfg(test)]
 mod tests {
+    use lake_codec::ffmpeg::ffi;
+
     use super::*;
     use crate::colour::{Geometry, Layout, Target, convert_on_cpu};
 
     /// libswscale's RGB24 of a `yuv420p10le` frame (`planes`: Y, U, V samples, packed), set up as
-    /// lake's `RgbConverter` sets it up.
+    /// lake's `RgbConverter` sets it up (which leaves `yuv420p10le` at limited range).
     fn swscale_rgb(planes: &[u16], w: u32, h: u32, colorspace: i32, full: bool) -> Vec<u8> {
-        let (wi, hi) = (w as i32, h as i32);
-        let mut out = vec![0_u8; (w * h * 3) as usize];
-        // SAFETY: FFmpeg calls on buffers of the sizes the context is made for.
-        unsafe {
-            let ctx = ffi::sws_getContext(
-                wi,
-                hi,
-                ffi::AVPixelFormat::AV_PIX_FMT_YUV420P10LE,
-                wi,
-                hi,
-                ffi::AVPixelFormat::AV_PIX_FMT_RGB24,
-                ffi::SWS_BILINEAR,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null(),
-            );
-            assert!(!ctx.is_null(), "sws_getContext");
-            let (mut inv_table, mut table) = (std::ptr::null_mut(), std::ptr::null_mut());
-            let (mut src_range, mut dst_range, mut brightness, mut contrast, mut saturation) = (0, 0, 0, 0, 0);
-            let got = ffi::sws_getColorspaceDetails(
-                ctx,
-                &mut inv_table,
-                &mut src_range,
-                &mut table,
-                &mut dst_range,
-                &mut brightness,
-                &mut contrast,
-                &mut saturation,
-            );
-            assert!(got >= 0, "sws_getColorspaceDetails");
-            assert_eq!(src_range, 0, "RgbConverter leaves yuv420p10le at limited range");
-            let coefficients = ffi::sws_getCoefficients(colorspace);
-            let range = if full { 1 } else { src_range };
-            let set = ffi::sws_setColorspaceDetails(ctx, coefficients, range, coefficients, dst_range, brightness, contrast, saturation);
-            assert!(set >= 0, "sws_setColorspaceDetails");
-            let luma = (w * h) as usize;
-            let cw = w.div_ceil(2) as usize;
-            let chroma = cw * h.div_ceil(2) as usize;
-            let src =
-                [planes.as_ptr().cast::<u8>(), planes[luma..].as_ptr().cast(), planes[luma + chroma..].as_ptr().cast(), std::ptr::null()];
-            let src_stride = [2 * wi, 2 * cw as i32, 2 * cw as i32, 0];
-            let dst = [out.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()];
-            let dst_stride = [wi * 3, 0, 0, 0];
-            ffi::sws_scale(ctx, src.as_ptr(), src_stride.as_ptr(), 0, hi, dst.as_ptr(), dst_stride.as_ptr());
-            ffi::sws_freeContext(ctx);
-        }
-        out
+        let bytes: Vec<u8> = planes.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let luma = 2 * (w * h) as usize;
+        let chroma = 2 * (w.div_ceil(2) * h.div_ceil(2)) as usize;
+        let planes = [&bytes[..luma], &bytes[luma..luma + chroma], &bytes[luma + chroma..]];
+        lake_codec::swscale_rgb24(ffi::AVPixelFormat::AV_PIX_FMT_YUV420P10LE, planes, 2, w, h, colorspace, full)
+            .expect("libswscale converts yuv420p10le")
     }
 
     /// The twin's RGB24 of the same frame in lake's `Yuv420p10` layout.
