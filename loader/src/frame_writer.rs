@@ -8,8 +8,9 @@ use std::{
 };
 
 use arrow::array::{ArrayBuilder, LargeBinaryBuilder, RecordBatch, UInt64Builder};
+use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
-use lake_store::Lake;
+use lake_store::{DerivedTable, Lake, UncommittedPart};
 
 use crate::{
     Error, Result,
@@ -42,6 +43,48 @@ pub(crate) fn stream_runs(ds: &LoaderDataset) -> Vec<(u32, u64, u64)> {
     runs
 }
 
+/// Where one stream run's batches go on their way into a derived table.
+pub(crate) type BatchSender = tokio::sync::mpsc::Sender<Result<RecordBatch>>;
+
+/// Writes one part of `table` per stream run of `ds` ([`stream_runs`]), `threads` runs at a time:
+/// `produce` makes a run's batches on a blocking thread and sends them while the part is being
+/// written. Returns each run's part with what `produce` returned, in run order.
+///
+/// # Errors
+/// The first run's error: `produce`'s, the writer's, or `what` (the producer) having stopped.
+pub(crate) async fn write_stream_parts<R, F>(
+    table: &DerivedTable,
+    schema: SchemaRef,
+    ds: &Arc<LoaderDataset>,
+    threads: usize,
+    what: &str,
+    produce: F,
+) -> Result<Vec<(UncommittedPart, R)>>
+where
+    R: Send + 'static,
+    F: Fn(&LoaderDataset, u32, (u64, u64), &BatchSender) -> Result<R> + Clone + Send + 'static,
+{
+    let parts = futures::stream::iter(stream_runs(ds))
+        .map(|(stream, first, end)| {
+            let (ds, produce, schema) = (ds.clone(), produce.clone(), schema.clone());
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+                let producer = tokio::task::spawn_blocking(move || produce(&ds, stream, (first, end), &tx));
+                let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+                let part = table.write_part(schema, batches).await;
+                let report = producer.await.map_err(|e| Error::request(format!("{what} stopped: {e}")))?;
+                // When the writer failed, the producer only saw its channel close: the writer's
+                // error is the cause.
+                let part = part?;
+                Ok::<_, Error>((part, report?))
+            }
+        })
+        .buffered(threads.max(1))
+        .collect::<Vec<_>>()
+        .await;
+    parts.into_iter().collect()
+}
+
 /// Decodes every frame of `ds` (streams in parallel, `threads` at a time) and stores them as
 /// the version's `frames` table, as `storage` says, or, with `size`, resized to it (every
 /// camera; [`RgbResizer`](lake_codec::RgbResizer)) as its `frames-WxH` table. Replaces an existing
@@ -65,31 +108,12 @@ pub async fn write_frame_table(
         )));
     }
     let table = lake.derived_table(&ds.record.tables.dir, &frame_table_name(size));
-    let writing = &table;
-    let runs = stream_runs(&ds);
-    let parts = futures::stream::iter(runs)
-        .map(|(stream, first, end)| {
-            let ds = ds.clone();
-            let stored = stored.clone();
-            async move {
-                let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-                let producer = tokio::task::spawn_blocking(move || decode_stream(&ds, stream, (first, end), (storage, size), &tx, &stored));
-                let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
-                let part = writing.write_part(frames_schema(storage), batches).await;
-                let report = producer.await.map_err(|e| Error::request(format!("frame decoder stopped: {e}")))?;
-                // When the writer failed, the decoder only saw its channel close: the writer's
-                // error is the cause.
-                let part = part?;
-                Ok::<_, Error>((part, report?))
-            }
-        })
-        .buffered(threads.max(1))
-        .collect::<Vec<_>>()
-        .await;
+    let stored = stored.clone();
+    let decode = move |ds: &LoaderDataset, stream, run, tx: &BatchSender| decode_stream(ds, stream, run, (storage, size), tx, &stored);
+    let parts = write_stream_parts(&table, frames_schema(storage), &ds, threads, "frame decoder", decode).await?;
     let mut report = FrameTableReport::default();
     let mut ordered = Vec::with_capacity(parts.len());
-    for p in parts {
-        let (part, r) = p?;
+    for (part, r) in parts {
         report.frames += r.frames;
         report.raw_bytes += r.raw_bytes;
         report.stored_bytes += r.stored_bytes;
@@ -102,7 +126,7 @@ pub async fn write_frame_table(
 
 /// Rows of one stream on their way into the table, in row order.
 struct RowWriter<'a> {
-    tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    tx: &'a BatchSender,
     storage: FrameStorage,
     /// Resizes frames to the table's size, when it has one.
     resizer: Option<lake_codec::RgbResizer>,
@@ -170,7 +194,7 @@ fn decode_stream(
     stream: u32,
     (first, end): (u64, u64),
     (storage, size): (FrameStorage, Option<FrameSize>),
-    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    tx: &BatchSender,
     stored: &std::sync::atomic::AtomicU64,
 ) -> Result<FrameTableReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;

@@ -12,7 +12,6 @@
 use std::{collections::HashMap, sync::Arc};
 
 use arrow::array::{ArrayBuilder, BooleanBuilder, Int64Builder, LargeBinaryBuilder, RecordBatch, UInt32Builder, UInt64Builder};
-use futures::StreamExt;
 use lake_codec::{EncodedPacket, ProxyEncoder, ProxySettings, StreamConfig, StreamDecoder, psnr, squared_error};
 use lake_schemas::tables::{PROXY, PROXY_METADATA, proxy_schema};
 
@@ -22,7 +21,7 @@ use lake_store::Lake;
 use crate::{
     Error, Result,
     dataset::LoaderDataset,
-    frame_writer::{shown_rows, stream_runs},
+    frame_writer::{BatchSender, shown_rows, write_stream_parts},
     frames::READ_ROWS,
 };
 
@@ -62,30 +61,13 @@ pub async fn write_proxy(
         )));
     }
     let table = lake.derived_table(&ds.record.tables.dir, PROXY);
-    let writing = &table;
-    let parts = futures::stream::iter(stream_runs(&ds))
-        .map(|(stream, first, end)| {
-            let (ds, done) = (ds.clone(), done.clone());
-            async move {
-                let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
-                let producer = tokio::task::spawn_blocking(move || encode_stream(&ds, stream, (first, end), settings, &tx, &done));
-                let batches = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
-                let part = writing.write_part(proxy_schema(), batches).await;
-                let report = producer.await.map_err(|e| Error::request(format!("proxy encoder stopped: {e}")))?;
-                // When the writer failed, the encoder only saw its channel close: the writer's
-                // error is the cause.
-                let part = part?;
-                Ok::<_, Error>((part, report?))
-            }
-        })
-        .buffered(threads.max(1))
-        .collect::<Vec<_>>()
-        .await;
+    let done = done.clone();
+    let encode = move |ds: &LoaderDataset, stream, run, tx: &BatchSender| encode_stream(ds, stream, run, settings, tx, &done);
+    let parts = write_stream_parts(&table, proxy_schema(), &ds, threads, "proxy encoder", encode).await?;
     let mut ordered = Vec::with_capacity(parts.len());
     let mut streams = Vec::new();
     let mut per_camera: Vec<(String, StreamReport)> = Vec::new();
-    for part in parts {
-        let (part, report) = part?;
+    for (part, report) in parts {
         ordered.push(part);
         if let Some(config) = report.config.clone() {
             streams.push(config);
@@ -154,7 +136,7 @@ impl StreamReport {
 
 /// Proxy rows on their way into the table, in decode order.
 struct Rows<'a> {
-    tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    tx: &'a BatchSender,
     stream: u32,
     pts: Int64Builder,
     keyframe: BooleanBuilder,
@@ -213,7 +195,7 @@ fn encode_stream(
     stream: u32,
     (first, end): (u64, u64),
     settings: ProxySettings,
-    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    tx: &BatchSender,
     done: &std::sync::atomic::AtomicU64,
 ) -> Result<StreamReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
