@@ -391,6 +391,46 @@ impl Loader {
         self.samples_in(draws, ahead, Layout::Shared).await
     }
 
+    /// Camera `camera`'s frames (an index into the dataset's cameras) at steps `rows` of
+    /// dataset `source`, one after another in one buffer: the frames a batch of those steps
+    /// shows (from the frame cache, the frame table, or decoded, each GOP once), without the
+    /// other cameras, the step columns or windows.
+    ///
+    /// # Errors
+    /// As [`Loader::batch`]; [`Error::NoVideo`] for a step of an episode ingested without the
+    /// camera's video.
+    ///
+    /// # Panics
+    /// When `source` or `camera` is out of range.
+    pub async fn camera_frames(&self, source: usize, camera: usize, rows: &[u64]) -> Result<Vec<u8>> {
+        let ds = &self.datasets[source];
+        let cam = &ds.cameras[camera];
+        let mut shown_by = HashMap::with_capacity(rows.len());
+        let packet_rows = rows
+            .iter()
+            .map(|&step| {
+                let row = cam.packet_row(step as usize).ok_or_else(|| {
+                    let (episode, frame) = ds.episode_and_frame(step as usize);
+                    Error::NoVideo { dataset: ds.label.clone(), camera: cam.key.clone(), episode, frame }
+                })?;
+                shown_by.entry(row).or_insert(step);
+                Ok(row)
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        let cameras = vec![(cam.frame_bytes(), packet_rows)];
+        let found = Box::pin(self.frames(source, &cameras, &shown_by, &Ahead::default(), Layout::Columns)).await?;
+        if let Some(mut columns) = found.columns {
+            return Ok(columns.swap_remove(0));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.pool.spawn(move || drop(tx.send(fill_frame_columns(&cameras, &found))));
+        let mut columns = rx
+            .await
+            .map_err(|_| Error::request("the decode pool stopped"))?
+            .map_err(|(row, e)| Error::layout(&ds.label, format!("frame table row {row}: {e}; run `{}` again", ds.cache_command())))?;
+        Ok(columns.swap_remove(0))
+    }
+
     async fn samples_in(&self, draws: &[Draw], ahead: &Ahead, layout: Layout) -> Result<SampleBatch> {
         // A batch whose frames are all in memory is made without waiting for anything: a share
         // of the task's budget keeps a consumer of many such batches from starving whatever it

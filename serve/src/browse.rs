@@ -272,52 +272,99 @@ pub async fn episode(service: &Service, name: &str, episode_index: i64) -> Resul
     }))
 }
 
-/// A frame as the web app draws it: PNG bytes, and the episode and frame index of its step.
-pub struct Frame {
-    /// The PNG file.
-    pub png: Vec<u8>,
-    /// The step's episode.
+/// Most frames one answer of [`frames`] holds.
+pub const MAX_FRAMES: u64 = 64;
+/// Most bytes of RGB one answer of [`frames`] holds: fewer frames of large cameras (at least
+/// one).
+pub const MAX_FRAMES_BYTES: u64 = 16 << 20;
+
+/// Frames as the web app draws them: consecutive steps' frames of a camera, each a PNG without a
+/// colour profile (so browsers take it as sRGB and draw the bytes as they are), and which steps
+/// they are.
+pub struct Frames {
+    /// Each step's PNG file, in step order.
+    pub pngs: Vec<Vec<u8>>,
+    /// The steps' episode.
     pub episode_index: i64,
-    /// The step's frame within its episode.
+    /// The first step's frame within its episode.
     pub frame_index: i64,
 }
 
-/// `camera`'s frame at LeRobot `index` of dataset `name`, as the loader serves it (RGB, as
-/// recorded), in a PNG without a colour profile (so browsers take it as sRGB and draw the bytes
-/// as they are).
+/// `camera`'s frames at LeRobot `index` of dataset `name` and the `count` − 1 steps after it
+/// in its episode (fewer where the episode ends first, or where they would hold more than
+/// [`MAX_FRAMES_BYTES`] of RGB), as the loader serves them (RGB, as recorded; only this camera
+/// decoded, each GOP once), each encoded as a PNG, in parallel.
 ///
 /// # Errors
-/// When the dataset, camera or step does not exist, or the frame cannot be decoded.
-pub async fn frame(service: &Service, name: &str, camera: &str, index: i64) -> Result<Frame> {
+/// When the dataset, camera or step does not exist, `count` is 0 or over [`MAX_FRAMES`], or a
+/// frame cannot be decoded.
+pub async fn frames(service: &Service, name: &str, camera: &str, index: i64, count: u64) -> Result<Frames> {
+    if !(1..=MAX_FRAMES).contains(&count) {
+        return Err(Error::Invalid(format!("count must be 1 to {MAX_FRAMES} frames, not {count}")));
+    }
     let record = dataset_record(service.lake(), name).await?;
     let loader = service.browsing(&record).await?;
     let ds = &loader.datasets()[0];
-    let Some(cam) = ds.cameras.iter().find(|c| c.key == camera) else {
+    let Some(position) = ds.cameras.iter().position(|c| c.key == camera) else {
         let known: Vec<&str> = ds.cameras.iter().map(|c| c.key.as_str()).collect();
         return Err(Error::NotFound(format!("{}: no camera `{camera}` (cameras: {})", ds.label, known.join(", "))));
     };
+    let (width, height) = (ds.cameras[position].width, ds.cameras[position].height);
+    let frame_bytes = width as usize * height as usize * 3;
     let row = ds.row_of_index(index).map_err(|e| Error::NotFound(e.to_string()))?;
+    let span = ds.episodes.iter().find(|s| (s.first_row..s.first_row + s.len).contains(&row));
+    let end = span.map_or(row + 1, |s| s.first_row + s.len);
+    let rows: Vec<u64> = answered_rows(row, end, count, frame_bytes).collect();
     let (episode_index, frame_index) = ds.episode_and_frame(row as usize);
-    let batch = loader.batch(&[lake_loader::Draw { source: 0, row }]).await?;
-    let column = batch
-        .column_by_name(camera)
-        .ok_or_else(|| Error::Internal(format!("{}: the loader's batch has no column `{camera}`", ds.label)))?;
-    let pixels = column.as_fixed_size_list().value(0);
-    let pixels = pixels.as_primitive::<arrow::datatypes::UInt8Type>().values();
-    let (width, height) = (cam.width, cam.height);
-    if pixels.len() != width as usize * height as usize * 3 {
+    let pixels = bytes::Bytes::from(loader.camera_frames(0, position, &rows).await?);
+    if pixels.len() != frame_bytes * rows.len() {
         return Err(Error::Internal(format!(
-            "{}: camera `{camera}`'s frame holds {} bytes, not {width}×{height}×3",
+            "{}: camera `{camera}`'s {} frames hold {} bytes, not {} × {width}×{height}×3",
             ds.label,
-            pixels.len()
+            rows.len(),
+            pixels.len(),
+            rows.len()
         )));
     }
-    let mut png = Vec::new();
+    let encodes = (0..rows.len()).map(|k| {
+        let frame = pixels.slice(k * frame_bytes..(k + 1) * frame_bytes);
+        tokio::task::spawn_blocking(move || png_of(&frame, width, height))
+    });
+    let pngs = futures::future::try_join_all(encodes).await.map_err(|e| Error::Internal(format!("a PNG encoder stopped: {e}")))?;
+    Ok(Frames { pngs: pngs.into_iter().collect::<Result<_>>()?, episode_index, frame_index })
+}
+
+/// The rows [`frames`] answers for `count` frames from `row` of an episode ending before `end`:
+/// as many as fit in [`MAX_FRAMES_BYTES`] at `frame_bytes` each, and at least one.
+fn answered_rows(row: u64, end: u64, count: u64, frame_bytes: usize) -> std::ops::Range<u64> {
+    let fit = (MAX_FRAMES_BYTES / frame_bytes.max(1) as u64).max(1);
+    row..end.min(row + count.min(fit)).max(row + 1)
+}
+
+/// An RGB frame as a PNG without a colour profile, compressed fast.
+fn png_of(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>> {
+    let mut png = Vec::with_capacity(rgb.len() / 2);
     let mut encoder = png::Encoder::new(&mut png, width, height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
     encoder.set_compression(png::Compression::Fastest);
-    let encoded = encoder.write_header().and_then(|mut w| w.write_image_data(pixels));
+    let encoded = encoder.write_header().and_then(|mut w| w.write_image_data(rgb));
     encoded.map_err(|e| Error::Internal(format!("encoding a PNG: {e}")))?;
-    Ok(Frame { png, episode_index, frame_index })
+    Ok(png)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_of_frames_stops_at_the_episodes_end_and_at_its_bytes() {
+        let vga = 640 * 480 * 3;
+        assert_eq!(answered_rows(10, 100, 8, vga), 10..18);
+        assert_eq!(answered_rows(95, 100, 8, vga), 95..100, "the episode ends");
+        assert_eq!(answered_rows(99, 100, 64, vga), 99..100);
+        assert_eq!(answered_rows(0, 1000, 64, vga), 0..(MAX_FRAMES_BYTES / vga as u64), "16 MiB of 640×480 is 18 frames");
+        assert_eq!(answered_rows(0, 1000, 64, 4096 * 4096 * 3), 0..1, "a frame over the bound still comes alone");
+        assert_eq!(answered_rows(0, 1000, 64, 128 * 96 * 3), 0..64);
+    }
 }

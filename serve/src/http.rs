@@ -101,6 +101,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/datasets/{name}/episodes/{episode}", get(episode))
         .route("/v1/datasets/{name}/findings", get(findings))
         .route("/v1/datasets/{name}/frame", get(frame))
+        .route("/v1/datasets/{name}/frames", get(frames))
         .route("/v1/views", post(create_view))
         .route("/v1/sample", post(sample))
         .route("/v1/facts", post(facts))
@@ -337,14 +338,16 @@ async fn episode(
     answer(&service, browse::episode(&service, &name, episode)).await
 }
 
-/// What `GET /v1/datasets/{name}/frame` takes.
+/// What `GET /v1/datasets/{name}/frame` and `…/frames` take.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FrameQuery {
     /// The camera's key.
     camera: String,
-    /// LeRobot's `index` of the step.
+    /// LeRobot's `index` of the (first) step.
     index: i64,
+    /// Frames from that step on (`frames` only; `frame` is one).
+    count: Option<u64>,
 }
 
 /// `GET /v1/datasets/{name}/frame?camera=KEY&index=I`: one camera's frame at a step, as PNG,
@@ -354,20 +357,60 @@ async fn frame(
     name: Result<Path<String>, axum::extract::rejection::PathRejection>,
     query: Result<Query<FrameQuery>, QueryRejection>,
 ) -> Result<Response, Refused> {
+    strip(service, name, query, false).await
+}
+
+/// `GET /v1/datasets/{name}/frames?camera=KEY&index=I&count=N`: one camera's frames at a step
+/// and the steps after it in its episode, as PNG files one after another, with their sizes in
+/// `Lake-Frame-Bytes` (comma-separated), the first step's episode and frame index in
+/// `Lake-Episode-Index` and `Lake-Frame-Index`, and the frames in `Lake-Frame-Count` (`N`, or
+/// fewer where the episode ends or past [`browse::MAX_FRAMES_BYTES`] of RGB).
+async fn frames(
+    State(service): State<Arc<Service>>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<FrameQuery>, QueryRejection>,
+) -> Result<Response, Refused> {
+    strip(service, name, query, true).await
+}
+
+async fn strip(
+    service: Arc<Service>,
+    name: Result<Path<String>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<FrameQuery>, QueryRejection>,
+    counted: bool,
+) -> Result<Response, Refused> {
     let Path(name) = name.map_err(|e| path_refused(&service, &e))?;
     let Query(query) = query.map_err(|e| query_refused(&service, &e))?;
-    let made = match browse::frame(&service, &name, &query.camera, query.index).await {
+    let count = match (counted, query.count) {
+        (true, Some(count)) => Ok(count),
+        (true, None) => Err(Error::Invalid(format!("`count` is missing: how many frames, 1 to {}", browse::MAX_FRAMES))),
+        (false, None) => Ok(1),
+        (false, Some(_)) => Err(Error::Invalid("`frame` is one frame: ask `frames` for `count` of them".into())),
+    };
+    let made = match async { browse::frames(&service, &name, &query.camera, query.index, count?).await }.await {
         Err(e) => Err(service.explained(e).await),
         ok => ok,
     };
-    let frame = made.inspect_err(|e| service.count_refusal(e))?;
-    let headers = [
-        (header::CONTENT_TYPE, "image/png".to_string()),
-        (header::CACHE_CONTROL, "private, max-age=3600".to_string()),
-        (header::HeaderName::from_static("lake-episode-index"), frame.episode_index.to_string()),
-        (header::HeaderName::from_static("lake-frame-index"), frame.frame_index.to_string()),
-    ];
-    Ok((headers, frame.png).into_response())
+    let frames = made.inspect_err(|e| service.count_refusal(e))?;
+    let count = frames.pngs.len();
+    let sizes: Vec<String> = frames.pngs.iter().map(|p| p.len().to_string()).collect();
+    let (content_type, mut response) = if counted {
+        ("application/octet-stream", frames.pngs.concat().into_response())
+    } else {
+        ("image/png", frames.pngs.into_iter().next().expect("at least one frame").into_response())
+    };
+    let mut set = |name: header::HeaderName, value: String| {
+        response.headers_mut().insert(name, header::HeaderValue::try_from(value).expect("digits, commas and ASCII"));
+    };
+    set(header::CONTENT_TYPE, content_type.into());
+    set(header::CACHE_CONTROL, "private, max-age=3600".into());
+    set(header::HeaderName::from_static("lake-episode-index"), frames.episode_index.to_string());
+    set(header::HeaderName::from_static("lake-frame-index"), frames.frame_index.to_string());
+    if counted {
+        set(header::HeaderName::from_static("lake-frame-count"), count.to_string());
+        set(header::HeaderName::from_static("lake-frame-bytes"), sizes.join(","));
+    }
+    Ok(response)
 }
 
 /// What `POST /v1/views` takes.
@@ -954,6 +997,13 @@ fn paths_and_schemas(
                 "responses": {"200": {"description": "the camera's frame at the step as the loader serves it (RGB as recorded), in a PNG without a colour profile; `Lake-Episode-Index` and `Lake-Frame-Index` name the step",
                         "content": {"image/png": {}}},
                     "400": error("a view"), "401": unauthorized, "404": error("no such dataset, version, camera or step"), "500": error("the frame could not be decoded")}}},
+            "/v1/datasets/{name}/frames": {"get": {"parameters": [dataset_name,
+                    {"name": "camera", "in": "query", "required": true, "schema": {"type": "string"}, "description": "the camera's key"},
+                    {"name": "index", "in": "query", "required": true, "schema": {"type": "integer"}, "description": "LeRobot's index of the first step"},
+                    {"name": "count", "in": "query", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 64}, "description": "frames from that step on"}],
+                "responses": {"200": {"description": "the camera's frames at the step and the steps after it in its episode, as the loader serves them, each a PNG without a colour profile, one after another; `Lake-Frame-Bytes` gives their sizes (comma-separated), `Lake-Episode-Index` and `Lake-Frame-Index` name the first step, `Lake-Frame-Count` the frames (fewer than `count` where the episode ends, or past 16 MiB of RGB)",
+                        "content": {"application/octet-stream": {}}},
+                    "400": error("a view, or `count` out of range"), "401": unauthorized, "404": error("no such dataset, version, camera or step"), "500": error("a frame could not be decoded")}}},
             "/v1/views": {"post": {"requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["name", "sql"], "additionalProperties": false,
                     "properties": {"name": {"type": "string"}, "sql": {"type": "string", "description": "a query returning episode_index (and dataset, over several datasets), as `lake view create` takes"},
                         "replace": {"type": "boolean", "default": false}}}}}},

@@ -25,6 +25,8 @@ const KEEP_BEHIND = 8;
 const KEEP_AHEAD = 6;
 /** Frame requests in flight at once (browsers open six connections per server). */
 const IN_FLIGHT = 4;
+/** Steps one frame request asks for. */
+const STRIP = 8;
 
 export async function episodePage(ctx) {
   const { main, signal } = ctx;
@@ -81,23 +83,35 @@ export function sampleCommand(name, index) {
   return `lake sample ${shellWord(name)} --indices ${index} --out sample.arrow`;
 }
 
-/** The frames of an episode's cameras, fetched ahead of the step shown and dropped behind it. */
+/**
+ * The frames of an episode's cameras, fetched ahead of the step shown and dropped behind it. A
+ * request asks for a camera's frames at up to `STRIP` consecutive steps (`/frames`: the server
+ * decodes only that camera, each GOP once, and encodes the PNGs in parallel).
+ */
 class Frames {
   constructor({ name, cameras, indexAt, signal, onDone }) {
     Object.assign(this, { name, cameras, indexAt, signal, onDone });
-    /** `camera\nstep` → {camera, step, controller, done, bitmap, error}. */
-    this.entries = new Map();
+    /** Per camera, its strips: {camera, first, span, controller, done, bitmaps, error}. */
+    this.strips = new Map(cameras.map((c) => [c, []]));
     this.wanted = [];
+    this.length = 0;
     this.inFlight = 0;
   }
 
+  strip(camera, step) {
+    return this.strips.get(camera)?.find((s) => s.first <= step && step < s.first + s.span);
+  }
+
+  /** Camera `camera`'s frame at `step`: {done, bitmap, error}, or undefined before it is asked for. */
   entry(camera, step) {
-    return this.entries.get(`${camera}\n${step}`);
+    const s = this.strip(camera, step);
+    if (!s) return undefined;
+    return { camera, step, done: s.done, error: s.error, bitmap: s.bitmaps[step - s.first] ?? null };
   }
 
   /** Whether every camera's frame at `step` has arrived (or failed). */
   ready(step) {
-    return this.cameras.every((c) => this.entry(c, step)?.done);
+    return this.cameras.every((c) => this.strip(c, step)?.done);
   }
 
   /** Wants the frames of `center` first, then `ahead` steps after it and `behind` before it (of `length`). */
@@ -106,14 +120,20 @@ class Frames {
     for (let s = center + 1; s <= center + ahead && s < length; s++) steps.push(s);
     for (let s = center - 1; s >= center - behind && s >= 0; s--) steps.push(s);
     this.wanted = steps;
-    for (const [key, e] of this.entries) {
-      if (e.step < center - behind - KEEP_BEHIND || e.step > center + ahead + KEEP_AHEAD) {
-        e.controller.abort();
-        e.bitmap?.close();
-        this.entries.delete(key);
-      }
+    this.length = length;
+    const [low, high] = [center - behind - KEEP_BEHIND, center + ahead + KEEP_AHEAD];
+    for (const [camera, strips] of this.strips) {
+      const kept = strips.filter((s) => s.first + s.span > low && s.first <= high);
+      for (const s of strips) if (!kept.includes(s)) this.drop(s);
+      this.strips.set(camera, kept);
     }
     this.pump();
+  }
+
+  drop(strip) {
+    strip.controller.abort();
+    for (const b of strip.bitmaps) b?.close();
+    strip.bitmaps = [];
   }
 
   pump() {
@@ -121,43 +141,54 @@ class Frames {
     for (const step of this.wanted) {
       for (const camera of this.cameras) {
         if (this.inFlight >= IN_FLIGHT) return;
-        if (!this.entry(camera, step)) this.fetch(camera, step);
+        if (this.strip(camera, step)) continue;
+        // Up to the next strip asked for, the episode's end or a strip's worth of steps.
+        const next = Math.min(this.length, ...this.strips.get(camera).filter((s) => s.first > step).map((s) => s.first));
+        this.fetch(camera, step, Math.min(STRIP, next - step));
       }
     }
   }
 
-  async fetch(camera, step) {
-    const key = `${camera}\n${step}`;
-    const entry = { camera, step, controller: new AbortController(), done: false, bitmap: null, error: null };
-    this.entries.set(key, entry);
+  async fetch(camera, first, count) {
+    const strip = { camera, first, span: count, controller: new AbortController(), done: false, bitmaps: [], error: null };
+    this.strips.get(camera).push(strip);
     this.inFlight += 1;
-    let bitmap = null;
+    let bitmaps = [];
     let error = null;
     try {
-      const url = `/v1/datasets/${path(this.name)}/frame?camera=${encodeURIComponent(camera)}&index=${this.indexAt(step)}`;
-      const res = await request(url, { signal: AbortSignal.any([this.signal, entry.controller.signal]) });
-      // The PNG has no colour profile and its pixels are drawn as they are (sRGB).
-      bitmap = await createImageBitmap(await res.blob(), { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+      const url = `/v1/datasets/${path(this.name)}/frames?camera=${encodeURIComponent(camera)}&index=${this.indexAt(first)}&count=${count}`;
+      const res = await request(url, { signal: AbortSignal.any([this.signal, strip.controller.signal]) });
+      const sizes = (res.headers.get("Lake-Frame-Bytes") ?? "").split(",").map(Number);
+      const blob = await res.blob();
+      let at = 0;
+      const parts = sizes.map((n) => blob.slice(at, (at += n)));
+      if (!(sizes.length >= 1 && sizes.length <= count) || at !== blob.size) {
+        throw new Error(`the server's frames do not add up (${sizes.length} frames, ${at} of ${blob.size} bytes)`);
+      }
+      // Each PNG has no colour profile and its pixels are drawn as they are (sRGB).
+      const options = { colorSpaceConversion: "none", premultiplyAlpha: "none" };
+      bitmaps = await Promise.all(parts.map((p) => createImageBitmap(p, options)));
     } catch (e) {
       error = e;
     }
     this.inFlight -= 1;
-    if (this.entries.get(key) !== entry || error?.name === "AbortError") {
-      bitmap?.close();
-      if (this.entries.get(key) === entry) this.entries.delete(key);
+    const kept = this.strips.get(camera).includes(strip) && error?.name !== "AbortError";
+    if (!kept) {
+      for (const b of bitmaps) b.close();
+      this.strips.set(camera, this.strips.get(camera).filter((s) => s !== strip));
     } else {
-      Object.assign(entry, { done: true, bitmap, error });
-      this.onDone(entry);
+      // Fewer frames than asked for (the server bounds an answer's bytes): the rest is asked for next.
+      Object.assign(strip, { done: true, bitmaps, error, span: error ? count : bitmaps.length });
+      this.onDone(strip);
     }
     this.pump();
   }
 
   close() {
-    for (const e of this.entries.values()) {
-      e.controller.abort();
-      e.bitmap?.close();
+    for (const [camera, strips] of this.strips) {
+      for (const s of strips) this.drop(s);
+      this.strips.set(camera, []);
     }
-    this.entries.clear();
   }
 }
 
@@ -397,8 +428,8 @@ class Player {
     fig.canvas.dataset.index = String(this.indexAt(step));
   }
 
-  frameDone(entry) {
-    if (entry.step === this.step) this.draw(entry.camera, entry.step);
+  frameDone(strip) {
+    if (strip.first <= this.step && this.step < strip.first + strip.span) this.draw(strip.camera, this.step);
   }
 
   toggle() {

@@ -21,7 +21,9 @@ the driver is given by path, so Selenium never fetches one). They check that:
   step, exactly. The server sends the frame as a PNG without a colour profile; the app decodes it
   with `createImageBitmap(…, {colorSpaceConversion: "none"})` onto a 2D canvas in sRGB, and
   Chromium runs with `--force-color-profile=srgb`, so no colour conversion happens anywhere
-  between the loader's RGB bytes and the canvas: any difference is an error, not a rounding;
+  between the loader's RGB bytes and the canvas: any difference is an error, not a rounding; so do
+  the frames two steps on and one back (ArrowRight twice, ArrowLeft), which come from the middle of
+  the steps one `/frames` request fetched;
 - the plots' step line follows the step: ArrowRight, Home and End, the step slider and a click on
   a plot each set the episode's `data-step` and put the line (`.step-cursor`) at that step's
   position along the plot's x axis (to half a pixel); Space plays and pauses;
@@ -413,18 +415,31 @@ class WebApp(unittest.TestCase):
                 index = row["first"] + step
                 self.open(f"#/d/{dataset}/e/{episode}?step={step}")
                 self.wait(lambda: self.step() == step, f"step {step}")
-                want = self.sample_frames(dataset, index)
-                for camera, frame in want.items():
-                    canvas = f'canvas.frame[data-camera="{camera}"]'
-                    self.wait(lambda: self.element(canvas).get_attribute("data-index") == str(index), f"{camera}'s frame at index {index}")
-                    got = self.canvas_pixels(camera)
-                    self.assertEqual(got.shape, frame.shape, f"{dataset} {camera}: frame size")
-                    differ = np.argwhere(got != frame)
-                    self.assertEqual(len(differ), 0, f"{dataset} {camera} at index {index}: {len(differ)} values differ from lake sample's, first at {differ[:3].tolist()}")
+                self.assert_frames_are_the_samples(dataset, index)
+                # Two steps on: frames from the middle of the steps one request fetched.
+                body = self.browser.find_element(By.TAG_NAME, "body")
+                body.send_keys(Keys.ARROW_RIGHT)
+                body.send_keys(Keys.ARROW_RIGHT)
+                self.wait(lambda: self.step() == step + 2, f"step {step + 2}")
+                self.assert_frames_are_the_samples(dataset, index + 2)
+                body.send_keys(Keys.ARROW_LEFT)
+                self.wait(lambda: self.step() == step + 1, f"step {step + 1}")
+                self.assert_frames_are_the_samples(dataset, index + 1)
                 # The command shown is the one run above, for this dataset and step.
-                self.assertIn(f"lake sample {dataset} --indices {index} --out sample.arrow", self.element("#sample-command").text)
+                self.assertIn(f"lake sample {dataset} --indices {index + 1} --out sample.arrow", self.element("#sample-command").text)
                 if dataset == NAME:
                     self.screenshot("episode")
+
+    def assert_frames_are_the_samples(self, dataset, index):
+        """Every camera's canvas shows the frame `lake sample` gives at `index`, byte for byte."""
+        want = self.sample_frames(dataset, index)
+        for camera, frame in want.items():
+            canvas = f'canvas.frame[data-camera="{camera}"]'
+            self.wait(lambda: self.element(canvas).get_attribute("data-index") == str(index), f"{camera}'s frame at index {index}")
+            got = self.canvas_pixels(camera)
+            self.assertEqual(got.shape, frame.shape, f"{dataset} {camera}: frame size")
+            differ = np.argwhere(got != frame)
+            self.assertEqual(len(differ), 0, f"{dataset} {camera} at index {index}: {len(differ)} values differ from lake sample's, first at {differ[:3].tolist()}")
 
     def test_plot_cursor_follows_the_step(self):
         episode = 2

@@ -1757,17 +1757,55 @@ fn the_web_apps_endpoints_page_episodes_and_give_the_loaders_frames_as_png() {
     let info = reader.next_frame(&mut pixels).expect("decode");
     assert_eq!((info.color_type, info.bit_depth), (png::ColorType::Rgb, png::BitDepth::Eight));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let want = rt.block_on(async {
-        use lake_loader::{Draw, Loader, LoaderDataset, LoaderOptions, Preset, Windows};
-        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
-        let ds = LoaderDataset::open(&lake, "v30-bframes").await.expect("open");
-        let loader = Loader::new(vec![ds.clone()], &Windows::Preset(Preset::None), LoaderOptions::default()).expect("loader");
-        let batch = loader.batch(&[Draw { source: 0, row: ds.row_of_index(index).expect("row") }]).await.expect("batch");
-        let frame = batch.column_by_name(camera).expect("camera").as_fixed_size_list().value(0);
-        frame.as_primitive::<arrow::datatypes::UInt8Type>().values().to_vec()
-    });
+    // The loader's frames of `camera` at LeRobot indices `indices`, one batch.
+    let loaders_frames = |indices: &[i64]| {
+        rt.block_on(async {
+            use lake_loader::{Draw, Loader, LoaderDataset, LoaderOptions, Preset, Windows};
+            let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+            let ds = LoaderDataset::open(&lake, "v30-bframes").await.expect("open");
+            let loader = Loader::new(vec![ds.clone()], &Windows::Preset(Preset::None), LoaderOptions::default()).expect("loader");
+            let draws: Vec<Draw> = indices.iter().map(|&i| Draw { source: 0, row: ds.row_of_index(i).expect("row") }).collect();
+            let batch = loader.batch(&draws).await.expect("batch");
+            let frames = batch.column_by_name(camera).expect("camera").as_fixed_size_list().clone();
+            (0..indices.len()).map(|k| frames.value(k).as_primitive::<arrow::datatypes::UInt8Type>().values().to_vec()).collect::<Vec<_>>()
+        })
+    };
+    let decode_png = |bytes: &[u8]| {
+        let mut reader = png::Decoder::new(std::io::Cursor::new(bytes.to_vec())).read_info().expect("a PNG");
+        let mut pixels = vec![0; reader.output_buffer_size().expect("size")];
+        let info = reader.next_frame(&mut pixels).expect("decode");
+        assert_eq!((info.width, info.height, info.color_type), (152, 120, png::ColorType::Rgb));
+        pixels
+    };
     assert_eq!((info.width, info.height), (152, 120));
-    assert!(pixels == want, "the PNG holds the loader's frame");
+    assert!(pixels == loaders_frames(&[index])[0], "the PNG holds the loader's frame");
+
+    // Frames of consecutive steps, one PNG each, up to the episode's end: the loader's.
+    let last_three: Vec<i64> = steps[steps.len() - 3..].iter().map(|r| r["index"].as_i64().expect("index")).collect();
+    let (code, head, body) = get(&format!("/v1/datasets/v30-bframes/frames?camera={camera}&index={}&count=8", last_three[0]));
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let header =
+        |name: &str| head.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))).unwrap_or_else(|| panic!("no {name}: {head}"));
+    assert_eq!(header("content-type"), "application/octet-stream");
+    assert_eq!(header("lake-frame-count"), "3", "the episode ends after three steps");
+    assert_eq!(header("lake-frame-index"), (steps.len() - 3).to_string());
+    let sizes: Vec<usize> = header("lake-frame-bytes").split(',').map(|n| n.parse().expect("a size")).collect();
+    assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (3, body.len()), "{head}");
+    let mut at = 0;
+    for (size, want) in sizes.iter().zip(loaders_frames(&last_three)) {
+        assert!(decode_png(&body[at..at + size]) == want, "each PNG holds the loader's frame at its step");
+        at += size;
+    }
+    for (query, error) in [
+        ("count=0", "count must be 1 to 64 frames, not 0"),
+        ("count=65", "count must be 1 to 64 frames, not 65"),
+        ("", "`count` is missing: how many frames, 1 to 64"),
+    ] {
+        let (code, refused) = json_of(&format!("/v1/datasets/v30-bframes/frames?camera={camera}&index={index}&{query}"));
+        assert_eq!((code, refused["error"].as_str()), (400, Some(error)), "{query}");
+    }
+    let (code, refused) = json_of(&format!("/v1/datasets/v30-bframes/frame?camera={camera}&index={index}&count=2"));
+    assert_eq!((code, refused["error"].as_str()), (400, Some("`frame` is one frame: ask `frames` for `count` of them")));
     let (code, missing) = json_of(&format!("/v1/datasets/v30-bframes/frame?camera=observation.images.top&index={index}"));
     assert_eq!(code, 404, "{missing}");
     assert!(missing["error"].as_str().is_some_and(|e| e.contains("no camera `observation.images.top` (cameras: ")), "{missing}");
