@@ -351,7 +351,7 @@ fn auth_traversal_and_file_statements_are_refused() {
         vec![("X-Api-Key", TOKEN.into())],
         vec![("Cookie", format!("token={TOKEN}"))],
     ];
-    let endpoints: [(&str, &str, &[u8]); 10] = [
+    let endpoints: [(&str, &str, &[u8]); 11] = [
         ("GET", "/metrics", b""),
         ("GET", "/v1/datasets", b""),
         ("GET", "/v1/datasets/v30-av1-small", b""),
@@ -359,6 +359,7 @@ fn auth_traversal_and_file_statements_are_refused() {
         ("GET", "/v1/datasets/v30-av1-small/episodes/0", b""),
         ("GET", "/v1/datasets/v30-av1-small/findings", b""),
         ("GET", "/v1/datasets/v30-av1-small/frame?camera=observation.images.front&index=0", b""),
+        ("GET", "/v1/datasets/v30-av1-small/frames?camera=observation.images.front&index=0&count=4", b""),
         ("POST", "/v1/sample", br#"{"datasets": ["v30-av1-small"], "limit_batches": 1}"#),
         ("POST", "/v1/sql", b"SELECT 1"),
         ("GET", "/v1/openapi.json", b""),
