@@ -107,18 +107,42 @@ run() {
   nproc
   "${lake[0]}" --version
 
-  echo "== 0. lake gpu"
+  check 0 "lake gpu" check_probe
+  check 0b "NVDEC frames against the loader's (AV1 480x640 + 96x128; H.264; HEVC and H.264 with B-frames)" check_nvdec
+  check 1 "one ACT step, $device against cpu (fp32)" check_one_step
+  check 2 "bf16 mixed precision on $device, $steps steps" check_bf16
+  check 3 "ACT's default config, 480x640 + 96x128 cameras, on $device" check_throughput
+  check 4 "NCCL, world size 1, on $device" check_nccl
+  check 5 "--decode gpu against --decode server on $device (the same steps, the same weights expected)" check_decode
+  check 6 "--decode gpu --frame-size 64x48 against --decode cpu --frame-size 64x48 on $device (the same weights expected)" check_resize
+  rm -rf "$out"
+  echo "== done in $SECONDS s"
+}
+
+# Runs check $1 ($2 says what it checks) with the function $3: a check that fails says so and
+# the next one still runs, since a GPU session may not come again soon.
+check() {
+  local began=$SECONDS
+  echo "== $1. $2"
+  "$3" || echo "(check $1 stopped: exit $?)"
+  echo "(check $1: $((SECONDS - began)) s)"
+}
+
+check_probe() {
   "${lake[0]}" gpu || echo "(lake gpu exited $?)"
-  echo "== 0b. NVDEC frames against the loader's (AV1 480x640 + 96x128; H.264; HEVC and H.264 with B-frames)"
+}
+
+check_nvdec() {
   for dataset in bench v30-h264-multifile v30-bframes; do
     "${lake[@]}" gpu --dataset "$dataset" --steps 96 | grep '^NVDEC ' || echo "(lake gpu --dataset $dataset exited $?)"
   done
+}
 
-  echo "== 1. one ACT step, $device against cpu (fp32)"
+check_one_step() {
   for run in cpu:reference "$device:checked"; do
     local d="${run%%:*}" name="one-${run#*:}"
     "${lake[@]}" train --dataset bench --steps 1 --batch-size 8 --seed 3 --device "$d" --out "$out/$name" >"$out/$name.txt" 2>&1 ||
-      { cat "$out/$name.txt"; exit 1; }
+      { tail -20 "$out/$name.txt"; return 1; }
   done
   "$py" - "$out/one-reference" "$out/one-checked" <<'EOF'
 import json, struct, sys, torch
@@ -143,12 +167,14 @@ rel = abs(losses[0] - losses[1]) / abs(losses[0])
 print(f"loss cpu {losses[0]:.6f}, other {losses[1]:.6f} (relative difference {rel:.2e}); "
       f"largest parameter difference after the step {diff:.2e}")
 EOF
+}
 
-  echo "== 2. bf16 mixed precision on $device, $steps steps"
+check_bf16() {
   "${lake[@]}" train --dataset bench --steps "$steps" --batch-size 8 --device "$device" --dtype bf16 --log-every 10 \
     --out "$out/bf16" 2>&1 | tail -4
+}
 
-  echo "== 3. ACT's default config, 480x640 + 96x128 cameras, on $device"
+check_throughput() {
   for b in $batches; do
     echo "-- batch $b: training, $steps steps"
     "${lake[@]}" train --dataset bench --steps "$steps" --batch-size "$b" --device "$device" --log-every 20 \
@@ -157,8 +183,9 @@ EOF
     "${lake[@]}" train --dataset bench --policy none --steps "$steps" --batch-size "$b" --device "$device" --log-every "$steps" \
       --out "$out/feed-$b" 2>&1 | tail -2
   done
+}
 
-  echo "== 4. NCCL, world size 1, on $device"
+check_nccl() {
   if [ "$device" = cuda ]; then
     "$py" -m torch.distributed.run --standalone --nproc-per-node 1 --no-python "${lake[@]}" train --dataset bench --steps 5 \
       --batch-size 8 --seed 3 --device cuda --backend nccl --out "$out/nccl" >"$out/nccl.txt" 2>&1 || tail -20 "$out/nccl.txt"
@@ -175,8 +202,9 @@ EOF
   else
     echo "(skipped: no GPU)"
   fi
+}
 
-  echo "== 5. --decode gpu against --decode server on $device (the same steps, the same weights expected)"
+check_decode() {
   if [ "$device" = cuda ]; then
     for dataset in v30-h264-multifile bench; do
       for decode in server gpu; do
@@ -197,8 +225,9 @@ EOF
   else
     echo "(skipped: no GPU)"
   fi
+}
 
-  echo "== 6. --decode gpu --frame-size 64x48 against --decode cpu --frame-size 64x48 on $device (the same weights expected)"
+check_resize() {
   if [ "$device" = cuda ]; then
     for run in cpu:rgb24 gpu:yuv420p; do
       local decode="${run%%:*}"
@@ -212,7 +241,6 @@ EOF
   else
     echo "(skipped: no GPU)"
   fi
-  rm -rf "$out"
 }
 
 case "$mode" in
