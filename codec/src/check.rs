@@ -33,12 +33,7 @@ impl FrameCheck {
 
     /// Decodes the packet at decode position `pos`.
     pub fn feed(&mut self, pos: u64, packet: &DemuxedPacket) {
-        let mut p = ffmpeg::Packet::copy(&packet.data);
-        p.set_pts(Some(packet.pts));
-        p.set_dts(Some(packet.dts));
-        if packet.container_keyframe {
-            p.set_flags(ffmpeg::packet::Flags::KEY);
-        }
+        let p = crate::context::packet(&packet.data, packet.pts, packet.dts, packet.container_keyframe);
         self.packets.insert(packet.pts, (pos, false));
         if let Err(e) = self.decoder.send_packet(&p) {
             self.failed.push((pos, format!("the decoder stops at it: {e}")));

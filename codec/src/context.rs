@@ -117,3 +117,15 @@ pub fn frame_damage(frame: &ffmpeg::frame::Video) -> Option<String> {
     }
     (!why.is_empty()).then(|| format!("the frame is damaged: {}", why.join(", ")))
 }
+
+/// A packet holding a copy of `data`, with its presentation and decode times (in its stream's
+/// time base) and, for a keyframe as the container marks it, the key flag.
+pub(crate) fn packet(data: &[u8], pts: i64, dts: i64, keyframe: bool) -> ffmpeg::Packet {
+    let mut p = ffmpeg::Packet::copy(data);
+    p.set_pts(Some(pts));
+    p.set_dts(Some(dts));
+    if keyframe {
+        p.set_flags(ffmpeg::packet::Flags::KEY);
+    }
+    p
+}

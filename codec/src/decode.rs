@@ -300,12 +300,7 @@ impl FfmpegDecoder {
         };
         let result = (|| {
             for (pts, dts, key, data) in packets {
-                let mut p = ffmpeg::Packet::copy(data);
-                p.set_pts(Some(*pts));
-                p.set_dts(Some(*dts));
-                if *key {
-                    p.set_flags(ffmpeg::packet::Flags::KEY);
-                }
+                let p = crate::context::packet(data, *pts, *dts, *key);
                 self.decoder.send_packet(&p).map_err(|e| Error::Decode(format!("packet pts {pts}: {e}")))?;
                 drain(self, &mut frame)?;
             }
@@ -357,12 +352,7 @@ impl FfmpegDecoder {
         // A keyframe begins its GOP as a freshly opened decoder would (see `reset`): a decoder
         // that drifted gives back the frames it holds first.
         let mut out = if key && !self.intra_only && self.drifted() { self.finish()? } else { Vec::new() };
-        let mut p = ffmpeg::Packet::copy(data);
-        p.set_pts(Some(pts));
-        p.set_dts(Some(dts));
-        if key {
-            p.set_flags(ffmpeg::packet::Flags::KEY);
-        }
+        let p = crate::context::packet(data, pts, dts, key);
         self.decoder.send_packet(&p).map_err(|e| Error::Decode(format!("packet pts {pts}: {e}")))?;
         let mut frame = ffmpeg::frame::Video::empty();
         self.receive_all(&mut frame, |this, frame, pts| {

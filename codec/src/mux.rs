@@ -54,14 +54,9 @@ impl Mp4Writer {
     /// # Errors
     /// When the muxer refuses it (timestamps out of order) or the file cannot be written.
     pub fn write(&mut self, data: &[u8], (pts, dts, duration): (i64, i64, i64), keyframe: bool) -> Result<()> {
-        let mut packet = ffmpeg::Packet::copy(data);
-        packet.set_pts(Some(pts));
-        packet.set_dts(Some(dts));
+        let mut packet = crate::context::packet(data, pts, dts, keyframe);
         packet.set_duration(duration);
         packet.set_stream(0);
-        if keyframe {
-            packet.set_flags(ffmpeg::packet::Flags::KEY);
-        }
         packet.rescale_ts(self.time_base, self.file_time_base);
         packet
             .write(&mut self.output)

@@ -256,12 +256,7 @@ impl NvdecDecoder {
         let result = (|| {
             let mut frame = ffmpeg::frame::Video::empty();
             for (pts, dts, key, data) in packets {
-                let mut p = ffmpeg::Packet::copy(data);
-                p.set_pts(Some(*pts));
-                p.set_dts(Some(*dts));
-                if *key {
-                    p.set_flags(ffmpeg::packet::Flags::KEY);
-                }
+                let p = crate::context::packet(data, *pts, *dts, *key);
                 self.decoder.send_packet(&p).map_err(|e| Error::Decode(format!("NVDEC: packet pts {pts}: {e}")))?;
                 self.receive(&mut frame, wanted, &mut found)?;
             }
