@@ -2,11 +2,12 @@
 # The trainer's GPU checks (docs/gpu-checks.md), in two halves:
 #
 #   scripts/gpu-check-train.sh pack [DIR]   # here: DIR (.gpu-check/train) gets a stripped lake
-#                                           # built with the trainer, the shared libraries it
-#                                           # needs besides libtorch (FFmpeg and its codecs), and
-#                                           # a lake holding bench/compare_lerobot.sh's fixture
+#                                           # built with the trainer and the shared libraries it
+#                                           # needs besides libtorch
 #   scripts/gpu-check-train.sh run [DIR]    # on the GPU machine (torch 2.11 installed, no
-#                                           # FFmpeg, no network): the checks, a report on stdout
+#                                           # FFmpeg, no network): ingests the bundled samples
+#                                           # v30-av1-small (as `bench`), v30-h264-multifile and
+#                                           # v30-bframes, runs the checks, a report on stdout
 #
 # `run` checks, each with the lake binary's own commands:
 #  0. `lake gpu`: the driver, NVRTC, NCCL and NVDEC found, what NVDEC decodes (H.264, HEVC and
@@ -14,28 +15,29 @@
 #     lake's colour kernel on the GPU against its CPU twin (64 frames of 640x480, byte for byte,
 #     and its time a batch), and the resize kernels against theirs (the same frames to 224x224);
 #  0b. `lake gpu --dataset`: frames decoded on NVDEC (made RGB by lake's kernel) against the
-#     loader's, byte for byte, with NVDEC's and the CPU's frames/s: the AV1 fixture (where NVDEC
+#     loader's, byte for byte, with NVDEC's and the CPU's frames/s: the AV1 sample (where NVDEC
 #     has AV1), the bundled H.264 sample, and the bundled H.264/HEVC sample with B-frames (its
 #     widths are not multiples of 32: lake's kernel does not convert them, which it says);
 #  1. one ACT step on CUDA against the same step on the CPU (fp32, same weights and batch): the
 #     loss of each, and the largest difference between the two checkpoints' parameters;
 #  2. bf16 mixed precision trains on CUDA (the loss over 40 steps);
-#  3. steps/s, samples/s and the data-wait share of ACT's default config on the fixture's
+#  3. steps/s, samples/s and the data-wait share of ACT's default config on the AV1 sample's
 #     480x640 and 96x128 cameras, batch 8 and 64, and the data path alone (--policy none) at
 #     both batch sizes;
 #  4. NCCL with world size 1: torchrun starts one rank that sums its gradients through NCCL
 #     (--backend nccl), against the same steps without a collective;
 #  5. --decode gpu (NVDEC where the stream allows, the CPU into planes elsewhere, lake's kernel)
 #     against --decode server: the same 4 steps must end with the same weights, on the H.264
-#     sample and the AV1 fixture, and the data path alone at batch 64 with each;
+#     sample and the AV1 sample, and the data path alone at batch 64 with each;
 #  6. --decode gpu --frame-size 64x48 (frames resized by lake's kernels) against --decode cpu
 #     --frame-size 64x48 (resized by libswscale, as frame tables are): the same weights expected.
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
 # LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
 #
-# pack needs LAKE_BIN (a release lake built with --features torch), the fixture that
-# bench/compare_lerobot.sh --frames 1500 writes (LAKE_GPU_CHECK_FIXTURE overrides), and zstd.
-# The packed directory is .gpu-check/train.tar.zst (the device tool carries ignored paths).
+# pack needs LAKE_BIN (a release lake built with --features torch and static-ffmpeg) and xz; the
+# packed directory is .gpu-check/train.tar.xz (the device tool carries ignored paths), which
+# `run` unpacks with Python's tarfile (the GPU machine has Python). The samples travel with the
+# working tree: the device tool carries 64 MiB in all, the tree's tracked files included.
 set -euo pipefail
 
 mode="${1:-}"
@@ -43,13 +45,7 @@ dir="${2:-.gpu-check/train}"
 log() { echo "[gpu-check] $*" >&2; }
 
 pack() {
-  local bin="${LAKE_BIN:?LAKE_BIN: a release lake built with --features torch}"
-  local fixture="${LAKE_GPU_CHECK_FIXTURE:-}" d
-  # The fixture's directory, not its Lance copy or its marker and log files.
-  for d in "$HOME"/.cache/lake/bench/fixtures/lerobot-av1-1500f-seed0-*; do
-    [ -z "$fixture" ] && [ -d "$d" ] && [[ "$(basename "$d")" != *-lance-* ]] && fixture="$d"
-  done
-  [ -d "$fixture" ] || { echo "no fixture: run bench/compare_lerobot.sh --frames 1500 first, or set LAKE_GPU_CHECK_FIXTURE" >&2; exit 2; }
+  local bin="${LAKE_BIN:?LAKE_BIN: a release lake built with --features torch,static-ffmpeg}"
   rm -rf "$dir"
   mkdir -p "$dir/lib" "$dir/bin"
   strip -o "$dir/bin/lake" "$bin"
@@ -62,33 +58,30 @@ pack() {
       *) cp -L "$lib" "$dir/lib/" ;;
     esac
   done
-  "$bin" --lake "$dir/lake" ingest "$fixture" --name bench >"$dir/ingest.txt"
-  # H.264 at widths lake's kernel converts, and H.264 and HEVC with B-frames, for NVDEC.
-  local repo
-  repo="$(cd "$(dirname "$0")/.." && pwd)"
-  for sample in v30-h264-multifile v30-bframes; do
-    "$bin" --lake "$dir/lake" ingest "$repo/testdata/lerobot/$sample" >>"$dir/ingest.txt"
-  done
-  # The strongest zstd level with a 128 MiB window: the binary alone goes from 50 MB at -19 to
-  # 46 MB, which keeps binary and lake under the 64 MiB a device call carries.
-  tar -C "$(dirname "$dir")" -cf - "$(basename "$dir")" | zstd -q --ultra -22 --long=27 -T0 -o "$dir.tar.zst" -f
+  # xz's strongest preset: the stripped binary (225 MB) is 43.7 MB with it against 48.5 MB with
+  # zstd --ultra -22 --long=28, which keeps it and the working tree under the 64 MiB a device call carries.
+  tar -C "$(dirname "$dir")" -cf - "$(basename "$dir")" | xz -9e -T0 >"$dir.tar.xz"
   local bytes
-  bytes="$(stat -c %s "$dir.tar.zst")"
-  log "packed $((bytes >> 20)) MiB: $dir.tar.zst ($(ls "$dir/lib" | wc -l) libraries)"
-  # The device tool carries at most 64 MiB a call. A lake linking Debian's shared FFmpeg brings
+  bytes="$(stat -c %s "$dir.tar.xz")"
+  log "packed $((bytes >> 20)) MiB: $dir.tar.xz ($(ls "$dir/lib" | wc -l) libraries)"
+  # The device tool carries at most 64 MiB a call, the working tree (tracked and untracked files
+  # git does not ignore) and the archive together. A lake linking Debian's shared FFmpeg brings
   # its whole codec closure (about 77 MiB compressed), which does not fit: build the lake
   # against a static, minimal FFmpeg first.
-  if [ "$bytes" -gt $((64 << 20)) ]; then
-    echo "$dir.tar.zst is $((bytes >> 20)) MiB, over the 64 MiB a device call carries; libraries packed: $(ls "$dir/lib" | tr '\n' ' ')" >&2
+  local tree
+  tree="$(cd "$(dirname "$0")/.." && { git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null | awk '{ n += $1 } END { print n + 0 }')" || true
+  log "with the working tree ($((tree >> 20)) MiB): $(((bytes + tree) >> 20)) MiB a device call carries"
+  if [ $((bytes + tree)) -gt $((64 << 20)) ]; then
+    echo "$dir.tar.xz and the working tree are $(((bytes + tree) >> 20)) MiB, over the 64 MiB a device call carries; libraries packed: $(ls "$dir/lib" | tr '\n' ' ')" >&2
     exit 1
   fi
 }
 
 run() {
-  if [ ! -d "$dir" ] && [ -f "$dir.tar.zst" ]; then
-    zstd -q -d --long=27 -c "$dir.tar.zst" | tar -C "$(dirname "$dir")" -xf -
-  fi
   local device="${LAKE_GPU_CHECK_DEVICE:-cuda}" py="${PYTHON:-python3}" out
+  if [ ! -d "$dir" ] && [ -f "$dir.tar.xz" ]; then
+    "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$dir.tar.xz" "$(dirname "$dir")"
+  fi
   local steps="${LAKE_GPU_CHECK_STEPS:-40}" batches="${LAKE_GPU_CHECK_BATCHES:-8 64}"
   local torch_lib
   torch_lib="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
@@ -102,6 +95,15 @@ run() {
   export LD_LIBRARY_PATH="$dir/lib:$torch_lib:$nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local lake=("$dir/bin/lake" --lake "$dir/lake")
   out="$(mktemp -d)"
+  # AV1 640x480 + 128x96 (the cameras of bench/compare_lerobot.sh's fixture) as `bench`; H.264 at
+  # widths lake's kernel converts; H.264 and HEVC with B-frames, for NVDEC.
+  local repo sample
+  repo="$(cd "$(dirname "$0")/.." && pwd)"
+  rm -rf "$dir/lake"
+  "${lake[@]}" ingest "$repo/testdata/lerobot/v30-av1-small" --name bench >"$out/ingest.txt" 2>&1 || { cat "$out/ingest.txt"; exit 1; }
+  for sample in v30-h264-multifile v30-bframes; do
+    "${lake[@]}" ingest "$repo/testdata/lerobot/$sample" >>"$out/ingest.txt" 2>&1 || { cat "$out/ingest.txt"; exit 1; }
+  done
   echo "== machine"
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
   nproc
