@@ -2391,6 +2391,12 @@ mod lifecycle_tests {
             let r = record("ds", 0, p.dir());
             tokio::spawn(async move { p.commit_unless(r, |_| false).await.unwrap() })
         });
+        let versions = new_versions(commits).await;
+        assert_eq!(versions, [2, 3]);
+    }
+
+    /// The versions that commits each expected to make a new one made, in order.
+    async fn new_versions(commits: impl Iterator<Item = tokio::task::JoinHandle<Committed>>) -> Vec<u64> {
         let mut versions: Vec<u64> = futures::future::join_all(commits)
             .await
             .into_iter()
@@ -2400,7 +2406,7 @@ mod lifecycle_tests {
             })
             .collect();
         versions.sort_unstable();
-        assert_eq!(versions, [2, 3]);
+        versions
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -2442,15 +2448,7 @@ mod lifecycle_tests {
             let r = with_hash(p.dir(), &format!("h{i}"));
             tokio::spawn(async move { p.commit_unless(r, |_| false).await.unwrap() })
         });
-        let mut versions: Vec<u64> = futures::future::join_all(commits)
-            .await
-            .into_iter()
-            .map(|c| match c.unwrap() {
-                Committed::New(r) => r.version,
-                Committed::Found(r) => panic!("found {r:?}"),
-            })
-            .collect();
-        versions.sort_unstable();
+        let versions = new_versions(commits).await;
         assert_eq!(versions, [2, 3, 4, 5, 6, 7]);
         for v in 2..=7 {
             assert_eq!(lake.resolve(&format!("ds@{v}")).await.unwrap().version, v, "each record holds its own number");
