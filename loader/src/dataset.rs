@@ -468,19 +468,22 @@ impl LoaderDataset {
 
     /// The error of a packet whose bytes are not those ingest stored.
     fn damaged_packet(&self, row: u64, stored: u32, read: u32) -> Error {
-        let (episode, frame) = self.step_showing(row).map_or((-1, -1), |step| self.episode_and_frame(step));
-        let camera = self.streams.get(&self.packets.stream[row as usize]).map_or_else(String::new, |s| s.camera.clone());
-        Error::Decode {
-            dataset: self.label.clone(),
-            camera,
-            episode,
-            frame,
+        self.decode_error(
             row,
-            message: format!(
+            format!(
                 "the packet's bytes are not those ingest stored (CRC-32 {read:08x}, stored {stored:08x}): the lake's packets \
                  file is damaged; ingest the dataset again"
             ),
-        }
+        )
+    }
+
+    /// The error of packet row `row`, naming its camera and the episode and frame of the first
+    /// step that shows it (-1 where none does).
+    pub(crate) fn decode_error(&self, row: u64, message: String) -> Error {
+        let (episode, frame) = self.step_showing(row).map_or((-1, -1), |step| self.episode_and_frame(step));
+        let stream = self.packets.stream.get(row as usize).and_then(|s| self.streams.get(s));
+        let camera = stream.map_or_else(String::new, |s| s.camera.clone());
+        Error::Decode { dataset: self.label.clone(), camera, episode, frame, row, message }
     }
 
     /// The episode and frame index of step row `step`, for messages.
@@ -496,7 +499,7 @@ impl LoaderDataset {
 
     /// The first step row that shows packet row `row` (its camera's frame), if one does.
     pub fn step_showing(&self, row: u64) -> Option<usize> {
-        let camera = &self.streams.get(&self.packets.stream[row as usize])?.camera;
+        let camera = &self.streams.get(self.packets.stream.get(row as usize)?)?.camera;
         let rows = &self.cameras.iter().find(|c| &c.key == camera)?.packet_rows;
         rows.iter().position(|r| r == Some(row))
     }

@@ -17,7 +17,7 @@ use crate::{
     dataset::LoaderDataset,
     frames::{BATCH, FrameStorage, LEVEL, READ_ROWS, frame_table_name, frames_schema},
 };
-use lake_codec::StreamDecoder;
+use lake_codec::{RgbFrame, StreamConfig, StreamDecoder};
 use lake_schemas::FrameSize;
 
 /// What [`write_frame_table`] did.
@@ -181,14 +181,62 @@ impl RowWriter<'_> {
     }
 }
 
-/// Decodes rows `[first, end)` of one stream sequentially, in decode order, and sends them in
-/// row order as batches of the frames table.
 /// The `packets` rows of `stream` that some step shows.
 pub(crate) fn shown_rows(ds: &LoaderDataset, stream: u32) -> std::collections::HashSet<u64> {
     let camera = ds.streams.get(&stream).map(|s| s.camera.as_str());
     ds.cameras.iter().filter(|c| Some(c.key.as_str()) == camera).flat_map(|c| c.packet_rows.iter().flatten()).collect()
 }
 
+/// A packet that failed to decode, as [`decode_rows`] hands it on.
+pub(crate) struct Damage {
+    /// The row of the next keyframe (the run's end where none follows), where decoding starts
+    /// again.
+    pub next_key: u64,
+    /// The decoder's message.
+    pub message: String,
+}
+
+/// Decodes rows `[first, end)` of one stream in decode order, reading their packets
+/// [`READ_ROWS`] at a time, and hands `each` a packet's row, bytes, and the frames it let out
+/// or its [`Damage`]. After damage, decoding starts again at the next keyframe with a new
+/// decoder, unless `each` stops it with an error. Returns the frames the decoder held at the end.
+pub(crate) fn decode_rows(
+    ds: &LoaderDataset,
+    config: &StreamConfig,
+    (first, end): (u64, u64),
+    mut each: impl FnMut(u64, &[u8], std::result::Result<Vec<(i64, RgbFrame)>, Damage>) -> Result<()>,
+) -> Result<Vec<(i64, RgbFrame)>> {
+    let index = &ds.packets;
+    let rt = tokio::runtime::Handle::current();
+    let mut decoder = StreamDecoder::open(config).map_err(|e| ds.decode_error(first, e.to_string()))?;
+    // Rows before this are skipped: a span that failed to decode.
+    let mut resume_at = first;
+    let mut chunk = first;
+    while chunk < end {
+        let chunk_end = (chunk + READ_ROWS).min(end);
+        let bytes = rt.block_on(ds.packet_bytes(&(chunk..chunk_end).collect::<Vec<_>>()))?;
+        for (row, b) in (chunk..chunk_end).zip(&bytes) {
+            if row < resume_at {
+                continue;
+            }
+            let r = row as usize;
+            match decoder.feed(index.pts[r], index.dts[r], index.container_keyframe[r], b) {
+                Ok(frames) => each(row, b, Ok(frames))?,
+                Err(e) => {
+                    let next_key = (row + 1..end).find(|&k| index.keyframe_offset[k as usize] == 0).unwrap_or(end);
+                    each(row, b, Err(Damage { next_key, message: e.to_string() }))?;
+                    decoder = StreamDecoder::open(config).map_err(|e| ds.decode_error(next_key, e.to_string()))?;
+                    resume_at = next_key;
+                }
+            }
+        }
+        chunk = chunk_end;
+    }
+    decoder.finish().map_err(|e| ds.decode_error(end.saturating_sub(1), e.to_string()))
+}
+
+/// Decodes rows `[first, end)` of one stream sequentially, in decode order, and sends them in
+/// row order as batches of the frames table.
 fn decode_stream(
     ds: &LoaderDataset,
     stream: u32,
@@ -198,12 +246,6 @@ fn decode_stream(
     stored: &std::sync::atomic::AtomicU64,
 ) -> Result<FrameTableReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
-    let decode_err = |row: u64, message: String| {
-        let (episode, frame) = ds.step_showing(row).map_or((-1, -1), |step| ds.episode_and_frame(step));
-        Error::Decode { dataset: ds.label.clone(), camera: config.camera.clone(), episode, frame, row, message }
-    };
-    let mut decoder = StreamDecoder::open(config).map_err(|e| decode_err(first, e.to_string()))?;
-    let rt = tokio::runtime::Handle::current();
     let index = &ds.packets;
     let intra_only = config.kind == "image";
     let row_of_pts: HashMap<i64, u64> =
@@ -211,7 +253,7 @@ fn decode_stream(
     let resizer = match size {
         Some(s) => Some(
             lake_codec::RgbResizer::new((config.params.width, config.params.height), (s.width, s.height))
-                .map_err(|e| decode_err(first, e.to_string()))?,
+                .map_err(|e| ds.decode_error(first, e.to_string()))?,
         ),
         None => None,
     };
@@ -229,62 +271,46 @@ fn decode_stream(
     let zstd_err = |e: std::io::Error| Error::layout(&ds.label, format!("storing a frame: {e}"));
     // Rows some step shows, made when a packet first fails to decode.
     let mut shown: Option<std::collections::HashSet<u64>> = None;
-    // Rows before this are skipped: a span that failed to decode and that no step shows.
-    let mut resume_at = first;
-    let mut chunk = first;
-    while chunk < end {
-        let chunk_end = (chunk + READ_ROWS).min(end);
-        let bytes = rt.block_on(ds.packet_bytes(&(chunk..chunk_end).collect::<Vec<_>>()))?;
-        for (row, b) in (chunk..chunk_end).zip(&bytes) {
-            if row < resume_at {
-                continue;
+    let tail = decode_rows(ds, config, (first, end), |row, _, decoded| {
+        let frames = match decoded {
+            Ok(frames) => frames,
+            Err(Damage { next_key, message }) => {
+                // A damaged packet no step needs (of an episode left out at ingest, or of frames
+                // no step shows): the rows up to the next keyframe are stored empty, unless a step
+                // shows one of them.
+                let shown = shown.get_or_insert_with(|| shown_rows(ds, stream));
+                if (out.next..next_key).any(|k| shown.contains(&k)) {
+                    return Err(ds.decode_error(row, message));
+                }
+                for k in out.next..next_key {
+                    out.pending.entry(k).or_default();
+                }
+                return out.flush_ready();
             }
-            let r = row as usize;
-            let frames = match decoder.feed(index.pts[r], index.dts[r], index.container_keyframe[r], b) {
-                Ok(frames) => frames,
-                Err(e) => {
-                    // A damaged packet no step needs (of an episode left out at ingest, or of
-                    // frames no step shows): the rows up to the next keyframe are stored empty,
-                    // unless a step shows one of them, and decoding starts again there.
-                    let next_key = (row + 1..end).find(|&k| index.keyframe_offset[k as usize] == 0).unwrap_or(end);
-                    let shown = shown.get_or_insert_with(|| shown_rows(ds, stream));
-                    if (out.next..next_key).any(|k| shown.contains(&k)) {
-                        return Err(decode_err(row, e.to_string()));
-                    }
-                    for k in out.next..next_key {
-                        out.pending.entry(k).or_default();
-                    }
-                    out.flush_ready()?;
-                    decoder = StreamDecoder::open(config).map_err(|e| decode_err(next_key, e.to_string()))?;
-                    resume_at = next_key;
-                    continue;
-                }
-            };
-            if intra_only {
-                // One picture per packet, out at once (image pts repeat across episodes).
-                if frames.len() != 1 {
-                    return Err(decode_err(row, format!("{} pictures from one image", frames.len())));
-                }
-                out.add(row, &frames[0].1.data).map_err(zstd_err)?;
-            } else {
-                for (pts, frame) in frames {
-                    if let Some(&at) = row_of_pts.get(&pts) {
-                        out.add(at, &frame.data).map_err(zstd_err)?;
-                    }
+        };
+        if intra_only {
+            // One picture per packet, out at once (image pts repeat across episodes).
+            if frames.len() != 1 {
+                return Err(ds.decode_error(row, format!("{} pictures from one image", frames.len())));
+            }
+            out.add(row, &frames[0].1.data).map_err(zstd_err)?;
+        } else {
+            for (pts, frame) in frames {
+                if let Some(&at) = row_of_pts.get(&pts) {
+                    out.add(at, &frame.data).map_err(zstd_err)?;
                 }
             }
-            out.flush_ready()?;
         }
-        chunk = chunk_end;
-    }
-    for (pts, frame) in decoder.finish().map_err(|e| decode_err(end.saturating_sub(1), e.to_string()))? {
+        out.flush_ready()
+    })?;
+    for (pts, frame) in tail {
         if let Some(&at) = row_of_pts.get(&pts) {
             out.add(at, &frame.data).map_err(zstd_err)?;
         }
     }
     out.flush_ready()?;
     if out.next != end {
-        return Err(decode_err(out.next, "the decoder put out no frame for this packet".into()));
+        return Err(ds.decode_error(out.next, "the decoder put out no frame for this packet".into()));
     }
     if !out.rows.is_empty() {
         out.send()?;

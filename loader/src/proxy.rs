@@ -21,7 +21,7 @@ use lake_store::Lake;
 use crate::{
     Error, Result,
     dataset::LoaderDataset,
-    frame_writer::{BatchSender, shown_rows, write_stream_parts},
+    frame_writer::{BatchSender, Damage, decode_rows, shown_rows, write_stream_parts},
     frames::READ_ROWS,
 };
 
@@ -199,10 +199,7 @@ fn encode_stream(
     done: &std::sync::atomic::AtomicU64,
 ) -> Result<StreamReport> {
     let config = ds.streams.get(&stream).ok_or_else(|| Error::layout(&ds.label, format!("stream {stream} is not in the streams table")))?;
-    let failed = |row: u64, message: String| {
-        let (episode, frame) = ds.step_showing(row).map_or((-1, -1), |step| ds.episode_and_frame(step));
-        Error::Decode { dataset: ds.label.clone(), camera: config.camera.clone(), episode, frame, row, message }
-    };
+    let failed = |row: u64, message: String| ds.decode_error(row, message);
     let rt = tokio::runtime::Handle::current();
     let index = &ds.packets;
     let shown = shown_rows(ds, stream);
@@ -248,7 +245,6 @@ fn encode_stream(
     };
     let mut encoder = ProxyEncoder::open(settings, width, height, ds.fps()).map_err(|e| failed(first, e.to_string()))?;
     let mut check = StreamDecoder::open(&proxy_config).map_err(|e| failed(first, e.to_string()))?;
-    let mut decoder = StreamDecoder::open(config).map_err(|e| failed(first, e.to_string()))?;
     let row_of_pts: HashMap<i64, u64> = (first..end).filter(|r| shown.contains(r)).map(|r| (index.pts[r as usize], r)).collect();
     // Recorded frames waiting for their proxy frame to come out of the check decoder.
     let mut recorded: HashMap<i64, Vec<u8>> = HashMap::new();
@@ -281,37 +277,20 @@ fn encode_stream(
         }
         Ok::<_, Error>(())
     };
-    // Rows before this are skipped: a span that failed to decode and that no step shows.
-    let mut resume_at = first;
-    let mut chunk = first;
-    while chunk < end {
-        let chunk_end = (chunk + READ_ROWS).min(end);
-        let bytes = rt.block_on(ds.packet_bytes(&(chunk..chunk_end).collect::<Vec<_>>()))?;
-        for (row, b) in (chunk..chunk_end).zip(&bytes) {
-            if row < resume_at {
-                continue;
-            }
-            let r = row as usize;
-            report.recorded_bytes += if shown.contains(&row) { b.len() as u64 } else { 0 };
-            match decoder.feed(index.pts[r], index.dts[r], index.container_keyframe[r], b) {
-                Ok(frames) => encode(frames, &mut rows, &mut report)?,
-                Err(e) => {
-                    // A damaged packet no step needs: decoding starts again at the next keyframe,
-                    // unless a step shows a frame before it.
-                    let next_key = (row + 1..end).find(|&k| index.keyframe_offset[k as usize] == 0).unwrap_or(end);
-                    let from = row - u64::from(index.keyframe_offset[r]);
-                    if (from..next_key).any(|k| shown.contains(&k)) {
-                        return Err(failed(row, e.to_string()));
-                    }
-                    decoder = StreamDecoder::open(config).map_err(|e| failed(next_key, e.to_string()))?;
-                    resume_at = next_key;
-                }
-            }
+    let tail = decode_rows(ds, config, (first, end), |row, bytes, decoded| match decoded {
+        Ok(frames) => {
+            report.recorded_bytes += if shown.contains(&row) { bytes.len() as u64 } else { 0 };
+            encode(frames, &mut rows, &mut report)
         }
-        chunk = chunk_end;
-    }
+        Err(Damage { next_key, message }) => {
+            // A damaged packet no step needs: decoding starts again at the next keyframe, unless
+            // a step shows a frame before it.
+            let from = row - u64::from(index.keyframe_offset[row as usize]);
+            if (from..next_key).any(|k| shown.contains(&k)) { Err(failed(row, message)) } else { Ok(()) }
+        }
+    })?;
+    encode(tail, &mut rows, &mut report)?;
     let last = end.saturating_sub(1);
-    encode(decoder.finish().map_err(|e| failed(last, e.to_string()))?, &mut rows, &mut report)?;
     let tail = encoder.finish().map_err(|e| failed(last, e.to_string()))?;
     take(tail, &mut rows, &mut report, &mut recorded)?;
     for (pts, frame) in check.finish().map_err(|e| failed(last, e.to_string()))? {

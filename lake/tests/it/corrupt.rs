@@ -90,7 +90,8 @@ fn truncated_mp4() {
 
 /// Bytes zeroed inside a file (its index intact): the packets whose NAL units no longer add up
 /// are named, with every episode whose frames decode through them; `--skip-bad-episodes` keeps
-/// the others, and `lake cache` stores the version, passing over the damage no step needs.
+/// the others, and `lake cache` stores the version and its proxy, passing over the damage no step
+/// needs.
 #[test]
 fn damaged_packets_inside_a_file() {
     let (t, root, src) = setup("v30-h264-multifile");
@@ -104,6 +105,8 @@ fn damaged_packets_inside_a_file() {
     assert_eq!(run.code, 0, "{run:#?}");
     let run = lake(&root, &["cache", "damaged"]);
     assert_eq!(run.code, 0, "{run:#?}");
+    let run = lake(&root, &["cache", "damaged", "--proxy", "h264"]);
+    assert_eq!(run.code, 0, "the proxy passes over the damage too: {run:#?}");
     let sample = |frame_table: &str| {
         let out = t.path().join(format!("damaged-{frame_table}.arrow"));
         let args = [
