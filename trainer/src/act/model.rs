@@ -206,6 +206,23 @@ impl LayerSpec {
     fn drop(&self, x: Tensor, train: bool) -> Tensor {
         if train && self.dropout > 0.0 { x.dropout(self.dropout, true) } else { x }
     }
+
+    /// The position-wise feed-forward block: `linear2(drop(act(linear1(y))))`.
+    fn feed_forward(&self, linear1: &Linear, linear2: &Linear, y: &Tensor, train: bool) -> Tensor {
+        linear2.forward(&self.drop(self.act(&linear1.forward(y)), train))
+    }
+
+    /// One residual sub-layer as PyTorch's transformer layers have it: `x + f(norm(x))` before
+    /// the sub-layer with `pre_norm`, `norm(x + f(x))` after it without.
+    fn residual(&self, x: Tensor, norm: &LayerNorm, train: bool, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+        if self.pre_norm {
+            let y = norm.forward(&x);
+            x + self.drop(f(&y), train)
+        } else {
+            let out = f(&x);
+            norm.forward(&(x + self.drop(out, train)))
+        }
+    }
 }
 
 struct EncoderLayer {
@@ -229,21 +246,11 @@ impl EncoderLayer {
     }
 
     fn forward(&self, x: &Tensor, pos: &Tensor, mask: Option<&Tensor>, s: LayerSpec, train: bool) -> Tensor {
-        let skip = x;
-        let y = if s.pre_norm { self.norm1.forward(x) } else { x.shallow_clone() };
-        let qk = &y + pos;
-        let a = self.self_attn.forward(&qk, &qk, &y, mask, s, train);
-        let x = skip + s.drop(a, train);
-        let (skip, y) = if s.pre_norm {
-            let y = self.norm2.forward(&x);
-            (x, y)
-        } else {
-            let x = self.norm1.forward(&x);
-            (x.shallow_clone(), x)
-        };
-        let f = self.linear2.forward(&s.drop(s.act(&self.linear1.forward(&y)), train));
-        let x = skip + s.drop(f, train);
-        if s.pre_norm { x } else { self.norm2.forward(&x) }
+        let x = s.residual(x.shallow_clone(), &self.norm1, train, |y| {
+            let qk = y + pos;
+            self.self_attn.forward(&qk, &qk, y, mask, s, train)
+        });
+        s.residual(x, &self.norm2, train, |y| s.feed_forward(&self.linear1, &self.linear2, y, train))
     }
 }
 
@@ -296,30 +303,12 @@ impl DecoderLayer {
     }
 
     fn forward(&self, x: &Tensor, memory: &Tensor, qpos: &Tensor, mpos: &Tensor, s: LayerSpec, train: bool) -> Tensor {
-        let skip = x;
-        let y = if s.pre_norm { self.norm1.forward(x) } else { x.shallow_clone() };
-        let qk = &y + qpos;
-        let a = self.self_attn.forward(&qk, &qk, &y, None, s, train);
-        let x = skip + s.drop(a, train);
-        let (skip, y) = if s.pre_norm {
-            let y = self.norm2.forward(&x);
-            (x, y)
-        } else {
-            let x = self.norm1.forward(&x);
-            (x.shallow_clone(), x)
-        };
-        let a = self.cross_attn.forward(&(&y + qpos), &(memory + mpos), memory, None, s, train);
-        let x = skip + s.drop(a, train);
-        let (skip, y) = if s.pre_norm {
-            let y = self.norm3.forward(&x);
-            (x, y)
-        } else {
-            let x = self.norm2.forward(&x);
-            (x.shallow_clone(), x)
-        };
-        let f = self.linear2.forward(&s.drop(s.act(&self.linear1.forward(&y)), train));
-        let x = skip + s.drop(f, train);
-        if s.pre_norm { x } else { self.norm3.forward(&x) }
+        let x = s.residual(x.shallow_clone(), &self.norm1, train, |y| {
+            let qk = y + qpos;
+            self.self_attn.forward(&qk, &qk, y, None, s, train)
+        });
+        let x = s.residual(x, &self.norm2, train, |y| self.cross_attn.forward(&(y + qpos), &(memory + mpos), memory, None, s, train));
+        s.residual(x, &self.norm3, train, |y| s.feed_forward(&self.linear1, &self.linear2, y, train))
     }
 }
 
