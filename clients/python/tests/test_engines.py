@@ -25,7 +25,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import tempfile
 import unittest
 import zlib
@@ -44,29 +43,18 @@ except ImportError as e:
     raise SystemExit(f"test_engines: {e}: run it with scripts/python-env.sh's python, which has pylance, duckdb and polars")
 
 
-def _lake_binary():
-    given = os.environ.get("LAKE_BIN")
-    if given:
-        return given
-    target = os.environ.get("CARGO_TARGET_DIR") or os.path.expanduser("~/.cache/lake/target")
-    return os.path.join(target, "debug", "lake")
-
-
-LAKE_BIN = _lake_binary()
+from lake_binary import lake as lake_at, lake_sql as sql_at, missing
 
 # The lake every test reads: set by setUpModule.
 LAKE = {}
 
 
 def lake(*args):
-    done = subprocess.run([LAKE_BIN, "--lake", LAKE["root"], *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"lake {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done.stdout
+    return lake_at(LAKE["root"], *args)
 
 
 def lake_sql(query):
-    return json.loads(lake("sql", "--format", "json", query))
+    return sql_at(LAKE["root"], query)
 
 
 def table_path(table):
@@ -77,8 +65,8 @@ def table_path(table):
 
 
 def setUpModule():
-    if not os.access(LAKE_BIN, os.X_OK):
-        raise RuntimeError(f"no lake binary at {LAKE_BIN} (cargo build -p lake, or set LAKE_BIN)")
+    if missing():
+        raise RuntimeError(missing())
     tmp = tempfile.mkdtemp(prefix="lake-engines-test-")
     LAKE.update(tmp=tmp, root=os.path.join(tmp, "lake"))
     lake("ingest", SAMPLE)

@@ -51,18 +51,10 @@ try:
 except ImportError as e:
     SKIP = f"lerobot is not importable in {sys.executable} ({e})"
 
+from lake_binary import Server, lake, missing
 
-def _lake_binary():
-    given = os.environ.get("LAKE_BIN")
-    if given:
-        return given
-    target = os.environ.get("CARGO_TARGET_DIR") or os.path.expanduser("~/.cache/lake/target")
-    return os.path.join(target, "debug", "lake")
-
-
-LAKE_BIN = _lake_binary()
-if SKIP is None and not os.access(LAKE_BIN, os.X_OK):
-    SKIP = f"no lake binary at {LAKE_BIN} (cargo build -p lake, or set LAKE_BIN)"
+if SKIP is None:
+    SKIP = missing()
 if SKIP is not None:
     print(f"test_lerobot skipped: {SKIP}", file=sys.stderr)
 
@@ -75,34 +67,15 @@ def setUpModule():
         raise unittest.SkipTest(SKIP)
     tmp = tempfile.mkdtemp(prefix="lake-lerobot-test-")
     root = os.path.join(tmp, "lake")
-    done = subprocess.run([LAKE_BIN, "--lake", root, "ingest", SAMPLE, "--name", NAME], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"lake ingest failed:\n{done.stdout}\n{done.stderr}")
-    log = open(os.path.join(tmp, "serve.log"), "w")
-    server = subprocess.Popen(
-        [LAKE_BIN, "--lake", root, "serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2",
-         "--shutdown-wait", "1"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "LAKE_TOKENS": TOKEN},
-    )
-    line = server.stdout.readline()
-    flight = re.search(r"grpc://\S+", line)
-    http = re.search(r"http://\S+", line)
-    if not (flight and http):
-        server.kill()
-        raise RuntimeError(f"lake serve did not say where it listens: {line!r}")
-    SERVER.update(tmp=tmp, process=server, log=log, log_path=log.name, flight=flight.group(0), http=http.group(0))
+    lake(root, "ingest", SAMPLE, "--name", NAME)
+    server = Server(root, os.path.join(tmp, "serve.log"), "--threads", "2", "--shutdown-wait", "1",
+                    env={**os.environ, "LAKE_TOKENS": TOKEN})
+    SERVER.update(tmp=tmp, server=server, log_path=server.log_path, flight=server.flight, http=server.http)
 
 
 def tearDownModule():
-    server = SERVER.get("process")
-    if server is not None:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        SERVER["log"].close()
+    if "server" in SERVER:
+        SERVER["server"].stop()
         shutil.rmtree(SERVER["tmp"], ignore_errors=True)
 
 
@@ -251,7 +224,6 @@ class LeRobotTrain(unittest.TestCase):
         return losses
 
     def server_log(self):
-        SERVER["log"].flush()
         with open(SERVER["log_path"]) as f:
             return f.read()
 

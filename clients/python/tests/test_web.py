@@ -43,11 +43,8 @@ chromedriver or the lake binary the tests fail saying so. Run:
 import base64
 import json
 import os
-import re
 import shutil
-import subprocess
 import tempfile
-import threading
 import time
 import unittest
 import urllib.error
@@ -75,18 +72,13 @@ try:
 except ImportError as e:
     raise SystemExit(f"test_web: {e}: run it with scripts/python-env.sh's python, which has selenium, pyarrow and numpy")
 
-
-def _target_dir():
-    return os.environ.get("CARGO_TARGET_DIR") or os.path.expanduser("~/.cache/lake/target")
-
-
-LAKE_BIN = os.environ.get("LAKE_BIN") or os.path.join(_target_dir(), "debug", "lake")
+from lake_binary import Server, lake as lake_at, lake_sql as sql_at, missing, target_dir
 
 
 def _screenshot_dir():
     if os.environ.get("LAKE_UPDATE_DOCS") == "1":
         return os.path.join(REPO, "docs", "guide", "web")
-    return os.environ.get("LAKE_SCREENSHOTS") or os.path.join(_target_dir(), "web-screenshots")
+    return os.environ.get("LAKE_SCREENSHOTS") or os.path.join(target_dir(), "web-screenshots")
 
 
 SCREENSHOTS = _screenshot_dir()
@@ -96,52 +88,11 @@ LAKE = {}
 
 
 def lake(*args):
-    done = subprocess.run([LAKE_BIN, "--lake", LAKE["root"], *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"lake {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done.stdout
+    return lake_at(LAKE["root"], *args)
 
 
 def lake_sql(query):
-    return json.loads(lake("sql", "--format", "json", query))
-
-
-def start_server():
-    """`lake serve` on free loopback ports with TOKEN; returns its HTTP base URL."""
-    log = LAKE["serve_log"] = open(os.path.join(LAKE["tmp"], "serve.log"), "w")
-    proc = subprocess.Popen(
-        [LAKE_BIN, "--lake", LAKE["root"], "serve", "--http", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--tokens", TOKEN],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    LAKE["server"] = proc
-    found = {}
-    seen = threading.Event()
-
-    def read():
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()
-            m = re.search(r"http://(127\.0\.0\.1:\d+)", line)
-            if m and "url" not in found:
-                found["url"] = f"http://{m.group(1)}"
-                seen.set()
-        seen.set()
-
-    LAKE["reader"] = threading.Thread(target=read, daemon=True)
-    LAKE["reader"].start()
-    if not seen.wait(60) or "url" not in found:
-        proc.kill()
-        raise RuntimeError(f"lake serve did not say its HTTP address; its log: {log.name}")
-    for _ in range(100):
-        try:
-            with urllib.request.urlopen(f"{found['url']}/healthz", timeout=5) as r:
-                if r.status == 200:
-                    return found["url"]
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"lake serve at {found['url']} does not answer /healthz; its log: {log.name}")
+    return sql_at(LAKE["root"], query)
 
 
 def start_browser():
@@ -171,13 +122,14 @@ def start_browser():
 
 
 def setUpModule():
-    if not os.access(LAKE_BIN, os.X_OK):
-        raise RuntimeError(f"no lake binary at {LAKE_BIN} (cargo build -p lake, or set LAKE_BIN)")
+    if missing():
+        raise RuntimeError(missing())
     tmp = tempfile.mkdtemp(prefix="lake-web-test-")
     LAKE.update(tmp=tmp, root=os.path.join(tmp, "lake"))
     try:
         make_lake()
-        LAKE["url"] = start_server()
+        LAKE["server"] = Server(LAKE["root"], os.path.join(tmp, "serve.log"), "--tokens", TOKEN)
+        LAKE["url"] = LAKE["server"].http
         LAKE["browser"] = start_browser()
         os.makedirs(SCREENSHOTS, exist_ok=True)
     except BaseException:
@@ -206,17 +158,7 @@ def tearDownModule():
     if "browser" in LAKE:
         LAKE["browser"].quit()
     if "server" in LAKE:
-        LAKE["server"].terminate()
-        try:
-            LAKE["server"].wait(20)
-        except subprocess.TimeoutExpired:
-            LAKE["server"].kill()
-            LAKE["server"].wait()
-        if "reader" in LAKE:
-            LAKE["reader"].join(10)
-        LAKE["server"].stdout.close()
-    if "serve_log" in LAKE:
-        LAKE["serve_log"].close()
+        LAKE["server"].stop()
     if "tmp" in LAKE:
         shutil.rmtree(LAKE["tmp"], ignore_errors=True)
 
