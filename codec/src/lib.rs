@@ -52,5 +52,8 @@ pub use crate::{
     encode::{EncodedPacket, ProxyCodec, ProxyEncoder, ProxySettings, psnr, squared_error},
     error::{Error, Result},
     mux::{Mp4Writer, packet_times},
-    pixels::{PIXEL_FORMAT, SwsCoefficients, YUV_TO_RGB, YuvToRgb, reproduces_libswscale, rgb24_context, swscale_rgb24, yuv420p_bytes},
+    pixels::{
+        PIXEL_FORMAT, SwsCoefficients, YUV_TO_RGB, YuvToRgb, every_yuv_triple, reproduces_libswscale, rgb24_context, swscale_rgb24,
+        yuv420p_bytes,
+    },
 };

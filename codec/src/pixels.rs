@@ -36,6 +36,26 @@ pub fn yuv420p_bytes(width: u32, height: u32) -> usize {
     w * h + 2 * w.div_ceil(2) * h.div_ceil(2)
 }
 
+/// A yuv420p picture, 4096 × 4096, that holds every (Y, U, V) triple once, for checking a
+/// conversion exhaustively: each 2 × 2 block holds one (U, V) pair, 64 blocks a pair with four
+/// luma values each. Returns its width, height and bytes.
+pub fn every_yuv_triple() -> (u32, u32, Vec<u8>) {
+    let (w, h) = (4096_u32, 4096_u32);
+    let mut yuv = vec![0_u8; yuv420p_bytes(w, h)];
+    let (luma, chroma) = yuv.split_at_mut((w * h) as usize);
+    let (u, v) = chroma.split_at_mut(chroma.len() / 2);
+    let cw = (w / 2) as usize;
+    for block in 0..cw * (h / 2) as usize {
+        let (by, bx) = (block / cw, block % cw);
+        let (pair, lumas) = (block / 64, (block % 64) * 4);
+        (u[block], v[block]) = ((pair % 256) as u8, (pair / 256) as u8);
+        for k in 0..4 {
+            luma[(2 * by + k / 2) * w as usize + 2 * bx + k % 2] = (lumas + k) as u8;
+        }
+    }
+    (w, h, yuv)
+}
+
 /// The fixed-point YUV → RGB conversion of one colour matrix and range, as libswscale sets it up
 /// for its x86-64 SIMD converter (see the module documentation for the arithmetic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -297,22 +317,9 @@ mod tests {
 
     #[test]
     fn conversion_is_libswscales_on_every_colour() {
-        // Every (Y, U, V) once, for two matrices and both ranges: a 4096 × 4096 picture whose
-        // 2 × 2 blocks each hold one (U, V) pair, 64 blocks per pair with 4 luma values each.
+        // Every (Y, U, V) once, for two matrices and both ranges.
         assert!(reproduces_libswscale(), "this machine's libswscale is the one lake reproduces");
-        let (w, h) = (4096_u32, 4096_u32);
-        let mut yuv = vec![0_u8; yuv420p_bytes(w, h)];
-        let (luma, chroma) = yuv.split_at_mut((w * h) as usize);
-        let (u, v) = chroma.split_at_mut(chroma.len() / 2);
-        let cw = (w / 2) as usize;
-        for block in 0..cw * (h / 2) as usize {
-            let (by, bx) = (block / cw, block % cw);
-            let (pair, lumas) = (block / 64, (block % 64) * 4);
-            (u[block], v[block]) = ((pair % 256) as u8, (pair / 256) as u8);
-            for k in 0..4 {
-                luma[(2 * by + k / 2) * w as usize + 2 * bx + k % 2] = (lumas + k) as u8;
-            }
-        }
+        let (w, h, yuv) = every_yuv_triple();
         for (cs, full) in [(5, false), (1, true)] {
             let mut ours = vec![0_u8; (w * h * 3) as usize];
             YuvToRgb::for_colorspace(cs, full).convert(&yuv, w, h, &mut ours);

@@ -525,21 +525,8 @@ mod tests {
 
     #[test]
     fn every_yuv_triple_converts_as_the_loaders_conversion() {
-        // Every (Y, U, V) once, for two matrices and both ranges: a 4096 × 4096 frame whose 2 × 2
-        // blocks each hold one (U, V) pair, 64 blocks per pair with 4 luma values each.
-        let (w, h) = (4096_u32, 4096_u32);
-        let mut yuv = vec![0_u8; lake_codec::yuv420p_bytes(w, h)];
-        let (luma, chroma) = yuv.split_at_mut((w * h) as usize);
-        let (u, v) = chroma.split_at_mut(chroma.len() / 2);
-        let cw = (w / 2) as usize;
-        for block in 0..cw * (h / 2) as usize {
-            let (by, bx) = (block / cw, block % cw);
-            let (pair, lumas) = (block / 64, (block % 64) * 4);
-            (u[block], v[block]) = ((pair % 256) as u8, (pair / 256) as u8);
-            for k in 0..4 {
-                luma[(2 * by + k / 2) * w as usize + 2 * bx + k % 2] = (lumas + k) as u8;
-            }
-        }
+        // Every (Y, U, V) once, for two matrices and both ranges.
+        let (w, h, yuv) = lake_codec::every_yuv_triple();
         for matrix in [bt601(), YuvToRgb::for_colorspace(1, true)] {
             let mut loader = vec![0_u8; (w * h * 3) as usize];
             matrix.convert(&yuv, w, h, &mut loader);
