@@ -123,6 +123,16 @@ function valueRange(v, n) {
   return uPlot.rangeNum(lo, hi, 0.06, true);
 }
 
+/** A vertical line at `x` from `top` to `bottom` with a cap `cap` wide each side at both ends. */
+function whisker(path, x, top, bottom, cap) {
+  path.moveTo(x, top);
+  path.lineTo(x, bottom);
+  for (const at of [top, bottom]) {
+    path.moveTo(x - cap, at);
+    path.lineTo(x + cap, at);
+  }
+}
+
 /** A layer of a CSS background: a rectangle of `colour`, `size` large, at `position`. */
 function patch(colour, position, size) {
   return `linear-gradient(${colour},${colour}) ${position}/${size} no-repeat`;
@@ -142,15 +152,7 @@ const MARKS = [
     swatch: [patch(COLOURS.range, "50% 0", "1px 100%"), patch(COLOURS.range, "50% 0", "8px 1px"), patch(COLOURS.range, "50% 100%", "8px 1px")].join(),
     value: (v, i) => `${num(v.min[i])} – ${num(v.max[i])}`,
     draw: ({ stroke }, g, y, v, i) => {
-      const top = y(v.max[i]);
-      const bottom = y(v.min[i]);
-      const cap = g.bar / 4;
-      stroke.moveTo(g.center, top);
-      stroke.lineTo(g.center, bottom);
-      stroke.moveTo(g.center - cap, top);
-      stroke.lineTo(g.center + cap, top);
-      stroke.moveTo(g.center - cap, bottom);
-      stroke.lineTo(g.center + cap, bottom);
+      whisker(stroke, g.center, y(v.max[i]), y(v.min[i]), g.bar / 4);
     },
   },
   span("q01", "q99", COLOURS.q01),
@@ -179,15 +181,7 @@ const MARKS = [
     draw: ({ stroke, fill }, g, y, v, i) => {
       const at = y(v.mean[i]);
       if (Number.isFinite(v.std[i])) {
-        const top = y(v.mean[i] + v.std[i]);
-        const bottom = y(v.mean[i] - v.std[i]);
-        const cap = g.px * 3;
-        stroke.moveTo(g.whisker, top);
-        stroke.lineTo(g.whisker, bottom);
-        stroke.moveTo(g.whisker - cap, top);
-        stroke.lineTo(g.whisker + cap, top);
-        stroke.moveTo(g.whisker - cap, bottom);
-        stroke.lineTo(g.whisker + cap, bottom);
+        whisker(stroke, g.whisker, y(v.mean[i] + v.std[i]), y(v.mean[i] - v.std[i]), g.px * 3);
       }
       const r = g.px * 3;
       fill.moveTo(g.whisker + r, at);
