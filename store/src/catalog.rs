@@ -2365,13 +2365,7 @@ mod lifecycle_tests {
         let tmp = tempfile::tempdir().unwrap();
         let lake = Lake::create(tmp.path().join("lake").to_str().unwrap()).unwrap();
         // Both list no version, both see no latest to be the same as, both try version 1.
-        let barrier = Arc::new(tokio::sync::Barrier::new(2));
-        let mut writers = Vec::new();
-        for _ in 0..2 {
-            let mut p = lake.begin("ds").await.unwrap();
-            p.before_put = Some(barrier.clone());
-            writers.push(p);
-        }
+        let writers = writers_in_step(&lake, 2).await;
         let commits = writers.into_iter().map(|p| {
             let r = record("ds", 0, p.dir());
             tokio::spawn(async move { p.commit_unless(r, |_| true).await.unwrap() })
@@ -2380,19 +2374,25 @@ mod lifecycle_tests {
         assert!(matches!(done[..], [Committed::New(_), Committed::Found(_)] | [Committed::Found(_), Committed::New(_)]), "{done:?}");
         assert_eq!(lake.versions("ds").await.unwrap().len(), 1);
         // Different contents at once: the one that collides takes the next number.
-        let barrier = Arc::new(tokio::sync::Barrier::new(2));
-        let mut writers = Vec::new();
-        for _ in 0..2 {
-            let mut p = lake.begin("ds").await.unwrap();
-            p.before_put = Some(barrier.clone());
-            writers.push(p);
-        }
+        let writers = writers_in_step(&lake, 2).await;
         let commits = writers.into_iter().map(|p| {
             let r = record("ds", 0, p.dir());
             tokio::spawn(async move { p.commit_unless(r, |_| false).await.unwrap() })
         });
         let versions = new_versions(commits).await;
         assert_eq!(versions, [2, 3]);
+    }
+
+    /// `n` writers of "ds" that each wait before their put until all of them are there.
+    async fn writers_in_step(lake: &Lake, n: usize) -> Vec<PendingVersion> {
+        let barrier = Arc::new(tokio::sync::Barrier::new(n));
+        let mut writers = Vec::new();
+        for _ in 0..n {
+            let mut p = lake.begin("ds").await.unwrap();
+            p.before_put = Some(barrier.clone());
+            writers.push(p);
+        }
+        writers
     }
 
     /// The versions that commits each expected to make a new one made, in order.
