@@ -64,7 +64,7 @@ pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:10000,mu
 
 /// lake: a data lake and streaming dataloader for robot-learning data (LeRobot format).
 #[derive(Debug, Parser)]
-#[command(name = "lake", version, about, long_about = None)]
+#[command(name = "lake", version, about, long_about = None, next_help_heading = "Global options")]
 struct Cli {
     /// Lake root: a directory (or file:// URL), or an object store prefix (s3://BUCKET/PREFIX,
     /// gs://…, az://…; configured by the AWS_*, GOOGLE_* and AZURE_* variables).
