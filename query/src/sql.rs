@@ -44,7 +44,7 @@ use datafusion::{
     },
     prelude::{DataFrame, SessionConfig, SessionContext},
 };
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use lake_schemas::{CommitRecord, ViewRecord, tables};
 use lake_store::{Lake, without_source_locations};
 use lance::datafusion::LanceTableProvider;
@@ -76,6 +76,42 @@ pub const DATASET_TABLES: [&str; 9] = [
 
 fn query_error(e: datafusion::error::DataFusionError) -> Error {
     sql_error(&e)
+}
+
+/// Runs `work` on a thread named `name` whose stack holds a query at the nesting limit
+/// ([`limits::STACK_BYTES`]), in a runtime of its own: how a server, whose runtime's threads have
+/// ordinary stacks, plans a query or walks one. Dropping the answer's future stops `work`.
+///
+/// # Errors
+/// `work`'s; [`Error::Internal`] when the thread cannot start or stops without an answer.
+pub async fn apart<T, F, Fut>(name: &str, work: F) -> Result<T>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>>,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .stack_size(limits::STACK_BYTES)
+        .spawn(move || {
+            let mut tx = tx;
+            let answer = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                // A caller that goes away stops the work (a client that gave up).
+                Ok(runtime) => runtime.block_on(async {
+                    tokio::select! {
+                        answer = work() => Some(answer),
+                        () = tx.closed() => None,
+                    }
+                }),
+                Err(e) => Some(Err(Error::Internal(format!("cannot start a runtime for the query: {e}")))),
+            };
+            if let Some(answer) = answer {
+                let _ = tx.send(answer);
+            }
+        })
+        .map_err(|e| Error::Internal(format!("cannot start a thread for the query: {e}")))?;
+    rx.await.map_err(|_| Error::Internal(format!("the query's thread `{name}` stopped without an answer")))?
 }
 
 /// A failed query as lake's error: [`Error::Storage`] when reading the lake's files failed (an
@@ -125,7 +161,8 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
 }
 
 /// A DataFusion session over one state of the lake (the latest version of every dataset when
-/// it was opened).
+/// it was opened). Clones share the session.
+#[derive(Clone)]
 pub struct LakeSql {
     ctx: SessionContext,
     lake: Lake,
@@ -312,7 +349,7 @@ impl LakeSql {
     /// DataFusion's error (with the position for syntax errors) when the query is not valid; a
     /// message naming the dataset when it refers to one the lake does not have.
     pub async fn stream(&self, query: &str) -> Result<SendableRecordBatchStream> {
-        self.plan(query).await?.execute_stream().await.map_err(query_error)
+        Ok(unwinding(self.plan(query).await?.execute_stream().await.map_err(query_error)?))
     }
 
     /// The schema `query` would return, without running it.
@@ -330,19 +367,7 @@ impl LakeSql {
     /// # Errors
     /// As [`LakeSql::schema`].
     pub async fn schema_apart(self, query: String) -> Result<SchemaRef> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("lake-sql-plan".into())
-            .stack_size(limits::STACK_BYTES)
-            .spawn(move || {
-                let answer = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(runtime) => runtime.block_on(self.schema(&query)),
-                    Err(e) => Err(Error::Internal(format!("cannot start a runtime for the query: {e}"))),
-                };
-                let _ = tx.send(answer);
-            })
-            .map_err(|e| Error::Internal(format!("cannot start a thread for the query: {e}")))?;
-        rx.await.map_err(|_| Error::Internal("the query's planning thread ended without an answer".into()))?
+        apart("lake-sql-plan", move || async move { self.schema(&query).await }).await
     }
 
     async fn plan(&self, query: &str) -> Result<DataFrame> {
@@ -442,9 +467,9 @@ impl LakeSql {
     /// # Errors
     /// As [`LakeSql::stream`].
     pub async fn query(&self, query: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-        let df = self.plan(query).await?;
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await.map_err(query_error)?;
+        let stream = self.stream(query).await?;
+        let schema = stream.schema();
+        let batches = stream.try_collect().await.map_err(query_error)?;
         Ok((schema, batches))
     }
 
@@ -1008,6 +1033,39 @@ impl Stop {
     }
 }
 
+/// `stream`, ended by a panic inside the engine (which DataFusion passes on from its tasks to
+/// the stream's reader) with the error [`engine_panic`] makes of it, instead of unwinding
+/// through the reader: the query fails, and the process or server goes on.
+fn unwinding(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    let schema = stream.schema();
+    let mut inner = Some(stream);
+    let guarded = futures::stream::poll_fn(move |cx| {
+        let Some(stream) = inner.as_mut() else { return std::task::Poll::Ready(None) };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| stream.poll_next_unpin(cx))) {
+            Ok(next) => next,
+            Err(panic) => {
+                inner = None;
+                std::task::Poll::Ready(Some(Err(engine_panic(panic.as_ref()))))
+            }
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, guarded))
+}
+
+/// A query whose execution panicked, as the error that ends its answer: an array past Arrow's
+/// 2 GiB of offsets (a huge value repeated over a batch) as resources exhausted, anything else
+/// with the engine's words.
+fn engine_panic(payload: &(dyn std::any::Any + Send)) -> datafusion::error::DataFusionError {
+    use datafusion::error::DataFusionError;
+    let words = payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str)).unwrap_or("");
+    if words.contains("offset overflow") {
+        return DataFusionError::ResourcesExhausted(
+            "a column of the answer would hold over 2 GiB of values in one batch (Arrow's offset overflow)".into(),
+        );
+    }
+    DataFusionError::Execution(format!("the query engine stopped: {words}"))
+}
+
 /// Sets [`Stop::dropped`] when the answer it is part of is dropped.
 struct DropStops(Arc<Stop>);
 
@@ -1093,7 +1151,7 @@ impl LakeSql {
         let context = Arc::new(frame.task_ctx());
         let plan = frame.create_physical_plan().await.map_err(query_error)?;
         let plan = StoppableExec::watch(plan, stop).map_err(query_error)?;
-        datafusion::physical_plan::execute_stream(plan, context).map_err(query_error)
+        Ok(unwinding(datafusion::physical_plan::execute_stream(plan, context).map_err(query_error)?))
     }
 
     /// [`LakeSql::stream`] on a thread of its own, ended with an error at `deadline`. A query

@@ -7,7 +7,7 @@
 //! current then (or to the version a `dataset` value names, `NAME@VERSION`), so later ingests,
 //! of other datasets or of new versions of the same ones, never change what a view draws.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 
 use arrow::{
     array::{Array, AsArray},
@@ -178,10 +178,33 @@ fn feature_maps(view: &str, rules: &[MappingRule], records: &[lake_schemas::Comm
 /// `replace`), each dataset's features presented as `mapping` says.
 ///
 /// # Errors
+/// As [`create_from`], and when the query cannot be planned.
+pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool, mapping: &[MappingRule]) -> Result<Created> {
+    let sql = LakeSql::open(lake).await?.read_only();
+    let rows = sql.stream(query).await?;
+    create_from(lake, &sql, rows, name, query, replace, mapping).await
+}
+
+/// Stores the selection `rows` (the answer to `query` in `sql`) as the view `name` (replacing
+/// one of that name when `replace`), each dataset's features presented as `mapping` says. The
+/// rows are checked as they arrive, so that what is held stays within the lake's own episodes
+/// however many rows the query returns: a dataset the lake lacks, or an episode its version
+/// lacks, ends the reading at once. (A server hands in a query bounded by its own limits.)
+///
+/// # Errors
 /// When the name is taken or not valid, the query fails, lacks the columns above, names a
 /// dataset or episode the lake does not have, gives one dataset two weights, selects nothing,
 /// or the mapping names what the datasets lack, or the mapped samples could not stack.
-pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool, mapping: &[MappingRule]) -> Result<Created> {
+pub async fn create_from(
+    lake: &Lake,
+    sql: &LakeSql,
+    mut rows: datafusion::execution::SendableRecordBatchStream,
+    name: &str,
+    query: &str,
+    replace: bool,
+    mapping: &[MappingRule],
+) -> Result<Created> {
+    use futures::StreamExt;
     // A view named before its name was reserved may still be replaced.
     let taken = lake_store::validate_name(name).is_ok() && !lake.view_versions(name).await?.is_empty();
     let check = if taken { lake_store::validate_name } else { lake_store::validate_new_name };
@@ -194,8 +217,7 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool, mapping
     if !replace && lake.view(name).await?.is_some() {
         return Err(invalid(name, "already exists (use --replace to overwrite it)"));
     }
-    let sql = LakeSql::open(lake).await?.read_only();
-    let (schema, batches) = sql.query(query).await?;
+    let schema = rows.schema();
     let has = |c: &str| schema.column_with_name(c).is_some();
     if !has("episode_index") {
         return Err(invalid(
@@ -207,9 +229,9 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool, mapping
     if !has("dataset") && datasets.len() != 1 {
         return Err(invalid(name, format!("the lake holds {} datasets; the query must also return a `dataset` column", datasets.len())));
     }
-    let mut episodes: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
-    let mut weights: BTreeMap<String, f64> = BTreeMap::new();
-    for batch in &batches {
+    let mut selection = Selection { lake, view: name, datasets, spelt: HashMap::new(), picked: Vec::new() };
+    while let Some(batch) = rows.next().await {
+        let batch = batch.map_err(|e| crate::sql::sql_error(&e))?;
         // Only a lossless cast: a string where a number belongs is the query's mistake, and a
         // lenient cast would turn it into a null (or parse it) without a word.
         let column = |c: &str, dt: &DataType, kind: &str, fits: fn(&DataType) -> bool| {
@@ -231,98 +253,38 @@ pub async fn create(lake: &Lake, name: &str, query: &str, replace: bool, mapping
             if episode.is_null(row) {
                 return Err(invalid(name, "the query returned a null `episode_index`"));
             }
-            let ds = match &dataset {
+            let spelling = match &dataset {
                 Some(d) if d.is_null(row) => return Err(invalid(name, "the query returned a null `dataset`")),
-                Some(d) => d.as_string::<i32>().value(row).to_string(),
-                None => datasets[0].name.clone(),
+                Some(d) => d.as_string::<i32>().value(row),
+                None => datasets[0].name.as_str(),
             };
-            if let Some(w) = &weight {
-                if w.is_null(row) {
-                    return Err(invalid(name, format!("dataset `{ds}`: the query returned a null `weight`")));
+            let weight = match &weight {
+                Some(w) if w.is_null(row) => {
+                    return Err(invalid(name, format!("dataset `{spelling}`: the query returned a null `weight`")));
                 }
-                let w = w.as_primitive::<Float64Type>().value(row);
-                if !(w.is_finite() && w > 0.0) {
-                    return Err(invalid(name, format!("dataset `{ds}`: weight {w} is not a positive finite number")));
-                }
-                if let Some(old) = weights.insert(ds.clone(), w)
-                    && old != w
-                {
-                    return Err(invalid(name, format!("dataset `{ds}` has two weights ({old} and {w}); give one per dataset")));
-                }
-            }
-            episodes.entry(ds).or_default().insert(episode.as_primitive::<Int64Type>().value(row));
+                Some(w) => Some(w.as_primitive::<Float64Type>().value(row)),
+                None => None,
+            };
+            selection.add(spelling, episode.as_primitive::<Int64Type>().value(row), weight).await?;
         }
     }
-    if episodes.is_empty() {
+    drop(rows);
+    // In the datasets' order, whichever rows came first.
+    selection.picked.sort_by(|a, b| a.record.name.cmp(&b.record.name));
+    if selection.picked.is_empty() {
         return Err(invalid(name, "the query selects no episodes"));
-    }
-    // Each spelling resolved first: `NAME`, `NAME@2` and `NAME@02` may be one version, whose
-    // episodes are then merged (and whose weights must agree).
-    // (version, its episodes, its weight with the spelling that gave it)
-    type Picked = (lake_schemas::CommitRecord, BTreeSet<i64>, Option<(String, f64)>);
-    let mut merged: Vec<Picked> = Vec::new();
-    for (ds, wanted) in episodes {
-        // `NAME` is the dataset's latest version; `NAME@VERSION` that version.
-        let record = match ds.split_once('@') {
-            Some(_) => lake.resolve(&ds).await.map_err(|e| invalid(name, format!("dataset `{ds}`: {e}")))?,
-            None => datasets.iter().find(|r| r.name == ds).cloned().ok_or_else(|| {
-                invalid(
-                    name,
-                    format!(
-                        "the lake has no dataset `{ds}` (datasets: {})",
-                        datasets.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
-                )
-            })?,
-        };
-        let weight = weights.get(&ds).map(|&w| (ds.clone(), w));
-        match merged.iter_mut().find(|(r, ..)| r.name == record.name) {
-            Some((other, ..)) if other.version != record.version => {
-                return Err(invalid(
-                    name,
-                    format!(
-                        "it selects two versions of `{}` ({} and {}); a view takes one of each dataset",
-                        record.name, other.version, record.version
-                    ),
-                ));
-            }
-            Some((other, episodes, kept)) => {
-                if let (Some((first, a)), Some((second, b))) = (kept.as_ref(), weight.as_ref())
-                    && a != b
-                {
-                    return Err(invalid(
-                        name,
-                        format!(
-                            "dataset `{}@{}` has two weights ({a} as `{first}` and {b} as `{second}`); give one per dataset",
-                            other.name, other.version
-                        ),
-                    ));
-                }
-                episodes.extend(wanted);
-                if kept.is_none() {
-                    *kept = weight;
-                }
-            }
-            None => merged.push((record, wanted, weight)),
-        }
     }
     let mut selected: Vec<ViewDataset> = Vec::new();
     let mut records: Vec<lake_schemas::CommitRecord> = Vec::new();
-    for (record, wanted, weight) in merged {
-        let have = lake_store::read_columns(lake, &record, lake_schemas::tables::EPISODES, &["episode_index"]).await?;
-        let have: BTreeSet<i64> =
-            have.iter().flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().iter().copied().collect::<Vec<_>>()).collect();
-        if let Some(missing) = wanted.iter().find(|e| !have.contains(e)) {
-            return Err(invalid(name, format!("dataset `{}@{}` has no episode {missing}", record.name, record.version)));
-        }
+    for picked in selection.picked {
         selected.push(ViewDataset {
-            name: record.name.clone(),
-            version: record.version,
-            weight: weight.map_or(1.0, |(_, w)| w),
-            episodes: wanted.into_iter().collect(),
+            name: picked.record.name.clone(),
+            version: picked.record.version,
+            weight: picked.weight.map_or(1.0, |(_, w)| w),
+            episodes: picked.wanted.into_iter().collect(),
             features: Default::default(),
         });
-        records.push(record);
+        records.push(picked.record);
     }
     let maps = feature_maps(name, mapping, &records)?;
     for (selected, map) in selected.iter_mut().zip(&maps) {
@@ -366,6 +328,109 @@ pub struct Created {
     pub view: ViewRecord,
     /// Notes: each dataset the query read at another version than the view draws.
     pub notes: Vec<String>,
+}
+
+/// The versions a view's rows select, gathered as the rows arrive: each version once, however
+/// its `dataset` values spell it (`NAME`, `NAME@2` and `NAME@02` may be one version, whose
+/// episodes are merged and whose weights must agree), with the episodes it has.
+struct Selection<'a> {
+    lake: &'a Lake,
+    view: &'a str,
+    /// The versions `NAME` alone means: the latest when the query's session opened.
+    datasets: &'a [lake_schemas::CommitRecord],
+    /// Each spelling seen, as (name, version asked), and its version's place in `picked`.
+    spelt: HashMap<(String, Option<u64>), usize>,
+    picked: Vec<Picked>,
+}
+
+/// A version a view selects from.
+struct Picked {
+    record: lake_schemas::CommitRecord,
+    /// The episodes the version has.
+    has: BTreeSet<i64>,
+    /// The episodes the view selects.
+    wanted: BTreeSet<i64>,
+    /// Its weight, with the spelling that first gave it.
+    weight: Option<(String, f64)>,
+}
+
+impl Selection<'_> {
+    /// Adds the row selecting `episode` of the version `spelling` names, with `weight`.
+    async fn add(&mut self, spelling: &str, episode: i64, weight: Option<f64>) -> Result<()> {
+        // (A version that is no number is not looked up: resolving it says what is wrong.)
+        let key = match spelling.rsplit_once('@') {
+            Some((base, version)) => lake_store::parse_version(version).map(|v| (base.to_string(), Some(v))),
+            None => Some((spelling.to_string(), None)),
+        };
+        let at = match key.as_ref().and_then(|k| self.spelt.get(k)) {
+            Some(&at) => at,
+            None => {
+                let at = self.resolve(spelling).await?;
+                self.spelt.extend(key.map(|k| (k, at)));
+                at
+            }
+        };
+        let view = self.view;
+        let picked = &mut self.picked[at];
+        if !picked.has.contains(&episode) {
+            return Err(invalid(view, format!("dataset `{}@{}` has no episode {episode}", picked.record.name, picked.record.version)));
+        }
+        picked.wanted.insert(episode);
+        let Some(w) = weight else { return Ok(()) };
+        if !(w.is_finite() && w > 0.0) {
+            return Err(invalid(view, format!("dataset `{spelling}`: weight {w} is not a positive finite number")));
+        }
+        match &picked.weight {
+            None => picked.weight = Some((spelling.to_string(), w)),
+            Some((first, earlier)) if *earlier != w => {
+                let (name, version) = (&picked.record.name, picked.record.version);
+                let message = if first == spelling {
+                    format!("dataset `{spelling}` has two weights ({earlier} and {w}); give one per dataset")
+                } else {
+                    // In the spellings' order, whichever row came first.
+                    let (mut a, mut b) = ((first.as_str(), *earlier), (spelling, w));
+                    if b.0 < a.0 {
+                        std::mem::swap(&mut a, &mut b);
+                    }
+                    format!(
+                        "dataset `{name}@{version}` has two weights ({} as `{}` and {} as `{}`); give one per dataset",
+                        a.1, a.0, b.1, b.0
+                    )
+                };
+                return Err(invalid(view, message));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The place in `picked` of the version `spelling` names, added (with its episodes) when
+    /// new: `NAME` is the dataset's latest version, `NAME@VERSION` that version.
+    async fn resolve(&mut self, spelling: &str) -> Result<usize> {
+        let view = self.view;
+        let record = match spelling.split_once('@') {
+            Some(_) => self.lake.resolve(spelling).await.map_err(|e| invalid(view, format!("dataset `{spelling}`: {e}")))?,
+            None => self.datasets.iter().find(|r| r.name == spelling).cloned().ok_or_else(|| {
+                let names: Vec<&str> = self.datasets.iter().map(|r| r.name.as_str()).collect();
+                invalid(view, format!("the lake has no dataset `{spelling}` (datasets: {})", names.join(", ")))
+            })?,
+        };
+        if let Some(at) = self.picked.iter().position(|p| p.record.name == record.name) {
+            let other = self.picked[at].record.version;
+            if other != record.version {
+                let (a, b) = (other.min(record.version), other.max(record.version));
+                return Err(invalid(
+                    view,
+                    format!("it selects two versions of `{}` ({a} and {b}); a view takes one of each dataset", record.name),
+                ));
+            }
+            return Ok(at);
+        }
+        let has = lake_store::read_columns(self.lake, &record, lake_schemas::tables::EPISODES, &["episode_index"]).await?;
+        let has = has.iter().flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().iter().copied().collect::<Vec<_>>()).collect();
+        self.picked.push(Picked { record, has, wanted: BTreeSet::new(), weight: None });
+        Ok(self.picked.len() - 1)
+    }
 }
 
 /// What a version's samples are made of, in the order the loader puts them: each steps column

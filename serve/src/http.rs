@@ -429,8 +429,18 @@ async fn create_view(State(service): State<Arc<Service>>, body_bytes: Result<Byt
         let body = body(body_bytes).map_err(|r| Error::Invalid(r.1))?;
         let request: ViewRequest = serde_json::from_slice(&body)
             .map_err(|e| Error::Invalid(format!("the body must be {{\"name\", \"sql\", \"replace\"}}: {e}")))?;
-        let _slot = service.sql_slot()?;
-        let created = lake_query::views::create(service.lake(), &request.name, &request.sql, request.replace, &[]).await?;
+        // The view's query runs as `/v1/sql`'s do: in a SQL slot, within the SQL memory and
+        // timeout, on a thread whose stack holds a query at the nesting limits; so does the
+        // walk over its answer.
+        let slot = service.sql_slot()?;
+        let session = service.sql_session().await?;
+        let rows = service.sql_stream(session.clone(), &request.sql, slot).await?;
+        let lake = service.lake().clone();
+        let ViewRequest { name, sql, replace } = request;
+        let created = lake_query::sql::apart("lake-view", move || async move {
+            lake_query::views::create_from(&lake, &session, rows, &name, &sql, replace, &[]).await
+        })
+        .await?;
         let removed = lake_loader::views::removals(service.lake(), &created.view).await;
         let mut view = view_json(&created.view, removed);
         view["notes"] = json!(created.notes);

@@ -74,7 +74,7 @@ fn small_lake(tmp: &Path) -> std::path::PathBuf {
 /// 400 over HTTP, INVALID_ARGUMENT over Flight SQL (whether or not GetFlightInfo planned it
 /// first) and exit 2 from `lake sql`; chains far past the limits (the 958-byte `+1` chain that
 /// once aborted the server, 100 000 `AND`s, 1 MiB of `+1`) are refused the same way, and the
-/// server stays up through all of them.
+/// server stays up through all of them. A view made over HTTP gets the same limits.
 #[test]
 fn sql_nested_past_the_limits_is_refused_and_never_crashes_the_server() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -131,6 +131,29 @@ fn sql_nested_past_the_limits_is_refused_and_never_crashes_the_server() {
                 }
                 (_, answer) => panic!("{label}… by {how}: {refusal:?}, got {answer:?}"),
             }
+        }
+        healthy(&server);
+    }
+    // A view's query over HTTP: the same limits, and the walk over its answer on a stack that
+    // holds it (a 300-term UNION ALL once aborted the server here). A query whose answer runs
+    // to billions of rows is refused at its first episode the dataset lacks.
+    let views = [
+        ("deep", chain("SELECT 0 AS episode_index", " UNION ALL ", MAX_DEPTH - 1), None),
+        (
+            "deeper",
+            chain("SELECT 0 AS episode_index", " UNION ALL ", MAX_DEPTH + 1),
+            Some(format!("expression nested deeper than {MAX_DEPTH}")),
+        ),
+        ("endless", "SELECT value AS episode_index FROM generate_series(0, 4000000000)".into(), Some("has no episode 6".into())),
+    ];
+    let auth = format!("Bearer {TOKEN}");
+    for (name, query, refusal) in &views {
+        let request = serde_json::json!({"name": name, "sql": query}).to_string();
+        let (code, body) = http(&server.http, "POST", "/v1/views", &[("Authorization", &auth)], request.as_bytes());
+        let body = String::from_utf8_lossy(&body);
+        match refusal {
+            None => assert_eq!(code, 201, "view {name}: {body}"),
+            Some(says) => assert!(code == 400 && body.contains(says.as_str()), "view {name}: {says:?} in {code} {body}"),
         }
         healthy(&server);
     }
@@ -193,6 +216,9 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
         ("SELECT length(replace(repeat('a', 100000000), 'a', 'bbbbbbbb'))", 507, "replace would build"),
         ("SELECT cardinality(range(1000000000))", 507, "range would build"),
         ("SELECT length(repeat('x', 200000000) || repeat('y', 200000000))", 507, "|| would build"),
+        // A value within the limit, repeated over a batch past Arrow's 2 GiB of offsets: the
+        // engine panics, on the query's thread, and the query is refused.
+        ("SELECT length(string_agg(repeat('x', 1000000), ',')) FROM generate_series(1, 100000)", 507, "over 2 GiB of values in one batch"),
         // Each WITH table doubles the string, until the limit.
         (
             "WITH a AS (SELECT repeat('x', 1000000) AS s), b AS (SELECT s || s AS s FROM a), c AS (SELECT s || s AS s FROM b), \
@@ -221,6 +247,8 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
         lake(&root, &["sql", "--memory-mb", "64", "SELECT value FROM generate_series(1,100000000) ORDER BY value DESC LIMIT 100000000"]);
     assert_eq!(run.code, 2, "{run:?}");
     assert!(run.stderr.contains("resources exhausted"), "{}", run.stderr);
+    let run = lake(&root, &["sql", "SELECT length(string_agg(repeat('x', 1000000), ',')) FROM generate_series(1, 100000)"]);
+    assert!(run.code == 2 && run.stderr.contains("over 2 GiB of values in one batch"), "{run:?}");
 
     // A client that leaves stops its query (a sort, which spills): its slot comes back.
     let addr = server.http.clone();
