@@ -82,10 +82,10 @@ impl LakeFlight {
             Err(Status::invalid_argument(message))
         };
         if descriptor.r#type == arrow_flight::flight_descriptor::DescriptorType::Path as i32 {
-            return refused(format!(
+            return refused(crate::status_message(format!(
                 "lake takes CMD descriptors (a JSON sampling request, or a Flight SQL command), not PATH descriptors ({:?})",
                 descriptor.path
-            ));
+            )));
         }
         if bytes.is_empty() {
             return refused("the descriptor's command is empty; it must hold a JSON sampling request".into());

@@ -303,7 +303,8 @@ impl FlightSqlService for LakeFlightSql {
     /// An action type the server does not know is a call it does not offer (UNIMPLEMENTED, as
     /// for the Flight SQL actions it knows but does not serve), not a malformed request.
     async fn do_action_fallback(&self, request: Request<Action>) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
-        Err(Status::unimplemented(format!("action `{}` is not offered (ListActions names those that are)", request.get_ref().r#type)))
+        let action = &request.get_ref().r#type;
+        Err(Status::unimplemented(crate::status_message(format!("action `{action}` is not offered (ListActions names those that are)"))))
     }
 
     async fn get_flight_info_catalogs(

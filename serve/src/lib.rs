@@ -1441,9 +1441,34 @@ impl<S> Drop for AccessLog<S> {
     }
 }
 
+/// The most bytes a status message takes in its `grpc-message` header, percent-encoded: gRPC
+/// clients refuse a response whose headers pass their metadata limit, and then show their own
+/// "metadata size exceeds limit" instead of the message (pyarrow 21 read a 3.7 KB message and
+/// refused a 5 KB one); half of that leaves room for the other headers.
+pub const MAX_STATUS_BYTES: usize = 2048;
+
+/// `message`, cut to [`MAX_STATUS_BYTES`] once percent-encoded as gRPC sends it (what the client
+/// sent, echoed in a refusal, can be long), and ending in `…` where cut.
+pub fn status_message(message: String) -> String {
+    // Printable ASCII travels as it is, but for `%`; every other byte as `%XX`.
+    let cost = |c: char| if (' '..='~').contains(&c) && c != '%' { 1 } else { 3 * c.len_utf8() };
+    if message.chars().map(cost).sum::<usize>() <= MAX_STATUS_BYTES {
+        return message;
+    }
+    let room = MAX_STATUS_BYTES - cost('…');
+    let mut used = 0;
+    let cut = message.char_indices().find(|&(_, c)| {
+        used += cost(c);
+        used > room
+    });
+    let end = cut.map_or(message.len(), |(at, _)| at);
+    format!("{}…", &message[..end])
+}
+
 /// The gRPC status answering a failed request.
 pub fn grpc_status(e: &Error) -> tonic::Status {
     let (kind, message) = refusal(e);
+    let message = status_message(message);
     match kind {
         Refusal::BadRequest => tonic::Status::invalid_argument(message),
         Refusal::NotFound => tonic::Status::not_found(message),
@@ -1502,6 +1527,20 @@ fn refusal_kind(e: &Error) -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_message_fits_a_grpc_header_once_encoded() {
+        let encoded = |m: &str| m.chars().map(|c| if (' '..='~').contains(&c) && c != '%' { 1 } else { 3 * c.len_utf8() }).sum::<usize>();
+        assert_eq!(status_message("short".into()), "short");
+        let at_limit = "a".repeat(MAX_STATUS_BYTES);
+        assert_eq!(status_message(at_limit.clone()), at_limit, "a message at the limit is whole");
+        for long in ["a".repeat(100_000), "é".repeat(50_000), "%".repeat(10_000), format!("{}ü", "a".repeat(MAX_STATUS_BYTES))] {
+            let cut = status_message(long.clone());
+            assert!(cut.ends_with('…') && encoded(&cut) <= MAX_STATUS_BYTES, "{} encoded bytes", encoded(&cut));
+            assert!(long.starts_with(cut.trim_end_matches('…')), "a prefix of the message");
+            assert!(encoded(&cut) > MAX_STATUS_BYTES - 12, "cut at the limit, not before: {}", encoded(&cut));
+        }
+    }
 
     #[test]
     fn a_null_delta_timestamps_means_no_windows_and_survives_a_ticket() {

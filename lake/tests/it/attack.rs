@@ -356,7 +356,8 @@ fn full() -> bool {
 /// The auth matrix (every endpoint but /healthz, with each way a token can be missing or
 /// wrong, over HTTP and Flight), the path traversals (dataset names in URLs, requests and SQL
 /// that point outside the lake) and the statements that write or read files: every one is
-/// refused, and none reads or writes outside the lake.
+/// refused, and none reads or writes outside the lake. Refusals over Flight that echo what the
+/// client sent are cut to fit a gRPC header.
 #[test]
 fn auth_traversal_and_file_statements_are_refused() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -422,6 +423,28 @@ fn auth_traversal_and_file_statements_are_refused() {
                 Ok(stream) => stream.try_collect::<Vec<_>>().await.expect_err("refused").to_string(),
             };
             assert!(refused.contains("Unauthenticated") || refused.contains("bearer token"), "{header:?}: {refused}");
+        }
+        // What a client sent, echoed in a refusal, is cut to fit a gRPC header (a client cannot
+        // read a longer one, and shows its own error instead).
+        let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
+        let mut client = arrow_flight::FlightClient::new(channel);
+        client.add_header("authorization", &good).expect("header");
+        let path = arrow_flight::FlightDescriptor::new_path(vec!["a".to_string(); 20_000]);
+        let action = arrow_flight::Action::new("x".repeat(100_000), "");
+        let ticket = arrow_flight::Ticket::new(format!(r#"{{"datasets": ["v30-av1-small"], "{}": 1}}"#, "é".repeat(50_000)));
+        let refusals = [
+            (client.get_flight_info(path).await.map(|_| ()), tonic::Code::InvalidArgument),
+            (client.do_action(action).await.map(|_| ()), tonic::Code::Unimplemented),
+            (client.do_get(ticket).await.map(|_| ()), tonic::Code::InvalidArgument),
+        ];
+        for (answer, code) in refusals {
+            let Err(arrow_flight::error::FlightError::Tonic(status)) = answer else { panic!("refused: {answer:?}") };
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(
+                status.message().ends_with('…') && status.message().len() <= lake_serve::MAX_STATUS_BYTES,
+                "{}",
+                status.message().len()
+            );
         }
     });
 
