@@ -46,6 +46,10 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # sql`'s; with scripts/python-env.sh's python, which pins pylance, duckdb and polars.
 LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$(scripts/python-env.sh)" clients/python/tests/test_engines.py
 
+# The attack probe: about 250 hostile requests over HTTP and Flight to a real server; it fails
+# if the server dies, answers 500, or refuses in words a client cannot read.
+"$(scripts/python-env.sh)" scripts/attack_probe.py "$CARGO_TARGET_DIR/debug/lake"
+
 # The web app in Debian's headless Chromium through its WebDriver (clients/python/tests/test_web.py:
 # login, datasets, an episode's frames equal to the loader's, the plot cursor, the SQL console);
 # with scripts/python-env.sh's python, which pins selenium.
