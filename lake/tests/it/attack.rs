@@ -216,6 +216,9 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
         ("SELECT length(replace(repeat('a', 100000000), 'a', 'bbbbbbbb'))", 507, "replace would build"),
         ("SELECT cardinality(range(1000000000))", 507, "range would build"),
         ("SELECT length(repeat('x', 200000000) || repeat('y', 200000000))", 507, "|| would build"),
+        // `concat` folds literal arguments at planning: sized before it does.
+        ("SELECT length(concat(repeat('a', 100000000), repeat('b', 100000000), repeat('c', 100000000)))", 507, "concat would build"),
+        ("SELECT length(concat_ws(repeat(',', 100000000), repeat('a', 100000000), repeat('b', 100000000)))", 507, "concat_ws would build"),
         // A value within the limit, repeated over a batch past Arrow's 2 GiB of offsets: the
         // engine panics, on the query's thread, and the query is refused.
         ("SELECT length(string_agg(repeat('x', 1000000), ',')) FROM generate_series(1, 100000)", 507, "over 2 GiB of values in one batch"),

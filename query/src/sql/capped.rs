@@ -289,7 +289,25 @@ impl ScalarUDFImpl for Capped {
     }
 
     fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
-        self.inner.simplify(args, info)
+        // `concat` and `concat_ws` fold their literal arguments into one at planning: sized
+        // first, as a call would be (`concat_ws` puts its delimiter between them).
+        let literal = |e: &Expr| if let Expr::Literal(v, _) = e { scalar_bytes(v) } else { 0 };
+        if self.size == Size::Sum {
+            let mut folded = args.iter().map(literal).fold(0u64, u64::saturating_add);
+            if self.name() == "concat_ws" {
+                folded = folded.saturating_add(args.first().map_or(0, literal).saturating_mul(args.len() as u64));
+            }
+            if folded > MAX_VALUE_BYTES {
+                return too_large(self.name(), folded);
+            }
+        }
+        // What they fold to calls DataFusion's own function: capped again.
+        Ok(match self.inner.simplify(args, info)? {
+            ExprSimplifyResult::Simplified(Expr::ScalarFunction(call)) => {
+                ExprSimplifyResult::Simplified(Expr::ScalarFunction(capped_call(call)))
+            }
+            other => other,
+        })
     }
 
     fn short_circuits(&self) -> bool {
@@ -329,6 +347,18 @@ impl ScalarUDFImpl for Capped {
 
     fn documentation(&self) -> Option<&Documentation> {
         self.inner.documentation()
+    }
+}
+
+/// `call`, with its function capped where it is one of [`SIZED`] not capped yet.
+fn capped_call(call: ScalarFunction) -> ScalarFunction {
+    let already = (call.func.inner().as_ref() as &dyn std::any::Any).is::<Capped>();
+    match SIZED.iter().find(|(name, _)| *name == call.func.name()) {
+        Some(&(_, size)) if !already => {
+            let capped = ScalarUDF::new_from_impl(Capped { inner: UdfEq::from(call.func.inner().clone()), size });
+            ScalarFunction::new_udf(Arc::new(capped), call.args)
+        }
+        _ => call,
     }
 }
 
