@@ -211,15 +211,18 @@ async fn connection(service: Arc<Service>, socket: UnixStream) -> std::io::Resul
     writer.write_all(&wire::frame(wire::SCHEMA, &[&head.data_header])).await?;
 
     // The client's messages (slots it gives back) arrive on their own task; the channel closes
-    // when the client goes away, which ends the stream and its work.
-    let (given_back, mut released) = mpsc::unbounded_channel();
+    // when the client goes away, which ends the stream and its work. A client gives back at most
+    // the slots of two segments (the one it reads, and the one it read before) between two of
+    // the stream's turns, so the channel holds that many; a client that sends more waits (its
+    // socket fills) instead of growing the server's memory.
+    let (given_back, mut released) = mpsc::channel(2 * wire::MAX_SLOTS as usize);
     let _reading = Spawned(tokio::spawn(async move {
         while let Ok((kind, m)) = read_message(&mut reader).await {
             if kind != wire::RELEASE || m.len() != 8 {
                 break;
             }
             let slot = (u32::from_le_bytes(m[..4].try_into().expect("4 bytes")), u32::from_le_bytes(m[4..].try_into().expect("4 bytes")));
-            if given_back.send(slot).is_err() {
+            if given_back.send(slot).await.is_err() {
                 break;
             }
         }

@@ -510,7 +510,8 @@ fn auth_traversal_and_file_statements_are_refused() {
 /// Floods: oversized bodies are refused, hundreds of idle connections and clients killed in
 /// the middle of their streams leave the server serving, and the streams it serves meanwhile
 /// are exactly `lake sample`'s batches. LAKE_ATTACK_FULL=1 runs the attack run's own sizes
-/// (100 MB bodies, 400 idle connections, 64 concurrent streams, 40 killed clients).
+/// (100 MB bodies, 400 idle connections, 64 concurrent streams, 40 killed clients). A local
+/// client flooding the server with slots it gives back is read no faster than the stream goes.
 #[test]
 fn floods_of_bodies_connections_and_killed_clients_leave_the_server_serving() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -574,5 +575,26 @@ fn floods_of_bodies_connections_and_killed_clients_leave_the_server_serving() {
         assert_eq!(got, expected, "rank {}", request["rank"]);
     }
     drop(silent);
+    healthy(&server);
+
+    // A local client that gives its two slots back again and again and never reads: the server
+    // fills them, its messages fill the socket, and it stops reading the client (whose writes
+    // stall) instead of queueing what the client sends.
+    use lake_client::local::wire;
+    let mut flooder = std::os::unix::net::UnixStream::connect(&server.local).expect("local socket");
+    let request = r#"{"datasets": ["v30-av1-small"], "preset": "none", "batch_size": 1}"#;
+    let token_len = u32::try_from(TOKEN.len()).expect("short").to_le_bytes();
+    let hello = wire::frame(wire::HELLO, &[&2u32.to_le_bytes(), &token_len, TOKEN.as_bytes(), request.as_bytes()]);
+    std::io::Write::write_all(&mut flooder, &hello).expect("hello");
+    // Slots 0 and 1 of the stream's first segment (segments count from 1).
+    let release = |slot: u32| wire::frame(wire::RELEASE, &[&1u32.to_le_bytes(), &slot.to_le_bytes()]);
+    let releases: Vec<u8> = [release(0), release(1)].concat().repeat(5_000);
+    flooder.set_write_timeout(Some(std::time::Duration::from_secs(5))).expect("timeout");
+    let mut sent = 0;
+    while sent < 1_000_000 && std::io::Write::write_all(&mut flooder, &releases).is_ok() {
+        sent += 10_000;
+    }
+    assert!(sent < 1_000_000, "the server read a million slots given back by a client that never reads");
+    drop(flooder);
     healthy(&server);
 }
