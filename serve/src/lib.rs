@@ -796,6 +796,9 @@ impl Service {
     /// mixture of rates or of features.
     pub async fn sampling_facts(&self, request: &SampleRequest) -> Result<lake_stats::SamplingFacts> {
         request.check().map_err(invalid).inspect_err(|e| self.count_refusal(e))?;
+        // The facts do not depend on the windows, but a request whose windows cannot be made is
+        // refused here as its stream would be.
+        request.windows().inspect_err(|e| self.count_refusal(e))?;
         lake_stats::sampling_facts(&self.lake, &request.spec())
             .await
             .map_err(|e| match e {

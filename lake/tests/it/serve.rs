@@ -630,6 +630,11 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert_eq!(facts["stats"]["action"]["mean"].as_array().map(Vec::len), Some(6), "{facts:#}");
     let (code, _) = http(&server.http, "POST", "/v1/facts", &[], facts_request);
     assert_eq!(code, 401, "the facts are behind the token too");
+    // A request its stream would refuse for its windows is refused for its facts too.
+    let typo = br#"{"datasets": ["v30-av1-small"], "preset": "actt"}"#;
+    let (code, body) = http(&server.http, "POST", "/v1/facts", &[("Authorization", auth.as_str())], typo);
+    assert_eq!(code, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("unknown preset `actt`"), "{}", String::from_utf8_lossy(&body));
     let (code, body) = http(&server.http, "GET", "/v1/openapi.json", &[("Authorization", auth.as_str())], b"");
     assert_eq!(code, 200);
     assert!(serde_json::from_slice::<Value>(&body).expect("json")["paths"]["/v1/sample"].is_object());
