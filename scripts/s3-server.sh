@@ -20,7 +20,8 @@
 # LAKE_S3_PYTHON) and installs nothing itself. LAKE_S3_START_TIMEOUT (seconds, default 60) bounds
 # the wait for the server to answer. LAKE_S3_FAIL_EVERY=N answers every N-th request with 503
 # SlowDown and LAKE_S3_DELAY_MS=MS holds each request (faults for tests of retries);
-# LAKE_S3_VERBOSE=1 logs every request. The port file and the log go to LAKE_S3_DIR (a test's own
+# LAKE_S3_DENY_WRITES="BUCKET/PREFIX ..." answers writes under each with 403 AccessDenied (as S3
+# answers read-only credentials); LAKE_S3_VERBOSE=1 logs every request. The port file and the log go to LAKE_S3_DIR (a test's own
 # temporary directory, say), else to a new directory under $TMPDIR that is left for a look.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -47,6 +48,9 @@ done
 # Faults for tests of retries: every N-th request answered 503, every request held MS ms.
 [ -n "${LAKE_S3_FAIL_EVERY:-}" ] && args+=(--fail-every "$LAKE_S3_FAIL_EVERY")
 [ -n "${LAKE_S3_DELAY_MS:-}" ] && args+=(--delay-ms "$LAKE_S3_DELAY_MS")
+for prefix in ${LAKE_S3_DENY_WRITES:-}; do
+  args+=(--deny-writes "$prefix")
+done
 # Every request logged (LAKE_S3_LOG), for tests that count what a client asked.
 [ "${LAKE_S3_VERBOSE:-0}" = 1 ] && args+=(--verbose)
 # The server's output goes to a file, never to this script's stdout or stderr: a caller that

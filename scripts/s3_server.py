@@ -3,7 +3,8 @@
 Run with the Python of scripts/s3-env.sh; scripts/s3-server.sh starts it in the background.
 
     python scripts/s3_server.py --port-file FILE [--host 127.0.0.1] [--port 0] [--bucket NAME]...
-                                [--watch-pid PID] [--fail-every N] [--delay-ms MS] [--verbose]
+                                [--watch-pid PID] [--fail-every N] [--delay-ms MS]
+                                [--deny-writes BUCKET/PREFIX]... [--verbose]
 
 It binds HOST:PORT (port 0: a free port), creates each --bucket (default: one bucket named
 `lake`) through the S3 API itself, and only then writes the bound port to --port-file, so a
@@ -18,6 +19,8 @@ so that of two racing conditional writes exactly one succeeds, as on S3. Reads r
 Faults, for tests of a client's retries: --fail-every N answers every N-th request with S3's
 `503 SlowDown` (before moto sees it, so nothing changes), and --delay-ms MS holds every request that
 long before answering. Each injected 503 is logged as a line `injected 503 METHOD PATH` on stderr.
+--deny-writes BUCKET/PREFIX answers every PUT, POST and DELETE of a key under it with S3's `403
+AccessDenied`, as S3 answers credentials whose policy allows reading only; reads go through.
 """
 
 import argparse
@@ -57,10 +60,11 @@ class SerialWrites:
 
 
 class Faults:
-    """A WSGI app in front of another that delays requests and fails every N-th with a 503."""
+    """A WSGI app in front of another that delays requests, fails every N-th with a 503, and refuses
+    writes under the denied prefixes with a 403."""
 
-    def __init__(self, app, fail_every, delay_ms):
-        self.app, self.fail_every, self.delay = app, fail_every, delay_ms / 1000.0
+    def __init__(self, app, fail_every, delay_ms, denied):
+        self.app, self.fail_every, self.delay, self.denied = app, fail_every, delay_ms / 1000.0, denied
         self.count = 0
         self.lock = threading.Lock()
         self.on = threading.Event()
@@ -68,6 +72,14 @@ class Faults:
     def __call__(self, environ, start_response):
         if not self.on.is_set():
             return self.app(environ, start_response)
+        if environ.get("REQUEST_METHOD") in WRITES and any(
+            environ.get("PATH_INFO", "").startswith(f"/{prefix}") for prefix in self.denied
+        ):
+            buffer_body(environ)
+            print(f"denied {environ.get('REQUEST_METHOD')} {environ.get('PATH_INFO')}", file=sys.stderr, flush=True)
+            body = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>'
+            start_response("403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+            return [body]
         if self.delay:
             time.sleep(self.delay)
         with self.lock:
@@ -127,12 +139,14 @@ def main():
     parser.add_argument("--watch-pid", type=int, default=None)
     parser.add_argument("--fail-every", type=int, default=0, help="answer every N-th request with 503 SlowDown")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="hold every request this long")
+    parser.add_argument("--deny-writes", action="append", default=[], metavar="BUCKET/PREFIX",
+                        help="answer writes of keys under it with 403 AccessDenied")
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     args = parser.parse_args()
     if not args.verbose:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
-    app = Faults(SerialWrites(DomainDispatcherApplication(create_backend_app)), args.fail_every, args.delay_ms)
+    app = Faults(SerialWrites(DomainDispatcherApplication(create_backend_app)), args.fail_every, args.delay_ms, args.deny_writes)
     server = make_server(args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler)
     port = server.server_port
     serving = threading.Thread(target=server.serve_forever, name="s3-serve", daemon=True)

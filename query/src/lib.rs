@@ -73,6 +73,11 @@ pub enum Error {
     /// Something that should not fail did (encoding an answer); the message is for the log.
     #[error("{0}")]
     Internal(String),
+    /// The lake may not be written here: the server serves it read-only (`lake serve
+    /// --read-only`), or its storage refuses writes. HTTP 403, gRPC `PERMISSION_DENIED`; asking
+    /// again fails again.
+    #[error("{0}")]
+    ReadOnly(String),
     /// The server is shutting down; a stream it ended resumes at its next step elsewhere.
     #[error(
         "the server is shutting down; a stream resumes from its next step (epoch and step of the batch after the last one read), a query is asked again, elsewhere or after the restart"

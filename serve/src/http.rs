@@ -215,6 +215,7 @@ impl From<Error> for Refused {
             Refusal::Busy | Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::TooLarge => StatusCode::INSUFFICIENT_STORAGE,
             Refusal::Internal | Refusal::Frame => StatusCode::INTERNAL_SERVER_ERROR,
+            Refusal::ReadOnly => StatusCode::FORBIDDEN,
         };
         Self(code, message)
     }
@@ -426,6 +427,7 @@ struct ViewRequest {
 /// `POST /v1/views`: names a training set, as `lake view create` does.
 async fn create_view(State(service): State<Arc<Service>>, body_bytes: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
     let made = async {
+        service.writable()?;
         let body = body(body_bytes).map_err(|r| Error::Invalid(r.1))?;
         let request: ViewRequest = serde_json::from_slice(&body)
             .map_err(|e| Error::Invalid(format!("the body must be {{\"name\", \"sql\", \"replace\"}}: {e}")))?;
@@ -440,7 +442,8 @@ async fn create_view(State(service): State<Arc<Service>>, body_bytes: Result<Byt
         let created = lake_query::sql::apart("lake-view", move || async move {
             lake_query::views::create_from(&lake, &session, rows, &name, &sql, replace, &[]).await
         })
-        .await?;
+        .await
+        .map_err(refused_write)?;
         let removed = lake_loader::views::removals(service.lake(), &created.view).await;
         let mut view = view_json(&created.view, removed);
         view["notes"] = json!(created.notes);
@@ -449,6 +452,20 @@ async fn create_view(State(service): State<Arc<Service>>, body_bytes: Result<Byt
     match answer(&service, made).await {
         Ok(view) => (StatusCode::CREATED, view).into_response(),
         Err(refused) => refused.into_response(),
+    }
+}
+
+/// A write the lake's storage refused, as [`Error::ReadOnly`] (its details, which name the lake's
+/// paths, go to the log); other errors as they are.
+fn refused_write(e: Error) -> Error {
+    match lake_store::write_refusal(&e) {
+        Some(why) => {
+            tracing::warn!("a view could not be written: {e}");
+            Error::ReadOnly(format!(
+                "this server may not write to its lake ({why}): make the view with `lake view create` where the lake may be written"
+            ))
+        }
+        None => e,
     }
 }
 
@@ -1019,6 +1036,7 @@ fn paths_and_schemas(
                         "replace": {"type": "boolean", "default": false}}}}}},
                 "responses": {"201": {"description": "the view made, with `notes`", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/View"}}}},
                     "400": error("not a valid name or query, or the name is taken (without replace)"), "401": unauthorized,
+                    "403": error("the server may not write to its lake: it serves it read-only (`lake serve --read-only`), or the lake's storage refuses its writes"),
                     "503": error("as many SQL queries run as the server runs at once")}}},
             "/v1/datasets/{name}": {"get": {"parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"},
                     "description": "NAME, NAME@VERSION, VIEW or VIEW@VERSION"},

@@ -239,6 +239,9 @@ pub struct ServeOptions {
     /// Longest an HTTP client may take to send a request's head, and then its body; a slower
     /// one is cut (head) or answered 408 (body).
     pub request_wait: std::time::Duration,
+    /// Refuse every request that would write to the lake (`POST /v1/views`, the only one), as
+    /// [`Error::ReadOnly`].
+    pub read_only: bool,
 }
 
 impl Default for ServeOptions {
@@ -255,6 +258,7 @@ impl Default for ServeOptions {
             sql_concurrency: std::thread::available_parallelism().map_or(2, usize::from),
             sql_memory_bytes: 1 << 30,
             request_wait: std::time::Duration::from_secs(30),
+            read_only: false,
         }
     }
 }
@@ -598,6 +602,21 @@ impl Service {
     /// The lake served.
     pub fn lake(&self) -> &Lake {
         &self.lake
+    }
+
+    /// Refuses a request that would write to the lake when the server serves it read-only.
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] under [`ServeOptions::read_only`].
+    pub fn writable(&self) -> Result<()> {
+        if self.options.read_only {
+            return Err(Error::ReadOnly(
+                "this server serves its lake read-only (`lake serve --read-only`): make views with `lake view create`, or through a \
+                 server that may write"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether `token` (the value after `Bearer `) is accepted.
@@ -964,7 +983,7 @@ impl Service {
     /// Counts a refused request by its kind.
     fn count_refusal(&self, e: &Error) {
         let counter = match refusal_kind(e) {
-            Refusal::BadRequest | Refusal::TooLarge => &self.metrics.bad_requests,
+            Refusal::BadRequest | Refusal::TooLarge | Refusal::ReadOnly => &self.metrics.bad_requests,
             Refusal::NotFound => &self.metrics.not_found,
             Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
             Refusal::Internal => &self.metrics.internal_errors,
@@ -1371,6 +1390,9 @@ pub enum Refusal {
     /// The server is shutting down (a stream it ended: gRPC `UNAVAILABLE`, an HTTP body broken
     /// off); resume from the next step.
     Unavailable,
+    /// The request would write to the lake, which this server may not (403,
+    /// `PERMISSION_DENIED`): it serves it read-only, or the lake's storage refuses its writes.
+    ReadOnly,
 }
 
 /// A stream's line in the access log (target `lake::access`, shown by default): the request,
@@ -1479,6 +1501,7 @@ pub fn grpc_status(e: &Error) -> tonic::Status {
         Refusal::Unavailable => tonic::Status::unavailable(message),
         Refusal::Internal => tonic::Status::internal(message),
         Refusal::Frame => tonic::Status::data_loss(message),
+        Refusal::ReadOnly => tonic::Status::permission_denied(message),
     }
 }
 
@@ -1517,6 +1540,7 @@ fn refusal_kind(e: &Error) -> Refusal {
         Error::Busy(_) => Refusal::Busy,
         Error::ResourcesExhausted(_) => Refusal::TooLarge,
         Error::ShuttingDown => Refusal::Unavailable,
+        Error::ReadOnly(_) => Refusal::ReadOnly,
         Error::NotFound(_)
         | Error::Loader(L::NotFound(_))
         | Error::Store(S::NotFound { .. } | S::View { .. })

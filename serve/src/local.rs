@@ -83,6 +83,7 @@ fn error_message(e: &crate::Error) -> Vec<u8> {
         Refusal::Unavailable => "unavailable",
         Refusal::Internal => "internal",
         Refusal::Frame => "frame",
+        Refusal::ReadOnly => "read_only",
     };
     wire::error(code, &message)
 }

@@ -219,6 +219,30 @@ pub fn store_message(e: &object_store::Error) -> String {
     message
 }
 
+/// Why the lake's storage refused a write, when `e` (or one of its causes) says it did: a
+/// read-only file system, a file or directory without write permission, or an object store that
+/// refuses the credentials' write (403) or has none (401). A refusal of that kind does not go away
+/// by asking again.
+pub fn write_refusal(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ReadOnlyFilesystem => return Some("its file system is read-only"),
+                std::io::ErrorKind::PermissionDenied => return Some("its files may not be written by the server's user"),
+                _ => {}
+            }
+        }
+        match e.downcast_ref::<object_store::Error>() {
+            Some(object_store::Error::PermissionDenied { .. }) => return Some("its object store refuses the server's credentials a write"),
+            Some(object_store::Error::Unauthenticated { .. }) => return Some("its object store takes no write without credentials"),
+            _ => {}
+        }
+        cause = e.source();
+    }
+    None
+}
+
 impl Error {
     pub(crate) fn store(path: impl Into<String>) -> impl FnOnce(object_store::Error) -> Self {
         let path = path.into();
@@ -265,6 +289,26 @@ mod tests {
         }
         let cut = lance::Error::from(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "early eof"));
         assert_eq!(super::machine_error(&cut), None);
+    }
+
+    /// A write the storage refuses is told apart, through the lake's and the store's errors,
+    /// from one that failed otherwise.
+    #[test]
+    fn a_refused_write_is_told_apart_from_other_failures() {
+        let local = |errno| super::Error::ObjectStore {
+            path: "views/v/v00000001.json".into(),
+            source: object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(std::io::Error::from_raw_os_error(errno)) },
+        };
+        assert_eq!(super::write_refusal(&local(libc::EROFS)), Some("its file system is read-only"));
+        assert_eq!(super::write_refusal(&local(libc::EACCES)), Some("its files may not be written by the server's user"));
+        assert_eq!(super::write_refusal(&local(libc::ENOSPC)), None);
+        let denied = object_store::Error::PermissionDenied { path: "views/v".into(), source: "AccessDenied".into() };
+        assert_eq!(
+            super::write_refusal(&super::Error::ObjectStore { path: "views/v".into(), source: denied }).map(|w| w.contains("refuses")),
+            Some(true)
+        );
+        let missing = object_store::Error::NotFound { path: "views/v".into(), source: "NoSuchKey".into() };
+        assert_eq!(super::write_refusal(&missing), None);
     }
 
     #[test]

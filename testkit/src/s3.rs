@@ -26,7 +26,7 @@ impl S3Server {
     }
 
     /// [`S3Server::start`] with settings of `scripts/s3-server.sh` (faults: `LAKE_S3_FAIL_EVERY`,
-    /// `LAKE_S3_DELAY_MS`).
+    /// `LAKE_S3_DELAY_MS`; writes refused: `LAKE_S3_DENY_WRITES`).
     ///
     /// # Panics
     /// As [`S3Server::start`].

@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// are sending; streams whose clients stopped reading are cut after that.
     #[arg(long, env = "LAKE_SERVE_SHUTDOWN_WAIT", value_name = "SECONDS", default_value_t = 10, value_parser = crate::args::seconds)]
     shutdown_wait: u64,
+    /// Serve the lake read-only: refuse every request that would write to it (making a view
+    /// over HTTP, the only one) with 403, whatever the token. For servers that share a lake
+    /// they must not change, or whose storage is mounted or credentialed read-only.
+    #[arg(long, env = "LAKE_SERVE_READ_ONLY", value_parser = clap::builder::BoolishValueParser::new())]
+    read_only: bool,
 }
 
 /// Sets jemalloc's dirty-page decay of every arena (the binary runs on jemalloc; see main.rs):
@@ -220,6 +225,7 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
         request_wait: std::time::Duration::from_secs(args.request_wait),
         sql_concurrency: args.sql_concurrency.map_or(ServeOptions::default().sql_concurrency, |n| n.min(1024) as usize),
         tokens,
+        read_only: args.read_only,
         ..Default::default()
     };
     let service = Service::new(lake, options)?;
@@ -233,11 +239,13 @@ pub async fn serve(root: &str, args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (flight_addr, http_addr) = (flight_listener.local_addr()?, http_listener.local_addr()?);
     for addr in [flight_addr, http_addr] {
         if tokens_empty && !addr.ip().is_loopback() {
-            errln!("warning: serving on {addr} without tokens: anyone who can reach it can read the lake (use --token-file)");
+            let may = if args.read_only { "read the lake" } else { "read the lake and make views in it" };
+            errln!("warning: serving on {addr} without tokens: anyone who can reach it can {may} (use --token-file)");
         }
     }
     let local = args.local.as_ref().map(|p| format!(" local {}", p.display())).unwrap_or_default();
-    outln!("lake serving {root}: flight grpc://{flight_addr} http://{http_addr}{local}")?;
+    let read_only = if args.read_only { " (read-only)" } else { "" };
+    outln!("lake serving {root}{read_only}: flight grpc://{flight_addr} http://{http_addr}{local}")?;
     use std::io::Write;
     std::io::stdout().flush()?;
 

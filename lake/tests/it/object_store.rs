@@ -331,10 +331,11 @@ fn the_store_killed_during_an_ingest_fails_it_naming_the_store() {
     assert!(run.stderr.contains("ingest of") && run.stderr.contains(server.endpoint().trim_start_matches("http://")), "{}", run.stderr);
 }
 
-/// `lake serve` on `root` (an S3 lake on `server`), Flight only; killed when dropped.
-fn serve_s3(server: &S3Server, root: &str) -> crate::serve::Server {
+/// `lake serve` on `root` (an S3 lake on `server`) with `extra` flags; killed when dropped.
+fn serve_s3(server: &S3Server, root: &str, extra: &[&str]) -> crate::serve::Server {
     use std::io::BufRead;
-    let mut child = s3_cmd(server, root, &["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1"])
+    let args = [&["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1"], extra].concat();
+    let mut child = s3_cmd(server, root, &args)
         .env("LAKE_TOKENS", crate::serve::TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -344,6 +345,49 @@ fn serve_s3(server: &S3Server, root: &str) -> crate::serve::Server {
     std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
     let addr = |prefix: &str| line.split_whitespace().find_map(|w| w.strip_prefix(prefix)).unwrap_or_else(|| panic!("{line}")).to_string();
     crate::serve::Server { flight: format!("grpc://{}", addr("grpc://")), http: addr("http://"), child, local: std::path::PathBuf::new() }
+}
+
+/// A server that may not write to its lake refuses a view with 403 and says why, before running
+/// its query under `--read-only`, and after it when the store refuses the server's writes (403
+/// AccessDenied, as S3 answers credentials allowed to read only); it serves samples and SQL as
+/// before, and the lake is as it was.
+#[test]
+fn a_server_that_may_not_write_refuses_views_with_the_reason_and_serves_the_rest() {
+    let root = s3_root("read-only");
+    let views = format!("lake/{}/views/", prefix(&root));
+    let server = S3Server::start_with(&[("LAKE_S3_DENY_WRITES", &views)]);
+    assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-images-tiny").to_str().expect("utf-8")]).code, 0);
+    let auth = format!("Bearer {}", crate::serve::TOKEN);
+    let post = |served: &crate::serve::Server, path: &str, body: &str| {
+        let accept = if path == "/v1/sample" { "application/vnd.apache.arrow.stream" } else { "application/json" };
+        let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json"), ("Accept", accept)];
+        let (code, body) = crate::serve::http(&served.http, "POST", path, &headers, body.as_bytes());
+        (code, String::from_utf8_lossy(&body).into_owned())
+    };
+    let view = r#"{"name": "all", "sql": "SELECT episode_index FROM \"v30-images-tiny\".episodes"}"#;
+    let refusals = [
+        (vec!["--read-only"], "this server serves its lake read-only (`lake serve --read-only`)"),
+        (vec![], "this server may not write to its lake (its object store refuses the server's credentials a write)"),
+    ];
+    for (flags, reason) in refusals {
+        let served = serve_s3(&server, &root, &flags);
+        let (code, body) = post(&served, "/v1/views", view);
+        assert_eq!(code, 403, "{flags:?}: {body}");
+        let error: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert!(error["error"].as_str().is_some_and(|e| e.starts_with(reason) && !e.contains(&prefix(&root))), "{body}");
+        let (code, rows) = post(&served, "/v1/sql", "SELECT count(*) AS n FROM steps");
+        assert_eq!((code, rows.as_str()), (200, r#"[{"n":60}]"#), "{flags:?}");
+        let (code, batches) =
+            post(&served, "/v1/sample", r#"{"datasets": ["v30-images-tiny"], "preset": "act", "batch_size": 4, "limit_batches": 1}"#);
+        assert_eq!(code, 200, "{flags:?}: {batches}");
+    }
+    assert_eq!(server.requests(&["denied PUT", &views]), 1, "--read-only refused before writing; the store refused the other");
+    // `lake view create` with the same credentials says the store refused the write, and names it.
+    let run = s3_lake(&server, &root, &["view", "create", "all", r#"SELECT episode_index FROM "v30-images-tiny".episodes"#]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("views/all/") && run.stderr.contains("AccessDenied"), "{}", run.stderr);
+    assert!(server.keys(&format!("{}/views/", prefix(&root))).is_empty(), "no view was written");
+    assert!(s3_lake(&server, &root, &["view", "ls"]).stdout.trim().lines().all(|l| !l.starts_with("all")));
 }
 
 /// Two stateless servers over one S3 lake serve one job: the Python client spreads its ranks
@@ -358,7 +402,7 @@ fn a_stream_whose_server_dies_resumes_on_another_server_of_the_lake() {
     let server = S3Server::start();
     let root = s3_root("scale-out");
     assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8")]).code, 0);
-    let (mut first, second) = (serve_s3(&server, &root), serve_s3(&server, &root));
+    let (mut first, second) = (serve_s3(&server, &root, &[]), serve_s3(&server, &root, &[]));
     let client_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
     let script = r#"
 import json, sys
@@ -416,7 +460,7 @@ fn a_rust_stream_whose_server_dies_resumes_on_another_server_of_the_lake() {
     let server = S3Server::start();
     let root = s3_root("pool");
     assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8")]).code, 0);
-    let (mut first, second) = (serve_s3(&server, &root), serve_s3(&server, &root));
+    let (mut first, second) = (serve_s3(&server, &root, &[]), serve_s3(&server, &root, &[]));
     let http = |s: &crate::serve::Server| s.flight.replace("grpc://", "http://");
     // Batches of 4 MB: a stream's flow-control window (32 MB) holds a few, so most of the 30
     // must come from the second server once the first is killed.
