@@ -21,10 +21,14 @@ Faults, for tests of a client's retries: --fail-every N answers every N-th reque
 long before answering. Each injected 503 is logged as a line `injected 503 METHOD PATH` on stderr.
 --deny-writes BUCKET/PREFIX answers every PUT, POST and DELETE of a key under it with S3's `403
 AccessDenied`, as S3 answers credentials whose policy allows reading only; reads go through.
+While it runs, `POST /_lake/faults` with `{"fail_under": ["BUCKET/PREFIX", ...]}` makes every
+request for a key under those prefixes a `503 SlowDown` from then on (an empty list ends it): a
+store that stops answering for part of the lake, while the rest (the catalog, say) answers.
 """
 
 import argparse
 import io
+import json
 import logging
 import os
 import sys
@@ -60,11 +64,12 @@ class SerialWrites:
 
 
 class Faults:
-    """A WSGI app in front of another that delays requests, fails every N-th with a 503, and refuses
-    writes under the denied prefixes with a 403."""
+    """A WSGI app in front of another that delays requests, fails every N-th and those under the
+    failing prefixes with a 503, and refuses writes under the denied prefixes with a 403."""
 
     def __init__(self, app, fail_every, delay_ms, denied):
         self.app, self.fail_every, self.delay, self.denied = app, fail_every, delay_ms / 1000.0, denied
+        self.failing = []
         self.count = 0
         self.lock = threading.Lock()
         self.on = threading.Event()
@@ -72,9 +77,15 @@ class Faults:
     def __call__(self, environ, start_response):
         if not self.on.is_set():
             return self.app(environ, start_response)
-        if environ.get("REQUEST_METHOD") in WRITES and any(
-            environ.get("PATH_INFO", "").startswith(f"/{prefix}") for prefix in self.denied
-        ):
+        path = environ.get("PATH_INFO", "")
+        if path == "/_lake/faults" and environ.get("REQUEST_METHOD") == "POST":
+            buffer_body(environ)
+            self.failing = list(json.loads(environ["wsgi.input"].read() or b"{}").get("fail_under", []))
+            start_response("204 No Content", [])
+            return [b""]
+        if any(path.startswith(f"/{prefix}") for prefix in self.failing):
+            return self.slow_down(environ, start_response)
+        if environ.get("REQUEST_METHOD") in WRITES and any(path.startswith(f"/{prefix}") for prefix in self.denied):
             buffer_body(environ)
             print(f"denied {environ.get('REQUEST_METHOD')} {environ.get('PATH_INFO')}", file=sys.stderr, flush=True)
             body = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>'
@@ -87,6 +98,10 @@ class Faults:
             fail = self.fail_every > 0 and self.count % self.fail_every == 0
         if not fail:
             return self.app(environ, start_response)
+        return self.slow_down(environ, start_response)
+
+    def slow_down(self, environ, start_response):
+        """S3's `503 SlowDown`, logged as `injected 503 METHOD PATH`."""
         # The body is drained so that the client reads the answer, not a reset connection.
         buffer_body(environ)
         print(f"injected 503 {environ.get('REQUEST_METHOD')} {environ.get('PATH_INFO')}", file=sys.stderr, flush=True)

@@ -73,6 +73,11 @@ pub enum Error {
     /// Something that should not fail did (encoding an answer); the message is for the log.
     #[error("{0}")]
     Internal(String),
+    /// The lake's object store could not be reached, or answered only with server errors
+    /// through its retries (see [`store_unreachable`]): HTTP 503, gRPC `UNAVAILABLE`; asking
+    /// again once the store answers succeeds.
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// The lake may not be written here: the server serves it read-only (`lake serve
     /// --read-only`), or its storage refuses writes. HTTP 403, gRPC `PERMISSION_DENIED`; asking
     /// again fails again.
@@ -83,6 +88,27 @@ pub enum Error {
         "the server is shutting down; a stream resumes from its next step (epoch and step of the batch after the last one read), a query is asked again, elsewhere or after the restart"
     )]
     ShuttingDown,
+}
+
+/// Whether `e` or one of its causes says that the lake's object store could not be reached or
+/// answered only with server errors ([`lake_store::store_unreachable`]), looking also into the
+/// Lance errors that lake's errors hold beside their causes.
+pub fn store_unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    use lake_loader::Error as L;
+    if let Some(e) = e.downcast_ref::<Error>() {
+        match e {
+            Error::StoreUnavailable(_) => return true,
+            Error::Open { error, .. } => return lake_store::store_unreachable(error.as_ref()),
+            Error::Store(e) => return lake_store::store_unreachable(e),
+            Error::Loader(e) => return store_unreachable(e),
+            _ => {}
+        }
+    }
+    match e.downcast_ref::<L>() {
+        Some(L::Lance { error, .. }) => lake_store::store_unreachable(error.as_ref()),
+        Some(L::Store(e)) => lake_store::store_unreachable(e),
+        _ => lake_store::unreachable_link(e) || e.source().is_some_and(store_unreachable),
+    }
 }
 
 /// Result with lake's [`Error`].

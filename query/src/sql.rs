@@ -114,8 +114,9 @@ where
     rx.await.map_err(|_| Error::Internal(format!("the query's thread `{name}` stopped without an answer")))?
 }
 
-/// A failed query as lake's error: [`Error::Storage`] when reading the lake's files failed (an
-/// I/O, object store or Lance error at the root of the chain), [`Error::Query`] when the query
+/// A failed query as lake's error: [`Error::StoreUnavailable`] when the lake's object store could
+/// not be reached, [`Error::Storage`] when reading the lake's files failed otherwise (an I/O,
+/// object store or Lance error at the root of the chain), [`Error::Query`] when the query
 /// itself is wrong or failed on the values (parse, plan, schema, a cast or a division by zero).
 pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
     use datafusion::{arrow::error::ArrowError, error::DataFusionError as D};
@@ -152,6 +153,9 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
     }
     if let D::ResourcesExhausted(what) = e.find_root() {
         return Error::ResourcesExhausted(format!("resources exhausted: {}", without_source_locations(what)));
+    }
+    if crate::store_unreachable(e) {
+        return Error::StoreUnavailable(message);
     }
     match e.find_root() {
         D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),

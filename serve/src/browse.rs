@@ -53,11 +53,10 @@ fn array_json(array: &ArrayRef) -> Result<Value> {
 /// When the store cannot be listed.
 pub async fn version_bytes(lake: &Lake, record: &CommitRecord) -> Result<u64> {
     let prefix = object_store::path::Path::from(record.tables.dir.as_str());
-    lake.store()
-        .list(Some(&prefix))
-        .try_fold(0, |n, meta| async move { Ok(n + meta.size) })
-        .await
-        .map_err(|e| Error::Storage(format!("listing {}: {e}", lake.uri(&record.tables.dir))))
+    lake.store().list(Some(&prefix)).try_fold(0, |n, meta| async move { Ok(n + meta.size) }).await.map_err(|e| {
+        let message = format!("listing {}: {e}", lake.uri(&record.tables.dir));
+        if lake_store::store_unreachable(&e) { Error::StoreUnavailable(message) } else { Error::Storage(message) }
+    })
 }
 
 /// A dataset version as the datasets page lists it: the catalog's facts, its duration, each

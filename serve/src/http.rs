@@ -212,7 +212,7 @@ impl From<Error> for Refused {
         let code = match kind {
             Refusal::BadRequest => StatusCode::BAD_REQUEST,
             Refusal::NotFound => StatusCode::NOT_FOUND,
-            Refusal::Busy | Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Busy | Refusal::Unavailable | Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::TooLarge => StatusCode::INSUFFICIENT_STORAGE,
             Refusal::Internal | Refusal::Frame => StatusCode::INTERNAL_SERVER_ERROR,
             Refusal::ReadOnly => StatusCode::FORBIDDEN,
@@ -766,7 +766,14 @@ async fn sample(
     // `(epoch, step)` cursor with, and the dataset versions read (the stream is pinned to them).
     let plan = service.describe(&request, super::Footprint::ENCODED).await?;
     let pinned = super::SampleRequest { datasets: plan.datasets.clone(), ..request };
-    let (schema, batches) = service.batches(&pinned).await?;
+    let (schema, mut batches) = service.batches(&pinned).await?;
+    // The status waits for the first batch, so that a stream that cannot begin (a frame the
+    // lake cannot give, its store unreachable) is refused with its status, not cut off.
+    let first = match batches.next().await {
+        Some(Err(e)) => return Err(service.explained(e).await.into()),
+        first => first,
+    };
+    let batches = futures::stream::iter(first).chain(batches);
     let body = Body::from_stream(encoded_stream(Answer::Arrow, schema, batches)?);
     let mut response = ([(header::CONTENT_TYPE, ARROW_STREAM)], body).into_response();
     let headers = response.headers_mut();

@@ -345,6 +345,9 @@ pub struct Metrics {
     /// Requests and streams that failed on a frame the lake's data cannot give (see
     /// [`Refusal::Frame`]).
     pub frame_errors: AtomicU64,
+    /// Requests and streams that failed because the lake's object store could not be reached
+    /// (see [`Refusal::StoreUnavailable`]).
+    pub store_errors: AtomicU64,
     /// Nanoseconds spent producing batches.
     pub batch_ns: AtomicU64,
     /// Streams waiting for room in the memory budget now (to start, or for their next batch).
@@ -988,6 +991,7 @@ impl Service {
             Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
             Refusal::Internal => &self.metrics.internal_errors,
             Refusal::Frame => &self.metrics.frame_errors,
+            Refusal::StoreUnavailable => &self.metrics.store_errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -997,6 +1001,7 @@ impl Service {
     pub fn count_sql_error(&self, e: &Error) {
         let counter = match refusal_kind(e) {
             Refusal::Internal | Refusal::Frame => &self.metrics.internal_errors,
+            Refusal::StoreUnavailable => &self.metrics.store_errors,
             Refusal::Busy | Refusal::Unavailable => &self.metrics.busy,
             _ => &self.metrics.sql_errors,
         };
@@ -1247,6 +1252,12 @@ impl Service {
                     tracing::error!("stream failed: {e}");
                     Err(e)
                 }
+                // The store went away under the stream: the client resumes once it answers.
+                Err(e) if refusal_kind(&e) == Refusal::StoreUnavailable => {
+                    m.store_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("stream stopped, the lake's store unreachable: {e}");
+                    Err(e)
+                }
                 Err(e) => {
                     m.stream_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!("stream failed: {e}");
@@ -1351,6 +1362,7 @@ impl Service {
             ("unauthorized", g(&m.unauthorized)),
             ("stream", g(&m.stream_errors)),
             ("frame", g(&m.frame_errors)),
+            ("store", g(&m.store_errors)),
         ] {
             out.push_str(&format!("lake_errors_total{{kind=\"{kind}\"}} {v}\n"));
         }
@@ -1390,6 +1402,10 @@ pub enum Refusal {
     /// The server is shutting down (a stream it ended: gRPC `UNAVAILABLE`, an HTTP body broken
     /// off); resume from the next step.
     Unavailable,
+    /// The lake's object store cannot be reached, or answers only with server errors (503 with
+    /// `Retry-After`, `UNAVAILABLE`): a stream resumes, a query is asked again, once it answers.
+    /// Logged in full and answered without the store's address.
+    StoreUnavailable,
     /// The request would write to the lake, which this server may not (403,
     /// `PERMISSION_DENIED`): it serves it read-only, or the lake's storage refuses its writes.
     ReadOnly,
@@ -1502,6 +1518,7 @@ pub fn grpc_status(e: &Error) -> tonic::Status {
         Refusal::Internal => tonic::Status::internal(message),
         Refusal::Frame => tonic::Status::data_loss(message),
         Refusal::ReadOnly => tonic::Status::permission_denied(message),
+        Refusal::StoreUnavailable => tonic::Status::unavailable(message),
     }
 }
 
@@ -1517,6 +1534,10 @@ pub fn refusal(e: &Error) -> (Refusal, String) {
     use lake_loader::Error as L;
     use lake_store::Error as S;
     let kind = refusal_kind(e);
+    if kind == Refusal::StoreUnavailable {
+        tracing::error!("request failed, the lake's store unreachable: {e}");
+        return (kind, "the lake's object store cannot be reached now (the server log has the details); retry shortly".into());
+    }
     if kind == Refusal::Internal {
         tracing::error!("request failed: {e}");
         let what = if matches!(e, Error::Storage(_)) { "reading the lake's files failed" } else { "internal error" };
@@ -1547,6 +1568,8 @@ fn refusal_kind(e: &Error) -> Refusal {
         | Error::Loader(L::Store(S::NotFound { .. })) => Refusal::NotFound,
         Error::Store(S::BadName { .. }) | Error::Loader(L::Store(S::BadName { .. })) => Refusal::BadRequest,
         Error::Loader(L::Decode { .. }) => Refusal::Frame,
+        Error::StoreUnavailable(_) => Refusal::StoreUnavailable,
+        e if lake_query::store_unreachable(e) => Refusal::StoreUnavailable,
         _ => Refusal::Internal,
     }
 }

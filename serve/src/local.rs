@@ -80,7 +80,7 @@ fn error_message(e: &crate::Error) -> Vec<u8> {
         Refusal::NotFound => "not_found",
         Refusal::Busy => "busy",
         Refusal::TooLarge => "resources_exhausted",
-        Refusal::Unavailable => "unavailable",
+        Refusal::Unavailable | Refusal::StoreUnavailable => "unavailable",
         Refusal::Internal => "internal",
         Refusal::Frame => "frame",
         Refusal::ReadOnly => "read_only",

@@ -243,6 +243,33 @@ pub fn write_refusal(e: &(dyn std::error::Error + 'static)) -> Option<&'static s
     None
 }
 
+/// Whether `e` or one of its causes says that the lake's object store could not be reached (no
+/// connection, a request cut or timed out) or answered only with server errors (5xx, 429) through
+/// its retries: a failure that passes with the store, unlike a refusal, a missing object or a
+/// damaged file.
+pub fn store_unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(Error::Lance { error, .. }) = e.downcast_ref::<Error>() {
+        return store_unreachable(error.as_ref());
+    }
+    unreachable_link(e) || e.source().is_some_and(store_unreachable)
+}
+
+/// Whether `e` itself, not its causes, is an object store request that could not reach the
+/// store or was answered with a server error.
+pub fn unreachable_link(e: &(dyn std::error::Error + 'static)) -> bool {
+    use object_store::client::{HttpError, HttpErrorKind};
+    if let Some(http) = e.downcast_ref::<HttpError>() {
+        return matches!(
+            http.kind(),
+            HttpErrorKind::Connect | HttpErrorKind::Request | HttpErrorKind::Timeout | HttpErrorKind::Interrupted
+        );
+    }
+    // object_store's retry error, which holds the status, is private; its message is its status.
+    e.to_string()
+        .strip_prefix("Server returned non-2xx status code: ")
+        .is_some_and(|status| status.starts_with('5') || status.starts_with("429"))
+}
+
 impl Error {
     pub(crate) fn store(path: impl Into<String>) -> impl FnOnce(object_store::Error) -> Self {
         let path = path.into();
@@ -309,6 +336,33 @@ mod tests {
         );
         let missing = object_store::Error::NotFound { path: "views/v".into(), source: "NoSuchKey".into() };
         assert_eq!(super::write_refusal(&missing), None);
+    }
+
+    /// A store that could not be reached, or answered with server errors, is told apart from
+    /// one that answered: through the lake's errors, and through Lance's held beside them.
+    #[test]
+    fn an_unreachable_store_is_told_apart_from_one_that_answered() {
+        use object_store::client::{HttpError, HttpErrorKind};
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let generic = |source: Box<dyn std::error::Error + Send + Sync>| object_store::Error::Generic { store: "S3", source };
+        let connect = generic(Box::new(HttpError::new(HttpErrorKind::Connect, refused())));
+        let in_lance = super::Error::Lance {
+            table: "steps.lance".into(),
+            error: Box::new(lance::Error::from(generic(Box::new(HttpError::new(HttpErrorKind::Timeout, refused()))))),
+        };
+        assert!(super::store_unreachable(&connect));
+        assert!(super::store_unreachable(&in_lance));
+        #[derive(Debug, thiserror::Error)]
+        #[error("Server returned non-2xx status code: {0}")]
+        struct Status(&'static str);
+        for (status, unreachable) in
+            [("503 Service Unavailable", true), ("429 Too Many Requests", true), ("404 Not Found", false), ("403 Forbidden", false)]
+        {
+            assert_eq!(super::store_unreachable(&generic(Box::new(Status(status)))), unreachable, "{status}");
+        }
+        assert!(!super::store_unreachable(&generic(Box::new(HttpError::new(HttpErrorKind::Decode, refused())))));
+        let missing = object_store::Error::NotFound { path: "catalog/x".into(), source: "NoSuchKey".into() };
+        assert!(!super::store_unreachable(&super::Error::ObjectStore { path: "catalog/x".into(), source: missing }));
     }
 
     #[test]

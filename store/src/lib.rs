@@ -30,8 +30,8 @@ pub use crate::{
     },
     derived::DerivedTable,
     error::{
-        Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, store_message, without_source_locations,
-        write_refusal,
+        Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, store_message, store_unreachable,
+        unreachable_link, without_source_locations, write_refusal,
     },
     lance_open::open_lance,
     lease::{hostname, process_alive},

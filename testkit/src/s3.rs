@@ -26,7 +26,8 @@ impl S3Server {
     }
 
     /// [`S3Server::start`] with settings of `scripts/s3-server.sh` (faults: `LAKE_S3_FAIL_EVERY`,
-    /// `LAKE_S3_DELAY_MS`; writes refused: `LAKE_S3_DENY_WRITES`).
+    /// `LAKE_S3_DELAY_MS`; writes refused: `LAKE_S3_DENY_WRITES`). [`S3Server::fail_under`] makes
+    /// faults while it runs.
     ///
     /// # Panics
     /// As [`S3Server::start`].
@@ -83,6 +84,24 @@ impl S3Server {
         unsafe {
             libc::kill(self.pid as i32, libc::SIGKILL);
         }
+    }
+
+    /// Answers every request for a key under one of `prefixes` (`BUCKET/PREFIX`) with `503
+    /// SlowDown` from now on, until the next call (an empty list ends it): the store stops
+    /// answering for that part of the lake.
+    ///
+    /// # Panics
+    /// When the server does not take the setting.
+    pub fn fail_under(&self, prefixes: &[&str]) {
+        use std::io::{Read, Write};
+        let address = self.endpoint().trim_start_matches("http://");
+        let body = serde_json::json!({ "fail_under": prefixes }).to_string();
+        let mut stream = std::net::TcpStream::connect(address).expect("connect to the S3 test server");
+        let head = format!("POST /_lake/faults HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body.as_bytes())).expect("send the faults");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).expect("the server's answer");
+        assert!(answer.starts_with("HTTP/1.1 204") || answer.starts_with("HTTP/1.0 204"), "setting faults: {answer}");
     }
 
     /// The keys under `prefix` in bucket `lake`, listed with the server's own client (boto3).

@@ -390,6 +390,76 @@ fn a_server_that_may_not_write_refuses_views_with_the_reason_and_serves_the_rest
     assert!(s3_lake(&server, &root, &["view", "ls"]).stdout.trim().lines().all(|l| !l.starts_with("all")));
 }
 
+/// A store that stops answering under a server, for the lake's tables (the catalog still
+/// answers) and then altogether: SQL, samples and Flight are refused as unavailable (503 with
+/// `Retry-After`, `UNAVAILABLE`), without the store's address, counted as `store`, and the server
+/// answers as before once the store does.
+#[test]
+fn a_store_that_stops_answering_makes_requests_unavailable_until_it_answers_again() {
+    let server = S3Server::start();
+    let root = s3_root("outage");
+    assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8")]).code, 0);
+    let served = serve_s3(&server, &root, &[]);
+    let auth = format!("Bearer {}", crate::serve::TOKEN);
+    let post = |path: &str, accept: &str, body: &str| {
+        let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json"), ("Accept", accept)];
+        crate::serve::http_with_head(&served.http, "POST", path, &headers, body.as_bytes())
+    };
+    let sql = || post("/v1/sql", "application/json", r#"SELECT sum(frame_index) AS s, count(DISTINCT data_crc32) AS c FROM packets"#);
+    let request = serde_json::json!({"datasets": ["v30-av1-small"], "preset": "act", "batch_size": 4, "seed": 5, "limit_batches": 2});
+    let sample = || post("/v1/sample", "application/vnd.apache.arrow.stream", &request.to_string());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let flight = || {
+        rt.block_on(async {
+            let mut client = crate::serve::flight_client(&served).await;
+            crate::serve::over_flight(&mut client, &request).await
+        })
+    };
+    let (code, _, answer) = sql();
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&answer));
+    let (code, _, batches) = sample();
+    assert_eq!(code, 200);
+    let over_flight = flight().expect("a stream");
+    let unavailable = |(code, head, body): (u16, String, Vec<u8>), what: &str| {
+        let error: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(code, 503, "{what}: {error}");
+        assert!(head.contains("retry-after: "), "{what}: {head}");
+        assert_eq!(
+            error["error"], "the lake's object store cannot be reached now (the server log has the details); retry shortly",
+            "{what}"
+        );
+    };
+    let metric = |name: &str| {
+        let (_, text) = crate::serve::http(&served.http, "GET", "/metrics", &[("Authorization", &auth)], b"");
+        crate::serve::metric(&String::from_utf8_lossy(&text), name)
+    };
+
+    // The tables' files answer 503 SlowDown through every retry; the catalog answers.
+    server.fail_under(&[&format!("lake/{}/datasets/", prefix(&root))]);
+    unavailable(sql(), "SQL over the tables");
+    unavailable(sample(), "samples over HTTP");
+    let refused = flight().expect_err("no stream");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+    assert_eq!(crate::serve::http(&served.http, "GET", "/healthz", &[], b"").0, 200);
+    assert_eq!(metric(r#"lake_errors_total{kind="store"}"#), 3.0);
+    assert_eq!(metric(r#"lake_errors_total{kind="internal"}"#), 0.0);
+    assert_eq!(metric("lake_sql_running"), 0.0);
+
+    // Answering again, the store gets the same answers as before.
+    server.fail_under(&[]);
+    assert_eq!(sql().2, answer);
+    assert!(sample().2 == batches, "the same samples");
+    assert!(flight().expect("a stream") == over_flight, "the same stream");
+
+    // A store that is gone refuses connections: the same refusals.
+    server.kill();
+    unavailable(sql(), "SQL, the store gone");
+    unavailable(sample(), "samples, the store gone");
+    let run = s3_lake(&server, &root, &["sql", "SELECT count(*) FROM steps"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains(server.endpoint()) && run.stderr.contains("Connection refused"), "{}", run.stderr);
+}
+
 /// Two stateless servers over one S3 lake serve one job: the Python client spreads its ranks
 /// over them, and a stream whose server is killed resumes on the other exactly after the last
 /// batch received (the same batches as one server sends).

@@ -102,7 +102,7 @@ pub(crate) fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)
 }
 
 /// [`http`], with the response's head (status line and headers, lower-cased) too.
-fn http_with_head(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
+pub(crate) fn http_with_head(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String, Vec<u8>) {
     let r = lake_testkit::http_request(addr, method, path, headers, body);
     (r.status, r.head, r.body)
 }
@@ -159,7 +159,7 @@ fn records(batches: Vec<lake_loader::SampleBatch>) -> Vec<RecordBatch> {
     batches.iter().map(|b| b.to_record_batch().expect("a record batch")).collect()
 }
 
-async fn flight_client(server: &Server) -> FlightClient {
+pub(crate) async fn flight_client(server: &Server) -> FlightClient {
     let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
     let inner = arrow_flight::flight_service_client::FlightServiceClient::new(channel).max_decoding_message_size(usize::MAX);
     let mut client = FlightClient::new_from_inner(inner);
@@ -167,7 +167,7 @@ async fn flight_client(server: &Server) -> FlightClient {
     client
 }
 
-async fn over_flight(client: &mut FlightClient, request: &Value) -> Result<Vec<RecordBatch>, tonic::Status> {
+pub(crate) async fn over_flight(client: &mut FlightClient, request: &Value) -> Result<Vec<RecordBatch>, tonic::Status> {
     let info = client.get_flight_info(FlightDescriptor::new_cmd(request.to_string())).await.map_err(status)?;
     let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
     let stream = client.do_get(ticket).await.map_err(status)?;
