@@ -1,7 +1,7 @@
 //! Batches over Arrow Flight: the same batches as the in-process loader streams, from a
 //! `lake serve` anywhere on the network.
 
-use std::{collections::HashMap, pin::Pin, sync::Arc};
+use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
 
 use arrow::{
     array::RecordBatch,
@@ -208,12 +208,19 @@ pub(crate) fn batch_from_ipc(header: &[u8], body: &Buffer, schema: &SchemaRef) -
 /// goes to one of them (spread by rank and start step, so the readers of a job share the
 /// servers), and when its server becomes unavailable (killed, shutting down, unreachable) it
 /// moves to the next and resumes after the last batch received, pinned to the dataset versions
-/// the first server read: the same batches, in the same order, as one server sends.
+/// the first server read: the same batches, in the same order, as one server sends. With
+/// [`ServerPool::with_resume_wait`], a stream whose every server is unavailable (restarting, or
+/// the lake's object store unreachable) waits for one to take it again.
 #[derive(Debug, Clone)]
 pub struct ServerPool {
     urls: Vec<String>,
     token: Option<String>,
+    resume_wait: Duration,
 }
+
+/// The first pause of a stream waiting for an unavailable lake, and the longest: pauses double.
+const FIRST_PAUSE: Duration = Duration::from_millis(500);
+const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
 impl ServerPool {
     /// A pool of the servers at `urls` (`http://host:port`), sending `token` as a bearer
@@ -226,7 +233,17 @@ impl ServerPool {
         if urls.is_empty() {
             return Err(Error::Invalid("no server URL given".into()));
         }
-        Ok(Self { urls, token })
+        Ok(Self { urls, token, resume_wait: Duration::ZERO })
+    }
+
+    /// How long a stream waits, in one outage, once every server has failed it twice in a row:
+    /// it asks again after pauses of 0.5 s doubling up to 5 s, and resumes after the last batch
+    /// received when a server takes it; past that wait it ends with [`Error::Unavailable`].
+    /// Zero (the default): it ends at once. A request no server can plan is refused at once.
+    #[must_use]
+    pub fn with_resume_wait(mut self, wait: Duration) -> Self {
+        self.resume_wait = wait;
+        self
     }
 
     /// The servers, in order.
@@ -297,7 +314,7 @@ impl ServerPool {
 
     /// Streams the batches of `request`, moving to another server and resuming from the cursor
     /// when the one serving it becomes unavailable. The stream ends with [`Error::Unavailable`]
-    /// once every server has failed it twice in a row.
+    /// once every server has failed it twice in a row and the pool's resume wait is over.
     ///
     /// # Errors
     /// The server's refusal of the request, or [`Error::Unavailable`] when no server answers.
@@ -321,6 +338,8 @@ impl ServerPool {
             server,
             inner: None,
             failures: 0,
+            waited: Duration::ZERO,
+            pause: FIRST_PAUSE,
         };
         Ok(Box::pin(futures::stream::try_unfold(state, |mut state| async move {
             loop {
@@ -335,7 +354,7 @@ impl ServerPool {
                     match opened {
                         Ok(batches) => state.inner = Some(batches),
                         Err(Error::Unavailable(why)) => {
-                            state.moved(why)?;
+                            state.moved(why).await?;
                             continue;
                         }
                         Err(e) => return Err(e),
@@ -345,12 +364,12 @@ impl ServerPool {
                 match next {
                     Some(Ok(batch)) => {
                         state.advance();
-                        state.failures = 0;
+                        (state.failures, state.waited, state.pause) = (0, Duration::ZERO, FIRST_PAUSE);
                         return Ok(Some((batch, state)));
                     }
                     Some(Err(Error::Unavailable(why))) => {
                         state.inner = None;
-                        state.moved(why)?;
+                        state.moved(why).await?;
                     }
                     Some(Err(e)) => return Err(e),
                     None => return Ok(None),
@@ -367,8 +386,11 @@ struct Failover {
     steps_per_epoch: u64,
     server: usize,
     inner: Option<RemoteBatches>,
-    /// Servers that failed the stream since its last batch.
+    /// Servers that failed the stream since its last batch, or its last pause.
     failures: usize,
+    /// Time paused since its last batch, and the next pause.
+    waited: Duration,
+    pause: Duration,
 }
 
 impl Failover {
@@ -381,13 +403,23 @@ impl Failover {
         }
     }
 
-    /// Moves to the next server after `why`, or gives up once every server failed twice.
-    fn moved(&mut self, why: String) -> Result<()> {
+    /// Moves to the next server after `why`; once every server failed twice in a row, pauses
+    /// first, or gives up when the pause would pass the pool's resume wait.
+    async fn moved(&mut self, why: String) -> Result<()> {
         self.failures += 1;
+        let servers = self.pool.urls.join(", ");
         if self.failures >= 2 * self.pool.urls.len() {
-            return Err(Error::Unavailable(format!("every server of {} failed the stream (last: {why})", self.pool.urls.join(", "))));
+            let wait = self.pool.resume_wait;
+            if self.waited + self.pause > wait {
+                let waited = if wait.is_zero() { String::new() } else { format!(", and none took it again within {wait:?}") };
+                return Err(Error::Unavailable(format!("every server of {servers} failed the stream{waited} (last: {why})")));
+            }
+            tracing::warn!(%servers, %why, pause = ?self.pause, "every server unavailable; the stream resumes when one answers");
+            tokio::time::sleep(self.pause).await;
+            (self.waited, self.pause, self.failures) = (self.waited + self.pause, (self.pause * 2).min(LONGEST_PAUSE), 0);
+        } else {
+            tracing::warn!(from = %self.pool.urls[self.server], %why, "server unavailable; resuming the stream on the next one");
         }
-        tracing::warn!(from = %self.pool.urls[self.server], %why, "server unavailable; resuming the stream on the next one");
         self.server = (self.server + 1) % self.pool.urls.len();
         Ok(())
     }

@@ -129,7 +129,7 @@ enum Command {
     ///
     /// Batches come from the loader in this process, or from a running `lake serve`
     /// (--server, --local). Needs a build with the `torch` feature (libtorch).
-    Train(cli::train::TrainArgs),
+    Train(Box<cli::train::TrainArgs>),
     /// Show what this machine's GPU side has (CUDA driver and devices, NVRTC, NCCL, NVDEC) and
     /// check lake's colour kernel on a device against its CPU twin.
     ///
@@ -263,7 +263,7 @@ fn main() -> ExitCode {
                     Command::Stats(args) => cli::stats::stats(&cli.lake, args).await,
                     Command::Export(args) => cli::export::export(&cli.lake, args).await,
                     Command::Serve(args) => cli::serve::serve(&cli.lake, args).await,
-                    Command::Train(args) => cli::train::train(&cli.lake, args).await,
+                    Command::Train(args) => cli::train::train(&cli.lake, *args).await,
                     Command::Gpu(args) => cli::gpu::gpu(&cli.lake, args).await,
                 };
                 match result {

@@ -29,6 +29,9 @@ pub enum BatchSource {
         url: String,
         /// Bearer token, when the server asks for one.
         token: Option<String>,
+        /// How long the stream waits for a server to take it again once every server is
+        /// unavailable ([`lake_client::ServerPool::with_resume_wait`]).
+        resume_wait: std::time::Duration,
     },
     /// `lake serve --local PATH`: shared memory on this machine.
     Local {
@@ -157,8 +160,8 @@ pub async fn open_feed(lake: Option<&Lake>, request: &SampleRequest, source: &Ba
             let batches = lake_loader::stream(loader, stream).map_ok(|b| b.batch).map_err(data);
             Ok(Feed { schema, steps_per_epoch, batches: Box::pin(batches) })
         }
-        BatchSource::Flight { url, token } => {
-            let servers = pool(url, token)?;
+        BatchSource::Flight { url, token, resume_wait } => {
+            let servers = pool(url, token)?.with_resume_wait(*resume_wait);
             let plan = servers.describe(request).await.map_err(data)?;
             let batches = servers.stream(request).await.map_err(data)?.map_err(data);
             Ok(Feed { schema: plan.schema, steps_per_epoch: plan.steps_per_epoch, batches: Box::pin(batches) })
@@ -196,7 +199,7 @@ pub struct DatasetFacts {
 /// without a lake where the facts must be read from one.
 pub async fn dataset_facts(lake: Option<&Lake>, request: &SampleRequest, source: &BatchSource) -> Result<DatasetFacts> {
     let facts = match (source, lake) {
-        (BatchSource::Flight { url, token }, _) => {
+        (BatchSource::Flight { url, token, .. }, _) => {
             let json = pool(url, token)?.sampling_facts(request).await.map_err(data)?;
             serde_json::from_value::<lake_stats::SamplingFacts>(json)
                 .map_err(|e| Error::Data(format!("{url}: facts that do not parse: {e}")))?

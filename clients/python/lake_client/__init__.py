@@ -351,13 +351,28 @@ class LakeClient:
     server would have sent. Requests are pinned to the dataset versions the first server read,
     so every server reads the same ones.
 
+    `resume_wait_s` (default 0) is how long a stream waits, in one outage, once every server
+    is unavailable (restarting, or the lake's object store unreachable): it asks again after
+    pauses of 0.5 s growing to 5 s, warning once (`RuntimeWarning`), and resumes after the last
+    batch received when a server takes it; past that wait it raises `LakeError("unavailable")`.
+    With 0 the stream raises at once. Only a stream that has begun waits: a request the servers
+    cannot plan is refused at once.
+
     gRPC, which Flight runs on, is not fork-safe: in a process forked after this one made a
     client (the default start of `torch.utils.data.DataLoader` workers on Linux), a call can
     hang. Start such workers with `multiprocessing_context="spawn"` (or `"forkserver"`), or read
     a local socket (`LocalClient`), which is."""
 
-    def __init__(self, location: Union[str, Sequence[str]] = "grpc://127.0.0.1:50051", token: Optional[str] = None):
+    def __init__(
+        self,
+        location: Union[str, Sequence[str]] = "grpc://127.0.0.1:50051",
+        token: Optional[str] = None,
+        resume_wait_s: float = 0.0,
+    ):
         global _FLIGHT_PID
+        if not resume_wait_s >= 0:
+            raise ValueError(f"resume_wait_s must be 0 or more seconds, not {resume_wait_s!r}")
+        self.resume_wait_s = float(resume_wait_s)
         _FLIGHT_PID = os.getpid()
         self.locations = [location] if isinstance(location, str) else list(location)
         if not self.locations:
@@ -426,12 +441,13 @@ class LakeClient:
         come (one per step, a batch of 0 rows where a rank's slice of an epoch's short last
         step is empty); without it the stream is endless and `len()` raises `TypeError`. None
         fields are left out, as in `info`. With several servers, a stream whose server becomes
-        unavailable resumes on the next one after the last batch received.
+        unavailable resumes on the next one after the last batch received; with
+        `resume_wait_s`, on a server that answers again within that time, the same one too.
 
         The stream is read on a thread of its own, one batch ahead of the caller: a read
         blocked in gRPC does not see Ctrl-C, a wait on that thread does."""
         request = _sent(request)
-        if len(self._clients) == 1:
+        if len(self._clients) == 1 and self.resume_wait_s == 0:
             ticket = flight.Ticket(json.dumps(request).encode())
             return _Prefetch(lambda: self._client.do_get(ticket, self._options), _limit(request))
         return _Failover(self, request)
@@ -440,7 +456,9 @@ class LakeClient:
 class _Failover(_Counted):
     """A stream over several servers: on `unavailable` it moves to the next server and asks for
     the batches after the last one received (the cursor advanced by `step_stride` steps a batch,
-    epochs wrapping every `steps_per_epoch` steps)."""
+    epochs wrapping every `steps_per_epoch` steps). Once every server has failed twice in a row it
+    waits for one (`LakeClient`'s `resume_wait_s`), with pauses from `_FIRST_PAUSE_S` doubling up
+    to `_LONGEST_PAUSE_S`; `moves` counts the times the stream was asked for again."""
 
     def __init__(self, client: LakeClient, request: Dict[str, Any]):
         self._client = client
@@ -468,7 +486,8 @@ class _Failover(_Counted):
     def __next__(self) -> pa.RecordBatch:
         if self._done or self._left == 0:
             raise StopIteration
-        tried = 0
+        tried, waited, pause = 0, 0.0, _FIRST_PAUSE_S
+        servers, patience = len(self._client._clients), self._client.resume_wait_s
         while True:
             if self._stream is None:
                 self._open()
@@ -477,11 +496,24 @@ class _Failover(_Counted):
             except LakeError as e:
                 self._stream.close()
                 self._stream = None
-                tried += 1
-                if e.code != "unavailable" or tried >= 2 * len(self._client._clients):
+                if e.code != "unavailable":
                     self._done = True
                     raise
-                self._server = (self._server + 1) % len(self._client._clients)
+                tried += 1
+                self._server = (self._server + 1) % servers
+                if tried >= 2 * servers:
+                    # Every server failed twice in a row: wait for one, as long as allowed.
+                    if waited + pause > patience:
+                        self._done = True
+                        if patience == 0:
+                            raise
+                        raise LakeError("unavailable", f"{e.message}; no server of the lake took the stream "
+                                        f"again within {patience:g} s (resume_wait_s)") from e
+                    if waited == 0:
+                        warnings.warn(f"lake: every server of the lake is unavailable ({e.message}); the stream "
+                                      f"resumes when one answers, within {patience:g} s", RuntimeWarning, stacklevel=2)
+                    time.sleep(pause)
+                    waited, pause, tried = waited + pause, min(2 * pause, _LONGEST_PAUSE_S), 0
                 self.moves += 1
                 continue
             except StopIteration:
@@ -505,6 +537,11 @@ class _Failover(_Counted):
 
     def __del__(self) -> None:
         self.close()
+
+
+# The first pause of a stream waiting for an unavailable lake, and the longest: pauses double.
+_FIRST_PAUSE_S = 0.5
+_LONGEST_PAUSE_S = 5.0
 
 
 class _Prefetch(_Counted):
@@ -693,6 +730,8 @@ STALL_WARNING_S = 10.0
 # How long a local stream waits for a server that sends nothing, not even the keepalive it sends
 # every second (frozen, or too loaded to run), before it raises `unavailable`.
 SERVER_TIMEOUT_S = 60.0
+# How long a dataset's Flight stream waits for an unavailable lake by default (`resume_wait_s`).
+RESUME_WAIT_S = 60.0
 
 #: The key of every `LakeIterableDataset` batch that holds `[epoch, step]` of the batch after
 #: it in the rank's sequence (what `state_dict(after=batch)` resumes from).
@@ -1094,7 +1133,7 @@ def _worker() -> tuple:
 
 # `LakeIterableDataset`'s named parameters (each also a keyword argument).
 _NAMED_KEYWORDS = ("location", "datasets", "preset", "delta_timestamps", "batch_size", "seed", "epochs", "token", "rank",
-                   "world_size", "local", "server_timeout_s", "frame_layout")
+                   "world_size", "local", "server_timeout_s", "frame_layout", "resume_wait_s")
 
 
 class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
@@ -1108,7 +1147,10 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     Use it with `DataLoader(ds, batch_size=None)` (or iterate it directly). With `local=PATH`
     (the server's `--local` socket, same machine) the batches arrive in shared memory and
     `location` (Flight) may be `None`; `server_timeout_s` (default 60) is how long a local
-    stream waits for a server that sends nothing (see `LocalClient`). Every rank gets its
+    stream waits for a server that sends nothing (see `LocalClient`). Over Flight, a stream rides
+    out an outage (every server of `location` restarting, or the lake's object store unreachable)
+    of up to `resume_wait_s` (default 60) and resumes after the last batch it received (see
+    `LakeClient`); 0 raises `LakeError("unavailable")` at once. Every rank gets its
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
@@ -1172,6 +1214,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         local: Optional[str] = None,
         server_timeout_s: float = SERVER_TIMEOUT_S,
         frame_layout: Optional[str] = None,
+        resume_wait_s: float = RESUME_WAIT_S,
         **request: Any,
     ):
         if torch is None:
@@ -1200,6 +1243,9 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         super().__init__()
         self.location, self.token, self.local = location, token, local
         self.server_timeout_s = server_timeout_s
+        if not resume_wait_s >= 0:
+            raise ValueError(f"resume_wait_s must be 0 or more seconds, not {resume_wait_s!r}")
+        self.resume_wait_s = resume_wait_s
         self.frame_layout = _frame_layout(frame_layout)
         detected = _rank_and_world()
         self.rank = detected[0] if rank is None else rank
@@ -1230,7 +1276,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     def _source(self):
         if self.local:
             return LocalClient(self.local, self.token, server_timeout_s=self.server_timeout_s)
-        return LakeClient(self.location, self.token)
+        return LakeClient(self.location, self.token, resume_wait_s=self.resume_wait_s)
 
     def _pin(self, source, info: Dict[str, Any]) -> Dict[str, Any]:
         """From now on (later epochs, a resume from state_dict) the versions `info` planned, the

@@ -110,6 +110,11 @@ pub struct TrainArgs {
     /// and a stream whose server becomes unavailable resumes on the next where it stopped.
     #[arg(long, value_name = "URL[,URL…]", conflicts_with = "local")]
     server: Option<String>,
+    /// With --server: seconds the run waits, in one outage, for a server to take its stream
+    /// again once every server is unavailable (restarting, or the lake's object store
+    /// unreachable), resuming where it stopped; past it the run fails (0: at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "server")]
+    server_wait: u64,
     /// Take batches from `lake serve --local PATH` on this machine (shared memory).
     #[arg(long, value_name = "PATH")]
     local: Option<PathBuf>,
@@ -191,7 +196,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     config.optimizer_lr_backbone = args.lr_backbone.unwrap_or(config.optimizer_lr_backbone);
     config.device = Some(args.device.clone());
     let source = match (args.server, args.local) {
-        (Some(url), _) => BatchSource::Flight { url, token: args.token },
+        (Some(url), _) => BatchSource::Flight { url, token: args.token, resume_wait: std::time::Duration::from_secs(args.server_wait) },
         (None, Some(path)) => BatchSource::Local { path, token: args.token },
         (None, None) => BatchSource::InProcess,
     };

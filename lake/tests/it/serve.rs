@@ -1369,6 +1369,147 @@ pub(crate) fn client_python() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// `lake serve` on `root` with its Flight port fixed (HTTP on a free one), so that a server
+/// started again is where its clients look.
+fn serve_on_port(root: &Path, flight_port: u16) -> Server {
+    let mut child = lake_cmd(root)
+        .args(["serve", "--flight", &format!("127.0.0.1:{flight_port}"), "--http", "127.0.0.1:0", "--threads", "2"])
+        .env("LAKE_TOKENS", TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start lake serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
+    let http = line.split_whitespace().find_map(|w| w.strip_prefix("http://")).unwrap_or_else(|| panic!("{line}")).to_string();
+    Server { flight: format!("http://127.0.0.1:{flight_port}"), http, child, local: std::path::PathBuf::new() }
+}
+
+/// A trainer's stream outlives its only server's restart: the Python client (`resume_wait_s`)
+/// and the Rust one (`ServerPool::with_resume_wait`, what `lake train --server` uses) wait for
+/// the server to answer again and resume after the last batch received, the same batches as a
+/// stream never cut; a server that stays down ends the stream once the wait is over.
+#[test]
+fn a_stream_waits_out_its_servers_restart_and_resumes_where_it_stopped() {
+    let Some(python) = client_python() else {
+        panic!("no Python with pyarrow: run scripts/python-env.sh, or set LAKE_PYTHON");
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-av1-small"), &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let mut server = Some(serve_on_port(&root, port));
+    let location = format!("grpc://127.0.0.1:{port}");
+    // Batches of about 4 MB: a stream's flow-control window holds a few, so most of the 30 must
+    // come after the restart.
+    let script = r#"
+import json, sys, warnings
+import lake_client
+location, token, wait, mode = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+request = {"datasets": ["v30-av1-small"], "batch_size": 4, "seed": 3, "limit_batches": 30}
+stream = lake_client.LakeClient(location, token, resume_wait_s=wait).batches(request)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        for i, batch in enumerate(stream):
+            print(json.dumps(batch.column("index").to_pylist()), flush=True)
+            if i == 2 and mode == "cut":
+                sys.stdin.readline()  # the server is stopped meanwhile
+    except lake_client.LakeError as e:
+        print("error", e.code, e.message, flush=True)
+print("warned", sum("every server of the lake is unavailable" in str(w.message) for w in caught), flush=True)
+"#;
+    let client_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
+    let run = |wait: &str, mode: &str| {
+        std::process::Command::new(&python)
+            .args(["-c", script, &location, TOKEN, wait, mode])
+            .env("PYTHONPATH", &client_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run python")
+    };
+    let reference = run("0", "whole").wait_with_output().expect("reference");
+    let reference: Vec<String> = String::from_utf8_lossy(&reference.stdout).lines().map(String::from).collect();
+    assert_eq!((reference.len(), reference.last().map(String::as_str)), (31, Some("warned 0")), "{reference:?}");
+
+    // Python: three batches read, the server stopped, started again two seconds later.
+    let cut = |wait: &str, restart: bool, server: &mut Option<Server>| {
+        let mut child = run(wait, "cut");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut got: Vec<String> = (0..3).map(|_| lines.next().expect("a batch").expect("utf-8")).collect();
+        drop(server.take());
+        writeln!(child.stdin.as_mut().expect("stdin")).expect("go on");
+        if restart {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            *server = Some(serve_on_port(&root, port));
+        }
+        got.extend(lines.map(|l| l.expect("utf-8")));
+        assert!(child.wait().expect("python").success(), "{got:?}");
+        got
+    };
+    let got = cut("60", true, &mut server);
+    assert_eq!(got.last().map(String::as_str), Some("warned 1"), "{got:?}");
+    assert_eq!(got[..30], reference[..30], "the stream resumed exactly where it stopped");
+    // A server that stays down: the stream ends once the wait is over.
+    let got = cut("1", false, &mut server);
+    let error = got.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("{got:?}"));
+    assert!(
+        error.starts_with("error unavailable ")
+            && error.ends_with("no server of the lake took the stream again within 1 s (resume_wait_s)"),
+        "{error}"
+    );
+    assert_eq!(got.last().map(String::as_str), Some("warned 1"));
+
+    // Rust: the same, through a pool of one server.
+    server = Some(serve_on_port(&root, port));
+    // The indices as Python's `json.dumps` writes them.
+    let indices = |batch: &RecordBatch| -> String {
+        let values = batch.column_by_name("index").expect("index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec();
+        format!("[{}]", values.iter().map(i64::to_string).collect::<Vec<_>>().join(", "))
+    };
+    let mut request = lake_client::SampleRequest::new(["v30-av1-small"]);
+    (request.batch_size, request.seed, request.limit_batches) = (4, 3, Some(30));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let pool = |wait: u64| {
+            lake_client::ServerPool::new([format!("http://127.0.0.1:{port}")], Some(TOKEN.to_string()))
+                .expect("pool")
+                .with_resume_wait(std::time::Duration::from_secs(wait))
+        };
+        let mut stream = pool(60).stream(&request).await.expect("stream");
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(indices(&stream.next().await.expect("a batch").expect("batch")));
+        }
+        drop(server.take());
+        let restarted = tokio::task::spawn_blocking({
+            let root = root.clone();
+            move || {
+                std::thread::sleep(std::time::Duration::from_secs(2));
+                serve_on_port(&root, port)
+            }
+        });
+        while let Some(batch) = stream.next().await {
+            got.push(indices(&batch.expect("the stream goes on once the server is back")));
+        }
+        assert_eq!(got[..], reference[..30], "the stream resumed exactly where it stopped");
+        server = Some(restarted.await.expect("restarted"));
+
+        let mut stream = pool(1).stream(&request).await.expect("stream");
+        stream.next().await.expect("a batch").expect("batch");
+        drop(server.take());
+        let ended = loop {
+            match stream.next().await.expect("an end") {
+                Ok(_) => continue,
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(ended.contains("none took it again within 1s"), "{ended}");
+    });
+}
+
 #[test]
 #[allow(clippy::print_stderr)] // says why the Python client was not tested, or what ran
 fn python_client_reads_a_full_epoch_equal_to_lerobots_reference() {

@@ -162,7 +162,7 @@ fn a_run_fed_by_lake_serve_ends_as_the_in_process_run_ends() {
     let server = serve(&tmp.path().join("lake"));
     let runs = [
         ("in-process", BatchSource::InProcess),
-        ("flight", BatchSource::Flight { url: server.flight.clone(), token: None }),
+        ("flight", BatchSource::Flight { url: server.flight.clone(), token: None, resume_wait: std::time::Duration::ZERO }),
         ("local", BatchSource::Local { path: server.local.clone(), token: None }),
         // Packets over shared memory, decoded here.
         ("local-packets", BatchSource::Local { path: server.local.clone(), token: None }),
