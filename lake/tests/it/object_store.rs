@@ -473,7 +473,6 @@ fn a_stream_whose_server_dies_resumes_on_another_server_of_the_lake() {
     let root = s3_root("scale-out");
     assert_eq!(s3_lake(&server, &root, &["ingest", testdata("v30-av1-small").to_str().expect("utf-8")]).code, 0);
     let (mut first, second) = (serve_s3(&server, &root, &[]), serve_s3(&server, &root, &[]));
-    let client_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
     let script = r#"
 import json, sys
 import lake_client
@@ -493,16 +492,7 @@ for i, batch in enumerate(stream):
 print("moves", stream.moves, flush=True)
 "#;
     let locations = format!("{},{}", first.flight, second.flight);
-    let run = |mode: &str| {
-        std::process::Command::new(&python)
-            .args(["-c", script, &locations, crate::serve::TOKEN, mode])
-            .env("PYTHONPATH", &client_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run python")
-    };
+    let run = |mode: &str| crate::serve::python_client(&python, script, &[&locations, crate::serve::TOKEN, mode]);
     let reference = run("reference").wait_with_output().expect("reference");
     assert!(reference.status.success());
     let reference: Vec<String> = String::from_utf8_lossy(&reference.stdout).lines().map(String::from).collect();

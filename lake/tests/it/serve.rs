@@ -79,9 +79,16 @@ fn start(root: &Path) -> Server {
 /// [`start`] with more arguments for `lake serve`.
 pub(crate) fn start_with(root: &Path, args: &[&str]) -> Server {
     let local = root.with_file_name("serve.sock");
+    let server = launch(root, "127.0.0.1:0", &[&["--local", local.to_str().expect("utf-8")], args].concat());
+    assert_eq!(server.local, local, "the server says where its local socket is");
+    server
+}
+
+/// `lake serve` on `root` with Flight at `flight` (`HOST:PORT`), HTTP on a free port, and `args`;
+/// returns once it says where it listens.
+fn launch(root: &Path, flight: &str, args: &[&str]) -> Server {
     let mut child = lake_cmd(root)
-        .args(["serve", "--flight", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "2", "--local"])
-        .arg(&local)
+        .args(["serve", "--flight", flight, "--http", "127.0.0.1:0", "--threads", "2"])
         .args(args)
         .env("LAKE_TOKENS", TOKEN)
         .stdout(Stdio::piped())
@@ -91,8 +98,22 @@ pub(crate) fn start_with(root: &Path, args: &[&str]) -> Server {
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
     let addr = |prefix: &str| line.split_whitespace().find_map(|w| w.strip_prefix(prefix)).unwrap_or_else(|| panic!("{line}")).to_string();
-    assert!(line.contains(&format!("local {}", local.display())), "{line}");
+    let local = line.split_once(" local ").map(|(_, path)| std::path::PathBuf::from(path.trim())).unwrap_or_default();
     Server { flight: format!("http://{}", addr("grpc://")), http: addr("http://"), child, local }
+}
+
+/// Python (`client_python`) running `script` with `args` and lake's client on its path, its
+/// stdin and stdout piped.
+pub(crate) fn python_client(python: &Path, script: &str, args: &[&str]) -> Child {
+    std::process::Command::new(python)
+        .args(["-c", script])
+        .args(args)
+        .env("PYTHONPATH", Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run python")
 }
 
 /// One HTTP/1.1 request; returns the status and the body (chunked bodies decoded).
@@ -1369,20 +1390,10 @@ pub(crate) fn client_python() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// `lake serve` on `root` with its Flight port fixed (HTTP on a free one), so that a server
-/// started again is where its clients look.
+/// `lake serve` on `root` with its Flight port fixed, so that a server started again is where
+/// its clients look.
 fn serve_on_port(root: &Path, flight_port: u16) -> Server {
-    let mut child = lake_cmd(root)
-        .args(["serve", "--flight", &format!("127.0.0.1:{flight_port}"), "--http", "127.0.0.1:0", "--threads", "2"])
-        .env("LAKE_TOKENS", TOKEN)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start lake serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the server says where it listens");
-    let http = line.split_whitespace().find_map(|w| w.strip_prefix("http://")).unwrap_or_else(|| panic!("{line}")).to_string();
-    Server { flight: format!("http://127.0.0.1:{flight_port}"), http, child, local: std::path::PathBuf::new() }
+    launch(root, &format!("127.0.0.1:{flight_port}"), &[])
 }
 
 /// A trainer's stream outlives its only server's restart: the Python client (`resume_wait_s`)
@@ -1419,17 +1430,7 @@ with warnings.catch_warnings(record=True) as caught:
         print("error", e.code, e.message, flush=True)
 print("warned", sum("every server of the lake is unavailable" in str(w.message) for w in caught), flush=True)
 "#;
-    let client_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../clients/python");
-    let run = |wait: &str, mode: &str| {
-        std::process::Command::new(&python)
-            .args(["-c", script, &location, TOKEN, wait, mode])
-            .env("PYTHONPATH", &client_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run python")
-    };
+    let run = |wait: &str, mode: &str| python_client(&python, script, &[&location, TOKEN, wait, mode]);
     let reference = run("0", "whole").wait_with_output().expect("reference");
     let reference: Vec<String> = String::from_utf8_lossy(&reference.stdout).lines().map(String::from).collect();
     assert_eq!((reference.len(), reference.last().map(String::as_str)), (31, Some("warned 0")), "{reference:?}");
