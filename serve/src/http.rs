@@ -235,19 +235,23 @@ async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
 }
 
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
-    let (records, unreadable) = service.lake().datasets_listed().await.map_err(Error::from)?;
-    let (views, unreadable_views) = service.lake().views_listed().await.map_err(Error::from)?;
-    let removed = lake_loader::views::removals_of_all(service.lake(), &views).await;
-    let views: Vec<Value> = views.iter().zip(removed).map(|(v, removed)| view_json(v, removed)).collect();
-    // Records damaged outside lake: named, so that a client sees why a dataset is missing.
-    let unreadable: Vec<Value> = unreadable
-        .iter()
-        .map(|u| json!({"kind": "dataset", "name": u.name, "version": u.version}))
-        .chain(unreadable_views.iter().map(|u| json!({"kind": "view", "name": u.name, "version": u.version})))
-        .collect();
-    let summaries = futures::future::join_all(records.iter().map(|r| browse::dataset_summary(service.lake(), r))).await;
-    let list = summaries.into_iter().collect::<crate::Result<Vec<Value>>>()?;
-    Ok(Json(json!({ "datasets": list, "views": views, "unreadable": unreadable })))
+    let lake = service.lake();
+    answer(&service, async {
+        let (records, unreadable) = lake.datasets_listed().await?;
+        let (views, unreadable_views) = lake.views_listed().await?;
+        let removed = lake_loader::views::removals_of_all(lake, &views).await;
+        let views: Vec<Value> = views.iter().zip(removed).map(|(v, removed)| view_json(v, removed)).collect();
+        // Records damaged outside lake: named, so that a client sees why a dataset is missing.
+        let unreadable: Vec<Value> = unreadable
+            .iter()
+            .map(|u| json!({"kind": "dataset", "name": u.name, "version": u.version}))
+            .chain(unreadable_views.iter().map(|u| json!({"kind": "view", "name": u.name, "version": u.version})))
+            .collect();
+        let summaries = futures::future::join_all(records.iter().map(|r| browse::dataset_summary(lake, r))).await;
+        let list = summaries.into_iter().collect::<crate::Result<Vec<Value>>>()?;
+        Ok(json!({ "datasets": list, "views": views, "unreadable": unreadable }))
+    })
+    .await
 }
 
 /// A view as the API shows it: what a request naming it samples (each dataset version `lake rm`

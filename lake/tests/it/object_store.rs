@@ -455,6 +455,9 @@ fn a_store_that_stops_answering_makes_requests_unavailable_until_it_answers_agai
     server.kill();
     unavailable(sql(), "SQL, the store gone");
     unavailable(sample(), "samples, the store gone");
+    let listed = crate::serve::http_with_head(&served.http, "GET", "/v1/datasets", &[("Authorization", &auth)], b"");
+    unavailable(listed, "the datasets, the store gone");
+    assert_eq!(metric(r#"lake_errors_total{kind="store"}"#), 6.0, "every refusal counted");
     let run = s3_lake(&server, &root, &["sql", "SELECT count(*) FROM steps"]);
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains(server.endpoint()) && run.stderr.contains("Connection refused"), "{}", run.stderr);
