@@ -905,11 +905,18 @@ pub fn openapi_document() -> Value {
     let nullable = |t: &str, description: &str| json!({"type": [t, "null"], "minimum": 0, "description": description});
     let mut document = paths_and_schemas(&error, &unauthorized, &sample_stream, &nullable);
     // What every operation may answer besides its own responses.
-    for (_, operations) in document["paths"].as_object_mut().expect("paths").iter_mut() {
+    let unreachable = "the lake's object store cannot be reached now";
+    for (path, operations) in document["paths"].as_object_mut().expect("paths").iter_mut() {
+        let reads_the_lake = path.starts_with("/v1/") && path != "/v1/openapi.json";
         for (method, operation) in operations.as_object_mut().expect("operations").iter_mut() {
             let responses = operation["responses"].as_object_mut().expect("responses");
             responses.insert("405".into(), error("the path does not take this method"));
             responses.insert("500".into(), error("the server failed (a damaged lake file, say); the server log has the details"));
+            if reads_the_lake {
+                let busy = responses.get("503").and_then(|r| r["description"].as_str()).map(|d| format!("{d}; or {unreachable}"));
+                responses
+                    .insert("503".into(), error(&busy.unwrap_or_else(|| format!("{unreachable} (retry after the Retry-After seconds)"))));
+            }
             if method == "post" {
                 responses.insert("413".into(), error("the request body is over 2 MiB"));
                 responses

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -227,6 +228,15 @@ class LeRobotTrain(unittest.TestCase):
         with open(SERVER["log_path"]) as f:
             return f.read()
 
+    def assert_logged(self, pattern, timeout_s=30.0):
+        """The server's log holds a line matching `pattern`. A stream's access line is written
+        when the server drops the stream, which it does once it sees that the trainer's process
+        has gone: just after the trainer exits, not before."""
+        deadline = time.monotonic() + timeout_s
+        while not re.search(pattern, self.server_log()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertRegex(self.server_log(), pattern)
+
     def test_act_trains_and_resumes_where_its_stream_stopped(self):
         out = os.path.join(SERVER["tmp"], "act")
         report = self.train(out, *ACT_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=3",
@@ -236,7 +246,7 @@ class LeRobotTrain(unittest.TestCase):
         config = os.path.join(out, "checkpoints", "last", "pretrained_model", "train_config.json")
         report = self.train(out, "--resume=true", f"--config_path={config}", "--steps=5", "--log_freq=1")
         print(f"ACT resumed: losses {self.check_run(report, out, [4, 5])}", file=sys.stderr)
-        self.assertRegex(self.server_log(), r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=21 epoch=0 start_step=3:")
+        self.assert_logged(r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=21 epoch=0 start_step=3:")
 
     def test_act_under_torchrun_reads_one_stream_per_rank(self):
         import socket
@@ -251,9 +261,8 @@ class LeRobotTrain(unittest.TestCase):
                             f"--output_dir={out}", "--wandb.enable=false", launcher=launcher)
         self.assertIn("Effective batch size: 4 x 2 = 8", report)
         print(f"\nACT over lake, 2 ranks: losses {self.check_run(report, out, [1, 2, 3])}", file=sys.stderr)
-        log = self.server_log()
         for rank in (0, 1):
-            self.assertRegex(log, rf"stream datasets=tiny@1 rank={rank}/2 batch_size=4 seed=23 epoch=0 start_step=0:")
+            self.assert_logged(rf"stream datasets=tiny@1 rank={rank}/2 batch_size=4 seed=23 epoch=0 start_step=0:")
 
     def test_diffusion_trains_with_dataloader_workers(self):
         out = os.path.join(SERVER["tmp"], "diffusion")
@@ -262,9 +271,8 @@ class LeRobotTrain(unittest.TestCase):
                             f"--output_dir={out}", "--wandb.enable=false")
         print(f"\ndiffusion over lake: losses {self.check_run(report, out, [1, 2, 3])}", file=sys.stderr)
         # The two workers take turns: one stream from global step 0, one from step 1.
-        log = self.server_log()
-        self.assertRegex(log, r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=22 epoch=0 start_step=0:")
-        self.assertRegex(log, r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=22 epoch=0 start_step=1:")
+        self.assert_logged(r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=22 epoch=0 start_step=0:")
+        self.assert_logged(r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=22 epoch=0 start_step=1:")
 
 
 if __name__ == "__main__":

@@ -658,7 +658,18 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
     assert!(String::from_utf8_lossy(&body).contains("unknown preset `actt`"), "{}", String::from_utf8_lossy(&body));
     let (code, body) = http(&server.http, "GET", "/v1/openapi.json", &[("Authorization", auth.as_str())], b"");
     assert_eq!(code, 200);
-    assert!(serde_json::from_slice::<Value>(&body).expect("json")["paths"]["/v1/sample"].is_object());
+    let document: Value = serde_json::from_slice(&body).expect("json");
+    assert!(document["paths"]["/v1/sample"].is_object());
+    // Every operation that reads the lake may find its object store unreachable: 503.
+    let unavailable = |path: &str, method: &str| document["paths"][path][method]["responses"]["503"].clone();
+    let sql = unavailable("/v1/sql", "post");
+    assert!(sql["description"].as_str().is_some_and(|d| d.contains("as many SQL queries") && d.contains("object store")), "{sql}");
+    let listed = unavailable("/v1/datasets", "get");
+    assert!(
+        listed["description"].as_str().is_some_and(|d| d.contains("object store")) && listed["headers"]["Retry-After"].is_object(),
+        "{listed}"
+    );
+    assert!(unavailable("/v1/openapi.json", "get").is_null());
     let (_, body) = http(&server.http, "GET", "/metrics", &[("Authorization", auth.as_str())], b"");
     let metrics = String::from_utf8_lossy(&body);
     let batches: f64 = metrics.lines().find_map(|l| l.strip_prefix("lake_batches_total ")).expect("counter").parse().expect("number");
