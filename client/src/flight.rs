@@ -1,8 +1,12 @@
 //! Batches over Arrow Flight: the same batches as the in-process loader streams, from a
 //! `lake serve` anywhere on the network.
 
-use std::{collections::HashMap, pin::Pin, sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use crate::{
+    Error, Result, SampleRequest, resume,
+    stream::{RemoteBatches, StreamPlan},
+};
 use arrow::{
     array::RecordBatch,
     buffer::Buffer,
@@ -10,52 +14,10 @@ use arrow::{
     ipc::{MessageHeader, reader::read_record_batch, root_as_message},
 };
 use arrow_flight::{FlightClient, FlightData, FlightDescriptor, error::FlightError, flight_service_client::FlightServiceClient};
-use futures::Stream;
-
-use crate::{Error, Result, SampleRequest};
 
 /// The Flight action whose body is a JSON sampling request and whose one result is, as JSON,
 /// what a trainer builds its policy from ([`RemoteLoader::sampling_facts`]).
 pub const SAMPLING_FACTS: &str = "lake.sampling_facts";
-
-/// Batches from a server.
-pub type RemoteBatches = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send>>;
-
-/// What a server plans for a sampling request: its batches' schema and the shape of its epochs,
-/// with which a trainer keeps its `(epoch, step)` cursor for exact resumption.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StreamPlan {
-    /// The batches' schema.
-    pub schema: SchemaRef,
-    /// Samples in an epoch (eligible steps of every dataset).
-    pub epoch_len: u64,
-    /// Global steps in an epoch.
-    pub steps_per_epoch: u64,
-    /// The request's `datasets` (JSON) with every dataset name pinned to the version the server
-    /// reads (`NAME@VERSION`): later requests that carry it (a resume) read the same versions
-    /// whatever is ingested meanwhile. `null` from a server that does not pin.
-    pub datasets: serde_json::Value,
-    /// The datasets sampled (`NAME@VERSION`; a view's each): a mixture's `dataset_index`
-    /// column is a position in this list. Empty from a server that does not say.
-    pub sources: Vec<String>,
-}
-
-impl StreamPlan {
-    /// The plan from the server's JSON shape (`{"epoch_len": …, "steps_per_epoch": …,
-    /// "datasets": […], "sources": […]}`).
-    pub(crate) fn from_json(schema: SchemaRef, shape: &[u8]) -> Result<Self> {
-        let bad = || Error::Server(format!("server: a plan that is not an epoch shape: {}", String::from_utf8_lossy(shape)));
-        let value: serde_json::Value = serde_json::from_slice(shape).map_err(|_| bad())?;
-        let field = |name: &str| value[name].as_u64().ok_or_else(bad);
-        // Absent from an older server's plans.
-        let datasets = value.get("datasets").cloned().unwrap_or(serde_json::Value::Null);
-        let sources = match value.get("sources") {
-            None => Vec::new(),
-            Some(v) => serde_json::from_value(v.clone()).map_err(|_| bad())?,
-        };
-        Ok(Self { schema, epoch_len: field("epoch_len")?, steps_per_epoch: field("steps_per_epoch")?, datasets, sources })
-    }
-}
 
 /// A connection to `lake serve`'s Flight endpoint.
 #[derive(Debug, Clone)]
@@ -218,10 +180,6 @@ pub struct ServerPool {
     resume_wait: Duration,
 }
 
-/// The first pause of a stream waiting for an unavailable lake, and the longest: pauses double.
-const FIRST_PAUSE: Duration = Duration::from_millis(500);
-const LONGEST_PAUSE: Duration = Duration::from_secs(5);
-
 impl ServerPool {
     /// A pool of the servers at `urls` (`http://host:port`), sending `token` as a bearer
     /// token when given. Nothing is connected yet.
@@ -327,100 +285,21 @@ impl ServerPool {
             })
             .await?
         };
-        let mut pinned = request.clone();
-        if let Ok(datasets) = serde_json::from_value(plan.datasets.clone()) {
-            pinned.datasets = datasets;
-        }
-        let state = Failover {
-            pool: self.clone(),
-            request: pinned,
-            steps_per_epoch: plan.steps_per_epoch.max(1),
-            server,
-            inner: None,
-            failures: 0,
-            waited: Duration::ZERO,
-            pause: FIRST_PAUSE,
-        };
-        Ok(Box::pin(futures::stream::try_unfold(state, |mut state| async move {
-            loop {
-                if state.request.limit_batches == Some(0) {
-                    return Ok(None);
-                }
-                if state.inner.is_none() {
-                    let opened = match RemoteLoader::connect(&state.pool.urls[state.server], state.pool.token.clone()).await {
-                        Ok(loader) => loader.stream(&state.request).await,
-                        Err(e) => Err(e),
-                    };
-                    match opened {
-                        Ok(batches) => state.inner = Some(batches),
-                        Err(Error::Unavailable(why)) => {
-                            state.moved(why).await?;
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                let next = futures::StreamExt::next(state.inner.as_mut().expect("opened above")).await;
-                match next {
-                    Some(Ok(batch)) => {
-                        state.advance();
-                        (state.failures, state.waited, state.pause) = (0, Duration::ZERO, FIRST_PAUSE);
-                        return Ok(Some((batch, state)));
-                    }
-                    Some(Err(Error::Unavailable(why))) => {
-                        state.inner = None;
-                        state.moved(why).await?;
-                    }
-                    Some(Err(e)) => return Err(e),
-                    None => return Ok(None),
-                }
-            }
-        })))
+        Ok(resume::resumable(self.clone(), server, request, &plan, self.resume_wait))
     }
 }
 
-/// A [`ServerPool`] stream's state: the request from the next batch on, and where it is served.
-struct Failover {
-    pool: ServerPool,
-    request: SampleRequest,
-    steps_per_epoch: u64,
-    server: usize,
-    inner: Option<RemoteBatches>,
-    /// Servers that failed the stream since its last batch, or its last pause.
-    failures: usize,
-    /// Time paused since its last batch, and the next pause.
-    waited: Duration,
-    pause: Duration,
-}
-
-impl Failover {
-    /// The request's cursor past one more batch: `step_stride` steps on, epochs wrapping.
-    fn advance(&mut self) {
-        let at = self.request.epoch * self.steps_per_epoch + self.request.start_step + self.request.step_stride.max(1);
-        (self.request.epoch, self.request.start_step) = (at / self.steps_per_epoch, at % self.steps_per_epoch);
-        if let Some(left) = self.request.limit_batches.as_mut() {
-            *left -= 1;
-        }
+impl resume::Servers for ServerPool {
+    fn count(&self) -> usize {
+        self.urls.len()
     }
 
-    /// Moves to the next server after `why`; once every server failed twice in a row, pauses
-    /// first, or gives up when the pause would pass the pool's resume wait.
-    async fn moved(&mut self, why: String) -> Result<()> {
-        self.failures += 1;
-        let servers = self.pool.urls.join(", ");
-        if self.failures >= 2 * self.pool.urls.len() {
-            let wait = self.pool.resume_wait;
-            if self.waited + self.pause > wait {
-                let waited = if wait.is_zero() { String::new() } else { format!(", and none took it again within {wait:?}") };
-                return Err(Error::Unavailable(format!("every server of {servers} failed the stream{waited} (last: {why})")));
-            }
-            tracing::warn!(%servers, %why, pause = ?self.pause, "every server unavailable; the stream resumes when one answers");
-            tokio::time::sleep(self.pause).await;
-            (self.waited, self.pause, self.failures) = (self.waited + self.pause, (self.pause * 2).min(LONGEST_PAUSE), 0);
-        } else {
-            tracing::warn!(from = %self.pool.urls[self.server], %why, "server unavailable; resuming the stream on the next one");
-        }
-        self.server = (self.server + 1) % self.pool.urls.len();
-        Ok(())
+    fn name(&self, at: usize) -> String {
+        self.urls[at].clone()
+    }
+
+    fn open(&self, at: usize, request: SampleRequest) -> futures::future::BoxFuture<'static, Result<RemoteBatches>> {
+        let (url, token) = (self.urls[at].clone(), self.token.clone());
+        Box::pin(async move { RemoteLoader::connect(&url, token).await?.stream(&request).await })
     }
 }

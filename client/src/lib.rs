@@ -38,12 +38,15 @@ mod error;
 mod flight;
 pub mod local;
 mod request;
+mod resume;
+mod stream;
 
 pub use lake_schemas::{FrameFormat, FrameSize};
 
 pub use crate::{
     error::{Error, Result},
-    flight::{RemoteBatches, RemoteLoader, SAMPLING_FACTS, ServerPool, StreamPlan, flight_endpoint},
+    flight::{RemoteLoader, SAMPLING_FACTS, ServerPool, flight_endpoint},
     local::LocalLoader,
     request::{DatasetRef, MAX_BATCH_SIZE, MAX_DATASETS, MAX_REQUEST_BYTES, MAX_TICKET_BYTES, MAX_WORLD_SIZE, SampleRequest},
+    stream::{RemoteBatches, StreamPlan},
 };

@@ -60,7 +60,7 @@ use tokio::{io::Interest, net::UnixStream, sync::mpsc};
 
 use crate::{
     Error, Result, SampleRequest,
-    flight::{RemoteBatches, StreamPlan},
+    stream::{RemoteBatches, StreamPlan},
 };
 
 /// Message kinds and framing shared by the client and `lake serve`.
@@ -472,13 +472,31 @@ pub struct LocalLoader {
     slots: u32,
     stall_warning: Duration,
     server_timeout: Duration,
+    resume_wait: Duration,
 }
 
 fn refused(payload: &[u8]) -> Error {
     let value: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
     let code = value["code"].as_str().unwrap_or("unknown");
-    let message = value["message"].as_str().unwrap_or("no message");
-    Error::Server(format!("server: {message} ({code})"))
+    let message = format!("server: {} ({code})", value["message"].as_str().unwrap_or("no message"));
+    // Shutting down, or its lake's object store unreachable: the stream can be taken up again.
+    if code == "unavailable" { Error::Unavailable(message) } else { Error::Server(message) }
+}
+
+/// A failure to talk to the server at `path`: unavailable when no server is there (never
+/// started, restarting, or gone leaving its socket file) or it went away or fell silent, as
+/// Flight says of an address nothing answers at.
+fn at(path: &Path, e: &io::Error) -> Error {
+    let message = format!("{}: {e}", path.display());
+    match e.kind() {
+        io::ErrorKind::NotFound
+        | io::ErrorKind::ConnectionRefused
+        | io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::TimedOut => Error::Unavailable(message),
+        _ => Error::Server(message),
+    }
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {
@@ -498,6 +516,7 @@ impl LocalLoader {
             slots: wire::DEFAULT_SLOTS,
             stall_warning: STALL_WARNING,
             server_timeout: SERVER_TIMEOUT,
+            resume_wait: Duration::ZERO,
         }
     }
 
@@ -528,6 +547,17 @@ impl LocalLoader {
         self
     }
 
+    /// How long a stream waits, in one outage, for its server to answer again (restarting, or
+    /// its lake's object store unreachable): it asks again after pauses of 0.5 s doubling up to
+    /// 5 s, and resumes after the last batch received once the server takes it; past that wait
+    /// it ends with [`Error::Unavailable`]. Zero (the default): it ends at once. A request the
+    /// server cannot plan is refused at once.
+    #[must_use]
+    pub fn with_resume_wait(mut self, wait: Duration) -> Self {
+        self.resume_wait = wait;
+        self
+    }
+
     /// The schema of a sampling request's batches and the shape of its epochs, as the
     /// server plans it (what [`RemoteLoader::describe`](crate::RemoteLoader::describe) gives
     /// over Flight).
@@ -535,7 +565,7 @@ impl LocalLoader {
     /// # Errors
     /// As [`stream`](Self::stream).
     pub async fn describe(&self, request: &SampleRequest) -> Result<StreamPlan> {
-        let at = |e: io::Error| Error::Server(format!("{}: {e}", self.path.display()));
+        let at = |e: io::Error| at(&self.path, &e);
         let socket = UnixStream::connect(&self.path).await.map_err(at)?;
         let token = self.token.as_deref().unwrap_or("");
         let describe = wire::frame(wire::DESCRIBE, &[&(token.len() as u32).to_le_bytes(), token.as_bytes(), request.to_json().as_bytes()]);
@@ -549,14 +579,25 @@ impl LocalLoader {
         }
     }
 
-    /// Streams the batches of a sampling request, in order: the same
-    /// batches as over Flight.
+    /// Streams the batches of a sampling request, in order: the same batches as over Flight.
+    /// With [`with_resume_wait`](Self::with_resume_wait), the stream waits out its server's
+    /// outages and resumes after the last batch received, pinned to the dataset versions first
+    /// planned.
     ///
     /// # Errors
-    /// When the socket cannot be reached, or the server's refusal (unknown dataset, bad request,
-    /// missing token) with its message.
+    /// [`Error::Unavailable`] when no server listens on the socket; otherwise the server's
+    /// refusal (unknown dataset, bad request, missing token) with its message.
     pub async fn stream(&self, request: &SampleRequest) -> Result<RemoteBatches> {
-        let at = |e: io::Error| Error::Server(format!("{}: {e}", self.path.display()));
+        if self.resume_wait.is_zero() {
+            return self.stream_once(request).await;
+        }
+        let plan = self.describe(request).await?;
+        Ok(crate::resume::resumable(self.clone(), 0, request, &plan, self.resume_wait))
+    }
+
+    /// One stream of the request, ending at the first failure.
+    async fn stream_once(&self, request: &SampleRequest) -> Result<RemoteBatches> {
+        let at = |e: io::Error| at(&self.path, &e);
         let socket = UnixStream::connect(&self.path).await.map_err(at)?;
         let token = self.token.as_deref().unwrap_or("");
         let hello = wire::frame(
@@ -576,6 +617,21 @@ impl LocalLoader {
             Waits { slots: self.slots, stall_warning: self.stall_warning, heard, server_timeout: self.server_timeout },
         )));
         Ok(Box::pin(futures::stream::unfold(received, |mut r| async move { r.recv().await.map(|b| (b, r)) })))
+    }
+}
+
+impl crate::resume::Servers for LocalLoader {
+    fn count(&self) -> usize {
+        1
+    }
+
+    fn name(&self, _: usize) -> String {
+        self.path.display().to_string()
+    }
+
+    fn open(&self, _: usize, request: SampleRequest) -> futures::future::BoxFuture<'static, Result<RemoteBatches>> {
+        let this = self.clone();
+        Box::pin(async move { this.stream_once(&request).await })
     }
 }
 
@@ -617,8 +673,7 @@ async fn receive(
     // Closed without an error message, or reset (a server killed with our give-backs unread):
     // the server stopped (or cut a client that held every slot through a shutdown) or went
     // away, as a Flight stream's UNAVAILABLE.
-    let gone =
-        || Error::Server("server: the server closed the stream (it stopped or went away); resume from the next step (unavailable)".into());
+    let gone = || Error::Unavailable("server: the server closed the stream (it stopped or went away); resume from the next step".into());
     let closed =
         |e: &io::Error| matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe);
     // Whether the server closed its side: it may have sent the stream's end (or an error) just
@@ -712,7 +767,7 @@ async fn receive(
             Ok((wire::ERROR, payload)) => Err(refused(&payload)),
             Ok((kind, _)) => failed(format!("an unexpected message {kind}")),
             Err(e) if closed(&e) => Err(gone()),
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => failed(format!("{e}; resume from the next step (unavailable)")),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(Error::Unavailable(format!("server: {e}; resume from the next step"))),
             Err(e) => failed(format!("the connection failed: {e}")),
         };
         let end = item.is_err();

@@ -33,12 +33,16 @@ pub enum BatchSource {
         /// unavailable ([`lake_client::ServerPool::with_resume_wait`]).
         resume_wait: std::time::Duration,
     },
-    /// `lake serve --local PATH`: shared memory on this machine.
+    /// `lake serve --local PATH`: shared memory on this machine. The run's stream waits out
+    /// the server's restarts and resumes where it stopped.
     Local {
         /// The server's Unix socket.
         path: PathBuf,
         /// Bearer token, when the server asks for one.
         token: Option<String>,
+        /// How long the stream waits for the server to take it again
+        /// ([`lake_client::LocalLoader::with_resume_wait`]).
+        resume_wait: std::time::Duration,
     },
 }
 
@@ -166,8 +170,8 @@ pub async fn open_feed(lake: Option<&Lake>, request: &SampleRequest, source: &Ba
             let batches = servers.stream(request).await.map_err(data)?.map_err(data);
             Ok(Feed { schema: plan.schema, steps_per_epoch: plan.steps_per_epoch, batches: Box::pin(batches) })
         }
-        BatchSource::Local { path, token } => {
-            let client = lake_client::LocalLoader::new(path, token.clone());
+        BatchSource::Local { path, token, resume_wait } => {
+            let client = lake_client::LocalLoader::new(path, token.clone()).with_resume_wait(*resume_wait);
             let plan = client.describe(request).await.map_err(data)?;
             let batches = client.stream(request).await.map_err(data)?.map_err(data);
             Ok(Feed { schema: plan.schema, steps_per_epoch: plan.steps_per_epoch, batches: Box::pin(batches) })

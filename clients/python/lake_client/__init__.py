@@ -448,25 +448,32 @@ class LakeClient:
         blocked in gRPC does not see Ctrl-C, a wait on that thread does."""
         request = _sent(request)
         if len(self._clients) == 1 and self.resume_wait_s == 0:
-            ticket = flight.Ticket(json.dumps(request).encode())
-            return _Prefetch(lambda: self._client.do_get(ticket, self._options), _limit(request))
-        return _Failover(self, request)
+            return self._stream(0, request)
+        first = self._first(request)
+        return _Failover(request, self._info(request, first), first, len(self._clients), self._stream, self.resume_wait_s)
+
+    def _stream(self, server: int, request: Dict[str, Any]) -> "_Prefetch":
+        """The request's stream from server `server`, ending at its first failure."""
+        ticket = flight.Ticket(json.dumps(request).encode())
+        client = self._clients[server]
+        return _Prefetch(lambda: client.do_get(ticket, self._options), _limit(request))
 
 
 class _Failover(_Counted):
-    """A stream over several servers: on `unavailable` it moves to the next server and asks for
-    the batches after the last one received (the cursor advanced by `step_stride` steps a batch,
-    epochs wrapping every `steps_per_epoch` steps). Once every server has failed twice in a row it
-    waits for one (`LakeClient`'s `resume_wait_s`), with pauses from `_FIRST_PAUSE_S` doubling up
-    to `_LONGEST_PAUSE_S`; `moves` counts the times the stream was asked for again."""
+    """A stream that outlives its server: on `unavailable` it moves to the next of `servers`
+    (Flight servers over one lake, or the one local socket) and asks for the batches after the
+    last one received (the cursor advanced by `step_stride` steps a batch, epochs wrapping every
+    `steps_per_epoch` steps of the plan `info`). Once every server has failed twice in a row it
+    waits for one, up to `patience` seconds (`resume_wait_s`), with pauses from `_FIRST_PAUSE_S`
+    doubling up to `_LONGEST_PAUSE_S`; `moves` counts the times the stream was asked for again.
+    `open_on(server, request)` is the request's stream from one server, ending at its first
+    failure."""
 
-    def __init__(self, client: LakeClient, request: Dict[str, Any]):
-        self._client = client
-        self._server = client._first(request)
-        info = client._info(request, self._server)
-        # Every server reads the versions the first one pinned.
+    def __init__(self, request: Dict[str, Any], info: Dict[str, Any], first: int, servers: int, open_on, patience: float):
+        # Every server reads the versions the first plan pinned.
         self._request = {**request, "datasets": info.get("datasets") or request["datasets"]}
         self._steps_per_epoch = int(info["steps_per_epoch"])
+        self._server, self._servers, self._open_on, self._patience = first, servers, open_on, patience
         self._left = _limit(request)
         self._stream = None
         self._done = False
@@ -476,9 +483,7 @@ class _Failover(_Counted):
         request = dict(self._request)
         if self._left is not None:
             request["limit_batches"] = self._left
-        ticket = flight.Ticket(json.dumps(request).encode())
-        client = self._client._clients[self._server]
-        self._stream = _Prefetch(lambda: client.do_get(ticket, self._client._options), self._left)
+        self._stream = self._open_on(self._server, request)
 
     def __iter__(self) -> "_Failover":
         return self
@@ -487,14 +492,15 @@ class _Failover(_Counted):
         if self._done or self._left == 0:
             raise StopIteration
         tried, waited, pause = 0, 0.0, _FIRST_PAUSE_S
-        servers, patience = len(self._client._clients), self._client.resume_wait_s
+        servers, patience = self._servers, self._patience
         while True:
-            if self._stream is None:
-                self._open()
             try:
+                if self._stream is None:
+                    self._open()
                 batch = next(self._stream)
             except LakeError as e:
-                self._stream.close()
+                if self._stream is not None:
+                    self._stream.close()
                 self._stream = None
                 if e.code != "unavailable":
                     self._done = True
@@ -873,14 +879,29 @@ class LocalClient:
     keepalive every second it has nothing else to send; a server that sends nothing for
     `server_timeout_s` (default 60 s: frozen, or too loaded to run) ends the stream with
     `LakeError` `unavailable`, as Flight's keepalive pings do.
+
+    `resume_wait_s` (default 0), as `LakeClient`'s: how long a stream waits, in one outage, for
+    the server to answer again (restarting, or its lake's object store unreachable), asking again
+    after pauses of 0.5 s growing to 5 s and warning once, before it resumes after the last batch
+    received; past that wait, or with 0 at once, it raises `LakeError("unavailable")`.
     """
 
-    def __init__(self, path: str, token: Optional[str] = None, slots: int = 2, server_timeout_s: float = SERVER_TIMEOUT_S):
+    def __init__(
+        self,
+        path: str,
+        token: Optional[str] = None,
+        slots: int = 2,
+        server_timeout_s: float = SERVER_TIMEOUT_S,
+        resume_wait_s: float = 0.0,
+    ):
         if not 1 <= slots <= 16:
             raise ValueError(f"a stream has 1 to 16 slots, not {slots}")
         if not server_timeout_s > 0:
             raise ValueError(f"server_timeout_s must be a positive number of seconds, not {server_timeout_s}")
+        if not resume_wait_s >= 0:
+            raise ValueError(f"resume_wait_s must be 0 or more seconds, not {resume_wait_s!r}")
         self.path, self.token, self.slots, self.server_timeout_s = path, token, slots, server_timeout_s
+        self.resume_wait_s = float(resume_wait_s)
 
     def info(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """Schema, epoch shape (`epoch_len`, `steps_per_epoch`) and pinned `datasets` of a
@@ -930,8 +951,15 @@ class LocalClient:
         """The request's batches, in order; raises `LakeError` when the server refuses it. As
         `LakeClient.batches`: None fields are left out, and with `limit_batches` `len()` is the
         batches still to come (without it the stream is endless and `len()` raises
-        `TypeError`)."""
-        return _Batches(self._batches(request), _limit(_sent(request)))
+        `TypeError`). With `resume_wait_s`, the stream waits out the server's outages."""
+        request = _sent(request)
+        if self.resume_wait_s == 0:
+            return self._stream(0, request)
+        return _Failover(request, self.info(request), 0, 1, self._stream, self.resume_wait_s)
+
+    def _stream(self, _server: int, request: Dict[str, Any]) -> _Batches:
+        """The request's stream, ending at its first failure."""
+        return _Batches(self._batches(request), _limit(request))
 
     def _batches(self, request: Dict[str, Any]) -> Iterator[pa.RecordBatch]:
         stream = self._connect(self.slots)
@@ -1147,10 +1175,10 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     Use it with `DataLoader(ds, batch_size=None)` (or iterate it directly). With `local=PATH`
     (the server's `--local` socket, same machine) the batches arrive in shared memory and
     `location` (Flight) may be `None`; `server_timeout_s` (default 60) is how long a local
-    stream waits for a server that sends nothing (see `LocalClient`). Over Flight, a stream rides
-    out an outage (every server of `location` restarting, or the lake's object store unreachable)
-    of up to `resume_wait_s` (default 60) and resumes after the last batch it received (see
-    `LakeClient`); 0 raises `LakeError("unavailable")` at once. Every rank gets its
+    stream waits for a server that sends nothing (see `LocalClient`). A stream rides out an
+    outage (every server of `location`, or the local one, restarting, or the lake's object store
+    unreachable) of up to `resume_wait_s` (default 60) and resumes after the last batch it
+    received (see `LakeClient`); 0 raises `LakeError("unavailable")` at once. Every rank gets its
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
@@ -1275,7 +1303,7 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
 
     def _source(self):
         if self.local:
-            return LocalClient(self.local, self.token, server_timeout_s=self.server_timeout_s)
+            return LocalClient(self.local, self.token, server_timeout_s=self.server_timeout_s, resume_wait_s=self.resume_wait_s)
         return LakeClient(self.location, self.token, resume_wait_s=self.resume_wait_s)
 
     def _pin(self, source, info: Dict[str, Any]) -> Dict[str, Any]:

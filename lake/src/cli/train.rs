@@ -5,6 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 /// Arguments of `lake train`.
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("serving").args(["server", "local"])))]
 pub struct TrainArgs {
     /// A dataset or view to sample, `NAME[=WEIGHT]`; repeat for a mixture.
     #[arg(long = "dataset", value_name = "NAME[=WEIGHT]", required = true)]
@@ -110,10 +111,10 @@ pub struct TrainArgs {
     /// and a stream whose server becomes unavailable resumes on the next where it stopped.
     #[arg(long, value_name = "URL[,URL…]", conflicts_with = "local")]
     server: Option<String>,
-    /// With --server: seconds the run waits, in one outage, for a server to take its stream
-    /// again once every server is unavailable (restarting, or the lake's object store
+    /// With --server or --local: seconds the run waits, in one outage, for a server to take its
+    /// stream again once every server is unavailable (restarting, or the lake's object store
     /// unreachable), resuming where it stopped; past it the run fails (0: at once).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "server")]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "serving")]
     server_wait: u64,
     /// Take batches from `lake serve --local PATH` on this machine (shared memory).
     #[arg(long, value_name = "PATH")]
@@ -195,9 +196,10 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     config.optimizer_lr = args.lr.unwrap_or(config.optimizer_lr);
     config.optimizer_lr_backbone = args.lr_backbone.unwrap_or(config.optimizer_lr_backbone);
     config.device = Some(args.device.clone());
+    let resume_wait = std::time::Duration::from_secs(args.server_wait);
     let source = match (args.server, args.local) {
-        (Some(url), _) => BatchSource::Flight { url, token: args.token, resume_wait: std::time::Duration::from_secs(args.server_wait) },
-        (None, Some(path)) => BatchSource::Local { path, token: args.token },
+        (Some(url), _) => BatchSource::Flight { url, token: args.token, resume_wait },
+        (None, Some(path)) => BatchSource::Local { path, token: args.token, resume_wait },
         (None, None) => BatchSource::InProcess,
     };
     let rank = collective.as_ref().map_or(0, |c| c.rank());

@@ -458,7 +458,7 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
         let waited = stopped.elapsed();
         signal("-CONT");
         let e = ended.expect("ended before 30 s").expect("an error, not an end").expect_err("an error");
-        assert!(e.to_string().contains("sent nothing for 2.0 s") && e.to_string().contains("(unavailable)"), "{e}");
+        assert!(e.to_string().contains("sent nothing for 2.0 s") && matches!(e, lake_client::Error::Unavailable(_)), "{e}");
         // Counted from the last message heard, up to a keepalive interval before the stop.
         assert!(waited >= std::time::Duration::from_millis(900), "{waited:?}");
         drop(first);
@@ -1403,13 +1403,14 @@ pub(crate) fn client_python() -> Option<std::path::PathBuf> {
 
 /// `lake serve` on `root` with its Flight port fixed, so that a server started again is where
 /// its clients look.
-fn serve_on_port(root: &Path, flight_port: u16) -> Server {
-    launch(root, &format!("127.0.0.1:{flight_port}"), &[])
+fn serve_on_port(root: &Path, flight_port: u16, local: &Path) -> Server {
+    launch(root, &format!("127.0.0.1:{flight_port}"), &["--local", &local.to_string_lossy()])
 }
 
-/// A trainer's stream outlives its only server's restart: the Python client (`resume_wait_s`)
-/// and the Rust one (`ServerPool::with_resume_wait`, what `lake train --server` uses) wait for
-/// the server to answer again and resume after the last batch received, the same batches as a
+/// A trainer's stream outlives its only server's restart, over Flight and over the local socket:
+/// the Python clients (`resume_wait_s`) and the Rust ones (`ServerPool::with_resume_wait`,
+/// `LocalLoader::with_resume_wait`, what `lake train --server`/`--local` use) wait for the
+/// server to answer again and resume after the last batch received, the same batches as a
 /// stream never cut; a server that stays down ends the stream once the wait is over.
 #[test]
 fn a_stream_waits_out_its_servers_restart_and_resumes_where_it_stopped() {
@@ -1420,16 +1421,18 @@ fn a_stream_waits_out_its_servers_restart_and_resumes_where_it_stopped() {
     let root = tmp.path().join("lake");
     ingest_ok(&root, &testdata("v30-av1-small"), &[]);
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-    let mut server = Some(serve_on_port(&root, port));
+    let socket = tmp.path().join("serve.sock");
+    let mut server = Some(serve_on_port(&root, port, &socket));
     let location = format!("grpc://127.0.0.1:{port}");
-    // Batches of about 4 MB: a stream's flow-control window holds a few, so most of the 30 must
-    // come after the restart.
+    // Batches of about 4 MB: a Flight stream's flow-control window holds a few (a local
+    // stream's two slots, two), so most of the 30 must come after the restart.
     let script = r#"
 import json, sys, warnings
 import lake_client
-location, token, wait, mode = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+transport, where, token, wait, mode = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
 request = {"datasets": ["v30-av1-small"], "batch_size": 4, "seed": 3, "limit_batches": 30}
-stream = lake_client.LakeClient(location, token, resume_wait_s=wait).batches(request)
+client = lake_client.LakeClient if transport == "flight" else lake_client.LocalClient
+stream = client(where, token, resume_wait_s=wait).batches(request)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     try:
@@ -1441,41 +1444,49 @@ with warnings.catch_warnings(record=True) as caught:
         print("error", e.code, e.message, flush=True)
 print("warned", sum("every server of the lake is unavailable" in str(w.message) for w in caught), flush=True)
 "#;
-    let run = |wait: &str, mode: &str| python_client(&python, script, &[&location, TOKEN, wait, mode]);
-    let reference = run("0", "whole").wait_with_output().expect("reference");
+    let socket_arg = socket.to_string_lossy().to_string();
+    let run = |transport: &str, wait: &str, mode: &str| {
+        let at = if transport == "flight" { location.as_str() } else { socket_arg.as_str() };
+        python_client(&python, script, &[transport, at, TOKEN, wait, mode])
+    };
+    let reference = run("flight", "0", "whole").wait_with_output().expect("reference");
     let reference: Vec<String> = String::from_utf8_lossy(&reference.stdout).lines().map(String::from).collect();
     assert_eq!((reference.len(), reference.last().map(String::as_str)), (31, Some("warned 0")), "{reference:?}");
 
     // Python: three batches read, the server stopped, started again two seconds later.
-    let cut = |wait: &str, restart: bool, server: &mut Option<Server>| {
-        let mut child = run(wait, "cut");
+    let cut = |transport: &str, wait: &str, restart: bool, server: &mut Option<Server>| {
+        let mut child = run(transport, wait, "cut");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let mut got: Vec<String> = (0..3).map(|_| lines.next().expect("a batch").expect("utf-8")).collect();
         drop(server.take());
         writeln!(child.stdin.as_mut().expect("stdin")).expect("go on");
         if restart {
             std::thread::sleep(std::time::Duration::from_secs(2));
-            *server = Some(serve_on_port(&root, port));
+            *server = Some(serve_on_port(&root, port, &socket));
         }
         got.extend(lines.map(|l| l.expect("utf-8")));
-        assert!(child.wait().expect("python").success(), "{got:?}");
+        assert!(child.wait().expect("python").success(), "{transport}: {got:?}");
         got
     };
-    let got = cut("60", true, &mut server);
-    assert_eq!(got.last().map(String::as_str), Some("warned 1"), "{got:?}");
-    assert_eq!(got[..30], reference[..30], "the stream resumed exactly where it stopped");
-    // A server that stays down: the stream ends once the wait is over.
-    let got = cut("1", false, &mut server);
-    let error = got.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("{got:?}"));
-    assert!(
-        error.starts_with("error unavailable ")
-            && error.ends_with("no server of the lake took the stream again within 1 s (resume_wait_s)"),
-        "{error}"
-    );
-    assert_eq!(got.last().map(String::as_str), Some("warned 1"));
+    for transport in ["flight", "local"] {
+        if server.is_none() {
+            server = Some(serve_on_port(&root, port, &socket));
+        }
+        let got = cut(transport, "60", true, &mut server);
+        assert_eq!(got.last().map(String::as_str), Some("warned 1"), "{transport}: {got:?}");
+        assert_eq!(got[..30], reference[..30], "{transport}: the stream resumed exactly where it stopped");
+        // A server that stays down: the stream ends once the wait is over.
+        let got = cut(transport, "1", false, &mut server);
+        let error = got.iter().find(|l| l.starts_with("error ")).unwrap_or_else(|| panic!("{transport}: {got:?}"));
+        assert!(
+            error.starts_with("error unavailable ")
+                && error.ends_with("no server of the lake took the stream again within 1 s (resume_wait_s)"),
+            "{transport}: {error}"
+        );
+        assert_eq!(got.last().map(String::as_str), Some("warned 1"), "{transport}");
+    }
 
-    // Rust: the same, through a pool of one server.
-    server = Some(serve_on_port(&root, port));
+    // Rust: the same, through a pool of one server and through the local socket.
     // The indices as Python's `json.dumps` writes them.
     let indices = |batch: &RecordBatch| -> String {
         let values = batch.column_by_name("index").expect("index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec();
@@ -1485,40 +1496,54 @@ print("warned", sum("every server of the lake is unavailable" in str(w.message) 
     (request.batch_size, request.seed, request.limit_batches) = (4, 3, Some(30));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let pool = |wait: u64| {
-            lake_client::ServerPool::new([format!("http://127.0.0.1:{port}")], Some(TOKEN.to_string()))
-                .expect("pool")
-                .with_resume_wait(std::time::Duration::from_secs(wait))
-        };
-        let mut stream = pool(60).stream(&request).await.expect("stream");
-        let mut got = Vec::new();
-        for _ in 0..3 {
-            got.push(indices(&stream.next().await.expect("a batch").expect("batch")));
-        }
-        drop(server.take());
-        let restarted = tokio::task::spawn_blocking({
-            let root = root.clone();
-            move || {
-                std::thread::sleep(std::time::Duration::from_secs(2));
-                serve_on_port(&root, port)
+        let open = |transport: &str, wait: u64| {
+            let wait = std::time::Duration::from_secs(wait);
+            let request = request.clone();
+            let flight = format!("http://127.0.0.1:{port}");
+            let socket = socket.clone();
+            let transport = transport.to_string();
+            async move {
+                if transport == "flight" {
+                    let pool = lake_client::ServerPool::new([flight], Some(TOKEN.to_string())).expect("pool");
+                    pool.with_resume_wait(wait).stream(&request).await
+                } else {
+                    lake_client::LocalLoader::new(socket, Some(TOKEN.to_string())).with_resume_wait(wait).stream(&request).await
+                }
             }
-        });
-        while let Some(batch) = stream.next().await {
-            got.push(indices(&batch.expect("the stream goes on once the server is back")));
-        }
-        assert_eq!(got[..], reference[..30], "the stream resumed exactly where it stopped");
-        server = Some(restarted.await.expect("restarted"));
+        };
+        for transport in ["flight", "local"] {
+            server = Some(serve_on_port(&root, port, &socket));
+            let mut stream = open(transport, 60).await.expect("stream");
+            let mut got = Vec::new();
+            for _ in 0..3 {
+                got.push(indices(&stream.next().await.expect("a batch").expect("batch")));
+            }
+            drop(server.take());
+            let restarted = tokio::task::spawn_blocking({
+                let (root, socket) = (root.clone(), socket.clone());
+                move || {
+                    std::thread::sleep(std::time::Duration::from_secs(2));
+                    serve_on_port(&root, port, &socket)
+                }
+            });
+            while let Some(batch) = stream.next().await {
+                got.push(indices(&batch.unwrap_or_else(|e| panic!("{transport}: the stream goes on once the server is back: {e}"))));
+            }
+            assert_eq!(got[..], reference[..30], "{transport}: the stream resumed exactly where it stopped");
+            server = Some(restarted.await.expect("restarted"));
 
-        let mut stream = pool(1).stream(&request).await.expect("stream");
-        stream.next().await.expect("a batch").expect("batch");
-        drop(server.take());
-        let ended = loop {
-            match stream.next().await.expect("an end") {
-                Ok(_) => continue,
-                Err(e) => break e.to_string(),
-            }
-        };
-        assert!(ended.contains("none took it again within 1s"), "{ended}");
+            let mut stream = open(transport, 1).await.expect("stream");
+            stream.next().await.expect("a batch").expect("batch");
+            drop(server.take());
+            let ended = loop {
+                match stream.next().await.expect("an end") {
+                    Ok(_) => continue,
+                    Err(e) => break e,
+                }
+            };
+            assert!(matches!(ended, lake_client::Error::Unavailable(_)), "{transport}: {ended}");
+            assert!(ended.to_string().contains("none took it again within 1s"), "{transport}: {ended}");
+        }
     });
 }
 

@@ -163,9 +163,9 @@ fn a_run_fed_by_lake_serve_ends_as_the_in_process_run_ends() {
     let runs = [
         ("in-process", BatchSource::InProcess),
         ("flight", BatchSource::Flight { url: server.flight.clone(), token: None, resume_wait: std::time::Duration::ZERO }),
-        ("local", BatchSource::Local { path: server.local.clone(), token: None }),
+        ("local", BatchSource::Local { path: server.local.clone(), token: None, resume_wait: std::time::Duration::ZERO }),
         // Packets over shared memory, decoded here.
-        ("local-packets", BatchSource::Local { path: server.local.clone(), token: None }),
+        ("local-packets", BatchSource::Local { path: server.local.clone(), token: None, resume_wait: std::time::Duration::ZERO }),
     ];
     let mut weights = Vec::new();
     for (name, source) in runs {
