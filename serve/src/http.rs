@@ -95,6 +95,7 @@ pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 pub fn router(service: Arc<Service>) -> Router {
     let api = Router::new()
         .route("/metrics", get(metrics))
+        .route("/v1/server", get(server))
         .route("/v1/datasets", get(datasets))
         .route("/v1/datasets/{name}", get(dataset))
         .route("/v1/datasets/{name}/episodes", get(episodes))
@@ -232,6 +233,12 @@ async fn auth(State(service): State<Arc<Service>>, request: Request, next: Next)
 
 async fn metrics(State(service): State<Arc<Service>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.prometheus().await)
+}
+
+/// What this server is and allows, for clients that adapt to it (the web app offers no view
+/// saving on a read-only server).
+async fn server(State(service): State<Arc<Service>>) -> Json<Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION"), "read_only": service.writable().is_err()}))
 }
 
 async fn datasets(State(service): State<Arc<Service>>) -> Result<Json<Value>, Refused> {
@@ -907,7 +914,7 @@ pub fn openapi_document() -> Value {
     // What every operation may answer besides its own responses.
     let unreachable = "the lake's object store cannot be reached now";
     for (path, operations) in document["paths"].as_object_mut().expect("paths").iter_mut() {
-        let reads_the_lake = path.starts_with("/v1/") && path != "/v1/openapi.json";
+        let reads_the_lake = path.starts_with("/v1/") && !["/v1/openapi.json", "/v1/server"].contains(&path.as_str());
         for (method, operation) in operations.as_object_mut().expect("operations").iter_mut() {
             let responses = operation["responses"].as_object_mut().expect("responses");
             responses.insert("405".into(), error("the path does not take this method"));
@@ -1008,6 +1015,11 @@ fn paths_and_schemas(
             "/healthz": {"get": {"security": [], "responses": {"200": {"description": "serving (`ok`)", "content": {"text/plain": {}}}}}},
             "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text format", "content": {"text/plain; version=0.0.4": {}}}, "401": unauthorized}}},
             "/v1/openapi.json": {"get": {"responses": {"200": {"description": "this document", "content": {"application/json": {}}}, "401": unauthorized}}},
+            "/v1/server": {"get": {"responses": {
+                "200": {"description": "this server: `version` (lake's), and `read_only` (true under `lake serve --read-only`: `POST /v1/views` is refused)",
+                        "content": {"application/json": {"schema": {"type": "object", "required": ["version", "read_only"],
+                            "properties": {"version": {"type": "string"}, "read_only": {"type": "boolean"}}}}}},
+                "401": unauthorized}}},
             "/v1/datasets": {"get": {"responses": {
                 "200": {"description": "the datasets (latest versions) and views",
                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Datasets"}}}},

@@ -2,7 +2,7 @@
 // localStorage), the answer as a paged table with a chart of one column against another, errors
 // with a caret at their position, and saving the query as a view.
 
-import { ApiError, postJson, request } from "./api.js";
+import { ApiError, getJson, postJson, request } from "./api.js";
 import { cell, count, h, link, message } from "./dom.js";
 import { xyPlot } from "./plot.js";
 import { datasetRoute } from "./route.js";
@@ -178,6 +178,26 @@ export async function sqlPage(ctx) {
     }
   };
 
+  // A read-only server refuses views: say so in place of the form.
+  const server = await getJson("/v1/server", ctx.signal);
+  const saving = server.read_only
+    ? [
+        message(
+          "note",
+          h(
+            "span",
+            null,
+            "This server serves its lake read-only (",
+            h("code", null, "lake serve --read-only"),
+            "): make views with ",
+            h("code", null, 'lake view create NAME "SQL"'),
+            ", or through a server that may write.",
+          ),
+          "view-read-only",
+        ),
+      ]
+    : [h("div", { class: "row" }, viewName, h("label", null, replace, " replace an existing view"), saveButton), viewStatus];
+
   main.append(
     h("h1", null, "SQL"),
     h(
@@ -201,8 +221,7 @@ export async function sqlPage(ctx) {
         { class: "muted small" },
         "A view is a named training set: the query must answer episode_index (and dataset, when the lake holds several).",
       ),
-      h("div", { class: "row" }, viewName, h("label", null, replace, " replace an existing view"), saveButton),
-      viewStatus,
+      ...saving,
     ),
   );
   showHistory();

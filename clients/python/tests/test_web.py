@@ -29,7 +29,8 @@ the driver is given by path, so Selenium never fetches one). They check that:
   position along the plot's x axis (to half a pixel); Space plays and pauses;
 - the SQL console runs a query (Ctrl+Enter) and shows `lake sql`'s rows, says when an answer had
   more than the 10 000 rows it keeps, shows a syntax error with a caret at its line and column,
-  and saves a query as a view;
+  and saves a query as a view; a `--read-only` server's console says views are made elsewhere
+  and offers no button that could only be refused;
 - a dataset, episode or step that does not exist shows the server's (or the app's) message in the
   page rather than an empty one; and no page logs a JavaScript error.
 
@@ -483,6 +484,21 @@ class WebApp(unittest.TestCase):
         self.browser.find_element(By.ID, "view-save").click()
         refused = self.element("#view-error", "the refusal of a view that exists")
         self.assertIn("short-episodes", refused.text)
+
+    def test_a_read_only_server_offers_no_view_saving(self):
+        server = Server(LAKE["root"], os.path.join(LAKE["tmp"], "serve-read-only.log"), "--tokens", TOKEN, "--read-only")
+        try:
+            self.browser.get(f"{server.http}/#/sql")
+            self.wait(lambda: self.find("#main > *"), "the SQL page to show something")
+            if self.find("#login-token"):
+                self.login(TOKEN)
+            note = self.element("#view-read-only", "the note that views are not made here")
+            self.assertIn("lake view create", note.text)
+            self.assertFalse(self.find("#view-save"), "no button that can only be refused")
+            self.run_query("SELECT count(*) AS n FROM episodes")
+            self.assertEqual(self.table_rows()[0], ["n"], "queries run as on any server")
+        finally:
+            server.stop()
 
     def test_bad_addresses_say_what_is_wrong(self):
         for route, words in (

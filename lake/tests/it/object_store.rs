@@ -371,6 +371,10 @@ fn a_server_that_may_not_write_refuses_views_with_the_reason_and_serves_the_rest
     ];
     for (flags, reason) in refusals {
         let served = serve_s3(&server, &root, &flags);
+        // Said before any view is asked for, so that a client leaves views out (the web app).
+        let (code, said) = crate::serve::http(&served.http, "GET", "/v1/server", &[("Authorization", auth.as_str())], b"");
+        let said: serde_json::Value = serde_json::from_slice(&said).expect("json");
+        assert_eq!((code, &said["read_only"]), (200, &serde_json::json!(!flags.is_empty())), "{flags:?}: {said}");
         let (code, body) = post(&served, "/v1/views", view);
         assert_eq!(code, 403, "{flags:?}: {body}");
         let error: serde_json::Value = serde_json::from_str(&body).expect("json");
