@@ -393,12 +393,12 @@ impl ActConfig {
 
     /// The first ENV input.
     pub fn env_state_feature(&self) -> Option<(&str, &PolicyFeature)> {
-        self.input_features.iter().find(|(_, f)| f.kind == FeatureType::Env).map(|(k, f)| (k.as_str(), f))
+        env_state_feature(&self.input_features)
     }
 
     /// The cameras, in token order.
     pub fn image_features(&self) -> Vec<(&str, &PolicyFeature)> {
-        self.input_features.iter().filter(|(_, f)| f.kind == FeatureType::Visual).map(|(k, f)| (k.as_str(), f)).collect()
+        image_features(&self.input_features)
     }
 
     /// The `action` output.
@@ -592,16 +592,32 @@ impl ActConfig {
 
     /// `config.json` text: `"type": "act"` then 0.4.4's fields in dataclass order, indent 4.
     pub fn to_json(&self) -> String {
-        let mut map = Map::new();
-        map.insert("type".into(), Value::String("act".into()));
-        if let Value::Object(fields) = serde_json::to_value(self).expect("ActConfig serialises") {
-            map.extend(fields);
-        }
-        let mut out = Vec::new();
-        let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(b"    "));
-        Value::Object(map).serialize(&mut ser).expect("JSON to memory");
-        String::from_utf8(out).expect("serde_json writes UTF-8")
+        json_text("act", serde_json::to_value(self).expect("ActConfig serialises"))
     }
+}
+
+/// The first ENV input of `features`.
+pub(crate) fn env_state_feature(features: &Features) -> Option<(&str, &PolicyFeature)> {
+    features.iter().find(|(_, f)| f.kind == FeatureType::Env).map(|(k, f)| (k.as_str(), f))
+}
+
+/// The cameras of `features`, in order.
+pub(crate) fn image_features(features: &Features) -> Vec<(&str, &PolicyFeature)> {
+    features.iter().filter(|(_, f)| f.kind == FeatureType::Visual).map(|(k, f)| (k.as_str(), f)).collect()
+}
+
+/// A policy's `config.json` as LeRobot writes it: `"type"` first, then `fields` (a config
+/// serialised in its dataclass order), indented by 4.
+pub(crate) fn json_text(policy_type: &str, fields: Value) -> String {
+    let mut map = Map::new();
+    map.insert("type".into(), Value::String(policy_type.into()));
+    if let Value::Object(fields) = fields {
+        map.extend(fields);
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(b"    "));
+    Value::Object(map).serialize(&mut ser).expect("JSON to memory");
+    String::from_utf8(out).expect("serde_json writes UTF-8")
 }
 
 #[cfg(test)]

@@ -51,7 +51,10 @@
 
 mod config;
 pub mod data;
+mod diffusion_config;
 mod error;
+#[cfg(feature = "torch")]
+mod layers;
 mod normalize;
 pub mod run_log;
 mod tensors;
@@ -61,6 +64,8 @@ pub mod act;
 #[cfg(feature = "torch")]
 pub mod collective;
 #[cfg(feature = "torch")]
+pub mod diffusion;
+#[cfg(feature = "torch")]
 pub mod gpu_decode;
 #[cfg(feature = "torch")]
 pub mod train;
@@ -68,6 +73,7 @@ pub mod train;
 pub use crate::config::{
     ACTION, ActConfig, DatasetFeature, FeatureType, Features, NormalizationMode, OBS_ENV_STATE, OBS_STATE, OrderedMap, PolicyFeature,
 };
+pub use crate::diffusion_config::DiffusionConfig;
 pub use crate::error::{Error, Result};
 pub use crate::normalize::{
     EPS, IMAGENET_MEAN, IMAGENET_STD, Normalizer, POSTPROCESSOR_FILE, POSTPROCESSOR_STATE_FILE, PREPROCESSOR_FILE, PREPROCESSOR_STATE_FILE,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::optim::AdamW;
 use super::optim::host;
-use super::policy::{ActPolicy, PolicyOptions, copy_into};
+use super::policy::{ActPolicy, PolicyOptions};
 use crate::{ActConfig, Error, Processors, Result};
 
 /// The sub-directory `from_pretrained` reads.
@@ -201,21 +201,6 @@ impl ActPolicy {
     /// # Errors
     /// [`Error::Mismatch`] naming the key and both shapes.
     pub fn load_model_file(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let file = crate::read_safetensors(path)?;
-        for key in file.keys() {
-            if !self.state_dict().any(|(k, _)| k == key) {
-                return Err(Error::Mismatch { path: path.into(), key: key.clone(), reason: "not in this architecture".into() });
-            }
-        }
-        for (key, t) in self.state_dict() {
-            let src = file.get(key).ok_or_else(|| Error::Mismatch {
-                path: path.into(),
-                key: key.into(),
-                reason: "missing from the file".into(),
-            })?;
-            copy_into(t, src, path, key)?;
-        }
-        Ok(())
+        crate::layers::load_state_file(self.state_dict(), path.as_ref())
     }
 }

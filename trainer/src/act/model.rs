@@ -3,83 +3,14 @@
 
 use std::f64::consts::PI;
 
-use tch::{Device, Kind, Tensor, nn};
+use tch::{Device, Kind, Tensor};
 
-use crate::ActConfig;
+use crate::{
+    ActConfig,
+    layers::{Linear, Registry, ResNet18, ResNetKeys, ResNetNorm},
+};
 
-/// Creates variables in a `VarStore` under full dotted keys and remembers their order.
-pub(crate) struct Registry<'a> {
-    root: nn::Path<'a>,
-    kind: Kind,
-    device: Device,
-    /// Trainable tensors in registration order (LeRobot's `named_parameters` order).
-    pub params: Vec<(String, Tensor)>,
-    /// Buffers in registration order.
-    pub buffers: Vec<(String, Tensor)>,
-}
-
-impl<'a> Registry<'a> {
-    pub fn new(vs: &'a nn::VarStore, kind: Kind) -> Self {
-        Registry { root: vs.root(), kind, device: vs.device(), params: Vec::new(), buffers: Vec::new() }
-    }
-
-    fn add(&mut self, key: &str, value: Tensor, trainable: bool) -> Tensor {
-        let mut parts: Vec<&str> = key.split('.').collect();
-        let leaf = parts.pop().expect("a key has a name");
-        let path = parts.iter().fold(self.root.clone(), |p, part| p.sub(*part));
-        let t = path.add(leaf, value.to_kind(self.kind).to_device(self.device).detach(), trainable);
-        if trainable {
-            self.params.push((key.to_string(), t.shallow_clone()));
-        } else {
-            self.buffers.push((key.to_string(), t.shallow_clone()));
-        }
-        t
-    }
-
-    fn param(&mut self, key: &str, value: Tensor) -> Tensor {
-        self.add(key, value, true)
-    }
-
-    fn buffer(&mut self, key: &str, value: Tensor) -> Tensor {
-        self.add(key, value, false)
-    }
-
-    fn uniform(&self, dims: &[i64], bound: f64) -> Tensor {
-        let mut t = Tensor::empty(dims, (self.kind, self.device));
-        let _ = t.uniform_(-bound, bound);
-        t
-    }
-
-    fn normal(&self, dims: &[i64], std: f64) -> Tensor {
-        let mut t = Tensor::empty(dims, (self.kind, self.device));
-        let _ = t.normal_(0.0, std);
-        t
-    }
-
-    fn xavier(&self, dims: &[i64]) -> Tensor {
-        let (fan_out, fan_in) = fans(dims);
-        self.uniform(dims, (6.0 / (fan_in + fan_out) as f64).sqrt())
-    }
-
-    fn zeros(&self, dims: &[i64]) -> Tensor {
-        Tensor::zeros(dims, (self.kind, self.device))
-    }
-
-    fn ones(&self, dims: &[i64]) -> Tensor {
-        Tensor::ones(dims, (self.kind, self.device))
-    }
-
-    /// `nn.Linear` with PyTorch's default init (weight and bias uniform in ±1/√fan_in), or
-    /// xavier-uniform weights where ACT re-initialises them.
-    fn linear(&mut self, prefix: &str, fan_in: i64, fan_out: i64, xavier: bool) -> Linear {
-        let bound = 1.0 / (fan_in as f64).sqrt();
-        let w = if xavier { self.xavier(&[fan_out, fan_in]) } else { self.uniform(&[fan_out, fan_in], bound) };
-        let w = self.param(&format!("{prefix}.weight"), w);
-        let b = self.uniform(&[fan_out], bound);
-        let b = self.param(&format!("{prefix}.bias"), b);
-        Linear { w, b }
-    }
-
+impl Registry<'_> {
     fn layer_norm(&mut self, prefix: &str, d: i64) -> LayerNorm {
         let (w, b) = (self.ones(&[d]), self.zeros(&[d]));
         LayerNorm { w: self.param(&format!("{prefix}.weight"), w), b: self.param(&format!("{prefix}.bias"), b) }
@@ -102,38 +33,6 @@ impl<'a> Registry<'a> {
         let out_b = self.zeros(&[d]);
         let out_b = self.param(&format!("{prefix}.out_proj.bias"), out_b);
         Attention { in_w, in_b, out_w, out_b }
-    }
-
-    fn frozen_bn(&mut self, prefix: &str, c: i64) -> FrozenBatchNorm {
-        let (w, b, m, v) = (self.ones(&[c]), self.zeros(&[c]), self.zeros(&[c]), self.ones(&[c]));
-        FrozenBatchNorm {
-            w: self.buffer(&format!("{prefix}.weight"), w),
-            b: self.buffer(&format!("{prefix}.bias"), b),
-            mean: self.buffer(&format!("{prefix}.running_mean"), m),
-            var: self.buffer(&format!("{prefix}.running_var"), v),
-        }
-    }
-
-    /// A conv weight with kaiming-normal init (fan_out, ReLU gain), torchvision's ResNet init.
-    fn conv(&mut self, key: &str, out_c: i64, in_c: i64, k: i64) -> Tensor {
-        let t = self.normal(&[out_c, in_c, k, k], (2.0 / (out_c * k * k) as f64).sqrt());
-        self.param(key, t)
-    }
-}
-
-fn fans(dims: &[i64]) -> (i64, i64) {
-    let receptive: i64 = dims[2..].iter().product();
-    (dims[0] * receptive, dims[1] * receptive)
-}
-
-pub(crate) struct Linear {
-    w: Tensor,
-    b: Tensor,
-}
-
-impl Linear {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.w, Some(&self.b))
     }
 }
 
@@ -312,91 +211,6 @@ impl DecoderLayer {
     }
 }
 
-struct FrozenBatchNorm {
-    w: Tensor,
-    b: Tensor,
-    mean: Tensor,
-    var: Tensor,
-}
-
-impl FrozenBatchNorm {
-    /// torchvision's `FrozenBatchNorm2d` (eps 1e-5): `x·s + (b − mean·s)`, `s = w·rsqrt(var + eps)`.
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let shape = [1, -1, 1, 1];
-        let scale = self.w.reshape(shape) * (self.var.reshape(shape) + 1e-5).rsqrt();
-        let bias = self.b.reshape(shape) - self.mean.reshape(shape) * &scale;
-        x * scale + bias
-    }
-}
-
-struct BasicBlock {
-    conv1: Tensor,
-    bn1: FrozenBatchNorm,
-    conv2: Tensor,
-    bn2: FrozenBatchNorm,
-    downsample: Option<(Tensor, FrozenBatchNorm)>,
-    stride: i64,
-}
-
-impl BasicBlock {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let out = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [self.stride], [1], [1], 1)).relu();
-        let out = self.bn2.forward(&out.conv2d(&self.conv2, None::<Tensor>, [1], [1], [1], 1));
-        let identity = match &self.downsample {
-            Some((w, bn)) => bn.forward(&x.conv2d(w, None::<Tensor>, [self.stride], [0], [1], 1)),
-            None => x.shallow_clone(),
-        };
-        (out + identity).relu()
-    }
-}
-
-/// torchvision's ResNet-18 up to `layer4`, with frozen BatchNorm.
-struct Backbone {
-    conv1: Tensor,
-    bn1: FrozenBatchNorm,
-    layers: Vec<Vec<BasicBlock>>,
-}
-
-impl Backbone {
-    fn new(r: &mut Registry) -> Self {
-        let p = "model.backbone";
-        let conv1 = r.conv(&format!("{p}.conv1.weight"), 64, 3, 7);
-        let bn1 = r.frozen_bn(&format!("{p}.bn1"), 64);
-        let mut layers = Vec::new();
-        let mut in_c = 64;
-        for (li, out_c) in [64i64, 128, 256, 512].into_iter().enumerate() {
-            let mut blocks = Vec::new();
-            for bi in 0..2 {
-                let stride = if li > 0 && bi == 0 { 2 } else { 1 };
-                let bp = format!("{p}.layer{}.{bi}", li + 1);
-                let conv1 = r.conv(&format!("{bp}.conv1.weight"), out_c, in_c, 3);
-                let bn1 = r.frozen_bn(&format!("{bp}.bn1"), out_c);
-                let conv2 = r.conv(&format!("{bp}.conv2.weight"), out_c, out_c, 3);
-                let bn2 = r.frozen_bn(&format!("{bp}.bn2"), out_c);
-                let downsample = (stride != 1 || in_c != out_c).then(|| {
-                    let w = r.conv(&format!("{bp}.downsample.0.weight"), out_c, in_c, 1);
-                    (w, r.frozen_bn(&format!("{bp}.downsample.1"), out_c))
-                });
-                blocks.push(BasicBlock { conv1, bn1, conv2, bn2, downsample, stride });
-                in_c = out_c;
-            }
-            layers.push(blocks);
-        }
-        Backbone { conv1, bn1, layers }
-    }
-
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let x = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [2], [3], [1], 1)).relu();
-        let mut x = x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
-        for layer in &self.layers {
-            for block in layer {
-                x = block.forward(&x);
-            }
-        }
-        x
-    }
-}
-
 struct Vae {
     encoder: Encoder,
     cls: Tensor,
@@ -422,7 +236,7 @@ pub(crate) struct Model {
     dim_model: i64,
     chunk_size: i64,
     vae: Option<Vae>,
-    backbone: Option<Backbone>,
+    backbone: Option<ResNet18>,
     encoder: Encoder,
     decoder_layers: Vec<DecoderLayer>,
     decoder_norm: LayerNorm,
@@ -487,7 +301,7 @@ impl Model {
             let pos_enc = r.buffer("model.vae_encoder_pos_enc", Tensor::from_slice(&table).view([1, n as i64, d]));
             Vae { encoder, cls, state_proj, action_proj, latent_out, pos_enc }
         });
-        let backbone = has_images.then(|| Backbone::new(r));
+        let backbone = has_images.then(|| ResNet18::new(r, "model.backbone", ResNetKeys::Named, ResNetNorm::FrozenBatch));
         let encoder = Encoder::new(r, "model.encoder", c.n_encoder_layers, c, true);
         let decoder_layers = (0..c.n_decoder_layers).map(|i| DecoderLayer::new(r, &format!("model.decoder.layers.{i}"), c)).collect();
         let decoder_norm = r.layer_norm("model.decoder.norm", d);

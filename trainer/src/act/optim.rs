@@ -8,7 +8,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
-use super::policy::{ActPolicy, copy_into};
+use super::policy::ActPolicy;
+use crate::layers::copy_into;
 use crate::tensors::HostTensor;
 use crate::{Error, Result};
 

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor, nn};
 
-use super::model::{Model, ModelInput, Registry};
+use super::model::{Model, ModelInput};
+use crate::layers::{Registry, copy_into};
 use crate::{ActConfig, Error, FeatureType, NormalizationMode, Normalizer, Processors, Result, Stats};
 
 /// Where and how a policy is built.
@@ -254,7 +255,7 @@ impl ActPolicy {
     }
 
     /// Every tensor of `model.safetensors`: parameters, then buffers.
-    pub fn state_dict(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+    pub fn state_dict(&self) -> impl Iterator<Item = (&str, &Tensor)> + Clone {
         self.params.iter().chain(&self.buffers).map(|(k, t)| (k.as_str(), t))
     }
 
@@ -436,21 +437,6 @@ impl ActPolicy {
         }
         Ok(())
     }
-}
-
-/// Copies host values into a variable after checking the shape.
-pub(super) fn copy_into(dst: &Tensor, src: &crate::HostTensor, path: &Path, key: &str) -> Result<()> {
-    let want: Vec<usize> = dst.size().iter().map(|&d| d as usize).collect();
-    if want != src.shape {
-        return Err(Error::Mismatch {
-            path: path.into(),
-            key: key.into(),
-            reason: format!("shape {:?} in the file, {:?} in the model", src.shape, want),
-        });
-    }
-    let value = Tensor::from_slice(&src.values).view(dst.size().as_slice()).to_kind(dst.kind()).to_device(dst.device());
-    tch::no_grad(|| dst.shallow_clone().copy_(&value));
-    Ok(())
 }
 
 /// Whether a CUDA device can be used, loading `libtorch_cuda.so` first when the binary was

@@ -49,11 +49,16 @@ pub fn lerobot_python(test: &str) -> Option<PathBuf> {
 
 /// Runs `scripts/act_parity.py` with `args`, failing the test with its output on error.
 pub fn run_parity_script(python: &Path, args: &[&Path]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/act_parity.py");
+    run_script(python, "act_parity.py", args);
+}
+
+/// Runs `scripts/NAME` with LeRobot's python, offline; fails the test with its output.
+pub fn run_script(python: &Path, name: &str, args: &[&Path]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(name);
     let out = Command::new(python).arg(&script).args(args).env("HF_HUB_OFFLINE", "1").output().expect("run python");
     assert!(
         out.status.success(),
-        "act_parity.py {:?} failed:\n{}\n{}",
+        "{name} {:?} failed:\n{}\n{}",
         args,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)

@@ -1,0 +1,278 @@
+//! Building blocks the policies share: variables registered under LeRobot's state-dict keys in
+//! its `named_parameters` order, PyTorch's default initialisations, and torchvision's ResNet-18
+//! with either normalisation LeRobot's policies give it.
+
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::{Error, Result};
+
+/// Creates variables in a `VarStore` under full dotted keys and remembers their order.
+pub(crate) struct Registry<'a> {
+    root: nn::Path<'a>,
+    kind: Kind,
+    device: Device,
+    /// Trainable tensors in registration order (LeRobot's `named_parameters` order).
+    pub params: Vec<(String, Tensor)>,
+    /// Buffers in registration order.
+    pub buffers: Vec<(String, Tensor)>,
+}
+
+impl<'a> Registry<'a> {
+    pub(crate) fn new(vs: &'a nn::VarStore, kind: Kind) -> Self {
+        Registry { root: vs.root(), kind, device: vs.device(), params: Vec::new(), buffers: Vec::new() }
+    }
+
+    fn add(&mut self, key: &str, value: Tensor, trainable: bool) -> Tensor {
+        let mut parts: Vec<&str> = key.split('.').collect();
+        let leaf = parts.pop().expect("a key has a name");
+        let path = parts.iter().fold(self.root.clone(), |p, part| p.sub(*part));
+        let t = path.add(leaf, value.to_kind(self.kind).to_device(self.device).detach(), trainable);
+        if trainable {
+            self.params.push((key.to_string(), t.shallow_clone()));
+        } else {
+            self.buffers.push((key.to_string(), t.shallow_clone()));
+        }
+        t
+    }
+
+    pub(crate) fn param(&mut self, key: &str, value: Tensor) -> Tensor {
+        self.add(key, value, true)
+    }
+
+    pub(crate) fn buffer(&mut self, key: &str, value: Tensor) -> Tensor {
+        self.add(key, value, false)
+    }
+
+    pub(crate) fn uniform(&self, dims: &[i64], bound: f64) -> Tensor {
+        let mut t = Tensor::empty(dims, (self.kind, self.device));
+        let _ = t.uniform_(-bound, bound);
+        t
+    }
+
+    pub(crate) fn normal(&self, dims: &[i64], std: f64) -> Tensor {
+        let mut t = Tensor::empty(dims, (self.kind, self.device));
+        let _ = t.normal_(0.0, std);
+        t
+    }
+
+    pub(crate) fn xavier(&self, dims: &[i64]) -> Tensor {
+        let (fan_out, fan_in) = fans(dims);
+        self.uniform(dims, (6.0 / (fan_in + fan_out) as f64).sqrt())
+    }
+
+    pub(crate) fn zeros(&self, dims: &[i64]) -> Tensor {
+        Tensor::zeros(dims, (self.kind, self.device))
+    }
+
+    pub(crate) fn ones(&self, dims: &[i64]) -> Tensor {
+        Tensor::ones(dims, (self.kind, self.device))
+    }
+
+    /// `nn.Linear` with PyTorch's default init (weight and bias uniform in ±1/√fan_in), or
+    /// xavier-uniform weights where ACT re-initialises them.
+    pub(crate) fn linear(&mut self, prefix: &str, fan_in: i64, fan_out: i64, xavier: bool) -> Linear {
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let w = if xavier { self.xavier(&[fan_out, fan_in]) } else { self.uniform(&[fan_out, fan_in], bound) };
+        let w = self.param(&format!("{prefix}.weight"), w);
+        let b = self.uniform(&[fan_out], bound);
+        let b = self.param(&format!("{prefix}.bias"), b);
+        Linear { w, b }
+    }
+
+    /// A conv weight with kaiming-normal init (fan_out, ReLU gain), torchvision's ResNet init.
+    pub(crate) fn conv(&mut self, key: &str, out_c: i64, in_c: i64, k: i64) -> Tensor {
+        let t = self.normal(&[out_c, in_c, k, k], (2.0 / (out_c * k * k) as f64).sqrt());
+        self.param(key, t)
+    }
+}
+
+pub(crate) fn fans(dims: &[i64]) -> (i64, i64) {
+    let receptive: i64 = dims[2..].iter().product();
+    (dims[0] * receptive, dims[1] * receptive)
+}
+
+pub(crate) struct Linear {
+    w: Tensor,
+    b: Tensor,
+}
+
+impl Linear {
+    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.w, Some(&self.b))
+    }
+}
+
+/// How ResNet-18's normalisation layers are built: torchvision's `FrozenBatchNorm2d` (ACT: four
+/// buffers each, identity at start) or `nn.GroupNorm` with `C / 16` groups in their place
+/// (Diffusion: trainable weight and bias, ones and zeros at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResNetNorm {
+    FrozenBatch,
+    Group,
+}
+
+/// How the backbone's tensors are named below its prefix: torchvision's attributes (`conv1`,
+/// `bn1`, `layer1` … `layer4`), or the positions of `nn.Sequential(*children[:-2])` (`0`, `1`,
+/// `4` … `7`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResNetKeys {
+    Named,
+    Sequential,
+}
+
+pub(crate) enum Norm2d {
+    Frozen { w: Tensor, b: Tensor, mean: Tensor, var: Tensor },
+    Group { w: Tensor, b: Tensor, groups: i64 },
+}
+
+impl Norm2d {
+    fn new(r: &mut Registry, prefix: &str, c: i64, kind: ResNetNorm) -> Self {
+        match kind {
+            ResNetNorm::FrozenBatch => {
+                let (w, b, m, v) = (r.ones(&[c]), r.zeros(&[c]), r.zeros(&[c]), r.ones(&[c]));
+                Norm2d::Frozen {
+                    w: r.buffer(&format!("{prefix}.weight"), w),
+                    b: r.buffer(&format!("{prefix}.bias"), b),
+                    mean: r.buffer(&format!("{prefix}.running_mean"), m),
+                    var: r.buffer(&format!("{prefix}.running_var"), v),
+                }
+            }
+            ResNetNorm::Group => {
+                let (w, b) = (r.ones(&[c]), r.zeros(&[c]));
+                Norm2d::Group { w: r.param(&format!("{prefix}.weight"), w), b: r.param(&format!("{prefix}.bias"), b), groups: c / 16 }
+            }
+        }
+    }
+
+    /// `FrozenBatchNorm2d` (eps 1e-5): `x·s + (b − mean·s)`, `s = w·rsqrt(var + eps)`; or
+    /// `GroupNorm` (eps 1e-5).
+    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+        match self {
+            Norm2d::Frozen { w, b, mean, var } => {
+                let shape = [1, -1, 1, 1];
+                let scale = w.reshape(shape) * (var.reshape(shape) + 1e-5).rsqrt();
+                let bias = b.reshape(shape) - mean.reshape(shape) * &scale;
+                x * scale + bias
+            }
+            Norm2d::Group { w, b, groups } => x.group_norm(*groups, Some(w), Some(b), 1e-5, true),
+        }
+    }
+}
+
+struct BasicBlock {
+    conv1: Tensor,
+    bn1: Norm2d,
+    conv2: Tensor,
+    bn2: Norm2d,
+    downsample: Option<(Tensor, Norm2d)>,
+    stride: i64,
+}
+
+impl BasicBlock {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let out = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [self.stride], [1], [1], 1)).relu();
+        let out = self.bn2.forward(&out.conv2d(&self.conv2, None::<Tensor>, [1], [1], [1], 1));
+        let identity = match &self.downsample {
+            Some((w, bn)) => bn.forward(&x.conv2d(w, None::<Tensor>, [self.stride], [0], [1], 1)),
+            None => x.shallow_clone(),
+        };
+        (out + identity).relu()
+    }
+}
+
+/// torchvision's ResNet-18 up to `layer4` (512 channels at 1/32 of the input's size, rounded
+/// up), registered under `prefix`.
+pub(crate) struct ResNet18 {
+    conv1: Tensor,
+    bn1: Norm2d,
+    layers: Vec<Vec<BasicBlock>>,
+}
+
+impl ResNet18 {
+    pub(crate) fn new(r: &mut Registry, prefix: &str, keys: ResNetKeys, norm: ResNetNorm) -> Self {
+        let (conv1_key, bn1_key) = match keys {
+            ResNetKeys::Named => ("conv1", "bn1"),
+            ResNetKeys::Sequential => ("0", "1"),
+        };
+        let conv1 = r.conv(&format!("{prefix}.{conv1_key}.weight"), 64, 3, 7);
+        let bn1 = Norm2d::new(r, &format!("{prefix}.{bn1_key}"), 64, norm);
+        let mut layers = Vec::new();
+        let mut in_c = 64;
+        for (li, out_c) in [64i64, 128, 256, 512].into_iter().enumerate() {
+            let layer = match keys {
+                ResNetKeys::Named => format!("layer{}", li + 1),
+                ResNetKeys::Sequential => (li + 4).to_string(),
+            };
+            let mut blocks = Vec::new();
+            for bi in 0..2 {
+                let stride = if li > 0 && bi == 0 { 2 } else { 1 };
+                let bp = format!("{prefix}.{layer}.{bi}");
+                let conv1 = r.conv(&format!("{bp}.conv1.weight"), out_c, in_c, 3);
+                let bn1 = Norm2d::new(r, &format!("{bp}.bn1"), out_c, norm);
+                let conv2 = r.conv(&format!("{bp}.conv2.weight"), out_c, out_c, 3);
+                let bn2 = Norm2d::new(r, &format!("{bp}.bn2"), out_c, norm);
+                let downsample = (stride != 1 || in_c != out_c).then(|| {
+                    let w = r.conv(&format!("{bp}.downsample.0.weight"), out_c, in_c, 1);
+                    (w, Norm2d::new(r, &format!("{bp}.downsample.1"), out_c, norm))
+                });
+                blocks.push(BasicBlock { conv1, bn1, conv2, bn2, downsample, stride });
+                in_c = out_c;
+            }
+            layers.push(blocks);
+        }
+        ResNet18 { conv1, bn1, layers }
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+        let x = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [2], [3], [1], 1)).relu();
+        let mut x = x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
+        for layer in &self.layers {
+            for block in layer {
+                x = block.forward(&x);
+            }
+        }
+        x
+    }
+
+    /// The side of its output for an input side `n`: five halvings, each rounded up.
+    pub(crate) fn output_side(n: i64) -> i64 {
+        (0..5).fold(n, |n, _| (n + 1) / 2)
+    }
+}
+
+/// Copies host values into a variable after checking the shape.
+pub(crate) fn copy_into(dst: &Tensor, src: &crate::HostTensor, path: &Path, key: &str) -> Result<()> {
+    let want: Vec<usize> = dst.size().iter().map(|&d| d as usize).collect();
+    if want != src.shape {
+        return Err(Error::Mismatch {
+            path: path.into(),
+            key: key.into(),
+            reason: format!("shape {:?} in the file, {:?} in the model", src.shape, want),
+        });
+    }
+    let value = Tensor::from_slice(&src.values).view(dst.size().as_slice()).to_kind(dst.kind()).to_device(dst.device());
+    tch::no_grad(|| dst.shallow_clone().copy_(&value));
+    Ok(())
+}
+
+/// Copies every tensor of a `model.safetensors` into `state` (a model's keys and variables),
+/// refusing a file that lacks one of its keys, has a key it lacks, or a shape that differs.
+///
+/// # Errors
+/// [`Error::Mismatch`] naming the key and both shapes.
+pub(crate) fn load_state_file<'a>(state: impl Iterator<Item = (&'a str, &'a Tensor)> + Clone, path: &Path) -> Result<()> {
+    let file = crate::read_safetensors(path)?;
+    for key in file.keys() {
+        if !state.clone().any(|(k, _)| k == key) {
+            return Err(Error::Mismatch { path: path.into(), key: key.clone(), reason: "not in this architecture".into() });
+        }
+    }
+    for (key, t) in state {
+        let src =
+            file.get(key).ok_or_else(|| Error::Mismatch { path: path.into(), key: key.into(), reason: "missing from the file".into() })?;
+        copy_into(t, src, path, key)?;
+    }
+    Ok(())
+}
