@@ -16,7 +16,10 @@ noise) and `steps_noise` (`[steps - 1, B, horizon, A]`, the reverse steps' draws
     python scripts/diffusion_parity.py run CKPT BATCH OUT
         Loads CKPT with DiffusionPolicy.from_pretrained and writes `loss` (forward in training
         mode with the batch's draws) and `actions` (generate_actions in eval mode from `start`,
-        each reverse step adding the next of `steps_noise`).
+        each reverse step adding the next of `steps_noise`). When CKPT holds processor files (a
+        checkpoint lake wrote), the batch is in the dataset's units: LeRobot's preprocessor
+        (make_pre_post_processors) normalises it first, and `actions_unnormalized` is what its
+        postprocessor makes of the actions.
 """
 
 import json
@@ -30,6 +33,7 @@ from safetensors.torch import load_file, save_file
 import diffusers.schedulers.scheduling_ddpm as ddpm
 from lerobot.configs.policies import PreTrainedConfig
 from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+from lerobot.policies.factory import make_pre_post_processors
 
 
 def make(config_path, seed, out):
@@ -47,6 +51,10 @@ def run(ckpt, batch_path, out):
     cameras = list(policy.config.image_features)
     batch = {k: v for k, v in raw.items() if k.startswith("observation.") or k == "action"}
     batch["action_is_pad"] = raw["action_is_pad"] > 0.5
+    processed = Path(ckpt, "policy_preprocessor.json").exists()
+    if processed:
+        pre, post = make_pre_post_processors(policy.config, pretrained_path=ckpt)
+        batch = pre(batch)
 
     # The draws of the training forward: the crop (RandomCrop.get_params), then the noise
     # (torch.randn) and the steps (torch.randint), as compute_loss makes them.
@@ -70,7 +78,10 @@ def run(ckpt, batch_path, out):
         observations["observation.images"] = torch.stack([batch[c] for c in cameras], dim=-4)
     with torch.no_grad():
         actions = policy.diffusion.generate_actions(observations, noise=raw["start"].clone())
-    save_file({"loss": loss.detach().reshape(1), "actions": actions.contiguous()}, out)
+    result = {"loss": loss.detach().reshape(1), "actions": actions.contiguous()}
+    if processed:
+        result["actions_unnormalized"] = post(actions).contiguous()
+    save_file(result, out)
 
 
 if __name__ == "__main__":

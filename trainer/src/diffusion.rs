@@ -1,7 +1,9 @@
 //! LeRobot's Diffusion Policy on libtorch (`docs/design/diffusion.md`): [`DiffusionNet`], the
 //! network under LeRobot's state-dict names (`diffusion.rgb_encoder.backbone.4.0.conv1.weight`,
 //! `diffusion.unet.down_modules.0.0.conv1.block.0.weight`, …) with its DDPM loss and sampling,
-//! over inputs already normalised as LeRobot's preprocessor normalises them.
+//! over inputs already normalised as LeRobot's preprocessor normalises them; and
+//! [`DiffusionPolicy`], the network with that normalisation, reading and writing the
+//! `pretrained_model` files LeRobot loads.
 //!
 //! ```no_run
 //! use lake_trainer::diffusion::{DiffusionInput, DiffusionNet};
@@ -28,6 +30,7 @@
 //! ```
 
 mod model;
+mod policy;
 mod scheduler;
 
 use std::path::Path;
@@ -35,6 +38,7 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor, nn};
 
 use self::model::{Model, ModelInput};
+pub use self::policy::{DiffusionBatch, DiffusionPolicy};
 use crate::{DiffusionConfig, Error, Result, layers::Registry};
 
 /// The observations of a batch, normalised, each a window of `n_obs_steps` steps.

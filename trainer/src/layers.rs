@@ -6,7 +6,16 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor, nn};
 
-use crate::{Error, Result};
+use crate::{Error, FeatureType, NormalizationMode, Normalizer, Result};
+
+/// The sub-directory `from_pretrained` reads.
+pub(crate) const PRETRAINED_MODEL_DIR: &str = "pretrained_model";
+/// The sub-directory of optimizer and training-loop state.
+pub(crate) const TRAINING_STATE_DIR: &str = "training_state";
+/// The weights file.
+pub(crate) const MODEL_FILE: &str = "model.safetensors";
+/// The config file.
+pub(crate) const CONFIG_FILE: &str = "config.json";
 
 /// Creates variables in a `VarStore` under full dotted keys and remembers their order.
 pub(crate) struct Registry<'a> {
@@ -275,4 +284,64 @@ pub(crate) fn load_state_file<'a>(state: impl Iterator<Item = (&'a str, &'a Tens
         copy_into(t, src, path, key)?;
     }
     Ok(())
+}
+
+/// Per-feature normalisation on the policy's device, LeRobot's formulas exactly.
+pub(crate) enum Norm {
+    MeanStd { mean: Tensor, std: Tensor, eps: f64 },
+    Range { lo: Tensor, denom: Tensor, quantile: bool },
+}
+
+impl Norm {
+    pub(crate) fn build(n: &Normalizer, feature: &str, kind: FeatureType, device: Device, dtype: Kind) -> Result<Option<Norm>> {
+        let mode = n.mode_of(feature);
+        let get = |stat: &str| -> Result<Tensor> {
+            let t = n.stats.get(feature, stat).ok_or_else(|| Error::Stats(format!("{feature}: {mode:?} needs `{stat}`")))?;
+            let t = Tensor::from_slice(&t.values).to_kind(dtype).to_device(device);
+            Ok(if kind == FeatureType::Visual { t.view([-1, 1, 1]) } else { t })
+        };
+        let range = |lo: &str, hi: &str, quantile: bool| -> Result<Option<Norm>> {
+            let (lo, hi) = (get(lo)?, get(hi)?);
+            let d = &hi - &lo;
+            let denom = Tensor::full_like(&d, n.eps).where_self(&d.eq(0.0), &d);
+            Ok(Some(Norm::Range { lo, denom, quantile }))
+        };
+        match mode {
+            NormalizationMode::Identity => Ok(None),
+            NormalizationMode::MeanStd => Ok(Some(Norm::MeanStd { mean: get("mean")?, std: get("std")?, eps: n.eps })),
+            NormalizationMode::MinMax => range("min", "max", false),
+            NormalizationMode::Quantiles => range("q01", "q99", true),
+            NormalizationMode::Quantile10 => range("q10", "q90", true),
+        }
+    }
+
+    pub(crate) fn normalize(&self, x: &Tensor) -> Tensor {
+        match self {
+            Norm::MeanStd { mean, std, eps } => (x - mean) / (std + *eps),
+            Norm::Range { lo, denom, .. } => (x - lo) * 2.0 / denom - 1.0,
+        }
+    }
+
+    pub(crate) fn unnormalize(&self, x: &Tensor) -> Tensor {
+        match self {
+            Norm::MeanStd { mean, std, .. } => x * std + mean,
+            Norm::Range { lo, denom, quantile: false } => (x + 1.0) / 2.0 * denom + lo,
+            Norm::Range { lo, denom, quantile: true } => (x + 1.0) * denom / 2.0 + lo,
+        }
+    }
+}
+
+pub(crate) fn apply(norm: &Option<Norm>, x: Tensor) -> Tensor {
+    match norm {
+        Some(n) => n.normalize(&x),
+        None => x,
+    }
+}
+
+/// A libtorch tensor's values on the host, as f32.
+pub(crate) fn host(t: &Tensor) -> crate::HostTensor {
+    let t = t.to_kind(Kind::Float).to_device(tch::Device::Cpu).contiguous();
+    let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+    let values = Vec::<f32>::try_from(t.flatten(0, -1)).expect("a float tensor converts");
+    crate::HostTensor { shape, values }
 }

@@ -77,6 +77,6 @@ pub use crate::diffusion_config::DiffusionConfig;
 pub use crate::error::{Error, Result};
 pub use crate::normalize::{
     EPS, IMAGENET_MEAN, IMAGENET_STD, Normalizer, POSTPROCESSOR_FILE, POSTPROCESSOR_STATE_FILE, PREPROCESSOR_FILE, PREPROCESSOR_STATE_FILE,
-    Processors, Stats,
+    PolicyFeatures, Processors, Stats,
 };
 pub use crate::tensors::{HostTensor, from_safetensors_bytes, read_safetensors, to_safetensors_bytes, write_safetensors};

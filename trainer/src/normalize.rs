@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use crate::DiffusionConfig;
 use crate::config::{ActConfig, FeatureType, Features, NormalizationMode, OrderedMap};
 use crate::tensors::{HostTensor, read_safetensors, write_safetensors};
 use crate::{Error, Result};
@@ -132,6 +133,40 @@ fn flatten(v: &Value, out: &mut Vec<f32>) -> Option<()> {
     Some(())
 }
 
+/// What a policy's processors normalise: its features and the mode of each feature type.
+pub trait PolicyFeatures {
+    /// `input_features`.
+    fn inputs(&self) -> &Features;
+    /// `output_features`.
+    fn outputs(&self) -> &Features;
+    /// `normalization_mapping`.
+    fn modes(&self) -> &OrderedMap<FeatureType, NormalizationMode>;
+}
+
+impl PolicyFeatures for ActConfig {
+    fn inputs(&self) -> &Features {
+        &self.input_features
+    }
+    fn outputs(&self) -> &Features {
+        &self.output_features
+    }
+    fn modes(&self) -> &OrderedMap<FeatureType, NormalizationMode> {
+        &self.normalization_mapping
+    }
+}
+
+impl PolicyFeatures for DiffusionConfig {
+    fn inputs(&self) -> &Features {
+        &self.input_features
+    }
+    fn outputs(&self) -> &Features {
+        &self.output_features
+    }
+    fn modes(&self) -> &OrderedMap<FeatureType, NormalizationMode> {
+        &self.normalization_mapping
+    }
+}
+
 /// One normaliser step: which features it touches, the mode per feature type, and the stats
 /// (LeRobot's `NormalizerProcessorStep` / `UnnormalizerProcessorStep`).
 #[derive(Debug, Clone, PartialEq)]
@@ -148,17 +183,17 @@ pub struct Normalizer {
 
 impl Normalizer {
     /// The preprocessor's normaliser of `config`: its input then output features.
-    pub fn for_inputs(config: &ActConfig, stats: Stats) -> Self {
-        let mut features = config.input_features.clone();
-        for (k, v) in config.output_features.iter() {
+    pub fn for_inputs(config: &impl PolicyFeatures, stats: Stats) -> Self {
+        let mut features = config.inputs().clone();
+        for (k, v) in config.outputs().iter() {
             features.insert(k.clone(), v.clone());
         }
-        Normalizer { features, norm_map: config.normalization_mapping.clone(), eps: EPS, stats }
+        Normalizer { features, norm_map: config.modes().clone(), eps: EPS, stats }
     }
 
     /// The postprocessor's unnormaliser of `config`: its output features.
-    pub fn for_outputs(config: &ActConfig, stats: Stats) -> Self {
-        Normalizer { features: config.output_features.clone(), norm_map: config.normalization_mapping.clone(), eps: EPS, stats }
+    pub fn for_outputs(config: &impl PolicyFeatures, stats: Stats) -> Self {
+        Normalizer { features: config.outputs().clone(), norm_map: config.modes().clone(), eps: EPS, stats }
     }
 
     /// The mode applied to `feature`: by its type, IDENTITY when the type is not mapped, the
@@ -232,7 +267,7 @@ pub struct Processors {
 
 impl Processors {
     /// Both steps of `config` over the same stats, as lerobot-train saves them.
-    pub fn new(config: &ActConfig, stats: Stats) -> Self {
+    pub fn new(config: &impl PolicyFeatures, stats: Stats) -> Self {
         Processors { normalizer: Normalizer::for_inputs(config, stats.clone()), unnormalizer: Normalizer::for_outputs(config, stats) }
     }
 

@@ -7,18 +7,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::optim::AdamW;
-use super::optim::host;
 use super::policy::{ActPolicy, PolicyOptions};
+use crate::layers::{CONFIG_FILE, MODEL_FILE, PRETRAINED_MODEL_DIR, TRAINING_STATE_DIR, host};
 use crate::{ActConfig, Error, Processors, Result};
-
-/// The sub-directory `from_pretrained` reads.
-pub const PRETRAINED_MODEL_DIR: &str = "pretrained_model";
-/// The sub-directory of optimizer and training-loop state.
-pub const TRAINING_STATE_DIR: &str = "training_state";
-/// The weights file.
-pub const MODEL_FILE: &str = "model.safetensors";
-/// The config file.
-pub const CONFIG_FILE: &str = "config.json";
 
 /// A checkpoint written to a temporary directory and not yet in place: add files under
 /// [`StagedCheckpoint::path`] (e.g. lake's sampler cursor in `training_state/`), then

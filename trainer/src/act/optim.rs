@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Value, json};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::policy::ActPolicy;
-use crate::layers::copy_into;
+use crate::layers::{copy_into, host};
 use crate::tensors::HostTensor;
 use crate::{Error, Result};
 
@@ -283,12 +283,4 @@ impl AdamW {
         let state = crate::read_safetensors(&state_path)?;
         self.load_state_tensors(&state, &state_path)
     }
-}
-
-/// A libtorch tensor's values on the host, as f32.
-pub(crate) fn host(t: &Tensor) -> HostTensor {
-    let t = t.to_kind(Kind::Float).to_device(tch::Device::Cpu).contiguous();
-    let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-    let values = Vec::<f32>::try_from(t.flatten(0, -1)).expect("a float tensor converts");
-    HostTensor { shape, values }
 }

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor, nn};
 
 use super::model::{Model, ModelInput};
-use crate::layers::{Registry, copy_into};
-use crate::{ActConfig, Error, FeatureType, NormalizationMode, Normalizer, Processors, Result, Stats};
+use crate::layers::{Norm, Registry, apply, copy_into};
+use crate::{ActConfig, Error, FeatureType, Processors, Result, Stats};
 
 /// Where and how a policy is built.
 #[derive(Debug, Clone)]
@@ -83,58 +83,6 @@ pub struct ActLoss {
     pub l1: Tensor,
     /// Mean over the batch of the KL divergence summed over the latent, when the VAE ran.
     pub kld: Option<Tensor>,
-}
-
-/// Per-feature normalisation on the policy's device, LeRobot's formulas exactly.
-enum Norm {
-    MeanStd { mean: Tensor, std: Tensor, eps: f64 },
-    Range { lo: Tensor, denom: Tensor, quantile: bool },
-}
-
-impl Norm {
-    fn build(n: &Normalizer, feature: &str, kind: FeatureType, device: Device, dtype: Kind) -> Result<Option<Norm>> {
-        let mode = n.mode_of(feature);
-        let get = |stat: &str| -> Result<Tensor> {
-            let t = n.stats.get(feature, stat).ok_or_else(|| Error::Stats(format!("{feature}: {mode:?} needs `{stat}`")))?;
-            let t = Tensor::from_slice(&t.values).to_kind(dtype).to_device(device);
-            Ok(if kind == FeatureType::Visual { t.view([-1, 1, 1]) } else { t })
-        };
-        let range = |lo: &str, hi: &str, quantile: bool| -> Result<Option<Norm>> {
-            let (lo, hi) = (get(lo)?, get(hi)?);
-            let d = &hi - &lo;
-            let denom = Tensor::full_like(&d, n.eps).where_self(&d.eq(0.0), &d);
-            Ok(Some(Norm::Range { lo, denom, quantile }))
-        };
-        match mode {
-            NormalizationMode::Identity => Ok(None),
-            NormalizationMode::MeanStd => Ok(Some(Norm::MeanStd { mean: get("mean")?, std: get("std")?, eps: n.eps })),
-            NormalizationMode::MinMax => range("min", "max", false),
-            NormalizationMode::Quantiles => range("q01", "q99", true),
-            NormalizationMode::Quantile10 => range("q10", "q90", true),
-        }
-    }
-
-    fn normalize(&self, x: &Tensor) -> Tensor {
-        match self {
-            Norm::MeanStd { mean, std, eps } => (x - mean) / (std + *eps),
-            Norm::Range { lo, denom, .. } => (x - lo) * 2.0 / denom - 1.0,
-        }
-    }
-
-    fn unnormalize(&self, x: &Tensor) -> Tensor {
-        match self {
-            Norm::MeanStd { mean, std, .. } => x * std + mean,
-            Norm::Range { lo, denom, quantile: false } => (x + 1.0) / 2.0 * denom + lo,
-            Norm::Range { lo, denom, quantile: true } => (x + 1.0) * denom / 2.0 + lo,
-        }
-    }
-}
-
-fn apply(norm: &Option<Norm>, x: Tensor) -> Tensor {
-    match norm {
-        Some(n) => n.normalize(&x),
-        None => x,
-    }
 }
 
 struct Norms {

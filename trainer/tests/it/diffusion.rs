@@ -3,10 +3,11 @@
 //! the same parameter count); with LeRobot's weights loaded, lake's training loss and its
 //! sampled actions equal LeRobot's on the same batch and the same random draws.
 
+use std::collections::HashMap;
 use std::path::Path;
 
-use lake_trainer::diffusion::{DiffusionInput, DiffusionNet, Draws};
-use lake_trainer::{DatasetFeature, DiffusionConfig, FeatureType, HostTensor};
+use lake_trainer::diffusion::{DiffusionBatch, DiffusionInput, DiffusionNet, DiffusionPolicy, Draws};
+use lake_trainer::{DatasetFeature, DiffusionConfig, FeatureType, HostTensor, Stats};
 use tch::{Device, Kind, Tensor};
 
 use crate::common::*;
@@ -48,61 +49,171 @@ fn compare(test: &str, config: &DiffusionConfig, python: &Path) {
         theirs["keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).filter(|k| !k.ends_with("pos_grid")).collect();
     assert_eq!(keys, their_keys, "{test}: the parameters in LeRobot's order");
     // LeRobot's processors normalise to roughly [-1, 1] (MIN_MAX) and around 0 (MEAN_STD).
-    tch::manual_seed(11);
-    let (b, s) = (3i64, config.n_obs_steps as i64);
-    let f = (Kind::Float, Device::Cpu);
-    let cameras = config.image_features();
-    let state_dim = config.robot_state_feature().unwrap().shape[0] as i64;
-    let a = config.action_feature().unwrap().shape[0] as i64;
-    let h = config.horizon as i64;
-    let state = Tensor::rand([b, s, state_dim], f) * 2.0 - 1.0;
-    let images: Vec<Tensor> = cameras.iter().map(|(_, c)| Tensor::randn([b, s, 3, c.shape[1] as i64, c.shape[2] as i64], f)).collect();
-    let env = config.env_state_feature().map(|(_, e)| Tensor::rand([b, s, e.shape[0] as i64], f) * 2.0 - 1.0);
-    let action = Tensor::rand([b, h, a], f) * 2.0 - 1.0;
-    let pad = Tensor::zeros([b, h], (Kind::Bool, Device::Cpu));
-    let _ = pad.narrow(0, b - 1, 1).narrow(1, h - 3, 3).fill_(1);
-    let noise = Tensor::randn([b, h, a], f);
-    let timesteps = Tensor::from_slice(&[3i64, 57, 99]);
-    let crop = (2i64, 5i64);
-    let start = Tensor::randn([b, h, a], f);
-    let steps = config.num_inference_steps.unwrap() as i64;
-    let steps_noise = Tensor::randn([steps - 1, b, h, a], f);
+    let d = Drawn::new(config, false);
+    let theirs = d.run_lerobot(python, &ckpt, tmp.path());
 
-    let mut file: Vec<(String, HostTensor)> = vec![
-        (lake_trainer::OBS_STATE.into(), host(&state)),
-        (lake_trainer::ACTION.into(), host(&action)),
-        ("action_is_pad".into(), host(&pad.to_kind(Kind::Float))),
-        ("noise".into(), host(&noise)),
-        ("timesteps".into(), host(&timesteps)),
-        ("crop".into(), host(&Tensor::from_slice(&[crop.0, crop.1]))),
-        ("start".into(), host(&start)),
-        ("steps_noise".into(), host(&steps_noise)),
-    ];
-    for ((name, _), img) in cameras.iter().zip(&images) {
-        file.push((name.to_string(), host(img)));
-    }
-    if let (Some((name, _)), Some(env)) = (config.env_state_feature(), &env) {
-        file.push((name.to_string(), host(env)));
-    }
-    let batch = tmp.path().join("batch.safetensors");
-    lake_trainer::write_safetensors(&batch, file.iter().map(|(k, v)| (k.as_str(), v))).unwrap();
-    let out = tmp.path().join("out.safetensors");
-    run_script(python, "diffusion_parity.py", &[Path::new("run"), &ckpt, &batch, &out]);
-    let theirs = lake_trainer::read_safetensors(&out).unwrap();
+    let input = DiffusionInput {
+        state: d.state.shallow_clone(),
+        images: (!d.images.is_empty()).then(|| Tensor::stack(&d.images, 2)),
+        env_state: d.env.as_ref().map(Tensor::shallow_clone),
+    };
+    let loss = net.loss_with(&input, &d.action, Some(&d.pad), true, &d.draws()).unwrap();
+    let actions = net.predict_with(&input, &d.start, &d.steps_noise).unwrap();
+    agree(test, config, &loss, &actions, &theirs, "actions");
+}
 
-    let input = DiffusionInput { state, images: (!images.is_empty()).then(|| Tensor::stack(&images, 2)), env_state: env };
-    let draws = Draws { noise: Some(&noise), timesteps: Some(&timesteps), crop: Some(crop) };
-    let loss = net.loss_with(&input, &action, Some(&pad), true, &draws).unwrap().double_value(&[]);
+/// Asserts that lake's loss and actions are LeRobot's (`theirs[actions_key]`).
+fn agree(test: &str, config: &DiffusionConfig, loss: &Tensor, actions: &Tensor, theirs: &HashMap<String, HostTensor>, actions_key: &str) {
+    let loss = loss.double_value(&[]);
     let their_loss = f64::from(theirs["loss"].values[0]);
     let d_loss = (loss - their_loss).abs();
-    let actions = net.predict_with(&input, &start, &steps_noise).unwrap();
-    let d_actions = max_abs_diff(&actions, &tensor(&theirs["actions"]));
-    eprintln!("{test}: loss lake {loss:.7} LeRobot {their_loss:.7} (|Δ| {d_loss:.2e}); actions max |Δ| {d_actions:.2e}");
+    let d_actions = max_abs_diff(actions, &tensor(&theirs[actions_key]));
+    eprintln!("{test}: loss lake {loss:.7} LeRobot {their_loss:.7} (|Δ| {d_loss:.2e}); {actions_key} max |Δ| {d_actions:.2e}");
     assert!(d_loss <= 1e-5 * loss.abs().max(1.0), "{test}: loss differs by {d_loss}");
-    assert_eq!(actions.size(), [b, config.n_action_steps as i64, a]);
-    assert!(d_actions <= TOL, "{test}: actions differ by {d_actions}");
+    let a = config.action_feature().unwrap().shape[0] as i64;
+    assert_eq!(actions.size()[1..], [config.n_action_steps as i64, a]);
+    assert!(d_actions <= TOL, "{test}: {actions_key} differ by {d_actions}");
     // The comparison can fail: the actions are not constant.
     assert!(actions.std(true).double_value(&[]) > 1e-3);
+}
+
+/// A batch and every random draw of a loss and a sampling, written where LeRobot reads them.
+struct Drawn {
+    state: Tensor,
+    images: Vec<Tensor>,
+    env: Option<Tensor>,
+    action: Tensor,
+    pad: Tensor,
+    noise: Tensor,
+    timesteps: Tensor,
+    crop: (i64, i64),
+    start: Tensor,
+    steps_noise: Tensor,
+}
+
+impl Drawn {
+    /// Normalised values, or (`raw`) values in a dataset's units: states and actions within
+    /// [`stats`]'s ranges, frames in [0, 1].
+    fn new(config: &DiffusionConfig, raw: bool) -> Self {
+        tch::manual_seed(11);
+        let (b, s) = (3i64, config.n_obs_steps as i64);
+        let f = (Kind::Float, Device::Cpu);
+        let state_dim = config.robot_state_feature().unwrap().shape[0] as i64;
+        let a = config.action_feature().unwrap().shape[0] as i64;
+        let h = config.horizon as i64;
+        // In the units of `stats` ([-2, 3]) or normalised ([-1, 1]).
+        let ranged = |shape: &[i64]| if raw { Tensor::rand(shape, f) * 5.0 - 2.0 } else { Tensor::rand(shape, f) * 2.0 - 1.0 };
+        let frames = |shape: &[i64]| if raw { Tensor::rand(shape, f) } else { Tensor::randn(shape, f) };
+        let images = config.image_features().iter().map(|(_, c)| frames(&[b, s, 3, c.shape[1] as i64, c.shape[2] as i64])).collect();
+        let pad = Tensor::zeros([b, h], (Kind::Bool, Device::Cpu));
+        let _ = pad.narrow(0, b - 1, 1).narrow(1, h - 3, 3).fill_(1);
+        let steps = config.num_inference_steps.unwrap() as i64;
+        Drawn {
+            state: ranged(&[b, s, state_dim]),
+            images,
+            env: config.env_state_feature().map(|(_, e)| ranged(&[b, s, e.shape[0] as i64])),
+            action: ranged(&[b, h, a]),
+            pad,
+            noise: Tensor::randn([b, h, a], f),
+            timesteps: Tensor::from_slice(&[3i64, 57, 99]),
+            crop: (2, 5),
+            start: Tensor::randn([b, h, a], f),
+            steps_noise: Tensor::randn([steps - 1, b, h, a], f),
+        }
+    }
+
+    fn draws(&self) -> Draws<'_> {
+        Draws { noise: Some(&self.noise), timesteps: Some(&self.timesteps), crop: Some(self.crop) }
+    }
+
+    /// `diffusion_parity.py run` on this batch with the checkpoint `ckpt`.
+    fn run_lerobot(&self, python: &Path, ckpt: &Path, tmp: &Path) -> HashMap<String, HostTensor> {
+        let config = DiffusionConfig::from_json(&std::fs::read_to_string(ckpt.join("config.json")).unwrap()).unwrap();
+        let mut file: Vec<(String, HostTensor)> = vec![
+            (lake_trainer::OBS_STATE.into(), host(&self.state)),
+            (lake_trainer::ACTION.into(), host(&self.action)),
+            ("action_is_pad".into(), host(&self.pad.to_kind(Kind::Float))),
+            ("noise".into(), host(&self.noise)),
+            ("timesteps".into(), host(&self.timesteps)),
+            ("crop".into(), host(&Tensor::from_slice(&[self.crop.0, self.crop.1]))),
+            ("start".into(), host(&self.start)),
+            ("steps_noise".into(), host(&self.steps_noise)),
+        ];
+        for ((name, _), img) in config.image_features().iter().zip(&self.images) {
+            file.push((name.to_string(), host(img)));
+        }
+        if let (Some((name, _)), Some(env)) = (config.env_state_feature(), &self.env) {
+            file.push((name.to_string(), host(env)));
+        }
+        let batch = tmp.join("batch.safetensors");
+        lake_trainer::write_safetensors(&batch, file.iter().map(|(k, v)| (k.as_str(), v))).unwrap();
+        let out = tmp.join("out.safetensors");
+        run_script(python, "diffusion_parity.py", &[Path::new("run"), ckpt, &batch, &out]);
+        lake_trainer::read_safetensors(&out).unwrap().into_iter().collect()
+    }
+
+    fn batch(&self) -> DiffusionBatch {
+        DiffusionBatch {
+            state: self.state.shallow_clone(),
+            images: self.images.iter().map(Tensor::shallow_clone).collect(),
+            env_state: self.env.as_ref().map(Tensor::shallow_clone),
+            action: Some(self.action.shallow_clone()),
+            action_is_pad: Some(self.pad.shallow_clone()),
+        }
+    }
+}
+
+/// Statistics for `config` in the units [`Drawn::new`] draws raw values in.
+fn stats(config: &DiffusionConfig) -> Stats {
+    let mut stats = Stats::new();
+    for (name, f) in config.input_features.iter().chain(config.output_features.iter()) {
+        match f.kind {
+            FeatureType::Visual => stats.set_imagenet(name),
+            _ => {
+                let n = f.shape[0];
+                let lo: Vec<f32> = (0..n).map(|i| -2.0 + 0.1 * i as f32).collect();
+                let hi: Vec<f32> = (0..n).map(|i| 3.0 - 0.2 * i as f32).collect();
+                stats.set_min_max(name, &lo, &hi);
+            }
+        }
+    }
+    stats
+}
+
+#[test]
+fn a_diffusion_policy_lake_saved_loads_in_lerobot_and_gives_the_same_loss_and_actions() {
+    let _serial = serial();
+    let Some(python) = lerobot_python("a_diffusion_policy_lake_saved_loads_in_lerobot_and_gives_the_same_loss_and_actions") else {
+        return;
+    };
+    let features = [
+        DatasetFeature::new("observation.images.front", FeatureType::Visual, [3, 36, 48]),
+        DatasetFeature::new(lake_trainer::OBS_STATE, FeatureType::State, [6]),
+        DatasetFeature::new(lake_trainer::OBS_ENV_STATE, FeatureType::Env, [4]),
+        DatasetFeature::new(lake_trainer::ACTION, FeatureType::Action, [6]),
+    ];
+    let config = small(&features);
+    tch::manual_seed(3);
+    let policy = DiffusionPolicy::new(&config, stats(&config), Device::Cpu, Kind::Float).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pretrained_model");
+    policy.save_pretrained(&dir).unwrap();
+
+    // LeRobot's preprocessor normalises the raw batch, its postprocessor unnormalises.
+    let d = Drawn::new(&config, true);
+    let theirs = d.run_lerobot(&python, &dir, tmp.path());
+    let batch = d.batch();
+    let loss = policy.loss_with(&batch, true, &d.draws()).unwrap();
+    let normalized = policy.net().predict_with(&policy.normalize(&batch).unwrap(), &d.start, &d.steps_noise).unwrap();
+    agree("lake to LeRobot", &config, &loss, &normalized, &theirs, "actions");
+    let actions = policy.predict_actions_with(&batch, &d.start, &d.steps_noise).unwrap();
+    agree("lake to LeRobot", &config, &loss, &actions, &theirs, "actions_unnormalized");
+
+    // And back: the files give lake the same policy.
+    let again = DiffusionPolicy::from_pretrained(&dir, Device::Cpu, Kind::Float).unwrap();
+    assert_eq!(again.processors(), policy.processors());
+    let same = again.predict_actions_with(&batch, &d.start, &d.steps_noise).unwrap();
+    assert_eq!(max_abs_diff(&same, &actions), 0.0);
 }
 
 #[test]
