@@ -20,6 +20,13 @@ noise) and `steps_noise` (`[steps - 1, B, horizon, A]`, the reverse steps' draws
         checkpoint lake wrote), the batch is in the dataset's units: LeRobot's preprocessor
         (make_pre_post_processors) normalises it first, and `actions_unnormalized` is what its
         postprocessor makes of the actions.
+
+    python scripts/diffusion_parity.py train CKPT BATCH STEPS TOTAL OUT
+        STEPS training steps on the batch (in the dataset's units, CKPT holding processor files)
+        as lerobot-train's update_policy takes them: the Adam preset, clipping at its
+        grad_clip_norm, the cosine scheduler preset over TOTAL steps; step k's draws are row k of
+        the batch's `noise`, `timesteps` and `crop`. Writes `loss_<k>`, `grad_norm_<k>`, `lr_<k>`
+        and every tensor of the state dict after the last step.
 """
 
 import json
@@ -84,6 +91,40 @@ def run(ckpt, batch_path, out):
     save_file(result, out)
 
 
+def train(ckpt, batch_path, steps, total, out):
+    policy = DiffusionPolicy.from_pretrained(ckpt)
+    pre, _ = make_pre_post_processors(policy.config, pretrained_path=ckpt)
+    raw = load_file(batch_path)
+    batch = {k: v for k, v in raw.items() if k.startswith("observation.") or k == "action"}
+    batch["action_is_pad"] = raw["action_is_pad"] > 0.5
+    optimizer_config = policy.config.get_optimizer_preset()
+    optimizer = optimizer_config.build(policy.get_optim_params())
+    scheduler = policy.config.get_scheduler_preset().build(optimizer, int(total))
+    real_randn, real_randint = torch.randn, torch.randint
+    result = {}
+    policy.train()
+    try:
+        for k in range(int(steps)):
+            top, left = (int(v) for v in raw["crop"][k].tolist())
+            torchvision.transforms.RandomCrop.get_params = staticmethod(lambda img, size, t=top, l=left: (t, l, size[0], size[1]))
+            torch.randn = lambda *a, k=k, **kw: raw["noise"][k].clone()
+            torch.randint = lambda *a, k=k, **kw: raw["timesteps"][k].long()
+            result[f"lr_{k}"] = torch.tensor([optimizer.param_groups[0]["lr"]], dtype=torch.float64).float()
+            loss, _ = policy.forward(pre(dict(batch)))
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), optimizer_config.grad_clip_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            result[f"loss_{k}"] = loss.detach().reshape(1)
+            result[f"grad_norm_{k}"] = norm.detach().reshape(1)
+    finally:
+        torch.randn, torch.randint = real_randn, real_randint
+    for key, value in policy.state_dict().items():
+        result[key] = value.detach().contiguous()
+    save_file(result, out)
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"make": make, "run": run}[command](*args)
+    {"make": make, "run": run, "train": train}[command](*args)

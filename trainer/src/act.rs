@@ -1,5 +1,5 @@
 //! ACT on libtorch: [`ActPolicy`] (network, normalisation, loss, inference, checkpoints) and
-//! [`AdamW`] (LeRobot's optimizer preset).
+//! [`Adam`] (LeRobot's optimizer presets; ACT's is [`Adam::act`]).
 //!
 //! Variables live in a `tch::nn::VarStore` whose paths are LeRobot's state-dict keys
 //! (`model.backbone.layer1.0.conv1.weight`, `model.encoder.layers.0.self_attn.in_proj_weight`,
@@ -7,7 +7,7 @@
 //! variables, as they are buffers in LeRobot.
 //!
 //! ```no_run
-//! use lake_trainer::act::{ActBatch, ActPolicy, AdamW, PolicyOptions};
+//! use lake_trainer::act::{ActBatch, ActPolicy, Adam, PolicyOptions};
 //! use lake_trainer::{ActConfig, DatasetFeature, FeatureType, Stats};
 //! use tch::{Kind, Tensor};
 //!
@@ -23,7 +23,7 @@
 //! stats.set_imagenet("observation.images.front");
 //! tch::manual_seed(1000);
 //! let policy = ActPolicy::new(config, stats, &PolicyOptions::default())?;
-//! let mut optimizer = AdamW::new(&policy);
+//! let mut optimizer = Adam::act(&policy);
 //! let batch = ActBatch {
 //!     state: Some(Tensor::randn([8, 6], (Kind::Float, tch::Device::Cpu))),
 //!     images: vec![Tensor::rand([8, 3, 36, 48], (Kind::Float, tch::Device::Cpu))],
@@ -40,12 +40,12 @@
 mod autocast;
 mod checkpoint;
 mod model;
-mod optim;
 mod policy;
+
+pub use crate::optim::Adam;
 
 pub use self::{
     autocast::bf16_autocast,
     checkpoint::StagedCheckpoint,
-    optim::AdamW,
     policy::{ActBatch, ActLoss, ActPolicy, PolicyOptions, cuda_is_available, load_libtorch_cuda},
 };

@@ -205,9 +205,9 @@ pub struct ActConfig {
     pub dropout: f64,
     /// Weight of the KL term.
     pub kl_weight: f64,
-    /// AdamW learning rate.
+    /// Adam learning rate.
     pub optimizer_lr: f64,
-    /// AdamW weight decay (decoupled, on every parameter).
+    /// Adam weight decay (decoupled, on every parameter).
     pub optimizer_weight_decay: f64,
     /// Learning rate of the backbone's parameter group.
     pub optimizer_lr_backbone: f64,

@@ -10,7 +10,7 @@
 //!   `policy_{pre,post}processor.json` files and their state files.
 //! - `tensors`: safetensors reading and writing of f32 tensors without libtorch.
 //! - `act` (feature `torch`): `act::ActPolicy`, the network on libtorch through tch, its
-//!   loss, inference, `act::AdamW` optimizer and checkpoint files.
+//!   loss, inference, `act::Adam` optimizer and checkpoint files.
 //!
 //! Without the `torch` feature the crate is pure Rust and builds in seconds.
 //!
@@ -67,6 +67,8 @@ pub mod collective;
 pub mod diffusion;
 #[cfg(feature = "torch")]
 pub mod gpu_decode;
+#[cfg(feature = "torch")]
+pub mod optim;
 #[cfg(feature = "torch")]
 pub mod train;
 

@@ -143,29 +143,24 @@ pub trait PolicyFeatures {
     fn modes(&self) -> &OrderedMap<FeatureType, NormalizationMode>;
 }
 
-impl PolicyFeatures for ActConfig {
-    fn inputs(&self) -> &Features {
-        &self.input_features
-    }
-    fn outputs(&self) -> &Features {
-        &self.output_features
-    }
-    fn modes(&self) -> &OrderedMap<FeatureType, NormalizationMode> {
-        &self.normalization_mapping
-    }
+/// Both configs name their features and modes as LeRobot does.
+macro_rules! policy_features {
+    ($($config:ty),*) => {$(
+        impl PolicyFeatures for $config {
+            fn inputs(&self) -> &Features {
+                &self.input_features
+            }
+            fn outputs(&self) -> &Features {
+                &self.output_features
+            }
+            fn modes(&self) -> &OrderedMap<FeatureType, NormalizationMode> {
+                &self.normalization_mapping
+            }
+        }
+    )*};
 }
 
-impl PolicyFeatures for DiffusionConfig {
-    fn inputs(&self) -> &Features {
-        &self.input_features
-    }
-    fn outputs(&self) -> &Features {
-        &self.output_features
-    }
-    fn modes(&self) -> &OrderedMap<FeatureType, NormalizationMode> {
-        &self.normalization_mapping
-    }
-}
+policy_features!(ActConfig, DiffusionConfig);
 
 /// One normaliser step: which features it touches, the mode per feature type, and the stats
 /// (LeRobot's `NormalizerProcessorStep` / `UnnormalizerProcessorStep`).

@@ -38,7 +38,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::{
     ActConfig, Error, FeatureType, OBS_ENV_STATE, OBS_STATE, Result,
-    act::{ActBatch, ActPolicy, AdamW, PolicyOptions, bf16_autocast},
+    act::{ActBatch, ActPolicy, Adam, PolicyOptions, bf16_autocast},
     collective::{Collective, all_reduce_host, average_gradients, broadcast},
     data::{BatchSource, DatasetFacts, Feed, dataset_facts, open_feed, policy_stats},
 };
@@ -370,7 +370,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             )));
         }
         let policy = tokio::task::block_in_place(|| ActPolicy::from_pretrained(&dir, &policy_options))?;
-        let mut optimizer = AdamW::new(&policy);
+        let mut optimizer = Adam::act(&policy);
         optimizer.load(&dir.join("training_state"))?;
         (policy, optimizer, run.next_step - 1)
     } else {
@@ -389,7 +389,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         if let Some(dir) = &options.init_from {
             tokio::task::block_in_place(|| policy.init_from(dir))?;
         }
-        let optimizer = AdamW::new(&policy);
+        let optimizer = Adam::act(&policy);
         (policy, optimizer, 0)
     };
     if let Some(c) = &options.collective {
@@ -627,7 +627,7 @@ async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActP
 }
 
 /// Writes a checkpoint with lake's run file, then points `last` at it.
-fn save(policy: &ActPolicy, optimizer: &AdamW, dest: &Path, step: u64, run: &RunState) -> Result<PathBuf> {
+fn save(policy: &ActPolicy, optimizer: &Adam, dest: &Path, step: u64, run: &RunState) -> Result<PathBuf> {
     let staged = policy.stage_checkpoint(dest, Some(optimizer), Some(step))?;
     let path = staged.path().join("training_state").join(RUN_FILE);
     std::fs::write(&path, serde_json::to_vec_pretty(run).expect("plain data")).map_err(Error::io(&path))?;

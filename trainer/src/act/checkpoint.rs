@@ -6,9 +6,9 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::optim::AdamW;
 use super::policy::{ActPolicy, PolicyOptions};
 use crate::layers::{CONFIG_FILE, MODEL_FILE, PRETRAINED_MODEL_DIR, TRAINING_STATE_DIR, host};
+use crate::optim::Adam;
 use crate::{ActConfig, Error, Processors, Result};
 
 /// A checkpoint written to a temporary directory and not yet in place: add files under
@@ -123,7 +123,7 @@ impl ActPolicy {
     ///
     /// # Errors
     /// [`Error::Io`] or [`Error::SafeTensors`].
-    pub fn stage_checkpoint(&self, dest: impl AsRef<Path>, optimizer: Option<&AdamW>, step: Option<u64>) -> Result<StagedCheckpoint> {
+    pub fn stage_checkpoint(&self, dest: impl AsRef<Path>, optimizer: Option<&Adam>, step: Option<u64>) -> Result<StagedCheckpoint> {
         let dest = dest.as_ref().to_path_buf();
         if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(Error::io(parent))?;
@@ -152,7 +152,7 @@ impl ActPolicy {
     ///
     /// # Errors
     /// As [`ActPolicy::stage_checkpoint`] and [`StagedCheckpoint::commit`].
-    pub fn save_checkpoint(&self, dest: impl AsRef<Path>, optimizer: Option<&AdamW>, step: Option<u64>) -> Result<PathBuf> {
+    pub fn save_checkpoint(&self, dest: impl AsRef<Path>, optimizer: Option<&Adam>, step: Option<u64>) -> Result<PathBuf> {
         self.stage_checkpoint(dest, optimizer, step)?.commit()
     }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use super::{DiffusionInput, DiffusionNet, Draws};
+use super::net::{DiffusionInput, DiffusionNet, Draws};
 use crate::{
     DiffusionConfig, Error, FeatureType, Processors, Result, Stats,
     layers::{CONFIG_FILE, MODEL_FILE, Norm, apply, host},
@@ -58,7 +58,7 @@ impl DiffusionPolicy {
     fn build(net: DiffusionNet, processors: Processors) -> Result<Self> {
         processors.normalizer.check()?;
         processors.unnormalizer.check()?;
-        let (c, device, kind) = (net.config().clone(), net.device, net.kind);
+        let (c, device, kind) = (net.config().clone(), net.device(), net.kind());
         let n = &processors.normalizer;
         let state = Norm::build(n, crate::OBS_STATE, FeatureType::State, device, kind)?;
         let images = c.image_features().iter().map(|(name, f)| Norm::build(n, name, f.kind, device, kind)).collect::<Result<_>>()?;
@@ -115,10 +115,10 @@ impl DiffusionPolicy {
     }
 
     fn on_device(&self, t: &Tensor, what: &str) -> Result<Tensor> {
-        let t = t.to_device(self.net.device);
+        let t = t.to_device(self.net.device());
         match t.kind() {
-            Kind::Uint8 if what.starts_with("camera") => Ok(t.to_kind(Kind::Float).to_kind(self.net.kind) / 255.0),
-            Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16 => Ok(t.to_kind(self.net.kind)),
+            Kind::Uint8 if what.starts_with("camera") => Ok(t.to_kind(Kind::Float).to_kind(self.net.kind()) / 255.0),
+            Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16 => Ok(t.to_kind(self.net.kind())),
             k => Err(Error::Batch(format!("{what}: dtype {k:?} (expected float)"))),
         }
     }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use lake_trainer::diffusion::{DiffusionBatch, DiffusionInput, DiffusionNet, DiffusionPolicy, Draws};
+use lake_trainer::optim::{Adam, cosine_with_warmup};
 use lake_trainer::{DatasetFeature, DiffusionConfig, FeatureType, HostTensor, Stats};
 use tch::{Device, Kind, Tensor};
 
@@ -249,4 +250,94 @@ fn lerobot_builds_lakes_diffusion_config_and_both_compute_the_same_loss_and_acti
         ..small(&two_cameras)
     };
     compare("two cameras", &config, &python);
+}
+
+#[test]
+fn diffusion_training_steps_match_lerobots_update_policy() {
+    let _serial = serial();
+    let Some(python) = lerobot_python("diffusion_training_steps_match_lerobots_update_policy") else { return };
+    let features = [
+        DatasetFeature::new("observation.images.front", FeatureType::Visual, [3, 36, 48]),
+        DatasetFeature::new(lake_trainer::OBS_STATE, FeatureType::State, [6]),
+        DatasetFeature::new(lake_trainer::ACTION, FeatureType::Action, [6]),
+    ];
+    // A large learning rate and a short warm-up, so that the steps move the parameters far
+    // and the schedule's both parts are taken; L2 weight decay large enough to count.
+    let config = DiffusionConfig {
+        optimizer_lr: 1e-3,
+        optimizer_weight_decay: 1e-2,
+        scheduler_warmup_steps: 2,
+        do_mask_loss_for_padding: true,
+        ..small(&features)
+    };
+    let (steps, total) = (4u64, 6u64);
+    tch::manual_seed(21);
+    let policy = DiffusionPolicy::new(&config, stats(&config), Device::Cpu, Kind::Float).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pretrained_model");
+    policy.save_pretrained(&dir).unwrap();
+    let d = Drawn::new(&config, true);
+    // Each step's own draws.
+    let (b, h, a) = (d.action.size()[0], config.horizon as i64, 6);
+    let noise = Tensor::randn([steps as i64, b, h, a], (Kind::Float, Device::Cpu));
+    let timesteps = Tensor::randint(100, [steps as i64, b], (Kind::Int64, Device::Cpu));
+    let crops: Vec<(i64, i64)> = (0..steps as i64).map(|k| (k % 5, (3 * k) % 9)).collect();
+    let flat_crops: Vec<i64> = crops.iter().flat_map(|&(t, l)| [t, l]).collect();
+    let file: Vec<(String, HostTensor)> = vec![
+        (lake_trainer::OBS_STATE.into(), host(&d.state)),
+        ("observation.images.front".into(), host(&d.images[0])),
+        (lake_trainer::ACTION.into(), host(&d.action)),
+        ("action_is_pad".into(), host(&d.pad.to_kind(Kind::Float))),
+        ("noise".into(), host(&noise)),
+        ("timesteps".into(), host(&timesteps)),
+        ("crop".into(), host(&Tensor::from_slice(&flat_crops).view([steps as i64, 2]))),
+    ];
+    let batch_path = tmp.path().join("batch.safetensors");
+    lake_trainer::write_safetensors(&batch_path, file.iter().map(|(k, v)| (k.as_str(), v))).unwrap();
+    let out = tmp.path().join("trained.safetensors");
+    let (steps_arg, total_arg) = (steps.to_string(), total.to_string());
+    run_script(
+        &python,
+        "diffusion_parity.py",
+        &[Path::new("train"), &dir, &batch_path, Path::new(&steps_arg), Path::new(&total_arg), &out],
+    );
+    let theirs = lake_trainer::read_safetensors(&out).unwrap();
+
+    let initial: Vec<Tensor> = policy.net().state_dict().map(|(_, t)| t.copy()).collect();
+    let mut opt = Adam::diffusion(&policy);
+    let batch = d.batch();
+    for k in 0..steps {
+        let lr = config.optimizer_lr * cosine_with_warmup(k, config.scheduler_warmup_steps as u64, total);
+        opt.set_lr(0, lr).unwrap();
+        let draws = Draws { noise: Some(&noise.get(k as i64)), timesteps: Some(&timesteps.get(k as i64)), crop: Some(crops[k as usize]) };
+        let loss = policy.loss_with(&batch, true, &draws).unwrap();
+        let norm = opt.step(&loss).unwrap();
+        let (l, tl) = (loss.double_value(&[]), f64::from(theirs[&format!("loss_{k}")].values[0]));
+        let tn = f64::from(theirs[&format!("grad_norm_{k}")].values[0]);
+        let tlr = f64::from(theirs[&format!("lr_{k}")].values[0]);
+        eprintln!(
+            "step {k}: lr lake {lr:.3e} LeRobot {tlr:.3e}; loss lake {l:.6} LeRobot {tl:.6}; grad norm lake {norm:.6} LeRobot {tn:.6}"
+        );
+        assert!((lr - tlr).abs() <= 1e-6 * lr.max(1e-12), "step {k}: lr {lr} vs {tlr}");
+        assert!((l - tl).abs() <= 1e-4 * tl.abs().max(1.0), "step {k}: loss {l} vs {tl}");
+        assert!((norm - tn).abs() <= 1e-3 * tn.abs().max(1.0), "step {k}: grad norm {norm} vs {tn}");
+    }
+    // Adam divides by the root of the second moment: an element whose gradient is rounding noise
+    // (the spatial softmax is nearly blind to some biases before it) takes a step of about the
+    // learning rate in the noise's direction. Every other element agrees to a few ulps.
+    let steps_lr: f64 = (0..steps).map(|k| config.optimizer_lr * cosine_with_warmup(k, config.scheduler_warmup_steps as u64, total)).sum();
+    let (mut worst, mut moved, mut apart, mut elements) = (0.0f64, 0.0f64, 0i64, 0i64);
+    for ((key, t), before) in policy.net().state_dict().zip(&initial) {
+        let diff = (t - tensor(&theirs[key])).abs();
+        worst = worst.max(diff.max().double_value(&[]));
+        apart += diff.gt(1e-6).sum(Kind::Int64).int64_value(&[]);
+        elements += t.numel() as i64;
+        moved = moved.max(max_abs_diff(t, before));
+    }
+    eprintln!(
+        "after {steps} steps: {apart} of {elements} parameters differ by over 1e-6, the most by {worst:.3e}; largest move {moved:.3e}"
+    );
+    assert!(moved > 1e-3, "the steps hardly moved the parameters ({moved})");
+    assert!(apart <= 64, "{apart} parameters differ by over 1e-6");
+    assert!(worst <= steps_lr, "parameters differ by {worst}, more than the steps' learning rates ({steps_lr})");
 }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use lake_trainer::act::{ActPolicy, AdamW, PolicyOptions};
+use lake_trainer::act::{ActPolicy, Adam, PolicyOptions};
 use lake_trainer::{ActConfig, DatasetFeature, FeatureType, HostTensor, NormalizationMode, OrderedMap, Stats};
 use tch::Tensor;
 
@@ -175,7 +175,7 @@ fn training_steps_match_lerobots_update_policy() {
     let theirs = lake_trainer::read_safetensors(&out_path).unwrap();
 
     let initial: Vec<Tensor> = policy.state_dict().map(|(_, t)| t.copy()).collect();
-    let mut opt = AdamW::new(&policy);
+    let mut opt = Adam::act(&policy);
     for i in 0..steps {
         let loss = policy.forward_loss_with_noise(&batch, true, Some(&noise)).unwrap();
         let norm = opt.step(&loss.loss).unwrap();

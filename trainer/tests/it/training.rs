@@ -1,6 +1,6 @@
 //! Training, checkpoints and refusals, without LeRobot.
 
-use lake_trainer::act::{ActBatch, ActPolicy, AdamW, PolicyOptions};
+use lake_trainer::act::{ActBatch, ActPolicy, Adam, PolicyOptions};
 use lake_trainer::{Error, HostTensor};
 use tch::{Device, Kind, Tensor};
 
@@ -12,7 +12,7 @@ fn a_hundred_steps_on_a_fixed_batch_cut_the_loss() {
     let (config, stats) = tiny_config_and_stats();
     tch::manual_seed(1000);
     let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
-    let mut opt = AdamW::new(&policy);
+    let mut opt = Adam::act(&policy);
     let (batch, _) = random_batch(&config, 8, 1);
     let mut losses = Vec::new();
     for step in 0..100 {
@@ -60,7 +60,7 @@ fn checkpoints_round_trip_with_optimizer_state() {
     let (config, stats) = tiny_config_and_stats();
     tch::manual_seed(2);
     let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
-    let mut opt = AdamW::new(&policy);
+    let mut opt = Adam::act(&policy);
     let (batch, _) = random_batch(&config, 2, 3);
     for _ in 0..2 {
         let loss = policy.forward_loss(&batch, true).unwrap();
@@ -108,7 +108,7 @@ fn checkpoints_round_trip_with_optimizer_state() {
     let back = ActPolicy::from_pretrained(&dest, &PolicyOptions::default()).unwrap();
     let d = max_abs_diff(&policy.predict_action_chunk(&batch).unwrap(), &back.predict_action_chunk(&batch).unwrap());
     assert_eq!(d, 0.0);
-    let mut opt2 = AdamW::new(&back);
+    let mut opt2 = Adam::act(&back);
     opt2.load(&dest.join("training_state")).unwrap();
     assert_eq!(opt2.state_tensors(), opt.state_tensors());
     tch::manual_seed(77);
@@ -282,7 +282,7 @@ fn cuda_predicts_like_cpu_and_trains() {
     let d = max_abs_diff(&a, &b.to_device(Device::Cpu));
     eprintln!("CPU vs CUDA unnormalised actions: max |Δ| {d:.3e}");
     assert!(d < 2e-2, "{d}");
-    let mut opt = AdamW::new(&gpu);
+    let mut opt = Adam::act(&gpu);
     let first = gpu.forward_loss(&batch, false).unwrap().loss.double_value(&[]);
     for _ in 0..30 {
         let loss = gpu.forward_loss(&batch, true).unwrap();

@@ -1,5 +1,6 @@
-//! AdamW exactly as `torch.optim.AdamW` (single-tensor path, `amsgrad=False`) updates, with
-//! LeRobot's two parameter groups and gradient clipping, and its state in the layout of
+//! Adam and AdamW exactly as `torch.optim.Adam`/`AdamW` (single-tensor path, `amsgrad=False`)
+//! update, in the parameter groups of LeRobot's optimizer presets (ACT: AdamW in two groups;
+//! Diffusion: Adam in one), with gradient clipping, and the state in the layout of
 //! lerobot-train's `training_state/`.
 
 use std::collections::BTreeMap;
@@ -8,7 +9,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 use tch::Tensor;
 
-use super::policy::ActPolicy;
+use crate::act::ActPolicy;
+use crate::diffusion::DiffusionPolicy;
 use crate::layers::{copy_into, host};
 use crate::tensors::HostTensor;
 use crate::{Error, Result};
@@ -36,35 +38,60 @@ pub struct ParamGroup {
     pub params: Vec<usize>,
 }
 
-/// AdamW over an [`ActPolicy`]'s parameters in LeRobot's two groups: group 0 every parameter
-/// outside `model.backbone` at `optimizer_lr`, group 1 the backbone at
-/// `optimizer_lr_backbone`; both with `optimizer_weight_decay`, betas (0.9, 0.999), eps 1e-8.
-/// Parameter `i` of the optimizer is group 0's parameters, then group 1's, each in
-/// `named_parameters` order, as in torch's `state_dict`.
-pub struct AdamW {
+/// Adam over a policy's parameters in groups. Parameter `i` of the optimizer is group 0's
+/// parameters, then group 1's, each in `named_parameters` order, as in torch's `state_dict`.
+pub struct Adam {
     slots: Vec<Slot>,
     groups: Vec<ParamGroup>,
     betas: (f64, f64),
     eps: f64,
-    /// Gradient clipping norm applied by [`AdamW::step`] (LeRobot's 10.0); ≤ 0 disables the
+    /// AdamW's decoupled weight decay (the parameter shrinks), else Adam's L2 term (added to the
+    /// gradient).
+    decoupled: bool,
+    /// Gradient clipping norm applied by [`Adam::step`] (LeRobot's 10.0); ≤ 0 disables the
     /// clipping (the norm is still computed).
     pub grad_clip_norm: f64,
 }
 
-impl std::fmt::Debug for AdamW {
+impl std::fmt::Debug for Adam {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdamW").field("groups", &self.groups).field("betas", &self.betas).field("eps", &self.eps).finish()
+        f.debug_struct(if self.decoupled { "AdamW" } else { "Adam" })
+            .field("groups", &self.groups)
+            .field("betas", &self.betas)
+            .field("eps", &self.eps)
+            .finish()
     }
 }
 
-impl AdamW {
-    /// The optimizer of `policy` with its config's learning rates and weight decay.
-    pub fn new(policy: &ActPolicy) -> Self {
+impl Adam {
+    /// ACT's preset: AdamW in LeRobot's two groups, group 0 every parameter outside
+    /// `model.backbone` at `optimizer_lr`, group 1 the backbone at `optimizer_lr_backbone`; both
+    /// with `optimizer_weight_decay`, betas (0.9, 0.999), eps 1e-8.
+    pub fn act(policy: &ActPolicy) -> Self {
         let c = policy.config();
         let (backbone, rest): (Vec<_>, Vec<_>) = policy.named_parameters().iter().partition(|(k, _)| k.starts_with("model.backbone"));
+        Self::with_groups([(rest, c.optimizer_lr), (backbone, c.optimizer_lr_backbone)], c.optimizer_weight_decay, (0.9, 0.999), 1e-8, true)
+    }
+
+    /// Diffusion's preset: Adam in one group of every parameter at `optimizer_lr`, with
+    /// `optimizer_betas`, `optimizer_eps` and `optimizer_weight_decay` as an L2 term.
+    pub fn diffusion(policy: &DiffusionPolicy) -> Self {
+        let c = policy.net().config();
+        let all: Vec<&(String, Tensor)> = policy.net().named_parameters().iter().collect();
+        let betas = (c.optimizer_betas[0], c.optimizer_betas[1]);
+        Self::with_groups([(all, c.optimizer_lr)], c.optimizer_weight_decay, betas, c.optimizer_eps, false)
+    }
+
+    fn with_groups<const N: usize>(
+        members: [(Vec<&(String, Tensor)>, f64); N],
+        weight_decay: f64,
+        betas: (f64, f64),
+        eps: f64,
+        decoupled: bool,
+    ) -> Self {
         let mut slots = Vec::new();
         let mut groups = Vec::new();
-        for (members, lr) in [(rest, c.optimizer_lr), (backbone, c.optimizer_lr_backbone)] {
+        for (members, lr) in members {
             let start = slots.len();
             for (name, p) in members {
                 slots.push(Slot {
@@ -75,9 +102,9 @@ impl AdamW {
                     step: 0.0,
                 });
             }
-            groups.push(ParamGroup { lr, weight_decay: c.optimizer_weight_decay, params: (start..slots.len()).collect() });
+            groups.push(ParamGroup { lr, weight_decay, params: (start..slots.len()).collect() });
         }
-        AdamW { slots, groups, betas: (0.9, 0.999), eps: 1e-8, grad_clip_norm: GRAD_CLIP_NORM }
+        Adam { slots, groups, betas, eps, decoupled, grad_clip_norm: GRAD_CLIP_NORM }
     }
 
     /// The parameter groups.
@@ -85,7 +112,7 @@ impl AdamW {
         &self.groups
     }
 
-    /// Sets a group's learning rate (group 0: the transformer and heads, 1: the backbone).
+    /// Sets a group's learning rate (ACT's group 0: the transformer and heads, 1: the backbone).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a group that does not exist.
@@ -128,8 +155,8 @@ impl AdamW {
         })
     }
 
-    /// The AdamW update from the current gradients (parameters without a gradient are
-    /// skipped, as torch skips them).
+    /// The update from the current gradients (parameters without a gradient are skipped, as
+    /// torch skips them).
     pub fn update(&mut self) {
         let (beta1, beta2) = self.betas;
         let eps = self.eps;
@@ -142,9 +169,14 @@ impl AdamW {
                         continue;
                     }
                     s.step += 1.0;
-                    if g.weight_decay != 0.0 {
-                        let _ = s.param.g_mul_scalar_(1.0 - g.lr * g.weight_decay);
-                    }
+                    let grad = match g.weight_decay {
+                        0.0 => grad,
+                        wd if self.decoupled => {
+                            let _ = s.param.g_mul_scalar_(1.0 - g.lr * wd);
+                            grad
+                        }
+                        wd => grad + &s.param * wd,
+                    };
                     let _ = s.exp_avg.lerp_(&grad, 1.0 - beta1);
                     let _ = s.exp_avg_sq.g_mul_scalar_(beta2);
                     let _ = s.exp_avg_sq.g_add_(&(&grad * (1.0 - beta2) * &grad));
@@ -159,7 +191,7 @@ impl AdamW {
     }
 
     /// One training step as lerobot-train's `update_policy` does it: zero the gradients,
-    /// back-propagate `loss`, clip to [`AdamW::grad_clip_norm`], update. Returns the gradient
+    /// back-propagate `loss`, clip to [`Adam::grad_clip_norm`], update. Returns the gradient
     /// norm before clipping.
     ///
     /// # Errors
@@ -195,7 +227,7 @@ impl AdamW {
         out
     }
 
-    /// Restores the state of [`AdamW::state_tensors`] (a LeRobot or lake
+    /// Restores the state of [`Adam::state_tensors`] (a LeRobot or lake
     /// `optimizer_state.safetensors`).
     ///
     /// # Errors
@@ -230,7 +262,7 @@ impl AdamW {
         Ok(())
     }
 
-    /// `optimizer_param_groups.json` as torch 2.10's AdamW writes it for lerobot-train.
+    /// `optimizer_param_groups.json` as torch 2.10's Adam or AdamW writes it for lerobot-train.
     pub fn param_groups_json(&self) -> Value {
         Value::Array(
             self.groups
@@ -238,7 +270,7 @@ impl AdamW {
                 .map(|g| {
                     json!({"lr": g.lr, "betas": [self.betas.0, self.betas.1], "eps": self.eps, "weight_decay": g.weight_decay,
                            "amsgrad": false, "maximize": false, "foreach": null, "capturable": false, "differentiable": false,
-                           "fused": null, "decoupled_weight_decay": true, "params": g.params})
+                           "fused": null, "decoupled_weight_decay": self.decoupled, "params": g.params})
                 })
                 .collect(),
         )
@@ -256,7 +288,7 @@ impl AdamW {
         std::fs::write(&path, text).map_err(Error::io(&path))
     }
 
-    /// Reads what [`AdamW::save`] (or lerobot-train) wrote in `dir`: the moments and steps, and
+    /// Reads what [`Adam::save`] (or lerobot-train) wrote in `dir`: the moments and steps, and
     /// each group's learning rate and weight decay.
     ///
     /// # Errors
@@ -282,5 +314,32 @@ impl AdamW {
         let state_path = dir.join("optimizer_state.safetensors");
         let state = crate::read_safetensors(&state_path)?;
         self.load_state_tensors(&state, &state_path)
+    }
+}
+
+/// The learning-rate factor of update `step` (0-based) under diffusers' cosine schedule with
+/// warm-up (`get_cosine_schedule_with_warmup`, half a cycle), which lerobot-train's
+/// `DiffuserSchedulerConfig("cosine")` builds: linear from 0 over `warmup` updates, then half a
+/// cosine down to 0 at update `total`.
+pub fn cosine_with_warmup(step: u64, warmup: u64, total: u64) -> f64 {
+    if step < warmup {
+        return step as f64 / warmup.max(1) as f64;
+    }
+    let progress = (step - warmup) as f64 / total.saturating_sub(warmup).max(1) as f64;
+    (0.5 * (1.0 + (std::f64::consts::PI * 0.5 * 2.0 * progress).cos())).max(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cosine_with_warmup;
+
+    #[test]
+    fn the_cosine_schedule_warms_up_then_falls_to_zero() {
+        assert_eq!(cosine_with_warmup(0, 500, 100_000), 0.0);
+        assert_eq!(cosine_with_warmup(1, 500, 100_000), 1.0 / 500.0);
+        assert_eq!(cosine_with_warmup(500, 500, 100_000), 1.0);
+        assert!((cosine_with_warmup(50_250, 500, 100_000) - 0.5).abs() < 1e-12);
+        assert!(cosine_with_warmup(100_000, 500, 100_000).abs() < 1e-12);
+        assert!(cosine_with_warmup(3, 0, 0).abs() < 1e-12, "past the end it stays near 0");
     }
 }
