@@ -42,10 +42,9 @@ mod checkpoint;
 mod model;
 mod policy;
 
-pub use crate::optim::Adam;
+pub use crate::{checkpoint::StagedCheckpoint, optim::Adam};
 
 pub use self::{
     autocast::bf16_autocast,
-    checkpoint::StagedCheckpoint,
     policy::{ActBatch, ActLoss, ActPolicy, PolicyOptions, cuda_is_available, load_libtorch_cuda},
 };

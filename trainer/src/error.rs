@@ -2,19 +2,19 @@
 
 use std::path::PathBuf;
 
-/// What went wrong building, running, saving or loading an ACT policy.
+/// What went wrong building, running, saving or loading a policy (ACT or Diffusion).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A configuration value that LeRobot's ACT (or lake's implementation of it) does not accept.
+    /// A configuration value that LeRobot's policy (or lake's implementation of it) does not accept.
     /// A user error: report it with the field named.
-    #[error("invalid ACT config: {field}: {reason}")]
+    #[error("invalid policy config: {field}: {reason}")]
     InvalidConfig {
         /// The `config.json` field at fault.
         field: String,
         /// Why the value is refused.
         reason: String,
     },
-    /// The dataset features cannot drive an ACT policy (no camera and no environment state, no
+    /// The dataset features cannot drive the policy (no camera and no environment state, no
     /// `action`, a shape of the wrong rank).
     #[error("features: {0}")]
     Features(String),

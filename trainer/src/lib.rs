@@ -62,6 +62,8 @@ mod tensors;
 #[cfg(feature = "torch")]
 pub mod act;
 #[cfg(feature = "torch")]
+mod checkpoint;
+#[cfg(feature = "torch")]
 pub mod collective;
 #[cfg(feature = "torch")]
 pub mod diffusion;
@@ -69,6 +71,8 @@ pub mod diffusion;
 pub mod gpu_decode;
 #[cfg(feature = "torch")]
 pub mod optim;
+#[cfg(feature = "torch")]
+pub mod policy;
 #[cfg(feature = "torch")]
 pub mod train;
 

@@ -74,10 +74,12 @@ impl Logged for EvalRecord {
 pub struct StepRecord {
     /// The step (1 is the first).
     pub step: u64,
-    /// ACT's loss: L1 plus `kl_weight` × KL (the mean over ranks).
+    /// The loss (the mean over ranks): ACT's L1 plus `kl_weight` × KL; Diffusion's mean
+    /// squared error of the predicted noise.
     pub loss: f64,
-    /// The L1 term.
-    pub l1: f64,
+    /// ACT's L1 term (absent for Diffusion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l1: Option<f64>,
     /// The KL term (absent without the VAE).
     pub kld: Option<f64>,
     /// Gradient norm before clipping.
@@ -129,7 +131,8 @@ pub fn plot(steps: &[StepRecord], evals: &[EvalRecord], out: &Path) -> Result<()
     let steps_range = first.step..last.step.max(first.step + 1);
 
     let positive = |v: f64| v.is_finite() && v > 0.0;
-    let losses: Vec<f64> = steps.iter().flat_map(|s| [s.loss, s.l1]).chain(evals.iter().map(|e| e.loss)).filter(|v| positive(*v)).collect();
+    let losses: Vec<f64> =
+        steps.iter().flat_map(|s| [Some(s.loss), s.l1]).flatten().chain(evals.iter().map(|e| e.loss)).filter(|v| positive(*v)).collect();
     let low = losses.iter().copied().fold(f64::INFINITY, f64::min);
     let high = losses.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let (low, high) = if low.is_finite() { (low * 0.9, high * 1.1) } else { (1e-3, 1.0) };
@@ -141,9 +144,14 @@ pub fn plot(steps: &[StepRecord], evals: &[EvalRecord], out: &Path) -> Result<()
         .build_cartesian_2d(steps_range.clone(), (low..high).log_scale())
         .map_err(|e| draw(&e))?;
     chart.configure_mesh().x_desc("step").y_desc("loss").draw().map_err(|e| draw(&e))?;
-    for (name, colour, value) in [("loss", &BLUE, (|s: &StepRecord| s.loss) as fn(&StepRecord) -> f64), ("L1", &RED, |s| s.l1)] {
+    type Series<'a> = (&'a str, &'a RGBColor, fn(&StepRecord) -> Option<f64>);
+    let series: [Series; 2] = [("loss", &BLUE, |s| Some(s.loss)), ("L1", &RED, |s| s.l1)];
+    for (name, colour, value) in series {
+        if steps.iter().all(|s| value(s).is_none()) {
+            continue;
+        }
         chart
-            .draw_series(LineSeries::new(steps.iter().filter(|s| positive(value(s))).map(|s| (s.step, value(s))), colour))
+            .draw_series(LineSeries::new(steps.iter().filter_map(|s| value(s).filter(|v| positive(*v)).map(|v| (s.step, v))), colour))
             .map_err(|e| draw(&e))?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
@@ -182,7 +190,7 @@ mod tests {
     use super::*;
 
     fn record(step: u64, loss: f64, wait: f64) -> StepRecord {
-        StepRecord { step, loss, l1: loss / 2.0, kld: None, grad_norm: 1.0, data_wait_s: wait, step_s: 0.5 }
+        StepRecord { step, loss, l1: Some(loss / 2.0), kld: None, grad_norm: 1.0, data_wait_s: wait, step_s: 0.5 }
     }
 
     #[test]

@@ -1,9 +1,9 @@
-//! `lake train`: LeRobot's ACT trained on a lake's samples, with lerobot-train's update step
-//! and checkpoints in its layout.
+//! `lake train`: LeRobot's ACT or Diffusion Policy trained on a lake's samples, with
+//! lerobot-train's update step and checkpoints in its layout.
 //!
 //! A run is a function of its options: the sample order is the lake's (seed, epoch, step), and
-//! libtorch's generator is seeded from `(seed, step)` before every step, so dropout and the VAE's
-//! ε at step `k` do not depend on what ran before. A run resumed from a checkpoint therefore
+//! libtorch's generator is seeded from `(seed, step)` before every step, so dropout, the VAE's
+//! ε and Diffusion's noise, steps and crop at step `k` do not depend on what ran before. A run resumed from a checkpoint therefore
 //! repeats the uninterrupted run's steps bit for bit (on the CPU).
 //!
 //! Files under the run's directory:
@@ -38,9 +38,11 @@ use tch::{Device, Kind, Tensor};
 
 use crate::{
     ActConfig, Error, FeatureType, OBS_ENV_STATE, OBS_STATE, Result,
-    act::{ActBatch, ActPolicy, Adam, PolicyOptions, bf16_autocast},
+    act::{ActBatch, PolicyOptions, bf16_autocast},
     collective::{Collective, all_reduce_host, average_gradients, broadcast},
     data::{BatchSource, DatasetFacts, Feed, dataset_facts, open_feed, policy_stats},
+    optim::Adam,
+    policy::{Batch, Policy, PolicyConfig, diffusion_batch},
 };
 
 /// The file in a checkpoint's `training_state/` that holds what lake needs to resume.
@@ -57,7 +59,7 @@ pub struct TrainOptions {
     /// Where batches come from.
     pub source: BatchSource,
     /// The policy's config; its features are the datasets'.
-    pub config: ActConfig,
+    pub config: PolicyConfig,
     /// Steps to have run when the run ends (a resumed run counts the steps before it).
     pub steps: u64,
     /// Samples per step.
@@ -250,8 +252,9 @@ async fn plan(options: &TrainOptions) -> Result<(SampleRequest, DatasetFacts)> {
 }
 
 /// The windows a policy of `config` reads, with frames as `options` say.
-fn ask_for(request: &mut SampleRequest, config: &ActConfig, fps: f64, options: &TrainOptions) {
+fn ask_for(request: &mut SampleRequest, config: &PolicyConfig, fps: f64, options: &TrainOptions) {
     request.delta_timestamps = Some(delta_timestamps_json(config, fps));
+    request.drop_n_last_frames = config.drop_n_last_frames();
     // Frames at another size come from a frame table where the data side decodes; where this
     // process decodes, the packets come at the recorded size and are resized here.
     request.frame_size = options.frame_size.filter(|_| options.decode == Decode::Server);
@@ -288,7 +291,7 @@ async fn open_frames(options: &TrainOptions, request: &SampleRequest) -> Result<
 /// memory to a GPU). One batch waits ready and one is in the making; dropping this stops the
 /// task and the feed.
 pub struct Prefetch {
-    ready: tokio::sync::mpsc::Receiver<Result<ActBatch>>,
+    ready: tokio::sync::mpsc::Receiver<Result<Batch>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -296,11 +299,11 @@ impl Prefetch {
     /// Starts taking `feed`'s batches for a policy of `config` on `device`, with camera frames as
     /// `frames` says. Needs tokio's
     /// multi-threaded runtime: the conversion runs in place of an async task.
-    pub fn start(mut feed: Feed, config: ActConfig, device: Device, frames: Frames) -> Self {
+    pub fn start(mut feed: Feed, config: PolicyConfig, device: Device, frames: Frames) -> Self {
         let (tx, ready) = tokio::sync::mpsc::channel(1);
         let task = tokio::spawn(async move {
             while let Some(batch) = feed.batches.next().await {
-                let made = batch.and_then(|b| tokio::task::block_in_place(|| act_batch(&b, &config, &frames)?.to_device(device)));
+                let made = batch.and_then(|b| tokio::task::block_in_place(|| make_batch(&b, &config, &frames)?.to_device(device)));
                 let failed = made.is_err();
                 if tx.send(made).await.is_err() || failed {
                     break;
@@ -311,7 +314,7 @@ impl Prefetch {
     }
 
     /// The next batch; `None` once the feed has ended.
-    pub async fn next(&mut self) -> Option<Result<ActBatch>> {
+    pub async fn next(&mut self) -> Option<Result<Batch>> {
         self.ready.recv().await
     }
 }
@@ -369,8 +372,16 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
                 options.batch_size
             )));
         }
-        let policy = tokio::task::block_in_place(|| ActPolicy::from_pretrained(&dir, &policy_options))?;
-        let mut optimizer = Adam::act(&policy);
+        let policy = tokio::task::block_in_place(|| Policy::from_pretrained(&dir, &policy_options))?;
+        if policy.config().type_name() != options.config.type_name() {
+            return Err(Error::Run(format!(
+                "--resume: {} holds a {} policy; this run trains {}",
+                dir.display(),
+                policy.config().type_name(),
+                options.config.type_name()
+            )));
+        }
+        let mut optimizer = policy.optimizer();
         optimizer.load(&dir.join("training_state"))?;
         (policy, optimizer, run.next_step - 1)
     } else {
@@ -385,22 +396,23 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         config.validate()?;
         let stats = policy_stats(&facts)?;
         tch::manual_seed(rank_step_seed(options.seed, 0, 0));
-        let policy = tokio::task::block_in_place(|| ActPolicy::new(config, stats, &policy_options))?;
+        let policy = tokio::task::block_in_place(|| Policy::new(config, stats, &policy_options))?;
         if let Some(dir) = &options.init_from {
             tokio::task::block_in_place(|| policy.init_from(dir))?;
         }
-        let optimizer = Adam::act(&policy);
+        let optimizer = policy.optimizer();
         (policy, optimizer, 0)
     };
     if let Some(c) = &options.collective {
         // Every rank starts from rank 0's weights (and its frozen statistics).
-        let tensors: Vec<Tensor> = policy.state_dict().map(|(_, t)| t.shallow_clone()).collect();
+        let tensors = policy.state_tensors();
         tokio::task::block_in_place(|| broadcast(c.as_ref(), &tensors))?;
     }
     if started_after >= options.steps {
         return Err(Error::Run(format!("the run is at step {started_after} already; ask for more --steps than that")));
     }
-    ask_for(&mut request, policy.config(), facts.fps, &options);
+    let config = policy.config();
+    ask_for(&mut request, &config, facts.fps, &options);
     // The request's steps are the run's: a step of batch B reads the next B samples of the order.
     let probe = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
     let steps_per_epoch = probe.steps_per_epoch;
@@ -408,8 +420,8 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     (request.epoch, request.start_step) = (started_after / steps_per_epoch, started_after % steps_per_epoch);
     request.limit_batches = Some(options.steps - started_after);
     let feed = open_frames(&options, &request).await?;
-    check_schema(&feed.schema, policy.config(), &options.frames)?;
-    let mut batches = Prefetch::start(feed, policy.config().clone(), options.device, options.frames.clone());
+    check_schema(&feed.schema, &config, &options.frames)?;
+    let mut batches = Prefetch::start(feed, config.clone(), options.device, options.frames.clone());
     let eval_request = options.eval.as_ref().map(|e| {
         let mut held_out = SampleRequest { datasets: SampleRequest::new(e.datasets.iter().cloned()).datasets, ..request.clone() };
         (held_out.epoch, held_out.start_step, held_out.limit_batches) = (0, 0, Some(e.batches));
@@ -442,7 +454,10 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         waited += data_wait_s;
         let record = tokio::task::block_in_place(|| -> Result<StepRecord> {
             tch::manual_seed(rank_step_seed(options.seed, rank, step));
-            let loss = bf16_autocast(options.device, options.bf16, || policy.forward_loss(&batch, true))??;
+            if let Policy::Diffusion(_) = &policy {
+                optimizer.set_lr(0, policy.base_lr() * policy.lr_factor(step, options.steps))?;
+            }
+            let loss = bf16_autocast(options.device, options.bf16, || policy.loss(&batch, true))??;
             let grad_norm = match &options.collective {
                 None => optimizer.step(&loss.loss)?,
                 Some(c) => {
@@ -455,8 +470,11 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
                     norm
                 }
             };
-            let mut terms =
-                [loss.loss.double_value(&[]), loss.l1.double_value(&[]), loss.kld.as_ref().map_or(0.0, |k| k.double_value(&[]))];
+            let mut terms = [
+                loss.loss.double_value(&[]),
+                loss.l1.as_ref().map_or(0.0, |l| l.double_value(&[])),
+                loss.kld.as_ref().map_or(0.0, |k| k.double_value(&[])),
+            ];
             if let Some(c) = &options.collective {
                 all_reduce_host(c.as_ref(), &mut terms)?;
                 terms.iter_mut().for_each(|t| *t /= world as f64);
@@ -466,7 +484,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             Ok(StepRecord {
                 step,
                 loss: if single { loss.loss.double_value(&[]) } else { loss_mean },
-                l1: if single { loss.l1.double_value(&[]) } else { l1 },
+                l1: loss.l1.as_ref().map(|l| if single { l.double_value(&[]) } else { l1 }),
                 kld: loss.kld.as_ref().map(|k| if single { k.double_value(&[]) } else { kld }),
                 grad_norm,
                 data_wait_s,
@@ -482,7 +500,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         if writes && (step == options.steps || (options.save_every > 0 && step % options.save_every == 0)) {
             checkpoint_step = step;
             let dest = checkpoints.join(step_name(step, options.steps));
-            checkpoint = tokio::task::block_in_place(|| save(&policy, &optimizer, &dest, step, &run(step + 1)))?;
+            checkpoint = tokio::task::block_in_place(|| save(&policy, &optimizer, &dest, (step, options.steps), &run(step + 1)))?;
             if let Some(log) = &mut log {
                 log.flush().map_err(Error::io(&log_path))?;
             }
@@ -579,7 +597,10 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
         if let Device::Cuda(index) = options.device {
             tokio::task::block_in_place(|| tch::Cuda::synchronize(index as i64));
         }
-        let rows = batch.action.as_ref().map_or(0, |a| a.size()[0] as u64);
+        let rows = match &batch {
+            Batch::Act(b) => b.action.as_ref().map_or(0, |a| a.size()[0] as u64),
+            Batch::Diffusion(b) => b.state.size()[0] as u64,
+        };
         samples += rows;
         drop(batch);
         let record = FeedRecord { step, samples: rows, data_wait_s, step_s: began.elapsed().as_secs_f64() };
@@ -602,16 +623,20 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
 
 /// The held-out loss of `policy` over the batches of `request` (each rank its own, the mean over
 /// all), and the samples it covers.
-async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActPolicy) -> Result<(f64, u64)> {
+async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &Policy) -> Result<(f64, u64)> {
     let mut feed = open_frames(options, request).await?;
-    check_schema(&feed.schema, policy.config(), &options.frames)?;
+    let config = policy.config();
+    check_schema(&feed.schema, &config, &options.frames)?;
+    // Diffusion's held-out loss draws its noise and steps: the same at every evaluation. (The
+    // steps after reseed the generator themselves.)
+    tch::manual_seed(rank_step_seed(options.seed, ranks(options).0, u64::MAX));
     let mut totals = [0.0, 0.0];
     while let Some(batch) = feed.batches.next().await {
         let batch = batch?;
         let samples = batch.num_rows() as f64;
         let loss = tokio::task::block_in_place(|| -> Result<f64> {
-            let batch = act_batch(&batch, policy.config(), &options.frames)?;
-            let loss = bf16_autocast(options.device, options.bf16, || tch::no_grad(|| policy.forward_loss(&batch, false)))??;
+            let batch = make_batch(&batch, &config, &options.frames)?;
+            let loss = bf16_autocast(options.device, options.bf16, || tch::no_grad(|| policy.loss(&batch, false)))??;
             Ok(loss.loss.double_value(&[]))
         })?;
         totals[0] += loss * samples;
@@ -626,9 +651,10 @@ async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &ActP
     Ok((totals[0] / totals[1], totals[1] as u64))
 }
 
-/// Writes a checkpoint with lake's run file, then points `last` at it.
-fn save(policy: &ActPolicy, optimizer: &Adam, dest: &Path, step: u64, run: &RunState) -> Result<PathBuf> {
-    let staged = policy.stage_checkpoint(dest, Some(optimizer), Some(step))?;
+/// Writes a checkpoint after update `step` of `total`, with lake's run file, then points `last`
+/// at it.
+fn save(policy: &Policy, optimizer: &Adam, dest: &Path, (step, total): (u64, u64), run: &RunState) -> Result<PathBuf> {
+    let staged = policy.stage_checkpoint(dest, optimizer, step, total)?;
     let path = staged.path().join("training_state").join(RUN_FILE);
     std::fs::write(&path, serde_json::to_vec_pretty(run).expect("plain data")).map_err(Error::io(&path))?;
     let dest = staged.commit()?;
@@ -647,15 +673,15 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 }
 
 /// `delta_timestamps` as a request carries them.
-fn delta_timestamps_json(config: &ActConfig, fps: f64) -> Value {
+fn delta_timestamps_json(config: &PolicyConfig, fps: f64) -> Value {
     Value::Object(config.delta_timestamps(fps).into_iter().map(|(k, v)| (k, json!(v))).collect())
 }
 
 /// Refuses a stream whose batches lack a column the policy reads, before any step.
-fn check_schema(schema: &arrow::datatypes::Schema, config: &ActConfig, frames: &Frames) -> Result<()> {
-    let mut needed: Vec<String> = config.input_features.iter().map(|(k, _)| k.clone()).collect();
-    needed.extend(config.output_features.iter().map(|(k, _)| k.clone()));
-    needed.extend(config.output_features.iter().map(|(k, _)| format!("{k}_is_pad")));
+fn check_schema(schema: &arrow::datatypes::Schema, config: &PolicyConfig, frames: &Frames) -> Result<()> {
+    let mut needed: Vec<String> = config.input_features().iter().map(|(k, _)| k.clone()).collect();
+    needed.extend(config.output_features().iter().map(|(k, _)| k.clone()));
+    needed.extend(config.output_features().iter().map(|(k, _)| format!("{k}_is_pad")));
     for name in needed {
         let field = schema.field_with_name(&name).map_err(|_| Error::Features(format!("the batches have no column `{name}`")))?;
         let format = field.metadata().get(lake_loader::PIXEL_FORMAT);
@@ -783,7 +809,24 @@ fn column_tensor(batch: &RecordBatch, name: &str) -> Result<Tensor> {
     Ok(flat.reshape(dims.as_slice()))
 }
 
-/// A batch of the lake's samples as the policy's raw inputs: cameras `[B, 3, H, W]` uint8 (the
+/// A batch of the lake's samples as `config`'s policy takes it ([`act_batch`], or Diffusion's
+/// windows).
+///
+/// # Errors
+/// As [`act_batch`].
+pub fn make_batch(batch: &RecordBatch, config: &PolicyConfig, frames: &Frames) -> Result<Batch> {
+    match config {
+        PolicyConfig::Act(c) => Ok(Batch::Act(act_batch(batch, c, frames)?)),
+        PolicyConfig::Diffusion(c) => Ok(Batch::Diffusion(diffusion_batch(
+            batch,
+            c,
+            |name, size| camera_tensor(batch, name, frames, size),
+            |name| column_tensor(batch, name),
+        )?)),
+    }
+}
+
+/// A batch of the lake's samples as ACT's raw inputs: cameras `[B, 3, H, W]` uint8 (the
 /// policy scales them to [0, 1]), the state vectors, the action chunk and its padding mask.
 /// Cameras that travel as YUV planes become RGB as `frames` says: on its GPU (their tensors are
 /// then on that device already), or on the CPU.

@@ -10,11 +10,12 @@ pub struct TrainArgs {
     /// A dataset or view to sample, `NAME[=WEIGHT]`; repeat for a mixture.
     #[arg(long = "dataset", value_name = "NAME[=WEIGHT]", required = true)]
     datasets: Vec<String>,
-    /// The policy: `act` (LeRobot's ACT), or `none`: no model, each step only takes its batch
-    /// onto the device, which measures the data path alone (writes feed_log.jsonl).
+    /// The policy: `act` (LeRobot's ACT), `diffusion` (LeRobot's Diffusion Policy), or `none`: no
+    /// model, each step only takes its batch onto the device, which measures the data path alone
+    /// (writes feed_log.jsonl).
     #[arg(long, default_value = "act")]
     policy: String,
-    /// LeRobot ACT config fields as JSON (a `config.json`, or some of its fields), over
+    /// The policy's LeRobot config fields as JSON (a `config.json`, or some of its fields), over
     /// LeRobot's defaults; the features are the dataset's.
     #[arg(long, value_name = "FILE.json")]
     policy_config: Option<PathBuf>,
@@ -27,7 +28,7 @@ pub struct TrainArgs {
     /// Learning rate (the config's `optimizer_lr` otherwise).
     #[arg(long)]
     lr: Option<f64>,
-    /// Learning rate of the vision backbone (the config's `optimizer_lr_backbone` otherwise).
+    /// ACT: learning rate of the vision backbone (the config's `optimizer_lr_backbone` otherwise).
     #[arg(long)]
     lr_backbone: Option<f64>,
     /// `cpu`, or `cuda` (the GPU of the rank's local rank: the first GPU for one process).
@@ -136,13 +137,19 @@ fn check_args(args: &TrainArgs) -> anyhow::Result<()> {
 #[cfg(feature = "torch")]
 pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context as _;
-    use lake_trainer::{ActConfig, data::BatchSource, train::TrainOptions};
+    use lake_trainer::{data::BatchSource, policy::PolicyConfig, train::TrainOptions};
 
-    let data_only = match args.policy.as_str() {
-        "act" => false,
-        "none" => true,
-        other => anyhow::bail!("unknown policy `{other}`: lake trains `act`, and `none` measures the data path without a model"),
+    let (data_only, defaults) = match args.policy.as_str() {
+        "act" => (false, PolicyConfig::Act(Box::default())),
+        "diffusion" => (false, PolicyConfig::Diffusion(Box::default())),
+        "none" => (true, PolicyConfig::Act(Box::default())),
+        other => {
+            anyhow::bail!("unknown policy `{other}`: lake trains `act` and `diffusion`, and `none` measures the data path without a model")
+        }
     };
+    if args.lr_backbone.is_some() && matches!(defaults, PolicyConfig::Diffusion(_)) {
+        anyhow::bail!("--lr-backbone is ACT's: Diffusion trains every parameter at --lr");
+    }
     let (collective, local_rank) = ranks(&args.backend, args.device == "cuda")?;
     check_args(&args)?;
     // `auto` decodes on the GPU where lake's kernel runs there.
@@ -183,19 +190,20 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
             let given: serde_json::Value =
                 serde_json::from_str(&text).with_context(|| format!("--policy-config {}: not JSON", path.display()))?;
             let serde_json::Value::Object(fields) = given else {
-                anyhow::bail!("--policy-config {}: a JSON object of ACT config fields is expected", path.display());
+                anyhow::bail!("--policy-config {}: a JSON object of {} config fields is expected", path.display(), defaults.type_name());
             };
-            let mut merged: serde_json::Value = serde_json::from_str(&ActConfig::default().to_json())?;
+            if let Some(other) = fields.get("type").and_then(serde_json::Value::as_str).filter(|t| *t != defaults.type_name()) {
+                anyhow::bail!("--policy-config {}: a `{other}` config, for --policy {}", path.display(), defaults.type_name());
+            }
+            let mut merged: serde_json::Value = serde_json::from_str(&defaults.to_json())?;
             if let Some(defaults) = merged.as_object_mut() {
                 defaults.extend(fields);
             }
-            ActConfig::from_json(&merged.to_string()).context("--policy-config")?
+            PolicyConfig::from_json(&merged.to_string()).context("--policy-config")?
         }
-        None => ActConfig::default(),
+        None => defaults,
     };
-    config.optimizer_lr = args.lr.unwrap_or(config.optimizer_lr);
-    config.optimizer_lr_backbone = args.lr_backbone.unwrap_or(config.optimizer_lr_backbone);
-    config.device = Some(args.device.clone());
+    config.set_optimizer_and_device(args.lr, args.lr_backbone, &args.device);
     let resume_wait = std::time::Duration::from_secs(args.server_wait);
     let source = match (args.server, args.local) {
         (Some(url), _) => BatchSource::Flight { url, token: args.token, resume_wait },
@@ -252,12 +260,12 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         options,
         |s| {
             if s.step % log_every == 0 || s.step == steps {
+                let l1 = s.l1.map_or(String::new(), |l| format!("  l1 {l:.4}"));
                 let kld = s.kld.map_or(String::new(), |k| format!("  kld {k:.4}"));
                 errln!(
-                    "step {}/{steps}  loss {:.4}  l1 {:.4}{kld}  grad {:.3}  data wait {:.0} ms of {:.0} ms",
+                    "step {}/{steps}  loss {:.4}{l1}{kld}  grad {:.3}  data wait {:.0} ms of {:.0} ms",
                     s.step,
                     s.loss,
-                    s.l1,
                     s.grad_norm,
                     s.data_wait_s * 1e3,
                     s.step_s * 1e3

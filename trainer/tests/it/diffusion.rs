@@ -341,3 +341,85 @@ fn diffusion_training_steps_match_lerobots_update_policy() {
     assert!(apart <= 64, "{apart} parameters differ by over 1e-6");
     assert!(worst <= steps_lr, "parameters differ by {worst}, more than the steps' learning rates ({steps_lr})");
 }
+
+/// The small Diffusion config `lake train` runs on the fixture: a short warm-up, so that the
+/// few steps of a test learn.
+fn run_config() -> lake_trainer::policy::PolicyConfig {
+    lake_trainer::policy::PolicyConfig::Diffusion(Box::new(DiffusionConfig { optimizer_lr: 1e-3, scheduler_warmup_steps: 5, ..small(&[]) }))
+}
+
+#[test]
+fn lake_train_trains_diffusion_resumes_exactly_and_writes_what_lerobot_loads() {
+    use crate::run::{lake_with_fixture, options, run};
+    use lake_trainer::train::TrainOptions;
+
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let lake = lake_with_fixture(tmp.path());
+    let out = tmp.path().join("run");
+    let total = 150;
+    let (summary, steps) = run(TrainOptions { config: run_config(), save_every: 50, ..options(&lake, &out, total) });
+    assert_eq!(steps.len(), total as usize);
+    assert!(steps.iter().all(|s| s.loss.is_finite() && s.grad_norm.is_finite() && s.l1.is_none() && s.kld.is_none()));
+    let mean = |s: &[lake_trainer::train::StepRecord]| s.iter().map(|r| r.loss).sum::<f64>() / s.len() as f64;
+    let (first, last) = (mean(&steps[..10]), mean(&steps[steps.len() - 10..]));
+    eprintln!("diffusion loss: first ten steps {first:.3}, last ten {last:.3}");
+    assert!(last < first * 0.8, "the loss went from {first} to {last}");
+    assert_eq!(summary.datasets, ["v30-images-tiny@1"]);
+    // The schedule's state as torch's LambdaLR saves it: 100 updates done, the next one's rate.
+    let scheduler: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("checkpoints/000100/training_state/scheduler_state.json")).unwrap())
+            .unwrap();
+    let next = 1e-3 * cosine_with_warmup(100, 5, total);
+    assert_eq!((scheduler["last_epoch"].as_u64(), scheduler["_last_lr"][0].as_f64()), (Some(100), Some(next)), "{scheduler}");
+
+    // A run stopped after its checkpoint at step 100 and resumed repeats the uninterrupted one,
+    // bit for bit: the schedule, the draws and the optimizer pick up at the step.
+    let parts = tmp.path().join("parts");
+    copy_tree(&out.join("checkpoints/000100"), &parts.join("checkpoints/000100"));
+    std::os::unix::fs::symlink("000100", parts.join("checkpoints/last")).unwrap();
+    let (resumed_summary, resumed) =
+        run(TrainOptions { config: run_config(), resume: true, save_every: 50, ..options(&lake, &parts, total) });
+    assert_eq!(resumed_summary.started_after, 100);
+    for (a, b) in steps[100..].iter().zip(&resumed) {
+        assert_eq!((a.loss.to_bits(), a.grad_norm.to_bits()), (b.loss.to_bits(), b.grad_norm.to_bits()), "step {}", a.step);
+    }
+    for file in ["pretrained_model/model.safetensors", "training_state/optimizer_state.safetensors"] {
+        let a = std::fs::read(out.join("checkpoints/000150").join(file)).unwrap();
+        let b = std::fs::read(parts.join("checkpoints/000150").join(file)).unwrap();
+        assert!(a == b, "{file} differs after the resume");
+    }
+    // An ACT run cannot resume it.
+    let refused = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(lake_trainer::train::train(
+        TrainOptions { resume: true, ..options(&lake, &parts, 200) },
+        |_| (),
+        |_| (),
+    ));
+    assert!(refused.expect_err("another policy").to_string().contains("holds a diffusion policy"));
+
+    // LeRobot loads the run's checkpoint and computes what lake computes with it.
+    let Some(python) = lerobot_python("lake_train_trains_diffusion_resumes_exactly_and_writes_what_lerobot_loads") else { return };
+    let dir = out.join("checkpoints/000150/pretrained_model");
+    let policy = DiffusionPolicy::from_pretrained(&dir, Device::Cpu, Kind::Float).unwrap();
+    let config = policy.net().config().clone();
+    assert_eq!(config.image_features().len(), 1, "the fixture's camera");
+    let d = Drawn::new(&config, true);
+    let theirs = d.run_lerobot(&python, &dir, tmp.path());
+    let batch = d.batch();
+    let loss = policy.loss_with(&batch, true, &d.draws()).unwrap();
+    let actions = policy.predict_actions_with(&batch, &d.start, &d.steps_noise).unwrap();
+    agree("lake train's checkpoint", &config, &loss, &actions, &theirs, "actions_unnormalized");
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let dest = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &dest);
+        } else {
+            std::fs::copy(&path, &dest).unwrap();
+        }
+    }
+}

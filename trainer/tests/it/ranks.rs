@@ -78,7 +78,7 @@ fn rank() {
     let steps = std::env::var("LAKE_TEST_RANKS_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(STEPS);
     let options = TrainOptions {
         batch_size: 4,
-        config: without_noise(),
+        config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
         kind: tch::Kind::Double,
         bf16: false,
         collective: Some(collective),
@@ -105,7 +105,7 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     let lake = lake_with_fixture(tmp.path());
     let (_, single) = run(TrainOptions {
         batch_size: 8,
-        config: without_noise(),
+        config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
         kind: tch::Kind::Double,
         bf16: false,
         ..options(&lake, &tmp.path().join("single"), STEPS)

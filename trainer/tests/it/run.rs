@@ -29,7 +29,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         lake: Some(lake.clone()),
         datasets: vec!["v30-images-tiny".into()],
         source: BatchSource::InProcess,
-        config: ActConfig::small(),
+        config: lake_trainer::policy::PolicyConfig::Act(Box::new(ActConfig::small())),
         steps,
         batch_size: 8,
         seed: 7,
