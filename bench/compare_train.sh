@@ -149,7 +149,9 @@ export HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH="$repo/clients/python${PY
 lerobot_args=(--policy.type=act --policy.device=cpu --policy.push_to_hub=false --policy.pretrained_backbone_weights=null
   "--batch_size=$batch_size" "--steps=$total" --log_freq=1 --save_checkpoint=false
   --eval_freq=0 --wandb.enable=false "--seed=$seed")
-lake_args=(--dataset bench --policy act --steps "$total" --batch-size "$batch_size" --seed "$seed" --log-every 1)
+# LeRobot 0.4.4's L1 counts padded actions as zeros; lake's does so with --padded-actions zero.
+lake_args=(--dataset bench --policy act --steps "$total" --batch-size "$batch_size" --seed "$seed" --log-every 1
+  --padded-actions zero)
 
 contender lerobot-train "$venv/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
   "${lerobot_args[@]}" "--output_dir=$work/run-lerobot-train"

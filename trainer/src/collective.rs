@@ -15,7 +15,7 @@ mod c10d;
 mod mpi;
 mod nccl;
 
-pub use self::buckets::{BUCKET_BYTES, Collective, Values, all_reduce_host, average_gradients, broadcast};
+pub use self::buckets::{BUCKET_BYTES, Collective, Values, all_reduce_host, average_gradients, broadcast, ranks_apart};
 pub use self::c10d::{COLLECTIVE_TIMEOUT, Gloo, Launch, RENDEZVOUS_TIMEOUT, Store};
 #[cfg(feature = "mpi")]
 pub use self::mpi::Mpi;

@@ -70,6 +70,8 @@ pub mod diffusion;
 #[cfg(feature = "torch")]
 pub mod gpu_decode;
 #[cfg(feature = "torch")]
+pub mod loss;
+#[cfg(feature = "torch")]
 pub mod optim;
 #[cfg(feature = "torch")]
 pub mod policy;

@@ -174,7 +174,8 @@ impl Policy {
                         "Diffusion's backbone has GroupNorm, which would ruin pretrained weights",
                     ));
                 }
-                Ok(Policy::Diffusion(DiffusionPolicy::new(&c, stats, options.device, options.kind)?))
+                let policy = DiffusionPolicy::new(&c, stats, options.device, options.kind)?;
+                Ok(Policy::Diffusion(policy.with_padded_actions(options.padded_actions)))
             }
         }
     }
@@ -190,7 +191,8 @@ impl Policy {
         match PolicyConfig::from_json(&text).map_err(|e| Error::format(&path, e.to_string()))? {
             PolicyConfig::Act(_) => Ok(Policy::Act(ActPolicy::from_pretrained(dir, options)?)),
             PolicyConfig::Diffusion(_) => {
-                Ok(Policy::Diffusion(DiffusionPolicy::from_pretrained(&pretrained, options.device, options.kind)?))
+                let policy = DiffusionPolicy::from_pretrained(&pretrained, options.device, options.kind)?;
+                Ok(Policy::Diffusion(policy.with_padded_actions(options.padded_actions)))
             }
         }
     }

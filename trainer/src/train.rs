@@ -39,8 +39,9 @@ use tch::{Device, Kind, Tensor};
 use crate::{
     ActConfig, Error, FeatureType, OBS_ENV_STATE, OBS_STATE, Result,
     act::{ActBatch, PolicyOptions, bf16_autocast},
-    collective::{Collective, all_reduce_host, average_gradients, broadcast},
+    collective::{Collective, all_reduce_host, average_gradients, broadcast, ranks_apart},
     data::{BatchSource, DatasetFacts, Feed, dataset_facts, open_feed, policy_stats},
+    loss::PaddedActions,
     optim::Adam,
     policy::{Batch, Policy, PolicyConfig, diffusion_batch},
 };
@@ -83,6 +84,8 @@ pub struct TrainOptions {
     pub init_from: Option<PathBuf>,
     /// ResNet-18 weights (torchvision names, safetensors) to start the backbone from.
     pub backbone_weights: Option<PathBuf>,
+    /// How the loss counts the actions of a chunk that ran past its episode's end.
+    pub padded_actions: PaddedActions,
     /// The in-process loader's threads and frame cache.
     pub loader: LoaderOptions,
     /// The ranks of a data-parallel run (`batch_size` is each rank's); `None` for one process.
@@ -162,6 +165,7 @@ impl std::fmt::Debug for TrainOptions {
             .field("steps", &self.steps)
             .field("batch_size", &self.batch_size)
             .field("seed", &self.seed)
+            .field("padded_actions", &self.padded_actions)
             .field("out", &self.out)
             .field("resume", &self.resume)
             .field("ranks", &self.collective.as_ref().map_or(1, |c| c.size()))
@@ -208,6 +212,14 @@ struct RunState {
     global_batch: u64,
     steps_per_epoch: u64,
     next_step: u64,
+    /// Absent from the checkpoints of runs that counted them as zero, before the choice.
+    #[serde(default = "counted_as_zero")]
+    padded_actions: PaddedActions,
+}
+
+/// How runs counted padded actions before [`TrainOptions::padded_actions`].
+fn counted_as_zero() -> PaddedActions {
+    PaddedActions::Zero
 }
 
 /// The generator's seed for step `step` of a run seeded `seed` (SplitMix64 of both).
@@ -342,13 +354,26 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     let (rank, world) = ranks(&options);
     let global_batch = options.batch_size * world;
     let (mut request, facts) = plan(&options).await?;
-    let policy_options = PolicyOptions { device: options.device, kind: options.kind, backbone_weights: options.backbone_weights.clone() };
+    let policy_options = PolicyOptions {
+        device: options.device,
+        kind: options.kind,
+        backbone_weights: options.backbone_weights.clone(),
+        padded_actions: options.padded_actions,
+    };
     let checkpoints = options.out.join("checkpoints");
     let (policy, mut optimizer, started_after) = if options.resume {
         let last = checkpoints.join("last");
         let dir = std::fs::canonicalize(&last)
             .map_err(|_| Error::Run(format!("--resume: {} does not exist; start the run without --resume", last.display())))?;
         let run: RunState = read_json(&dir.join("training_state").join(RUN_FILE))?;
+        if run.padded_actions != options.padded_actions {
+            return Err(Error::Run(format!(
+                "--resume: {} was made by a run whose loss counted padded actions as {}; this one asks for --padded-actions {}",
+                dir.display(),
+                run.padded_actions.name(),
+                options.padded_actions.name()
+            )));
+        }
         let given = RunState {
             datasets: options.datasets.clone(),
             sampled: facts.datasets.clone(),
@@ -356,6 +381,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             global_batch,
             steps_per_epoch: run.steps_per_epoch,
             next_step: run.next_step,
+            padded_actions: run.padded_actions,
         };
         if given != run {
             return Err(Error::Run(format!(
@@ -443,6 +469,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         global_batch,
         steps_per_epoch,
         next_step,
+        padded_actions: options.padded_actions,
     };
     let (started, mut waited, mut losses, mut checkpoint) = (Instant::now(), 0.0, Vec::new(), PathBuf::new());
     let cpu_at_start = lake_loader::process_usage().cpu_s;
@@ -497,7 +524,20 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             writeln!(log, "{line}").map_err(Error::io(&log_path))?;
             on_step(&record);
         }
-        if writes && (step == options.steps || (options.save_every > 0 && step % options.save_every == 0)) {
+        let saves = step == options.steps || (options.save_every > 0 && step % options.save_every == 0);
+        if saves && let Some(c) = &options.collective {
+            // A checkpoint is the run's model only while every rank holds the same one.
+            let apart = tokio::task::block_in_place(|| ranks_apart(c.as_ref(), &policy.state_tensors()))?;
+            if !apart.is_empty() {
+                let ranks: Vec<String> = apart.iter().map(u64::to_string).collect();
+                return Err(Error::Ranks(format!(
+                    "after step {step} rank {} of {world} holds other weights than rank 0: the ranks no longer train one model \
+                     (a gradient left out of the sum, or a device that updates differently), so the run stops without a checkpoint",
+                    ranks.join(", ")
+                )));
+            }
+        }
+        if writes && saves {
             checkpoint_step = step;
             let dest = checkpoints.join(step_name(step, options.steps));
             checkpoint = tokio::task::block_in_place(|| save(&policy, &optimizer, &dest, (step, options.steps), &run(step + 1)))?;

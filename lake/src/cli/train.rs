@@ -1,5 +1,5 @@
-//! `lake train`: LeRobot's ACT trained on the lake's samples (lake-trainer), fed by the
-//! in-process loader or by a running `lake serve`.
+//! `lake train`: LeRobot's ACT or Diffusion Policy trained on the lake's samples
+//! (lake-trainer), fed by the in-process loader or by a running `lake serve`.
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -96,6 +96,11 @@ pub struct TrainArgs {
     /// downloaded.
     #[arg(long, value_name = "FILE")]
     backbone_weights: Option<PathBuf>,
+    /// How the loss counts the actions of a chunk that runs past its episode's end (ACT's L1;
+    /// Diffusion's error when `do_mask_loss_for_padding`): `exclude` leaves them out of the mean,
+    /// as LeRobot 0.6.1 does; `zero` counts them as actions without error, as LeRobot 0.4.4 does.
+    #[arg(long, default_value = "exclude", value_parser = ["exclude", "zero"])]
+    padded_actions: String,
     /// Evaluate on these datasets or views (held out from --dataset, e.g. a view of other
     /// episodes): the loss in eval mode, no dropout or VAE sampling, over the same samples each
     /// time. Repeat for a mixture.
@@ -237,6 +242,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         save_every: args.save_every,
         init_from: args.init_from,
         backbone_weights: args.backbone_weights,
+        padded_actions: args.padded_actions.parse().map_err(anyhow::Error::msg)?,
         loader: Default::default(),
         collective,
         frames,

@@ -6,6 +6,7 @@ use tch::{Device, Kind, Tensor, nn};
 
 use super::model::{Model, ModelInput};
 use crate::layers::{Norm, Registry, apply, copy_into};
+use crate::loss::{PaddedActions, padded_mean};
 use crate::{ActConfig, Error, FeatureType, Processors, Result, Stats};
 
 /// Where and how a policy is built.
@@ -20,11 +21,13 @@ pub struct PolicyOptions {
     /// the backbone from. Nothing is ever downloaded; without it the backbone starts from
     /// torchvision's random init.
     pub backbone_weights: Option<PathBuf>,
+    /// How the loss counts the actions of a chunk that ran past its episode's end.
+    pub padded_actions: PaddedActions,
 }
 
 impl Default for PolicyOptions {
     fn default() -> Self {
-        PolicyOptions { device: Device::Cpu, kind: Kind::Float, backbone_weights: None }
+        PolicyOptions { device: Device::Cpu, kind: Kind::Float, backbone_weights: None, padded_actions: PaddedActions::default() }
     }
 }
 
@@ -79,7 +82,8 @@ impl ActBatch {
 pub struct ActLoss {
     /// `l1 + kl_weight · kld` (or `l1` without the VAE); call `backward` on it.
     pub loss: Tensor,
-    /// Masked L1 over all `B·C·A` elements, padded ones counted as zeros (LeRobot 0.4.4).
+    /// The L1 error of the chunk's actions, the padded ones counted as
+    /// [`PolicyOptions::padded_actions`] says.
     pub l1: Tensor,
     /// Mean over the batch of the KL divergence summed over the latent, when the VAE ran.
     pub kld: Option<Tensor>,
@@ -165,6 +169,11 @@ impl ActPolicy {
             action_out: Norm::build(&processors.unnormalizer, crate::ACTION, FeatureType::Action, dev, kind)?,
         };
         Ok(ActPolicy { config, processors, options: options.clone(), vs, model, params, buffers, norms })
+    }
+
+    /// The same policy, its loss counting the padded actions of a chunk as `padded` says.
+    pub fn with_padded_actions(self, padded: PaddedActions) -> Self {
+        ActPolicy { options: PolicyOptions { padded_actions: padded, ..self.options.clone() }, ..self }
     }
 
     /// The configuration.
@@ -316,11 +325,7 @@ impl ActPolicy {
         }
         let (actions_hat, dist) = self.model.forward(&x, train, noise);
         let action = x.action.as_ref().expect("prepare checked");
-        let valid = match &x.action_is_pad {
-            Some(p) => p.logical_not().unsqueeze(-1),
-            None => Tensor::ones([b, self.config.chunk_size as i64, 1], (Kind::Bool, action.device())),
-        };
-        let l1 = ((action - &actions_hat).abs() * valid).mean(None::<Kind>);
+        let l1 = padded_mean(&(action - &actions_hat).abs(), x.action_is_pad.as_ref(), self.options.padded_actions);
         let (loss, kld) = match dist {
             Some((mu, log_sigma_x2)) => {
                 let kld = ((log_sigma_x2.shallow_clone() + 1.0 - mu.pow_tensor_scalar(2) - log_sigma_x2.exp()) * -0.5)

@@ -154,6 +154,39 @@ pub fn broadcast(collective: &dyn Collective, tensors: &[Tensor]) -> Result<()> 
     bucketed(tensors, collective.device(), |values| collective.broadcast(values))
 }
 
+/// The ranks whose `tensors` are not rank 0's, bit for bit (empty when every rank holds the
+/// same values). Each rank hashes its values' bytes; the hashes meet in one small sum, in which
+/// every rank fills its own slots and leaves the others zero, so the sum is exact.
+///
+/// # Errors
+/// [`Error::Torch`] when a tensor cannot be read, [`Error::Ranks`] when the ranks cannot sum.
+pub fn ranks_apart(collective: &dyn Collective, tensors: &[Tensor]) -> Result<Vec<u64>> {
+    use std::hash::Hasher;
+
+    if collective.size() == 1 {
+        return Ok(Vec::new());
+    }
+    // The same keys in every process of one binary: the ranks' hashes compare.
+    let mut hasher = std::hash::DefaultHasher::new();
+    let mut bytes = Vec::new();
+    for t in tensors {
+        let host = t.to_device(tch::Device::Cpu).contiguous();
+        let numel = host.numel();
+        bytes.resize(numel * host.kind().elt_size_in_bytes(), 0);
+        host.f_copy_data_u8(&mut bytes, numel).map_err(Error::Torch)?;
+        hasher.write(&bytes);
+    }
+    let hash = hasher.finish();
+    // Two 32-bit halves a slot: an f64 holds each exactly.
+    let (rank, size) = (collective.rank() as usize, collective.size() as usize);
+    let mut slots = vec![0f64; 2 * size];
+    slots[2 * rank] = (hash >> 32) as f64;
+    slots[2 * rank + 1] = (hash & 0xFFFF_FFFF) as f64;
+    all_reduce_host(collective, &mut slots)?;
+    let apart = slots.chunks(2).enumerate().filter(|(_, pair)| *pair != &slots[..2]).map(|(r, _)| r as u64);
+    Ok(apart.collect())
+}
+
 /// The error of an engine that works on host memory given GPU memory.
 pub(super) fn host_only(engine: &str) -> Error {
     Error::Ranks(format!("{engine} sums values in host memory, and was given a GPU buffer"))

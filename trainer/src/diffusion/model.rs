@@ -354,29 +354,22 @@ impl Model {
         Tensor::cat(&parts, -1).flatten(1, -1)
     }
 
-    /// The loss of `actions` (`[B, horizon, A]`, normalised) given the observations: the
-    /// actions noised at `timesteps` (`[B]`) with `noise`, the network's prediction of the noise
-    /// (or of the actions) against it, mean squared, padded actions left out when `pad`
-    /// (`[B, horizon]`, true where padded) is given.
-    pub(crate) fn loss(
+    /// The squared errors (`[B, horizon, A]`) of `actions` (normalised) given the observations:
+    /// the actions noised at `timesteps` (`[B]`) with `noise`, the network's prediction of the
+    /// noise (or of the actions) against it.
+    pub(crate) fn squared_errors(
         &self,
         x: &ModelInput,
         actions: &Tensor,
         noise: &Tensor,
         timesteps: &Tensor,
         crop: Option<CropAt>,
-        pad: Option<&Tensor>,
     ) -> Tensor {
         let cond = self.global_cond(x, crop);
         let noisy = self.ddpm.add_noise(actions, noise, timesteps);
         let prediction = self.unet.forward(&noisy, timesteps, &cond);
         let target = if self.ddpm.predicts_noise() { noise } else { actions };
-        let loss = (prediction - target).square();
-        let loss = match pad {
-            Some(pad) => loss * pad.logical_not().unsqueeze(-1),
-            None => loss,
-        };
-        loss.mean(None::<Kind>)
+        (prediction - target).square()
     }
 
     /// The denoised actions `[B, n_action_steps, A]` from the current observation step on:

@@ -5,7 +5,11 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor, nn};
 
 use super::model::{Model, ModelInput};
-use crate::{DiffusionConfig, Error, Result, layers::Registry};
+use crate::{
+    DiffusionConfig, Error, Result,
+    layers::Registry,
+    loss::{PaddedActions, padded_mean},
+};
 
 /// The observations of a batch, normalised, each a window of `n_obs_steps` steps.
 #[derive(Debug)]
@@ -40,6 +44,7 @@ pub struct DiffusionNet {
     params: Vec<(String, Tensor)>,
     buffers: Vec<(String, Tensor)>,
     model: Model,
+    padded: PaddedActions,
 }
 
 impl std::fmt::Debug for DiffusionNet {
@@ -65,7 +70,14 @@ impl DiffusionNet {
             let model = tch::no_grad(|| Model::new(&mut r, config));
             (model, r.params, r.buffers)
         };
-        Ok(DiffusionNet { config: config.clone(), device, kind, _vs: vs, params, buffers, model })
+        Ok(DiffusionNet { config: config.clone(), device, kind, _vs: vs, params, buffers, model, padded: PaddedActions::default() })
+    }
+
+    /// The same network, its loss counting the padded actions of a chunk as `padded` says
+    /// (when the config masks them: `do_mask_loss_for_padding`); [`PaddedActions::Exclude`]
+    /// unless set.
+    pub fn with_padded_actions(self, padded: PaddedActions) -> Self {
+        DiffusionNet { padded, ..self }
     }
 
     /// The configuration.
@@ -189,7 +201,8 @@ impl DiffusionNet {
             Some(p) if self.config.do_mask_loss_for_padding => Some(p.to_device(self.device)),
             _ => None,
         };
-        Ok(self.model.loss(&x, &actions, &noise, &timesteps, crop, pad.as_ref()))
+        let errors = self.model.squared_errors(&x, &actions, &noise, &timesteps, crop);
+        Ok(padded_mean(&errors, pad.as_ref(), self.padded))
     }
 
     /// The normalised actions `[B, n_action_steps, A]` from the current observation step on,

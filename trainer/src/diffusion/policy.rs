@@ -10,6 +10,7 @@ use super::net::{DiffusionInput, DiffusionNet, Draws};
 use crate::{
     DiffusionConfig, Error, FeatureType, Processors, Result, Stats,
     layers::{CONFIG_FILE, MODEL_FILE, Norm, apply, host},
+    loss::PaddedActions,
 };
 
 /// One batch in the dataset's units, each observation a window of `n_obs_steps` steps.
@@ -53,6 +54,12 @@ impl DiffusionPolicy {
     /// As [`DiffusionNet::new`]; [`Error::Stats`] for missing statistics.
     pub fn new(config: &DiffusionConfig, stats: Stats, device: Device, kind: Kind) -> Result<Self> {
         Self::build(DiffusionNet::new(config, device, kind)?, Processors::new(config, stats))
+    }
+
+    /// The same policy, its loss counting the padded actions of a chunk as `padded` says
+    /// (when the config masks them: `do_mask_loss_for_padding`).
+    pub fn with_padded_actions(self, padded: PaddedActions) -> Self {
+        DiffusionPolicy { net: self.net.with_padded_actions(padded), ..self }
     }
 
     fn build(net: DiffusionNet, processors: Processors) -> Result<Self> {

@@ -47,6 +47,24 @@ pub fn lerobot_python(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// The newest LeRobot's python (LAKE_LEROBOT061_PYTHON, else ~/.cache/lake/lerobot061-venv,
+/// which `../shared/tools/install-lerobot-0.6.1.sh` makes), or `None` after saying that the
+/// check against it is skipped: checkpoints lake writes load there too.
+pub fn newest_lerobot_python(test: &str) -> Option<PathBuf> {
+    let candidate = match std::env::var_os("LAKE_LEROBOT061_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/lake/lerobot061-venv/bin/python"),
+    };
+    if candidate.exists() {
+        return Some(candidate);
+    }
+    eprintln!(
+        "SKIPPED the newest LeRobot's half of {test}: no python at {} (set LAKE_LEROBOT061_PYTHON to a LeRobot 0.6.1 venv's python)",
+        candidate.display()
+    );
+    None
+}
+
 /// Runs `scripts/act_parity.py` with `args`, failing the test with its output on error.
 pub fn run_parity_script(python: &Path, args: &[&Path]) {
     run_script(python, "act_parity.py", args);

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use lake_trainer::diffusion::{DiffusionBatch, DiffusionInput, DiffusionNet, DiffusionPolicy, Draws};
+use lake_trainer::loss::PaddedActions;
 use lake_trainer::optim::{Adam, cosine_with_warmup};
 use lake_trainer::{DatasetFeature, DiffusionConfig, FeatureType, HostTensor, Stats};
 use tch::{Device, Kind, Tensor};
@@ -40,7 +41,7 @@ fn compare(test: &str, config: &DiffusionConfig, python: &Path) {
     let ckpt = tmp.path().join("lerobot");
     run_script(python, "diffusion_parity.py", &[Path::new("make"), &cfg.join("config.json"), Path::new("7"), &ckpt]);
 
-    let net = DiffusionNet::new(config, Device::Cpu, Kind::Float).unwrap();
+    let net = DiffusionNet::new(config, Device::Cpu, Kind::Float).unwrap().with_padded_actions(PaddedActions::Zero);
     // Every key and shape LeRobot has, and no other: the load refuses any difference.
     net.load_model_file(ckpt.join("model.safetensors")).unwrap();
     let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(ckpt.join("parameters.json")).unwrap()).unwrap();
@@ -61,6 +62,15 @@ fn compare(test: &str, config: &DiffusionConfig, python: &Path) {
     let loss = net.loss_with(&input, &d.action, Some(&d.pad), true, &d.draws()).unwrap();
     let actions = net.predict_with(&input, &d.start, &d.steps_noise).unwrap();
     agree(test, config, &loss, &actions, &theirs, "actions");
+
+    // The newest LeRobot loads the same weights and leaves padded actions out of the mean, as
+    // lake does by default.
+    if let Some(newest) = newest_lerobot_python(test) {
+        let theirs = d.run_lerobot(&newest, &ckpt, tmp.path());
+        let net = net.with_padded_actions(PaddedActions::Exclude);
+        let loss = net.loss_with(&input, &d.action, Some(&d.pad), true, &d.draws()).unwrap();
+        agree(&format!("{test}, the newest LeRobot"), config, &loss, &actions, &theirs, "actions");
+    }
 }
 
 /// Asserts that lake's loss and actions are LeRobot's (`theirs[actions_key]`).
@@ -272,7 +282,7 @@ fn diffusion_training_steps_match_lerobots_update_policy() {
     };
     let (steps, total) = (4u64, 6u64);
     tch::manual_seed(21);
-    let policy = DiffusionPolicy::new(&config, stats(&config), Device::Cpu, Kind::Float).unwrap();
+    let policy = DiffusionPolicy::new(&config, stats(&config), Device::Cpu, Kind::Float).unwrap().with_padded_actions(PaddedActions::Zero);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("pretrained_model");
     policy.save_pretrained(&dir).unwrap();
@@ -344,7 +354,7 @@ fn diffusion_training_steps_match_lerobots_update_policy() {
 
 /// The small Diffusion config `lake train` runs on the fixture: a short warm-up, so that the
 /// few steps of a test learn.
-fn run_config() -> lake_trainer::policy::PolicyConfig {
+pub(crate) fn run_config() -> lake_trainer::policy::PolicyConfig {
     lake_trainer::policy::PolicyConfig::Diffusion(Box::new(DiffusionConfig { optimizer_lr: 1e-3, scheduler_warmup_steps: 5, ..small(&[]) }))
 }
 
@@ -409,6 +419,10 @@ fn lake_train_trains_diffusion_resumes_exactly_and_writes_what_lerobot_loads() {
     let loss = policy.loss_with(&batch, true, &d.draws()).unwrap();
     let actions = policy.predict_actions_with(&batch, &d.start, &d.steps_noise).unwrap();
     agree("lake train's checkpoint", &config, &loss, &actions, &theirs, "actions_unnormalized");
+    if let Some(newest) = newest_lerobot_python("lake_train_trains_diffusion_resumes_exactly_and_writes_what_lerobot_loads") {
+        let theirs = d.run_lerobot(&newest, &dir, tmp.path());
+        agree("lake train's checkpoint in the newest LeRobot", &config, &loss, &actions, &theirs, "actions_unnormalized");
+    }
 }
 
 fn copy_tree(from: &Path, to: &Path) {

@@ -1,16 +1,22 @@
 //! Parity with LeRobot 0.4.4 (`scripts/act_parity.py`): checkpoints written by lake load in
-//! LeRobot and predict the same actions, LeRobot's load in lake, losses and optimizer steps
+//! LeRobot (and in the newest, 0.6.1, where its venv is here) and predict the same actions, LeRobot's load in lake, losses and optimizer steps
 //! agree. Tolerance 1e-4 (max abs) on actions, as `docs/design/act.md` §9 sets.
 
 use std::path::Path;
 
 use lake_trainer::act::{ActPolicy, Adam, PolicyOptions};
+use lake_trainer::loss::PaddedActions;
 use lake_trainer::{ActConfig, DatasetFeature, FeatureType, HostTensor, NormalizationMode, OrderedMap, Stats};
 use tch::Tensor;
 
 use crate::common::*;
 
 const TOL: f64 = 1e-4;
+
+/// Options under which lake's loss is LeRobot 0.4.4's: padded actions count as zeros.
+fn lerobot_044() -> PolicyOptions {
+    PolicyOptions { padded_actions: PaddedActions::Zero, ..PolicyOptions::default() }
+}
 
 /// Compares lake's predictions and loss on `batch` with what `act_parity.py predict` wrote.
 fn compare_with_lerobot(test: &str, policy: &ActPolicy, ckpt: &Path, config: &ActConfig, seed: i64, python: &Path, tmp: &Path) {
@@ -60,12 +66,17 @@ fn lake_checkpoint_loads_in_lerobot_and_predicts_the_same() {
     let (mut config, stats) = tiny_config_and_stats();
     config.dropout = 0.0;
     tch::manual_seed(1000);
-    let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
+    let policy = ActPolicy::new(config.clone(), stats, &lerobot_044()).unwrap();
     // The small config's counts in `docs/design/act.md` (one encoder layer).
     assert_eq!(policy.num_parameters(), 11_215_414);
     assert_eq!(policy.state_dict().count(), 174 - 12);
     let ckpt = policy.save_checkpoint(tmp.path().join("checkpoints/000001"), None, None).unwrap();
     compare_with_lerobot("lake_to_lerobot", &policy, &ckpt.join("pretrained_model"), &config, 7, &python, tmp.path());
+    if let Some(newest) = newest_lerobot_python("lake_checkpoint_loads_in_lerobot_and_predicts_the_same") {
+        // LeRobot 0.6.1 leaves padded actions out of its L1's mean, as lake does by default.
+        let policy = policy.with_padded_actions(PaddedActions::Exclude);
+        compare_with_lerobot("lake_to_newest_lerobot", &policy, &ckpt.join("pretrained_model"), &config, 7, &newest, tmp.path());
+    }
 }
 
 #[test]
@@ -77,7 +88,7 @@ fn without_the_vae_lake_and_lerobot_agree() {
     config.use_vae = false;
     config.dropout = 0.0;
     tch::manual_seed(3);
-    let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
+    let policy = ActPolicy::new(config.clone(), stats, &lerobot_044()).unwrap();
     assert!(policy.state_dict().all(|(k, _)| !k.starts_with("model.vae_encoder")));
     let dir = tmp.path().join("pretrained_model");
     policy.save_pretrained(&dir).unwrap();
@@ -123,7 +134,7 @@ fn multi_camera_env_state_pre_norm_agree() {
     stats.insert("action", "q01", HostTensor::vector([-2.0f32, -1.0, 0.0]));
     stats.insert("action", "q99", HostTensor::vector([2.0f32, 3.0, 1.0]));
     tch::manual_seed(5);
-    let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
+    let policy = ActPolicy::new(config.clone(), stats, &lerobot_044()).unwrap();
     assert!(policy.state_dict().any(|(k, _)| k == "model.encoder.norm.weight"));
     assert!(policy.state_dict().any(|(k, _)| k == "model.vae_encoder.norm.bias"));
     let pos = policy.state_dict().find(|(k, _)| *k == "model.encoder_1d_feature_pos_embed.weight").unwrap().1;
@@ -149,7 +160,7 @@ fn lerobot_checkpoint_loads_in_lake_and_predicts_the_same() {
     let lr = tmp.path().join("lerobot");
     run_parity_script(&python, &[Path::new("make"), &cfg_dir.join("config.json"), &stats_path, Path::new("42"), &lr]);
 
-    let policy = ActPolicy::from_pretrained(&lr, &PolicyOptions::default()).unwrap();
+    let policy = ActPolicy::from_pretrained(&lr, &lerobot_044()).unwrap();
     assert_eq!(policy.config(), &ActConfig::from_file(lr.join("config.json")).unwrap());
     assert_eq!(policy.processors().normalizer.stats, stats);
     compare_with_lerobot("lerobot_to_lake", &policy, &lr, &config, 17, &python, tmp.path());
@@ -163,7 +174,7 @@ fn training_steps_match_lerobots_update_policy() {
     let (mut config, stats) = tiny_config_and_stats();
     config.dropout = 0.0;
     tch::manual_seed(21);
-    let policy = ActPolicy::new(config.clone(), stats, &PolicyOptions::default()).unwrap();
+    let policy = ActPolicy::new(config.clone(), stats, &lerobot_044()).unwrap();
     let dir = tmp.path().join("pretrained_model");
     policy.save_pretrained(&dir).unwrap();
     let (batch, noise) = random_batch(&config, 4, 23);

@@ -1,6 +1,7 @@
 //! Data-parallel runs: two ranks of batch B, started by `mpirun` (feature `mpi`) or by
-//! torchrun (libtorch's Gloo), take the steps one rank of batch 2B takes; a rank that dies
-//! ends the run on every rank.
+//! torchrun (libtorch's Gloo), take the steps one rank of batch 2B takes; Diffusion trains on
+//! two ranks that hold one model at every checkpoint; a rank that dies ends the run on every
+//! rank.
 
 use std::path::Path;
 use std::process::Command;
@@ -30,8 +31,23 @@ enum Launcher {
     Torchrun,
 }
 
-/// The launcher's command that starts two ranks of [`rank`] in `dir`, for `steps` steps.
+/// The policy the ranks of [`rank`] train.
+#[derive(Clone, Copy, Debug)]
+enum Trained {
+    /// ACT [`without_noise`], in double precision.
+    Act,
+    /// The small Diffusion config of the single-process runs, checkpointed every 5 steps.
+    Diffusion,
+}
+
+/// The launcher's command that starts two ranks of [`rank`] in `dir`, training ACT for `steps`
+/// steps.
 fn launch(launcher: Launcher, dir: &Path, steps: u64) -> Command {
+    launch_training(launcher, dir, steps, Trained::Act)
+}
+
+/// As [`launch`], training `trained`.
+fn launch_training(launcher: Launcher, dir: &Path, steps: u64, trained: Trained) -> Command {
     let mut command = match launcher {
         #[cfg(feature = "mpi")]
         Launcher::Mpirun => {
@@ -49,7 +65,8 @@ fn launch(launcher: Launcher, dir: &Path, steps: u64) -> Command {
         .arg(std::env::current_exe().expect("test path"))
         .args(["--exact", "ranks::rank", "--ignored", "--test-threads", "1"])
         .env("LAKE_TEST_RANKS_RUN", dir)
-        .env("LAKE_TEST_RANKS_STEPS", steps.to_string());
+        .env("LAKE_TEST_RANKS_STEPS", steps.to_string())
+        .env("LAKE_TEST_RANKS_POLICY", format!("{trained:?}"));
     command
 }
 
@@ -76,13 +93,12 @@ fn rank() {
     // Where the test that started the ranks finds them.
     std::fs::write(dir.join(format!("rank-{}.pid", collective.rank())), std::process::id().to_string()).expect("pid file");
     let steps = std::env::var("LAKE_TEST_RANKS_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(STEPS);
-    let options = TrainOptions {
-        batch_size: 4,
-        config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
-        kind: tch::Kind::Double,
-        bf16: false,
-        collective: Some(collective),
-        ..options(&lake, &dir.join("ranks"), steps)
+    let options = TrainOptions { batch_size: 4, collective: Some(collective), ..options(&lake, &dir.join("ranks"), steps) };
+    let options = match std::env::var("LAKE_TEST_RANKS_POLICY").as_deref() {
+        Ok("Diffusion") => TrainOptions { config: crate::diffusion::run_config(), save_every: 5, ..options },
+        _ => {
+            TrainOptions { config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())), kind: tch::Kind::Double, ..options }
+        }
     };
     run(options);
 }
@@ -137,6 +153,32 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     );
     assert!(relative <= 1e-5, "the parameters differ by {relative} relative");
     assert!(worst_loss <= 1e-4, "a step's loss differs by {worst_loss} relative");
+}
+
+/// Diffusion on two ranks of batch 4: its draws (noise, timesteps, crops) are each rank's own,
+/// so no single process takes the same steps; the ranks must still hold one model, which the
+/// trainer checks, bit for bit, at every checkpoint (steps 5, 10 and 15) before rank 0 writes
+/// it. The run ends, its log holds the mean loss over both ranks, and the checkpoint loads.
+fn diffusion_trains_on_two_ranks(launcher: Launcher) {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let _lake = lake_with_fixture(tmp.path());
+    let steps = 15;
+    let output = launch_training(launcher, tmp.path(), steps, Trained::Diffusion).output().unwrap_or_else(|e| panic!("{launcher:?}: {e}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{launcher:?}: {}\n{stderr}", output.status);
+    let out = tmp.path().join("ranks");
+    let log = std::fs::read_to_string(out.join(LOG_FILE)).expect("rank 0's log");
+    let losses: Vec<f64> =
+        log.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line")["loss"].as_f64().expect("loss")).collect();
+    assert_eq!(losses.len(), steps as usize);
+    assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0), "{losses:?}");
+    for step in [5, 10, 15] {
+        let dir = out.join(format!("checkpoints/0000{step:02}/pretrained_model"));
+        let policy = lake_trainer::diffusion::DiffusionPolicy::from_pretrained(&dir, tch::Device::Cpu, tch::Kind::Float);
+        policy.unwrap_or_else(|e| panic!("step {step}'s checkpoint: {e}"));
+    }
+    eprintln!("{launcher:?}: Diffusion on two ranks, {steps} steps: loss {:.3} -> {:.3}", losses[0], losses[steps as usize - 1]);
 }
 
 /// A rank that dies (killed outright, mid-run) ends the run on every rank: the others do not
@@ -209,4 +251,65 @@ fn torchrun_ranks_take_the_steps_one_rank_takes() {
 #[test]
 fn a_dead_torchrun_rank_ends_the_run_on_every_rank() {
     a_dead_rank_ends_the_run(Launcher::Torchrun);
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn diffusion_trains_on_two_mpirun_ranks_that_hold_one_model() {
+    diffusion_trains_on_two_ranks(Launcher::Mpirun);
+}
+
+#[test]
+fn diffusion_trains_on_two_torchrun_ranks_that_hold_one_model() {
+    diffusion_trains_on_two_ranks(Launcher::Torchrun);
+}
+
+/// Two ranks of libtorch's Gloo, as threads of this process, on a free port.
+fn gloo_pair() -> [lake_trainer::collective::Gloo; 2] {
+    use lake_trainer::collective::{Gloo, Launch};
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("address").port();
+    let launch = move |rank| Launch {
+        rank,
+        world_size: 2,
+        local_rank: rank,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        agent_store: false,
+    };
+    let one = std::thread::spawn(move || Gloo::connect(&launch(1)).expect("rank 1"));
+    let zero = Gloo::connect(&launch(0)).expect("rank 0");
+    [zero, one.join().expect("rank 1's thread")]
+}
+
+/// The replica check finds a rank whose weights differ from rank 0's by a single bit, and no
+/// rank when they are equal.
+#[test]
+fn the_replica_check_finds_a_rank_one_bit_apart() {
+    use lake_trainer::collective::ranks_apart;
+    let weights = || {
+        vec![
+            tch::Tensor::randn([3, 5], (tch::Kind::Float, tch::Device::Cpu)),
+            tch::Tensor::arange(7, (tch::Kind::Double, tch::Device::Cpu)),
+        ]
+    };
+    tch::manual_seed(11);
+    let same = weights();
+    let [zero, one] = gloo_pair();
+    let check = |ranks: [(lake_trainer::collective::Gloo, Vec<tch::Tensor>); 2]| {
+        let [(zero, a), (one, b)] = ranks;
+        let other = std::thread::spawn(move || (ranks_apart(&one, &b).expect("rank 1's check"), one));
+        let at_zero = ranks_apart(&zero, &a).expect("rank 0's check");
+        let (at_one, one) = other.join().expect("rank 1's thread");
+        assert_eq!(at_zero, at_one, "every rank finds the same ranks apart");
+        (at_zero, zero, one)
+    };
+    let copy = |ts: &[tch::Tensor]| ts.iter().map(tch::Tensor::copy).collect::<Vec<_>>();
+    let (apart, zero, one) = check([(zero, copy(&same)), (one, copy(&same))]);
+    assert_eq!(apart, Vec::<u64>::new());
+    // One element one ulp away, on rank 1.
+    let nudged = copy(&same);
+    let first = nudged[0].double_value(&[0, 0]) as f32;
+    let _ = nudged[0].get(0).get(0).fill_(f64::from(f32::from_bits(first.to_bits() + 1)));
+    let (apart, _, _) = check([(zero, copy(&same)), (one, nudged)]);
+    assert_eq!(apart, vec![1]);
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use lake_trainer::ActConfig;
 use lake_trainer::data::BatchSource;
+use lake_trainer::loss::PaddedActions;
 use lake_trainer::train::{LOG_FILE, StepRecord, TrainOptions, train};
 
 use crate::common::fixture_dir;
@@ -41,6 +42,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         save_every: 0,
         init_from: None,
         backbone_weights: None,
+        padded_actions: Default::default(),
         loader: Default::default(),
         collective: None,
         eval: None,
@@ -100,12 +102,13 @@ fn a_resumed_run_ends_where_the_uninterrupted_run_ends() {
     let parts = tmp.path().join("parts");
     run(TrainOptions { save_every: 4, ..options(&lake, &parts, 8) });
     // Changed options are refused on resume, before any step.
-    let refused = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(
-        TrainOptions { resume: true, seed: 8, ..options(&lake, &parts, 12) },
-        |_| (),
-        |_| (),
-    ));
+    let resume =
+        |options| tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(options, |_| (), |_| ()));
+    let refused = resume(TrainOptions { resume: true, seed: 8, ..options(&lake, &parts, 12) });
     assert!(refused.expect_err("another seed").to_string().contains("seed 7"));
+    let refused = resume(TrainOptions { resume: true, padded_actions: PaddedActions::Zero, ..options(&lake, &parts, 12) });
+    let refused = refused.expect_err("another loss").to_string();
+    assert!(refused.contains("counted padded actions as exclude; this one asks for --padded-actions zero"), "{refused}");
     let (summary, resumed) = run(TrainOptions { resume: true, save_every: 4, ..options(&lake, &parts, 12) });
     assert_eq!(summary.started_after, 8);
     assert_eq!(resumed.iter().map(|s| s.step).collect::<Vec<_>>(), [9, 10, 11, 12]);
