@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Side by side: training LeRobot's ACT on one LeRobot dataset, on this machine, in one run.
+# Side by side: training LeRobot's ACT or Diffusion Policy on one LeRobot dataset, on this
+# machine, in one run.
 #
-#   bench/compare_train.sh                        # 1500-frame fixture, 10 timed steps of batch 8
+#   bench/compare_train.sh                        # ACT, 1500-frame fixture, 10 timed steps of batch 8
 #   bench/compare_train.sh --steps 20 --json train.json
+#   bench/compare_train.sh --policy diffusion      # the fixture with two 480x640 cameras
 #   LAKE_BIN=/path/to/lake bench/compare_train.sh # a lake built with the `torch` feature
 #
-# Every contender trains the same model config (LeRobot's ACT defaults, the backbone from
-# scratch: nothing is downloaded) on the same data (the fixture of bench/compare_lerobot.sh:
-# LeRobot v3.0 by LeRobot's writer, AV1, 480x640 + 96x128 cameras, 30 fps) with the same batch
-# size and seed, one after the other, on the CPU:
+# Every contender trains the same model config (LeRobot 0.4.4's defaults for the policy, the
+# backbone from scratch: nothing is downloaded) on the same data (the fixture of
+# bench/compare_lerobot.sh: LeRobot v3.0 by LeRobot's writer, AV1, 480x640 + 96x128 cameras,
+# 30 fps, whose wrist camera is 480x640 too for Diffusion, which takes cameras of one size; or
+# --dataset) with the same batch size and seed, one after the other, on the CPU:
 #  1. lerobot-train (LeRobot 0.4.4, bench/lerobot/requirements.txt) with LeRobot's own loader
 #     and its defaults (4 DataLoader workers; the bridge's run too);
 #  2. lerobot-train through lake's bridge (python -m lake_client.lerobot_train) on `lake serve`;
@@ -22,12 +25,16 @@
 # Then the data path alone, at the same batch size, for --feed-steps batches:
 #  5. LeRobot's loader behind torch's DataLoader (bench/lerobot/run_lerobot.py: the CPU of the
 #     main and every worker process);
-#  6. `lake train --policy none` in process (each step only takes its batch onto the device);
+#  6. `lake train --policy none` in process (each step only takes its batch onto the device;
+#     the policy's windows);
 #  7. `lake train --policy none` fed by `lake serve --local` (the trainer's CPU plus the
 #     server's).
 # Samples per CPU-second there say how many cores feed a GPU that takes 1000 samples a second.
 #
 # Options (environment variable in brackets):
+#   --policy P       act or diffusion [act]
+#   --dataset DIR    a LeRobot dataset to train on instead of the fixture (for Diffusion, one
+#                    whose cameras have one size, as LeRobot's Diffusion requires)
 #   --frames N       fixture size in frames [LAKE_BENCH_FRAMES, 1500]
 #   --steps N        timed training steps after the warm-up [10]
 #   --warmup N       training steps before the clock starts [2]
@@ -64,10 +71,15 @@ json_out="${LAKE_BENCH_JSON:-}"
 venv="${LAKE_LEROBOT_VENV:-$HOME/.cache/lake/lerobot-venv}"
 bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
 python="${PYTHON:-python3}"
+policy=act
+fixture_wrist=""
+dataset=""
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
+    --policy) policy="$2"; shift 2 ;;
+    --dataset) dataset="$2"; shift 2 ;;
     --frames) frames="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
@@ -82,6 +94,11 @@ while [ $# -gt 0 ]; do
 done
 log() { echo "[compare-train] $*" >&2; }
 total=$((warmup + steps))
+case "$policy" in
+  act) ;;
+  diffusion) fixture_wrist=480x640 ;;
+  *) echo "--policy: act or diffusion, not $policy" >&2; exit 2 ;;
+esac
 
 . "$py_dir/common.sh"
 lerobot_venv
@@ -98,7 +115,13 @@ if [ -z "${LAKE_BIN:-}" ]; then
 fi
 [ -x "$LAKE_BIN" ] || { echo "LAKE_BIN=$LAKE_BIN is not an executable" >&2; exit 2; }
 
-lerobot_fixture
+if [ -n "$dataset" ]; then
+  fixture="$(cd "$dataset" && pwd)"
+  [ -f "$fixture/meta/info.json" ] || { echo "--dataset $dataset: no meta/info.json, not a LeRobot dataset" >&2; exit 2; }
+  frames="$("$vpy" -c 'import json, sys; print(json.load(open(sys.argv[1]))["total_frames"])' "$fixture/meta/info.json")"
+else
+  lerobot_fixture
+fi
 
 work="$(mktemp -d)"
 probe="$("$LAKE_BIN" --lake "$work/no-lake" train --dataset x --steps 1 --out "$work/probe" 2>&1 || true)"
@@ -146,11 +169,11 @@ contender() {
 }
 
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH="$repo/clients/python${PYTHONPATH:+:$PYTHONPATH}"
-lerobot_args=(--policy.type=act --policy.device=cpu --policy.push_to_hub=false --policy.pretrained_backbone_weights=null
+lerobot_args=("--policy.type=$policy" --policy.device=cpu --policy.push_to_hub=false --policy.pretrained_backbone_weights=null
   "--batch_size=$batch_size" "--steps=$total" --log_freq=1 --save_checkpoint=false
   --eval_freq=0 --wandb.enable=false "--seed=$seed")
 # LeRobot 0.4.4's L1 counts padded actions as zeros; lake's does so with --padded-actions zero.
-lake_args=(--dataset bench --policy act --steps "$total" --batch-size "$batch_size" --seed "$seed" --log-every 1
+lake_args=(--dataset bench --policy "$policy" --steps "$total" --batch-size "$batch_size" --seed "$seed" --log-every 1
   --padded-actions zero)
 
 contender lerobot-train "$venv/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
@@ -162,16 +185,18 @@ contender lake-train-local "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --
   --out "$work/run-lake-train-local"
 
 feed_total=$((feed_steps + 1))
-contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" --root "$fixture" --repo-id local/bench --preset act \
+# The data path alone with the policy's windows: ACT's are lake's default, Diffusion's come with its type.
+echo "{\"type\": \"$policy\"}" >"$work/windows.json"
+contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" --root "$fixture" --repo-id local/bench --preset "$policy" \
   --backend torchcodec --batch-size "$batch_size" --batches "$feed_steps" --num-workers "$workers" --seed "$seed" \
   --json-out "$work/lerobot-loader.json"
-contender lake-feed "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --steps "$feed_total" \
+contender lake-feed "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --policy-config "$work/windows.json" --steps "$feed_total" \
   --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" --out "$work/run-lake-feed"
-contender lake-feed-local "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --steps "$feed_total" \
+contender lake-feed-local "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --policy-config "$work/windows.json" --steps "$feed_total" \
   --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" --local "$work/serve.sock" \
   --out "$work/run-lake-feed-local"
 
 json_args=()
 if [ -n "$json_out" ]; then json_args=(--json-out "$json_out"); fi
 "$vpy" "$py_dir/train_report.py" --work "$work" --warmup "$warmup" --steps "$steps" --batch-size "$batch_size" \
-  --workers "$workers" --frames "$frames" --fixture "$fixture" --lake-version "$("$LAKE_BIN" --version)" "${json_args[@]}"
+  --workers "$workers" --frames "$frames" --fixture "$fixture" --policy "$policy" --lake-version "$("$LAKE_BIN" --version)" "${json_args[@]}"

@@ -101,13 +101,15 @@ lerobot_fixture() {
   export HF_HUB_OFFLINE=1 HF_HOME="$bench_dir/hf"
   local gen_id began
   gen_id="$(cat "$py_dir/make_fixture.py" "$py_dir/requirements.txt" | sha256sum | cut -c1-10)"
-  fixture="$bench_dir/fixtures/lerobot-av1-${frames}f-seed${seed}-${gen_id}"
+  # fixture_wrist (HxW), when set, sizes the wrist camera (96x128 otherwise).
+  fixture="$bench_dir/fixtures/lerobot-av1-${frames}f-seed${seed}${fixture_wrist:+-wrist$fixture_wrist}-${gen_id}"
   if [ ! -f "$fixture.done" ]; then
     rm -rf "$fixture"
     mkdir -p "$(dirname "$fixture")"
     log "writing a $frames-frame LeRobot v3.0 dataset with LeRobot's writer (once): $fixture"
     began=$SECONDS
-    if ! nice -n 10 "$vpy" "$py_dir/make_fixture.py" --out "$fixture" --frames "$frames" --seed "$seed" >"$fixture.log" 2>&1; then
+    if ! nice -n 10 "$vpy" "$py_dir/make_fixture.py" --out "$fixture" --frames "$frames" --seed "$seed" \
+      ${fixture_wrist:+--wrist-size "$fixture_wrist"} >"$fixture.log" 2>&1; then
       tail -30 "$fixture.log" >&2
       exit 1
     fi

@@ -167,7 +167,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repo-id", default="lake/bench-av1", help="LeRobot repo_id recorded in the dataset")
     ap.add_argument("--image-writer-threads", type=int, default=4, help="LeRobot's PNG staging threads")
+    ap.add_argument("--wrist-size", default="96x128", help="the wrist camera's HxW [96x128]; 480x640 gives both "
+                    "cameras one size, which LeRobot's Diffusion Policy needs")
     args = ap.parse_args()
+    global WRIST
+    WRIST = tuple(int(n) for n in args.wrist_size.split("x"))
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 

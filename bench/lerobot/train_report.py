@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, required=True)
     ap.add_argument("--frames", type=int, required=True)
     ap.add_argument("--fixture", required=True)
+    ap.add_argument("--policy", default="act", choices=["act", "diffusion"])
     ap.add_argument("--lake-version", required=True)
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
@@ -118,8 +119,10 @@ def main() -> None:
         d["samples_per_cpu_s"] = 1e3 / d["cpu_ms_per_sample"]
         d["cores_per_1000_samples_per_s"] = 1000.0 / d["samples_per_cpu_s"]
 
-    print(f"ACT (LeRobot's defaults, backbone from scratch), batch {b}, CPU; {args.steps} steps timed after "
-          f"{args.warmup}; {args.frames}-frame fixture; {args.workers} workers/threads; {args.lake_version}")
+    name = {"act": "ACT", "diffusion": "Diffusion Policy"}[args.policy]
+    print(f"{name} (LeRobot 0.4.4's defaults, backbone from scratch), batch {b}, CPU; {args.steps} steps timed after "
+          f"{args.warmup}; {args.frames}-frame dataset {Path(args.fixture).name}; {args.workers} workers/threads; "
+          f"{args.lake_version}")
     print(table(
         ["training run", "steps/s", "samples/s", "step ms", "data wait %", "CPU s (run)", "server CPU s"],
         [[k, f"{v['steps_per_s']:.3f}", f"{v['samples_per_s']:.2f}", f"{v['step_ms']:.0f}", f"{v['data_wait_pct']:.1f}",
@@ -133,7 +136,7 @@ def main() -> None:
           f"{v['cores_per_1000_samples_per_s']:.1f}"] for k, v in data.items()],
     ))
     if args.json_out:
-        meta = {"batch_size": b, "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
+        meta = {"policy": args.policy, "batch_size": b, "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
                 "frames": args.frames, "fixture": args.fixture, "lake_version": args.lake_version,
                 "machine": platform.platform()}
         args.json_out.write_text(json.dumps({"meta": meta, "training": training, "data_path": data}, indent=2) + "\n")

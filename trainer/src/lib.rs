@@ -1,6 +1,7 @@
-//! LeRobot's ACT policy (Action Chunking Transformer) for `lake train`, with checkpoints that
-//! LeRobot 0.4.4 and 0.6.1 load unchanged (`ACTPolicy.from_pretrained`,
-//! `make_pre_post_processors`). The reference is `docs/design/act.md`.
+//! LeRobot's ACT policy (Action Chunking Transformer) and Diffusion Policy for `lake train`, with
+//! checkpoints that LeRobot 0.4.4 and 0.6.1 load unchanged (`ACTPolicy.from_pretrained` or
+//! `DiffusionPolicy.from_pretrained`, `make_pre_post_processors`). The references are
+//! `docs/design/act.md` and `docs/design/diffusion.md`.
 //!
 //! # Crate tour
 //! - `config`: [`ActConfig`], LeRobot's `config.json` with its names, order and defaults;
@@ -10,7 +11,11 @@
 //!   `policy_{pre,post}processor.json` files and their state files.
 //! - `tensors`: safetensors reading and writing of f32 tensors without libtorch.
 //! - `act` (feature `torch`): `act::ActPolicy`, the network on libtorch through tch, its
-//!   loss, inference, `act::Adam` optimizer and checkpoint files.
+//!   loss, inference and checkpoint files; `diffusion`: `diffusion::DiffusionPolicy`, the same
+//!   for the Diffusion Policy; `policy`: either, as `train` runs them.
+//! - `optim` (feature `torch`): Adam and AdamW as torch steps them, the learning-rate schedules;
+//!   `loss`: how a loss counts padded actions; `collective`: the ranks of a data-parallel run;
+//!   `train`: the training loop, its checkpoints and exact resume.
 //!
 //! Without the `torch` feature the crate is pure Rust and builds in seconds.
 //!

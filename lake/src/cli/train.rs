@@ -12,7 +12,8 @@ pub struct TrainArgs {
     datasets: Vec<String>,
     /// The policy: `act` (LeRobot's ACT), `diffusion` (LeRobot's Diffusion Policy), or `none`: no
     /// model, each step only takes its batch onto the device, which measures the data path alone
-    /// (writes feed_log.jsonl).
+    /// (writes feed_log.jsonl), with ACT's windows or those of the policy whose `type` and fields
+    /// --policy-config gives.
     #[arg(long, default_value = "act")]
     policy: String,
     /// The policy's LeRobot config fields as JSON (a `config.json`, or some of its fields), over
@@ -138,6 +139,16 @@ fn check_args(args: &TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `type` a --policy-config file names, if any.
+#[cfg(feature = "torch")]
+fn config_type(path: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    use anyhow::Context as _;
+    let Some(path) = path else { return Ok(None) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("--policy-config {}", path.display()))?;
+    let given: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("--policy-config {}: not JSON", path.display()))?;
+    Ok(given.get("type").and_then(serde_json::Value::as_str).map(str::to_owned))
+}
+
 /// Runs `lake train`.
 #[cfg(feature = "torch")]
 pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
@@ -147,7 +158,11 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     let (data_only, defaults) = match args.policy.as_str() {
         "act" => (false, PolicyConfig::Act(Box::default())),
         "diffusion" => (false, PolicyConfig::Diffusion(Box::default())),
-        "none" => (true, PolicyConfig::Act(Box::default())),
+        // The windows of the policy the data would feed: ACT's, or the --policy-config's type.
+        "none" => match config_type(args.policy_config.as_deref())?.as_deref() {
+            Some("diffusion") => (true, PolicyConfig::Diffusion(Box::default())),
+            _ => (true, PolicyConfig::Act(Box::default())),
+        },
         other => {
             anyhow::bail!("unknown policy `{other}`: lake trains `act` and `diffusion`, and `none` measures the data path without a model")
         }
