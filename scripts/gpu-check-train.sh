@@ -30,7 +30,11 @@
 #     against --decode server: the same 4 steps must end with the same weights, on the H.264
 #     sample and the AV1 sample, and the data path alone at batch 64 with each;
 #  6. --decode gpu --frame-size 64x48 (frames resized by lake's kernels) against --decode cpu
-#     --frame-size 64x48 (resized by libswscale, as frame tables are): the same weights expected.
+#     --frame-size 64x48 (resized by libswscale, as frame tables are): the same weights expected;
+#  7. Diffusion on the AV1 sample's cameras at 128x96 (--frame-size: LeRobot's Diffusion takes
+#     cameras of one size): one step on CUDA against the CPU's (fp32), then steps/s and the
+#     data-wait share at the last batch size of LeRobot 0.4.4's defaults (GroupNorm) and of LeRobot 0.6.1's
+#     shape (BatchNorm, an encoder a camera, horizon 64).
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
 # LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
 #
@@ -117,6 +121,7 @@ run() {
   check 4 "NCCL, world size 1, on $device" check_nccl
   check 5 "--decode gpu against --decode server on $device (the same steps, the same weights expected)" check_decode
   check 6 "--decode gpu --frame-size 64x48 against --decode cpu --frame-size 64x48 on $device (the same weights expected)" check_resize
+  check 7 "Diffusion, cameras at 128x96, on $device" check_diffusion
   rm -rf "$out"
   echo "== done in $SECONDS s"
 }
@@ -146,7 +151,13 @@ check_one_step() {
     "${lake[@]}" train --dataset bench --steps 1 --batch-size 8 --seed 3 --device "$d" --out "$out/$name" >"$out/$name.txt" 2>&1 ||
       { tail -20 "$out/$name.txt"; return 1; }
   done
-  "$py" - "$out/one-reference" "$out/one-checked" <<'EOF'
+  compare_steps "$out/one-reference" "$out/one-checked"
+}
+
+# The first logged loss of two runs of one step and the largest difference between their
+# checkpoints' parameters.
+compare_steps() {
+  "$py" - "$1" "$2" <<'EOF'
 import json, struct, sys, torch
 def load(path):
     with open(path, "rb") as f:
@@ -169,6 +180,26 @@ rel = abs(losses[0] - losses[1]) / abs(losses[0])
 print(f"loss cpu {losses[0]:.6f}, other {losses[1]:.6f} (relative difference {rel:.2e}); "
       f"largest parameter difference after the step {diff:.2e}")
 EOF
+}
+
+check_diffusion() {
+  local small=(--dataset bench --policy diffusion --frame-size 128x96) b="${batches##* }"
+  # No warm-up, so that the one step moves the parameters.
+  echo '{"scheduler_warmup_steps": 0}' >"$out/no-warmup.json"
+  for run in cpu:reference "$device:checked"; do
+    local d="${run%%:*}" name="diffusion-${run#*:}"
+    "${lake[@]}" train "${small[@]}" --policy-config "$out/no-warmup.json" --steps 1 --batch-size 8 --seed 3 --device "$d" \
+      --out "$out/$name" >"$out/$name.txt" 2>&1 ||
+      { tail -20 "$out/$name.txt"; return 1; }
+  done
+  compare_steps "$out/diffusion-reference" "$out/diffusion-checked"
+  echo '{"horizon": 64, "n_action_steps": 32, "use_group_norm": false, "use_separate_rgb_encoder_per_camera": true}' >"$out/newest.json"
+  for shape in "0.4.4's defaults:" "0.6.1's shape:--policy-config $out/newest.json"; do
+    echo "-- LeRobot ${shape%%:*}, batch $b, $steps steps"
+    # shellcheck disable=SC2086
+    "${lake[@]}" train "${small[@]}" ${shape#*:} --steps "$steps" --batch-size "$b" --device "$device" --log-every 20 \
+      --out "$out/diffusion-$(echo "${shape%%:*}" | tr -dc 'a-z0-9')" 2>&1 | tail -3
+  done
 }
 
 check_bf16() {

@@ -59,9 +59,10 @@ pub struct DiffusionConfig {
     pub crop_shape: Option<[usize; 2]>,
     /// Whether the crop is random in training.
     pub crop_is_random: bool,
-    /// torchvision weights; refused with `use_group_norm`, which would ruin them.
+    /// torchvision weights; refused with `use_group_norm`, which would ruin them. Nothing is
+    /// downloaded: `lake train --backbone-weights FILE` gives them.
     pub pretrained_backbone_weights: Option<String>,
-    /// GroupNorm (`C / 16` groups) in the backbone instead of BatchNorm; lake needs it.
+    /// GroupNorm (`C / 16` groups) in the backbone instead of BatchNorm.
     pub use_group_norm: bool,
     /// Keypoints of the spatial softmax (features per camera: twice this).
     pub spatial_softmax_num_keypoints: usize,
@@ -273,11 +274,11 @@ impl DiffusionConfig {
         if self.vision_backbone != "resnet18" {
             return Err(Error::config("vision_backbone", format!("lake implements resnet18 only, got {:?}", self.vision_backbone)));
         }
-        if !self.use_group_norm {
-            return Err(Error::config("use_group_norm", "lake's Diffusion backbone has GroupNorm (LeRobot's default), not BatchNorm"));
-        }
-        if self.pretrained_backbone_weights.is_some() {
-            return Err(Error::config("pretrained_backbone_weights", "GroupNorm in place of BatchNorm would ruin pretrained weights"));
+        if self.use_group_norm && self.pretrained_backbone_weights.is_some() {
+            return Err(Error::config(
+                "pretrained_backbone_weights",
+                "GroupNorm in place of BatchNorm would ruin pretrained weights: set use_group_norm to false, as LeRobot 0.6.1's defaults do",
+            ));
         }
         if !(self.crop_ratio > 0.0 && self.crop_ratio <= 1.0) {
             return Err(Error::config("crop_ratio", format!("{} is not in (0, 1]", self.crop_ratio)));
@@ -401,6 +402,13 @@ impl DiffusionConfig {
     pub fn to_json(&self) -> String {
         json_text("diffusion", serde_json::to_value(self).expect("DiffusionConfig serialises"))
     }
+
+    /// The same config with `pretrained_backbone_weights` cleared, as a checkpoint must store
+    /// it: LeRobot builds a fresh policy before loading weights and would otherwise try to
+    /// download the torchvision weights.
+    pub fn for_checkpoint(&self) -> Self {
+        DiffusionConfig { pretrained_backbone_weights: None, ..self.clone() }
+    }
 }
 
 #[cfg(test)]
@@ -446,6 +454,14 @@ mod tests {
         assert!(refused(DiffusionConfig { horizon: 12, ..base.clone() }).contains("multiple of 8"));
         assert!(refused(DiffusionConfig { crop_shape: Some([100, 84]), ..base.clone() }).contains("does not fit"));
         assert!(refused(DiffusionConfig { noise_scheduler_type: "DDIM".into(), ..base.clone() }).contains("DDPM"));
+        // LeRobot's rule: pretrained weights want BatchNorm, which trains from scratch too.
+        let pretrained = Some("ResNet18_Weights.IMAGENET1K_V1".to_string());
+        let grouped = DiffusionConfig { pretrained_backbone_weights: pretrained.clone(), ..base.clone() };
+        assert!(refused(grouped).contains("set use_group_norm to false"));
+        DiffusionConfig { use_group_norm: false, pretrained_backbone_weights: pretrained.clone(), ..base.clone() }.validate().unwrap();
+        DiffusionConfig { use_group_norm: false, ..base.clone() }.validate().unwrap();
+        let saved = DiffusionConfig { use_group_norm: false, pretrained_backbone_weights: pretrained, ..base.clone() }.for_checkpoint();
+        assert_eq!(saved.pretrained_backbone_weights, None);
         assert!(refused(DiffusionConfig { n_action_steps: 16, ..base }).contains("horizon − n_obs_steps + 1 = 15"));
         assert!(DiffusionConfig::from_json(r#"{"type": "act"}"#).unwrap_err().to_string().contains("diffusion"));
         assert!(DiffusionConfig::from_json(r#"{"type": "diffusion", "horizn": 8}"#).is_err());

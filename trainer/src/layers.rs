@@ -46,6 +46,16 @@ impl<'a> Registry<'a> {
         t
     }
 
+    /// A buffer that counts (int64, a scalar at 0), kept in its own kind.
+    pub(crate) fn counter(&mut self, key: &str) -> Tensor {
+        let mut parts: Vec<&str> = key.split('.').collect();
+        let leaf = parts.pop().expect("a key has a name");
+        let path = parts.iter().fold(self.root.clone(), |p, part| p.sub(*part));
+        let t = path.add(leaf, Tensor::zeros([], (Kind::Int64, self.device)), false);
+        self.buffers.push((key.to_string(), t.shallow_clone()));
+        t
+    }
+
     pub(crate) fn param(&mut self, key: &str, value: Tensor) -> Tensor {
         self.add(key, value, true)
     }
@@ -114,11 +124,14 @@ impl Linear {
 }
 
 /// How ResNet-18's normalisation layers are built: torchvision's `FrozenBatchNorm2d` (ACT: four
-/// buffers each, identity at start) or `nn.GroupNorm` with `C / 16` groups in their place
-/// (Diffusion: trainable weight and bias, ones and zeros at start).
+/// buffers each, identity at start); `nn.BatchNorm2d` (Diffusion's option: trainable weight and
+/// bias, the running statistics and their count as buffers, updated by every training forward
+/// with momentum 0.1); or `nn.GroupNorm` with `C / 16` groups in their place (Diffusion's
+/// default: trainable weight and bias, ones and zeros at start).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ResNetNorm {
     FrozenBatch,
+    Batch,
     Group,
 }
 
@@ -133,6 +146,7 @@ pub(crate) enum ResNetKeys {
 
 pub(crate) enum Norm2d {
     Frozen { w: Tensor, b: Tensor, mean: Tensor, var: Tensor },
+    Batch { w: Tensor, b: Tensor, mean: Tensor, var: Tensor, count: Tensor },
     Group { w: Tensor, b: Tensor, groups: i64 },
 }
 
@@ -148,6 +162,16 @@ impl Norm2d {
                     var: r.buffer(&format!("{prefix}.running_var"), v),
                 }
             }
+            ResNetNorm::Batch => {
+                let (w, b, m, v) = (r.ones(&[c]), r.zeros(&[c]), r.zeros(&[c]), r.ones(&[c]));
+                Norm2d::Batch {
+                    w: r.param(&format!("{prefix}.weight"), w),
+                    b: r.param(&format!("{prefix}.bias"), b),
+                    mean: r.buffer(&format!("{prefix}.running_mean"), m),
+                    var: r.buffer(&format!("{prefix}.running_var"), v),
+                    count: r.counter(&format!("{prefix}.num_batches_tracked")),
+                }
+            }
             ResNetNorm::Group => {
                 let (w, b) = (r.ones(&[c]), r.zeros(&[c]));
                 Norm2d::Group { w: r.param(&format!("{prefix}.weight"), w), b: r.param(&format!("{prefix}.bias"), b), groups: c / 16 }
@@ -155,15 +179,24 @@ impl Norm2d {
         }
     }
 
-    /// `FrozenBatchNorm2d` (eps 1e-5): `x·s + (b − mean·s)`, `s = w·rsqrt(var + eps)`; or
-    /// `GroupNorm` (eps 1e-5).
-    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+    /// `FrozenBatchNorm2d` (eps 1e-5): `x·s + (b − mean·s)`, `s = w·rsqrt(var + eps)`;
+    /// `BatchNorm2d` (eps 1e-5, momentum 0.1): the batch's statistics when `train`, which also
+    /// move the running ones and count the batch, the running ones otherwise; or `GroupNorm`
+    /// (eps 1e-5).
+    pub(crate) fn forward(&self, x: &Tensor, train: bool) -> Tensor {
         match self {
             Norm2d::Frozen { w, b, mean, var } => {
                 let shape = [1, -1, 1, 1];
                 let scale = w.reshape(shape) * (var.reshape(shape) + 1e-5).rsqrt();
                 let bias = b.reshape(shape) - mean.reshape(shape) * &scale;
                 x * scale + bias
+            }
+            Norm2d::Batch { w, b, mean, var, count } => {
+                if train {
+                    let mut count = count.shallow_clone();
+                    tch::no_grad(|| count += 1);
+                }
+                x.batch_norm(Some(w), Some(b), Some(mean), Some(var), train, 0.1, 1e-5, true)
             }
             Norm2d::Group { w, b, groups } => x.group_norm(*groups, Some(w), Some(b), 1e-5, true),
         }
@@ -180,11 +213,11 @@ struct BasicBlock {
 }
 
 impl BasicBlock {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let out = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [self.stride], [1], [1], 1)).relu();
-        let out = self.bn2.forward(&out.conv2d(&self.conv2, None::<Tensor>, [1], [1], [1], 1));
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let out = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [self.stride], [1], [1], 1), train).relu();
+        let out = self.bn2.forward(&out.conv2d(&self.conv2, None::<Tensor>, [1], [1], [1], 1), train);
         let identity = match &self.downsample {
-            Some((w, bn)) => bn.forward(&x.conv2d(w, None::<Tensor>, [self.stride], [0], [1], 1)),
+            Some((w, bn)) => bn.forward(&x.conv2d(w, None::<Tensor>, [self.stride], [0], [1], 1), train),
             None => x.shallow_clone(),
         };
         (out + identity).relu()
@@ -234,12 +267,13 @@ impl ResNet18 {
         ResNet18 { conv1, bn1, layers }
     }
 
-    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
-        let x = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [2], [3], [1], 1)).relu();
+    /// The features of `x`; `train` as a module's training mode (which only BatchNorm heeds).
+    pub(crate) fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let x = self.bn1.forward(&x.conv2d(&self.conv1, None::<Tensor>, [2], [3], [1], 1), train).relu();
         let mut x = x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
         for layer in &self.layers {
             for block in layer {
-                x = block.forward(&x);
+                x = block.forward(&x, train);
             }
         }
         x
@@ -249,6 +283,54 @@ impl ResNet18 {
     pub(crate) fn output_side(n: i64) -> i64 {
         (0..5).fold(n, |n, _| (n + 1) / 2)
     }
+}
+
+/// Starts a ResNet-18 registered under `prefix` (its tensors among `state`, named as `keys`
+/// says) from torchvision's weights in a safetensors file: every tensor it has is in the file
+/// (a BatchNorm's `num_batches_tracked` may be absent), and the file has no tensor but
+/// ResNet-18's (`fc.*` is ignored).
+///
+/// # Errors
+/// [`Error::Mismatch`] naming the tensor missing, unknown or of another shape.
+pub(crate) fn load_resnet18<'a>(
+    state: impl Iterator<Item = (&'a str, &'a Tensor)> + Clone,
+    prefix: &str,
+    keys: ResNetKeys,
+    path: &Path,
+) -> Result<()> {
+    let file = crate::read_safetensors(path)?;
+    // torchvision's name of a tensor below `prefix`.
+    let torchvision = |key: &str| -> Option<String> {
+        let rest = key.strip_prefix(prefix)?.strip_prefix('.')?;
+        Some(match keys {
+            ResNetKeys::Named => rest.to_string(),
+            ResNetKeys::Sequential => {
+                let (first, tail) = rest.split_once('.')?;
+                let named = match first {
+                    "0" => "conv1".to_string(),
+                    "1" => "bn1".to_string(),
+                    n => format!("layer{}", n.parse::<usize>().ok()?.checked_sub(3)?),
+                };
+                format!("{named}.{tail}")
+            }
+        })
+    };
+    let mut known = std::collections::BTreeSet::new();
+    for (key, t) in state {
+        let Some(name) = torchvision(key) else { continue };
+        match file.get(&name) {
+            Some(src) => copy_into(t, src, path, &name)?,
+            None if name.ends_with("num_batches_tracked") => {}
+            None => return Err(Error::Mismatch { path: path.into(), key: name, reason: "missing from the ResNet-18 weights".into() }),
+        }
+        known.insert(name);
+    }
+    for name in file.keys() {
+        if !(name.starts_with("fc.") || name.ends_with("num_batches_tracked") || known.contains(name)) {
+            return Err(Error::Mismatch { path: path.into(), key: name.clone(), reason: "not a ResNet-18 tensor".into() });
+        }
+    }
+    Ok(())
 }
 
 /// Copies host values into a variable after checking the shape.

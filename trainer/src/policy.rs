@@ -168,13 +168,16 @@ impl Policy {
         match config {
             PolicyConfig::Act(c) => Ok(Policy::Act(ActPolicy::new(*c, stats, options)?)),
             PolicyConfig::Diffusion(c) => {
-                if options.backbone_weights.is_some() {
+                if options.backbone_weights.is_some() && c.use_group_norm {
                     return Err(Error::config(
                         "--backbone-weights",
-                        "Diffusion's backbone has GroupNorm, which would ruin pretrained weights",
+                        "the config's backbone has GroupNorm, which would ruin pretrained weights: set use_group_norm to false",
                     ));
                 }
                 let policy = DiffusionPolicy::new(&c, stats, options.device, options.kind)?;
+                if let Some(path) = &options.backbone_weights {
+                    policy.net().load_backbone(path)?;
+                }
                 Ok(Policy::Diffusion(policy.with_padded_actions(options.padded_actions)))
             }
         }
@@ -266,6 +269,16 @@ impl Policy {
         match self {
             Policy::Act(p) => p.named_parameters(),
             Policy::Diffusion(p) => p.net().named_parameters(),
+        }
+    }
+
+    /// The buffers a training forward moves: a BatchNorm backbone's running statistics and
+    /// their counts (none for ACT, whose BatchNorm is frozen, or a GroupNorm backbone).
+    pub fn moving_buffers(&self) -> Vec<Tensor> {
+        let moving = |key: &str| key.ends_with(".running_mean") || key.ends_with(".running_var") || key.ends_with(".num_batches_tracked");
+        match self {
+            Policy::Act(_) => Vec::new(),
+            Policy::Diffusion(p) => p.net().state_dict().filter(|(k, _)| moving(k)).map(|(_, t)| t.shallow_clone()).collect(),
         }
     }
 

@@ -434,6 +434,9 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         let tensors = policy.state_tensors();
         tokio::task::block_in_place(|| broadcast(c.as_ref(), &tensors))?;
     }
+    // Running statistics each rank's forward moves: rank 0's before every step, as
+    // DistributedDataParallel gives them (its `broadcast_buffers`).
+    let moving = policy.moving_buffers();
     if started_after >= options.steps {
         return Err(Error::Run(format!("the run is at step {started_after} already; ask for more --steps than that")));
     }
@@ -481,6 +484,9 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         waited += data_wait_s;
         let record = tokio::task::block_in_place(|| -> Result<StepRecord> {
             tch::manual_seed(rank_step_seed(options.seed, rank, step));
+            if let Some(c) = options.collective.as_ref().filter(|_| !moving.is_empty()) {
+                broadcast(c.as_ref(), &moving)?;
+            }
             if let Policy::Diffusion(_) = &policy {
                 optimizer.set_lr(0, policy.base_lr() * policy.lr_factor(step, options.steps))?;
             }
@@ -526,12 +532,14 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         }
         let saves = step == options.steps || (options.save_every > 0 && step % options.save_every == 0);
         if saves && let Some(c) = &options.collective {
-            // A checkpoint is the run's model only while every rank holds the same one.
-            let apart = tokio::task::block_in_place(|| ranks_apart(c.as_ref(), &policy.state_tensors()))?;
+            // A checkpoint is the run's model only while every rank holds the same parameters
+            // (running statistics are rank 0's, given to every rank at each step).
+            let params: Vec<Tensor> = policy.named_parameters().iter().map(|(_, p)| p.shallow_clone()).collect();
+            let apart = tokio::task::block_in_place(|| ranks_apart(c.as_ref(), &params))?;
             if !apart.is_empty() {
                 let ranks: Vec<String> = apart.iter().map(u64::to_string).collect();
                 return Err(Error::Ranks(format!(
-                    "after step {step} rank {} of {world} holds other weights than rank 0: the ranks no longer train one model \
+                    "after step {step} rank {} of {world} holds other parameters than rank 0: the ranks no longer train one model \
                      (a gradient left out of the sum, or a device that updates differently), so the run stops without a checkpoint",
                     ranks.join(", ")
                 )));

@@ -392,7 +392,7 @@ impl Model {
         let mut pos = vec![self.pos_1d.unsqueeze(1)];
         if let (Some(backbone), Some((w, bias))) = (&self.backbone, &self.img_proj) {
             for img in &x.images {
-                let f = backbone.forward(img);
+                let f = backbone.forward(img, train);
                 let (h, wd) = (f.size()[2], f.size()[3]);
                 let p = sinusoid_2d(h, wd, self.dim_model, device).to_kind(f.kind());
                 let f = f.conv2d(w, Some(bias), [1], [0], [1], 1);

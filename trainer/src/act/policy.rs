@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor, nn};
 
 use super::model::{Model, ModelInput};
-use crate::layers::{Norm, Registry, apply, copy_into};
+use crate::layers::{Norm, Registry, ResNetKeys, apply, load_resnet18};
 use crate::loss::{PaddedActions, padded_mean};
 use crate::{ActConfig, Error, FeatureType, Processors, Result, Stats};
 
@@ -369,26 +369,7 @@ impl ActPolicy {
 
     /// Starts the backbone from torchvision ResNet-18 weights in a safetensors file.
     fn load_backbone(&self, path: &Path) -> Result<()> {
-        let file = crate::read_safetensors(path)?;
-        let prefix = "model.backbone.";
-        for (key, t) in self.state_dict() {
-            let Some(name) = key.strip_prefix(prefix) else { continue };
-            let src = file.get(name).ok_or_else(|| Error::Mismatch {
-                path: path.into(),
-                key: name.into(),
-                reason: "missing from the ResNet-18 weights".into(),
-            })?;
-            copy_into(t, src, path, name)?;
-        }
-        for name in file.keys() {
-            let known = name.starts_with("fc.")
-                || name.ends_with("num_batches_tracked")
-                || self.state_dict().any(|(k, _)| k.strip_prefix(prefix) == Some(name));
-            if !known {
-                return Err(Error::Mismatch { path: path.into(), key: name.clone(), reason: "not a ResNet-18 tensor".into() });
-            }
-        }
-        Ok(())
+        load_resnet18(self.state_dict(), "model.backbone", ResNetKeys::Named, path)
     }
 }
 

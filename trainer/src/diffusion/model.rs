@@ -225,7 +225,8 @@ fn pos_grid(h: i64, w: i64) -> Vec<f32> {
 
 impl RgbEncoder {
     fn new(r: &mut Registry, prefix: &str, c: &DiffusionConfig) -> Self {
-        let backbone = ResNet18::new(r, &format!("{prefix}.backbone"), ResNetKeys::Sequential, ResNetNorm::Group);
+        let norm = if c.use_group_norm { ResNetNorm::Group } else { ResNetNorm::Batch };
+        let backbone = ResNet18::new(r, &format!("{prefix}.backbone"), ResNetKeys::Sequential, norm);
         let [h, w] = c.backbone_input_shape().expect("validated: a camera");
         let (fh, fw) = (ResNet18::output_side(h as i64), ResNet18::output_side(w as i64));
         let k = c.spatial_softmax_num_keypoints as i64;
@@ -240,9 +241,9 @@ impl RgbEncoder {
         RgbEncoder { backbone, kp_w, kp_b, pos_grid, out, keypoints: k }
     }
 
-    /// `[M, 3, H, W]` (already cropped) → `[M, 2K]`.
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let f = self.backbone.forward(x).conv2d(&self.kp_w, Some(&self.kp_b), [1], [0], [1], 1);
+    /// `[M, 3, H, W]` (already cropped) → `[M, 2K]`; `train` as the module's mode.
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let f = self.backbone.forward(x, train).conv2d(&self.kp_w, Some(&self.kp_b), [1], [0], [1], 1);
         let cells = f.size()[2] * f.size()[3];
         let attention = f.reshape([-1, cells]).softmax(-1, None::<Kind>);
         let keypoints = attention.matmul(&self.pos_grid).view([-1, self.keypoints, 2]);
@@ -325,8 +326,8 @@ impl Model {
     }
 
     /// `[B, S·(D + N·2K + E)]`: each observation step's state, camera features and environment
-    /// state, steps one after another.
-    pub(crate) fn global_cond(&self, x: &ModelInput, crop: Option<CropAt>) -> Tensor {
+    /// state, steps one after another; `train` as the module's mode (a BatchNorm backbone's).
+    pub(crate) fn global_cond(&self, x: &ModelInput, crop: Option<CropAt>, train: bool) -> Tensor {
         let (b, s) = (x.state.size()[0], x.state.size()[1]);
         let mut parts = vec![x.state.shallow_clone()];
         if let Some(images) = &x.images {
@@ -335,12 +336,12 @@ impl Model {
             let n = size[2];
             let features = if self.encoders.len() == 1 {
                 let flat = images.reshape([b * s * n, size[3], size[4], size[5]]);
-                self.encoders[0].forward(&flat).reshape([b, s, -1])
+                self.encoders[0].forward(&flat, train).reshape([b, s, -1])
             } else {
                 let per_camera: Vec<Tensor> = (0..n)
                     .map(|i| {
                         self.encoders[i as usize]
-                            .forward(&images.select(2, i).reshape([b * s, size[3], size[4], size[5]]))
+                            .forward(&images.select(2, i).reshape([b * s, size[3], size[4], size[5]]), train)
                             .reshape([b, s, -1])
                     })
                     .collect();
@@ -356,7 +357,7 @@ impl Model {
 
     /// The squared errors (`[B, horizon, A]`) of `actions` (normalised) given the observations:
     /// the actions noised at `timesteps` (`[B]`) with `noise`, the network's prediction of the
-    /// noise (or of the actions) against it.
+    /// noise (or of the actions) against it; `train` as the module's mode.
     pub(crate) fn squared_errors(
         &self,
         x: &ModelInput,
@@ -364,8 +365,9 @@ impl Model {
         noise: &Tensor,
         timesteps: &Tensor,
         crop: Option<CropAt>,
+        train: bool,
     ) -> Tensor {
-        let cond = self.global_cond(x, crop);
+        let cond = self.global_cond(x, crop, train);
         let noisy = self.ddpm.add_noise(actions, noise, timesteps);
         let prediction = self.unet.forward(&noisy, timesteps, &cond);
         let target = if self.ddpm.predicts_noise() { noise } else { actions };
@@ -376,7 +378,7 @@ impl Model {
     /// `start` (`[B, horizon, A]`) denoised over the inference's steps, each step but the last
     /// adding `noise(k)` (the k-th draw, `[B, horizon, A]`).
     pub(crate) fn sample(&self, x: &ModelInput, start: Tensor, mut noise: impl FnMut(usize) -> Tensor) -> Tensor {
-        let cond = self.global_cond(x, None);
+        let cond = self.global_cond(x, None, false);
         let b = start.size()[0];
         let mut sample = start;
         for (k, t) in self.ddpm.inference_steps(self.inference_steps).into_iter().enumerate() {

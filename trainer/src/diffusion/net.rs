@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor, nn};
 use super::model::{Model, ModelInput};
 use crate::{
     DiffusionConfig, Error, Result,
-    layers::Registry,
+    layers::{Registry, ResNetKeys, load_resnet18},
     loss::{PaddedActions, padded_mean},
 };
 
@@ -78,6 +78,21 @@ impl DiffusionNet {
     /// unless set.
     pub fn with_padded_actions(self, padded: PaddedActions) -> Self {
         DiffusionNet { padded, ..self }
+    }
+
+    /// Starts every camera's backbone from torchvision ResNet-18 weights in a safetensors file
+    /// (torchvision's names; `fc.*` ignored), as LeRobot's `pretrained_backbone_weights` does.
+    ///
+    /// # Errors
+    /// [`Error::Mismatch`] naming a tensor missing, unknown or of another shape.
+    pub fn load_backbone(&self, path: impl AsRef<Path>) -> Result<()> {
+        let cameras = self.config.image_features().len();
+        let prefixes: Vec<String> = match (cameras, self.config.use_separate_rgb_encoder_per_camera) {
+            (0, _) => return Err(Error::config("--backbone-weights", "the policy has no camera, so no backbone to start")),
+            (n, true) => (0..n).map(|i| format!("diffusion.rgb_encoder.{i}.backbone")).collect(),
+            (_, false) => vec!["diffusion.rgb_encoder.backbone".into()],
+        };
+        prefixes.iter().try_for_each(|prefix| load_resnet18(self.state_dict(), prefix, ResNetKeys::Sequential, path.as_ref()))
     }
 
     /// The configuration.
@@ -201,7 +216,7 @@ impl DiffusionNet {
             Some(p) if self.config.do_mask_loss_for_padding => Some(p.to_device(self.device)),
             _ => None,
         };
-        let errors = self.model.squared_errors(&x, &actions, &noise, &timesteps, crop);
+        let errors = self.model.squared_errors(&x, &actions, &noise, &timesteps, crop, train);
         Ok(padded_mean(&errors, pad.as_ref(), self.padded))
     }
 

@@ -105,7 +105,7 @@ impl DiffusionPolicy {
         std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         let config = self.net.config();
         let path = dir.join(CONFIG_FILE);
-        std::fs::write(&path, config.to_json()).map_err(Error::io(&path))?;
+        std::fs::write(&path, config.for_checkpoint().to_json()).map_err(Error::io(&path))?;
         let tensors: Vec<(&str, crate::HostTensor)> = self.net.state_dict().map(|(k, t)| (k, host(t))).collect();
         crate::write_safetensors(dir.join(MODEL_FILE), tensors.iter().map(|(k, t)| (*k, t)))?;
         self.processors.write(dir, config.device.as_deref().unwrap_or("cpu"))

@@ -47,8 +47,9 @@ fn compare(test: &str, config: &DiffusionConfig, python: &Path) {
     let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(ckpt.join("parameters.json")).unwrap()).unwrap();
     assert_eq!(net.num_parameters(), theirs["parameters"].as_i64().unwrap(), "{test}: parameters");
     let keys: Vec<&str> = net.named_parameters().iter().map(|(k, _)| k.as_str()).collect();
-    let their_keys: Vec<&str> =
-        theirs["keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).filter(|k| !k.ends_with("pos_grid")).collect();
+    // Their state dict's keys, less its buffers: the spatial softmax's grid, BatchNorm's statistics.
+    let buffer = |k: &str| ["pos_grid", "running_mean", "running_var", "num_batches_tracked"].iter().any(|b| k.ends_with(b));
+    let their_keys: Vec<&str> = theirs["keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).filter(|k| !buffer(k)).collect();
     assert_eq!(keys, their_keys, "{test}: the parameters in LeRobot's order");
     // LeRobot's processors normalise to roughly [-1, 1] (MIN_MAX) and around 0 (MEAN_STD).
     let d = Drawn::new(config, false);
@@ -260,6 +261,80 @@ fn lerobot_builds_lakes_diffusion_config_and_both_compute_the_same_loss_and_acti
         ..small(&two_cameras)
     };
     compare("two cameras", &config, &python);
+
+    // BatchNorm in the backbone (LeRobot 0.6.1's default): the training forward moves its
+    // running statistics, which the sampling after it reads.
+    compare("BatchNorm", &DiffusionConfig { use_group_norm: false, ..small(&one_camera) }, &python);
+    compare("BatchNorm, an encoder a camera", &DiffusionConfig { use_group_norm: false, ..config }, &python);
+}
+
+/// torchvision's name of a tensor of a Diffusion backbone (`nn.Sequential` of ResNet-18's
+/// children: 0 conv1, 1 bn1, 4 to 7 layer1 to layer4).
+fn torchvision_name(rest: &str) -> String {
+    let (first, tail) = rest.split_once('.').unwrap();
+    let named = match first {
+        "0" => "conv1".to_string(),
+        "1" => "bn1".to_string(),
+        n => format!("layer{}", n.parse::<usize>().unwrap() - 3),
+    };
+    format!("{named}.{tail}")
+}
+
+#[test]
+fn backbone_weights_start_every_cameras_batchnorm_backbone() {
+    use lake_trainer::act::PolicyOptions;
+    use lake_trainer::policy::{Policy, PolicyConfig};
+
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let features = [
+        DatasetFeature::new("observation.images.left", FeatureType::Visual, [3, 36, 48]),
+        DatasetFeature::new("observation.images.right", FeatureType::Visual, [3, 36, 48]),
+        DatasetFeature::new(lake_trainer::OBS_STATE, FeatureType::State, [4]),
+        DatasetFeature::new(lake_trainer::ACTION, FeatureType::Action, [3]),
+    ];
+    let config = DiffusionConfig { use_group_norm: false, ..small(&features) };
+    // A donor's backbone, moved by a training forward so that its running statistics are not
+    // the initial ones, written under torchvision's names with the classifier torchvision has.
+    tch::manual_seed(5);
+    let donor = DiffusionPolicy::new(&config, stats(&config), Device::Cpu, Kind::Float).unwrap();
+    let d = Drawn::new(&config, true);
+    let _moved = donor.loss_with(&d.batch(), true, &d.draws()).unwrap();
+    let prefix = "diffusion.rgb_encoder.backbone.";
+    let mut file: Vec<(String, HostTensor)> =
+        donor.net().state_dict().filter_map(|(k, t)| Some((torchvision_name(k.strip_prefix(prefix)?), host(t)))).collect();
+    assert_eq!(file.iter().filter(|(k, _)| k.ends_with("num_batches_tracked")).count(), 20);
+    file.push(("fc.weight".into(), HostTensor::new([2, 512], vec![0.5; 1024])));
+    let weights = tmp.path().join("resnet18.safetensors");
+    lake_trainer::write_safetensors(&weights, file.iter().map(|(k, v)| (k.as_str(), v))).unwrap();
+
+    let options = PolicyOptions { backbone_weights: Some(weights.clone()), ..PolicyOptions::default() };
+    for separate in [false, true] {
+        let config = DiffusionConfig { use_separate_rgb_encoder_per_camera: separate, ..config.clone() };
+        tch::manual_seed(6);
+        let Policy::Diffusion(policy) = Policy::new(PolicyConfig::Diffusion(Box::new(config.clone())), stats(&config), &options).unwrap()
+        else {
+            panic!("a Diffusion policy")
+        };
+        let mut started = 0;
+        for (key, t) in policy.net().state_dict() {
+            let Some((_, rest)) = key.split_once(".backbone.") else { continue };
+            let given = file.iter().find(|(k, _)| *k == torchvision_name(rest)).map(|(_, v)| v).unwrap();
+            assert_eq!(max_abs_diff(t, &tensor(given).view(t.size().as_slice())), 0.0, "{key}");
+            started += 1;
+        }
+        // 120 tensors a backbone (60 parameters, 60 BatchNorm buffers), on each encoder.
+        assert_eq!(started, if separate { 2 * 120 } else { 120 }, "separate encoders: {separate}");
+    }
+
+    // GroupNorm would ruin them; a file of another network names its tensor.
+    let grouped = DiffusionConfig { use_group_norm: true, ..config.clone() };
+    let refused = Policy::new(PolicyConfig::Diffusion(Box::new(grouped.clone())), stats(&grouped), &options).unwrap_err().to_string();
+    assert!(refused.contains("GroupNorm"), "{refused}");
+    file.push(("layer5.0.conv1.weight".into(), HostTensor::new([1], vec![0.0])));
+    lake_trainer::write_safetensors(&weights, file.iter().map(|(k, v)| (k.as_str(), v))).unwrap();
+    let refused = Policy::new(PolicyConfig::Diffusion(Box::new(config.clone())), stats(&config), &options).unwrap_err().to_string();
+    assert!(refused.contains("layer5.0.conv1.weight"), "{refused}");
 }
 
 #[test]
@@ -271,85 +346,95 @@ fn diffusion_training_steps_match_lerobots_update_policy() {
         DatasetFeature::new(lake_trainer::OBS_STATE, FeatureType::State, [6]),
         DatasetFeature::new(lake_trainer::ACTION, FeatureType::Action, [6]),
     ];
-    // A large learning rate and a short warm-up, so that the steps move the parameters far
-    // and the schedule's both parts are taken; L2 weight decay large enough to count.
-    let config = DiffusionConfig {
-        optimizer_lr: 1e-3,
-        optimizer_weight_decay: 1e-2,
-        scheduler_warmup_steps: 2,
-        do_mask_loss_for_padding: true,
-        ..small(&features)
-    };
-    let (steps, total) = (4u64, 6u64);
-    tch::manual_seed(21);
-    let policy = DiffusionPolicy::new(&config, stats(&config), Device::Cpu, Kind::Float).unwrap().with_padded_actions(PaddedActions::Zero);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("pretrained_model");
-    policy.save_pretrained(&dir).unwrap();
-    let d = Drawn::new(&config, true);
-    // Each step's own draws.
-    let (b, h, a) = (d.action.size()[0], config.horizon as i64, 6);
-    let noise = Tensor::randn([steps as i64, b, h, a], (Kind::Float, Device::Cpu));
-    let timesteps = Tensor::randint(100, [steps as i64, b], (Kind::Int64, Device::Cpu));
-    let crops: Vec<(i64, i64)> = (0..steps as i64).map(|k| (k % 5, (3 * k) % 9)).collect();
-    let flat_crops: Vec<i64> = crops.iter().flat_map(|&(t, l)| [t, l]).collect();
-    let file: Vec<(String, HostTensor)> = vec![
-        (lake_trainer::OBS_STATE.into(), host(&d.state)),
-        ("observation.images.front".into(), host(&d.images[0])),
-        (lake_trainer::ACTION.into(), host(&d.action)),
-        ("action_is_pad".into(), host(&d.pad.to_kind(Kind::Float))),
-        ("noise".into(), host(&noise)),
-        ("timesteps".into(), host(&timesteps)),
-        ("crop".into(), host(&Tensor::from_slice(&flat_crops).view([steps as i64, 2]))),
-    ];
-    let batch_path = tmp.path().join("batch.safetensors");
-    lake_trainer::write_safetensors(&batch_path, file.iter().map(|(k, v)| (k.as_str(), v))).unwrap();
-    let out = tmp.path().join("trained.safetensors");
-    let (steps_arg, total_arg) = (steps.to_string(), total.to_string());
-    run_script(
-        &python,
-        "diffusion_parity.py",
-        &[Path::new("train"), &dir, &batch_path, Path::new(&steps_arg), Path::new(&total_arg), &out],
-    );
-    let theirs = lake_trainer::read_safetensors(&out).unwrap();
-
-    let initial: Vec<Tensor> = policy.net().state_dict().map(|(_, t)| t.copy()).collect();
-    let mut opt = Adam::diffusion(&policy);
-    let batch = d.batch();
-    for k in 0..steps {
-        let lr = config.optimizer_lr * cosine_with_warmup(k, config.scheduler_warmup_steps as u64, total);
-        opt.set_lr(0, lr).unwrap();
-        let draws = Draws { noise: Some(&noise.get(k as i64)), timesteps: Some(&timesteps.get(k as i64)), crop: Some(crops[k as usize]) };
-        let loss = policy.loss_with(&batch, true, &draws).unwrap();
-        let norm = opt.step(&loss).unwrap();
-        let (l, tl) = (loss.double_value(&[]), f64::from(theirs[&format!("loss_{k}")].values[0]));
-        let tn = f64::from(theirs[&format!("grad_norm_{k}")].values[0]);
-        let tlr = f64::from(theirs[&format!("lr_{k}")].values[0]);
-        eprintln!(
-            "step {k}: lr lake {lr:.3e} LeRobot {tlr:.3e}; loss lake {l:.6} LeRobot {tl:.6}; grad norm lake {norm:.6} LeRobot {tn:.6}"
+    // Both backbones LeRobot builds: GroupNorm (0.4.4's default) and BatchNorm (0.6.1's), whose
+    // running statistics each training forward moves, compared with the parameters.
+    for norm in ["GroupNorm", "BatchNorm"] {
+        // A large learning rate and a short warm-up, so that the steps move the parameters far
+        // and the schedule's both parts are taken; L2 weight decay large enough to count.
+        let config = DiffusionConfig {
+            optimizer_lr: 1e-3,
+            optimizer_weight_decay: 1e-2,
+            scheduler_warmup_steps: 2,
+            do_mask_loss_for_padding: true,
+            use_group_norm: norm == "GroupNorm",
+            ..small(&features)
+        };
+        let (steps, total) = (4u64, 6u64);
+        tch::manual_seed(21);
+        let policy =
+            DiffusionPolicy::new(&config, stats(&config), Device::Cpu, Kind::Float).unwrap().with_padded_actions(PaddedActions::Zero);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("pretrained_model");
+        policy.save_pretrained(&dir).unwrap();
+        let d = Drawn::new(&config, true);
+        // Each step's own draws.
+        let (b, h, a) = (d.action.size()[0], config.horizon as i64, 6);
+        let noise = Tensor::randn([steps as i64, b, h, a], (Kind::Float, Device::Cpu));
+        let timesteps = Tensor::randint(100, [steps as i64, b], (Kind::Int64, Device::Cpu));
+        let crops: Vec<(i64, i64)> = (0..steps as i64).map(|k| (k % 5, (3 * k) % 9)).collect();
+        let flat_crops: Vec<i64> = crops.iter().flat_map(|&(t, l)| [t, l]).collect();
+        let file: Vec<(String, HostTensor)> = vec![
+            (lake_trainer::OBS_STATE.into(), host(&d.state)),
+            ("observation.images.front".into(), host(&d.images[0])),
+            (lake_trainer::ACTION.into(), host(&d.action)),
+            ("action_is_pad".into(), host(&d.pad.to_kind(Kind::Float))),
+            ("noise".into(), host(&noise)),
+            ("timesteps".into(), host(&timesteps)),
+            ("crop".into(), host(&Tensor::from_slice(&flat_crops).view([steps as i64, 2]))),
+        ];
+        let batch_path = tmp.path().join("batch.safetensors");
+        lake_trainer::write_safetensors(&batch_path, file.iter().map(|(k, v)| (k.as_str(), v))).unwrap();
+        let out = tmp.path().join("trained.safetensors");
+        let (steps_arg, total_arg) = (steps.to_string(), total.to_string());
+        run_script(
+            &python,
+            "diffusion_parity.py",
+            &[Path::new("train"), &dir, &batch_path, Path::new(&steps_arg), Path::new(&total_arg), &out],
         );
-        assert!((lr - tlr).abs() <= 1e-6 * lr.max(1e-12), "step {k}: lr {lr} vs {tlr}");
-        assert!((l - tl).abs() <= 1e-4 * tl.abs().max(1.0), "step {k}: loss {l} vs {tl}");
-        assert!((norm - tn).abs() <= 1e-3 * tn.abs().max(1.0), "step {k}: grad norm {norm} vs {tn}");
+        let theirs = lake_trainer::read_safetensors(&out).unwrap();
+
+        let initial: Vec<Tensor> = policy.net().state_dict().map(|(_, t)| t.copy()).collect();
+        let mut opt = Adam::diffusion(&policy);
+        let batch = d.batch();
+        for k in 0..steps {
+            let lr = config.optimizer_lr * cosine_with_warmup(k, config.scheduler_warmup_steps as u64, total);
+            opt.set_lr(0, lr).unwrap();
+            let draws =
+                Draws { noise: Some(&noise.get(k as i64)), timesteps: Some(&timesteps.get(k as i64)), crop: Some(crops[k as usize]) };
+            let loss = policy.loss_with(&batch, true, &draws).unwrap();
+            let norm = opt.step(&loss).unwrap();
+            let (l, tl) = (loss.double_value(&[]), f64::from(theirs[&format!("loss_{k}")].values[0]));
+            let tn = f64::from(theirs[&format!("grad_norm_{k}")].values[0]);
+            let tlr = f64::from(theirs[&format!("lr_{k}")].values[0]);
+            eprintln!(
+                "{norm}, step {k}: lr lake {lr:.3e} LeRobot {tlr:.3e}; loss lake {l:.6} LeRobot {tl:.6}; grad norm lake {norm:.6} LeRobot {tn:.6}"
+            );
+            assert!((lr - tlr).abs() <= 1e-6 * lr.max(1e-12), "step {k}: lr {lr} vs {tlr}");
+            assert!((l - tl).abs() <= 1e-4 * tl.abs().max(1.0), "step {k}: loss {l} vs {tl}");
+            assert!((norm - tn).abs() <= 1e-3 * tn.abs().max(1.0), "step {k}: grad norm {norm} vs {tn}");
+        }
+        // Adam divides by the root of the second moment: an element whose gradient is rounding noise
+        // (the spatial softmax is nearly blind to some biases before it) takes a step of about the
+        // learning rate in the noise's direction. Every other element agrees to a few ulps.
+        let steps_lr: f64 =
+            (0..steps).map(|k| config.optimizer_lr * cosine_with_warmup(k, config.scheduler_warmup_steps as u64, total)).sum();
+        let (mut worst, mut moved, mut apart, mut elements) = (0.0f64, 0.0f64, 0i64, 0i64);
+        for ((key, t), before) in policy.net().state_dict().zip(&initial) {
+            let diff = (t - tensor(&theirs[key])).abs();
+            worst = worst.max(diff.max().double_value(&[]));
+            apart += diff.gt(1e-6).sum(Kind::Int64).int64_value(&[]);
+            elements += t.numel() as i64;
+            if !key.ends_with("num_batches_tracked") {
+                moved = moved.max(max_abs_diff(t, before));
+            }
+        }
+        eprintln!(
+            "{norm}, after {steps} steps: {apart} of {elements} parameters differ by over 1e-6, the most by {worst:.3e}; largest move {moved:.3e}"
+        );
+        assert!(moved > 1e-3, "the steps hardly moved the parameters ({moved})");
+        assert!(apart <= 64, "{apart} parameters differ by over 1e-6");
+        assert!(worst <= steps_lr, "parameters differ by {worst}, more than the steps' learning rates ({steps_lr})");
     }
-    // Adam divides by the root of the second moment: an element whose gradient is rounding noise
-    // (the spatial softmax is nearly blind to some biases before it) takes a step of about the
-    // learning rate in the noise's direction. Every other element agrees to a few ulps.
-    let steps_lr: f64 = (0..steps).map(|k| config.optimizer_lr * cosine_with_warmup(k, config.scheduler_warmup_steps as u64, total)).sum();
-    let (mut worst, mut moved, mut apart, mut elements) = (0.0f64, 0.0f64, 0i64, 0i64);
-    for ((key, t), before) in policy.net().state_dict().zip(&initial) {
-        let diff = (t - tensor(&theirs[key])).abs();
-        worst = worst.max(diff.max().double_value(&[]));
-        apart += diff.gt(1e-6).sum(Kind::Int64).int64_value(&[]);
-        elements += t.numel() as i64;
-        moved = moved.max(max_abs_diff(t, before));
-    }
-    eprintln!(
-        "after {steps} steps: {apart} of {elements} parameters differ by over 1e-6, the most by {worst:.3e}; largest move {moved:.3e}"
-    );
-    assert!(moved > 1e-3, "the steps hardly moved the parameters ({moved})");
-    assert!(apart <= 64, "{apart} parameters differ by over 1e-6");
-    assert!(worst <= steps_lr, "parameters differ by {worst}, more than the steps' learning rates ({steps_lr})");
 }
 
 /// The small Diffusion config `lake train` runs on the fixture: a short warm-up, so that the

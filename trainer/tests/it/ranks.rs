@@ -8,6 +8,7 @@ use std::process::Command;
 
 use lake_trainer::ActConfig;
 use lake_trainer::collective::Collective;
+use lake_trainer::loss::PaddedActions;
 use lake_trainer::train::{LOG_FILE, TrainOptions};
 
 use crate::run::{lake_with_fixture, options, run};
@@ -36,7 +37,8 @@ enum Launcher {
 enum Trained {
     /// ACT [`without_noise`], in double precision.
     Act,
-    /// The small Diffusion config of the single-process runs, checkpointed every 5 steps.
+    /// The small Diffusion config of the single-process runs with a BatchNorm backbone,
+    /// checkpointed every 5 steps.
     Diffusion,
 }
 
@@ -95,10 +97,19 @@ fn rank() {
     let steps = std::env::var("LAKE_TEST_RANKS_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(STEPS);
     let options = TrainOptions { batch_size: 4, collective: Some(collective), ..options(&lake, &dir.join("ranks"), steps) };
     let options = match std::env::var("LAKE_TEST_RANKS_POLICY").as_deref() {
-        Ok("Diffusion") => TrainOptions { config: crate::diffusion::run_config(), save_every: 5, ..options },
-        _ => {
-            TrainOptions { config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())), kind: tch::Kind::Double, ..options }
+        Ok("Diffusion") => {
+            // BatchNorm, whose running statistics each rank's forward moves: rank 0's go to
+            // every rank before each step.
+            let lake_trainer::policy::PolicyConfig::Diffusion(mut config) = crate::diffusion::run_config() else { unreachable!() };
+            config.use_group_norm = false;
+            TrainOptions { config: lake_trainer::policy::PolicyConfig::Diffusion(config), save_every: 5, ..options }
         }
+        _ => TrainOptions {
+            config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
+            kind: tch::Kind::Double,
+            padded_actions: PaddedActions::Zero,
+            ..options
+        },
     };
     run(options);
 }
@@ -119,10 +130,14 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().expect("tmp");
     let lake = lake_with_fixture(tmp.path());
+    // Padded actions counted as zeros: every rank's loss is then a mean over as many actions, and
+    // the mean of the ranks' gradients is the gradient of the whole batch's mean. (Left out,
+    // each rank's mean is over its own count, as under LeRobot 0.6.1 with DDP.)
     let (_, single) = run(TrainOptions {
         batch_size: 8,
         config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
         kind: tch::Kind::Double,
+        padded_actions: PaddedActions::Zero,
         bf16: false,
         ..options(&lake, &tmp.path().join("single"), STEPS)
     });
@@ -155,7 +170,8 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     assert!(worst_loss <= 1e-4, "a step's loss differs by {worst_loss} relative");
 }
 
-/// Diffusion on two ranks of batch 4: its draws (noise, timesteps, crops) are each rank's own,
+/// Diffusion (a BatchNorm backbone) on two ranks of batch 4: its draws (noise, timesteps, crops)
+/// are each rank's own,
 /// so no single process takes the same steps; the ranks must still hold one model, which the
 /// trainer checks, bit for bit, at every checkpoint (steps 5, 10 and 15) before rank 0 writes
 /// it. The run ends, its log holds the mean loss over both ranks, and the checkpoint loads.
