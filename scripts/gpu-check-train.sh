@@ -31,8 +31,8 @@
 #     sample and the AV1 sample, and the data path alone at batch 64 with each;
 #  6. --decode gpu --frame-size 64x48 (frames resized by lake's kernels) against --decode cpu
 #     --frame-size 64x48 (resized by libswscale, as frame tables are): the same weights expected;
-#  7. Diffusion on the AV1 sample's cameras at 128x96 (--frame-size: LeRobot's Diffusion takes
-#     cameras of one size): one step on CUDA against the CPU's (fp32), then steps/s and the
+#  7. Diffusion on the AV1 sample's cameras at 128x96 (--frame-size, decoded and resized by the
+#     trainer's CPU: LeRobot's Diffusion takes cameras of one size): one step on CUDA against the CPU's (fp32), then steps/s and the
 #     data-wait share at the last batch size of LeRobot 0.4.4's defaults (GroupNorm) and of LeRobot 0.6.1's
 #     shape (BatchNorm, an encoder a camera, horizon 64).
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
@@ -183,7 +183,8 @@ EOF
 }
 
 check_diffusion() {
-  local small=(--dataset bench --policy diffusion --frame-size 128x96) b="${batches##* }"
+  # Resized after decoding here (the sample has no frame table at that size).
+  local small=(--dataset bench --policy diffusion --frame-size 128x96 --decode cpu) b="${batches##* }"
   # No warm-up, so that the one step moves the parameters.
   echo '{"scheduler_warmup_steps": 0}' >"$out/no-warmup.json"
   for run in cpu:reference "$device:checked"; do
