@@ -173,8 +173,10 @@ lerobot_args=("--policy.type=$policy" --policy.device=cpu --policy.push_to_hub=f
   "--batch_size=$batch_size" "--steps=$total" --log_freq=1 --save_checkpoint=false
   --eval_freq=0 --wandb.enable=false "--seed=$seed")
 # LeRobot 0.4.4's L1 counts padded actions as zeros; lake's does so with --padded-actions zero.
-lake_args=(--dataset bench --policy "$policy" --steps "$total" --batch-size "$batch_size" --seed "$seed" --log-every 1
-  --padded-actions zero)
+# Both start the backbone from random weights (nothing is downloaded).
+echo "{\"type\": \"$policy\", \"pretrained_backbone_weights\": null}" >"$work/random-backbone.json"
+lake_args=(--dataset bench --policy "$policy" --policy-config "$work/random-backbone.json" --steps "$total"
+  --batch-size "$batch_size" --seed "$seed" --log-every 1 --padded-actions zero)
 
 contender lerobot-train "$venv/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
   "${lerobot_args[@]}" "--output_dir=$work/run-lerobot-train"

@@ -99,6 +99,9 @@ run() {
   export LD_LIBRARY_PATH="$dir/lib:$torch_lib:$nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local lake=("$dir/bin/lake" --lake "$dir/lake")
   out="$(mktemp -d)"
+  # ACT's default config but a backbone from random weights: the machine has no ImageNet file.
+  echo '{"pretrained_backbone_weights": null}' >"$out/act.json"
+  act=(--policy-config "$out/act.json")
   # AV1 640x480 + 128x96 (the cameras of bench/compare_lerobot.sh's fixture) as `bench`; H.264 at
   # widths lake's kernel converts; H.264 and HEVC with B-frames, for NVDEC.
   local repo sample
@@ -148,7 +151,7 @@ check_nvdec() {
 check_one_step() {
   for run in cpu:reference "$device:checked"; do
     local d="${run%%:*}" name="one-${run#*:}"
-    "${lake[@]}" train --dataset bench --steps 1 --batch-size 8 --seed 3 --device "$d" --out "$out/$name" >"$out/$name.txt" 2>&1 ||
+    "${lake[@]}" train --dataset bench "${act[@]}" --steps 1 --batch-size 8 --seed 3 --device "$d" --out "$out/$name" >"$out/$name.txt" 2>&1 ||
       { tail -20 "$out/$name.txt"; return 1; }
   done
   compare_steps "$out/one-reference" "$out/one-checked"
@@ -204,14 +207,14 @@ check_diffusion() {
 }
 
 check_bf16() {
-  "${lake[@]}" train --dataset bench --steps "$steps" --batch-size 8 --device "$device" --dtype bf16 --log-every 10 \
+  "${lake[@]}" train --dataset bench "${act[@]}" --steps "$steps" --batch-size 8 --device "$device" --dtype bf16 --log-every 10 \
     --out "$out/bf16" 2>&1 | tail -4
 }
 
 check_throughput() {
   for b in $batches; do
     echo "-- batch $b: training, $steps steps"
-    "${lake[@]}" train --dataset bench --steps "$steps" --batch-size "$b" --device "$device" --log-every 20 \
+    "${lake[@]}" train --dataset bench "${act[@]}" --steps "$steps" --batch-size "$b" --device "$device" --log-every 20 \
       --out "$out/act-$b" 2>&1 | tail -4
     echo "-- batch $b: the data path alone (--policy none), $steps steps"
     "${lake[@]}" train --dataset bench --policy none --steps "$steps" --batch-size "$b" --device "$device" --log-every "$steps" \
@@ -221,9 +224,9 @@ check_throughput() {
 
 check_nccl() {
   if [ "$device" = cuda ]; then
-    "$py" -m torch.distributed.run --standalone --nproc-per-node 1 --no-python "${lake[@]}" train --dataset bench --steps 5 \
+    "$py" -m torch.distributed.run --standalone --nproc-per-node 1 --no-python "${lake[@]}" train --dataset bench "${act[@]}" --steps 5 \
       --batch-size 8 --seed 3 --device cuda --backend nccl --out "$out/nccl" >"$out/nccl.txt" 2>&1 || tail -20 "$out/nccl.txt"
-    "${lake[@]}" train --dataset bench --steps 5 --batch-size 8 --seed 3 --device cuda --out "$out/alone" >"$out/alone.txt" 2>&1 ||
+    "${lake[@]}" train --dataset bench "${act[@]}" --steps 5 --batch-size 8 --seed 3 --device cuda --out "$out/alone" >"$out/alone.txt" 2>&1 ||
       tail -5 "$out/alone.txt"
     tail -3 "$out/nccl.txt"
     "$py" - "$out/alone" "$out/nccl" <<'EOF'
@@ -242,7 +245,7 @@ check_decode() {
   if [ "$device" = cuda ]; then
     for dataset in v30-h264-multifile bench; do
       for decode in server gpu; do
-        "${lake[@]}" train --dataset "$dataset" --steps 4 --batch-size 8 --seed 3 --device cuda --frames yuv420p --decode "$decode" \
+        "${lake[@]}" train --dataset "$dataset" "${act[@]}" --steps 4 --batch-size 8 --seed 3 --device cuda --frames yuv420p --decode "$decode" \
           --log-every 1 --out "$out/decode-$dataset-$decode" >"$out/decode-$dataset-$decode.txt" 2>&1 ||
           tail -5 "$out/decode-$dataset-$decode.txt"
       done
@@ -265,7 +268,7 @@ check_resize() {
   if [ "$device" = cuda ]; then
     for run in cpu:rgb24 gpu:yuv420p; do
       local decode="${run%%:*}"
-      "${lake[@]}" train --dataset v30-h264-multifile --steps 4 --batch-size 8 --seed 3 --device cuda --frame-size 64x48 \
+      "${lake[@]}" train --dataset v30-h264-multifile "${act[@]}" --steps 4 --batch-size 8 --seed 3 --device cuda --frame-size 64x48 \
         --frames "${run#*:}" --decode "$decode" --log-every 1 --out "$out/resized-$decode" >"$out/resized-$decode.txt" 2>&1 ||
         tail -5 "$out/resized-$decode.txt"
     done

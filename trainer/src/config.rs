@@ -173,8 +173,8 @@ pub struct ActConfig {
     pub normalization_mapping: OrderedMap<FeatureType, NormalizationMode>,
     /// Must be `resnet18` for lake.
     pub vision_backbone: String,
-    /// torchvision weights enum name; lake never downloads them (see
-    /// [`crate::ActConfig::for_checkpoint`]).
+    /// torchvision weights enum name; lake never downloads them: `lake train` reads them from
+    /// `--backbone-weights` or torchvision's cache (see [`crate::ActConfig::for_checkpoint`]).
     pub pretrained_backbone_weights: Option<String>,
     /// Dilation in ResNet's last stage; ResNet-18 supports only `false`. Read as `0`/`1` too.
     #[serde(deserialize_with = "bool_or_int")]

@@ -60,7 +60,7 @@ pub struct DiffusionConfig {
     /// Whether the crop is random in training.
     pub crop_is_random: bool,
     /// torchvision weights; refused with `use_group_norm`, which would ruin them. Nothing is
-    /// downloaded: `lake train --backbone-weights FILE` gives them.
+    /// downloaded: `lake train` reads them from `--backbone-weights` or torchvision's cache.
     pub pretrained_backbone_weights: Option<String>,
     /// GroupNorm (`C / 16` groups) in the backbone instead of BatchNorm.
     pub use_group_norm: bool,

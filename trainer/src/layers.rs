@@ -286,7 +286,8 @@ impl ResNet18 {
 }
 
 /// Starts a ResNet-18 registered under `prefix` (its tensors among `state`, named as `keys`
-/// says) from torchvision's weights in a safetensors file: every tensor it has is in the file
+/// says) from torchvision's weights in a file [`crate::read_weights`] reads (safetensors, or
+/// torchvision's own `.pth`): every tensor it has is in the file
 /// (a BatchNorm's `num_batches_tracked` may be absent), and the file has no tensor but
 /// ResNet-18's (`fc.*` is ignored).
 ///
@@ -298,7 +299,7 @@ pub(crate) fn load_resnet18<'a>(
     keys: ResNetKeys,
     path: &Path,
 ) -> Result<()> {
-    let file = crate::read_safetensors(path)?;
+    let file = crate::read_weights(path)?;
     // torchvision's name of a tensor below `prefix`.
     let torchvision = |key: &str| -> Option<String> {
         let rest = key.strip_prefix(prefix)?.strip_prefix('.')?;

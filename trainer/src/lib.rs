@@ -92,4 +92,6 @@ pub use crate::normalize::{
     EPS, IMAGENET_MEAN, IMAGENET_STD, Normalizer, POSTPROCESSOR_FILE, POSTPROCESSOR_STATE_FILE, PREPROCESSOR_FILE, PREPROCESSOR_STATE_FILE,
     PolicyFeatures, Processors, Stats,
 };
+#[cfg(feature = "torch")]
+pub use crate::tensors::read_weights;
 pub use crate::tensors::{HostTensor, from_safetensors_bytes, read_safetensors, to_safetensors_bytes, write_safetensors};

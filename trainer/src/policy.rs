@@ -82,6 +82,15 @@ impl PolicyConfig {
         }
     }
 
+    /// The torchvision weights the config starts its camera backbones from
+    /// (`pretrained_backbone_weights`), if any.
+    pub fn pretrained_backbone_weights(&self) -> Option<&str> {
+        match self {
+            PolicyConfig::Act(c) => c.pretrained_backbone_weights.as_deref(),
+            PolicyConfig::Diffusion(c) => c.pretrained_backbone_weights.as_deref(),
+        }
+    }
+
     /// The last steps of every episode that are never sampled (lerobot-train's sampler).
     pub fn drop_n_last_frames(&self) -> u64 {
         match self {

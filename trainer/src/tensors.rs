@@ -59,17 +59,80 @@ pub fn from_safetensors_bytes(bytes: &[u8], path: &Path) -> Result<BTreeMap<Stri
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|source| Error::SafeTensors { path: path.into(), source })?;
     let mut out = BTreeMap::new();
     for (name, view) in st.iter() {
-        let data = view.data();
-        let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect(),
-            Dtype::F64 => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
-            Dtype::I64 => data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
-            Dtype::I32 => data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as f32).collect(),
-            Dtype::F16 => data.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-            Dtype::BF16 => data.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect(),
+        let elem = match view.dtype() {
+            Dtype::F32 => Elem::F32,
+            Dtype::F64 => Elem::F64,
+            Dtype::F16 => Elem::F16,
+            Dtype::BF16 => Elem::BF16,
+            Dtype::I64 => Elem::I64,
+            Dtype::I32 => Elem::I32,
             other => return Err(Error::format(path, format!("tensor {name}: dtype {other:?} cannot be read as float32"))),
         };
-        out.insert(name.to_string(), HostTensor { shape: view.shape().to_vec(), values });
+        out.insert(name.to_string(), HostTensor { shape: view.shape().to_vec(), values: elem.to_f32(view.data()) });
+    }
+    Ok(out)
+}
+
+/// The element types read as f32, stored little-endian.
+#[derive(Debug, Clone, Copy)]
+enum Elem {
+    F32,
+    F64,
+    F16,
+    BF16,
+    I64,
+    I32,
+}
+
+impl Elem {
+    fn to_f32(self, data: &[u8]) -> Vec<f32> {
+        match self {
+            Elem::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect(),
+            Elem::F64 => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
+            Elem::I64 => data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
+            Elem::I32 => data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as f32).collect(),
+            Elem::F16 => data.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+            Elem::BF16 => data.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect(),
+        }
+    }
+}
+
+/// Reads a file of named weights into f32 tensors: safetensors, or what `torch.save` writes
+/// (a state dict, as torchvision's downloads are; a checkpoint nesting one is named by dotted
+/// paths). The format is told from the bytes, not the name.
+///
+/// # Errors
+/// [`Error::Io`] when it cannot be read, [`Error::Format`] for a file of neither format or a
+/// tensor of a type with no f32 value, [`Error::SafeTensors`] for a malformed safetensors file.
+#[cfg(feature = "torch")]
+pub fn read_weights(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTensor>> {
+    use std::io::Read as _;
+    let path = path.as_ref();
+    let mut head = [0u8; 9];
+    let mut file = std::fs::File::open(path).map_err(Error::io(path))?;
+    let n = file.read(&mut head).map_err(Error::io(path))?;
+    // safetensors: a little-endian header length, then the JSON header.
+    if n == head.len() && head[8] == b'{' {
+        return read_safetensors(path);
+    }
+    let reader = pytorch_reader::PytorchReader::new(path)
+        .map_err(|e| Error::format(path, format!("neither safetensors nor a file torch.save wrote: {e}")))?;
+    let mut out = BTreeMap::new();
+    for (name, tensor) in reader.into_tensors() {
+        use pytorch_reader::DType;
+        let elem = match tensor.dtype() {
+            DType::F32 => Elem::F32,
+            DType::F64 => Elem::F64,
+            DType::F16 => Elem::F16,
+            DType::BF16 => Elem::BF16,
+            DType::I64 => Elem::I64,
+            DType::I32 => Elem::I32,
+            other => return Err(Error::format(path, format!("tensor {name}: dtype {other:?} cannot be read as float32"))),
+        };
+        // The reader gives native-endian bytes: little-endian on every target lake builds for.
+        const _: () = assert!(cfg!(target_endian = "little"));
+        let bytes = tensor.read().map_err(Error::io(path))?;
+        out.insert(name, HostTensor { shape: tensor.shape().to_vec(), values: elem.to_f32(&bytes) });
     }
     Ok(out)
 }
@@ -129,6 +192,42 @@ mod tests {
         let back = from_safetensors_bytes(&bytes, p).unwrap();
         assert_eq!(back["cam.mean"], a);
         assert_eq!(back["count"], b);
+    }
+
+    #[cfg(feature = "torch")]
+    #[test]
+    fn weights_torch_save_wrote_are_read_as_safetensors_are() {
+        // scripts/make_torch_weights_sample.py made both files: the zip archive of torch 1.6 and
+        // later, and the legacy stream before it.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/torch");
+        for file in ["nested.pth", "nested-legacy.pth"] {
+            let w = read_weights(dir.join(file)).unwrap();
+            let want = [
+                ("block.conv.weight", HostTensor::new([2, 3], [0.0, 0.25, 0.5, 0.75, 1.0, 1.25])),
+                ("block.bn.running_var", HostTensor::vector([0.5, 1.5, 2.5])),
+                ("block.bn.num_batches_tracked", HostTensor::new([], [7.0])),
+                ("block.half", HostTensor::vector([1.0, -2.0, 0.5])),
+                ("block.brain", HostTensor::vector([1.0, -2.0, 0.25])),
+                ("block.count32", HostTensor::vector([3.0, -4.0])),
+                ("block.t", HostTensor::new([2, 3], [0.0, 4.0, 8.0, 1.0, 5.0, 9.0])),
+            ];
+            assert_eq!(w.len(), want.len(), "{file}: {:?}", w.keys());
+            for (name, t) in want {
+                assert_eq!(w.get(name), Some(&t), "{file}: {name}");
+            }
+        }
+        // The same reader takes safetensors, told from the bytes.
+        let tmp = std::env::temp_dir().join(format!("lake-read-weights-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let a = HostTensor::new([2, 2], [1.0, 2.0, 3.0, 4.0]);
+        let st = tmp.join("weights.pth");
+        write_safetensors(&st, [("a", &a)]).unwrap();
+        assert_eq!(read_weights(&st).unwrap()["a"], a);
+        let junk = tmp.join("junk.pth");
+        std::fs::write(&junk, b"not a checkpoint at all").unwrap();
+        let err = read_weights(&junk).unwrap_err().to_string();
+        assert!(err.contains("junk.pth") && err.contains("neither safetensors nor"), "{err}");
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]

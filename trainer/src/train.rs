@@ -82,7 +82,8 @@ pub struct TrainOptions {
     pub save_every: u64,
     /// Start from this checkpoint's weights (LeRobot's or lake's), keeping the lake's statistics.
     pub init_from: Option<PathBuf>,
-    /// ResNet-18 weights (torchvision names, safetensors) to start the backbone from.
+    /// ResNet-18 weights (torchvision's `.pth`, or safetensors with its names) to start the
+    /// backbone from; torchvision's cached download of the weights the config names otherwise.
     pub backbone_weights: Option<PathBuf>,
     /// How the loss counts the actions of a chunk that ran past its episode's end.
     pub padded_actions: PaddedActions,
@@ -200,6 +201,9 @@ pub struct Summary {
     /// CPU seconds this process spent over the steps, every thread's: the model's and, in
     /// process, the loader's.
     pub cpu_s: f64,
+    /// The file the camera backbones started from: `--backbone-weights`, or torchvision's
+    /// cached download of the weights the config names.
+    pub backbone_weights: Option<PathBuf>,
 }
 
 /// What a checkpoint records for a resume, besides LeRobot's files.
@@ -215,6 +219,9 @@ struct RunState {
     /// Absent from the checkpoints of runs that counted them as zero, before the choice.
     #[serde(default = "counted_as_zero")]
     padded_actions: PaddedActions,
+    /// The file the camera backbones started from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backbone_weights: Option<PathBuf>,
 }
 
 /// How runs counted padded actions before [`TrainOptions::padded_actions`].
@@ -344,9 +351,11 @@ impl std::fmt::Debug for Prefetch {
 }
 
 /// Trains as `options` say, calling `on_step` after each step and `on_eval` after each held-out
-/// evaluation.
+/// evaluation. A fresh run starts its camera backbones from `backbone_weights`, or from
+/// torchvision's cached download of the weights the config names ([`torchvision_cache`]).
 ///
 /// # Errors
+/// [`Error::InvalidConfig`] for a config naming backbone weights that no file holds;
 /// [`Error::Run`] for a resume without a checkpoint or with other options than the run's;
 /// [`Error::Data`] when batches cannot be had; [`Error::Features`] for datasets ACT cannot train
 /// on; [`Error::Io`] when the run's directory cannot be written.
@@ -354,14 +363,10 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     let (rank, world) = ranks(&options);
     let global_batch = options.batch_size * world;
     let (mut request, facts) = plan(&options).await?;
-    let policy_options = PolicyOptions {
-        device: options.device,
-        kind: options.kind,
-        backbone_weights: options.backbone_weights.clone(),
-        padded_actions: options.padded_actions,
-    };
+    let policy_options =
+        PolicyOptions { device: options.device, kind: options.kind, backbone_weights: None, padded_actions: options.padded_actions };
     let checkpoints = options.out.join("checkpoints");
-    let (policy, mut optimizer, started_after) = if options.resume {
+    let (policy, mut optimizer, started_after, backbone_weights) = if options.resume {
         let last = checkpoints.join("last");
         let dir = std::fs::canonicalize(&last)
             .map_err(|_| Error::Run(format!("--resume: {} does not exist; start the run without --resume", last.display())))?;
@@ -382,6 +387,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             steps_per_epoch: run.steps_per_epoch,
             next_step: run.next_step,
             padded_actions: run.padded_actions,
+            backbone_weights: run.backbone_weights.clone(),
         };
         if given != run {
             return Err(Error::Run(format!(
@@ -409,7 +415,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         }
         let mut optimizer = policy.optimizer();
         optimizer.load(&dir.join("training_state"))?;
-        (policy, optimizer, run.next_step - 1)
+        (policy, optimizer, run.next_step - 1, run.backbone_weights)
     } else {
         if checkpoints.join("last").exists() {
             return Err(Error::Run(format!(
@@ -420,14 +426,22 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         let mut config = options.config.clone();
         config.set_features(&facts.features);
         config.validate()?;
+        // Rank 0's weights go to every rank below, so only rank 0 reads a file.
+        let backbone_weights = match rank {
+            0 => {
+                backbone_start(&config, options.backbone_weights.as_deref(), options.init_from.as_deref(), torchvision_cache().as_deref())?
+            }
+            _ => None,
+        };
         let stats = policy_stats(&facts)?;
         tch::manual_seed(rank_step_seed(options.seed, 0, 0));
+        let policy_options = PolicyOptions { backbone_weights: backbone_weights.clone(), ..policy_options };
         let policy = tokio::task::block_in_place(|| Policy::new(config, stats, &policy_options))?;
         if let Some(dir) = &options.init_from {
             tokio::task::block_in_place(|| policy.init_from(dir))?;
         }
         let optimizer = policy.optimizer();
-        (policy, optimizer, 0)
+        (policy, optimizer, 0, backbone_weights)
     };
     if let Some(c) = &options.collective {
         // Every rank starts from rank 0's weights (and its frozen statistics).
@@ -473,6 +487,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         steps_per_epoch,
         next_step,
         padded_actions: options.padded_actions,
+        backbone_weights: backbone_weights.clone(),
     };
     let (started, mut waited, mut losses, mut checkpoint) = (Instant::now(), 0.0, Vec::new(), PathBuf::new());
     let cpu_at_start = lake_loader::process_usage().cpu_s;
@@ -592,6 +607,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         datasets: facts.datasets,
         evals,
         cpu_s,
+        backbone_weights,
     })
 }
 
@@ -697,6 +713,69 @@ async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &Poli
         return Err(Error::Data(format!("the held-out datasets ({}) gave no samples", request.datasets.len())));
     }
     Ok((totals[0] / totals[1], totals[1] as u64))
+}
+
+/// The file a fresh run starts its camera backbones from: `--backbone-weights` when given;
+/// else, when the config names torchvision's pretrained weights, torchvision's cached download
+/// of them in `cache` (as lerobot-train would read it; lake downloads nothing). Nothing when
+/// the config names no weights, has no camera, or `--init-from` replaces every weight.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] when the config names weights that no file holds: a backbone left
+/// at random would train another policy than lerobot-train does from the same config
+/// (docs/decisions/0029-backbone-weights-from-a-file.md).
+fn backbone_start(config: &PolicyConfig, given: Option<&Path>, init_from: Option<&Path>, cache: Option<&Path>) -> Result<Option<PathBuf>> {
+    if let Some(path) = given {
+        return Ok(Some(path.to_path_buf()));
+    }
+    let Some(name) = config.pretrained_backbone_weights() else { return Ok(None) };
+    if init_from.is_some() || config.image_features().is_empty() {
+        return Ok(None);
+    }
+    let Some(file) = torchvision_weights_file(name) else {
+        return Err(Error::config(
+            "pretrained_backbone_weights",
+            format!(
+                "{name:?} names no ResNet-18 weights torchvision has (ResNet18_Weights.IMAGENET1K_V1); give the file with --backbone-weights"
+            ),
+        ));
+    };
+    let cached = cache.map(|dir| dir.join(file));
+    if let Some(found) = cached.iter().find(|p| p.is_file()) {
+        return Ok(Some(found.clone()));
+    }
+    Err(Error::config(
+        "pretrained_backbone_weights",
+        format!(
+            "the {} config starts its camera backbones from torchvision's {name:?}, which are not in torchvision's cache ({}), \
+             and lake downloads nothing: give them with --backbone-weights FILE (torchvision's .pth or safetensors; \
+             docs/guide/train.md#backbone-weights), or set \"pretrained_backbone_weights\": null in --policy-config to start from random weights",
+            config.type_name(),
+            cached.map_or_else(|| "no home directory".to_string(), |p| p.display().to_string())
+        ),
+    ))
+}
+
+/// torchvision's file of the ResNet-18 weights `name` names (`ResNet18_Weights.IMAGENET1K_V1`,
+/// its alias `DEFAULT`, or the member alone), as its downloads name it.
+pub fn torchvision_weights_file(name: &str) -> Option<&'static str> {
+    let member = name.strip_prefix("ResNet18_Weights.").unwrap_or(name);
+    matches!(member, "IMAGENET1K_V1" | "DEFAULT").then_some("resnet18-f37072fd.pth")
+}
+
+/// Where torchvision keeps its downloads, as torch.hub finds it: `$TORCH_HOME/hub/checkpoints`,
+/// `$TORCH_HOME` being `$XDG_CACHE_HOME/torch`, or `~/.cache/torch`, when unset.
+pub fn torchvision_cache() -> Option<PathBuf> {
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let expand = |p: PathBuf| match (p.strip_prefix("~"), var("HOME")) {
+        (Ok(rest), Some(home)) => home.join(rest),
+        _ => p,
+    };
+    let home = match var("TORCH_HOME") {
+        Some(home) => expand(home),
+        None => expand(var("XDG_CACHE_HOME").unwrap_or_else(|| PathBuf::from("~/.cache"))).join("torch"),
+    };
+    (!home.starts_with("~")).then(|| home.join("hub").join("checkpoints"))
 }
 
 /// Writes a checkpoint after update `step` of `total`, with lake's run file, then points `last`
@@ -915,6 +994,39 @@ mod tests {
         let seeds: std::collections::BTreeSet<i64> = (0..1000).flat_map(|s| [step_seed(0, s), step_seed(1, s)]).collect();
         assert_eq!(seeds.len(), 2000);
         assert!(seeds.iter().all(|s| *s >= 0));
+    }
+
+    #[test]
+    fn named_backbone_weights_need_a_file() {
+        let camera = crate::DatasetFeature::new("observation.images.top", FeatureType::Visual, [3, 48, 64]);
+        let features = [camera, crate::DatasetFeature::new(crate::ACTION, FeatureType::Action, [2])];
+        let named = PolicyConfig::Act(Box::new(ActConfig::with_features(&features)));
+        assert_eq!(named.pretrained_backbone_weights(), Some("ResNet18_Weights.IMAGENET1K_V1"));
+        let tmp = std::env::temp_dir().join(format!("lake-backbone-start-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let refused = backbone_start(&named, None, None, Some(&tmp)).unwrap_err().to_string();
+        assert!(refused.contains("pretrained_backbone_weights") && refused.contains("--backbone-weights"), "{refused}");
+        assert!(refused.contains(&tmp.join("resnet18-f37072fd.pth").display().to_string()), "{refused}");
+        assert!(backbone_start(&named, None, None, None).is_err());
+        // torchvision's cached download, as lerobot-train would read it.
+        std::fs::write(tmp.join("resnet18-f37072fd.pth"), b"").unwrap();
+        assert_eq!(backbone_start(&named, None, None, Some(&tmp)).unwrap(), Some(tmp.join("resnet18-f37072fd.pth")));
+        std::fs::remove_dir_all(&tmp).unwrap();
+        // A file given wins; --init-from replaces every weight.
+        let given = Path::new("resnet18.safetensors");
+        assert_eq!(backbone_start(&named, Some(given), None, None).unwrap().as_deref(), Some(given));
+        assert_eq!(backbone_start(&named, None, Some(Path::new("runs/earlier")), None).unwrap(), None);
+        // Without a camera there is no backbone to start.
+        let state_only = PolicyConfig::Act(Box::new(ActConfig::with_features(&features[1..])));
+        assert_eq!(backbone_start(&state_only, None, None, None).unwrap(), None);
+        // LeRobot 0.4.4's Diffusion names no weights.
+        let diffusion = PolicyConfig::Diffusion(Box::new(crate::DiffusionConfig::with_features(&features)));
+        assert_eq!(backbone_start(&diffusion, None, None, None).unwrap(), None);
+        // Names torchvision takes for the same weights; others have no file.
+        for name in ["ResNet18_Weights.IMAGENET1K_V1", "ResNet18_Weights.DEFAULT", "IMAGENET1K_V1", "DEFAULT"] {
+            assert_eq!(torchvision_weights_file(name), Some("resnet18-f37072fd.pth"), "{name}");
+        }
+        assert_eq!(torchvision_weights_file("ResNet34_Weights.IMAGENET1K_V1"), None);
     }
 
     #[test]

@@ -93,8 +93,9 @@ pub struct TrainArgs {
     /// lake's statistics; its architecture must be the config's.
     #[arg(long, value_name = "DIR")]
     init_from: Option<PathBuf>,
-    /// ResNet-18 weights (safetensors, torchvision's names) for the backbone; nothing is
-    /// downloaded.
+    /// ResNet-18 weights for the camera backbones: torchvision's `.pth`, or safetensors with its
+    /// names. When the config names `pretrained_backbone_weights` (ACT's default) and this is
+    /// not given, torchvision's cached download is read; nothing is downloaded.
     #[arg(long, value_name = "FILE")]
     backbone_weights: Option<PathBuf>,
     /// How the loss counts the actions of a chunk that runs past its episode's end (ACT's L1;
@@ -314,6 +315,9 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         summary.checkpoint.display(),
         args.out.join(lake_trainer::run_log::PLOT_FILE).display()
     )?;
+    if let Some(weights) = &summary.backbone_weights {
+        outln!("backbone: started from {}", weights.display())?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -16,10 +16,11 @@ pub struct PolicyOptions {
     pub device: Device,
     /// Parameter dtype: `Float` (LeRobot's) or `Double`. Checkpoints are always f32.
     pub kind: Kind,
-    /// A local safetensors file with torchvision ResNet-18 weights (`conv1.weight`,
-    /// `layer1.0.bn1.running_mean`, …; `fc.*` and `num_batches_tracked` are ignored) to start
-    /// the backbone from. Nothing is ever downloaded; without it the backbone starts from
-    /// torchvision's random init.
+    /// A local file of torchvision ResNet-18 weights (torchvision's `.pth`, or safetensors with
+    /// its names: `conv1.weight`, `layer1.0.bn1.running_mean`, …; `fc.*` and
+    /// `num_batches_tracked` are ignored) to start the backbone from. Nothing is ever
+    /// downloaded; without it the backbone starts from torchvision's random init, whatever the
+    /// config names (`lake train` refuses that; see `train::train`).
     pub backbone_weights: Option<PathBuf>,
     /// How the loss counts the actions of a chunk that ran past its episode's end.
     pub padded_actions: PaddedActions,

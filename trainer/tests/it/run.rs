@@ -90,6 +90,17 @@ fn the_loss_goes_down_on_the_lakes_samples() {
         |_| (),
     ));
     assert!(again.expect_err("refused").to_string().contains("--resume"));
+    // A config that starts the backbone from torchvision's weights, with no file holding them,
+    // is refused before the run writes anything.
+    let imagenet = ActConfig { pretrained_backbone_weights: Some("ResNet18_Weights.IMAGENET1K_V1".into()), ..ActConfig::small() };
+    let elsewhere = tmp.path().join("imagenet");
+    let refused = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(
+        TrainOptions { config: lake_trainer::policy::PolicyConfig::Act(Box::new(imagenet)), ..options(&lake, &elsewhere, 10) },
+        |_| (),
+        |_| (),
+    ));
+    assert!(refused.expect_err("no weights").to_string().contains("--backbone-weights"));
+    assert!(!elsewhere.exists());
 }
 
 #[test]

@@ -195,6 +195,44 @@ fn backbone_starts_from_a_torchvision_weights_file() {
     assert!(err.contains("layer4.1.conv2.weight"), "{err}");
 }
 
+/// torchvision's own `.pth` (the file lerobot-train reads from torchvision's cache) starts the
+/// backbone with the values torchvision gives LeRobot's ACT backbone from it.
+#[test]
+fn backbone_starts_from_torchvisions_cached_pth_as_lerobots_does() {
+    let Some(python) = lerobot_python("backbone_starts_from_torchvisions_cached_pth_as_lerobots_does") else { return };
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (home, dump) = (tmp.path().join("torch-home"), tmp.path().join("lerobot-backbone.safetensors"));
+    // A ResNet-18 saved as torchvision saves its downloads, then loaded as LeRobot's ACT loads
+    // its backbone: by name, from the cache, with FrozenBatchNorm2d.
+    let script = r#"
+import os, sys, torch, torchvision
+from safetensors.torch import save_file
+from torchvision.ops.misc import FrozenBatchNorm2d
+home, dump = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.join(home, "hub", "checkpoints"))
+torch.manual_seed(3)
+torch.save(torchvision.models.resnet18().state_dict(), os.path.join(home, "hub", "checkpoints", "resnet18-f37072fd.pth"))
+os.environ["TORCH_HOME"] = home
+net = torchvision.models.resnet18(weights="ResNet18_Weights.IMAGENET1K_V1", norm_layer=FrozenBatchNorm2d)
+save_file({k: v.contiguous() for k, v in net.state_dict().items() if not k.startswith("fc.")}, dump)
+"#;
+    let out = std::process::Command::new(&python).arg("-c").arg(script).arg(&home).arg(&dump).output().expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (config, stats) = tiny_config_and_stats();
+    let pth = home.join("hub/checkpoints/resnet18-f37072fd.pth");
+    let options = PolicyOptions { backbone_weights: Some(pth), ..PolicyOptions::default() };
+    let policy = ActPolicy::new(config, stats, &options).unwrap();
+    let lerobot = lake_trainer::read_safetensors(&dump).unwrap();
+    let mut compared = 0;
+    for (key, t) in policy.state_dict() {
+        let Some(name) = key.strip_prefix("model.backbone.") else { continue };
+        assert_eq!(host(t), lerobot[name], "{name}");
+        compared += 1;
+    }
+    assert_eq!(compared, lerobot.len(), "every tensor of LeRobot's backbone");
+}
+
 #[test]
 fn bad_batches_are_refused() {
     let _serial = crate::common::serial();
