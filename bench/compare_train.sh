@@ -13,7 +13,9 @@
 # 30 fps, whose wrist camera is 480x640 too for Diffusion, which takes cameras of one size; or
 # --dataset) with the same batch size and seed, one after the other, on the CPU:
 #  1. lerobot-train (LeRobot 0.4.4, bench/lerobot/requirements.txt) with LeRobot's own loader
-#     and its defaults (4 DataLoader workers; the bridge's run too);
+#     and its defaults (4 DataLoader workers; the bridge's run too); unless --peers lerobot,
+#     lerobot-train of LeRobot 0.6.1 too, given 0.4.4's defaults where 0.6.1 changed them
+#     (Diffusion's), so that both train the same network;
 #  2. lerobot-train through lake's bridge (python -m lake_client.lerobot_train) on `lake serve`;
 #  3. `lake train`, batches from the loader in its own process;
 #  4. `lake train` fed by `lake serve --local` (shared memory).
@@ -44,10 +46,15 @@
 #                    threads (lake train's loader takes one per core) [2]
 #   --seed N         fixture, sampler and model seed [0]
 #   --json FILE      write the results as JSON [LAKE_BENCH_JSON]
+#   --peers P        all: lerobot-train of LeRobot 0.4.4 and 0.6.1; lerobot: 0.4.4's only (no
+#                    shared tools needed) [LAKE_BENCH_PEERS, all]
 # Environment:
 #   LAKE_BIN           a lake built with `--features torch` [built here: cargo build --release
 #                      -p lake --features torch against scripts/torch-env.sh's torch]
 #   LAKE_LEROBOT_VENV  the LeRobot venv [~/.cache/lake/lerobot-venv]
+#   LAKE_LEROBOT061_VENV  the LeRobot 0.6.1 venv, layered over LAKE_LEROBOT_VENV by the shared
+#                      install-lerobot-0.6.1.sh [~/.cache/lake/lerobot061-venv]
+#   LAKE_SHARED_TOOLS  the shared benchmark tools, needed unless --peers lerobot [../shared/tools]
 #   LAKE_BENCH_DIR     fixtures and lakes [~/.cache/lake/bench]
 #   PYTHON             Python 3.11 used to create the venv [python3]
 #
@@ -69,6 +76,9 @@ workers=2
 seed=0
 json_out="${LAKE_BENCH_JSON:-}"
 venv="${LAKE_LEROBOT_VENV:-$HOME/.cache/lake/lerobot-venv}"
+venv061="${LAKE_LEROBOT061_VENV:-$HOME/.cache/lake/lerobot061-venv}"
+shared_tools="${LAKE_SHARED_TOOLS:-$repo/../shared/tools}"
+peers="${LAKE_BENCH_PEERS:-all}"
 bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
 python="${PYTHON:-python3}"
 policy=act
@@ -88,6 +98,7 @@ while [ $# -gt 0 ]; do
     --workers) workers="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
     --json) json_out="$2"; shift 2 ;;
+    --peers) peers="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -99,9 +110,15 @@ case "$policy" in
   diffusion) fixture_wrist=480x640 ;;
   *) echo "--policy: act or diffusion, not $policy" >&2; exit 2 ;;
 esac
+case "$peers" in
+  lerobot | all) ;;
+  *) echo "--peers takes lerobot or all, not $peers" >&2; exit 2 ;;
+esac
 
 . "$py_dir/common.sh"
+[ "$peers" = lerobot ] || require_shared_tools install-lerobot-0.6.1.sh
 lerobot_venv
+[ "$peers" = lerobot ] || lerobot061_venv
 
 # The lake binary, with the trainer.
 if [ -z "${LAKE_BIN:-}" ]; then
@@ -171,17 +188,28 @@ contender() {
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH="$repo/clients/python${PYTHONPATH:+:$PYTHONPATH}"
 lerobot_args=("--policy.type=$policy" --policy.device=cpu --policy.push_to_hub=false --policy.pretrained_backbone_weights=null
   "--batch_size=$batch_size" "--steps=$total" --log_freq=1 --save_checkpoint=false
-  --eval_freq=0 --wandb.enable=false "--seed=$seed")
+  --wandb.enable=false "--seed=$seed")
 # LeRobot 0.4.4's L1 counts padded actions as zeros; lake's does so with --padded-actions zero.
 # Both start the backbone from random weights (nothing is downloaded).
 echo "{\"type\": \"$policy\", \"pretrained_backbone_weights\": null}" >"$work/random-backbone.json"
 lake_args=(--dataset bench --policy "$policy" --policy-config "$work/random-backbone.json" --steps "$total"
   --batch-size "$batch_size" --seed "$seed" --log-every 1 --padded-actions zero)
 
+# No evaluation in an environment: 0.4.4 calls it eval_freq, 0.6.1 env_eval_freq.
 contender lerobot-train "$venv/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
-  "${lerobot_args[@]}" "--output_dir=$work/run-lerobot-train"
+  "${lerobot_args[@]}" --eval_freq=0 "--output_dir=$work/run-lerobot-train"
+if [ "$peers" = all ]; then
+  # LeRobot 0.6.1's Diffusion defaults differ from 0.4.4's; these restore them (ACT's did not change).
+  newest_args=()
+  if [ "$policy" = diffusion ]; then
+    newest_args=(--policy.horizon=16 --policy.n_action_steps=8 --policy.use_group_norm=true
+      --policy.use_separate_rgb_encoder_per_camera=false)
+  fi
+  contender lerobot-train-061 "$venv061/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
+    "${lerobot_args[@]}" "${newest_args[@]}" --env_eval_freq=0 "--output_dir=$work/run-lerobot-train-061"
+fi
 contender lerobot-train-bridge "$vpy" -m lake_client.lerobot_train --lake-server "$flight" --lake-http "$http" \
-  --lake-dataset bench "${lerobot_args[@]}" "--output_dir=$work/run-lerobot-train-bridge"
+  --lake-dataset bench "${lerobot_args[@]}" --eval_freq=0 "--output_dir=$work/run-lerobot-train-bridge"
 contender lake-train "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --out "$work/run-lake-train"
 contender lake-train-local "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --local "$work/serve.sock" \
   --out "$work/run-lake-train-local"

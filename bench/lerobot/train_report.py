@@ -100,9 +100,11 @@ def main() -> None:
     args = ap.parse_args()
     w, b = args.work, args.batch_size
 
-    training = {
-        "lerobot-train, LeRobot's loader": lerobot_train(w, "lerobot-train", args.warmup, b),
-        "lerobot-train, lake bridge (Flight)": lerobot_train(w, "lerobot-train-bridge", args.warmup, b),
+    training = {"lerobot-train 0.4.4, LeRobot's loader": lerobot_train(w, "lerobot-train", args.warmup, b)}
+    if (w / "lerobot-train-061.out").exists():
+        training["lerobot-train 0.6.1, LeRobot's loader"] = lerobot_train(w, "lerobot-train-061", args.warmup, b)
+    training |= {
+        "lerobot-train 0.4.4, lake bridge (Flight)": lerobot_train(w, "lerobot-train-bridge", args.warmup, b),
         "lake train, in process": lake_train(w, "lake-train", args.warmup, b),
         "lake train, lake serve --local": lake_train(w, "lake-train-local", args.warmup, b),
     }
