@@ -6,6 +6,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor, nn};
 
+use crate::tensors::Stored;
 use crate::{Error, FeatureType, NormalizationMode, Normalizer, Result};
 
 /// The sub-directory `from_pretrained` reads.
@@ -336,26 +337,36 @@ pub(crate) fn load_resnet18<'a>(
 
 /// Copies host values into a variable after checking the shape.
 pub(crate) fn copy_into(dst: &Tensor, src: &crate::HostTensor, path: &Path, key: &str) -> Result<()> {
+    check_shape(dst, &src.shape, path, key)?;
+    copy_values(dst, Tensor::from_slice(&src.values));
+    Ok(())
+}
+
+fn check_shape(dst: &Tensor, shape: &[usize], path: &Path, key: &str) -> Result<()> {
     let want: Vec<usize> = dst.size().iter().map(|&d| d as usize).collect();
-    if want != src.shape {
+    if want != shape {
         return Err(Error::Mismatch {
             path: path.into(),
             key: key.into(),
-            reason: format!("shape {:?} in the file, {:?} in the model", src.shape, want),
+            reason: format!("shape {shape:?} in the file, {want:?} in the model"),
         });
     }
-    let value = Tensor::from_slice(&src.values).view(dst.size().as_slice()).to_kind(dst.kind()).to_device(dst.device());
-    tch::no_grad(|| dst.shallow_clone().copy_(&value));
     Ok(())
+}
+
+fn copy_values(dst: &Tensor, flat: Tensor) {
+    let value = flat.view(dst.size().as_slice()).to_kind(dst.kind()).to_device(dst.device());
+    tch::no_grad(|| dst.shallow_clone().copy_(&value));
 }
 
 /// Copies every tensor of a `model.safetensors` into `state` (a model's keys and variables),
 /// refusing a file that lacks one of its keys, has a key it lacks, or a shape that differs.
+/// Integer counters are read exactly.
 ///
 /// # Errors
 /// [`Error::Mismatch`] naming the key and both shapes.
 pub(crate) fn load_state_file<'a>(state: impl Iterator<Item = (&'a str, &'a Tensor)> + Clone, path: &Path) -> Result<()> {
-    let file = crate::read_safetensors(path)?;
+    let file = crate::tensors::read_stored(path)?;
     for key in file.keys() {
         if !state.clone().any(|(k, _)| k == key) {
             return Err(Error::Mismatch { path: path.into(), key: key.clone(), reason: "not in this architecture".into() });
@@ -364,9 +375,38 @@ pub(crate) fn load_state_file<'a>(state: impl Iterator<Item = (&'a str, &'a Tens
     for (key, t) in state {
         let src =
             file.get(key).ok_or_else(|| Error::Mismatch { path: path.into(), key: key.into(), reason: "missing from the file".into() })?;
-        copy_into(t, src, path, key)?;
+        check_shape(t, src.shape(), path, key)?;
+        copy_values(
+            t,
+            match src {
+                Stored::F32(host) => Tensor::from_slice(&host.values),
+                Stored::I64 { values, .. } => Tensor::from_slice(values),
+            },
+        );
     }
     Ok(())
+}
+
+/// Writes a model's state as `model.safetensors` in the dtypes LeRobot's `save_pretrained`
+/// gives them: float32 for every float tensor (whatever the training dtype), int64 for
+/// BatchNorm's `num_batches_tracked`.
+///
+/// # Errors
+/// [`Error::Io`] or [`Error::SafeTensors`].
+pub(crate) fn write_state_file<'a>(path: &Path, state: impl Iterator<Item = (&'a str, &'a Tensor)>) -> Result<()> {
+    let stored: Vec<(&str, Stored)> = state
+        .map(|(k, t)| {
+            let value = if t.kind() == Kind::Int64 {
+                let t = t.to_device(Device::Cpu).contiguous();
+                let shape = t.size().iter().map(|&d| d as usize).collect();
+                Stored::I64 { shape, values: Vec::<i64>::try_from(t.flatten(0, -1)).expect("an int64 tensor converts") }
+            } else {
+                Stored::F32(host(t))
+            };
+            (k, value)
+        })
+        .collect();
+    crate::tensors::write_stored(path, stored.iter().map(|(k, t)| (*k, t)))
 }
 
 /// Per-feature normalisation on the policy's device, LeRobot's formulas exactly.

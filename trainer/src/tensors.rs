@@ -1,4 +1,4 @@
-//! Reading and writing safetensors files of f32 tensors without libtorch.
+//! Reading and writing safetensors files of f32 tensors (and int64 counters) without libtorch.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,11 +40,74 @@ impl HostTensor {
 /// # Errors
 /// [`Error::SafeTensors`] (naming `path`, used only for the message) when a tensor is invalid.
 pub fn to_safetensors_bytes<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a HostTensor)>, path: &Path) -> Result<Vec<u8>> {
-    let bytes: Vec<(&str, Vec<usize>, Vec<u8>)> =
-        tensors.into_iter().map(|(k, t)| (k, t.shape.clone(), t.values.iter().flat_map(|v| v.to_le_bytes()).collect())).collect();
-    let views = bytes
+    serialize(
+        tensors.into_iter().map(|(k, t)| (k, Dtype::F32, t.shape.clone(), t.values.iter().flat_map(|v| v.to_le_bytes()).collect())),
+        path,
+    )
+}
+
+/// A tensor as a file holds it: f32 values, or the int64 of a counter (BatchNorm's
+/// `num_batches_tracked`), kept exact.
+#[cfg(feature = "torch")]
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Stored {
+    F32(HostTensor),
+    I64 { shape: Vec<usize>, values: Vec<i64> },
+}
+
+#[cfg(feature = "torch")]
+impl Stored {
+    pub(crate) fn shape(&self) -> &[usize] {
+        match self {
+            Stored::F32(t) => &t.shape,
+            Stored::I64 { shape, .. } => shape,
+        }
+    }
+}
+
+/// Writes named tensors, each in its own dtype, to a safetensors file (no `__metadata__`).
+///
+/// # Errors
+/// [`Error::Io`] or [`Error::SafeTensors`].
+#[cfg(feature = "torch")]
+pub(crate) fn write_stored<'a>(path: &Path, tensors: impl IntoIterator<Item = (&'a str, &'a Stored)>) -> Result<()> {
+    let raw = tensors.into_iter().map(|(k, t)| match t {
+        Stored::F32(t) => (k, Dtype::F32, t.shape.clone(), t.values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        Stored::I64 { shape, values } => (k, Dtype::I64, shape.clone(), values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+    });
+    let bytes = serialize(raw, path)?;
+    std::fs::write(path, bytes).map_err(Error::io(path))
+}
+
+/// Reads a safetensors file keeping int64 tensors exact; every other dtype is read as
+/// [`from_safetensors_bytes`] reads it.
+///
+/// # Errors
+/// As [`read_safetensors`].
+#[cfg(feature = "torch")]
+pub(crate) fn read_stored(path: &Path) -> Result<BTreeMap<String, Stored>> {
+    let bytes = std::fs::read(path).map_err(Error::io(path))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|source| Error::SafeTensors { path: path.into(), source })?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.iter() {
+        let stored = match view.dtype() {
+            Dtype::I64 => Stored::I64 {
+                shape: view.shape().to_vec(),
+                values: view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+            },
+            dtype => Stored::F32(HostTensor { shape: view.shape().to_vec(), values: to_f32(dtype, name, view.data(), path)? }),
+        };
+        out.insert(name.to_string(), stored);
+    }
+    Ok(out)
+}
+
+/// Tensors of (name, dtype, shape, little-endian bytes) in the safetensors format.
+fn serialize<'a>(tensors: impl Iterator<Item = (&'a str, Dtype, Vec<usize>, Vec<u8>)>, path: &Path) -> Result<Vec<u8>> {
+    let raw: Vec<_> = tensors.collect();
+    let views = raw
         .iter()
-        .map(|(k, shape, data)| Ok((*k, TensorView::new(Dtype::F32, shape.clone(), data)?)))
+        .map(|(k, dtype, shape, data)| Ok((*k, TensorView::new(*dtype, shape.clone(), data)?)))
         .collect::<std::result::Result<Vec<_>, safetensors::SafeTensorError>>()
         .map_err(|source| Error::SafeTensors { path: path.into(), source })?;
     safetensors::serialize(views, None).map_err(|source| Error::SafeTensors { path: path.into(), source })
@@ -59,18 +122,23 @@ pub fn from_safetensors_bytes(bytes: &[u8], path: &Path) -> Result<BTreeMap<Stri
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|source| Error::SafeTensors { path: path.into(), source })?;
     let mut out = BTreeMap::new();
     for (name, view) in st.iter() {
-        let elem = match view.dtype() {
-            Dtype::F32 => Elem::F32,
-            Dtype::F64 => Elem::F64,
-            Dtype::F16 => Elem::F16,
-            Dtype::BF16 => Elem::BF16,
-            Dtype::I64 => Elem::I64,
-            Dtype::I32 => Elem::I32,
-            other => return Err(Error::format(path, format!("tensor {name}: dtype {other:?} cannot be read as float32"))),
-        };
-        out.insert(name.to_string(), HostTensor { shape: view.shape().to_vec(), values: elem.to_f32(view.data()) });
+        out.insert(name.to_string(), HostTensor { shape: view.shape().to_vec(), values: to_f32(view.dtype(), name, view.data(), path)? });
     }
     Ok(out)
+}
+
+/// A safetensors tensor's little-endian values as f32.
+fn to_f32(dtype: Dtype, name: &str, data: &[u8], path: &Path) -> Result<Vec<f32>> {
+    let elem = match dtype {
+        Dtype::F32 => Elem::F32,
+        Dtype::F64 => Elem::F64,
+        Dtype::F16 => Elem::F16,
+        Dtype::BF16 => Elem::BF16,
+        Dtype::I64 => Elem::I64,
+        Dtype::I32 => Elem::I32,
+        other => return Err(Error::format(path, format!("tensor {name}: dtype {other:?} cannot be read as float32"))),
+    };
+    Ok(elem.to_f32(data))
 }
 
 /// The element types read as f32, stored little-endian.
@@ -192,6 +260,31 @@ mod tests {
         let back = from_safetensors_bytes(&bytes, p).unwrap();
         assert_eq!(back["cam.mean"], a);
         assert_eq!(back["count"], b);
+    }
+
+    #[cfg(feature = "torch")]
+    #[test]
+    fn counters_stay_int64_and_exact() {
+        let dir = std::env::temp_dir().join(format!("lake-stored-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        // 2^53 + 1 has no f32 (nor f64) value: only an int64 path keeps it.
+        let big = (1i64 << 53) + 1;
+        let counter = Stored::I64 { shape: vec![], values: vec![big] };
+        let weight = Stored::F32(HostTensor::vector([0.5, -1.0]));
+        write_stored(&path, [("bn.num_batches_tracked", &counter), ("bn.weight", &weight)]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        assert_eq!(header["bn.num_batches_tracked"]["dtype"], "I64");
+        assert_eq!(header["bn.num_batches_tracked"]["shape"], serde_json::json!([]));
+        assert_eq!(header["bn.weight"]["dtype"], "F32");
+        let back = read_stored(&path).unwrap();
+        assert_eq!(back["bn.num_batches_tracked"], counter);
+        assert_eq!(back["bn.weight"], weight);
+        // The f32 reader still takes the file, as LeRobot's loaders cast.
+        assert_eq!(read_safetensors(&path).unwrap()["bn.num_batches_tracked"].values, [big as f32]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[cfg(feature = "torch")]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::policy::{ActPolicy, PolicyOptions};
 use crate::checkpoint::{StagedCheckpoint, pretrained_dir};
-use crate::layers::{CONFIG_FILE, MODEL_FILE, host};
+use crate::layers::{CONFIG_FILE, MODEL_FILE};
 use crate::optim::Adam;
 use crate::{ActConfig, Error, Processors, Result};
 
@@ -24,8 +24,7 @@ impl ActPolicy {
         let config = self.config.for_checkpoint();
         let path = dir.join(CONFIG_FILE);
         std::fs::write(&path, config.to_json()).map_err(Error::io(&path))?;
-        let tensors: Vec<(&str, crate::HostTensor)> = self.state_dict().map(|(k, t)| (k, host(t))).collect();
-        crate::write_safetensors(dir.join(MODEL_FILE), tensors.iter().map(|(k, t)| (*k, t)))?;
+        self.save_model_file(dir.join(MODEL_FILE))?;
         self.processors.write(dir, config.device.as_deref().unwrap_or("cpu"))
     }
 
@@ -87,5 +86,14 @@ impl ActPolicy {
     /// [`Error::Mismatch`] naming the key and both shapes.
     pub fn load_model_file(&self, path: impl AsRef<Path>) -> Result<()> {
         crate::layers::load_state_file(self.state_dict(), path.as_ref())
+    }
+
+    /// Writes every parameter and buffer as `model.safetensors`, in the dtypes and layout
+    /// LeRobot's `save_pretrained` gives the same weights.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::SafeTensors`].
+    pub fn save_model_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        crate::layers::write_state_file(path.as_ref(), self.state_dict())
     }
 }

@@ -134,6 +134,15 @@ impl DiffusionNet {
         crate::layers::load_state_file(self.state_dict(), path.as_ref())
     }
 
+    /// Writes every tensor as `model.safetensors`, in the dtypes and layout LeRobot's
+    /// `save_pretrained` gives the same weights.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::SafeTensors`].
+    pub fn save_model_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        crate::layers::write_state_file(path.as_ref(), self.state_dict())
+    }
+
     fn prepare(&self, input: &DiffusionInput) -> Result<ModelInput> {
         let c = &self.config;
         let s = c.n_obs_steps as i64;

@@ -9,7 +9,7 @@ use tch::{Device, Kind, Tensor};
 use super::net::{DiffusionInput, DiffusionNet, Draws};
 use crate::{
     DiffusionConfig, Error, FeatureType, Processors, Result, Stats,
-    layers::{CONFIG_FILE, MODEL_FILE, Norm, apply, host},
+    layers::{CONFIG_FILE, MODEL_FILE, Norm, apply},
     loss::PaddedActions,
 };
 
@@ -95,8 +95,9 @@ impl DiffusionPolicy {
     }
 
     /// Writes `config.json` (every 0.4.4 field, so that a newer LeRobot does not fill in its
-    /// own defaults), `model.safetensors` (every parameter and buffer, f32) and the processor
-    /// files into `dir`, as LeRobot's `save_pretrained` plus the processors'.
+    /// own defaults), `model.safetensors` (every parameter and buffer, f32; BatchNorm's counters
+    /// int64) and the processor files into `dir`, as LeRobot's `save_pretrained` plus the
+    /// processors'.
     ///
     /// # Errors
     /// [`Error::Io`] or [`Error::SafeTensors`].
@@ -106,8 +107,7 @@ impl DiffusionPolicy {
         let config = self.net.config();
         let path = dir.join(CONFIG_FILE);
         std::fs::write(&path, config.for_checkpoint().to_json()).map_err(Error::io(&path))?;
-        let tensors: Vec<(&str, crate::HostTensor)> = self.net.state_dict().map(|(k, t)| (k, host(t))).collect();
-        crate::write_safetensors(dir.join(MODEL_FILE), tensors.iter().map(|(k, t)| (*k, t)))?;
+        self.net.save_model_file(dir.join(MODEL_FILE))?;
         self.processors.write(dir, config.device.as_deref().unwrap_or("cpu"))
     }
 

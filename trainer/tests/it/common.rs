@@ -83,6 +83,45 @@ pub fn run_script(python: &Path, name: &str, args: &[&Path]) {
     );
 }
 
+/// Asserts that two `pretrained_model` directories hold the same files: each safetensors file
+/// the same bytes (names, dtypes, shapes, values and layout), each JSON file the same values.
+pub fn same_checkpoint_files(theirs: &Path, ours: &Path) {
+    let names = |dir: &Path| {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(ours), names(theirs), "the files of {} and {}", ours.display(), theirs.display());
+    for name in names(theirs) {
+        let (a, b) = (std::fs::read(theirs.join(&name)).unwrap(), std::fs::read(ours.join(&name)).unwrap());
+        if name.ends_with(".json") {
+            let parse = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).unwrap();
+            let (mut ours, theirs) = (parse(&b), parse(&a));
+            // LeRobot writes an int-typed field that defaults to False (ACT's
+            // `replace_final_stride_with_dilation`) as `false` from its defaults and as `0` once
+            // read back; both are one value to both.
+            for (key, value) in ours.as_object_mut().into_iter().flatten() {
+                if let (Some(flag), Some(n)) = (value.as_bool(), theirs.get(key).and_then(serde_json::Value::as_u64)) {
+                    assert_eq!(u64::from(flag), n, "{name}: {key}");
+                    *value = n.into();
+                }
+            }
+            assert_eq!(ours, theirs, "{name}");
+            let keys = |v: &serde_json::Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+            assert_eq!(keys(&ours), keys(&theirs), "{name}: the keys' order");
+        } else {
+            assert!(
+                a == b,
+                "{name}: {} bytes against LeRobot's {}, first difference at byte {:?}",
+                b.len(),
+                a.len(),
+                a.iter().zip(&b).position(|(x, y)| x != y)
+            );
+        }
+    }
+}
+
 /// A tensor's values on the host.
 pub fn host(t: &Tensor) -> HostTensor {
     let t = t.to_kind(Kind::Float).to_device(Device::Cpu).contiguous();

@@ -44,6 +44,10 @@ fn compare(test: &str, config: &DiffusionConfig, python: &Path) {
     let net = DiffusionNet::new(config, Device::Cpu, Kind::Float).unwrap().with_padded_actions(PaddedActions::Zero);
     // Every key and shape LeRobot has, and no other: the load refuses any difference.
     net.load_model_file(ckpt.join("model.safetensors")).unwrap();
+    // Written back, the weights make LeRobot's file byte for byte (BatchNorm's counters int64).
+    let again = tmp.path().join("again.safetensors");
+    net.save_model_file(&again).unwrap();
+    assert!(std::fs::read(&again).unwrap() == std::fs::read(ckpt.join("model.safetensors")).unwrap(), "{test}: lake's model.safetensors");
     let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(ckpt.join("parameters.json")).unwrap()).unwrap();
     assert_eq!(net.num_parameters(), theirs["parameters"].as_i64().unwrap(), "{test}: parameters");
     let keys: Vec<&str> = net.named_parameters().iter().map(|(k, _)| k.as_str()).collect();

@@ -164,6 +164,11 @@ fn lerobot_checkpoint_loads_in_lake_and_predicts_the_same() {
     assert_eq!(policy.config(), &ActConfig::from_file(lr.join("config.json")).unwrap());
     assert_eq!(policy.processors().normalizer.stats, stats);
     compare_with_lerobot("lerobot_to_lake", &policy, &lr, &config, 17, &python, tmp.path());
+
+    // Saved again by lake, the checkpoint is the one LeRobot wrote.
+    let again = tmp.path().join("again");
+    policy.save_pretrained(&again).unwrap();
+    crate::common::same_checkpoint_files(&lr, &again);
 }
 
 #[test]
