@@ -123,12 +123,13 @@ lerobot_venv
 # The lake binary, with the trainer.
 if [ -z "${LAKE_BIN:-}" ]; then
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
-  tpy="$("$repo/scripts/torch-env.sh")"
+  torch_exports="$("$repo/scripts/torch-env.sh" --exports)"
   log "building lake with the trainer (release)"
-  (cd "$repo" && LIBTORCH_USE_PYTORCH=1 PATH="$(dirname "$tpy"):$PATH" VIRTUAL_ENV="$(dirname "$(dirname "$tpy")")" \
-    cargo build --release -p lake --features torch --locked)
+  (cd "$repo" && eval "$torch_exports" && cargo build --release -p lake --features torch --locked)
   LAKE_BIN="$CARGO_TARGET_DIR/release/lake"
-  export LD_LIBRARY_PATH="$("$tpy" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Only libtorch's libraries: the peers' pythons keep their own PATH.
+  LD_LIBRARY_PATH="$(eval "$torch_exports" && echo "$LD_LIBRARY_PATH")"
+  export LD_LIBRARY_PATH
 fi
 [ -x "$LAKE_BIN" ] || { echo "LAKE_BIN=$LAKE_BIN is not an executable" >&2; exit 2; }
 

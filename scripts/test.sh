@@ -70,12 +70,10 @@ fi
 # and the `torch` and `mpi` build of the binary, against PyPI's torch 2.11.0 in scripts/torch-env.sh's venv. LAKE_TORCH=0 skips it
 # (a machine that cannot fetch the wheel); CI runs it.
 if [ "${LAKE_TORCH:-1}" != 0 ]; then
-  torch_python="$(scripts/torch-env.sh)"
-  torch_lib="$("$torch_python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-  # The wheel's CUDA libraries hold NVRTC: lake-gpu's kernels are compiled here, GPU or not.
-  nvrtc_lib="$(dirname "$torch_lib")/../nvidia/cu13/lib"
+  torch_exports="$(scripts/torch-env.sh --exports)"
   (
-    export LIBTORCH_USE_PYTORCH=1 PATH="$(dirname "$torch_python"):$PATH" LD_LIBRARY_PATH="$torch_lib:$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    eval "$torch_exports"
+    # NVRTC comes with the wheel: lake-gpu's kernels are compiled here, GPU or not.
     export LAKE_REQUIRE_NVRTC=1
     # The whole workspace is named so that dependencies keep the features of the builds above.
     cargo clippy --workspace --all-targets --features lake/mpi,lake-trainer/mpi --locked -- -D warnings

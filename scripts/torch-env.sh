@@ -4,11 +4,11 @@
 # tch 0.24.0 is made for (a CUDA build with its nvidia wheels; it runs on CPU-only machines too).
 # Prints its python. Safe to run again: it only installs when the pinned versions are missing.
 #
-# Building `lake-trainer` (or `lake`) with the `torch` feature against it:
-#   py=$(scripts/torch-env.sh)
-#   export LIBTORCH_USE_PYTORCH=1 PATH="$(dirname "$py"):$PATH" VIRTUAL_ENV="$(dirname "$(dirname "$py")")"
-#   export LD_LIBRARY_PATH="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-#   cargo test --workspace --features lake/torch,lake-trainer/torch --lib --test trainer
+# With --exports it prints instead the shell lines that build and run lake's `torch` feature
+# against it: libtorch taken from that torch (LIBTORCH_USE_PYTORCH, its python first on PATH)
+# and its libraries, NVRTC's included, on LD_LIBRARY_PATH:
+#   eval "$(scripts/torch-env.sh --exports)"
+#   cargo build -p lake --features torch
 # A wheel already downloaded to /tmp/torch211 is used instead of fetching it again.
 set -euo pipefail
 venv="${LAKE_TORCH_VENV:-$HOME/.cache/lake/torch-venv}"
@@ -23,4 +23,13 @@ if [ "$(cat "$venv/.lake-pins" 2>/dev/null)" != "$want" ]; then
   "$venv/bin/python" -m pip install --quiet "${links[@]}" $want >&2
   echo "$want" > "$venv/.lake-pins"
 fi
-echo "$venv/bin/python"
+if [ "${1:-}" != --exports ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+torch_lib="$("$venv/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+# The wheel's CUDA libraries hold NVRTC, which compiles lake-gpu's kernels, GPU or not.
+nvrtc_lib="$(dirname "$torch_lib")/../nvidia/cu13/lib"
+echo 'export LIBTORCH_USE_PYTORCH=1'
+printf 'export PATH=%q"${PATH:+:$PATH}"\n' "$venv/bin"
+printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$torch_lib:$nvrtc_lib"

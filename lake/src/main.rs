@@ -125,7 +125,7 @@ enum Command {
     Export(cli::export::ExportArgs),
     /// Serve sampling streams (Arrow Flight and HTTP) and SQL over the lake.
     Serve(cli::serve::ServeArgs),
-    /// Train LeRobot's ACT policy on datasets of the lake, with checkpoints LeRobot loads.
+    /// Train LeRobot's ACT or Diffusion Policy on datasets of the lake, with checkpoints LeRobot loads.
     ///
     /// Batches come from the loader in this process, or from a running `lake serve`
     /// (--server, --local). Needs a build with the `torch` feature (libtorch).

@@ -1,0 +1,28 @@
+//! With the `torch` feature, gives the `lake` binary a run path to the libtorch it links (torch-sys
+//! says where) and to the NVRTC and CUDA libraries of the same torch wheel, when that is where
+//! libtorch came from. The binary then runs on the machine that built it without
+//! `LD_LIBRARY_PATH`; a binary carried elsewhere (a container, the GPU check's archive) finds the
+//! libraries it brings through `LD_LIBRARY_PATH`, which the loader searches first.
+
+use std::path::PathBuf;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    if std::env::var_os("CARGO_FEATURE_TORCH").is_none() || std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
+        return;
+    }
+    let Some(lib) = std::env::var_os("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from) else {
+        return;
+    };
+    let mut dirs = vec![lib.clone()];
+    // PyPI's torch: site-packages/torch/lib, beside site-packages/nvidia/<cuda>/lib.
+    let cuda = lib.join("../../nvidia/cu13/lib");
+    if cuda.is_dir() {
+        dirs.push(cuda);
+    }
+    for dir in dirs {
+        let dir = dir.canonicalize().unwrap_or(dir);
+        println!("cargo:rustc-link-arg-bins=-Wl,-rpath,{}", dir.display());
+    }
+}
