@@ -187,6 +187,9 @@ pub struct DatasetFacts {
     /// The first dataset's features, as LeRobot's `dataset_to_policy_features` sees them,
     /// cameras that ingest left out removed.
     pub features: Vec<DatasetFeature>,
+    /// The first dataset's other features, which no policy sees (LeRobot's names decide:
+    /// `action`, `observation.*`, and cameras), less the bookkeeping columns.
+    pub unused: Vec<String>,
     /// Statistics over the steps sampled, in LeRobot's `stats.json` layout (a mixture's
     /// combined as LeRobot's `aggregate_stats` combines them).
     pub stats: Value,
@@ -215,7 +218,16 @@ pub async fn dataset_facts(lake: Option<&Lake>, request: &SampleRequest, source:
         (_, None) => return Err(Error::Run("the datasets' facts are read from the lake, and there is none here".into())),
     };
     let features = DatasetFeature::from_info_json(&serde_json::json!({ "features": facts.features }))?;
-    Ok(DatasetFacts { fps: facts.fps, features, stats: facts.stats, datasets: facts.datasets })
+    const BOOKKEEPING: [&str; 5] = ["timestamp", "frame_index", "episode_index", "index", "task_index"];
+    let unused = facts
+        .features
+        .as_object()
+        .into_iter()
+        .flat_map(|all| all.keys())
+        .filter(|name| !BOOKKEEPING.contains(&name.as_str()) && !features.iter().any(|f| &f.name == *name))
+        .cloned()
+        .collect();
+    Ok(DatasetFacts { fps: facts.fps, features, unused, stats: facts.stats, datasets: facts.datasets })
 }
 
 /// The statistics an ACT policy normalises with: the numeric features' mean and std (and min

@@ -184,10 +184,13 @@ pub struct Summary {
     pub started_after: u64,
     /// The last step run.
     pub last_step: u64,
-    /// Mean loss of the first and of the last (up to) ten steps of this process.
+    /// Mean loss of the first [`Summary::loss_steps`] steps of this process.
     pub first_loss: f64,
-    /// See `first_loss`.
+    /// Mean loss of the last [`Summary::loss_steps`] steps of this process.
     pub last_loss: f64,
+    /// Steps in each of those means: ten, or half the steps run when fewer than twenty ran,
+    /// so that the two never share a step (one when a single step ran).
+    pub loss_steps: usize,
     /// Share of the step time spent waiting for batches.
     pub data_wait: f64,
     /// Samples per second over the run, every rank's.
@@ -423,9 +426,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
                 options.out.display()
             )));
         }
-        let mut config = options.config.clone();
-        config.set_features(&facts.features);
-        config.validate()?;
+        let config = policy_config(&options.config, &facts)?;
         // Rank 0's weights go to every rank below, so only rank 0 reads a file.
         let backbone_weights = match rank {
             0 => {
@@ -596,11 +597,13 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     let cpu_s = lake_loader::process_usage().cpu_s - cpu_at_start;
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     let ran = options.steps - started_after;
+    let loss_steps = (losses.len() / 2).clamp(1, 10).min(losses.len());
     Ok(Summary {
         started_after,
         last_step: options.steps,
-        first_loss: mean(&losses[..losses.len().min(10)]),
-        last_loss: mean(&losses[losses.len().saturating_sub(10)..]),
+        first_loss: mean(&losses[..loss_steps]),
+        last_loss: mean(&losses[losses.len() - loss_steps..]),
+        loss_steps,
         data_wait: waited / elapsed.max(f64::MIN_POSITIVE),
         samples_per_s: (ran * global_batch) as f64 / elapsed.max(f64::MIN_POSITIVE),
         checkpoint,
@@ -627,6 +630,31 @@ pub struct FeedSummary {
     pub datasets: Vec<String>,
 }
 
+/// `config` with the datasets' features, checked. A dataset with no `action` is refused
+/// naming the features no policy sees and how a view renames one.
+///
+/// # Errors
+/// [`Error::Features`] or [`Error::InvalidConfig`].
+fn policy_config(config: &PolicyConfig, facts: &DatasetFacts) -> Result<PolicyConfig> {
+    if !facts.features.iter().any(|f| f.name == crate::ACTION) {
+        // LeRobot takes any key starting with `action` for an action; its policies predict `action`.
+        let misnamed = facts.features.iter().filter(|f| f.kind == FeatureType::Action).map(|f| f.name.as_str());
+        let others: Vec<String> = misnamed.chain(facts.unused.iter().map(String::as_str)).map(|n| format!("`{n}`")).collect();
+        let others = if others.is_empty() { "none".to_owned() } else { others.join(", ") };
+        return Err(Error::Features(format!(
+            "{}: no `action` feature, which the policy predicts (policies read `action`, `observation.*` and cameras; \
+             the samples' other features: {others}). A view renames them: \
+             `lake view create NAME \"SELECT dataset, episode_index FROM episodes WHERE dataset = '…'\" --rename FEATURE=action`, \
+             then train on NAME",
+            facts.datasets.join(", ")
+        )));
+    }
+    let mut config = config.clone();
+    config.set_features(&facts.features);
+    config.validate()?;
+    Ok(config)
+}
+
 /// The data path alone: the batches a run of `options` would train on, each made into the
 /// policy's tensors and copied to the device, and nothing else. Its rate is the most samples a
 /// second this data path gives one device; with its CPU time per sample, it says how many cores
@@ -638,9 +666,7 @@ pub struct FeedSummary {
 pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecord)) -> Result<FeedSummary> {
     let (rank, world) = ranks(&options);
     let (mut request, facts) = plan(&options).await?;
-    let mut config = options.config.clone();
-    config.set_features(&facts.features);
-    config.validate()?;
+    let config = policy_config(&options.config, &facts)?;
     ask_for(&mut request, &config, facts.fps, &options);
     request.limit_batches = Some(options.steps);
     let feed = open_frames(&options, &request).await?;

@@ -303,7 +303,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     outln!(
-        "trained steps {}..={} on {}: loss {:.4} (first steps) -> {:.4} (last steps); {:.1} samples/s, {:.1} % of the time waiting for data, {:.0} CPU ms per sample in this process\ncheckpoint: {}\nplot: {}",
+        "trained steps {}..={} on {}: loss {:.4} (first {n} steps) -> {:.4} (last {n} steps); {:.1} samples/s, {:.1} % of the time waiting for data, {:.0} CPU ms per sample in this process\ncheckpoint: {}\nplot: {}",
         summary.started_after + 1,
         summary.last_step,
         summary.datasets.join(", "),
@@ -313,7 +313,8 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         summary.data_wait * 100.0,
         summary.cpu_s * 1e3 / ((summary.last_step - summary.started_after) * args.batch_size).max(1) as f64,
         summary.checkpoint.display(),
-        args.out.join(lake_trainer::run_log::PLOT_FILE).display()
+        args.out.join(lake_trainer::run_log::PLOT_FILE).display(),
+        n = summary.loss_steps,
     )?;
     if let Some(weights) = &summary.backbone_weights {
         outln!("backbone: started from {}", weights.display())?;
@@ -435,8 +436,8 @@ fn ranks(backend: &str, cuda: bool) -> anyhow::Result<(Option<Box<dyn lake_train
 pub async fn train(_root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     check_args(&args)?;
     anyhow::bail!(
-        "this lake was built without libtorch, which `lake train` runs on. Build it with the `torch` feature against PyPI's torch 2.11.0: \
-         `py=$(scripts/torch-env.sh)`, then `LIBTORCH_USE_PYTORCH=1 PATH=$(dirname $py):$PATH cargo build --release -p lake --features torch`, \
-         and run it with LD_LIBRARY_PATH at that torch's lib directory (docs/guide/train.md)"
+        "this lake was built without libtorch, which `lake train` runs on. Build it with the `torch` feature against PyPI's torch 2.11.0, \
+         from the repository: `eval \"$(scripts/torch-env.sh --exports)\"` then `cargo build --release -p lake --features torch` \
+         (docs/guide/train.md)"
     )
 }

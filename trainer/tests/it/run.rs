@@ -73,6 +73,7 @@ fn the_loss_goes_down_on_the_lakes_samples() {
     let (first, last) = (mean(&steps[..10]), mean(&steps[110..]));
     eprintln!("loss: first ten steps {first:.3}, last ten {last:.3}");
     assert!(last < first / 3.0, "the loss went from {first} to {last}");
+    assert_eq!((summary.loss_steps, summary.first_loss, summary.last_loss), (10, first, last));
     assert!(steps.iter().all(|s| s.loss.is_finite() && s.grad_norm.is_finite()));
     // LeRobot's layout, the newest checkpoint linked as `last`, a line per step in the log.
     let checkpoint = out.join("checkpoints/000120");
@@ -101,6 +102,38 @@ fn the_loss_goes_down_on_the_lakes_samples() {
     ));
     assert!(refused.expect_err("no weights").to_string().contains("--backbone-weights"));
     assert!(!elsewhere.exists());
+
+    // Samples whose actions go by another name have no `action` for the policy: refused, naming
+    // the feature left unused and the view that renames it.
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt");
+    let record = runtime.block_on(lake.resolve("v30-images-tiny")).expect("the dataset");
+    let features = lake_schemas::FeatureMap { rename: [("action".to_string(), "actions".to_string())].into(), ..Default::default() };
+    let view = lake_schemas::ViewRecord {
+        name: "renamed".into(),
+        version: 0,
+        dropped: false,
+        sql: "(written by the test)".into(),
+        created_at: chrono::Utc::now(),
+        lake_versions: Vec::new(),
+        datasets: vec![lake_schemas::ViewDataset {
+            name: "v30-images-tiny".into(),
+            version: record.version,
+            weight: 1.0,
+            episodes: (0..record.counts.episodes as i64).collect(),
+            features,
+        }],
+    };
+    runtime.block_on(lake.put_view(&view, false)).expect("view stored");
+    let renamed = tmp.path().join("renamed");
+    let refused = runtime
+        .block_on(train(TrainOptions { datasets: vec!["renamed".into()], ..options(&lake, &renamed, 10) }, |_| (), |_| ()))
+        .expect_err("no action")
+        .to_string();
+    assert!(
+        refused.contains("no `action` feature") && refused.contains("`actions`") && refused.contains("--rename FEATURE=action"),
+        "{refused}"
+    );
+    assert!(!renamed.exists());
 }
 
 #[test]
