@@ -2,7 +2,8 @@
 //! says where) and to the NVRTC and CUDA libraries of the same torch wheel, when that is where
 //! libtorch came from. The binary then runs on the machine that built it without
 //! `LD_LIBRARY_PATH`; a binary carried elsewhere (a container, the GPU check's archive) finds the
-//! libraries it brings through `LD_LIBRARY_PATH`, which the loader searches first.
+//! libraries it brings through `LD_LIBRARY_PATH`, which the loader searches first
+//! (docs/decisions/0030-run-path-to-libtorch.md).
 
 use std::path::PathBuf;
 
