@@ -25,8 +25,12 @@
 # the server's share for the fed ones).
 #
 # Then the data path alone, at the same batch size, for --feed-steps batches:
-#  5. LeRobot's loader behind torch's DataLoader (bench/lerobot/run_lerobot.py: the CPU of the
-#     main and every worker process);
+#  5. LeRobot's loader behind torch's DataLoader as lerobot-train 0.4.4 runs it
+#     (bench/lerobot/run_lerobot.py: the CPU of the main and every worker process); unless
+#     --peers lerobot, also as lerobot-train 0.6.1 runs it (uint8 frames made float in the main
+#     process, its sampler and worker settings), and LeRobot + Lance (lerobot-lancedb's
+#     LanceDBDataset over the dataset converted by lerobot-lance-convert, once, next to the
+#     fixture; not for --dataset), each with the policy's windows;
 #  6. `lake train --policy none` in process (each step only takes its batch onto the device;
 #     the policy's windows);
 #  7. `lake train --policy none` fed by `lake serve --local` (the trainer's CPU plus the
@@ -46,14 +50,17 @@
 #                    threads (lake train's loader takes one per core) [2]
 #   --seed N         fixture, sampler and model seed [0]
 #   --json FILE      write the results as JSON [LAKE_BENCH_JSON]
-#   --peers P        all: lerobot-train of LeRobot 0.4.4 and 0.6.1; lerobot: 0.4.4's only (no
-#                    shared tools needed) [LAKE_BENCH_PEERS, all]
+#   --peers P        all: lerobot-train and the loaders of LeRobot 0.4.4 and 0.6.1, and LeRobot +
+#                    Lance; lerobot: 0.4.4's only (no shared tools needed) [LAKE_BENCH_PEERS, all]
+#   --data-only      the data paths alone (5 to 7), no training runs
 # Environment:
 #   LAKE_BIN           a lake built with `--features torch` [built here: cargo build --release
 #                      -p lake --features torch against scripts/torch-env.sh's torch]
 #   LAKE_LEROBOT_VENV  the LeRobot venv [~/.cache/lake/lerobot-venv]
 #   LAKE_LEROBOT061_VENV  the LeRobot 0.6.1 venv, layered over LAKE_LEROBOT_VENV by the shared
 #                      install-lerobot-0.6.1.sh [~/.cache/lake/lerobot061-venv]
+#   LAKE_LANCEDB_VENV  the LeRobot + Lance venv (lerobot-lancedb 0.3.1, lancedb 0.40.0), layered
+#                      over LAKE_LEROBOT061_VENV [~/.cache/lake/lerobot-lancedb-venv]
 #   LAKE_SHARED_TOOLS  the shared benchmark tools, needed unless --peers lerobot [../shared/tools]
 #   LAKE_BENCH_DIR     fixtures and lakes [~/.cache/lake/bench]
 #   PYTHON             Python 3.11 used to create the venv [python3]
@@ -77,6 +84,8 @@ seed=0
 json_out="${LAKE_BENCH_JSON:-}"
 venv="${LAKE_LEROBOT_VENV:-$HOME/.cache/lake/lerobot-venv}"
 venv061="${LAKE_LEROBOT061_VENV:-$HOME/.cache/lake/lerobot061-venv}"
+lance_venv="${LAKE_LANCEDB_VENV:-$HOME/.cache/lake/lerobot-lancedb-venv}"
+data_only=0
 shared_tools="${LAKE_SHARED_TOOLS:-$repo/../shared/tools}"
 peers="${LAKE_BENCH_PEERS:-all}"
 bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
@@ -99,6 +108,7 @@ while [ $# -gt 0 ]; do
     --seed) seed="$2"; shift 2 ;;
     --json) json_out="$2"; shift 2 ;;
     --peers) peers="$2"; shift 2 ;;
+    --data-only) data_only=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -118,7 +128,10 @@ esac
 . "$py_dir/common.sh"
 [ "$peers" = lerobot ] || require_shared_tools install-lerobot-0.6.1.sh
 lerobot_venv
-[ "$peers" = lerobot ] || lerobot061_venv
+if [ "$peers" = all ]; then
+  lerobot061_venv
+  lancedb_venv
+fi
 
 # The lake binary, with the trainer.
 if [ -z "${LAKE_BIN:-}" ]; then
@@ -140,6 +153,8 @@ if [ -n "$dataset" ]; then
 else
   lerobot_fixture
 fi
+lance_root=""
+if [ "$peers" = all ] && [ -z "$dataset" ]; then lance_fixture; fi
 
 work="$(mktemp -d)"
 probe="$("$LAKE_BIN" --lake "$work/no-lake" train --dataset x --steps 1 --out "$work/probe" 2>&1 || true)"
@@ -196,31 +211,43 @@ echo "{\"type\": \"$policy\", \"pretrained_backbone_weights\": null}" >"$work/ra
 lake_args=(--dataset bench --policy "$policy" --policy-config "$work/random-backbone.json" --steps "$total"
   --batch-size "$batch_size" --seed "$seed" --log-every 1 --padded-actions zero)
 
-# No evaluation in an environment: 0.4.4 calls it eval_freq, 0.6.1 env_eval_freq.
-contender lerobot-train "$venv/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
-  "${lerobot_args[@]}" --eval_freq=0 "--output_dir=$work/run-lerobot-train"
-if [ "$peers" = all ]; then
-  # LeRobot 0.6.1's Diffusion defaults differ from 0.4.4's; these restore them (ACT's did not change).
-  newest_args=()
-  if [ "$policy" = diffusion ]; then
-    newest_args=(--policy.horizon=16 --policy.n_action_steps=8 --policy.use_group_norm=true
-      --policy.use_separate_rgb_encoder_per_camera=false)
+if [ "$data_only" = 0 ]; then
+  # No evaluation in an environment: 0.4.4 calls it eval_freq, 0.6.1 env_eval_freq.
+  contender lerobot-train "$venv/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
+    "${lerobot_args[@]}" --eval_freq=0 "--output_dir=$work/run-lerobot-train"
+  if [ "$peers" = all ]; then
+    # LeRobot 0.6.1's Diffusion defaults differ from 0.4.4's; these restore them (ACT's did not change).
+    newest_args=()
+    if [ "$policy" = diffusion ]; then
+      newest_args=(--policy.horizon=16 --policy.n_action_steps=8 --policy.use_group_norm=true
+        --policy.use_separate_rgb_encoder_per_camera=false)
+    fi
+    contender lerobot-train-061 "$venv061/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
+      "${lerobot_args[@]}" "${newest_args[@]}" --env_eval_freq=0 "--output_dir=$work/run-lerobot-train-061"
   fi
-  contender lerobot-train-061 "$venv061/bin/lerobot-train" --dataset.repo_id=local/bench "--dataset.root=$fixture" \
-    "${lerobot_args[@]}" "${newest_args[@]}" --env_eval_freq=0 "--output_dir=$work/run-lerobot-train-061"
+  contender lerobot-train-bridge "$vpy" -m lake_client.lerobot_train --lake-server "$flight" --lake-http "$http" \
+    --lake-dataset bench "${lerobot_args[@]}" --eval_freq=0 "--output_dir=$work/run-lerobot-train-bridge"
+  contender lake-train "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --out "$work/run-lake-train"
+  contender lake-train-local "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --local "$work/serve.sock" \
+    --out "$work/run-lake-train-local"
 fi
-contender lerobot-train-bridge "$vpy" -m lake_client.lerobot_train --lake-server "$flight" --lake-http "$http" \
-  --lake-dataset bench "${lerobot_args[@]}" --eval_freq=0 "--output_dir=$work/run-lerobot-train-bridge"
-contender lake-train "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --out "$work/run-lake-train"
-contender lake-train-local "$LAKE_BIN" --lake "$lake" train "${lake_args[@]}" --local "$work/serve.sock" \
-  --out "$work/run-lake-train-local"
 
 feed_total=$((feed_steps + 1))
 # The data path alone with the policy's windows: ACT's are lake's default, Diffusion's come with its type.
 echo "{\"type\": \"$policy\"}" >"$work/windows.json"
-contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" --root "$fixture" --repo-id local/bench --preset "$policy" \
-  --backend torchcodec --batch-size "$batch_size" --batches "$feed_steps" --num-workers "$workers" --seed "$seed" \
-  --json-out "$work/lerobot-loader.json"
+loader_args=(--root "$fixture" --repo-id local/bench --preset "$policy" --backend torchcodec --batch-size "$batch_size"
+  --batches "$feed_steps" --num-workers "$workers" --seed "$seed")
+contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" "${loader_args[@]}" --like 0.4.4 --json-out "$work/lerobot-loader.json"
+if [ "$peers" = all ]; then
+  contender lerobot-loader-061 "$vpy061" "$py_dir/run_lerobot.py" "${loader_args[@]}" --like 0.6.1 \
+    --json-out "$work/lerobot-loader-061.json"
+  if [ -n "$lance_root" ]; then
+    contender lance-loader "$vpy_lance" "$py_dir/run_lerobot.py" "${loader_args[@]}" --lance-root "$lance_root" \
+      --json-out "$work/lance-loader.json"
+  else
+    log "LeRobot + Lance left out: --dataset is not converted to Lance"
+  fi
+fi
 contender lake-feed "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --policy-config "$work/windows.json" --steps "$feed_total" \
   --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" --out "$work/run-lake-feed"
 contender lake-feed-local "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --policy-config "$work/windows.json" --steps "$feed_total" \

@@ -1,11 +1,24 @@
 """Time LeRobot's own loader on a local LeRobot dataset, the way a training run feeds it.
 
-``LeRobotDataset(repo_id, root=..., delta_timestamps=<preset>, video_backend=...)`` behind a
-``torch.utils.data.DataLoader`` (shuffled with a fixed seed, ``num_workers`` worker processes,
-``persistent_workers=False``, ``prefetch_factor=2``, the default fork start method on Linux: the
-DataLoader settings of ``lerobot-train`` in lerobot 0.4.4, apart from the worker count). The
-first ``--warmup`` batches start the workers and open the decoders; the next ``--batches``
-batches are timed.
+``--like`` picks whose ``lerobot-train`` DataLoader is reproduced (default: the installed
+LeRobot's release):
+
+- ``0.4.4``: ``LeRobotDataset(repo_id, root=..., delta_timestamps=<preset>, tolerance_s=1e-4,
+  video_backend=...)`` (float32 frames); a policy with ``drop_n_last_frames`` (Diffusion: 7) is
+  sampled by ``EpisodeAwareSampler(shuffle=True)`` on the seeded global generator, ACT by a
+  shuffled DataLoader; ``prefetch_factor=2``, no persistent workers, fork.
+- ``0.6.1``: the same dataset with ``return_uint8=True``, ``EpisodeAwareSampler`` for every policy
+  (``seed``, ``drop_n_last_frames`` as the policy's, 0 for ACT), ``prefetch_factor=4``, persistent
+  workers, spawn; the main process turns each camera's uint8 into float32 / 255, as
+  lerobot-train 0.6.1's loop does, inside the timed window.
+
+``--lance-root`` reads instead with lerobot-lancedb's ``LanceDBDataset`` (a dataset
+``lerobot-lance-convert`` converted; ``return_uint8=True``, ``EpisodeAwareSampler`` as 0.6.1's,
+``prefetch_factor=2``, no persistent workers, ``lerobot_lancedb.lance_mp_context()``): LeRobot + Lance,
+the strongest CPU peer, with any preset's windows.
+
+``num_workers`` worker processes; the first ``--warmup`` batches start the workers and open the
+decoders; the next ``--batches`` batches are timed.
 
 CPU time is that of the whole process tree over the timed batches: this process plus every
 worker process, read from ``/proc`` (through psutil) while the workers are still alive, so the
@@ -48,6 +61,11 @@ def delta_timestamps(preset: str, fps: int, info: dict) -> dict[str, list[float]
     if preset == "none":
         return None
     raise SystemExit(f"unknown preset {preset!r} (act, diffusion, none)")
+
+
+def drop_n_last_frames(preset: str) -> int | None:
+    """The policy's ``drop_n_last_frames`` (None: the policy has no such field)."""
+    return 7 if preset == "diffusion" else None
 
 
 def tree() -> list[psutil.Process]:
@@ -107,47 +125,83 @@ def main() -> None:
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0, help="shuffle seed [0]")
     ap.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--like", choices=["0.4.4", "0.6.1"], default=None,
+                    help="whose lerobot-train DataLoader to reproduce [the installed LeRobot's release]")
+    ap.add_argument("--lance-root", type=Path, default=None,
+                    help="read with lerobot-lancedb's LanceDBDataset from this converted dataset")
     args = ap.parse_args()
 
     import lerobot
     import torch
     import torchcodec
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.datasets.sampler import EpisodeAwareSampler
 
+    like = args.like or ("0.6.1" if lerobot.__version__.startswith("0.6") else "0.4.4")
     info = json.loads((args.root / "meta" / "info.json").read_text())
     fps = int(info["fps"])
     dts = delta_timestamps(args.preset, fps, info)
+    drop = drop_n_last_frames(args.preset)
 
     began = time.perf_counter()
-    ds = LeRobotDataset(
-        args.repo_id or f"local/{args.root.name}",
-        root=args.root,
-        delta_timestamps=dts,
-        video_backend=args.backend,
-    )
+    if args.lance_root is not None:
+        import lerobot_lancedb
+
+        ds = lerobot_lancedb.LanceDBDataset(root=args.lance_root, delta_timestamps=dts, tolerance_s=1e-4, return_uint8=True)
+        context, prefetch, persistent = lerobot_lancedb.lance_mp_context(), 2, False
+    elif like == "0.6.1":
+        ds = LeRobotDataset(args.repo_id or f"local/{args.root.name}", root=args.root, delta_timestamps=dts,
+                            tolerance_s=1e-4, video_backend=args.backend, return_uint8=True)
+        context, prefetch, persistent = "spawn", 4, True
+    else:
+        ds = LeRobotDataset(args.repo_id or f"local/{args.root.name}", root=args.root, delta_timestamps=dts,
+                            tolerance_s=1e-4, video_backend=args.backend)
+        context, prefetch, persistent = None, 2, False
     open_s = time.perf_counter() - began
-    needed = args.warmup + args.batches
-    if len(ds) < needed * args.batch_size:
-        raise SystemExit(f"{len(ds)} samples hold fewer than {needed} batches of {args.batch_size}; use fewer batches")
 
     torch.manual_seed(args.seed)
+    sampler, shuffle, generator = None, True, torch.Generator().manual_seed(args.seed)
+    if args.lance_root is not None or like == "0.6.1":
+        sampler = EpisodeAwareSampler(ds.meta.episodes["dataset_from_index"], ds.meta.episodes["dataset_to_index"],
+                                      episode_indices_to_use=ds.episodes, drop_n_last_frames=drop or 0, shuffle=True,
+                                      seed=args.seed, absolute_to_relative_idx=ds.absolute_to_relative_idx)
+    elif drop is not None:
+        sampler = EpisodeAwareSampler(ds.meta.episodes["dataset_from_index"], ds.meta.episodes["dataset_to_index"],
+                                      episode_indices_to_use=ds.episodes, drop_n_last_frames=drop, shuffle=True)
+    if sampler is not None:
+        shuffle, generator = False, None
+    needed = args.warmup + args.batches
+    sampled = len(sampler) if sampler is not None else len(ds)
+    if sampled < needed * args.batch_size:
+        raise SystemExit(f"{sampled} samples hold fewer than {needed} batches of {args.batch_size}; use fewer batches")
+    workers = args.num_workers > 0
     loader = torch.utils.data.DataLoader(
         ds,
         batch_size=args.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(args.seed),
+        shuffle=shuffle,
+        sampler=sampler,
+        generator=generator,
         num_workers=args.num_workers,
-        persistent_workers=False,
-        prefetch_factor=2 if args.num_workers > 0 else None,
+        persistent_workers=persistent and workers,
+        prefetch_factor=prefetch if workers else None,
+        multiprocessing_context=context if workers else None,
         pin_memory=False,
         drop_last=False,
     )
+    # Frames that arrive as uint8 become float32 in [0, 1] in the training loop's process.
+    cameras = list(ds.meta.camera_keys) if (args.lance_root is not None or like == "0.6.1") else []
+
+    def to_float(batch):
+        for key in cameras:
+            if key in batch and batch[key].dtype == torch.uint8:
+                batch[key] = batch[key].to(dtype=torch.float32) / 255.0
+        return batch
 
     began = time.perf_counter()
     batches = iter(loader)
     first = None
     for _ in range(args.warmup):
-        first = next(batches)
+        first = to_float(next(batches))
     first_ms = (time.perf_counter() - began) * 1e3
 
     procs = tree()
@@ -156,7 +210,7 @@ def main() -> None:
     samples = 0
     out_bytes = 0
     for _ in range(args.batches):
-        batch = next(batches)
+        batch = to_float(next(batches))
         samples += len(batch["index"])
         out_bytes += batch_bytes(batch)
     seconds = time.perf_counter() - t0
@@ -167,7 +221,7 @@ def main() -> None:
     cpu_by_pid = {pid: cpu1[pid] - cpu0.get(pid, 0.0) for pid in cpu1}
     me = os.getpid()
     cpu = sum(cpu_by_pid.values())
-    workers = [p.pid for p in procs if p.pid != me]
+    worker_pids = [p.pid for p in procs if p.pid != me]
     hwm = {p.pid: vm_hwm_mb(p.pid) for p in procs}
     pss = pss_mb(procs)
     del batches  # shuts the workers down
@@ -175,7 +229,9 @@ def main() -> None:
     shapes = {k: "x".join(map(str, v.shape)) for k, v in first.items() if isinstance(v, torch.Tensor)}
     dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in first.items() if isinstance(v, torch.Tensor)}
     report = {
-        "loader": "lerobot",
+        "loader": "lerobot-lancedb" if args.lance_root is not None else "lerobot",
+        "like": like,
+        "lance_root": str(args.lance_root) if args.lance_root is not None else None,
         "dataset_root": str(args.root),
         "preset": args.preset,
         "delta_timestamps": json.dumps(dts),
@@ -197,7 +253,7 @@ def main() -> None:
         "dataset_open_s": open_s,
         "peak_rss_mb": sum(hwm.values()),
         "peak_rss_mb_main": hwm.get(me, 0.0),
-        "peak_rss_mb_workers": [hwm[p] for p in workers],
+        "peak_rss_mb_workers": [hwm[p] for p in worker_pids],
         "pss_mb_end": pss,
         "sample_bytes": out_bytes // max(samples, 1),
         "mb_per_s": out_bytes / 1e6 / seconds,

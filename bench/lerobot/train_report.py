@@ -6,7 +6,9 @@ logs `updt_s` and `data_s` per step at `--log_freq=1`; lake train logs `step_s` 
 `data_wait_s` per step in `train_log.jsonl`.
 
 Data path alone: samples/s, CPU ms per sample, samples per CPU-second, and the cores that feed
-a GPU taking 1000 samples a second.
+a GPU taking 1000 samples a second; LeRobot's loader as lerobot-train 0.4.4 runs it, and where
+the run measured them, as 0.6.1 runs it and LeRobot + Lance. Without training runs
+(`--data-only`), the data path's table alone.
 
 Prints a table; with --json-out, also writes every number as JSON.
 """
@@ -100,20 +102,24 @@ def main() -> None:
     args = ap.parse_args()
     w, b = args.work, args.batch_size
 
-    training = {"lerobot-train 0.4.4, LeRobot's loader": lerobot_train(w, "lerobot-train", args.warmup, b)}
-    if (w / "lerobot-train-061.out").exists():
-        training["lerobot-train 0.6.1, LeRobot's loader"] = lerobot_train(w, "lerobot-train-061", args.warmup, b)
-    training |= {
-        "lerobot-train 0.4.4, lake bridge (Flight)": lerobot_train(w, "lerobot-train-bridge", args.warmup, b),
-        "lake train, in process": lake_train(w, "lake-train", args.warmup, b),
-        "lake train, lake serve --local": lake_train(w, "lake-train-local", args.warmup, b),
-    }
-    loader = json.loads((w / "lerobot-loader.json").read_text())
-    data = {
-        "LeRobot loader (DataLoader)": {
-            "samples_per_s": loader["samples_per_s"],
-            "cpu_ms_per_sample": loader["cpu_ms_per_sample"],
-        },
+    training = {}
+    if (w / "lerobot-train.out").exists():
+        training["lerobot-train 0.4.4, LeRobot's loader"] = lerobot_train(w, "lerobot-train", args.warmup, b)
+        if (w / "lerobot-train-061.out").exists():
+            training["lerobot-train 0.6.1, LeRobot's loader"] = lerobot_train(w, "lerobot-train-061", args.warmup, b)
+        training |= {
+            "lerobot-train 0.4.4, lake bridge (Flight)": lerobot_train(w, "lerobot-train-bridge", args.warmup, b),
+            "lake train, in process": lake_train(w, "lake-train", args.warmup, b),
+            "lake train, lake serve --local": lake_train(w, "lake-train-local", args.warmup, b),
+        }
+    data = {}
+    for name, label in [("lerobot-loader", "LeRobot 0.4.4 loader (DataLoader)"),
+                        ("lerobot-loader-061", "LeRobot 0.6.1 loader (DataLoader)"),
+                        ("lance-loader", "LeRobot 0.6.1 + Lance (lerobot-lancedb 0.3.1)")]:
+        if (w / f"{name}.json").exists():
+            loader = json.loads((w / f"{name}.json").read_text())
+            data[label] = {"samples_per_s": loader["samples_per_s"], "cpu_ms_per_sample": loader["cpu_ms_per_sample"]}
+    data |= {
         "lake train --policy none, in process": lake_feed(w, "lake-feed", b),
         "lake train --policy none, lake serve --local": lake_feed(w, "lake-feed-local", b),
     }
@@ -122,16 +128,20 @@ def main() -> None:
         d["cores_per_1000_samples_per_s"] = 1000.0 / d["samples_per_cpu_s"]
 
     name = {"act": "ACT", "diffusion": "Diffusion Policy"}[args.policy]
-    print(f"{name} (LeRobot 0.4.4's defaults, backbone from scratch), batch {b}, CPU; {args.steps} steps timed after "
-          f"{args.warmup}; {args.frames}-frame dataset {Path(args.fixture).name}; {args.workers} workers/threads; "
-          f"{args.lake_version}")
-    print(table(
-        ["training run", "steps/s", "samples/s", "step ms", "data wait %", "CPU s (run)", "server CPU s"],
-        [[k, f"{v['steps_per_s']:.3f}", f"{v['samples_per_s']:.2f}", f"{v['step_ms']:.0f}", f"{v['data_wait_pct']:.1f}",
-          f"{v['cpu_s']:.1f}", f"{v['server_cpu_s']:.1f}" if "serve" in k or "bridge" in k else "-"]
-         for k, v in training.items()],
-    ))
-    print()
+    if training:
+        print(f"{name} (LeRobot 0.4.4's defaults, backbone from scratch), batch {b}, CPU; {args.steps} steps timed after "
+              f"{args.warmup}; {args.frames}-frame dataset {Path(args.fixture).name}; {args.workers} workers/threads; "
+              f"{args.lake_version}")
+        print(table(
+            ["training run", "steps/s", "samples/s", "step ms", "data wait %", "CPU s (run)", "server CPU s"],
+            [[k, f"{v['steps_per_s']:.3f}", f"{v['samples_per_s']:.2f}", f"{v['step_ms']:.0f}", f"{v['data_wait_pct']:.1f}",
+              f"{v['cpu_s']:.1f}", f"{v['server_cpu_s']:.1f}" if "serve" in k or "bridge" in k else "-"]
+             for k, v in training.items()],
+        ))
+        print()
+    else:
+        print(f"{name}'s windows, batch {b}, CPU; {args.frames}-frame dataset {Path(args.fixture).name}; "
+              f"{args.workers} workers/threads; {args.lake_version}")
     print(table(
         ["data path alone", "samples/s", "CPU ms/sample", "samples/CPU-s", "cores per 1000 samples/s"],
         [[k, f"{v['samples_per_s']:.1f}", f"{v['cpu_ms_per_sample']:.2f}", f"{v['samples_per_cpu_s']:.0f}",

@@ -302,19 +302,25 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     if rank != 0 {
         return Ok(ExitCode::SUCCESS);
     }
+    let n = summary.loss_steps as u64;
+    let steps_of = |first: u64| match n {
+        0 | 1 => format!("step {first}"),
+        _ => format!("mean of steps {first}-{}", first + n - 1),
+    };
     outln!(
-        "trained steps {}..={} on {}: loss {:.4} (first {n} steps) -> {:.4} (last {n} steps); {:.1} samples/s, {:.1} % of the time waiting for data, {:.0} CPU ms per sample in this process\ncheckpoint: {}\nplot: {}",
+        "trained steps {}..={} on {}: loss {:.4} ({}) -> {:.4} ({}); {:.1} samples/s, {:.1} % of the time waiting for data, {:.0} CPU ms per sample in this process\ncheckpoint: {}\nplot: {}",
         summary.started_after + 1,
         summary.last_step,
         summary.datasets.join(", "),
         summary.first_loss,
+        steps_of(summary.started_after + 1),
         summary.last_loss,
+        steps_of((summary.last_step + 1).saturating_sub(n)),
         summary.samples_per_s,
         summary.data_wait * 100.0,
         summary.cpu_s * 1e3 / ((summary.last_step - summary.started_after) * args.batch_size).max(1) as f64,
         summary.checkpoint.display(),
-        args.out.join(lake_trainer::run_log::PLOT_FILE).display(),
-        n = summary.loss_steps,
+        args.out.join(lake_trainer::run_log::PLOT_FILE).display()
     )?;
     if let Some(weights) = &summary.backbone_weights {
         outln!("backbone: started from {}", weights.display())?;
