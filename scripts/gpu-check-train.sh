@@ -89,14 +89,10 @@ run() {
   local steps="${LAKE_GPU_CHECK_STEPS:-40}" batches="${LAKE_GPU_CHECK_BATCHES:-8 64}"
   local torch_lib
   torch_lib="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-  # NVRTC and NCCL come with the torch wheel (nvidia-* packages). NCCL's library is named
-  # libnccl.so.2 there; lake looks for libnccl.so, so a link to it goes beside the packed ones.
+  # NVRTC and NCCL (libnccl.so.2) come with the torch wheel (nvidia-* packages).
   local nvidia
   nvidia="$(dirname "$torch_lib")/../nvidia"
-  for nccl in "$nvidia"/nccl/lib/libnccl.so.2; do
-    [ -f "$nccl" ] && ln -sf "$(readlink -f "$nccl")" "$dir/lib/libnccl.so"
-  done
-  export LD_LIBRARY_PATH="$dir/lib:$torch_lib:$nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$dir/lib:$torch_lib:$nvidia/cu13/lib:$nvidia/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local lake=("$dir/bin/lake" --lake "$dir/lake")
   out="$(mktemp -d)"
   # ACT's default config but a backbone from random weights: the machine has no ImageNet file.

@@ -73,10 +73,16 @@ if [ "${LAKE_TORCH:-1}" != 0 ]; then
   torch_exports="$(scripts/torch-env.sh --exports)"
   (
     eval "$torch_exports"
-    # NVRTC comes with the wheel: lake-gpu's kernels are compiled here, GPU or not.
-    export LAKE_REQUIRE_NVRTC=1
+    # NVRTC and NCCL come with the wheel: lake-gpu's kernels are compiled here, GPU or not, and
+    # NCCL loads and makes unique ids without a device.
+    export LAKE_REQUIRE_NVRTC=1 LAKE_REQUIRE_NCCL=1
     # The whole workspace is named so that dependencies keep the features of the builds above.
     cargo clippy --workspace --all-targets --features lake/mpi,lake-trainer/mpi --locked -- -D warnings
     cargo test --workspace --features lake/mpi,lake-trainer/mpi --locked --lib --test trainer
+    # The binary with the trainer starts with no LD_LIBRARY_PATH and finds the wheel's libtorch,
+    # NVRTC and NCCL by its run path (docs/decisions/0030-run-path-to-libtorch.md, 0031).
+    cargo build --workspace --features lake/mpi,lake-trainer/mpi --locked --bins
+    env -u LD_LIBRARY_PATH "$CARGO_TARGET_DIR/debug/lake" gpu --json >"$CARGO_TARGET_DIR/lake-gpu.json" || true
+    python3 scripts/check-gpu-probe.py "$CARGO_TARGET_DIR/lake-gpu.json"
   )
 fi

@@ -6,7 +6,7 @@
 #
 # With --exports it prints instead the shell lines that build and run lake's `torch` feature
 # against it: libtorch taken from that torch (LIBTORCH_USE_PYTORCH, its python first on PATH)
-# and its libraries, NVRTC's included, on LD_LIBRARY_PATH:
+# and its libraries, NVRTC's and NCCL's included, on LD_LIBRARY_PATH:
 #   eval "$(scripts/torch-env.sh --exports)"
 #   cargo build -p lake --features torch
 # A wheel already downloaded to /tmp/torch211 is used instead of fetching it again.
@@ -28,8 +28,10 @@ if [ "${1:-}" != --exports ]; then
   exit 0
 fi
 torch_lib="$("$venv/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-# The wheel's CUDA libraries hold NVRTC, which compiles lake-gpu's kernels, GPU or not.
+# The wheel's CUDA libraries hold NVRTC, which compiles lake-gpu's kernels, GPU or not; its NCCL
+# (libnccl.so.2) sums the ranks' gradients on GPUs.
 nvrtc_lib="$(dirname "$torch_lib")/../nvidia/cu13/lib"
+nccl_lib="$(dirname "$torch_lib")/../nvidia/nccl/lib"
 echo 'export LIBTORCH_USE_PYTORCH=1'
 printf 'export PATH=%q"${PATH:+:$PATH}"\n' "$venv/bin"
-printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$torch_lib:$nvrtc_lib"
+printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$torch_lib:$nvrtc_lib:$nccl_lib"

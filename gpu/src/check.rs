@@ -17,8 +17,8 @@ pub struct Probe {
     pub devices: std::result::Result<usize, String>,
     /// NVRTC's version, when its library loads.
     pub nvrtc: Option<(i32, i32)>,
-    /// NCCL's version code (e.g. 22703 for 2.27.3), when `libnccl.so` loads.
-    pub nccl: Option<i32>,
+    /// NCCL's version code (e.g. 22809 for 2.28.9), or why it does not load.
+    pub nccl: std::result::Result<i32, String>,
     /// Whether NVDEC's library (`libnvcuvid.so.1`, which the driver installs) loads.
     pub nvdec: bool,
 }
@@ -33,8 +33,7 @@ pub fn probe() -> Probe {
     } else {
         Err("no CUDA driver library (libcuda.so)".to_owned())
     };
-    // SAFETY: as above.
-    let nccl = unsafe { cudarc::nccl::sys::is_culib_present() }.then(|| cudarc::nccl::result::get_nccl_version().ok()).flatten();
+    let nccl = crate::nccl::library().map(crate::nccl::Nccl::version);
     // SAFETY: loading a library runs its initialisers; the driver's NVDEC library has no others.
     let nvdec = unsafe { libloading::Library::new("libnvcuvid.so.1") }.is_ok();
     Probe { devices, nvrtc: crate::nvrtc_version(), nccl, nvdec }

@@ -19,6 +19,7 @@
 //!   kernel run on a device against its twin.
 //! - [`nvdec`]: what the GPU's video decode engine decodes, asked of the device per codec, bit
 //!   depth and size.
+//! - [`nccl`]: NCCL for data-parallel ranks, loaded by the names its packages install.
 //!
 //! Kernels are compiled with `--fmad=false`: CUDA would otherwise contract a multiply and an add
 //! into one fused operation, rounding once where the twin rounds twice. The tests also build the
@@ -31,9 +32,16 @@ mod device;
 mod error;
 #[cfg(test)]
 mod kernels_on_host;
+pub mod nccl;
 pub mod nvdec;
 pub mod resize;
 
 pub use device::{Gpu, compile_kernels, nvrtc_version};
 pub use error::{Error, Result};
 pub use lake_codec::YuvToRgb;
+
+/// The dynamic loader's own words for a library or symbol that did not load (libloading's
+/// `Display` keeps them in the error's source).
+pub(crate) fn loader_error(e: &libloading::Error) -> String {
+    std::error::Error::source(e).map_or_else(|| e.to_string(), ToString::to_string)
+}

@@ -147,10 +147,10 @@ fn library() -> std::result::Result<&'static (libloading::Library, GetDecoderCap
             // symbol has the signature `dynlink_cuviddec.h` declares.
             unsafe {
                 let library =
-                    libloading::Library::new("libnvcuvid.so.1").map_err(|e| format!("no NVDEC library (libnvcuvid.so.1): {e}"))?;
+                    libloading::Library::new("libnvcuvid.so.1").map_err(|e| format!("no NVDEC library: {}", crate::loader_error(&e)))?;
                 let query = *library
                     .get::<GetDecoderCaps>(b"cuvidGetDecoderCaps\0")
-                    .map_err(|e| format!("libnvcuvid.so.1 has no cuvidGetDecoderCaps: {e}"))?;
+                    .map_err(|e| format!("libnvcuvid.so.1: {}", crate::loader_error(&e)))?;
                 Ok((library, query))
             }
         })

@@ -184,7 +184,10 @@ const SIZES: [(u32, u32); 3] = [(128, 96), (640, 480), (1920, 1080)];
 fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
     let probe = lake_gpu::check::probe();
     let version = |v: Option<(i32, i32)>| v.map_or_else(|| "not found".to_owned(), |(a, b)| format!("{a}.{b}"));
-    let nccl = probe.nccl.map_or_else(|| "not found (libnccl.so)".to_owned(), |v| format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100));
+    let nccl = match &probe.nccl {
+        Ok(v) => lake_gpu::nccl::version_string(*v),
+        Err(why) => format!("not found: {why}"),
+    };
     let devices = match &probe.devices {
         Ok(n) => format!("{n}"),
         Err(why) => format!("none: {why}"),
@@ -231,7 +234,8 @@ fn check(args: &GpuArgs) -> anyhow::Result<ExitCode> {
         };
         let out = serde_json::json!({
             "devices": probe.devices.as_ref().ok(), "devices_error": probe.devices.as_ref().err(),
-            "nvrtc": probe.nvrtc.map(|(a, b)| format!("{a}.{b}")), "nccl": probe.nccl, "nvdec": probe.nvdec,
+            "nvrtc": probe.nvrtc.map(|(a, b)| format!("{a}.{b}")), "nccl": probe.nccl.as_ref().ok().map(|v| lake_gpu::nccl::version_string(*v)),
+            "nccl_error": probe.nccl.as_ref().err(), "nvdec": probe.nvdec,
             "colour_check": colour, "resize_check": resize, "passed": passed,
             "nvdec_caps": caps.iter().map(|(codec, bits, c)| match c {
                 Ok(c) => serde_json::json!({

@@ -424,7 +424,7 @@ fn ranks(backend: &str, cuda: bool) -> anyhow::Result<(Option<Box<dyn lake_train
     let collective: Box<dyn lake_trainer::collective::Collective> = match backend {
         "auto" if launch.world_size == 1 => return Ok((None, local)),
         "auto" if cuda => match Nccl::available() {
-            Ok(()) => Box::new(Nccl::connect(&launch)?),
+            Ok(_) => Box::new(Nccl::connect(&launch)?),
             Err(why) => {
                 tracing::warn!("the ranks sum gradients with Gloo through host memory: {why}");
                 Box::new(Gloo::connect(&launch)?)

@@ -1,4 +1,4 @@
-//! NCCL for ranks on GPUs, through cudarc with the library loaded at run time: gradients are
+//! NCCL for ranks on GPUs, loaded at run time by `lake_gpu::nccl`: gradients are
 //! summed where they are, in GPU memory, on the device's default stream (libtorch's too, so the
 //! sums are ordered after the backward pass and before the optimizer step).
 //!
@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cudarc::nccl::sys;
+use lake_gpu::nccl::{Comm, DataType, UniqueId};
 
 use super::buckets::{Collective, Values};
 use super::c10d::{Launch, Store};
@@ -18,7 +18,8 @@ const UNIQUE_ID_KEY: &str = "nccl/unique_id";
 
 /// An NCCL communicator over the launch's ranks, one GPU each.
 pub struct Nccl {
-    comm: sys::ncclComm_t,
+    nccl: &'static lake_gpu::nccl::Nccl,
+    comm: Comm,
     context: Arc<cudarc::driver::CudaContext>,
     rank: u64,
     size: u64,
@@ -31,19 +32,13 @@ pub struct Nccl {
 unsafe impl Send for Nccl {}
 
 impl Nccl {
-    /// Whether this machine has NCCL and a CUDA driver, and if not, why.
-    pub fn available() -> std::result::Result<(), String> {
-        // SAFETY: the probes only try to load the libraries.
+    /// NCCL, when this machine has it and a CUDA driver; if not, why.
+    pub fn available() -> std::result::Result<&'static lake_gpu::nccl::Nccl, String> {
+        // SAFETY: the probe only tries to load the library.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err("no CUDA driver library (libcuda.so) on this machine".to_owned());
         }
-        // SAFETY: as above.
-        if !unsafe { sys::is_culib_present() } {
-            return Err("no NCCL library named libnccl.so on the library path (PyPI's nvidia-nccl wheels ship \
-                        libnccl.so.2: link libnccl.so to it in a directory on LD_LIBRARY_PATH)"
-                .to_owned());
-        }
-        Ok(())
+        lake_gpu::nccl::library()
     }
 
     /// Joins the launch's ranks: rank 0 makes NCCL's unique id and publishes it in the
@@ -53,37 +48,36 @@ impl Nccl {
     /// # Errors
     /// [`Error::Ranks`] when NCCL or the GPU is missing, the ranks cannot meet, or NCCL refuses.
     pub fn connect(launch: &Launch) -> Result<Nccl> {
-        Nccl::available().map_err(|why| Error::Ranks(format!("NCCL cannot sum gradients here: {why}")))?;
+        let nccl = Nccl::available().map_err(|why| Error::Ranks(format!("NCCL cannot sum gradients here: {why}")))?;
         let store = Store::connect(launch)?;
         let id = if launch.rank == 0 {
-            let id = cudarc::nccl::result::get_uniqueid().map_err(nccl_error("making NCCL's unique id"))?;
+            let id = nccl.unique_id().map_err(nccl_error("making NCCL's unique id"))?;
             store.set(UNIQUE_ID_KEY, &id.internal.map(|c| c as u8))?;
             id
         } else {
             let mut bytes = [0_u8; 128];
             store.get_exact(UNIQUE_ID_KEY, &mut bytes)?;
-            sys::ncclUniqueId { internal: bytes.map(|b| b as std::ffi::c_char) }
+            UniqueId { internal: bytes.map(|b| b as std::ffi::c_char) }
         };
         let ordinal = usize::try_from(launch.local_rank).unwrap_or(usize::MAX);
         // The primary context, current on this thread: the one libtorch's runtime uses.
         let context = cudarc::driver::CudaContext::new(ordinal)
             .map_err(|e| Error::Ranks(format!("rank {}: GPU {ordinal} (its LOCAL_RANK): {e}", launch.rank)))?;
         let (size, rank) = (launch.world_size as i32, launch.rank as i32);
-        let mut comm = std::ptr::null_mut();
-        // SAFETY: `comm` receives the communicator; the id is the one every rank holds.
-        unsafe { cudarc::nccl::result::comm_init_rank(&mut comm, size, id, rank) }
+        // SAFETY: the context is current on this thread; every rank holds the same id and size.
+        let comm = unsafe { nccl.comm_init_rank(size, id, rank) }
             .map_err(nccl_error(&format!("rank {rank} of {size} opening its NCCL communicator on GPU {ordinal}")))?;
-        Ok(Nccl { comm, context, rank: launch.rank, size: launch.world_size, _store: store })
+        Ok(Nccl { nccl, comm, context, rank: launch.rank, size: launch.world_size, _store: store })
     }
 
     /// The tensor's address, element count and NCCL type, once checked.
-    fn buffer(&self, what: &str, values: &Values<'_>) -> Result<(*mut std::ffi::c_void, usize, sys::ncclDataType_t)> {
+    fn buffer(&self, what: &str, values: &Values<'_>) -> Result<(*mut std::ffi::c_void, usize, DataType)> {
         let Values::Device(t) = values else {
             return Err(Error::Ranks(format!("NCCL's {what} sums GPU memory, and was given host values")));
         };
         let kind = match t.kind() {
-            tch::Kind::Float => sys::ncclDataType_t::ncclFloat32,
-            tch::Kind::Double => sys::ncclDataType_t::ncclFloat64,
+            tch::Kind::Float => DataType::ncclFloat32,
+            tch::Kind::Double => DataType::ncclFloat64,
             other => return Err(Error::Ranks(format!("NCCL's {what} was given a {other:?} bucket"))),
         };
         if t.device() != self.device() || !t.is_contiguous() {
@@ -94,14 +88,14 @@ impl Nccl {
     }
 }
 
-fn nccl_error(what: &str) -> impl FnOnce(cudarc::nccl::result::NcclError) -> Error + '_ {
-    move |e| Error::Ranks(format!("{what}: NCCL: {e:?}"))
+fn nccl_error(what: &str) -> impl FnOnce(String) -> Error + '_ {
+    move |e| Error::Ranks(format!("{what}: NCCL: {e}"))
 }
 
 impl Drop for Nccl {
     fn drop(&mut self) {
         // SAFETY: the communicator came from `comm_init_rank` and is destroyed once.
-        let _ = unsafe { cudarc::nccl::result::comm_destroy(self.comm) };
+        let _ = unsafe { self.nccl.comm_destroy(self.comm) };
     }
 }
 
@@ -128,7 +122,7 @@ impl Collective for Nccl {
         let (data, count, kind) = self.buffer("all-reduce", &values)?;
         // SAFETY: `data` is `count` values of `kind` on this communicator's GPU, alive until the
         // call returns; the default stream orders the sum with libtorch's work.
-        unsafe { cudarc::nccl::result::all_reduce(data, data, count, kind, sys::ncclRedOp_t::ncclSum, self.comm, std::ptr::null_mut()) }
+        unsafe { self.nccl.all_reduce_sum(data, count, kind, self.comm, std::ptr::null_mut()) }
             .map_err(nccl_error(&format!("rank {} of {}: the all-reduce", self.rank, self.size)))?;
         Ok(())
     }
@@ -136,7 +130,7 @@ impl Collective for Nccl {
     fn broadcast(&self, values: Values<'_>) -> Result<()> {
         let (data, count, kind) = self.buffer("broadcast", &values)?;
         // SAFETY: as in `all_reduce_sum`.
-        unsafe { cudarc::nccl::result::broadcast(data, data, count, kind, 0, self.comm, std::ptr::null_mut()) }
+        unsafe { self.nccl.broadcast(data, count, kind, 0, self.comm, std::ptr::null_mut()) }
             .map_err(nccl_error(&format!("rank {} of {}: the broadcast", self.rank, self.size)))?;
         Ok(())
     }
