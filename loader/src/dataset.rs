@@ -65,6 +65,11 @@ impl Camera {
         self.packet_rows.null_count() == 0
     }
 
+    /// Whether every step of an episode has a frame.
+    pub fn shows_every_step_of(&self, episode: &EpisodeSpan) -> bool {
+        self.packet_rows.slice(episode.first_row as usize, episode.len as usize).null_count() == 0
+    }
+
     /// Bytes of one frame as samples carry it (RGB, or YUV planes).
     pub fn frame_bytes(&self) -> usize {
         match self.yuv {
@@ -258,7 +263,26 @@ impl LoaderDataset {
                 streams.insert(config.stream, config.clone());
             }
         }
-        for camera in &mut cameras {
+        // Cameras the view's mapping leaves out are never read.
+        let kept = |c: &Camera| features.key(&c.key).is_some();
+        let frameless: Vec<&str> =
+            cameras.iter().filter(|c| kept(c) && !streams.values().any(|s| s.camera == c.key)).map(|c| c.key.as_str()).collect();
+        if !frameless.is_empty() {
+            return Err(Error::request(format!(
+                "{label}: camera{s} {keys} {has} no frames: every one of {their} files was missing at ingest, and --missing-video \
+                 keep-rows kept the rows only. Samples carry every camera: ingest the source again with --drop-missing-cameras, or \
+                 leave {them} out with a view: lake view create {name}-without-video \"SELECT dataset, episode_index FROM episodes \
+                 WHERE dataset = '{name}'\" --drop {drops}",
+                s = if frameless.len() == 1 { "" } else { "s" },
+                keys = frameless.join(", "),
+                has = if frameless.len() == 1 { "has" } else { "have" },
+                their = if frameless.len() == 1 { "its" } else { "their" },
+                them = if frameless.len() == 1 { "it" } else { "them" },
+                name = record.name,
+                drops = frameless.join(" --drop "),
+            )));
+        }
+        for camera in cameras.iter_mut().filter(|c| kept(c)) {
             camera.video = streams.values().any(|s| s.camera == camera.key && s.kind == "video");
             let mut sizes = streams.values().filter(|s| s.camera == camera.key).map(|s| (s.params.height, s.params.width));
             let (h, w) = sizes.next().ok_or_else(|| bad(format!("camera {} has no stream", camera.key)))?;

@@ -206,16 +206,69 @@ pub struct Sampling {
     pub sources: Vec<crate::Source>,
 }
 
-/// A dataset's episode indices as ranges (`0 to 2, 5, 7 to 9`; skipped episodes leave gaps).
-fn episode_ranges(ds: &crate::LoaderDataset) -> String {
+/// Ascending episode indices as ranges (`0 to 2, 5, 7, 8`), the first 20 of them and how many
+/// more.
+fn episode_ranges(episodes: impl IntoIterator<Item = i64>) -> String {
+    const SHOWN: usize = 20;
     let mut ranges: Vec<(i64, i64)> = Vec::new();
-    for e in ds.episodes.iter().map(|s| s.episode_index) {
+    for e in episodes {
         match ranges.last_mut() {
             Some(last) if last.1 + 1 == e => last.1 = e,
             _ => ranges.push((e, e)),
         }
     }
-    ranges.iter().map(|(a, b)| if a == b { a.to_string() } else { format!("{a} to {b}") }).collect::<Vec<_>>().join(", ")
+    let mut text = ranges
+        .iter()
+        .take(SHOWN)
+        .map(|&(a, b)| match b - a {
+            0 => a.to_string(),
+            1 => format!("{a}, {b}"),
+            _ => format!("{a} to {b}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if ranges.len() > SHOWN {
+        text += &format!(" and {} more ranges", ranges.len() - SHOWN);
+    }
+    text
+}
+
+/// Refuses to sample episodes ingested without a camera's video (`--missing-video keep-rows`)
+/// before the first batch: every sample carries every camera, so a stream would otherwise fail
+/// at the first sample of one, which may come late in a run. The refusal names them and gives
+/// the view that samples the others.
+fn refuse_episodes_without_video(ds: &crate::LoaderDataset, sampled: &[&crate::EpisodeSpan]) -> Result<()> {
+    for camera in ds.cameras.iter().filter(|c| !c.every_step_has_a_frame()) {
+        let missing: Vec<i64> = sampled.iter().filter(|s| !camera.shows_every_step_of(s)).map(|s| s.episode_index).collect();
+        if missing.is_empty() {
+            continue;
+        }
+        let name = &ds.record.name;
+        let remedy = if !ds.episodes.iter().any(|s| camera.shows_every_step_of(s)) {
+            format!(
+                "leave the camera out with a view: lake view create {name}-without-video \"SELECT dataset, episode_index FROM episodes \
+                 WHERE dataset = '{name}'\" --drop {}",
+                camera.key
+            )
+        } else {
+            format!(
+                "sample the episodes that have their videos through a view: lake view create {name}-with-video \"SELECT dataset, \
+                 episode_index FROM episodes WHERE dataset = '{name}' AND episode_index NOT IN (SELECT episode_index FROM findings \
+                 WHERE dataset = '{name}' AND kind = 'missing-file' AND episode_index IS NOT NULL)\""
+            )
+        };
+        let (has, episodes) = if missing.len() == 1 { ("has", "episode") } else { ("have", "episodes") };
+        return Err(Error::Request(format!(
+            "{}: {} of the {} episodes sampled {has} no video for camera {} ({episodes} {}): its files were missing at ingest, and \
+             --missing-video keep-rows kept their rows only. Samples carry every camera; {remedy}",
+            ds.label,
+            missing.len(),
+            sampled.len(),
+            camera.key,
+            episode_ranges(missing.iter().copied()),
+        )));
+    }
+    Ok(())
 }
 
 /// Opens what `spec` names: views expand to their pinned datasets, episodes and weights (a
@@ -263,7 +316,11 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
                     ds.label
                 ),
             };
-            return Err(Error::Request(format!("{}: no episode {e} (episodes {}{skipped})", ds.label, episode_ranges(&ds))));
+            return Err(Error::Request(format!(
+                "{}: no episode {e} (episodes {}{skipped})",
+                ds.label,
+                episode_ranges(ds.episodes.iter().map(|s| s.episode_index))
+            )));
         }
         if let (Some(selected), Some(e)) =
             (&selection.episodes, spec.episodes.iter().find(|e| selection.episodes.as_ref().is_some_and(|v| v.binary_search(e).is_err())))
@@ -278,8 +335,10 @@ pub async fn open_sampling(lake: &Lake, spec: &SamplingSpec) -> Result<Sampling>
             selection.episodes.as_ref().is_none_or(|v| v.binary_search(&e).is_ok())
                 && (spec.episodes.is_empty() || spec.episodes.contains(&e))
         };
-        let spans = ds.episodes.iter().filter(|s| wanted(s.episode_index)).map(|s| (s.first_row, s.len));
-        let eligible = crate::Eligible::new(spans, spec.drop_n_first_frames, spec.drop_n_last_frames);
+        let sampled: Vec<&crate::EpisodeSpan> = ds.episodes.iter().filter(|s| wanted(s.episode_index)).collect();
+        refuse_episodes_without_video(&ds, &sampled)?;
+        let eligible =
+            crate::Eligible::new(sampled.iter().map(|s| (s.first_row, s.len)), spec.drop_n_first_frames, spec.drop_n_last_frames);
         if eligible.is_empty() {
             return Err(Error::Request(format!(
                 "{}: no step is eligible (drop_n_first_frames {} and drop_n_last_frames {} leave nothing of the episodes selected)",

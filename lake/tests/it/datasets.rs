@@ -461,6 +461,56 @@ fn missing_videos_keep_their_rows_and_refuse_their_frames_by_name() {
     let export = lake(&root, &["export", "lingzu-open50-v30", "--format", "lerobot-v3", tmp.path().join("out").to_str().expect("utf-8")]);
     assert_ne!(export.code, 0, "{export:#?}");
     assert!(export.stderr.contains("46 episode(s) (the first is episode 1) have no video for camera image"), "{}", export.stderr);
+
+    // A stream over every episode is refused before its first batch, with the view that samples
+    // the episodes that have their video; that view streams.
+    let bench = ["bench", "--preset", "none", "--batches", "2", "--batch-size", "4", "--dataset"];
+    let refused = lake(&root, &[&bench[..], &["lingzu-open50-v30"]].concat());
+    assert_ne!(refused.code, 0, "{refused:#?}");
+    assert!(
+        refused.stderr.contains("46 of the 50 episodes sampled have no video for camera image (episodes 1, 2, 6 to 49)")
+            && !refused.stderr.contains("first batch"),
+        "{}",
+        refused.stderr
+    );
+    let view = run_suggested_view(&root, &refused.stderr);
+    assert!(view.stdout.contains("4 episodes"), "{view:#?}");
+    let streamed = lake(&root, &[&bench[..], &["lingzu-open50-v30-with-video"]].concat());
+    assert_eq!(streamed.code, 0, "{streamed:#?}");
+}
+
+/// Runs the `lake view create NAME "QUERY" [ARGS]` a refusal suggests, and checks it succeeded.
+fn run_suggested_view(root: &Path, refusal: &str) -> crate::common::Run {
+    let (_, command) = refusal.split_once("lake view create ").unwrap_or_else(|| panic!("no view suggested: {refusal}"));
+    let (name, rest) = command.split_once(" \"").expect("a quoted query");
+    let (query, rest) = rest.split_once('"').expect("the query's end");
+    let mut args = vec!["view", "create", name, query];
+    args.extend(rest.split_whitespace());
+    let made = lake(root, &args);
+    assert_eq!(made.code, 0, "{made:#?}");
+    made
+}
+
+/// A camera none of whose files were there at ingest (`--missing-video keep-rows`) is refused
+/// when the dataset is opened for sampling, naming both remedies; the view it suggests leaves
+/// the camera out and streams the steps without frames.
+#[test]
+fn a_camera_without_any_video_names_its_remedies() {
+    let src = shared_dir().join("lerobot-real/reachy2-apple-storage-v30");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &src, &["--missing-video", "keep-rows"]);
+    let bench = ["bench", "--preset", "none", "--batches", "2", "--batch-size", "4", "--dataset"];
+    let refused = lake(&root, &[&bench[..], &["reachy2-apple-storage-v30"]].concat());
+    assert_ne!(refused.code, 0, "{refused:#?}");
+    assert!(
+        refused.stderr.contains("camera observation.image has no frames") && refused.stderr.contains("--drop-missing-cameras"),
+        "{}",
+        refused.stderr
+    );
+    run_suggested_view(&root, &refused.stderr);
+    let streamed = lake(&root, &[&bench[..], &["reachy2-apple-storage-v30-without-video"]].concat());
+    assert_eq!(streamed.code, 0, "{streamed:#?}");
 }
 
 #[test]
