@@ -24,7 +24,9 @@
 //! (`scripts/torch-env.sh` makes one and prints its python):
 //! - `LIBTORCH_USE_PYTORCH=1` with that venv's python first on `PATH` (or `VIRTUAL_ENV` set),
 //!   at build time;
-//! - `LD_LIBRARY_PATH=<venv>/lib/python3.11/site-packages/torch/lib` at run time.
+//! - `LD_LIBRARY_PATH=<venv>/lib/python3.11/site-packages/torch/lib` at run time for this
+//!   crate's tests (`scripts/torch-env.sh --exports` prints both); the `lake` binary records
+//!   that directory as its run path instead (docs/decisions/0030-run-path-to-libtorch.md).
 //!
 //! The build script keeps `libtorch.so` on the link line (`-as-needed` off) for every binary
 //! that links this crate, so that CUDA is registered when the libtorch has it.
