@@ -84,5 +84,7 @@ if [ "${LAKE_TORCH:-1}" != 0 ]; then
     cargo build --workspace --features lake/mpi,lake-trainer/mpi --locked --bins
     env -u LD_LIBRARY_PATH "$CARGO_TARGET_DIR/debug/lake" gpu --json >"$CARGO_TARGET_DIR/lake-gpu.json" || true
     python3 scripts/check-gpu-probe.py "$CARGO_TARGET_DIR/lake-gpu.json"
+    # That binary's training runs read by TensorBoard (scripts/python-env.sh's python has it).
+    LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$(scripts/python-env.sh)" clients/python/tests/test_tensorboard.py
   )
 fi

@@ -10,6 +10,8 @@
 //! - `normalize`: [`Stats`] (per-feature statistics), [`Normalizer`] and [`Processors`], the
 //!   `policy_{pre,post}processor.json` files and their state files.
 //! - `tensors`: safetensors reading and writing of f32 tensors without libtorch.
+//! - [`run_log`]: a run's step log and its plot; [`events`]: the same scalars as TensorBoard
+//!   event files.
 //! - `act` (feature `torch`): `act::ActPolicy`, the network on libtorch through tch, its
 //!   loss, inference and checkpoint files; `diffusion`: `diffusion::DiffusionPolicy`, the same
 //!   for the Diffusion Policy; `policy`: either, as `train` runs them.
@@ -60,6 +62,7 @@ mod config;
 pub mod data;
 mod diffusion_config;
 mod error;
+pub mod events;
 #[cfg(feature = "torch")]
 mod layers;
 mod normalize;

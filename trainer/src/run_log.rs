@@ -84,10 +84,29 @@ pub struct StepRecord {
     pub kld: Option<f64>,
     /// Gradient norm before clipping.
     pub grad_norm: f64,
+    /// The learning rate of the optimizer's first group at this step (absent in logs of
+    /// earlier releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
     /// Seconds the step waited for its batch.
     pub data_wait_s: f64,
     /// Seconds of the whole step, the wait included.
     pub step_s: f64,
+}
+
+impl StepRecord {
+    /// The step's scalars under lerobot-train's metric names, as the run's TensorBoard events
+    /// carry them.
+    pub fn scalars(&self) -> Vec<(&'static str, f64)> {
+        let mut scalars = vec![("train/loss", self.loss)];
+        scalars.extend(self.l1.map(|v| ("train/l1_loss", v)));
+        scalars.extend(self.kld.map(|v| ("train/kld_loss", v)));
+        scalars.push(("train/grad_norm", self.grad_norm));
+        scalars.extend(self.lr.map(|v| ("train/lr", v)));
+        scalars.push(("train/dataloading_s", self.data_wait_s));
+        scalars.push(("train/update_s", self.step_s - self.data_wait_s));
+        scalars
+    }
 }
 
 /// Every record of a step log (steps, or evaluations), in file order; a resumed run's log holds the steps of each of its
@@ -190,7 +209,7 @@ mod tests {
     use super::*;
 
     fn record(step: u64, loss: f64, wait: f64) -> StepRecord {
-        StepRecord { step, loss, l1: Some(loss / 2.0), kld: None, grad_norm: 1.0, data_wait_s: wait, step_s: 0.5 }
+        StepRecord { step, loss, l1: Some(loss / 2.0), kld: None, grad_norm: 1.0, lr: Some(1e-5), data_wait_s: wait, step_s: 0.5 }
     }
 
     #[test]

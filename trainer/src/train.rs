@@ -12,7 +12,9 @@
 //!   `checkpoints/last` links the newest;
 //! - `train_log.jsonl`: one line per step (loss, L1, KL, gradient norm, data wait, step time);
 //! - `train_log.svg`: the loss and the share of each step spent waiting for data, redrawn at
-//!   every checkpoint.
+//!   every checkpoint;
+//! - `events.out.tfevents.*`: the same scalars for TensorBoard, one file per process
+//!   ([`crate::events`]).
 //!
 //! Batches are read, made into tensors and copied to the device by a task of their own, one
 //! batch ahead of the step that takes it ([`Prefetch`]). [`feed_only`] runs the same data path
@@ -480,6 +482,10 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         true => Some(std::fs::OpenOptions::new().create(true).append(true).open(&log_path).map_err(Error::io(&log_path))?),
         false => None,
     };
+    let mut events = match writes {
+        true => Some(crate::events::EventsFile::create(&options.out, (started_after > 0).then_some(started_after + 1))?),
+        false => None,
+    };
     let run = |next_step| RunState {
         datasets: options.datasets.clone(),
         sampled: facts.datasets.clone(),
@@ -503,8 +509,9 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             if let Some(c) = options.collective.as_ref().filter(|_| !moving.is_empty()) {
                 broadcast(c.as_ref(), &moving)?;
             }
+            let lr = policy.base_lr() * policy.lr_factor(step, options.steps);
             if let Policy::Diffusion(_) = &policy {
-                optimizer.set_lr(0, policy.base_lr() * policy.lr_factor(step, options.steps))?;
+                optimizer.set_lr(0, lr)?;
             }
             let loss = bf16_autocast(options.device, options.bf16, || policy.loss(&batch, true))??;
             let grad_norm = match &options.collective {
@@ -536,6 +543,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
                 l1: loss.l1.as_ref().map(|l| if single { l.double_value(&[]) } else { l1 }),
                 kld: loss.kld.as_ref().map(|k| if single { k.double_value(&[]) } else { kld }),
                 grad_norm,
+                lr: Some(lr),
                 data_wait_s,
                 step_s: began.elapsed().as_secs_f64(),
             })
@@ -545,6 +553,9 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             let line = serde_json::to_string(&record).expect("a step record is plain data");
             writeln!(log, "{line}").map_err(Error::io(&log_path))?;
             on_step(&record);
+        }
+        if let Some(events) = &mut events {
+            events.scalars(step, &record.scalars())?;
         }
         let saves = step == options.steps || (options.save_every > 0 && step % options.save_every == 0);
         if saves && let Some(c) = &options.collective {
@@ -581,6 +592,9 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
                 let line = serde_json::to_string(&record).expect("an eval record is plain data") + "\n";
                 let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(Error::io(&path))?;
                 file.write_all(line.as_bytes()).map_err(Error::io(&path))?;
+            }
+            if let Some(events) = &mut events {
+                events.scalars(step, &[("eval/loss", loss)])?;
             }
             on_eval(&record);
             evals.push(record);

@@ -308,7 +308,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         _ => format!("mean of steps {first}-{}", first + n - 1),
     };
     outln!(
-        "trained steps {}..={} on {}: loss {:.4} ({}) -> {:.4} ({}); {:.1} samples/s, {:.1} % of the time waiting for data, {:.0} CPU ms per sample in this process\ncheckpoint: {}\nplot: {}",
+        "trained steps {}..={} on {}: loss {:.4} ({}) -> {:.4} ({}); {:.1} samples/s, {:.1} % of the time waiting for data, {:.0} CPU ms per sample in this process\ncheckpoint: {}\nplot: {}\ncurves for TensorBoard: tensorboard --logdir {}",
         summary.started_after + 1,
         summary.last_step,
         summary.datasets.join(", "),
@@ -320,7 +320,8 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         summary.data_wait * 100.0,
         summary.cpu_s * 1e3 / ((summary.last_step - summary.started_after) * args.batch_size).max(1) as f64,
         summary.checkpoint.display(),
-        args.out.join(lake_trainer::run_log::PLOT_FILE).display()
+        args.out.join(lake_trainer::run_log::PLOT_FILE).display(),
+        args.out.display()
     )?;
     if let Some(weights) = &summary.backbone_weights {
         outln!("backbone: started from {}", weights.display())?;
