@@ -34,7 +34,10 @@
 #  7. Diffusion on the AV1 sample's cameras at 128x96 (--frame-size, decoded and resized by the
 #     trainer's CPU: LeRobot's Diffusion takes cameras of one size): one step on CUDA against the CPU's (fp32), then steps/s and the
 #     data-wait share at the last batch size of LeRobot 0.4.4's defaults (GroupNorm) and of LeRobot 0.6.1's
-#     shape (BatchNorm, an encoder a camera, horizon 64).
+#     shape (BatchNorm, an encoder a camera, horizon 64);
+#  8. LeRobot's image transforms (--image-transforms): one ACT step on CUDA against the same step
+#     on the CPU, the same draws (loss and parameters as in check 1), and the data path alone at
+#     the last batch size with and without them (the transforms' cost on the device).
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
 # LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
 #
@@ -121,6 +124,7 @@ run() {
   check 5 "--decode gpu against --decode server on $device (the same steps, the same weights expected)" check_decode
   check 6 "--decode gpu --frame-size 64x48 against --decode cpu --frame-size 64x48 on $device (the same weights expected)" check_resize
   check 7 "Diffusion, cameras at 128x96, on $device" check_diffusion
+  check 8 "image transforms, $device against cpu, and their cost" check_transforms
   rm -rf "$out"
   echo "== done in $SECONDS s"
 }
@@ -199,6 +203,22 @@ check_diffusion() {
     # shellcheck disable=SC2086
     "${lake[@]}" train "${small[@]}" ${shape#*:} --steps "$steps" --batch-size "$b" --device "$device" --log-every 20 \
       --out "$out/diffusion-$(echo "${shape%%:*}" | tr -dc 'a-z0-9')" 2>&1 | tail -3
+  done
+}
+
+check_transforms() {
+  for run in cpu:reference "$device:checked"; do
+    local d="${run%%:*}" name="transforms-${run#*:}"
+    "${lake[@]}" train --dataset bench "${act[@]}" --image-transforms --steps 1 --batch-size 8 --seed 3 --device "$d" \
+      --out "$out/$name" >"$out/$name.txt" 2>&1 || { tail -20 "$out/$name.txt"; return 1; }
+  done
+  compare_steps "$out/transforms-reference" "$out/transforms-checked"
+  local b="${batches##* }"
+  for flag in "" --image-transforms; do
+    echo "-- the data path alone, batch $b, $steps steps ${flag:-without transforms}"
+    # shellcheck disable=SC2086
+    "${lake[@]}" train --dataset bench --policy none $flag --steps "$steps" --batch-size "$b" --device "$device" \
+      --log-every "$steps" --out "$out/feed-transforms${flag:+-on}" 2>&1 | tail -2
   done
 }
 

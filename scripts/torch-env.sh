@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates (once) the Python environment whose torch lake's trainer builds and runs against:
 # ~/.cache/lake/torch-venv (or $LAKE_TORCH_VENV) with PyPI's torch==2.11.0, the libtorch that
-# tch 0.24.0 is made for (a CUDA build with its nvidia wheels; it runs on CPU-only machines too).
+# tch 0.24.0 is made for (a CUDA build with its nvidia wheels; it runs on CPU-only machines too),
+# and the torchvision built for it, the reference the trainer's image transforms are tested
+# against.
 # Prints its python. Safe to run again: it only installs when the pinned versions are missing.
 #
 # With --exports it prints instead the shell lines that build and run lake's `torch` feature
@@ -12,7 +14,7 @@
 # A wheel already downloaded to /tmp/torch211 is used instead of fetching it again.
 set -euo pipefail
 venv="${LAKE_TORCH_VENV:-$HOME/.cache/lake/torch-venv}"
-want="torch==2.11.0 numpy==2.2.6"
+want="torch==2.11.0 torchvision==0.26.0 numpy==2.2.6"
 if [ ! -x "$venv/bin/python" ]; then
   command -v python3 >/dev/null || { echo "torch-env: python3 not found (apt install python3 python3-venv)" >&2; exit 1; }
   python3 -m venv "$venv" >&2

@@ -44,6 +44,10 @@ pub enum Error {
     /// A batch whose tensors do not fit the policy (missing camera, wrong shape).
     #[error("batch: {0}")]
     Batch(String),
+    /// Image transforms that lake does not apply, or arguments torchvision would refuse; names
+    /// the transform.
+    #[error("image transforms: {0}")]
+    Transforms(String),
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
     Io {

@@ -12,6 +12,9 @@
 //! - `tensors`: safetensors reading and writing of f32 tensors without libtorch.
 //! - [`run_log`]: a run's step log and its plot; [`events`]: the same scalars as TensorBoard
 //!   event files.
+//! - `image_transforms`: [`ImageTransformsConfig`], LeRobot's image transforms for training,
+//!   and [`ImageTransforms`], their draws for each sample's camera (applied to the frames on
+//!   their device with the feature `torch`).
 //! - `act` (feature `torch`): `act::ActPolicy`, the network on libtorch through tch, its
 //!   loss, inference and checkpoint files; `diffusion`: `diffusion::DiffusionPolicy`, the same
 //!   for the Diffusion Policy; `policy`: either, as `train` runs them.
@@ -63,10 +66,12 @@ pub mod data;
 mod diffusion_config;
 mod error;
 pub mod events;
+mod image_transforms;
 #[cfg(feature = "torch")]
 mod layers;
 mod normalize;
 pub mod run_log;
+mod seeds;
 mod tensors;
 
 #[cfg(feature = "torch")]
@@ -93,6 +98,7 @@ pub use crate::config::{
 };
 pub use crate::diffusion_config::DiffusionConfig;
 pub use crate::error::{Error, Result};
+pub use crate::image_transforms::{Draw, DrawKey, ImageTransforms, ImageTransformsConfig, TransformConfig};
 pub use crate::normalize::{
     EPS, IMAGENET_MEAN, IMAGENET_STD, Normalizer, POSTPROCESSOR_FILE, POSTPROCESSOR_STATE_FILE, PREPROCESSOR_FILE, PREPROCESSOR_STATE_FILE,
     PolicyFeatures, Processors, Stats,

@@ -3,8 +3,10 @@
 //!
 //! A run is a function of its options: the sample order is the lake's (seed, epoch, step), and
 //! libtorch's generator is seeded from `(seed, step)` before every step, so dropout, the VAE's
-//! ε and Diffusion's noise, steps and crop at step `k` do not depend on what ran before. A run resumed from a checkpoint therefore
-//! repeats the uninterrupted run's steps bit for bit (on the CPU).
+//! ε and Diffusion's noise, steps and crop at step `k` do not depend on what ran before. The
+//! image transforms' draws are a function of `(seed, step)` and each sample's place in the
+//! step's batch over all ranks ([`crate::ImageTransforms::draw`]). A run resumed from a
+//! checkpoint therefore repeats the uninterrupted run's steps bit for bit (on the CPU).
 //!
 //! Files under the run's directory:
 //! - `checkpoints/STEP/{pretrained_model, training_state}` as lerobot-train writes them, plus
@@ -17,13 +19,15 @@
 //!   ([`crate::events`]).
 //!
 //! Batches are read, made into tensors and copied to the device by a task of their own, one
-//! batch ahead of the step that takes it ([`Prefetch`]). [`feed_only`] runs the same data path
+//! batch ahead of the step that takes it ([`Prefetch`]), image transforms included.
+//! [`feed_only`] runs the same data path
 //! without a model: its steps only take their batches, which measures what the data side can
 //! give a device.
 
 use std::{
     io::Write as _,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Instant,
 };
 
@@ -39,7 +43,7 @@ use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
 use crate::{
-    ActConfig, Error, FeatureType, OBS_ENV_STATE, OBS_STATE, Result,
+    ActConfig, Error, FeatureType, ImageTransforms, ImageTransformsConfig, OBS_ENV_STATE, OBS_STATE, Result,
     act::{ActBatch, PolicyOptions, bf16_autocast},
     collective::{Collective, all_reduce_host, average_gradients, broadcast, ranks_apart},
     data::{BatchSource, DatasetFacts, Feed, dataset_facts, open_feed, policy_stats},
@@ -108,6 +112,9 @@ pub struct TrainOptions {
     /// --size WxH`); where this process decodes, they are resized here after decoding, to the
     /// same bytes: by the packet decoder on the CPU, by lake-gpu's kernel on the GPU.
     pub frame_size: Option<lake_loader::FrameSize>,
+    /// LeRobot's image transforms on each sample's camera frames as it enters a step (not in
+    /// held-out evaluations); `None`, or a config that is not enabled, for none.
+    pub image_transforms: Option<ImageTransformsConfig>,
 }
 
 /// How a run's camera frames travel and where they become RGB. Both give the policy the same
@@ -175,6 +182,7 @@ impl std::fmt::Debug for TrainOptions {
             .field("frames", &self.frames)
             .field("decode", &self.decode)
             .field("proxy", &self.proxy)
+            .field("image_transforms", &self.image_transforms.as_ref().is_some_and(|t| t.enable))
             .finish_non_exhaustive()
     }
 }
@@ -227,6 +235,9 @@ struct RunState {
     /// The file the camera backbones started from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     backbone_weights: Option<PathBuf>,
+    /// The image transforms of the run's steps, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image_transforms: Option<ImageTransformsConfig>,
 }
 
 /// How runs counted padded actions before [`TrainOptions::padded_actions`].
@@ -236,10 +247,7 @@ fn counted_as_zero() -> PaddedActions {
 
 /// The generator's seed for step `step` of a run seeded `seed` (SplitMix64 of both).
 fn step_seed(seed: u64, step: u64) -> i64 {
-    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) as i64 & i64::MAX
+    crate::seeds::mix64(seed ^ step.wrapping_mul(crate::seeds::GOLDEN)) as i64 & i64::MAX
 }
 
 /// The generator's seed for step `step` on rank `rank`: rank 0 draws as a single process does,
@@ -319,15 +327,39 @@ pub struct Prefetch {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A run's image transforms and what their draws are keyed by, besides the step.
+#[derive(Debug, Clone)]
+pub struct Augment {
+    /// The transforms.
+    pub transforms: Arc<ImageTransforms>,
+    /// The run's seed.
+    pub seed: u64,
+    /// The place of this rank's first sample in a step's batch over all ranks.
+    pub first_position: u64,
+}
+
 impl Prefetch {
     /// Starts taking `feed`'s batches for a policy of `config` on `device`, with camera frames as
-    /// `frames` says. Needs tokio's
-    /// multi-threaded runtime: the conversion runs in place of an async task.
-    pub fn start(mut feed: Feed, config: PolicyConfig, device: Device, frames: Frames) -> Self {
+    /// `frames` says and, with `augment`, transformed with the draws of their steps, the first
+    /// batch's being `first_step`. Needs tokio's multi-threaded runtime: the conversion runs in
+    /// place of an async task.
+    pub fn start(mut feed: Feed, config: PolicyConfig, device: Device, frames: Frames, augment: Option<Augment>, first_step: u64) -> Self {
         let (tx, ready) = tokio::sync::mpsc::channel(1);
         let task = tokio::spawn(async move {
+            let mut step = first_step;
             while let Some(batch) = feed.batches.next().await {
-                let made = batch.and_then(|b| tokio::task::block_in_place(|| make_batch(&b, &config, &frames)?.to_device(device)));
+                let made = batch.and_then(|b| {
+                    tokio::task::block_in_place(|| {
+                        let batch = make_batch(&b, &config, &frames)?.to_device(device)?;
+                        Ok(match &augment {
+                            Some(a) => {
+                                crate::image_transforms::apply::transform_batch(&a.transforms, batch, a.seed, step, a.first_position)
+                            }
+                            None => batch,
+                        })
+                    })
+                });
+                step += 1;
                 let failed = made.is_err();
                 if tx.send(made).await.is_err() || failed {
                     break;
@@ -355,6 +387,11 @@ impl std::fmt::Debug for Prefetch {
     }
 }
 
+/// The image transforms `options` ask for, checked; `None` when they do nothing.
+fn run_transforms(options: &TrainOptions) -> Result<Option<ImageTransforms>> {
+    Ok(options.image_transforms.as_ref().map(ImageTransforms::new).transpose()?.flatten())
+}
+
 /// Trains as `options` say, calling `on_step` after each step and `on_eval` after each held-out
 /// evaluation. A fresh run starts its camera backbones from `backbone_weights`, or from
 /// torchvision's cached download of the weights the config names ([`torchvision_cache`]).
@@ -368,6 +405,9 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     let (rank, world) = ranks(&options);
     let global_batch = options.batch_size * world;
     let (mut request, facts) = plan(&options).await?;
+    // Checked before anything is read or written; recorded only when they do something.
+    let transforms = run_transforms(&options)?;
+    let image_transforms = transforms.as_ref().and(options.image_transforms.clone());
     let policy_options =
         PolicyOptions { device: options.device, kind: options.kind, backbone_weights: None, padded_actions: options.padded_actions };
     let checkpoints = options.out.join("checkpoints");
@@ -376,6 +416,15 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         let dir = std::fs::canonicalize(&last)
             .map_err(|_| Error::Run(format!("--resume: {} does not exist; start the run without --resume", last.display())))?;
         let run: RunState = read_json(&dir.join("training_state").join(RUN_FILE))?;
+        if run.image_transforms != image_transforms {
+            let json = |t: &ImageTransformsConfig| serde_json::to_string(t).expect("JSON to memory");
+            let differ = match (&run.image_transforms, &image_transforms) {
+                (Some(_), None) => "with image transforms; this one asks for none".to_string(),
+                (None, _) => "without image transforms; this one asks for some".to_string(),
+                (Some(was), Some(now)) => format!("with the image transforms {}; this one asks for {}", json(was), json(now)),
+            };
+            return Err(Error::Run(format!("--resume: {} was made by a run {differ}", dir.display())));
+        }
         if run.padded_actions != options.padded_actions {
             return Err(Error::Run(format!(
                 "--resume: {} was made by a run whose loss counted padded actions as {}; this one asks for --padded-actions {}",
@@ -393,6 +442,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             next_step: run.next_step,
             padded_actions: run.padded_actions,
             backbone_weights: run.backbone_weights.clone(),
+            image_transforms: run.image_transforms.clone(),
         };
         if given != run {
             return Err(Error::Run(format!(
@@ -467,7 +517,8 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     request.limit_batches = Some(options.steps - started_after);
     let feed = open_frames(&options, &request).await?;
     check_schema(&feed.schema, &config, &options.frames)?;
-    let mut batches = Prefetch::start(feed, config.clone(), options.device, options.frames.clone());
+    let augment = transforms.map(|t| Augment { transforms: Arc::new(t), seed: options.seed, first_position: rank * options.batch_size });
+    let mut batches = Prefetch::start(feed, config.clone(), options.device, options.frames.clone(), augment, started_after + 1);
     let eval_request = options.eval.as_ref().map(|e| {
         let mut held_out = SampleRequest { datasets: SampleRequest::new(e.datasets.iter().cloned()).datasets, ..request.clone() };
         (held_out.epoch, held_out.start_step, held_out.limit_batches) = (0, 0, Some(e.batches));
@@ -495,6 +546,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         next_step,
         padded_actions: options.padded_actions,
         backbone_weights: backbone_weights.clone(),
+        image_transforms: image_transforms.clone(),
     };
     let (started, mut waited, mut losses, mut checkpoint) = (Instant::now(), 0.0, Vec::new(), PathBuf::new());
     let cpu_at_start = lake_loader::process_usage().cpu_s;
@@ -681,11 +733,16 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
     let (rank, world) = ranks(&options);
     let (mut request, facts) = plan(&options).await?;
     let config = policy_config(&options.config, &facts)?;
+    let augment = run_transforms(&options)?.map(|t| Augment {
+        transforms: Arc::new(t),
+        seed: options.seed,
+        first_position: rank * options.batch_size,
+    });
     ask_for(&mut request, &config, facts.fps, &options);
     request.limit_batches = Some(options.steps);
     let feed = open_frames(&options, &request).await?;
     check_schema(&feed.schema, &config, &options.frames)?;
-    let mut batches = Prefetch::start(feed, config, options.device, options.frames.clone());
+    let mut batches = Prefetch::start(feed, config, options.device, options.frames.clone(), augment, 1);
     std::fs::create_dir_all(&options.out).map_err(Error::io(&options.out))?;
     let log_path = options.out.join(FEED_LOG_FILE);
     let mut log = match rank {

@@ -65,6 +65,14 @@ pub struct TrainArgs {
     /// bytes (on the GPU by lake's kernel), with no frame table.
     #[arg(long, value_name = "WxH")]
     frame_size: Option<lake_loader::FrameSize>,
+    /// LeRobot's image transforms on each sample's camera frames as it enters a step
+    /// (lerobot-train's `--dataset.image_transforms.enable=true`): up to 3 of brightness,
+    /// contrast, saturation, hue, sharpness and a small affine per frame, drawn from the run's
+    /// seed, so a resumed run draws the same. With FILE: LeRobot's `ImageTransformsConfig` as
+    /// JSON (some or all of its fields over its defaults), or a `train_config.json` holding one.
+    /// Held-out evaluations see the frames as recorded.
+    #[arg(long, value_name = "FILE.json", num_args = 0..=1)]
+    image_transforms: Option<Option<PathBuf>>,
     /// Threads that decode packets with --decode cpu (0: one per core).
     #[arg(long, default_value_t = 0, value_name = "N")]
     decode_threads: usize,
@@ -238,6 +246,12 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         (_, opened) => Some(opened?),
     };
     let (steps, log_every) = (args.steps, args.log_every);
+    let image_transforms = match &args.image_transforms {
+        None => None,
+        Some(None) => Some(lake_trainer::ImageTransformsConfig::enabled()),
+        Some(Some(path)) => Some(lake_trainer::ImageTransformsConfig::read(path)?),
+    };
+    let transforms = image_transforms.as_ref().map(lake_trainer::ImageTransforms::new).transpose()?.flatten();
     let options = TrainOptions {
         lake,
         datasets: args.datasets,
@@ -269,6 +283,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         },
         proxy: args.proxy,
         frame_size: args.frame_size,
+        image_transforms,
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
             datasets: args.eval_dataset.clone(),
             every: args.eval_every,
@@ -325,6 +340,9 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
     )?;
     if let Some(weights) = &summary.backbone_weights {
         outln!("backbone: started from {}", weights.display())?;
+    }
+    if let Some(t) = &transforms {
+        outln!("image transforms: {} of {} on each camera frame", t.per_frame(), t.names().join(", "))?;
     }
     Ok(ExitCode::SUCCESS)
 }

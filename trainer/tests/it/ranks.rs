@@ -108,6 +108,7 @@ fn rank() {
             config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
             kind: tch::Kind::Double,
             padded_actions: PaddedActions::Zero,
+            image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
             ..options
         },
     };
@@ -125,7 +126,7 @@ fn mpi_world() -> Box<dyn Collective> {
 }
 
 /// One rank of batch 8 and two of batch 4 (started by `launcher`) end [`STEPS`] steps with the
-/// same parameters, up to the order of float additions.
+/// same parameters, up to the order of float additions, image transforms included.
 fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().expect("tmp");
@@ -139,6 +140,8 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
         kind: tch::Kind::Double,
         padded_actions: PaddedActions::Zero,
         bf16: false,
+        // Each sample's frames draw by its place in the step's global batch, whatever the ranks.
+        image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
         ..options(&lake, &tmp.path().join("single"), STEPS)
     });
     let status = launch(launcher, tmp.path(), STEPS).status().unwrap_or_else(|e| panic!("{launcher:?}: {e}"));

@@ -50,6 +50,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         decode: Default::default(),
         proxy: false,
         frame_size: None,
+        image_transforms: None,
     }
 }
 
@@ -136,24 +137,35 @@ fn the_loss_goes_down_on_the_lakes_samples() {
     assert!(!renamed.exists());
 }
 
+/// With LeRobot's image transforms on, whose draws follow the step and not the process.
 #[test]
 fn a_resumed_run_ends_where_the_uninterrupted_run_ends() {
     let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().expect("tmp");
     let lake = lake_with_fixture(tmp.path());
+    let transformed = |out: &Path, steps| TrainOptions {
+        save_every: 4,
+        image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
+        ..options(&lake, out, steps)
+    };
     let whole = tmp.path().join("whole");
-    let (_, straight) = run(TrainOptions { save_every: 4, ..options(&lake, &whole, 12) });
+    let (_, straight) = run(transformed(&whole, 12));
+    // The transforms change what the policy sees: the first step's loss differs without them.
+    let (_, plain) = run(options(&lake, &tmp.path().join("plain"), 1));
+    assert_ne!(plain[0].loss, straight[0].loss);
     let parts = tmp.path().join("parts");
-    run(TrainOptions { save_every: 4, ..options(&lake, &parts, 8) });
+    run(transformed(&parts, 8));
     // Changed options are refused on resume, before any step.
     let resume =
         |options| tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("rt").block_on(train(options, |_| (), |_| ()));
-    let refused = resume(TrainOptions { resume: true, seed: 8, ..options(&lake, &parts, 12) });
+    let refused = resume(TrainOptions { resume: true, seed: 8, ..transformed(&parts, 12) });
     assert!(refused.expect_err("another seed").to_string().contains("seed 7"));
-    let refused = resume(TrainOptions { resume: true, padded_actions: PaddedActions::Zero, ..options(&lake, &parts, 12) });
+    let refused = resume(TrainOptions { resume: true, padded_actions: PaddedActions::Zero, ..transformed(&parts, 12) });
     let refused = refused.expect_err("another loss").to_string();
     assert!(refused.contains("counted padded actions as exclude; this one asks for --padded-actions zero"), "{refused}");
-    let (summary, resumed) = run(TrainOptions { resume: true, save_every: 4, ..options(&lake, &parts, 12) });
+    let refused = resume(TrainOptions { resume: true, ..options(&lake, &parts, 12) }).expect_err("no transforms").to_string();
+    assert!(refused.ends_with("was made by a run with image transforms; this one asks for none"), "{refused}");
+    let (summary, resumed) = run(TrainOptions { resume: true, ..transformed(&parts, 12) });
     assert_eq!(summary.started_after, 8);
     assert_eq!(resumed.iter().map(|s| s.step).collect::<Vec<_>>(), [9, 10, 11, 12]);
     for (a, b) in straight[8..].iter().zip(&resumed) {

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""torchvision's functional transforms applied to frames that lake's trainer test wrote: the
+reference for lake's image transforms (trainer/src/image_transforms/apply.rs).
+
+Usage: torchvision_transforms.py DIR. DIR holds input.f32 (little-endian float32 frames
+[n, S, 3, H, W] in [0, 1]) and cases.json: {"shape": [...], "cases": [{"name": ..., "rows":
+[[step, ...] for each sample]}]}. Each sample's frames [S, 3, H, W] take its steps in order, and
+the results go to DIR/NAME.f32 in the input's layout.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as F
+
+
+def step(frames: torch.Tensor, s: dict) -> torch.Tensor:
+    kind = s["kind"]
+    if kind == "brightness":
+        return F.adjust_brightness(frames, s["factor"])
+    if kind == "contrast":
+        return F.adjust_contrast(frames, s["factor"])
+    if kind == "saturation":
+        return F.adjust_saturation(frames, s["factor"])
+    if kind == "hue":
+        return F.adjust_hue(frames, s["factor"])
+    if kind == "sharpness":
+        return F.adjust_sharpness(frames, s["factor"])
+    if kind == "affine":
+        return F.affine(
+            frames,
+            angle=s["angle"],
+            translate=s["translate"],
+            scale=s["scale"],
+            shear=s["shear"],
+            interpolation=InterpolationMode.NEAREST if s["nearest"] else InterpolationMode.BILINEAR,
+            fill=s["fill"],
+            center=s["center"],
+        )
+    raise ValueError(f"unknown step {kind}")
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    spec = json.loads((root / "cases.json").read_text())
+    frames = torch.from_numpy(np.fromfile(root / "input.f32", dtype="<f4").reshape(spec["shape"]))
+    for case in spec["cases"]:
+        out = []
+        for sample, steps in zip(frames, case["rows"]):
+            x = sample.clone()
+            for s in steps:
+                x = step(x, s)
+            out.append(x)
+        torch.stack(out).numpy().astype("<f4").tofile(root / f"{case['name']}.f32")
+
+
+if __name__ == "__main__":
+    main()

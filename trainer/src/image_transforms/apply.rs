@@ -1,0 +1,457 @@
+//! The draws of [`ImageTransforms`] applied to camera frames on their device, with the
+//! arithmetic of torchvision 0.26's functional transforms for float images, one launch per
+//! transform for all the samples that drew it.
+//!
+//! Frames are `[n, S, 3, H, W]` float tensors in [0, 1]: `n` samples of `S` frames each (1 for
+//! ACT), one draw per sample.
+
+use tch::{Device, Kind, Tensor};
+
+use super::{Affine, Draw, DrawKey, ImageTransforms, Transform};
+use crate::policy::Batch;
+
+/// `frames` (`[n, S, 3, H, W]`, float in [0, 1]) with each sample's draws applied, in order.
+pub(crate) fn apply(transforms: &ImageTransforms, frames: &Tensor, draws: &[Vec<(usize, Draw)>]) -> Tensor {
+    if frames.device() == Device::Cpu && draws.len() > 1 {
+        // One sample at a time on the CPU, whose caches hold a sample's intermediate tensors and
+        // not a batch's.
+        let rows: Vec<Tensor> =
+            draws.iter().enumerate().map(|(r, d)| grouped(transforms, &frames.narrow(0, r as i64, 1), std::slice::from_ref(d))).collect();
+        return Tensor::cat(&rows, 0);
+    }
+    grouped(transforms, frames, draws)
+}
+
+/// [`apply`] with one launch per transform for all the samples that drew it.
+fn grouped(transforms: &ImageTransforms, frames: &Tensor, draws: &[Vec<(usize, Draw)>]) -> Tensor {
+    let mut x = frames.shallow_clone();
+    let depth = draws.iter().map(Vec::len).max().unwrap_or(0);
+    for k in 0..depth {
+        let at: Vec<Option<usize>> = draws.iter().map(|d| d.get(k).map(|(t, _)| *t)).collect();
+        let mut indices: Vec<usize> = at.iter().flatten().copied().collect();
+        indices.sort_unstable();
+        indices.dedup();
+        for t in indices {
+            let rows: Vec<usize> = (0..draws.len()).filter(|&s| at[s] == Some(t)).collect();
+            let params: Vec<&Draw> = rows.iter().map(|&s| &draws[s][k].1).collect();
+            x = on_rows(&x, &rows, |sub| transform(transforms.transform(t), sub, &params));
+        }
+    }
+    x
+}
+
+/// A batch's camera frames transformed with the draws of training step `step`, its rows at
+/// places `first_position..` of the step's batch over all ranks: uint8 frames become float in
+/// [0, 1] (as the policy would make them) and get their draws. Other inputs are left as they are.
+pub(crate) fn transform_batch(transforms: &ImageTransforms, batch: Batch, seed: u64, step: u64, first_position: u64) -> Batch {
+    let frames = |images: Vec<Tensor>, windowed: bool| -> Vec<Tensor> {
+        images
+            .into_iter()
+            .enumerate()
+            .map(|(camera, img)| {
+                // Channel planes apart (the frames arrive as `[…, H, W, 3]` viewed as `[…, 3, H, W]`),
+                // as the transforms read them.
+                let x = img.contiguous();
+                let x = if x.kind() == Kind::Uint8 { x.to_kind(Kind::Float) / 255.0 } else { x.to_kind(Kind::Float) };
+                let x = if windowed { x } else { x.unsqueeze(1) };
+                let size = x.size();
+                let (height, width) = (size[3] as usize, size[4] as usize);
+                let draws: Vec<_> = (0..size[0] as u64)
+                    .map(|row| {
+                        transforms.draw(DrawKey { seed, step, position: first_position + row, camera: camera as u64 }, height, width)
+                    })
+                    .collect();
+                let out = apply(transforms, &x, &draws);
+                if windowed { out } else { out.squeeze_dim(1) }
+            })
+            .collect()
+    };
+    match batch {
+        Batch::Act(mut b) => {
+            b.images = frames(std::mem::take(&mut b.images), false);
+            Batch::Act(b)
+        }
+        Batch::Diffusion(mut b) => {
+            b.images = frames(std::mem::take(&mut b.images), true);
+            Batch::Diffusion(b)
+        }
+    }
+}
+
+/// `x` with `f` applied to its rows `rows` (ascending) and the other rows as they are.
+fn on_rows(x: &Tensor, rows: &[usize], f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+    if rows.len() as i64 == x.size()[0] {
+        return f(x);
+    }
+    let index = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to_device(x.device());
+    x.index_copy(0, &index, &f(&x.index_select(0, &index)))
+}
+
+fn transform(t: &Transform, x: &Tensor, params: &[&Draw]) -> Tensor {
+    match t {
+        Transform::Identity => x.shallow_clone(),
+        Transform::Color(_) => color(x, params),
+        Transform::Sharpness(_) => {
+            let factors: Vec<f64> = params.iter().map(|p| if let Draw::Sharpness(f) = p { *f } else { mismatch(p) }).collect();
+            sharpness(x, &factors)
+        }
+        Transform::Affine(a) => affine(x, a, params),
+    }
+}
+
+fn mismatch(draw: &Draw) -> ! {
+    unreachable!("a transform's rows hold that transform's draws, not {draw:?}")
+}
+
+/// One value per row of `like`, shaped to broadcast over its other dimensions.
+fn per_row(values: &[f64], like: &Tensor) -> Tensor {
+    let mut shape = vec![values.len() as i64];
+    shape.resize(like.dim(), 1);
+    let values: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+    Tensor::from_slice(&values).to_device(like.device()).view(shape.as_slice())
+}
+
+/// `x` with each row multiplied by its value (a single row by a scalar, libtorch's faster path;
+/// either way in float32).
+fn times(x: &Tensor, values: &[f64]) -> Tensor {
+    match values {
+        [v] => x * *v,
+        _ => x * per_row(values, x),
+    }
+}
+
+/// `ColorJitter`: each row's adjustments in its own order.
+fn color(x: &Tensor, params: &[&Draw]) -> Tensor {
+    let mut x = x.shallow_clone();
+    for place in 0..4 {
+        for adjustment in 0..4 {
+            let (rows, factors): (Vec<usize>, Vec<f64>) = params
+                .iter()
+                .enumerate()
+                .filter_map(|(row, p)| match p {
+                    Draw::Color { order, factors } if order[place] == adjustment => factors[adjustment].map(|f| (row, f)),
+                    Draw::Color { .. } => None,
+                    other => mismatch(other),
+                })
+                .unzip();
+            if !rows.is_empty() {
+                x = on_rows(&x, &rows, |sub| adjust(adjustment, sub, &factors));
+            }
+        }
+    }
+    x
+}
+
+/// Brightness, contrast, saturation or hue (`adjustment` 0 to 3) by each row's factor.
+pub(crate) fn adjust(adjustment: usize, x: &Tensor, factors: &[f64]) -> Tensor {
+    match adjustment {
+        0 => {
+            let mut y = times(x, factors);
+            let _ = y.clamp_(0.0, 1.0);
+            y
+        }
+        1 => {
+            let mean = grayscale(x).mean_dim([-3i64, -2, -1].as_slice(), true, None::<Kind>);
+            blend(x, &mean, factors)
+        }
+        2 => blend(x, &grayscale(x), factors),
+        _ => hue(x, factors),
+    }
+}
+
+/// ITU-R 601-2 luma, as torchvision weighs the channels: `[…, 1, H, W]`.
+fn grayscale(x: &Tensor) -> Tensor {
+    let c = x.unbind(-3);
+    let mut luma = &c[0] * 0.2989;
+    luma += &c[1] * 0.587;
+    luma += &c[2] * 0.114;
+    luma.unsqueeze(-3)
+}
+
+/// `a·r + b·(1 − r)` per row, clamped to [0, 1].
+fn blend(a: &Tensor, b: &Tensor, ratios: &[f64]) -> Tensor {
+    let rest: Vec<f64> = ratios.iter().map(|r| 1.0 - r).collect();
+    let mut y = times(a, ratios);
+    y += times(b, &rest);
+    let _ = y.clamp_(0.0, 1.0);
+    y
+}
+
+/// The hue turned by each row's factor (a fraction of the colour circle), through HSV.
+fn hue(x: &Tensor, shifts: &[f64]) -> Tensor {
+    let hsv = rgb_to_hsv(x).unbind(-3);
+    let h = match shifts {
+        [shift] => &hsv[0] + *shift,
+        _ => &hsv[0] + per_row(shifts, &hsv[0]),
+    }
+    .remainder(1.0);
+    hsv_to_rgb(&h, &hsv[1], &hsv[2])
+}
+
+fn rgb_to_hsv(x: &Tensor) -> Tensor {
+    let c = x.unbind(-3);
+    let (maxc, minc) = {
+        let (lo, hi) = x.aminmax(-3, false);
+        (hi, lo)
+    };
+    // Grey pixels (max = min) have no hue or saturation; their divisors become 1, which leaves
+    // both at 0 without a division by zero.
+    let grey = maxc.eq_tensor(&minc);
+    let range = &maxc - &minc;
+    let ones = maxc.ones_like();
+    let s = &range / ones.where_self(&grey, &maxc);
+    let divisor = ones.where_self(&grey, &range).unsqueeze(-3);
+    let scaled = ((maxc.unsqueeze(-3) - x) / divisor).unbind(-3);
+    let (rc, gc, bc) = (&scaled[0], &scaled[1], &scaled[2]);
+    let not_r = maxc.ne_tensor(&c[0]);
+    let is_g = maxc.eq_tensor(&c[1]);
+    let hg = (rc + 2.0 - bc) * is_g.logical_and(&not_r);
+    let hr = (bc - gc) * not_r.logical_not();
+    let hb = (gc + 4.0 - rc) * not_r.logical_and(&is_g.logical_not());
+    let h = ((hr + hg + hb) * (1.0 / 6.0) + 1.0).fmod(1.0);
+    Tensor::stack(&[h, s, maxc], -3)
+}
+
+fn hsv_to_rgb(h: &Tensor, s: &Tensor, v: &Tensor) -> Tensor {
+    let h6 = h * 6.0;
+    let sector = h6.floor();
+    let f = &h6 - &sector;
+    let sector = sector.to_kind(Kind::Int64).remainder(6);
+    let sf = s * &f;
+    let one_minus_s = 1.0f64 - s;
+    let q = ((1.0f64 - &sf) * v).clamp(0.0, 1.0);
+    let t = ((&sf + &one_minus_s) * v).clamp(0.0, 1.0);
+    let p = (&one_minus_s * v).clamp(0.0, 1.0);
+    let vpqt = Tensor::stack(&[v.shallow_clone(), p, q, t], -3);
+    // Which of v, p, q, t each channel takes in each of the six sectors.
+    let select = Tensor::from_slice(&[0i64, 2, 1, 1, 3, 0, 3, 0, 0, 2, 1, 1, 1, 1, 3, 0, 0, 2]).view([3, 6]).to_device(h.device());
+    let mut shape = vec![3];
+    shape.extend(sector.size());
+    let picked = select.index_select(1, &sector.flatten(0, -1)).view(shape.as_slice()).movedim([0i64].as_slice(), [-3i64].as_slice());
+    vpqt.gather(-3, &picked, false)
+}
+
+/// LeRobot's `SharpnessJitter` (torchvision's `adjust_sharpness`): each row blended with its
+/// 3×3 blur (weights 1, centre 5, over 13), borders kept.
+pub(crate) fn sharpness(x: &Tensor, factors: &[f64]) -> Tensor {
+    let size = x.size();
+    let (n, s, c, h, w) = (size[0], size[1], size[2], size[3], size[4]);
+    if h <= 2 || w <= 2 {
+        return x.shallow_clone();
+    }
+    let (edge, centre) = (1.0f32 / 13.0, 5.0f32 / 13.0);
+    let kernel = Tensor::from_slice(&[edge, edge, edge, edge, centre, edge, edge, edge, edge])
+        .view([1, 1, 3, 3])
+        .expand([c, 1, 3, 3], false)
+        .to_device(x.device());
+    let out = x.reshape([n * s, c, h, w]).copy();
+    let blurred = out.conv2d(&kernel, None::<Tensor>, [1, 1], [0, 0], [1, 1], c);
+    let weights: Vec<f64> = factors.iter().flat_map(|f| std::iter::repeat_n(1.0 - f, s as usize)).collect();
+    let mut inner = out.narrow(2, 1, h - 2).narrow(3, 1, w - 2);
+    let step = times(&(blurred - &inner), &weights);
+    inner += step;
+    out.clamp(0.0, 1.0).view(size.as_slice())
+}
+
+/// torchvision's `RandomAffine` with each row's parameters: the inverse of each row's affine
+/// map sampled through `grid_sample`, pixels from outside the frame taking `fill`.
+fn affine(x: &Tensor, a: &Affine, params: &[&Draw]) -> Tensor {
+    let size = x.size();
+    let (n, s, c, h, w) = (size[0], size[1], size[2], size[3], size[4]);
+    let center = a.center.map_or((0.0, 0.0), |(cx, cy)| (cx - w as f64 * 0.5, cy - h as f64 * 0.5));
+    let thetas: Vec<f64> = params
+        .iter()
+        .flat_map(|p| match p {
+            Draw::Affine { angle, translate, scale, shear } => inverse_affine_matrix(center, *angle, *translate, *scale, *shear),
+            other => mismatch(other),
+        })
+        .collect();
+    let theta = Tensor::from_slice(&thetas.iter().map(|&v| v as f32).collect::<Vec<_>>()).view([n, 2, 3]).to_device(x.device());
+    let grid = affine_grid(&theta, w, h).repeat_interleave_self_int(s, 0, None);
+    let flat = x.reshape([n * s, c, h, w]);
+    let inside = Tensor::ones([n * s, 1, h, w], (Kind::Float, x.device()));
+    let sampled = Tensor::cat(&[flat, inside], 1).grid_sampler(&grid, if a.nearest { 1 } else { 0 }, 0, false);
+    let (img, mask) = (sampled.narrow(1, 0, c), sampled.narrow(1, c, 1).expand([n * s, c, h, w], false));
+    let fill = Tensor::from_slice(&a.fill.iter().map(|&f| f as f32).collect::<Vec<_>>())
+        .view([1, a.fill.len() as i64, 1, 1])
+        .to_device(x.device());
+    let out = if a.nearest { fill.expand_as(&img).where_self(&mask.lt(0.5), &img) } else { (img - &fill) * mask + fill };
+    out.view(size.as_slice())
+}
+
+/// The inverse of rotating by `angle` degrees about `center` (pixels from the frame's centre),
+/// scaling, shearing by `shear` degrees and shifting by `translate` pixels, as a 2×3 matrix
+/// taking output pixels to input pixels (torchvision's `_get_inverse_affine_matrix`).
+pub(crate) fn inverse_affine_matrix(center: (f64, f64), angle: f64, translate: (f64, f64), scale: f64, shear: (f64, f64)) -> [f64; 6] {
+    let (rot, sx, sy) = (angle.to_radians(), shear.0.to_radians(), shear.1.to_radians());
+    let ((cx, cy), (tx, ty)) = (center, translate);
+    let a = (rot - sy).cos() / sy.cos();
+    let b = -(a * sx.tan() + rot.sin());
+    let c = (rot - sy).sin() / sy.cos();
+    let d = rot.cos() - c * sx.tan();
+    let mut m = [d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0];
+    m[2] += cx - m[0] * (cx + tx) - m[1] * (cy + ty);
+    m[5] += cy - m[3] * (cx + tx) - m[4] * (cy + ty);
+    m
+}
+
+/// The sampling grid of `theta` (`[n, 2, 3]`, in pixels from the frame's centre) over a `w` × `h`
+/// frame, normalised to [-1, 1] after the matrix is applied (torchvision's `_affine_grid`).
+fn affine_grid(theta: &Tensor, w: i64, h: i64) -> Tensor {
+    let device = theta.device();
+    let xs = Tensor::linspace((1.0 - w as f64) * 0.5, (w as f64 - 1.0) * 0.5, w, (Kind::Float, device));
+    let ys = Tensor::linspace((1.0 - h as f64) * 0.5, (h as f64 - 1.0) * 0.5, h, (Kind::Float, device));
+    let base = Tensor::stack(
+        &[xs.view([1, w]).expand([h, w], false), ys.view([h, 1]).expand([h, w], false), Tensor::ones([h, w], (Kind::Float, device))],
+        -1,
+    );
+    let half = Tensor::from_slice(&[0.5 * w as f32, 0.5 * h as f32]).to_device(device);
+    let n = theta.size()[0];
+    let rescaled = theta.transpose(1, 2) / half;
+    base.view([1, h * w, 3]).expand([n, h * w, 3], false).bmm(&rescaled).view([n, h, w, 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::image_transforms::{COLOR_FACTORS, ImageTransformsConfig};
+
+    /// Frames `[4, 2, 3, 17, 23]` with grey pixels, saturated ones and pure hues among random
+    /// ones: the cases where HSV divides by zero or picks a sector.
+    fn frames() -> Tensor {
+        tch::manual_seed(3);
+        let x = Tensor::rand([4, 2, 3, 17, 23], (Kind::Float, Device::Cpu));
+        let grey = x.narrow(2, 0, 1).narrow(3, 0, 4);
+        x.narrow(3, 0, 4).copy_(&grey.expand([4, 2, 3, 4, 23], false));
+        let _ = x.narrow(3, 4, 2).fill_(1.0);
+        let _ = x.narrow(2, 1, 2).narrow(3, 6, 2).fill_(0.0);
+        x
+    }
+
+    fn raw(t: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(t.contiguous().flatten(0, -1)).expect("f32 values")
+    }
+
+    fn write_f32(path: &Path, values: &[f32]) {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).expect("frames written");
+    }
+
+    fn read_f32(path: &Path) -> Vec<f32> {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    /// A draw as the reference script applies it: its steps, in order.
+    fn steps(transform: &Transform, draw: &Draw) -> Vec<Value> {
+        match (transform, draw) {
+            (_, Draw::Color { order, factors }) => {
+                order.iter().filter_map(|&i| factors[i].map(|f| json!({"kind": COLOR_FACTORS[i], "factor": f}))).collect()
+            }
+            (_, Draw::Sharpness(f)) => vec![json!({"kind": "sharpness", "factor": f})],
+            (Transform::Affine(a), Draw::Affine { angle, translate, scale, shear }) => vec![json!({
+                "kind": "affine", "angle": angle, "translate": [translate.0, translate.1], "scale": scale,
+                "shear": [shear.0, shear.1], "nearest": a.nearest, "fill": a.fill, "center": a.center.map(|(x, y)| [x, y]),
+            })],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Every transform, with given factors and with factors drawn from LeRobot's defaults,
+    /// equals torchvision 0.26's functional transforms applied to each sample's frames in turn
+    /// (`scripts/torchvision_transforms.py`, run by the python of `scripts/torch-env.sh`, which
+    /// holds torchvision): brightness, hue and the affine bit for bit. Where torchvision adds
+    /// with a fused multiply-add (contrast's and saturation's blends, the sharpness step),
+    /// lake's separate multiply and add may differ in the last bit or two, and composed
+    /// transforms carry those differences on.
+    #[test]
+    #[allow(clippy::print_stderr)] // its report: how far each case is from torchvision's
+    fn transforms_are_torchvisions() {
+        let x = frames();
+        let dir = tempfile::tempdir().expect("tmp");
+        write_f32(&dir.path().join("input.f32"), &raw(&x));
+        let mut cases: Vec<(String, Vec<Vec<Value>>, Tensor, f32)> = Vec::new();
+
+        let factors = [0.0, 0.55, 1.0, 1.7];
+        for (i, name) in COLOR_FACTORS.iter().enumerate() {
+            let factors: Vec<f64> = if *name == "hue" { vec![-0.5, -0.03, 0.21, 0.5] } else { factors.to_vec() };
+            let rows = factors.iter().map(|f| vec![json!({"kind": name, "factor": f})]).collect();
+            let tolerance = if matches!(*name, "contrast" | "saturation") { 2.4e-7 } else { 0.0 };
+            cases.push((name.to_string(), rows, adjust(i, &x, &factors), tolerance));
+        }
+        let rows = factors.iter().map(|f| vec![json!({"kind": "sharpness", "factor": f})]).collect();
+        cases.push(("sharpness".into(), rows, sharpness(&x, &factors), 2.4e-7));
+
+        let params = [
+            Draw::Affine { angle: -4.3, translate: (2.0, -1.0), scale: 1.0, shear: (0.0, 0.0) },
+            Draw::Affine { angle: 30.0, translate: (0.0, 0.0), scale: 0.8, shear: (5.0, -3.0) },
+            Draw::Affine { angle: 90.0, translate: (-3.0, 4.0), scale: 1.25, shear: (0.0, 0.0) },
+            Draw::Affine { angle: 0.0, translate: (0.0, 0.0), scale: 1.0, shear: (0.0, 0.0) },
+        ];
+        let args = |nearest: bool, fill: Vec<f64>, center: Option<(f64, f64)>| Affine {
+            degrees: (0.0, 0.0),
+            translate: None,
+            scale: None,
+            shear: None,
+            nearest,
+            fill,
+            center,
+        };
+        for (name, a) in
+            [("affine-nearest", args(true, vec![0.0], None)), ("affine-bilinear-fill", args(false, vec![0.2, 0.5, 0.9], Some((3.0, 5.5))))]
+        {
+            let t = Transform::Affine(a.clone());
+            let rows = params.iter().map(|p| steps(&t, p)).collect();
+            cases.push((name.into(), rows, affine(&x, &a, &params.iter().collect::<Vec<_>>()), 0.0));
+        }
+
+        for (name, config) in [
+            ("lerobot-defaults", ImageTransformsConfig::enabled()),
+            ("random-order", {
+                let mut c = ImageTransformsConfig { random_order: true, max_num_transforms: 4, ..ImageTransformsConfig::enabled() };
+                let all = json!({"brightness": 0.4, "contrast": 0.4, "saturation": 0.6, "hue": 0.2}).as_object().cloned().expect("object");
+                c.tfs.insert("jitter".into(), crate::TransformConfig { weight: 3.0, kind: "ColorJitter".into(), kwargs: all });
+                c
+            }),
+        ] {
+            let transforms = ImageTransforms::new(&config).expect("valid").expect("on");
+            let draws: Vec<_> = (0..4).map(|p| transforms.draw(DrawKey { seed: 11, step: 2, position: p, camera: 1 }, 17, 23)).collect();
+            let rows: Vec<Vec<Value>> =
+                draws.iter().map(|d| d.iter().flat_map(|(t, draw)| steps(transforms.transform(*t), draw)).collect()).collect();
+            // A sample at a time (the CPU's way), and each transform for all its samples at once
+            // (a GPU's).
+            cases.push((name.into(), rows.clone(), apply(&transforms, &x, &draws), 2e-6));
+            cases.push((format!("{name}-grouped"), rows, grouped(&transforms, &x, &draws), 2e-6));
+        }
+
+        let spec = json!({
+            "shape": x.size(),
+            "cases": cases.iter().map(|(name, rows, _, _)| json!({"name": name, "rows": rows})).collect::<Vec<_>>(),
+        });
+        std::fs::write(dir.path().join("cases.json"), spec.to_string()).expect("cases written");
+        let python = std::env::var("LAKE_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torchvision_transforms.py");
+        let out = std::process::Command::new(&python).arg(script).arg(dir.path()).output().expect("python runs");
+        assert!(
+            out.status.success(),
+            "{python} {script}: {}\n(torchvision comes with scripts/torch-env.sh's python: eval \"$(scripts/torch-env.sh --exports)\")",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (name, _, lake, tolerance) in &cases {
+            let reference = read_f32(&dir.path().join(format!("{name}.f32")));
+            let ours = raw(lake);
+            assert_eq!(ours.len(), reference.len(), "{name}");
+            let worst = ours.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let differ = ours.iter().zip(&reference).filter(|(a, b)| a != b).count();
+            eprintln!("{name}: {differ} of {} values differ from torchvision's, by at most {worst:e}", ours.len());
+            assert!(worst <= *tolerance, "{name}: lake's frames differ from torchvision's by {worst}");
+        }
+        // The frames changed where the transforms say, and the input is left as it was.
+        assert_eq!(raw(&x), raw(&frames()));
+        assert!(raw(&cases[0].2) != raw(&x));
+    }
+}
