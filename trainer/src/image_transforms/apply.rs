@@ -10,16 +10,32 @@ use tch::{Device, Kind, Tensor};
 use super::{Affine, Draw, DrawKey, ImageTransforms, Transform};
 use crate::policy::Batch;
 
-/// `frames` (`[n, S, 3, H, W]`, float in [0, 1]) with each sample's draws applied, in order.
+/// `frames` (`[n, S, 3, H, W]`: uint8, or float in [0, 1]) as float in [0, 1] with each
+/// sample's draws applied, in order.
 pub(crate) fn apply(transforms: &ImageTransforms, frames: &Tensor, draws: &[Vec<(usize, Draw)>]) -> Tensor {
-    if frames.device() == Device::Cpu && draws.len() > 1 {
-        // One sample at a time on the CPU, whose caches hold a sample's intermediate tensors and
-        // not a batch's.
-        let rows: Vec<Tensor> =
-            draws.iter().enumerate().map(|(r, d)| grouped(transforms, &frames.narrow(0, r as i64, 1), std::slice::from_ref(d))).collect();
-        return Tensor::cat(&rows, 0);
+    if frames.device() != Device::Cpu {
+        return grouped(transforms, &unit_float(frames), draws);
     }
-    grouped(transforms, frames, draws)
+    // One sample at a time on the CPU, whose caches hold a sample's intermediate tensors and not
+    // a batch's.
+    let out = Tensor::empty(frames.size(), (Kind::Float, Device::Cpu));
+    for (row, d) in draws.iter().enumerate() {
+        let sample = unit_float(&frames.narrow(0, row as i64, 1));
+        out.narrow(0, row as i64, 1).copy_(&grouped(transforms, &sample, std::slice::from_ref(d)));
+    }
+    out
+}
+
+/// Frames as contiguous float in [0, 1]: uint8 ones divided by 255, as the policies scale them.
+fn unit_float(frames: &Tensor) -> Tensor {
+    match frames.kind() {
+        Kind::Uint8 => {
+            let mut x = frames.contiguous().to_kind(Kind::Float);
+            x /= 255.0;
+            x
+        }
+        _ => frames.to_kind(Kind::Float).contiguous(),
+    }
 }
 
 /// [`apply`] with one launch per transform for all the samples that drew it.
@@ -49,11 +65,7 @@ pub(crate) fn transform_batch(transforms: &ImageTransforms, batch: Batch, seed: 
             .into_iter()
             .enumerate()
             .map(|(camera, img)| {
-                // Channel planes apart (the frames arrive as `[…, H, W, 3]` viewed as `[…, 3, H, W]`),
-                // as the transforms read them.
-                let x = img.contiguous();
-                let x = if x.kind() == Kind::Uint8 { x.to_kind(Kind::Float) / 255.0 } else { x.to_kind(Kind::Float) };
-                let x = if windowed { x } else { x.unsqueeze(1) };
+                let x = if windowed { img } else { img.unsqueeze(1) };
                 let size = x.size();
                 let (height, width) = (size[3] as usize, size[4] as usize);
                 let draws: Vec<_> = (0..size[0] as u64)
@@ -344,6 +356,20 @@ mod tests {
     fn read_f32(path: &Path) -> Vec<f32> {
         let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    /// uint8 frames, viewed channels-first over channels-last memory as batches hold them, give
+    /// what their float values over 255 give, on the CPU's way and on a GPU's.
+    #[test]
+    fn uint8_frames_are_scaled_as_the_policy_scales_them() {
+        let transforms = ImageTransforms::new(&ImageTransformsConfig::enabled()).expect("valid").expect("on");
+        let hwc = (frames().permute([0, 1, 3, 4, 2]).contiguous() * 255.0).to_kind(Kind::Uint8);
+        let bytes = hwc.permute([0, 1, 4, 2, 3]);
+        let draws: Vec<_> = (0..4).map(|p| transforms.draw(DrawKey { seed: 5, step: 9, position: p, camera: 0 }, 17, 23)).collect();
+        let scaled = bytes.to_kind(Kind::Float) / 255.0;
+        let expected = raw(&grouped(&transforms, &scaled, &draws));
+        assert_eq!(raw(&apply(&transforms, &bytes, &draws)), expected);
+        assert_eq!(raw(&grouped(&transforms, &unit_float(&bytes), &draws)), expected);
     }
 
     /// A draw as the reference script applies it: its steps, in order.
