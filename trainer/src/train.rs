@@ -392,6 +392,14 @@ fn run_transforms(options: &TrainOptions) -> Result<Option<ImageTransforms>> {
     Ok(options.image_transforms.as_ref().map(ImageTransforms::new).transpose()?.flatten())
 }
 
+/// Refuses image transforms for a policy that reads no camera: they would change nothing.
+fn with_cameras(transforms: Option<&ImageTransforms>, config: &PolicyConfig) -> Result<()> {
+    if transforms.is_some() && config.image_features().is_empty() {
+        return Err(Error::Run("image transforms: the policy reads no camera, so they would change nothing; train without them".into()));
+    }
+    Ok(())
+}
+
 /// Trains as `options` say, calling `on_step` after each step and `on_eval` after each held-out
 /// evaluation. A fresh run starts its camera backbones from `backbone_weights`, or from
 /// torchvision's cached download of the weights the config names ([`torchvision_cache`]).
@@ -508,6 +516,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         return Err(Error::Run(format!("the run is at step {started_after} already; ask for more --steps than that")));
     }
     let config = policy.config();
+    with_cameras(transforms.as_ref(), &config)?;
     ask_for(&mut request, &config, facts.fps, &options);
     // The request's steps are the run's: a step of batch B reads the next B samples of the order.
     let probe = open_feed(options.lake.as_ref(), &request, &options.source, options.loader).await?;
@@ -733,11 +742,9 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
     let (rank, world) = ranks(&options);
     let (mut request, facts) = plan(&options).await?;
     let config = policy_config(&options.config, &facts)?;
-    let augment = run_transforms(&options)?.map(|t| Augment {
-        transforms: Arc::new(t),
-        seed: options.seed,
-        first_position: rank * options.batch_size,
-    });
+    let transforms = run_transforms(&options)?;
+    with_cameras(transforms.as_ref(), &config)?;
+    let augment = transforms.map(|t| Augment { transforms: Arc::new(t), seed: options.seed, first_position: rank * options.batch_size });
     ask_for(&mut request, &config, facts.fps, &options);
     request.limit_batches = Some(options.steps);
     let feed = open_frames(&options, &request).await?;

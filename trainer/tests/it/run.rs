@@ -135,6 +135,29 @@ fn the_loss_goes_down_on_the_lakes_samples() {
         "{refused}"
     );
     assert!(!renamed.exists());
+
+    // Image transforms for a policy that reads no camera (here its state as the environment's,
+    // the camera dropped) would change nothing: refused before any step.
+    let features = lake_schemas::FeatureMap {
+        rename: [("observation.state".to_string(), "observation.environment_state".to_string())].into(),
+        drop: vec!["observation.images.front".into()],
+        ..Default::default()
+    };
+    let blind = lake_schemas::ViewRecord {
+        name: "blind".into(),
+        datasets: vec![lake_schemas::ViewDataset { features, ..view.datasets[0].clone() }],
+        ..view
+    };
+    runtime.block_on(lake.put_view(&blind, false)).expect("view stored");
+    let out = tmp.path().join("blind");
+    let transformed = TrainOptions {
+        datasets: vec!["blind".into()],
+        image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
+        ..options(&lake, &out, 2)
+    };
+    let refused = runtime.block_on(train(transformed, |_| (), |_| ())).expect_err("no camera").to_string();
+    assert!(refused.contains("the policy reads no camera"), "{refused}");
+    assert!(!out.exists());
 }
 
 /// With LeRobot's image transforms on, whose draws follow the step and not the process.
