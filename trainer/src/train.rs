@@ -351,12 +351,12 @@ impl Prefetch {
                 let made = batch.and_then(|b| {
                     tokio::task::block_in_place(|| {
                         let batch = make_batch(&b, &config, &frames)?.to_device(device)?;
-                        Ok(match &augment {
+                        match &augment {
                             Some(a) => {
                                 crate::image_transforms::apply::transform_batch(&a.transforms, batch, a.seed, step, a.first_position)
                             }
-                            None => batch,
-                        })
+                            None => Ok(batch),
+                        }
                     })
                 });
                 step += 1;

@@ -8,7 +8,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::{Affine, Draw, DrawKey, ImageTransforms, Transform};
-use crate::policy::Batch;
+use crate::{Error, Result, policy::Batch};
 
 /// `frames` (`[n, S, 3, H, W]`: uint8, or float in [0, 1]) as float in [0, 1] with each
 /// sample's draws applied, in order.
@@ -59,7 +59,20 @@ fn grouped(transforms: &ImageTransforms, frames: &Tensor, draws: &[Vec<(usize, D
 /// A batch's camera frames transformed with the draws of training step `step`, its rows at
 /// places `first_position..` of the step's batch over all ranks: uint8 frames become float in
 /// [0, 1] (as the policy would make them) and get their draws. Other inputs are left as they are.
-pub(crate) fn transform_batch(transforms: &ImageTransforms, batch: Batch, seed: u64, step: u64, first_position: u64) -> Batch {
+///
+/// # Errors
+/// [`Error::Transforms`] when libtorch fails in a transform (a device out of memory): tch's
+/// calls panic then, and the panic becomes the run's error here.
+pub(crate) fn transform_batch(transforms: &ImageTransforms, batch: Batch, seed: u64, step: u64, first_position: u64) -> Result<Batch> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| transform_frames(transforms, batch, seed, step, first_position))).map_err(
+        |panic| {
+            let message = panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied());
+            Error::Transforms(format!("step {step}: {}", message.unwrap_or("libtorch failed")))
+        },
+    )
+}
+
+fn transform_frames(transforms: &ImageTransforms, batch: Batch, seed: u64, step: u64, first_position: u64) -> Batch {
     let frames = |images: Vec<Tensor>, windowed: bool| -> Vec<Tensor> {
         images
             .into_iter()
@@ -370,6 +383,22 @@ mod tests {
         let expected = raw(&grouped(&transforms, &scaled, &draws));
         assert_eq!(raw(&apply(&transforms, &bytes, &draws)), expected);
         assert_eq!(raw(&grouped(&transforms, &unit_float(&bytes), &draws)), expected);
+    }
+
+    /// A batch the transforms cannot take is the run's error, naming the step, not a panic of
+    /// the task that makes the batches.
+    #[test]
+    fn a_failure_inside_the_transforms_is_an_error() {
+        let transforms = ImageTransforms::new(&ImageTransformsConfig::enabled()).expect("valid").expect("on");
+        let frames = |shape: &[i64]| Tensor::zeros(shape, (Kind::Uint8, Device::Cpu));
+        let batch = |image| {
+            Batch::Act(crate::act::ActBatch { state: None, images: vec![image], env_state: None, action: None, action_is_pad: None })
+        };
+        let made = transform_batch(&transforms, batch(frames(&[2, 3, 6, 5])), 1, 3, 0).expect("transformed");
+        let Batch::Act(made) = made else { panic!("an ACT batch") };
+        assert_eq!((made.images[0].size(), made.images[0].kind()), (vec![2, 3, 6, 5], Kind::Float));
+        let refused = transform_batch(&transforms, batch(frames(&[2, 6, 5])), 1, 3, 0).expect_err("no channels").to_string();
+        assert!(refused.starts_with("image transforms: step 3: "), "{refused}");
     }
 
     /// A draw as the reference script applies it: its steps, in order.
