@@ -53,6 +53,9 @@
 #   --peers P        all: lerobot-train and the loaders of LeRobot 0.4.4 and 0.6.1, and LeRobot +
 #                    Lance; lerobot: 0.4.4's only (no shared tools needed) [LAKE_BENCH_PEERS, all]
 #   --data-only      the data paths alone (5 to 7), no training runs
+#   --image-transforms  every contender with LeRobot's image transforms, its defaults switched
+#                    on (lerobot-train's --dataset.image_transforms.enable=true, lake train's
+#                    --image-transforms; LeRobot + Lance's dataset takes LeRobot's transforms)
 # Environment:
 #   LAKE_BIN           a lake built with `--features torch` [built here: cargo build --release
 #                      -p lake --features torch against scripts/torch-env.sh's torch]
@@ -86,6 +89,7 @@ venv="${LAKE_LEROBOT_VENV:-$HOME/.cache/lake/lerobot-venv}"
 venv061="${LAKE_LEROBOT061_VENV:-$HOME/.cache/lake/lerobot061-venv}"
 lance_venv="${LAKE_LANCEDB_VENV:-$HOME/.cache/lake/lerobot-lancedb-venv}"
 data_only=0
+transforms=0
 shared_tools="${LAKE_SHARED_TOOLS:-$repo/../shared/tools}"
 peers="${LAKE_BENCH_PEERS:-all}"
 bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
@@ -109,6 +113,7 @@ while [ $# -gt 0 ]; do
     --json) json_out="$2"; shift 2 ;;
     --peers) peers="$2"; shift 2 ;;
     --data-only) data_only=1; shift ;;
+    --image-transforms) transforms=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -210,6 +215,12 @@ lerobot_args=("--policy.type=$policy" --policy.device=cpu --policy.push_to_hub=f
 echo "{\"type\": \"$policy\", \"pretrained_backbone_weights\": null}" >"$work/random-backbone.json"
 lake_args=(--dataset bench --policy "$policy" --policy-config "$work/random-backbone.json" --steps "$total"
   --batch-size "$batch_size" --seed "$seed" --log-every 1 --padded-actions zero)
+lake_transforms=()
+if [ "$transforms" = 1 ]; then
+  lerobot_args+=(--dataset.image_transforms.enable=true)
+  lake_transforms=(--image-transforms)
+  lake_args+=("${lake_transforms[@]}")
+fi
 
 if [ "$data_only" = 0 ]; then
   # No evaluation in an environment: 0.4.4 calls it eval_freq, 0.6.1 env_eval_freq.
@@ -237,6 +248,7 @@ feed_total=$((feed_steps + 1))
 echo "{\"type\": \"$policy\"}" >"$work/windows.json"
 loader_args=(--root "$fixture" --repo-id local/bench --preset "$policy" --backend torchcodec --batch-size "$batch_size"
   --batches "$feed_steps" --num-workers "$workers" --seed "$seed")
+if [ "$transforms" = 1 ]; then loader_args+=(--image-transforms); fi
 contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" "${loader_args[@]}" --like 0.4.4 --json-out "$work/lerobot-loader.json"
 if [ "$peers" = all ]; then
   contender lerobot-loader-061 "$vpy061" "$py_dir/run_lerobot.py" "${loader_args[@]}" --like 0.6.1 \
@@ -249,12 +261,13 @@ if [ "$peers" = all ]; then
   fi
 fi
 contender lake-feed "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --policy-config "$work/windows.json" --steps "$feed_total" \
-  --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" --out "$work/run-lake-feed"
+  --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" "${lake_transforms[@]}" --out "$work/run-lake-feed"
 contender lake-feed-local "$LAKE_BIN" --lake "$lake" train --dataset bench --policy none --policy-config "$work/windows.json" --steps "$feed_total" \
-  --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" --local "$work/serve.sock" \
+  --batch-size "$batch_size" --seed "$seed" --log-every "$feed_total" "${lake_transforms[@]}" --local "$work/serve.sock" \
   --out "$work/run-lake-feed-local"
 
 json_args=()
 if [ -n "$json_out" ]; then json_args=(--json-out "$json_out"); fi
+if [ "$transforms" = 1 ]; then json_args+=(--image-transforms); fi
 "$vpy" "$py_dir/train_report.py" --work "$work" --warmup "$warmup" --steps "$steps" --batch-size "$batch_size" \
   --workers "$workers" --frames "$frames" --fixture "$fixture" --policy "$policy" --lake-version "$("$LAKE_BIN" --version)" "${json_args[@]}"

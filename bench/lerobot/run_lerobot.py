@@ -17,6 +17,10 @@ LeRobot's release):
 ``prefetch_factor=2``, no persistent workers, ``lerobot_lancedb.lance_mp_context()``): LeRobot + Lance,
 the strongest CPU peer, with any preset's windows.
 
+``--image-transforms`` gives the dataset LeRobot's image transforms with its defaults switched on
+(``ImageTransforms(ImageTransformsConfig(enable=True))``), applied in the workers as lerobot-train
+applies them: to float32 frames with ``0.4.4``, to uint8 ones with ``0.6.1`` and ``--lance-root``.
+
 ``num_workers`` worker processes; the first ``--warmup`` batches start the workers and open the
 decoders; the next ``--batches`` batches are timed.
 
@@ -129,6 +133,8 @@ def main() -> None:
                     help="whose lerobot-train DataLoader to reproduce [the installed LeRobot's release]")
     ap.add_argument("--lance-root", type=Path, default=None,
                     help="read with lerobot-lancedb's LanceDBDataset from this converted dataset")
+    ap.add_argument("--image-transforms", action="store_true",
+                    help="LeRobot's image transforms, its defaults switched on, as lerobot-train applies them")
     args = ap.parse_args()
 
     import lerobot
@@ -143,19 +149,28 @@ def main() -> None:
     dts = delta_timestamps(args.preset, fps, info)
     drop = drop_n_last_frames(args.preset)
 
+    transforms = None
+    if args.image_transforms:
+        try:  # where LeRobot 0.6.1 keeps them
+            from lerobot.transforms.transforms import ImageTransforms, ImageTransformsConfig
+        except ImportError:  # LeRobot 0.4.4
+            from lerobot.datasets.transforms import ImageTransforms, ImageTransformsConfig
+        transforms = ImageTransforms(ImageTransformsConfig(enable=True))
+
     began = time.perf_counter()
     if args.lance_root is not None:
         import lerobot_lancedb
 
-        ds = lerobot_lancedb.LanceDBDataset(root=args.lance_root, delta_timestamps=dts, tolerance_s=1e-4, return_uint8=True)
+        ds = lerobot_lancedb.LanceDBDataset(root=args.lance_root, delta_timestamps=dts, tolerance_s=1e-4, return_uint8=True,
+                                            image_transforms=transforms)
         context, prefetch, persistent = lerobot_lancedb.lance_mp_context(), 2, False
     elif like == "0.6.1":
         ds = LeRobotDataset(args.repo_id or f"local/{args.root.name}", root=args.root, delta_timestamps=dts,
-                            tolerance_s=1e-4, video_backend=args.backend, return_uint8=True)
+                            tolerance_s=1e-4, video_backend=args.backend, return_uint8=True, image_transforms=transforms)
         context, prefetch, persistent = "spawn", 4, True
     else:
         ds = LeRobotDataset(args.repo_id or f"local/{args.root.name}", root=args.root, delta_timestamps=dts,
-                            tolerance_s=1e-4, video_backend=args.backend)
+                            tolerance_s=1e-4, video_backend=args.backend, image_transforms=transforms)
         context, prefetch, persistent = None, 2, False
     open_s = time.perf_counter() - began
 

@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--policy", default="act", choices=["act", "diffusion"])
     ap.add_argument("--lake-version", required=True)
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--image-transforms", action="store_true", help="the runs applied LeRobot's image transforms")
     args = ap.parse_args()
     w, b = args.work, args.batch_size
 
@@ -128,6 +129,8 @@ def main() -> None:
         d["cores_per_1000_samples_per_s"] = 1000.0 / d["samples_per_cpu_s"]
 
     name = {"act": "ACT", "diffusion": "Diffusion Policy"}[args.policy]
+    if args.image_transforms:
+        name += " with LeRobot's image transforms"
     if training:
         print(f"{name} (LeRobot 0.4.4's defaults, backbone from scratch), batch {b}, CPU; {args.steps} steps timed after "
               f"{args.warmup}; {args.frames}-frame dataset {Path(args.fixture).name}; {args.workers} workers/threads; "
@@ -148,7 +151,7 @@ def main() -> None:
           f"{v['cores_per_1000_samples_per_s']:.1f}"] for k, v in data.items()],
     ))
     if args.json_out:
-        meta = {"policy": args.policy, "batch_size": b, "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
+        meta = {"policy": args.policy, "image_transforms": args.image_transforms, "batch_size": b, "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
                 "frames": args.frames, "fixture": args.fixture, "lake_version": args.lake_version,
                 "machine": platform.platform()}
         args.json_out.write_text(json.dumps({"meta": meta, "training": training, "data_path": data}, indent=2) + "\n")
