@@ -108,7 +108,7 @@ fn on_rows(x: &Tensor, rows: &[usize], f: impl FnOnce(&Tensor) -> Tensor) -> Ten
     if rows.len() as i64 == x.size()[0] {
         return f(x);
     }
-    let index = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to_device(x.device());
+    let index = upload(Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()), x.device());
     x.index_copy(0, &index, &f(&x.index_select(0, &index)))
 }
 
@@ -128,12 +128,22 @@ fn mismatch(draw: &Draw) -> ! {
     unreachable!("a transform's rows hold that transform's draws, not {draw:?}")
 }
 
+/// A tensor made on the host, on `device`: to a GPU from pinned memory without blocking, so that
+/// the task making the next batch does not wait for the step the GPU is running (a copy from
+/// pageable memory waits for the stream's queued work).
+fn upload(t: Tensor, device: Device) -> Tensor {
+    match device {
+        Device::Cpu => t,
+        _ => t.pin_memory(device).to_device_(device, t.kind(), true, false),
+    }
+}
+
 /// One value per row of `like`, shaped to broadcast over its other dimensions.
 fn per_row(values: &[f64], like: &Tensor) -> Tensor {
     let mut shape = vec![values.len() as i64];
     shape.resize(like.dim(), 1);
     let values: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-    Tensor::from_slice(&values).to_device(like.device()).view(shape.as_slice())
+    upload(Tensor::from_slice(&values), like.device()).view(shape.as_slice())
 }
 
 /// `x` with each row multiplied by its value (a single row by a scalar, libtorch's faster path;
@@ -249,7 +259,7 @@ fn hsv_to_rgb(h: &Tensor, s: &Tensor, v: &Tensor) -> Tensor {
     let p = (&one_minus_s * v).clamp(0.0, 1.0);
     let vpqt = Tensor::stack(&[v.shallow_clone(), p, q, t], -3);
     // Which of v, p, q, t each channel takes in each of the six sectors.
-    let select = Tensor::from_slice(&[0i64, 2, 1, 1, 3, 0, 3, 0, 0, 2, 1, 1, 1, 1, 3, 0, 0, 2]).view([3, 6]).to_device(h.device());
+    let select = upload(Tensor::from_slice(&[0i64, 2, 1, 1, 3, 0, 3, 0, 0, 2, 1, 1, 1, 1, 3, 0, 0, 2]), h.device()).view([3, 6]);
     let mut shape = vec![3];
     shape.extend(sector.size());
     let picked = select.index_select(1, &sector.flatten(0, -1)).view(shape.as_slice()).movedim([0i64].as_slice(), [-3i64].as_slice());
@@ -265,10 +275,9 @@ pub(crate) fn sharpness(x: &Tensor, factors: &[f64]) -> Tensor {
         return x.shallow_clone();
     }
     let (edge, centre) = (1.0f32 / 13.0, 5.0f32 / 13.0);
-    let kernel = Tensor::from_slice(&[edge, edge, edge, edge, centre, edge, edge, edge, edge])
+    let kernel = upload(Tensor::from_slice(&[edge, edge, edge, edge, centre, edge, edge, edge, edge]), x.device())
         .view([1, 1, 3, 3])
-        .expand([c, 1, 3, 3], false)
-        .to_device(x.device());
+        .expand([c, 1, 3, 3], false);
     let out = x.reshape([n * s, c, h, w]).copy();
     let blurred = out.conv2d(&kernel, None::<Tensor>, [1, 1], [0, 0], [1, 1], c);
     let weights: Vec<f64> = factors.iter().flat_map(|f| std::iter::repeat_n(1.0 - f, s as usize)).collect();
@@ -291,15 +300,14 @@ fn affine(x: &Tensor, a: &Affine, params: &[&Draw]) -> Tensor {
             other => mismatch(other),
         })
         .collect();
-    let theta = Tensor::from_slice(&thetas.iter().map(|&v| v as f32).collect::<Vec<_>>()).view([n, 2, 3]).to_device(x.device());
+    let theta = upload(Tensor::from_slice(&thetas.iter().map(|&v| v as f32).collect::<Vec<_>>()), x.device()).view([n, 2, 3]);
     let grid = affine_grid(&theta, w, h).repeat_interleave_self_int(s, 0, None);
     let flat = x.reshape([n * s, c, h, w]);
     let inside = Tensor::ones([n * s, 1, h, w], (Kind::Float, x.device()));
     let sampled = Tensor::cat(&[flat, inside], 1).grid_sampler(&grid, if a.nearest { 1 } else { 0 }, 0, false);
     let (img, mask) = (sampled.narrow(1, 0, c), sampled.narrow(1, c, 1).expand([n * s, c, h, w], false));
-    let fill = Tensor::from_slice(&a.fill.iter().map(|&f| f as f32).collect::<Vec<_>>())
-        .view([1, a.fill.len() as i64, 1, 1])
-        .to_device(x.device());
+    let fill =
+        upload(Tensor::from_slice(&a.fill.iter().map(|&f| f as f32).collect::<Vec<_>>()), x.device()).view([1, a.fill.len() as i64, 1, 1]);
     let out = if a.nearest { fill.expand_as(&img).where_self(&mask.lt(0.5), &img) } else { (img - &fill) * mask + fill };
     out.view(size.as_slice())
 }
@@ -330,7 +338,7 @@ fn affine_grid(theta: &Tensor, w: i64, h: i64) -> Tensor {
         &[xs.view([1, w]).expand([h, w], false), ys.view([h, 1]).expand([h, w], false), Tensor::ones([h, w], (Kind::Float, device))],
         -1,
     );
-    let half = Tensor::from_slice(&[0.5 * w as f32, 0.5 * h as f32]).to_device(device);
+    let half = upload(Tensor::from_slice(&[0.5 * w as f32, 0.5 * h as f32]), device);
     let n = theta.size()[0];
     let rescaled = theta.transpose(1, 2) / half;
     base.view([1, h * w, 3]).expand([n, h * w, 3], false).bmm(&rescaled).view([n, h, w, 2])
