@@ -1,6 +1,6 @@
 //! The draws of [`ImageTransforms`] applied to camera frames on their device, with the
-//! arithmetic of torchvision 0.26's functional transforms for float images, one launch per
-//! transform for all the samples that drew it.
+//! arithmetic of torchvision 0.26's functional transforms for float images: on a GPU one launch
+//! per transform for all the samples that drew it, on the CPU a sample at a time.
 //!
 //! Frames are `[n, S, 3, H, W]` float tensors in [0, 1]: `n` samples of `S` frames each (1 for
 //! ACT), one draw per sample.
