@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The trainer's GPU checks (docs/gpu-checks.md), in two halves:
 #
+#   scripts/gpu-check-train.sh build [DIR]  # here, from nothing: the static FFmpeg
+#                                           # (scripts/build-static-ffmpeg.sh), the release lake
+#                                           # with the trainer against it and the torch venv's
+#                                           # libtorch (scripts/torch-env.sh), then `pack`
 #   scripts/gpu-check-train.sh pack [DIR]   # here: DIR (.gpu-check/train) gets a stripped lake
 #                                           # built with the trainer and the shared libraries it
 #                                           # needs besides libtorch
@@ -50,6 +54,23 @@ set -euo pipefail
 mode="${1:-}"
 dir="${2:-.gpu-check/train}"
 log() { echo "[gpu-check] $*" >&2; }
+
+# The static FFmpeg and the self-contained release build `pack` takes (docs/guide/setup.md), then
+# the packing: what a session lent a GPU runs first on a machine that has neither.
+build() {
+  local repo prefix began=$SECONDS
+  repo="$(cd "$(dirname "$0")/.." && pwd)"
+  prefix="$("$repo/scripts/build-static-ffmpeg.sh")"
+  log "static FFmpeg in $prefix ($((SECONDS - began)) s)"
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
+  eval "$("$repo/scripts/torch-env.sh" --exports)"
+  (cd "$repo" && PKG_CONFIG_PATH="$prefix/lib/pkgconfig" TURBOJPEG_SOURCE=explicit TURBOJPEG_STATIC=1 \
+    TURBOJPEG_LIB_DIR="$prefix/lib" TURBOJPEG_INCLUDE_DIR="$prefix/include" \
+    cargo build --release -p lake --features torch,static-ffmpeg --locked)
+  log "release build done ($((SECONDS - began)) s)"
+  LAKE_BIN="$CARGO_TARGET_DIR/release/lake" pack
+  log "built and packed in $((SECONDS - began)) s"
+}
 
 pack() {
   local bin="${LAKE_BIN:?LAKE_BIN: a release lake built with --features torch,static-ffmpeg}"
@@ -297,6 +318,7 @@ check_resize() {
 }
 
 case "$mode" in
+  build) build ;;
   pack) pack ;;
   run) run ;;
   *) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
