@@ -60,6 +60,14 @@ log() { echo "[gpu-check] $*" >&2; }
 build() {
   local repo prefix began=$SECONDS
   repo="$(cd "$(dirname "$0")/.." && pwd)"
+  "$repo/scripts/setup.sh"
+  # What scripts/build-static-ffmpeg.sh builds with, besides the setup's packages.
+  local need=() p sudo=""
+  for p in dpkg-dev nasm meson ninja-build; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+  done
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  if ((${#need[@]})); then DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"; fi
   prefix="$("$repo/scripts/build-static-ffmpeg.sh")"
   log "static FFmpeg in $prefix ($((SECONDS - began)) s)"
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/lake/target}"
