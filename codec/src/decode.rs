@@ -562,7 +562,7 @@ impl JpegDecoder {
 
 /// Decodes a JPEG picture of `(w, h)` (as stored) into `out`, `h` rows of `w * 3` bytes, with a
 /// decompressor of its own.
-fn turbojpeg_rgb(pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [u8]) -> Result<()> {
+pub(crate) fn turbojpeg_rgb(pts: i64, data: &[u8], (w, h): (usize, usize), out: &mut [u8]) -> Result<()> {
     assert_eq!(out.len(), w * h * 3, "room for the picture");
     // SAFETY: a plain constructor; null means failure.
     let handle = TurboJpeg(unsafe { tj::tjInitDecompress() });
@@ -856,22 +856,8 @@ mod tests {
     use super::*;
 
     /// A `w`x`h` picture of `format` pixels (`channels` bytes each) encoded by libjpeg-turbo.
-    fn encode(pixels: &[u8], (w, h): (usize, usize), format: tj::TJPF, subsampling: tj::TJSAMP) -> Vec<u8> {
-        // SAFETY: TurboJPEG's compressor on a buffer of h rows of `pixels.len() / h` bytes; the
-        // output buffer it allocates is copied and freed.
-        unsafe {
-            let handle = tj::tjInitCompress();
-            assert!(!handle.is_null());
-            let (mut out, mut size) = (std::ptr::null_mut(), 0);
-            let pitch = (pixels.len() / h) as std::ffi::c_int;
-            let rc =
-                tj::tjCompress2(handle, pixels.as_ptr(), w as _, pitch, h as _, format as _, &mut out, &mut size, subsampling as _, 80, 0);
-            assert_eq!(rc, 0, "{:?}", std::ffi::CStr::from_ptr(tj::tjGetErrorStr2(handle)));
-            let bytes = std::slice::from_raw_parts(out, size as usize).to_vec();
-            tj::tjFree(out);
-            tj::tjDestroy(handle);
-            bytes
-        }
+    fn encode(pixels: &[u8], size: (usize, usize), format: tj::TJPF, subsampling: tj::TJSAMP) -> Vec<u8> {
+        crate::jpeg::compress(pixels, size, format, subsampling, 80).expect("compressed")
     }
 
     fn scene((w, h): (usize, usize), channels: usize) -> Vec<u8> {

@@ -13,6 +13,9 @@ pub enum Error {
     /// A container could not be read: not a container FFmpeg knows, truncated, damaged.
     #[error("{0}")]
     Demux(String),
+    /// A picture could not be encoded.
+    #[error("{0}")]
+    Encode(String),
     /// A container could not be written.
     #[error("{0}")]
     Mux(String),

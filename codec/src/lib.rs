@@ -38,6 +38,7 @@ mod decode;
 mod demux;
 mod encode;
 mod error;
+mod jpeg;
 mod mux;
 pub mod nvdec;
 mod pixels;
@@ -51,6 +52,7 @@ pub use crate::{
     demux::{DemuxedPacket, StreamFacts, VideoDemuxer, same_codec},
     encode::{EncodedPacket, ProxyCodec, ProxyEncoder, ProxySettings, psnr, squared_error},
     error::{Error, Result},
+    jpeg::jpeg_round_trip,
     mux::{Mp4Writer, packet_times},
     pixels::{
         PIXEL_FORMAT, SwsCoefficients, YUV_TO_RGB, YuvToRgb, every_yuv_triple, reproduces_libswscale, rgb24_context, swscale_rgb24,
