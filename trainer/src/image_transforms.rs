@@ -1,10 +1,13 @@
 //! LeRobot's image transforms for training (`ImageTransformsConfig`, lerobot-train's
 //! `--dataset.image_transforms.*`): each sample's frames of each camera get a random subset of
-//! colour and geometry jitters as the sample enters a training step.
+//! colour and geometry jitters, and of LeRobot 0.6.1's transforms for a robot's cameras (`scene`:
+//! noise, motion blur, JPEG, uneven light, shadows, occlusions, exposure, colour temperature), as
+//! the sample enters a training step.
 //!
 //! - [`ImageTransformsConfig`]: LeRobot's fields, names and defaults (up to 3 of brightness,
 //!   contrast, saturation, hue, sharpness and a small affine per camera frame), read from JSON.
-//! - [`ImageTransforms`]: the config checked as torchvision checks each transform's arguments.
+//! - [`ImageTransforms`]: the config checked as torchvision (and LeRobot, for its own
+//!   transforms) checks each transform's arguments.
 //! - [`ImageTransforms::draw`]: the transforms and factors of one sample's camera, a pure
 //!   function of the run's seed, the step, the sample's place in the step's global batch and the
 //!   camera. A resumed run, and a run with another number of ranks, draws the same
@@ -20,10 +23,15 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::args::{Args, Given};
+pub use self::scene::{Hole, Patch, SceneDraw};
+use self::scene::{SCENE_TRANSFORMS, Scene};
 use crate::{Error, OrderedMap, Result, seeds::Stream};
 
 #[cfg(feature = "torch")]
 pub(crate) mod apply;
+mod args;
+pub(crate) mod scene;
 
 /// LeRobot's `ImageTransformsConfig`: every field with its name and default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,7 +54,9 @@ pub struct TransformConfig {
     /// Its weight in the draw of a frame's transforms (0 or less: never drawn).
     pub weight: f64,
     /// The torchvision class (`ColorJitter`, `RandomAffine`, `Identity`) or LeRobot's own
-    /// (`SharpnessJitter`).
+    /// (`SharpnessJitter`, and 0.6.1's `GaussianNoise`, `MotionBlur`, `JPEGCompression`,
+    /// `GaussianPatchBrightness`, `RandomShadow`, `CoarseDropout`, `GammaCorrection`,
+    /// `PlanckianJitter`).
     #[serde(rename = "type")]
     pub kind: String,
     /// The class's arguments: the ranges its factors are drawn from.
@@ -148,6 +158,8 @@ pub(crate) enum Transform {
     Affine(Affine),
     /// torchvision's `Identity`.
     Identity,
+    /// One of LeRobot 0.6.1's transforms for a robot's cameras ([`SCENE_TRANSFORMS`]).
+    Scene(Scene),
 }
 
 /// The names of the colour factors, in `ColorJitter`'s order.
@@ -197,6 +209,8 @@ pub enum Draw {
     },
     /// Nothing to do.
     Identity,
+    /// One of LeRobot 0.6.1's transforms for a robot's cameras.
+    Scene(SceneDraw),
 }
 
 /// Where a draw comes from: the run, the step, the sample and the camera.
@@ -329,11 +343,15 @@ impl Transform {
                 args.only(&[])?;
                 Transform::Identity
             }
-            other => {
-                return Err(format!(
-                    "`{other}` is not a transform lake train applies; it applies ColorJitter, SharpnessJitter, RandomAffine and Identity, LeRobot's default set"
-                ));
-            }
+            other => match Scene::from_args(other, &args) {
+                Some(scene) => Transform::Scene(scene?),
+                None => {
+                    return Err(format!(
+                        "`{other}` is not a transform lake train applies; it applies ColorJitter, SharpnessJitter, RandomAffine and Identity (LeRobot's default set), and {}",
+                        SCENE_TRANSFORMS.join(", ")
+                    ));
+                }
+            },
         };
         Ok(transform)
     }
@@ -374,6 +392,7 @@ impl Transform {
                 Draw::Affine { angle, translate, scale, shear }
             }
             Transform::Identity => Draw::Identity,
+            Transform::Scene(scene) => Draw::Scene(scene.draw(stream)),
         }
     }
 }
@@ -440,65 +459,6 @@ impl Affine {
             fill,
             center: center.transpose()?,
         })
-    }
-}
-
-/// A keyword argument given as one number or as `[min, max]`.
-enum Given {
-    Number(f64),
-    Range(Range),
-}
-
-/// A transform's keyword arguments.
-struct Args<'a>(&'a serde_json::Map<String, Value>);
-
-impl Args<'_> {
-    fn only(&self, known: &[&str]) -> std::result::Result<(), String> {
-        match self.0.keys().find(|k| !known.contains(&k.as_str())) {
-            Some(k) if known.is_empty() => Err(format!("takes no arguments, and `{k}` is given")),
-            Some(k) => Err(format!("unknown argument `{k}` (expected {})", known.join(", "))),
-            None => Ok(()),
-        }
-    }
-
-    fn numbers(&self, name: &str) -> std::result::Result<Option<Vec<f64>>, String> {
-        match self.0.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Array(items)) => {
-                let numbers: Option<Vec<f64>> = items.iter().map(Value::as_f64).collect();
-                numbers.filter(|n| n.iter().all(|v| v.is_finite())).map(Some).ok_or_else(|| format!("{name}: expected numbers"))
-            }
-            Some(other) => Err(format!("{name} {other}: expected a list of numbers")),
-        }
-    }
-
-    fn number_or_range(&self, name: &str) -> std::result::Result<Option<Given>, String> {
-        match self.0.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => {
-                n.as_f64().filter(|v| v.is_finite()).map(|v| Some(Given::Number(v))).ok_or_else(|| format!("{name}: not a number"))
-            }
-            Some(_) => match self.numbers(name)?.as_deref() {
-                Some([lo, hi]) => Ok(Some(Given::Range((*lo, *hi)))),
-                _ => Err(format!("{name}: expected a number or [min, max]")),
-            },
-        }
-    }
-
-    /// A `ColorJitter` factor as torchvision reads it: a number `v` is `[center - v, center +
-    /// v]` (its low end at least 0 where `clip`), a pair is `[min, max]`, both within `bound`;
-    /// a range that is only `center` does nothing.
-    fn factor_range(&self, name: &str, center: f64, bound: Range, clip: bool) -> std::result::Result<Option<Range>, String> {
-        let range = match self.number_or_range(name)? {
-            None => return Ok(None),
-            Some(Given::Number(v)) if v < 0.0 => return Err(format!("{name} {v}: a single number must not be negative")),
-            Some(Given::Number(v)) => ((if clip { (center - v).max(0.0) } else { center - v }), center + v),
-            Some(Given::Range(r)) => r,
-        };
-        if !(bound.0 <= range.0 && range.0 <= range.1 && range.1 <= bound.1) {
-            return Err(format!("{name} {range:?}: expected {} <= min <= max <= {}", bound.0, bound.1));
-        }
-        Ok((range != (center, center)).then_some(range))
     }
 }
 

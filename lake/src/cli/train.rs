@@ -69,8 +69,10 @@ pub struct TrainArgs {
     /// (lerobot-train's `--dataset.image_transforms.enable=true`): up to 3 of brightness,
     /// contrast, saturation, hue, sharpness and a small affine per frame, drawn from the run's
     /// seed, so a resumed run draws the same. With FILE: LeRobot's `ImageTransformsConfig` as
-    /// JSON (some or all of its fields over its defaults), or a `train_config.json` holding one.
-    /// Held-out evaluations see the frames as recorded.
+    /// JSON (some or all of its fields over its defaults), or a `train_config.json` holding one;
+    /// its `tfs` may also name LeRobot 0.6.1's transforms for a robot's cameras (GaussianNoise,
+    /// MotionBlur, JPEGCompression, GaussianPatchBrightness, RandomShadow, CoarseDropout,
+    /// GammaCorrection, PlanckianJitter). Held-out evaluations see the frames as recorded.
     #[arg(long, value_name = "FILE.json", num_args = 0..=1)]
     image_transforms: Option<Option<PathBuf>>,
     /// Threads that decode packets with --decode cpu (0: one per core).

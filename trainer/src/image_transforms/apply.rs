@@ -7,8 +7,12 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{Affine, Draw, DrawKey, ImageTransforms, Transform};
+use self::common::{mismatch, per_row, times, upload};
+use super::{Affine, Draw, DrawKey, ImageTransforms, SceneDraw, Transform};
 use crate::{Error, Result, policy::Batch};
+
+mod common;
+mod scene;
 
 /// `frames` (`[n, S, 3, H, W]`: uint8, or float in [0, 1]) as float in [0, 1] with each
 /// sample's draws applied, in order.
@@ -121,37 +125,10 @@ fn transform(t: &Transform, x: &Tensor, params: &[&Draw]) -> Tensor {
             sharpness(x, &factors)
         }
         Transform::Affine(a) => affine(x, a, params),
-    }
-}
-
-fn mismatch(draw: &Draw) -> ! {
-    unreachable!("a transform's rows hold that transform's draws, not {draw:?}")
-}
-
-/// A tensor made on the host, on `device`: to a GPU from pinned memory without blocking, so that
-/// the task making the next batch does not wait for the step the GPU is running (a copy from
-/// pageable memory waits for the stream's queued work).
-fn upload(t: Tensor, device: Device) -> Tensor {
-    match device {
-        Device::Cpu => t,
-        _ => t.pin_memory(device).to_device_(device, t.kind(), true, false),
-    }
-}
-
-/// One value per row of `like`, shaped to broadcast over its other dimensions.
-fn per_row(values: &[f64], like: &Tensor) -> Tensor {
-    let mut shape = vec![values.len() as i64];
-    shape.resize(like.dim(), 1);
-    let values: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-    upload(Tensor::from_slice(&values), like.device()).view(shape.as_slice())
-}
-
-/// `x` with each row multiplied by its value (a single row by a scalar, libtorch's faster path;
-/// either way in float32).
-fn times(x: &Tensor, values: &[f64]) -> Tensor {
-    match values {
-        [v] => x * *v,
-        _ => x * per_row(values, x),
+        Transform::Scene(scene) => {
+            let draws: Vec<&SceneDraw> = params.iter().map(|p| if let Draw::Scene(d) = p { d } else { mismatch(p) }).collect();
+            scene::apply(scene, x, &draws)
+        }
     }
 }
 
@@ -426,18 +403,14 @@ mod tests {
 
     /// Every transform, with given factors and with factors drawn from LeRobot's defaults,
     /// equals torchvision 0.26's functional transforms applied to each sample's frames in turn
-    /// (`scripts/torchvision_transforms.py`, run by the python of `scripts/torch-env.sh`, which
-    /// holds torchvision): brightness, hue and the affine bit for bit. Where torchvision adds
+    /// (`scripts/reference_transforms.py`): brightness, hue and the affine bit for bit. Where torchvision adds
     /// with a fused multiply-add (contrast's and saturation's blends, the sharpness step),
     /// lake's separate multiply and add may differ in the last bit or two, and composed
     /// transforms carry those differences on.
     #[test]
-    #[allow(clippy::print_stderr)] // its report: how far each case is from torchvision's
     fn transforms_are_torchvisions() {
         let x = frames();
-        let dir = tempfile::tempdir().expect("tmp");
-        write_f32(&dir.path().join("input.f32"), &raw(&x));
-        let mut cases: Vec<(String, Vec<Vec<Value>>, Tensor, f32)> = Vec::new();
+        let mut cases: Vec<Case> = Vec::new();
 
         let factors = [0.0, 0.55, 1.0, 1.7];
         for (i, name) in COLOR_FACTORS.iter().enumerate() {
@@ -491,30 +464,166 @@ mod tests {
             cases.push((format!("{name}-grouped"), rows, grouped(&transforms, &x, &draws), 2e-6));
         }
 
+        compare_with_reference(&x, &cases, "torchvision's");
+        // The frames changed where the transforms say, and the input is left as it was.
+        assert_eq!(raw(&x), raw(&frames()));
+        assert!(raw(&cases[0].2) != raw(&x));
+    }
+
+    /// A case for the reference script: its name, each sample's steps, lake's frames, and how
+    /// far they may be from the reference's.
+    type Case = (String, Vec<Vec<Value>>, Tensor, f32);
+
+    /// Runs `scripts/reference_transforms.py` (with the python of `scripts/torch-env.sh`, which
+    /// holds torchvision and LeRobot 0.6.1's code) on `x` for `cases`, and holds lake's frames to
+    /// its within each case's tolerance.
+    #[allow(clippy::print_stderr)] // its report: how far each case is from the reference
+    fn compare_with_reference(x: &Tensor, cases: &[Case], reference: &str) {
+        let dir = tempfile::tempdir().expect("tmp");
+        write_f32(&dir.path().join("input.f32"), &raw(x));
         let spec = json!({
             "shape": x.size(),
             "cases": cases.iter().map(|(name, rows, _, _)| json!({"name": name, "rows": rows})).collect::<Vec<_>>(),
         });
         std::fs::write(dir.path().join("cases.json"), spec.to_string()).expect("cases written");
         let python = std::env::var("LAKE_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torchvision_transforms.py");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/reference_transforms.py");
         let out = std::process::Command::new(&python).arg(script).arg(dir.path()).output().expect("python runs");
         assert!(
             out.status.success(),
-            "{python} {script}: {}\n(torchvision comes with scripts/torch-env.sh's python: eval \"$(scripts/torch-env.sh --exports)\")",
+            "{python} {script}: {}\n(torchvision and LeRobot come with scripts/torch-env.sh's python: eval \"$(scripts/torch-env.sh --exports)\")",
             String::from_utf8_lossy(&out.stderr)
         );
-        for (name, _, lake, tolerance) in &cases {
-            let reference = read_f32(&dir.path().join(format!("{name}.f32")));
+        for (name, _, lake, tolerance) in cases {
+            let expected = read_f32(&dir.path().join(format!("{name}.f32")));
             let ours = raw(lake);
-            assert_eq!(ours.len(), reference.len(), "{name}");
-            let worst = ours.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            let differ = ours.iter().zip(&reference).filter(|(a, b)| a != b).count();
-            eprintln!("{name}: {differ} of {} values differ from torchvision's, by at most {worst:e}", ours.len());
-            assert!(worst <= *tolerance, "{name}: lake's frames differ from torchvision's by {worst}");
+            assert_eq!(ours.len(), expected.len(), "{name}");
+            let worst = ours.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let differ = ours.iter().zip(&expected).filter(|(a, b)| a != b).count();
+            eprintln!("{name}: {differ} of {} values differ from {reference}, by at most {worst:e}", ours.len());
+            assert!(worst <= *tolerance, "{name}: lake's frames differ from {reference} by {worst}");
         }
-        // The frames changed where the transforms say, and the input is left as it was.
+    }
+
+    /// A config with the one transform `kind`.
+    fn only(kind: &str, kwargs: &Value) -> ImageTransforms {
+        let tf = crate::TransformConfig { weight: 1.0, kind: kind.into(), kwargs: kwargs.as_object().cloned().expect("object") };
+        let config = ImageTransformsConfig { tfs: crate::OrderedMap(vec![("t".into(), tf)]), ..ImageTransformsConfig::enabled() };
+        ImageTransforms::new(&config).expect("valid").expect("on")
+    }
+
+    /// A draw as LeRobot's transform takes it (`params` of its `transform`).
+    fn lerobot_params(draw: &SceneDraw) -> Value {
+        match draw {
+            SceneDraw::MotionBlur { size, angle } => json!({"kernel_size": size, "angle": angle}),
+            SceneDraw::Jpeg(quality) => json!({"quality": quality}),
+            SceneDraw::Patches(patches) => json!({
+                "centers": patches.iter().map(|p| [p.centre.0, p.centre.1]).collect::<Vec<_>>(),
+                "sigmas": patches.iter().map(|p| p.sigma).collect::<Vec<_>>(),
+                "factors": patches.iter().map(|p| p.factor).collect::<Vec<_>>(),
+            }),
+            SceneDraw::Shadow { opacity, start, width, direction } => {
+                json!({"opacity": opacity, "start": start, "width": width, "direction": direction})
+            }
+            SceneDraw::Dropout(holes) => json!({
+                "sizes": holes.iter().map(|h| [h.size.0, h.size.1]).collect::<Vec<_>>(),
+                "positions": holes.iter().map(|h| [h.place.0, h.place.1]).collect::<Vec<_>>(),
+            }),
+            SceneDraw::Gamma(gamma) => json!({"gamma": gamma}),
+            SceneDraw::Planckian(kelvin) => json!({"temperature": kelvin}),
+            SceneDraw::Noise { .. } => unreachable!("noise is drawn by lake's streams, not torch's"),
+        }
+    }
+
+    /// LeRobot 0.6.1's transforms for a robot's cameras, with given draws, equal LeRobot's own
+    /// `transform` of each sample's frames with those draws: bit for bit a sample at a time (the
+    /// CPU's way); all samples at once (a GPU's) within the last bits where per-sample factors
+    /// become tensors (the exponent of `GammaCorrection`, the padded kernels of `MotionBlur`).
+    #[test]
+    fn scene_transforms_are_lerobots() {
+        use crate::image_transforms::{Hole, Patch};
+        let x = frames();
+        let patch = |cy, cx, sigma, factor| Patch { centre: (cy, cx), sigma, factor };
+        let hole = |h, w, y, x| Hole { size: (h, w), place: (y, x) };
+        let shadow = |opacity, start, width, direction| SceneDraw::Shadow { opacity, start, width, direction };
+        let blur = |size, angle| SceneDraw::MotionBlur { size, angle };
+        let cases: Vec<(&str, Value, [SceneDraw; 4], f32)> = vec![
+            ("MotionBlur", json!({}), [blur(3, 0.0), blur(5, 37.3), blur(7, 90.0), blur(11, 225.0)], 2.4e-7),
+            ("JPEGCompression", json!({}), [15, 50, 75, 95].map(SceneDraw::Jpeg), 0.0),
+            (
+                "GaussianPatchBrightness",
+                json!({}),
+                [
+                    SceneDraw::Patches(vec![patch(0.5, 0.5, 0.2, 1.5)]),
+                    SceneDraw::Patches(vec![patch(0.1, 0.9, 0.05, 0.4), patch(0.7, 0.2, 0.25, 1.6)]),
+                    SceneDraw::Patches(vec![patch(0.0, 0.0, 0.1, 0.9); 4]),
+                    SceneDraw::Patches(vec![patch(0.3, 0.6, 0.13, 1.2), patch(0.9, 0.1, 0.08, 0.5), patch(0.5, 0.5, 0.24, 1.0)]),
+                ],
+                0.0,
+            ),
+            (
+                "RandomShadow",
+                json!({}),
+                [shadow(0.3, 0.0, 0.34, -1.0), shadow(0.6, 1.0, 0.66, 1.0), shadow(0.45, 0.5, 0.5, 1.0), shadow(0.5, 0.25, 0.4, -1.0)],
+                0.0,
+            ),
+            (
+                "CoarseDropout",
+                json!({"fill_value": 0.25}),
+                [
+                    SceneDraw::Dropout(vec![hole(0.07, 0.07, 0.5, 0.5)]),
+                    SceneDraw::Dropout(vec![hole(0.0, 1.0, 1.0, 0.0), hole(0.3, 0.2, 0.0, 1.0)]),
+                    SceneDraw::Dropout(vec![hole(0.5, 0.5, 0.25, 0.75); 3]),
+                    SceneDraw::Dropout(vec![hole(1.0, 1.0, 0.0, 0.0)]),
+                ],
+                0.0,
+            ),
+            ("GammaCorrection", json!({}), [0.5, 0.8, 1.7, 2.0].map(SceneDraw::Gamma), 2.4e-7),
+            ("PlanckianJitter", json!({}), [3000, 6750, 11234, 15000].map(SceneDraw::Planckian), 0.0),
+        ];
+        let mut compared = Vec::new();
+        for (kind, kwargs, draws, tolerance) in cases {
+            let transforms = only(kind, &kwargs);
+            let rows: Vec<Vec<Value>> = draws
+                .iter()
+                .map(|d| vec![json!({"kind": "lerobot", "class": kind, "kwargs": kwargs, "params": lerobot_params(d)})])
+                .collect();
+            let draws: Vec<Vec<(usize, Draw)>> = draws.into_iter().map(|d| vec![(0, Draw::Scene(d))]).collect();
+            compared.push((kind.to_string(), rows.clone(), apply(&transforms, &x, &draws), 0.0));
+            compared.push((format!("{kind}-grouped"), rows, grouped(&transforms, &x, &draws), tolerance));
+        }
+        compare_with_reference(&x, &compared, "LeRobot 0.6.1's");
         assert_eq!(raw(&x), raw(&frames()));
-        assert!(raw(&cases[0].2) != raw(&x));
+        assert!(compared.iter().all(|(_, _, lake, _)| raw(lake) != raw(&x)));
+    }
+
+    /// `GaussianNoise` is normal with the drawn deviation, the same for a sample alone or among
+    /// others, and another key (another sample, step or seed) draws other noise.
+    #[test]
+    fn noise_is_normal_and_keyed() {
+        let transforms = only("GaussianNoise", &json!({"std": [20, 20]}));
+        let x = Tensor::full([3, 2, 3, 40, 50], 0.5, (Kind::Float, Device::Cpu));
+        let draws: Vec<Vec<(usize, Draw)>> =
+            (0..3).map(|p| transforms.draw(DrawKey { seed: 2, step: 7, position: p, camera: 0 }, 40, 50)).collect();
+        let together = grouped(&transforms, &x, &draws);
+        assert_eq!(raw(&apply(&transforms, &x, &draws)), raw(&together));
+        let values = raw(&together);
+        let per_row = values.len() / 3;
+        for row in values.chunks_exact(per_row) {
+            let z: Vec<f64> = row.iter().map(|&v| (f64::from(v) - 0.5) / (20.0 / 255.0)).collect();
+            let n = z.len() as f64;
+            let mean = z.iter().sum::<f64>() / n;
+            let variance = z.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+            let within_one = z.iter().filter(|v| v.abs() < 1.0).count() as f64 / n;
+            // 36 000 values: the mean's standard error is 0.0053, the variance's 0.0075, the
+            // share within one deviation's 0.0025; each bound is about 5 of them.
+            assert!(
+                mean.abs() < 0.027 && (variance - 1.0).abs() < 0.04 && (within_one - 0.6827).abs() < 0.0125,
+                "{mean} {variance} {within_one}"
+            );
+        }
+        assert_ne!(values[..per_row], values[per_row..2 * per_row]);
+        // The window's two frames get noise of their own.
+        assert_ne!(values[..per_row / 2], values[per_row / 2..per_row]);
     }
 }

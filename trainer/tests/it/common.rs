@@ -184,3 +184,22 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// LeRobot's image transforms with every transform lake applies among them: the default set and
+/// LeRobot 0.6.1's eight for a robot's cameras, 4 of them on each camera frame.
+pub fn every_image_transform() -> lake_trainer::ImageTransformsConfig {
+    let mut config = lake_trainer::ImageTransformsConfig { max_num_transforms: 4, ..lake_trainer::ImageTransformsConfig::enabled() };
+    for kind in [
+        "GaussianNoise",
+        "MotionBlur",
+        "JPEGCompression",
+        "GaussianPatchBrightness",
+        "RandomShadow",
+        "CoarseDropout",
+        "GammaCorrection",
+        "PlanckianJitter",
+    ] {
+        config.tfs.insert(kind.to_lowercase(), lake_trainer::TransformConfig { kind: kind.into(), ..Default::default() });
+    }
+    config
+}

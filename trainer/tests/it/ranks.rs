@@ -108,7 +108,7 @@ fn rank() {
             config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
             kind: tch::Kind::Double,
             padded_actions: PaddedActions::Zero,
-            image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
+            image_transforms: Some(crate::common::every_image_transform()),
             ..options
         },
     };
@@ -141,7 +141,7 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
         padded_actions: PaddedActions::Zero,
         bf16: false,
         // Each sample's frames draw by its place in the step's global batch, whatever the ranks.
-        image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
+        image_transforms: Some(crate::common::every_image_transform()),
         ..options(&lake, &tmp.path().join("single"), STEPS)
     });
     let status = launch(launcher, tmp.path(), STEPS).status().unwrap_or_else(|e| panic!("{launcher:?}: {e}"));

@@ -152,7 +152,7 @@ fn the_loss_goes_down_on_the_lakes_samples() {
     let out = tmp.path().join("blind");
     let transformed = TrainOptions {
         datasets: vec!["blind".into()],
-        image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
+        image_transforms: Some(crate::common::every_image_transform()),
         ..options(&lake, &out, 2)
     };
     let refused = runtime.block_on(train(transformed, |_| (), |_| ())).expect_err("no camera").to_string();
@@ -168,7 +168,7 @@ fn a_resumed_run_ends_where_the_uninterrupted_run_ends() {
     let lake = lake_with_fixture(tmp.path());
     let transformed = |out: &Path, steps| TrainOptions {
         save_every: 4,
-        image_transforms: Some(lake_trainer::ImageTransformsConfig::enabled()),
+        image_transforms: Some(crate::common::every_image_transform()),
         ..options(&lake, out, steps)
     };
     let whole = tmp.path().join("whole");

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""torchvision's functional transforms applied to frames that lake's trainer test wrote: the
-reference for lake's image transforms (trainer/src/image_transforms/apply.rs).
+"""torchvision's functional transforms, and LeRobot 0.6.1's own transforms, applied to frames that
+lake's trainer tests wrote: the reference for lake's image transforms
+(trainer/src/image_transforms/apply.rs).
 
-Usage: torchvision_transforms.py DIR. DIR holds input.f32 (little-endian float32 frames
+Usage: reference_transforms.py DIR. DIR holds input.f32 (little-endian float32 frames
 [n, S, 3, H, W] in [0, 1]) and cases.json: {"shape": [...], "cases": [{"name": ..., "rows":
 [[step, ...] for each sample]}]}. Each sample's frames [S, 3, H, W] take its steps in order, and
-the results go to DIR/NAME.f32 in the input's layout.
+the results go to DIR/NAME.f32 in the input's layout. A step {"kind": "lerobot", "class": C,
+"kwargs": {...}, "params": {...}} applies LeRobot's transform C, made with those arguments, with
+the given draw (its `transform(frames, params)`).
 """
 
 import json
@@ -41,6 +44,10 @@ def step(frames: torch.Tensor, s: dict) -> torch.Tensor:
             fill=s["fill"],
             center=s["center"],
         )
+    if kind == "lerobot":
+        from lerobot.transforms import transforms
+
+        return getattr(transforms, s["class"])(**s["kwargs"]).transform(frames, s["params"])
     raise ValueError(f"unknown step {kind}")
 
 
