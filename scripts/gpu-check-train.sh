@@ -40,8 +40,10 @@
 #     data-wait share at the last batch size of LeRobot 0.4.4's defaults (GroupNorm) and of LeRobot 0.6.1's
 #     shape (BatchNorm, an encoder a camera, horizon 64);
 #  8. LeRobot's image transforms (--image-transforms): one ACT step on CUDA against the same step
-#     on the CPU, the same draws (loss and parameters as in check 1), and the data path alone at
-#     the last batch size with and without them (the transforms' cost on the device).
+#     on the CPU, the same draws (loss and parameters as in check 1), with LeRobot's default set
+#     and with all eight of LeRobot 0.6.1's transforms for a robot's cameras on every frame; and
+#     the data path alone at the last batch size with and without each set (the transforms'
+#     cost on the device).
 # LAKE_GPU_CHECK_DEVICE=cpu runs the same checks on the CPU, to try the script without a GPU;
 # LAKE_GPU_CHECK_STEPS (40) and LAKE_GPU_CHECK_BATCHES ("8 64") make such a trial short.
 #
@@ -236,18 +238,32 @@ check_diffusion() {
 }
 
 check_transforms() {
-  for run in cpu:reference "$device:checked"; do
-    local d="${run%%:*}" name="transforms-${run#*:}"
-    "${lake[@]}" train --dataset bench "${act[@]}" --image-transforms --steps 1 --batch-size 8 --seed 3 --device "$d" \
-      --out "$out/$name" >"$out/$name.txt" 2>&1 || { tail -20 "$out/$name.txt"; return 1; }
+  # Every one of LeRobot 0.6.1's transforms for a robot's cameras, on every camera frame.
+  cat >"$out/scene-transforms.json" <<'JSON'
+{"max_num_transforms": 8, "tfs": {
+  "noise": {"type": "GaussianNoise"}, "blur": {"type": "MotionBlur"}, "jpeg": {"type": "JPEGCompression"},
+  "patches": {"type": "GaussianPatchBrightness"}, "shadow": {"type": "RandomShadow"},
+  "dropout": {"type": "CoarseDropout"}, "gamma": {"type": "GammaCorrection"}, "planckian": {"type": "PlanckianJitter"}}}
+JSON
+  local set
+  for set in default:--image-transforms "scene:--image-transforms $out/scene-transforms.json"; do
+    local run
+    echo "-- ${set%%:*} set: one ACT step, $device against cpu"
+    for run in cpu:reference "$device:checked"; do
+      local d="${run%%:*}" name="transforms-${set%%:*}-${run#*:}"
+      # shellcheck disable=SC2086
+      "${lake[@]}" train --dataset bench "${act[@]}" ${set#*:} --steps 1 --batch-size 8 --seed 3 --device "$d" \
+        --out "$out/$name" >"$out/$name.txt" 2>&1 || { tail -20 "$out/$name.txt"; return 1; }
+    done
+    compare_steps "$out/transforms-${set%%:*}-reference" "$out/transforms-${set%%:*}-checked"
   done
-  compare_steps "$out/transforms-reference" "$out/transforms-checked"
-  local b="${batches##* }"
-  for flag in "" --image-transforms; do
-    echo "-- the data path alone, batch $b, $steps steps ${flag:-without transforms}"
+  local b="${batches##* }" flags
+  for flags in "" --image-transforms "--image-transforms $out/scene-transforms.json"; do
+    echo "-- the data path alone, batch $b, $steps steps ${flags:-without transforms}"
     # shellcheck disable=SC2086
-    "${lake[@]}" train --dataset bench --policy none $flag --steps "$steps" --batch-size "$b" --device "$device" \
-      --log-every "$steps" --out "$out/feed-transforms${flag:+-on}" 2>&1 | tail -2
+    "${lake[@]}" train --dataset bench --policy none $flags --steps "$steps" --batch-size "$b" --device "$device" \
+      --log-every "$steps" --out "$out/feed-transforms" 2>&1 | tail -2
+    rm -rf "$out/feed-transforms"
   done
 }
 
