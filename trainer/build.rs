@@ -1,6 +1,8 @@
 //! With the `torch` feature:
 //! - compiles `csrc/autocast.cpp` against the libtorch that tch links (torch-sys tells where it
 //!   is), for bfloat16 mixed precision on the CPU and on CUDA;
+//! - compiles `csrc/random.cpp` against the same libtorch, for normal values from a generator of
+//!   their own (LeRobot's `GaussianNoise`);
 //! - compiles `csrc/c10d.cpp` against the same libtorch, for ranks started by torchrun: its
 //!   Gloo part (cfg `lake_gloo`) where Gloo's headers are found, in `GLOO_INCLUDE_DIR` or
 //!   `/usr/include` (Debian's libgloo-dev; libtorch holds Gloo itself, compiled);
@@ -29,6 +31,7 @@ fn main() {
 fn shims() {
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/c10d.cpp");
+    println!("cargo:rerun-if-changed=csrc/random.cpp");
     println!("cargo:rerun-if-env-changed=GLOO_INCLUDE_DIR");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     let Some(lib) = std::env::var_os("DEP_TCH_LIBTORCH_LIB").map(std::path::PathBuf::from) else {
@@ -53,7 +56,8 @@ fn shims() {
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .file("csrc/autocast.cpp")
-        .file("csrc/c10d.cpp");
+        .file("csrc/c10d.cpp")
+        .file("csrc/random.cpp");
     let gloo = std::env::var_os("GLOO_INCLUDE_DIR").map_or_else(|| std::path::PathBuf::from("/usr/include"), std::path::PathBuf::from);
     if gloo.join("gloo/config.h").is_file() {
         // The compiler searches /usr/include already; naming it again breaks libstdc++'s

@@ -45,12 +45,12 @@ pub(crate) enum Scene {
 /// The factors one sample's frames get from one of LeRobot 0.6.1's transforms for a robot's cameras.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SceneDraw {
-    /// Noise of standard deviation `std` (in levels of 255), its values keyed by `key`.
+    /// Noise of standard deviation `std` (in levels of 255), from a generator seeded with `seed`.
     Noise {
         /// The standard deviation, in levels of 255.
         std: f64,
-        /// The key of the noise's values.
-        key: u64,
+        /// The seed of the noise's generator, below 2⁶³ (as `torch.randint` draws LeRobot's).
+        seed: u64,
     },
     /// A blur along a line of `size` pixels at `angle` degrees.
     MotionBlur {
@@ -122,7 +122,7 @@ impl Scene {
     /// The transform's factors for one sample's frames, from `stream`.
     pub fn draw(&self, stream: &mut Stream) -> SceneDraw {
         match *self {
-            Scene::Noise { std } => SceneDraw::Noise { std: stream.uniform(std), key: stream.next_u64() },
+            Scene::Noise { std } => SceneDraw::Noise { std: stream.uniform(std), seed: stream.next_u64() >> 1 },
             Scene::MotionBlur { sizes: (first, last) } => {
                 let size = first + 2 * stream.below((last - first) / 2 + 1);
                 SceneDraw::MotionBlur { size, angle: stream.uniform((0.0, 360.0)) }

@@ -4,6 +4,8 @@
 //! sample alone (the CPU's way) gets LeRobot's values bit for bit where LeRobot's own operations
 //! allow it.
 
+use std::ffi::{c_char, c_int};
+
 use tch::{Device, Kind, Tensor};
 
 use super::common::{mismatch, per_row, times, upload};
@@ -13,7 +15,7 @@ use crate::image_transforms::scene::{Scene, SceneDraw, hole_rects, motion_kernel
 pub(crate) fn apply(scene: &Scene, x: &Tensor, draws: &[&SceneDraw]) -> Tensor {
     match scene {
         Scene::Noise { .. } => {
-            let params = draws.iter().map(|d| if let SceneDraw::Noise { std, key } = d { (*std, *key) } else { mismatch(d) });
+            let params = draws.iter().map(|d| if let SceneDraw::Noise { std, seed } = d { (*std, *seed) } else { mismatch(d) });
             noise(x, &params.collect::<Vec<_>>())
         }
         Scene::MotionBlur { .. } => {
@@ -53,37 +55,45 @@ fn dims(x: &Tensor) -> (i64, i64, i64, i64, i64) {
     (s[0], s[1], s[2], s[3], s[4])
 }
 
-/// `GaussianNoise`: each row plus normal noise of its standard deviation (in levels of 255).
-///
-/// The noise is a function of the row's key and each value's place in the sample: two 32-bit
-/// hashes (the `x ^ x >> 16`, `× 0x45d9f3b` mixer, whose products stay within 64 bits in
-/// libtorch's int64) give two uniforms of 23 bits, centred in their steps and so exact in
-/// float32 and never 0, and Box–Muller makes them a normal.
-/// A sample gets the same noise alone or among others, on every device
-/// (docs/decisions/0032-image-transforms-drawn-by-sample.md).
+/// `GaussianNoise`: each row plus normal noise of its standard deviation (in levels of 255), the
+/// noise `torch.randn` makes for the row's frames with a generator of their device seeded with
+/// the row's seed, as LeRobot's transform makes it. A sample gets the same noise alone or among
+/// others.
 fn noise(x: &Tensor, params: &[(f64, u64)]) -> Tensor {
-    let device = x.device();
-    let n = params.len() as i64;
-    let count = x.numel() as i64 / n;
-    const LOW: i64 = 0xFFFF_FFFF;
-    let words = |f: fn(u64) -> i64| upload(Tensor::from_slice(&params.iter().map(|p| f(p.1)).collect::<Vec<_>>()), device).view([n, 1]);
-    let (low, high) = (words(|k| (k & 0xFFFF_FFFF) as i64), words(|k| (k >> 32) as i64));
-    let places = Tensor::arange(count, (Kind::Int64, device)).view([1, count]);
-    let first = hash32(&(places + low).bitwise_and(LOW));
-    let second = hash32(&first.bitwise_xor_tensor(&high));
-    let unit = |h: &Tensor| (h.bitwise_right_shift_tensor_scalar(9).to_kind(Kind::Float) + 0.5) * (1.0 / 8_388_608.0);
-    let radius = (unit(&first).log() * -2.0).sqrt();
-    let normal = radius * (unit(&second) * std::f64::consts::TAU).cos();
+    let normal = Tensor::empty(x.size(), (Kind::Float, x.device()));
+    for (row, (_, seed)) in params.iter().enumerate() {
+        randn_seeded(&normal.get(row as i64), *seed);
+    }
     let stds: Vec<f64> = params.iter().map(|p| p.0 / 255.0).collect();
-    (x + times(&normal.view(x.size().as_slice()), &stds)).clamp(0.0, 1.0)
+    (x + times(&normal, &stds)).clamp(0.0, 1.0)
 }
 
-/// A 32-bit integer hash of values in [0, 2³²) held in int64.
-fn hash32(x: &Tensor) -> Tensor {
-    const LOW: i64 = 0xFFFF_FFFF;
-    let mix = |x: &Tensor| (x.bitwise_right_shift_tensor_scalar(16).bitwise_xor_tensor(x) * 0x045d_9f3b_i64).bitwise_and(LOW);
-    let x = mix(&mix(x));
-    x.bitwise_right_shift_tensor_scalar(16).bitwise_xor_tensor(&x)
+unsafe extern "C" {
+    /// `csrc/random.cpp`.
+    fn lake_randn_seeded(data: *mut f32, count: i64, cuda_index: c_int, seed: u64, err: *mut c_char, err_len: usize) -> c_int;
+}
+
+/// Fills `out` (contiguous float32, on the CPU or a CUDA device) with standard normals from a new
+/// generator of its device seeded with `seed`.
+///
+/// # Panics
+/// When libtorch refuses (the task's panic becomes the run's error in `transform_batch`).
+fn randn_seeded(out: &Tensor, seed: u64) {
+    assert!(out.kind() == Kind::Float && out.is_contiguous(), "a contiguous float32 tensor");
+    let cuda_index = match out.device() {
+        Device::Cpu => -1,
+        Device::Cuda(index) => index as c_int,
+        other => panic!("GaussianNoise on {other:?}: lake draws noise on the CPU and on CUDA devices"),
+    };
+    let mut err = [0 as c_char; 512];
+    // SAFETY: `out` is a contiguous float32 tensor of `numel` values on the device named; the shim
+    // writes only those values, and a NUL-terminated message within `err` on failure.
+    let rc = unsafe { lake_randn_seeded(out.data_ptr().cast(), out.numel() as i64, cuda_index, seed, err.as_mut_ptr(), err.len()) };
+    if rc != 0 {
+        // SAFETY: the shim wrote a NUL-terminated message within the zeroed buffer.
+        let message = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+        panic!("GaussianNoise: {message}");
+    }
 }
 
 /// `MotionBlur`: each row's frames convolved with its line kernel, borders replicated.
