@@ -56,6 +56,12 @@
 #   --image-transforms  every contender with LeRobot's image transforms, its defaults switched
 #                    on (lerobot-train's --dataset.image_transforms.enable=true, lake train's
 #                    --image-transforms; LeRobot + Lance's dataset takes LeRobot's transforms)
+#   --image-transforms-file FILE  with --data-only: the data paths with LeRobot's
+#                    ImageTransformsConfig from FILE (lake train's --image-transforms FILE), which
+#                    may name LeRobot 0.6.1's own transforms: LeRobot 0.6.1's loader and LeRobot +
+#                    Lance then return float32 frames (return_uint8=False), since those transforms
+#                    pass uint8 frames through unchanged; LeRobot 0.4.4's loader, which has none of
+#                    them, is left out
 # Environment:
 #   LAKE_BIN           a lake built with `--features torch` [built here: cargo build --release
 #                      -p lake --features torch against scripts/torch-env.sh's torch]
@@ -90,6 +96,7 @@ venv061="${LAKE_LEROBOT061_VENV:-$HOME/.cache/lake/lerobot061-venv}"
 lance_venv="${LAKE_LANCEDB_VENV:-$HOME/.cache/lake/lerobot-lancedb-venv}"
 data_only=0
 transforms=0
+transforms_file=""
 shared_tools="${LAKE_SHARED_TOOLS:-$repo/../shared/tools}"
 peers="${LAKE_BENCH_PEERS:-all}"
 bench_dir="${LAKE_BENCH_DIR:-$HOME/.cache/lake/bench}"
@@ -114,11 +121,16 @@ while [ $# -gt 0 ]; do
     --peers) peers="$2"; shift 2 ;;
     --data-only) data_only=1; shift ;;
     --image-transforms) transforms=1; shift ;;
+    --image-transforms-file) transforms=1; transforms_file="$(realpath "$2")"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 log() { echo "[compare-train] $*" >&2; }
+if [ -n "$transforms_file" ] && [ "$data_only" = 0 ]; then
+  echo "--image-transforms-file times the data paths alone: add --data-only" >&2
+  exit 2
+fi
 total=$((warmup + steps))
 case "$policy" in
   act) ;;
@@ -218,7 +230,7 @@ lake_args=(--dataset bench --policy "$policy" --policy-config "$work/random-back
 lake_transforms=()
 if [ "$transforms" = 1 ]; then
   lerobot_args+=(--dataset.image_transforms.enable=true)
-  lake_transforms=(--image-transforms)
+  lake_transforms=(--image-transforms ${transforms_file:+"$transforms_file"})
   lake_args+=("${lake_transforms[@]}")
 fi
 
@@ -248,8 +260,15 @@ feed_total=$((feed_steps + 1))
 echo "{\"type\": \"$policy\"}" >"$work/windows.json"
 loader_args=(--root "$fixture" --repo-id local/bench --preset "$policy" --backend torchcodec --batch-size "$batch_size"
   --batches "$feed_steps" --num-workers "$workers" --seed "$seed")
-if [ "$transforms" = 1 ]; then loader_args+=(--image-transforms); fi
-contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" "${loader_args[@]}" --like 0.4.4 --json-out "$work/lerobot-loader.json"
+if [ -n "$transforms_file" ]; then
+  loader_args+=(--image-transforms-file "$transforms_file" --float-frames)
+  log "LeRobot 0.4.4's loader left out: it has none of LeRobot 0.6.1's own transforms"
+elif [ "$transforms" = 1 ]; then
+  loader_args+=(--image-transforms)
+fi
+if [ -z "$transforms_file" ]; then
+  contender lerobot-loader "$vpy" "$py_dir/run_lerobot.py" "${loader_args[@]}" --like 0.4.4 --json-out "$work/lerobot-loader.json"
+fi
 if [ "$peers" = all ]; then
   contender lerobot-loader-061 "$vpy061" "$py_dir/run_lerobot.py" "${loader_args[@]}" --like 0.6.1 \
     --json-out "$work/lerobot-loader-061.json"
@@ -268,6 +287,6 @@ contender lake-feed-local "$LAKE_BIN" --lake "$lake" train --dataset bench --pol
 
 json_args=()
 if [ -n "$json_out" ]; then json_args=(--json-out "$json_out"); fi
-if [ "$transforms" = 1 ]; then json_args+=(--image-transforms); fi
+if [ "$transforms" = 1 ]; then json_args+=(--image-transforms ${transforms_file:+"$transforms_file"}); fi
 "$vpy" "$py_dir/train_report.py" --work "$work" --warmup "$warmup" --steps "$steps" --batch-size "$batch_size" \
   --workers "$workers" --frames "$frames" --fixture "$fixture" --policy "$policy" --lake-version "$("$LAKE_BIN" --version)" "${json_args[@]}"

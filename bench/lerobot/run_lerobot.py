@@ -20,6 +20,11 @@ the strongest CPU peer, with any preset's windows.
 ``--image-transforms`` gives the dataset LeRobot's image transforms with its defaults switched on
 (``ImageTransforms(ImageTransformsConfig(enable=True))``), applied in the workers as lerobot-train
 applies them: to float32 frames with ``0.4.4``, to uint8 ones with ``0.6.1`` and ``--lance-root``.
+``--image-transforms-file FILE`` takes the ``ImageTransformsConfig`` from a JSON file instead (its
+fields over the defaults, ``enable`` true unless it says otherwise; ``tfs`` may name LeRobot
+0.6.1's own transforms). ``--float-frames`` makes ``0.6.1`` and ``--lance-root`` datasets return
+float32 frames (``return_uint8=False``, ``LeRobotDataset``'s default), so that 0.6.1's own
+transforms, which pass uint8 frames through unchanged, apply.
 
 ``num_workers`` worker processes; the first ``--warmup`` batches start the workers and open the
 decoders; the next ``--batches`` batches are timed.
@@ -135,6 +140,10 @@ def main() -> None:
                     help="read with lerobot-lancedb's LanceDBDataset from this converted dataset")
     ap.add_argument("--image-transforms", action="store_true",
                     help="LeRobot's image transforms, its defaults switched on, as lerobot-train applies them")
+    ap.add_argument("--image-transforms-file", type=Path, default=None,
+                    help="LeRobot's ImageTransformsConfig from this JSON file (fields over the defaults)")
+    ap.add_argument("--float-frames", action="store_true",
+                    help="0.6.1 and --lance-root: float32 frames (return_uint8=False), for 0.6.1's own transforms")
     args = ap.parse_args()
 
     import lerobot
@@ -150,23 +159,29 @@ def main() -> None:
     drop = drop_n_last_frames(args.preset)
 
     transforms = None
-    if args.image_transforms:
+    if args.image_transforms or args.image_transforms_file:
         try:  # where LeRobot 0.6.1 keeps them
-            from lerobot.transforms.transforms import ImageTransforms, ImageTransformsConfig
+            from lerobot.transforms.transforms import ImageTransformConfig, ImageTransforms, ImageTransformsConfig
         except ImportError:  # LeRobot 0.4.4
-            from lerobot.datasets.transforms import ImageTransforms, ImageTransformsConfig
-        transforms = ImageTransforms(ImageTransformsConfig(enable=True))
+            from lerobot.datasets.transforms import ImageTransformConfig, ImageTransforms, ImageTransformsConfig
+        fields = {"enable": True}
+        if args.image_transforms_file:
+            fields.update(json.loads(args.image_transforms_file.read_text()))
+            if "tfs" in fields:
+                fields["tfs"] = {name: ImageTransformConfig(**tf) for name, tf in fields["tfs"].items()}
+        transforms = ImageTransforms(ImageTransformsConfig(**fields))
+    uint8 = not args.float_frames
 
     began = time.perf_counter()
     if args.lance_root is not None:
         import lerobot_lancedb
 
-        ds = lerobot_lancedb.LanceDBDataset(root=args.lance_root, delta_timestamps=dts, tolerance_s=1e-4, return_uint8=True,
+        ds = lerobot_lancedb.LanceDBDataset(root=args.lance_root, delta_timestamps=dts, tolerance_s=1e-4, return_uint8=uint8,
                                             image_transforms=transforms)
         context, prefetch, persistent = lerobot_lancedb.lance_mp_context(), 2, False
     elif like == "0.6.1":
         ds = LeRobotDataset(args.repo_id or f"local/{args.root.name}", root=args.root, delta_timestamps=dts,
-                            tolerance_s=1e-4, video_backend=args.backend, return_uint8=True, image_transforms=transforms)
+                            tolerance_s=1e-4, video_backend=args.backend, return_uint8=uint8, image_transforms=transforms)
         context, prefetch, persistent = "spawn", 4, True
     else:
         ds = LeRobotDataset(args.repo_id or f"local/{args.root.name}", root=args.root, delta_timestamps=dts,

@@ -99,7 +99,8 @@ def main() -> None:
     ap.add_argument("--policy", default="act", choices=["act", "diffusion"])
     ap.add_argument("--lake-version", required=True)
     ap.add_argument("--json-out", type=Path, default=None)
-    ap.add_argument("--image-transforms", action="store_true", help="the runs applied LeRobot's image transforms")
+    ap.add_argument("--image-transforms", nargs="?", const=True, default=False,
+                    help="the runs applied LeRobot's image transforms (its defaults, or the config in this file)")
     args = ap.parse_args()
     w, b = args.work, args.batch_size
 
@@ -129,10 +130,13 @@ def main() -> None:
         d["cores_per_1000_samples_per_s"] = 1000.0 / d["samples_per_cpu_s"]
 
     name = {"act": "ACT", "diffusion": "Diffusion Policy"}[args.policy]
-    if args.image_transforms:
-        name += " with LeRobot's image transforms"
+    applied = ""
+    if args.image_transforms is True:
+        applied = " with LeRobot's image transforms"
+    elif args.image_transforms:
+        applied = f" with the image transforms of {Path(args.image_transforms).name} (LeRobot 0.6.1's loaders on float32 frames)"
     if training:
-        print(f"{name} (LeRobot 0.4.4's defaults, backbone from scratch), batch {b}, CPU; {args.steps} steps timed after "
+        print(f"{name}{applied} (LeRobot 0.4.4's defaults, backbone from scratch), batch {b}, CPU; {args.steps} steps timed after "
               f"{args.warmup}; {args.frames}-frame dataset {Path(args.fixture).name}; {args.workers} workers/threads; "
               f"{args.lake_version}")
         print(table(
@@ -143,7 +147,7 @@ def main() -> None:
         ))
         print()
     else:
-        print(f"{name}'s windows, batch {b}, CPU; {args.frames}-frame dataset {Path(args.fixture).name}; "
+        print(f"{name}'s windows{applied}, batch {b}, CPU; {args.frames}-frame dataset {Path(args.fixture).name}; "
               f"{args.workers} workers/threads; {args.lake_version}")
     print(table(
         ["data path alone", "samples/s", "CPU ms/sample", "samples/CPU-s", "cores per 1000 samples/s"],
@@ -151,7 +155,8 @@ def main() -> None:
           f"{v['cores_per_1000_samples_per_s']:.1f}"] for k, v in data.items()],
     ))
     if args.json_out:
-        meta = {"policy": args.policy, "image_transforms": args.image_transforms, "batch_size": b, "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
+        transforms = args.image_transforms if args.image_transforms is True else json.loads(Path(args.image_transforms).read_text()) if args.image_transforms else False
+        meta = {"policy": args.policy, "image_transforms": transforms, "batch_size": b, "steps": args.steps, "warmup": args.warmup, "workers": args.workers,
                 "frames": args.frames, "fixture": args.fixture, "lake_version": args.lake_version,
                 "machine": platform.platform()}
         args.json_out.write_text(json.dumps({"meta": meta, "training": training, "data_path": data}, indent=2) + "\n")
