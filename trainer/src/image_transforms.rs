@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use self::args::{Args, Given};
-pub use self::scene::{Hole, Patch, SceneDraw};
-use self::scene::{SCENE_TRANSFORMS, Scene};
+use self::scene::Scene;
+pub use self::scene::{Hole, Patch, SCENE_TRANSFORMS, SceneDraw};
 use crate::{Error, OrderedMap, Result, seeds::Stream};
 
 #[cfg(feature = "torch")]

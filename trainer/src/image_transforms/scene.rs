@@ -7,8 +7,8 @@
 use super::args::{Args, Given};
 use crate::seeds::Stream;
 
-/// The names of the transforms of this module, as configs name them.
-pub(crate) const SCENE_TRANSFORMS: [&str; 8] = [
+/// LeRobot 0.6.1's transforms for a robot's cameras, by the names configs give them.
+pub const SCENE_TRANSFORMS: [&str; 8] = [
     "GaussianNoise",
     "MotionBlur",
     "JPEGCompression",

@@ -189,16 +189,7 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// LeRobot 0.6.1's eight for a robot's cameras, 4 of them on each camera frame.
 pub fn every_image_transform() -> lake_trainer::ImageTransformsConfig {
     let mut config = lake_trainer::ImageTransformsConfig { max_num_transforms: 4, ..lake_trainer::ImageTransformsConfig::enabled() };
-    for kind in [
-        "GaussianNoise",
-        "MotionBlur",
-        "JPEGCompression",
-        "GaussianPatchBrightness",
-        "RandomShadow",
-        "CoarseDropout",
-        "GammaCorrection",
-        "PlanckianJitter",
-    ] {
+    for kind in lake_trainer::SCENE_TRANSFORMS {
         config.tfs.insert(kind.to_lowercase(), lake_trainer::TransformConfig { kind: kind.into(), ..Default::default() });
     }
     config
