@@ -53,8 +53,8 @@ enum Size {
     ArrayRepeat,
     /// `array_resize(array, n [, fill])`: n elements.
     ArrayResize,
-    /// `range(start, stop [, step])`, `generate_series`: one element per step (integers;
-    /// other types are sized by their result).
+    /// `range(start, stop [, step])`, `generate_series`: one element per step, of integers, or
+    /// of dates and timestamps by an interval (other types are sized by their result).
     Range,
     /// At most the sum of the arguments (`concat`, `array_concat`, …).
     Sum,
@@ -179,10 +179,80 @@ fn integers(value: &ColumnarValue) -> PerRow<Option<i64>> {
     }
 }
 
+/// Each row's instant in nanoseconds since the epoch, for dates and timestamps (None where
+/// null, or for other types).
+fn instants(value: &ColumnarValue) -> PerRow<Option<i128>> {
+    use arrow::datatypes::TimeUnit;
+    let per_unit: i128 = match value.data_type() {
+        DataType::Date32 => 86_400_000_000_000,
+        DataType::Date64 | DataType::Timestamp(TimeUnit::Millisecond, _) => 1_000_000,
+        DataType::Timestamp(TimeUnit::Second, _) => 1_000_000_000,
+        DataType::Timestamp(TimeUnit::Microsecond, _) => 1_000,
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => 1,
+        _ => return PerRow::All(None),
+    };
+    let scale = |v: Option<i64>| v.map(|v| i128::from(v) * per_unit);
+    match integers(value) {
+        PerRow::All(v) => PerRow::All(scale(v)),
+        PerRow::Each(values) => PerRow::Each(values.into_iter().map(scale).collect()),
+    }
+}
+
+/// Each row's interval as the least and the most nanoseconds it can span: a month 28 to 31
+/// days, a day 23 to 25 hours (across a change of clocks). None where null or not an interval.
+fn step_spans(value: &ColumnarValue) -> PerRow<Option<(i128, i128)>> {
+    use arrow::datatypes::{IntervalMonthDayNano, IntervalMonthDayNanoType, IntervalUnit};
+    const DAY: i128 = 86_400_000_000_000;
+    const HOUR: i128 = 3_600_000_000_000;
+    let span = |IntervalMonthDayNano { months, days, nanoseconds }: IntervalMonthDayNano| {
+        let bounds = |n: i32, short: i128, long: i128| {
+            if n >= 0 { (i128::from(n) * short, i128::from(n) * long) } else { (i128::from(n) * long, i128::from(n) * short) }
+        };
+        let (months, days) = (bounds(months, 28 * DAY, 31 * DAY), bounds(days, 23 * HOUR, 25 * HOUR));
+        (months.0 + days.0 + i128::from(nanoseconds), months.1 + days.1 + i128::from(nanoseconds))
+    };
+    let target = DataType::Interval(IntervalUnit::MonthDayNano);
+    if !matches!(value.data_type(), DataType::Interval(_)) {
+        return PerRow::All(None);
+    }
+    match value {
+        ColumnarValue::Scalar(scalar) => PerRow::All(match scalar.cast_to(&target) {
+            Ok(ScalarValue::IntervalMonthDayNano(v)) => v.map(span),
+            _ => None,
+        }),
+        ColumnarValue::Array(array) => match arrow::compute::cast(array, &target) {
+            Ok(steps) => {
+                let steps = steps.as_primitive::<IntervalMonthDayNanoType>();
+                PerRow::Each((0..steps.len()).map(|row| steps.is_valid(row).then(|| span(steps.value(row)))).collect())
+            }
+            Err(_) => PerRow::All(None),
+        },
+    }
+}
+
+/// How many values a range of instants from `start` to `stop` by a step spanning `step` (least,
+/// most nanoseconds) holds at most: the step that makes the least headway toward `stop`, taken
+/// as one nanosecond where it may make none (a month less 30 days).
+fn instants_between(start: i128, stop: i128, (least, most): (i128, i128)) -> u128 {
+    let (least, most) = if stop >= start { (least, most) } else { (-most, -least) };
+    if most <= 0 {
+        // Every step leads away from `stop`: an empty range, or a refusal.
+        return 0;
+    }
+    (stop - start).unsigned_abs() / least.max(1).unsigned_abs() + 1
+}
+
 /// Bytes a call's result would take at most, from its arguments.
 fn estimate(size: Size, args: &[ColumnarValue], rows: usize) -> u64 {
     let rows = if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) { 1 } else { rows };
     let lengths: Vec<PerRow<u64>> = args.iter().map(|a| byte_lengths(a, rows)).collect();
+    // A range's ends and step: as integers, and as instants and an interval.
+    let (ends, instant_ends, steps) = if size == Size::Range {
+        let ends: Vec<PerRow<Option<i64>>> = args.iter().take(3).map(integers).collect();
+        (ends, args.iter().take(2).map(instants).collect(), args.get(2).map(step_spans))
+    } else {
+        (Vec::new(), Vec::new(), None)
+    };
     let count = |i: usize, row: usize| -> u64 { args.get(i).map_or(Some(0), |a| integers(a).get(row)).map_or(0, |n| n.max(0) as u64) };
     let length = |i: usize, row: usize| lengths.get(i).map_or(0, |l| l.get(row));
     let mut total: u64 = 0;
@@ -203,9 +273,15 @@ fn estimate(size: Size, args: &[ColumnarValue], rows: usize) -> u64 {
             Size::ArrayRepeat => count(1, row).saturating_mul(length(0, row).max(8)),
             Size::ArrayResize => count(1, row).saturating_mul(8).saturating_add(length(0, row)),
             Size::Range => {
-                let ends = (0..args.len().min(3)).map(|i| args.get(i).map(integers)).collect::<Vec<_>>();
-                let at = |i: usize| ends.get(i).and_then(|e| e.as_ref()).and_then(|e| e.get(row));
+                let at = |i: usize| ends.get(i).and_then(|e| e.get(row));
+                let instant = |i: usize| instant_ends.get(i).and_then(|e| e.get(row));
                 match (args.len(), at(0), at(1), at(2)) {
+                    (3, ..) if instant(0).is_some() => match (instant(0), instant(1), steps.as_ref().and_then(|s| s.get(row))) {
+                        (Some(start), Some(stop), Some(step)) => {
+                            u64::try_from(instants_between(start, stop, step).saturating_mul(8)).unwrap_or(u64::MAX)
+                        }
+                        _ => 0,
+                    },
                     (1, Some(stop), _, _) => (stop.max(0) as u64).saturating_mul(8),
                     (2, Some(start), Some(stop), _) => stop.abs_diff(start).saturating_mul(8),
                     (3, Some(start), Some(stop), Some(step)) if step != 0 => (stop.abs_diff(start) / step.unsigned_abs()).saturating_mul(8),
@@ -467,5 +543,50 @@ impl ExprPlanner for ConcatPlanner {
             }
             None => PlannerResult::Original(expr),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: i128 = 86_400_000_000_000;
+
+    fn interval(months: i32, days: i32, nanoseconds: i64) -> ColumnarValue {
+        ColumnarValue::Scalar(ScalarValue::IntervalMonthDayNano(Some(arrow::datatypes::IntervalMonthDayNano { months, days, nanoseconds })))
+    }
+
+    #[test]
+    fn a_range_of_instants_is_sized_by_the_step_that_makes_the_least_headway() {
+        let span = |months, days, nanos| step_spans(&interval(months, days, nanos)).get(0).expect("an interval");
+        assert_eq!(span(1, 0, 0), (28 * DAY, 31 * DAY));
+        assert_eq!(span(-1, 2, 5), (-31 * DAY + 46 * DAY / 24 + 5, -28 * DAY + 50 * DAY / 24 + 5));
+        // A year of days: 366 values, and as many by a step of a day less an hour.
+        let year = 365 * DAY;
+        assert_eq!(instants_between(0, year, span(0, 1, 0)), 365 * 24 / 23 + 1);
+        assert_eq!(instants_between(0, year, span(0, 0, 86_400_000_000_000)), 366);
+        assert_eq!(instants_between(year, 0, span(0, 0, -86_400_000_000_000)), 366);
+        // Steps away from the end make nothing; a step that may make no headway counts by the
+        // nanosecond.
+        assert_eq!(instants_between(0, year, span(0, -1, 0)), 0);
+        assert_eq!(instants_between(year, 0, span(1, 0, 0)), 0);
+        assert_eq!(instants_between(0, 1000, span(1, -30, 0)), 1001);
+        assert_eq!(instants_between(5, 5, span(0, 0, 1)), 1);
+    }
+
+    #[test]
+    fn dates_and_timestamps_are_instants_in_nanoseconds() {
+        use arrow::datatypes::TimeUnit;
+        let at = |v: ScalarValue| instants(&ColumnarValue::Scalar(v)).get(0);
+        assert_eq!(at(ScalarValue::Date32(Some(2))), Some(2 * DAY));
+        assert_eq!(at(ScalarValue::TimestampSecond(Some(-3), None)), Some(-3_000_000_000));
+        assert_eq!(at(ScalarValue::TimestampMicrosecond(Some(7), Some("UTC".into()))), Some(7_000));
+        assert_eq!(at(ScalarValue::Int64(Some(7))), None);
+        assert_eq!(at(ScalarValue::TimestampNanosecond(None, None)), None);
+        let stamps = arrow::array::TimestampMillisecondArray::from(vec![Some(1), None]);
+        let column = ColumnarValue::Array(Arc::new(stamps));
+        assert_eq!(column.data_type(), DataType::Timestamp(TimeUnit::Millisecond, None));
+        let each = instants(&column);
+        assert_eq!((each.get(0), each.get(1)), (Some(1_000_000), None));
     }
 }
