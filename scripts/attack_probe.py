@@ -2,14 +2,15 @@
 """Sends `lake serve` a few hundred malformed, oversized and hostile requests over HTTP and Flight
 and reports, per route, how many were answered, refused (4xx), turned away for load or resources
 (503, 507), or failed otherwise, and whether the server died. After each request the server must
-answer /healthz. Exits 1 when the server dies or answers 500, the failures that must stay 0.
+answer /healthz. Exits 1 when the server dies, answers 500 or cuts an answer off, the failures
+that must stay 0.
 
 Usage: scripts/attack_probe.py LAKE_BINARY [--keep]
 
 It ingests the bundled samples into a temporary lake and serves it on free loopback ports with a
 token. Flight needs pyarrow (scripts/python-env.sh); without it only HTTP is probed. --keep leaves
 the lake and the server's log behind."""
-import argparse, json, os, shutil, socket, subprocess, sys, tempfile, time, urllib.error, urllib.parse, urllib.request
+import argparse, http.client, json, os, shutil, socket, subprocess, sys, tempfile, time, urllib.error, urllib.parse, urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -62,6 +63,26 @@ def http_cases():
                   "SELECT * FROM \"../../etc\".steps", "SELECT generate_series(1, 9223372036854775807)", "SELECT array_resize([1], 2000000000, 0)",
                   "SELECT count(*) FROM steps s1, steps s2, steps s3"]:
         cases.append(("POST", "/v1/sql", query))
+    # Values at the edges of their types, which DataFusion's planner, constant folding and
+    # functions have panicked on, patterns that are no regular expressions, recursion and
+    # dictionaries in answers.
+    i64_min, i64_max = "-9223372036854775808", "9223372036854775807"
+    ns_stamp = lambda v: f"arrow_cast({v}, 'Timestamp(Nanosecond, None)')"
+    for query in [f"SELECT * FROM (VALUES (1)) AS t(x) WHERE x BETWEEN {i64_min} AND {i64_max}",
+                  f"SELECT count(*) FROM steps WHERE index BETWEEN {i64_min} AND {i64_max}",
+                  f"SELECT date_bin(INTERVAL '1 microsecond', arrow_cast({i64_max}, 'Time64(Microsecond)'), arrow_cast(0, 'Time64(Microsecond)'))",
+                  f"SELECT date_bin(INTERVAL '1 nanosecond', {ns_stamp(i64_max)}, {ns_stamp(i64_min)})",
+                  f"SELECT date_trunc('week', {ns_stamp(i64_min)})", "SELECT DATE '2020-01-01' + INTERVAL '999999' YEAR",
+                  "SELECT CAST(DATE '9999-12-31' AS timestamp)", f"SELECT lag(x, {i64_max}) OVER () FROM (VALUES (1)) t(x)",
+                  f"SELECT -({i64_min})", f"SELECT {i64_min} / -1", f"SELECT substr('abc', {i64_min}, {i64_max})",
+                  f"SELECT * FROM generate_series({i64_min}, {i64_max}, {i64_max})", f"SELECT action[{i64_min}:{i64_max}] FROM steps LIMIT 1",
+                  "SELECT cardinality(generate_series(TIMESTAMP '1677-09-22', TIMESTAMP '2262-04-11', INTERVAL '1 nanosecond'))",
+                  "SELECT cardinality(range(DATE '0001-01-01', DATE '9999-01-01', INTERVAL '1 month -30 days'))",
+                  "SELECT regexp_like('abc', '(')", "SELECT count(*) FROM steps WHERE task ~ '['", "SELECT 'a' SIMILAR TO '('",
+                  "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n FROM r) SELECT n FROM r LIMIT 3",
+                  "WITH RECURSIVE r AS (SELECT 'x' AS s UNION ALL SELECT s || s FROM r) SELECT length(s) FROM r LIMIT 40",
+                  "SELECT arrow_cast(300, 'Dictionary(Int8, Int64)') AS d, arrow_cast(task, 'Dictionary(Int32, Utf8)') AS t FROM steps"]:
+        cases.append(("POST", "/v1/sql", query))
     return cases
 
 
@@ -84,6 +105,8 @@ def request(base, method, path, body, timeout):
             return resp.status
     except urllib.error.HTTPError as e:
         return e.code
+    except http.client.IncompleteRead:
+        return "answer cut off"
     except (TimeoutError, urllib.error.URLError, ConnectionError) as e:
         return f"no answer ({e})"
 
@@ -131,16 +154,16 @@ def main():
             tally[route]["server died"] += 1
             failures.append(f"{route} {label}: the server died")
             return False
-        if outcome == "500":
-            failures.append(f"{route} {label}: 500")
+        if outcome in ("500", "answer cut off"):
+            failures.append(f"{route} {label}: {outcome}")
         return True
 
     try:
         for method, path, body in http_cases():
             status = request(base, method, path, body, args.timeout)
-            outcome = str(status) if isinstance(status, int) else "no answer"
+            outcome = str(status) if isinstance(status, int) or status == "answer cut off" else "no answer"
             outcome = {"2": "answered", "4": "refused (4xx)"}.get(outcome[0], outcome) if outcome not in ("500", "503", "507") else outcome
-            if not record(f"HTTP {method} {route_of(path)}", f"{method} {path[:80]}", outcome):
+            if not record(f"HTTP {method} {route_of(path)}", f"{method} {path[:80]}" + (f" {body[:70]}" if path == "/v1/sql" else ""), outcome):
                 break
         try:
             import pyarrow.flight as fl

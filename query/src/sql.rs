@@ -157,10 +157,28 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
     if crate::store_unreachable(e) {
         return Error::StoreUnavailable(message);
     }
+    // The optimizer rewrites the query and reads no file: what fails there is the query (a
+    // pattern that is no regular expression).
+    if rewritten_by_optimizer(e) {
+        return Error::Query(message);
+    }
     match e.find_root() {
         D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),
         D::ArrowError(arrow, _) if matches!(**arrow, ArrowError::IoError(..) | ArrowError::ExternalError(_)) => Error::Storage(message),
         _ => Error::Query(message),
+    }
+}
+
+/// Whether `e` arose in one of DataFusion's optimizer rules.
+fn rewritten_by_optimizer(mut e: &datafusion::error::DataFusionError) -> bool {
+    use datafusion::error::DataFusionError as D;
+    loop {
+        e = match e {
+            D::Context(what, _) if what.starts_with("Optimizer rule ") => return true,
+            D::Context(_, inner) | D::Diagnostic(_, inner) => inner,
+            D::Shared(inner) => inner,
+            _ => return false,
+        };
     }
 }
 
@@ -353,7 +371,8 @@ impl LakeSql {
     /// DataFusion's error (with the position for syntax errors) when the query is not valid; a
     /// message naming the dataset when it refers to one the lake does not have.
     pub async fn stream(&self, query: &str) -> Result<SendableRecordBatchStream> {
-        Ok(unwinding(self.plan(query).await?.execute_stream().await.map_err(query_error)?))
+        let frame = self.plan(query).await?;
+        Ok(unwinding(plain_answer(planning(async { frame.execute_stream().await.map_err(query_error) }).await?)))
     }
 
     /// The schema `query` would return, without running it.
@@ -361,7 +380,7 @@ impl LakeSql {
     /// # Errors
     /// As [`LakeSql::stream`].
     pub async fn schema(&self, query: &str) -> Result<SchemaRef> {
-        Ok(Arc::new(self.plan(query).await?.schema().as_arrow().clone()))
+        Ok(plain_schema(&Arc::new(self.plan(query).await?.schema().as_arrow().clone())))
     }
 
     /// [`LakeSql::schema`] on a thread of its own whose stack holds a query at the nesting
@@ -374,7 +393,13 @@ impl LakeSql {
         apart("lake-sql-plan", move || async move { self.schema(&query).await }).await
     }
 
+    /// `query` parsed, checked against the limits and planned, a panic inside the engine
+    /// included ([`planning`]).
     async fn plan(&self, query: &str) -> Result<DataFrame> {
+        planning(self.plan_unguarded(query)).await
+    }
+
+    async fn plan_unguarded(&self, query: &str) -> Result<DataFrame> {
         let statement = self.parse(query)?;
         self.open_versions(&statement).await?;
         let state = self.ctx.state();
@@ -1056,7 +1081,58 @@ fn unwinding(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
     Box::pin(RecordBatchStreamAdapter::new(schema, guarded))
 }
 
-/// A query whose execution panicked, as the error that ends its answer: an array past Arrow's
+/// `schema` with values where it has dictionaries (also inside lists and structs). An answer
+/// carries values: every reader of one (Arrow IPC over HTTP, Flight SQL, JSON, CSV) takes them,
+/// and the server's IPC encoder writes no dictionaries.
+fn plain_schema(schema: &SchemaRef) -> SchemaRef {
+    fn plain_field(field: &arrow::datatypes::FieldRef) -> arrow::datatypes::FieldRef {
+        Arc::new(field.as_ref().clone().with_data_type(plain_type(field.data_type())))
+    }
+    fn plain_type(data_type: &DataType) -> DataType {
+        match data_type {
+            DataType::Dictionary(_, values) => plain_type(values),
+            DataType::List(item) => DataType::List(plain_field(item)),
+            DataType::LargeList(item) => DataType::LargeList(plain_field(item)),
+            DataType::FixedSizeList(item, n) => DataType::FixedSizeList(plain_field(item), *n),
+            DataType::Struct(fields) => DataType::Struct(fields.iter().map(plain_field).collect()),
+            other => other.clone(),
+        }
+    }
+    Arc::new(Schema::new_with_metadata(schema.fields().iter().map(plain_field).collect::<Vec<_>>(), schema.metadata().clone()))
+}
+
+/// `stream` with its dictionaries cast to their values ([`plain_schema`]); a stream without
+/// any, as it is.
+fn plain_answer(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    let schema = plain_schema(&stream.schema());
+    if schema == stream.schema() {
+        return stream;
+    }
+    let target = schema.clone();
+    let batches = stream.map(move |batch| {
+        let batch = batch?;
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(target.fields())
+            .map(|(column, field)| arrow::compute::cast(column, field.data_type()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        Ok(RecordBatch::try_new_with_options(target.clone(), columns, &options)?)
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+}
+
+/// `work` (parsing, planning or optimising a query), a panic inside the engine turned into the
+/// query's error ([`engine_panic`]): the query fails, and the process or server goes on. The
+/// engine's planner and constant folding panic on some values a query can name (`date_trunc`
+/// of the earliest timestamp, `date_bin` past `i64`).
+async fn planning<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(work).catch_unwind().await.unwrap_or_else(|panic| Err(query_error(engine_panic(panic.as_ref()))))
+}
+
+/// A query whose planning or execution panicked, as its error: an array past Arrow's
 /// 2 GiB of offsets (a huge value repeated over a batch) as resources exhausted, anything else
 /// with the engine's words.
 fn engine_panic(payload: &(dyn std::any::Any + Send)) -> datafusion::error::DataFusionError {
@@ -1131,6 +1207,17 @@ impl ExecutionPlan for StoppableExec {
         self.input.metrics()
     }
 
+    /// The state a recursive query hands the operator that reads its work table, given to the
+    /// operator watched (which is that one, or not).
+    fn with_new_state(&self, state: Arc<dyn std::any::Any + Send + Sync>) -> Option<Arc<dyn ExecutionPlan>> {
+        Some(Arc::new(Self { input: self.input.with_new_state(state)?, stop: self.stop.clone() }))
+    }
+
+    /// The operator watched, reset (a recursive query runs its recursive term again per round).
+    fn reset_state(self: Arc<Self>) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self { input: self.input.clone().reset_state()?, stop: self.stop.clone() }))
+    }
+
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> datafusion::error::Result<SendableRecordBatchStream> {
         let stop = self.stop.clone();
         let batches = self.input.execute(partition, context)?.scan(false, move |stopped, batch| {
@@ -1153,9 +1240,9 @@ impl LakeSql {
     async fn stream_stoppable(&self, query: &str, stop: &Arc<Stop>) -> Result<SendableRecordBatchStream> {
         let frame = self.plan(query).await?;
         let context = Arc::new(frame.task_ctx());
-        let plan = frame.create_physical_plan().await.map_err(query_error)?;
+        let plan = planning(async { frame.create_physical_plan().await.map_err(query_error) }).await?;
         let plan = StoppableExec::watch(plan, stop).map_err(query_error)?;
-        Ok(unwinding(datafusion::physical_plan::execute_stream(plan, context).map_err(query_error)?))
+        Ok(unwinding(plain_answer(datafusion::physical_plan::execute_stream(plan, context).map_err(query_error)?)))
     }
 
     /// [`LakeSql::stream`] on a thread of its own, ended with an error at `deadline`. A query

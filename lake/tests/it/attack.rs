@@ -215,6 +215,14 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
         ("SELECT lpad('x', 2000000000)", 507, "lpad would build"),
         ("SELECT length(replace(repeat('a', 100000000), 'a', 'bbbbbbbb'))", 507, "replace would build"),
         ("SELECT cardinality(range(1000000000))", 507, "range would build"),
+        // Instants by the nanosecond over the whole range of timestamps; by a step that may
+        // make no headway (a month less 30 days), as many as by the nanosecond.
+        (
+            "SELECT cardinality(generate_series(TIMESTAMP '1677-09-22', TIMESTAMP '2262-04-11', INTERVAL '1 nanosecond'))",
+            507,
+            "generate_series would build",
+        ),
+        ("SELECT cardinality(range(DATE '2000-01-01', DATE '2020-01-01', INTERVAL '1 month -30 days'))", 507, "range would build"),
         ("SELECT length(repeat('x', 200000000) || repeat('y', 200000000))", 507, "|| would build"),
         // `concat` folds literal arguments at planning: sized before it does.
         ("SELECT length(concat(repeat('a', 100000000), repeat('b', 100000000), repeat('c', 100000000)))", 507, "concat would build"),
@@ -267,6 +275,72 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
 
     // The pages the queries took go back.
     assert!(eventually(30, || rss(&server) < 2 * baseline), "RSS {} after the queries, {baseline} before", rss(&server));
+}
+
+/// Queries that DataFusion's own code fails on are refused as queries, never as the server's
+/// fault: a panic while planning (`date_trunc` of the earliest timestamp unwraps nothing) and a
+/// pattern that is no regular expression get 400 over HTTP, INVALID_ARGUMENT over Flight SQL and
+/// exit 2 from `lake sql`. Recursive queries run under the operators that stop a query (they
+/// pass the work table on and reset with each round), and a dictionary column is answered as
+/// its values, also as Arrow over HTTP.
+#[test]
+fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answered() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = small_lake(tmp.path());
+    let server = start_with(&root, &["--shutdown-wait", "2"]);
+    for query in [
+        "SELECT date_trunc('week', arrow_cast(-9223372036854775808, 'Timestamp(Nanosecond, None)'))",
+        "SELECT regexp_like('abc', '(')",
+        "SELECT count(*) FROM steps WHERE task ~ '['",
+    ] {
+        let (code, body) = post_sql(&server, query);
+        assert_eq!(code, 400, "{query}: {body}");
+        healthy(&server);
+        for (how, answer) in ["GetFlightInfo", "a hand-made ticket"].iter().zip(flight_sql(&server, query)) {
+            let status = answer.expect_err(query);
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{query} by {how}: {status:?}");
+        }
+        let run = lake(&root, &["sql", query]);
+        assert_eq!(run.code, 2, "{query}: {run:?}");
+    }
+    let recursive = [
+        (
+            "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 100) SELECT count(*) AS n, sum(n) AS s FROM r",
+            r#"[{"n":100,"s":5050}]"#,
+        ),
+        ("WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n FROM r) SELECT n FROM r LIMIT 3", r#"[{"n":1},{"n":1},{"n":1}]"#),
+        (
+            "WITH RECURSIVE r AS (SELECT 'x' AS s UNION ALL SELECT s || s FROM r WHERE length(s) < 8) SELECT length(s) AS l FROM r ORDER BY l",
+            r#"[{"l":1},{"l":2},{"l":4},{"l":8}]"#,
+        ),
+    ];
+    for (query, answer) in recursive {
+        assert_eq!(post_sql(&server, query), (200, answer.to_string()), "{query}");
+        assert_eq!(flight_sql(&server, query).map(|a| a.expect(query)), [answer.matches('{').count(); 2], "{query}");
+    }
+    let query =
+        "SELECT arrow_cast(300, 'Dictionary(Int8, Int64)') AS d, arrow_cast(task, 'Dictionary(Int32, Utf8)') AS t FROM steps LIMIT 2";
+    let auth = format!("Bearer {TOKEN}");
+    let (code, body) = http(
+        &server.http,
+        "POST",
+        "/v1/sql",
+        &[("Authorization", &auth), ("Accept", "application/vnd.apache.arrow.stream")],
+        query.as_bytes(),
+    );
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let batches: Vec<arrow::array::RecordBatch> = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)
+        .expect("an Arrow stream")
+        .collect::<Result<_, _>>()
+        .expect("whole");
+    let schema = batches[0].schema();
+    assert_eq!(
+        schema.fields().iter().map(|f| f.data_type().clone()).collect::<Vec<_>>(),
+        [arrow::datatypes::DataType::Int64, arrow::datatypes::DataType::Utf8]
+    );
+    assert_eq!(batches.iter().map(arrow::array::RecordBatch::num_rows).sum::<usize>(), 2);
+    assert_eq!(flight_sql(&server, query).map(|a| a.expect(query)), [2, 2]);
+    healthy(&server);
 }
 
 /// Every file under `root`, relative, sorted.
