@@ -187,7 +187,7 @@ impl LakeFlightSql {
             let kind = if matches!(table.name.as_str(), "datasets" | "views") { "TABLE" } else { "VIEW" };
             builder.append(CATALOG, &table.schema, &table.name, kind, &table.columns).map_err(internal)?;
         }
-        builder.build().map_err(internal)
+        builder.build().map_err(filter_refused)
     }
 
     async fn schema_names(&self) -> Result<Vec<String>, Status> {
@@ -199,6 +199,18 @@ impl LakeFlightSql {
 
 fn utf8(bytes: &[u8], what: &str) -> Result<String, Status> {
     String::from_utf8(bytes.to_vec()).map_err(|_| Status::invalid_argument(format!("the {what} is not UTF-8 SQL text")))
+}
+
+/// A listing's error: a filter pattern Arrow cannot take (one whose regular expression is
+/// past the size the regex crate builds) is the request's fault; anything else is internal.
+fn filter_refused(e: arrow_flight::error::FlightError) -> Status {
+    use arrow_flight::error::FlightError;
+    match e {
+        FlightError::Arrow(arrow::error::ArrowError::InvalidArgumentError(why)) => {
+            Status::invalid_argument(crate::status_message(format!("the filter pattern: {why}")))
+        }
+        e => internal(e),
+    }
 }
 
 fn internal(e: impl std::fmt::Display) -> Status {
@@ -344,7 +356,7 @@ impl FlightSqlService for LakeFlightSql {
         for name in names {
             builder.append(CATALOG, name);
         }
-        Ok(one_batch(builder.build().map_err(internal)?))
+        Ok(one_batch(builder.build().map_err(filter_refused)?))
     }
 
     async fn get_flight_info_tables(

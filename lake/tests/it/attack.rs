@@ -341,6 +341,39 @@ fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answere
     assert_eq!(batches.iter().map(arrow::array::RecordBatch::num_rows).sum::<usize>(), 2);
     assert_eq!(flight_sql(&server, query).map(|a| a.expect(query)), [2, 2]);
     healthy(&server);
+
+    // Flight SQL's listing of tables, filtered by a LIKE pattern: one that names tables, and
+    // one whose regular expression is past what the regex crate builds.
+    for (pattern, tables) in [("st_ps", Ok(2)), (&"_".repeat(200_000) as &str, Err(tonic::Code::InvalidArgument))] {
+        assert_eq!(flight_tables(&server, pattern).map_err(|s| s.code()), tables, "{}", &pattern[..pattern.len().min(20)]);
+        healthy(&server);
+    }
+}
+
+/// The tables Flight SQL's GetTables lists whose name is `like`, with their schemas.
+fn flight_tables(server: &Server, like: &str) -> Result<usize, tonic::Status> {
+    use arrow_flight::sql::{CommandGetTables, client::FlightSqlServiceClient};
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
+        let mut client = FlightSqlServiceClient::new(channel);
+        client.set_header("authorization", format!("Bearer {TOKEN}"));
+        let status = |e: arrow_flight::error::FlightError| match e {
+            arrow_flight::error::FlightError::Tonic(s) => *s,
+            other => tonic::Status::unknown(other.to_string()),
+        };
+        let command = CommandGetTables {
+            catalog: None,
+            db_schema_filter_pattern: None,
+            table_name_filter_pattern: Some(like.to_string()),
+            table_types: Vec::new(),
+            include_schema: true,
+        };
+        let info = client.get_tables(command).await.map_err(status)?;
+        let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+        let batches: Vec<arrow::array::RecordBatch> = client.do_get(ticket).await.map_err(status)?.try_collect().await.map_err(status)?;
+        Ok(batches.iter().map(|b| b.num_rows()).sum())
+    })
 }
 
 /// Every file under `root`, relative, sorted.
