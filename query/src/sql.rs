@@ -1081,7 +1081,7 @@ fn unwinding(stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
     Box::pin(RecordBatchStreamAdapter::new(schema, guarded))
 }
 
-/// `schema` with values where it has dictionaries (also inside lists and structs). An answer
+/// `schema` with values where it has dictionaries (also inside lists, structs and maps). An answer
 /// carries values: every reader of one (Arrow IPC over HTTP, Flight SQL, JSON, CSV) takes them,
 /// and the server's IPC encoder writes no dictionaries.
 fn plain_schema(schema: &SchemaRef) -> SchemaRef {
@@ -1095,6 +1095,7 @@ fn plain_schema(schema: &SchemaRef) -> SchemaRef {
             DataType::LargeList(item) => DataType::LargeList(plain_field(item)),
             DataType::FixedSizeList(item, n) => DataType::FixedSizeList(plain_field(item), *n),
             DataType::Struct(fields) => DataType::Struct(fields.iter().map(plain_field).collect()),
+            DataType::Map(entries, sorted) => DataType::Map(plain_field(entries), *sorted),
             other => other.clone(),
         }
     }

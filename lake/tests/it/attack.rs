@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use arrow::datatypes::DataType;
 use futures::TryStreamExt;
 use lake_query::sql::limits::{MAX_DEPTH, MAX_JOINED, MAX_QUERY_BYTES, MAX_SUBQUERY_DEPTH};
 use lake_testkit::testdata;
@@ -281,8 +282,10 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
 /// fault: a panic while planning (`date_trunc` of the earliest timestamp unwraps nothing) and a
 /// pattern that is no regular expression get 400 over HTTP, INVALID_ARGUMENT over Flight SQL and
 /// exit 2 from `lake sql`. Recursive queries run under the operators that stop a query (they
-/// pass the work table on and reset with each round), and a dictionary column is answered as
-/// its values, also as Arrow over HTTP.
+/// pass the work table on and reset with each round); a dictionary column is answered as its
+/// values, also as Arrow over HTTP, and every other type a query can make as Arrow, JSON and
+/// CSV. Flight SQL's listing of tables refuses a LIKE pattern too large for a regular
+/// expression as the request's fault.
 #[test]
 fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answered() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -318,8 +321,8 @@ fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answere
         assert_eq!(post_sql(&server, query), (200, answer.to_string()), "{query}");
         assert_eq!(flight_sql(&server, query).map(|a| a.expect(query)), [answer.matches('{').count(); 2], "{query}");
     }
-    let query =
-        "SELECT arrow_cast(300, 'Dictionary(Int8, Int64)') AS d, arrow_cast(task, 'Dictionary(Int32, Utf8)') AS t FROM steps LIMIT 2";
+    let query = "SELECT arrow_cast(300, 'Dictionary(Int8, Int64)') AS d, arrow_cast(task, 'Dictionary(Int32, Utf8)') AS t, \
+         map(['k'], [arrow_cast('x', 'Dictionary(Int32, Utf8)')]) AS m FROM steps LIMIT 2";
     let auth = format!("Bearer {TOKEN}");
     let (code, body) = http(
         &server.http,
@@ -334,13 +337,44 @@ fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answere
         .collect::<Result<_, _>>()
         .expect("whole");
     let schema = batches[0].schema();
-    assert_eq!(
-        schema.fields().iter().map(|f| f.data_type().clone()).collect::<Vec<_>>(),
-        [arrow::datatypes::DataType::Int64, arrow::datatypes::DataType::Utf8]
-    );
+    assert_eq!(schema.fields()[..2].iter().map(|f| f.data_type().clone()).collect::<Vec<_>>(), [DataType::Int64, DataType::Utf8]);
+    let DataType::Map(entries, _) = schema.field(2).data_type() else { panic!("a map: {schema:?}") };
+    let DataType::Struct(entry) = entries.data_type() else { panic!("a map's entries: {entries:?}") };
+    assert_eq!(entry[1].data_type(), &DataType::Utf8);
     assert_eq!(batches.iter().map(arrow::array::RecordBatch::num_rows).sum::<usize>(), 2);
     assert_eq!(flight_sql(&server, query).map(|a| a.expect(query)), [2, 2]);
     healthy(&server);
+
+    // Every type a query can make, as Arrow (read whole), JSON and CSV.
+    for value in [
+        "named_struct('a', 1, 'b', [named_struct('c', 'x')])",
+        "map(['k'], [1])",
+        "arrow_cast(1, 'Float16')",
+        "arrow_cast(1, 'Decimal256(50, 2)')",
+        "INTERVAL '1 month 2 days'",
+        "arrow_cast(1, 'Duration(Second)')",
+        "arrow_cast(1, 'Time64(Nanosecond)')",
+        "arrow_cast(1, 'Timestamp(Nanosecond, Some(\"+05:00\"))')",
+        "arrow_cast('ab', 'BinaryView')",
+        "arrow_cast('ab', 'Utf8View')",
+        "arrow_cast([1, 2], 'LargeList(Int64)')",
+        "arrow_cast([1], 'ListView(Int64)')",
+        "[X'00FF']",
+        "arrow_cast(NULL, 'Null')",
+    ] {
+        let query = format!("SELECT {value} AS v FROM steps LIMIT 3");
+        for accept in ["application/vnd.apache.arrow.stream", "application/json", "text/csv"] {
+            let (code, body) = http(&server.http, "POST", "/v1/sql", &[("Authorization", &auth), ("Accept", accept)], query.as_bytes());
+            assert_eq!(code, 200, "{query} as {accept}: {}", String::from_utf8_lossy(&body));
+            if accept.ends_with("arrow.stream") {
+                let rows: usize = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)
+                    .expect("an Arrow stream")
+                    .map(|b| b.expect("whole").num_rows())
+                    .sum();
+                assert_eq!(rows, 3, "{query}");
+            }
+        }
+    }
 
     // Flight SQL's listing of tables, filtered by a LIKE pattern: one that names tables, and
     // one whose regular expression is past what the regex crate builds.
