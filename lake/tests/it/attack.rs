@@ -284,7 +284,7 @@ fn sql_memory_bombs_are_refused_and_the_memory_goes_back() {
 /// exit 2 from `lake sql`. Recursive queries run under the operators that stop a query (they
 /// pass the work table on and reset with each round); a dictionary column is answered as its
 /// values, also as Arrow over HTTP, and every other type a query can make as Arrow, JSON and
-/// CSV. Flight SQL's listing of tables refuses a LIKE pattern too large for a regular
+/// CSV and over Flight SQL. Flight SQL's listing of tables refuses a LIKE pattern too large for a regular
 /// expression as the request's fault.
 #[test]
 fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answered() {
@@ -345,7 +345,7 @@ fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answere
     assert_eq!(flight_sql(&server, query).map(|a| a.expect(query)), [2, 2]);
     healthy(&server);
 
-    // Every type a query can make, as Arrow (read whole), JSON and CSV.
+    // Every type a query can make, as Arrow (read whole), JSON and CSV, and over Flight SQL.
     for value in [
         "named_struct('a', 1, 'b', [named_struct('c', 'x')])",
         "map(['k'], [1])",
@@ -374,6 +374,7 @@ fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answere
                 assert_eq!(rows, 3, "{query}");
             }
         }
+        assert_eq!(flight_sql(&server, &query).map(|a| a.expect(&query)), [3, 3], "{query}");
     }
 
     // Flight SQL's listing of tables, filtered by a LIKE pattern: one that names tables, and
