@@ -27,35 +27,50 @@ fn post_sql(server: &Server, query: &str) -> (u16, String) {
     (code, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// A Flight SQL query: planned by GetFlightInfo, then read with DoGet; and the same query read
-/// with a ticket made by hand (DoGet without GetFlightInfo first). Both results.
-fn flight_sql(server: &Server, query: &str) -> [Result<usize, tonic::Status>; 2] {
-    use arrow_flight::sql::{ProstMessageExt, TicketStatementQuery, client::FlightSqlServiceClient};
+/// `call` with a Flight SQL client of `server` that sends the token, on a runtime of its own.
+fn with_flight_sql<T, F: std::future::Future<Output = T>>(
+    server: &Server,
+    call: impl FnOnce(arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel>) -> F,
+) -> T {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
-        let mut client = FlightSqlServiceClient::new(channel);
+        let mut client = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
         client.set_header("authorization", format!("Bearer {TOKEN}"));
-        let status = |e: arrow_flight::error::FlightError| match e {
-            arrow_flight::error::FlightError::Tonic(s) => *s,
-            other => tonic::Status::unknown(other.to_string()),
-        };
+        call(client).await
+    })
+}
+
+/// A Flight call's error as the status the server sent.
+fn flight_status(e: arrow_flight::error::FlightError) -> tonic::Status {
+    match e {
+        arrow_flight::error::FlightError::Tonic(s) => *s,
+        other => tonic::Status::unknown(other.to_string()),
+    }
+}
+
+/// The rows of the answer to `ticket`.
+async fn rows_of(
+    mut client: arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel>,
+    ticket: arrow_flight::Ticket,
+) -> Result<usize, tonic::Status> {
+    let batches: Vec<arrow::array::RecordBatch> =
+        client.do_get(ticket).await.map_err(flight_status)?.try_collect().await.map_err(flight_status)?;
+    Ok(batches.iter().map(|b| b.num_rows()).sum())
+}
+
+/// A Flight SQL query: planned by GetFlightInfo, then read with DoGet; and the same query read
+/// with a ticket made by hand (DoGet without GetFlightInfo first). Both results.
+fn flight_sql(server: &Server, query: &str) -> [Result<usize, tonic::Status>; 2] {
+    use arrow_flight::sql::{ProstMessageExt, TicketStatementQuery};
+    with_flight_sql(server, |mut client| async move {
         let planned = async {
-            let info = client.clone().execute(query.to_string(), None).await.map_err(status)?;
-            let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
-            let batches: Vec<arrow::array::RecordBatch> =
-                client.clone().do_get(ticket).await.map_err(status)?.try_collect().await.map_err(status)?;
-            Ok(batches.iter().map(|b| b.num_rows()).sum())
+            let info = client.execute(query.to_string(), None).await.map_err(flight_status)?;
+            rows_of(client.clone(), info.endpoint[0].ticket.clone().expect("a ticket")).await
         }
         .await;
-        let handmade = async {
-            let ticket = TicketStatementQuery { statement_handle: query.as_bytes().to_vec().into() }.as_any();
-            let ticket = arrow_flight::Ticket::new(prost::Message::encode_to_vec(&ticket));
-            let batches: Vec<arrow::array::RecordBatch> =
-                client.clone().do_get(ticket).await.map_err(status)?.try_collect().await.map_err(status)?;
-            Ok(batches.iter().map(|b| b.num_rows()).sum())
-        }
-        .await;
+        let ticket = TicketStatementQuery { statement_handle: query.as_bytes().to_vec().into() }.as_any();
+        let handmade = rows_of(client, arrow_flight::Ticket::new(prost::Message::encode_to_vec(&ticket))).await;
         [planned, handmade]
     })
 }
@@ -387,27 +402,16 @@ fn sql_the_engine_fails_on_is_refused_and_recursion_and_dictionaries_are_answere
 
 /// The tables Flight SQL's GetTables lists whose name is `like`, with their schemas.
 fn flight_tables(server: &Server, like: &str) -> Result<usize, tonic::Status> {
-    use arrow_flight::sql::{CommandGetTables, client::FlightSqlServiceClient};
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let channel = tonic::transport::Channel::from_shared(server.flight.clone()).expect("url").connect().await.expect("connect");
-        let mut client = FlightSqlServiceClient::new(channel);
-        client.set_header("authorization", format!("Bearer {TOKEN}"));
-        let status = |e: arrow_flight::error::FlightError| match e {
-            arrow_flight::error::FlightError::Tonic(s) => *s,
-            other => tonic::Status::unknown(other.to_string()),
-        };
-        let command = CommandGetTables {
+    with_flight_sql(server, |mut client| async move {
+        let command = arrow_flight::sql::CommandGetTables {
             catalog: None,
             db_schema_filter_pattern: None,
             table_name_filter_pattern: Some(like.to_string()),
             table_types: Vec::new(),
             include_schema: true,
         };
-        let info = client.get_tables(command).await.map_err(status)?;
-        let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
-        let batches: Vec<arrow::array::RecordBatch> = client.do_get(ticket).await.map_err(status)?.try_collect().await.map_err(status)?;
-        Ok(batches.iter().map(|b| b.num_rows()).sum())
+        let info = client.get_tables(command).await.map_err(flight_status)?;
+        rows_of(client, info.endpoint[0].ticket.clone().expect("a ticket")).await
     })
 }
 
