@@ -779,9 +779,9 @@ async fn take_binary(label: &str, table: &lance::Dataset, name: &str, column: &s
             if !rest.is_empty() {
                 return Err(Error::layout(label, format!("{name} has {first} rows; asked for row {}", rest[0])));
             }
-            futures::future::try_join_all(takes).await.map_err(lance_err)?
+            lake_store::read_lance(table.uri(), futures::future::try_join_all(takes)).await.map_err(lance_err)?
         }
-        None => vec![table.take(rows, projection).await.map_err(lance_err)?],
+        None => vec![lake_store::read_lance(table.uri(), table.take(rows, projection)).await.map_err(lance_err)?],
     };
     let mut out = Vec::with_capacity(rows.len());
     for batch in &batches {

@@ -99,14 +99,17 @@ pub fn is_blob_table(table: &lance::Dataset) -> bool {
 /// # Errors
 /// When Lance cannot locate or read a frame.
 pub async fn read_frames(table: &Arc<lance::Dataset>, column: &str, rows: &[u64]) -> lance::Result<Vec<bytes::Bytes>> {
-    let blobs = table.take_blobs_by_indices(rows, column).await?;
-    let reads = blobs.into_iter().zip(rows).map(|(blob, row)| async move {
-        match blob {
-            Some(blob) => blob.read().await,
-            None => Err(lance::Error::invalid_input(format!("frame table row {row} holds no frame"))),
-        }
-    });
-    futures::future::try_join_all(reads).await
+    lake_store::read_lance(table.uri(), async {
+        let blobs = table.take_blobs_by_indices(rows, column).await?;
+        let reads = blobs.into_iter().zip(rows).map(|(blob, row)| async move {
+            match blob {
+                Some(blob) => blob.read().await,
+                None => Err(lance::Error::invalid_input(format!("frame table row {row} holds no frame"))),
+            }
+        });
+        futures::future::try_join_all(reads).await
+    })
+    .await
 }
 
 /// Reads each stored frame into its slot (exactly its size), naming the row of a read that
@@ -271,7 +274,7 @@ pub async fn locate_frames(
     if !table.object_store(None).await?.has_direct_local_paths() {
         return Ok(None);
     }
-    let blobs = table.take_blobs_by_indices(rows, column).await?;
+    let blobs = lake_store::read_lance(table.uri(), table.take_blobs_by_indices(rows, column)).await?;
     let mut extents = Vec::with_capacity(blobs.len());
     for (blob, row) in blobs.into_iter().zip(rows) {
         let blob = blob.ok_or_else(|| lance::Error::invalid_input(format!("frame table row {row} holds no frame")))?;

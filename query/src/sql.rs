@@ -162,6 +162,12 @@ pub fn sql_error(e: &datafusion::error::DataFusionError) -> Error {
     if rewritten_by_optimizer(e) {
         return Error::Query(message);
     }
+    // A damaged file of the lake in lake's words, as every other command names it.
+    if let D::External(inner) = e.find_root()
+        && let Some(damaged @ lance::Error::CorruptFile { .. }) = inner.downcast_ref::<lance::Error>()
+    {
+        return Error::Storage(lake_store::lance_message(damaged));
+    }
     match e.find_root() {
         D::External(_) | D::IoError(_) | D::ObjectStore(_) | D::Internal(_) | D::ExecutionJoin(_) => Error::Storage(message),
         D::ArrowError(arrow, _) if matches!(**arrow, ArrowError::IoError(..) | ArrowError::ExternalError(_)) => Error::Storage(message),
@@ -698,7 +704,7 @@ async fn open_dataset(lake: &Lake, record: &CommitRecord) -> Result<VersionTable
         };
         let lance = Arc::new(LanceTableProvider::new(Arc::new(dataset), false, false));
         let stored = lance.schema();
-        let provider = Arc::new(PlainTable::new(lance));
+        let provider = Arc::new(PlainTable::new(lance, lake.uri(&path)));
         let exprs: Vec<Expr> = stored
             .fields()
             .iter()
@@ -888,12 +894,14 @@ fn plain(schema: &Schema) -> SchemaRef {
 struct PlainTable {
     inner: Arc<dyn TableProvider>,
     schema: SchemaRef,
+    /// Where the table lies, for the error a damaged data file makes.
+    uri: String,
 }
 
 impl PlainTable {
-    fn new(inner: Arc<dyn TableProvider>) -> Self {
+    fn new(inner: Arc<dyn TableProvider>, uri: String) -> Self {
         let schema = plain(&inner.schema());
-        Self { inner, schema }
+        Self { inner, schema, uri }
     }
 }
 
@@ -915,7 +923,7 @@ impl TableProvider for PlainTable {
         limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let input = self.inner.scan(state, projection, filters, limit).await?;
-        Ok(Arc::new(PlainExec::new(input)))
+        Ok(Arc::new(PlainExec::new(input, self.uri.clone())))
     }
 
     fn supports_filters_pushdown(&self, filters: &[&Expr]) -> datafusion::error::Result<Vec<TableProviderFilterPushDown>> {
@@ -952,16 +960,19 @@ impl TableProvider for Incomplete {
     }
 }
 
-/// Passes its input's batches on under the input's schema without metadata.
+/// Passes its input's batches (a scan of the Lance table at `uri`) on under the input's schema
+/// without metadata; a panic of Lance's decoders (a data file damaged in place) ends them with
+/// an error saying so.
 #[derive(Debug)]
 struct PlainExec {
     input: Arc<dyn ExecutionPlan>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
+    uri: String,
 }
 
 impl PlainExec {
-    fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+    fn new(input: Arc<dyn ExecutionPlan>, uri: String) -> Self {
         let schema = plain(&input.schema());
         let properties = PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
@@ -969,7 +980,7 @@ impl PlainExec {
             input.pipeline_behavior(),
             input.boundedness(),
         );
-        Self { input, schema, properties: Arc::new(properties) }
+        Self { input, schema, properties: Arc::new(properties), uri }
     }
 }
 
@@ -995,12 +1006,12 @@ impl ExecutionPlan for PlainExec {
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children)
             .map_err(|c| datafusion::error::DataFusionError::Internal(format!("PlainExec takes one child, got {}", c.len())))?;
-        Ok(Arc::new(Self::new(input)))
+        Ok(Arc::new(Self::new(input, self.uri.clone())))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> datafusion::error::Result<SendableRecordBatchStream> {
         let schema = self.schema.clone();
-        let batches = self.input.execute(partition, context)?.map(move |batch| {
+        let batches = lake_store::stream_lance(&self.uri, self.input.execute(partition, context)?).map(move |batch| {
             batch.and_then(|b| {
                 // Keep the row count: `count(*)` scans no columns at all.
                 let options = RecordBatchOptions::new().with_row_count(Some(b.num_rows()));

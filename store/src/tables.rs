@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use arrow::record_batch::{RecordBatch, RecordBatchIterator};
 use arrow_schema::SchemaRef;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use lake_schemas::CommitRecord;
 use lance::{
     Dataset,
@@ -19,7 +19,10 @@ use lance::{
     table::format::Fragment,
 };
 
-use crate::{Error, Lake, Result, lance_open::open_lance};
+use crate::{
+    Error, Lake, Result,
+    lance_open::{open_lance, read_lance, stream_lance},
+};
 
 /// Rows per Lance data file; packets tables split into files of this many rows.
 const MAX_ROWS_PER_FILE: usize = 256 * 1024;
@@ -207,17 +210,20 @@ pub async fn stream_columns_at(uri: &str, columns: &[&str]) -> Result<impl Strea
     let ds = open_lance(uri).await.map_err(Error::lance(uri))?;
     let mut scan = ds.scan();
     scan.project(columns).map_err(Error::lance(uri))?;
-    let stream = scan.try_into_stream().await.map_err(Error::lance(uri))?;
+    let stream = read_lance(uri, scan.try_into_stream()).await.map_err(Error::lance(uri))?;
     let path = uri.to_string();
-    Ok(stream.map(move |b| b.map_err(Error::lance(path.clone()))))
+    Ok(stream_lance(uri, stream).map(move |b| b.map_err(Error::lance(path.clone()))))
 }
 
 async fn scan_columns(ds: &Dataset, path: &str, columns: &[&str]) -> Result<Vec<RecordBatch>> {
-    let path = path.to_string();
     let mut scan = ds.scan();
-    scan.project(columns).map_err(Error::lance(path.clone()))?;
-    let stream = scan.try_into_stream().await.map_err(Error::lance(path.clone()))?;
-    stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
+    scan.project(columns).map_err(Error::lance(path))?;
+    collect_scan(ds, path, scan).await
+}
+
+/// Every batch of `scan`, a scan of `ds` (the table at `path`), in memory.
+async fn collect_scan(ds: &Dataset, path: &str, scan: lance::dataset::scanner::Scanner) -> Result<Vec<RecordBatch>> {
+    read_lance(ds.uri(), async move { scan.try_into_stream().await?.try_collect::<Vec<_>>().await }).await.map_err(Error::lance(path))
 }
 
 /// Reads a whole (small) table into memory.
@@ -226,9 +232,7 @@ async fn scan_columns(ds: &Dataset, path: &str, columns: &[&str]) -> Result<Vec<
 /// When the table cannot be opened or scanned.
 pub async fn read_table(lake: &Lake, record: &CommitRecord, table: &str) -> Result<Vec<RecordBatch>> {
     let ds = open_table(lake, record, table).await?;
-    let path = record.tables.path(table);
-    let stream = ds.scan().try_into_stream().await.map_err(Error::lance(path.clone()))?;
-    stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
+    collect_scan(&ds, &record.tables.path(table), ds.scan()).await
 }
 
 /// Reads the rows of a table that `filter` (Lance's SQL filter syntax) keeps, every column.
@@ -240,8 +244,7 @@ pub async fn read_table_where(lake: &Lake, record: &CommitRecord, table: &str, f
     let path = record.tables.path(table);
     let mut scan = ds.scan();
     scan.filter(filter).map_err(Error::lance(path.clone()))?;
-    let stream = scan.try_into_stream().await.map_err(Error::lance(path.clone()))?;
-    stream.map(|b| b.map_err(Error::lance(path.clone()))).collect::<Vec<_>>().await.into_iter().collect()
+    collect_scan(&ds, &path, scan).await
 }
 
 /// A string as a literal of Lance's SQL filters (quoted, quotes doubled).
@@ -257,9 +260,7 @@ pub fn sql_string(text: &str) -> String {
 pub async fn read_whole_at(uri: &str) -> Result<RecordBatch> {
     let ds = open_lance(uri).await.map_err(Error::lance(uri))?;
     let schema: SchemaRef = std::sync::Arc::new(arrow_schema::Schema::from(ds.schema()));
-    let stream = ds.scan().try_into_stream().await.map_err(Error::lance(uri))?;
-    let batches: Vec<RecordBatch> =
-        stream.map(|b| b.map_err(Error::lance(uri))).collect::<Vec<_>>().await.into_iter().collect::<Result<_>>()?;
+    let batches = collect_scan(&ds, uri, ds.scan()).await?;
     let schema = batches.first().map_or(schema, RecordBatch::schema);
     arrow::compute::concat_batches(&schema, &batches).map_err(|e| Error::lance(uri)(lance::Error::from(e)))
 }
@@ -312,6 +313,51 @@ mod tests {
 
     use super::*;
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_file_damaged_in_place_is_an_error_not_a_panic() {
+        use arrow::array::Float64Array;
+        let tmp = tempfile::tempdir().unwrap();
+        let uri = tmp.path().join("t.lance").to_string_lossy().into_owned();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false), Field::new("y", DataType::Float64, false)]));
+        let n = 500;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i * i % 977))),
+                Arc::new(Float64Array::from_iter_values((0..n).map(|i| (i as f64).sin()))),
+            ],
+        )
+        .unwrap();
+        write_table(&uri, schema, vec![batch]).await.unwrap();
+        let file = std::fs::read_dir(tmp.path().join("t.lance/data")).unwrap().next().unwrap().unwrap().path();
+        let body = std::fs::read(&file).unwrap();
+        // Lance trusts the offsets and counts a data file holds: with one byte changed (the size
+        // unchanged) a read may succeed or fail, and where Lance would panic or ask for more
+        // memory than there is (a count in the footer), the read fails saying why.
+        let (mut footer, mut panicked) = (0, 0);
+        let mut count = |e: &Error| {
+            let text = e.to_string();
+            footer += usize::from(text.contains("its footer"));
+            panicked += usize::from(text.contains("Lance failed reading the table's data"));
+        };
+        for at in (0..body.len()).step_by(5) {
+            let mut damaged = body.clone();
+            damaged[at] ^= 0xa5;
+            std::fs::write(&file, &damaged).unwrap();
+            if let Err(e) = read_columns_at(&uri, &["x", "y"]).await {
+                count(&e);
+            }
+            let streamed: Vec<Result<RecordBatch>> = match stream_columns_at(&uri, &["x", "y"]).await {
+                Ok(stream) => stream.collect().await,
+                Err(e) => vec![Err(e)],
+            };
+            if let Some(Err(e)) = streamed.last() {
+                count(e);
+            }
+        }
+        assert!(footer > 0 && panicked > 0, "{footer} footers found damaged, {panicked} reads that panicked");
+    }
+
     #[tokio::test]
     async fn a_damaged_manifest_is_an_error_not_a_panic() {
         let tmp = tempfile::tempdir().unwrap();
@@ -334,5 +380,15 @@ mod tests {
         std::fs::write(&manifest, body.iter().map(|b| b.wrapping_mul(31).wrapping_add(7)).collect::<Vec<_>>()).unwrap();
         let message = crate::lance_message(&open_lance(&uri).await.map(drop).unwrap_err());
         assert!(message.contains("damaged") || message.contains("corrupt"), "{message}");
+        // A column's type name changed: Lance opens the table and panicked making its Arrow schema.
+        let mut renamed = body.clone();
+        let at: Vec<usize> = body.windows(5).enumerate().filter(|(_, w)| *w == b"int64").map(|(i, _)| i).collect();
+        assert!(!at.is_empty(), "the column's type is in the manifest");
+        for i in at {
+            renamed[i..i + 5].copy_from_slice(b"intx4");
+        }
+        std::fs::write(&manifest, &renamed).unwrap();
+        let message = crate::lance_message(&open_lance(&uri).await.map(drop).unwrap_err());
+        assert!(message.contains("manifest is damaged") && message.contains("Unsupported logical type: intx4"), "{message}");
     }
 }

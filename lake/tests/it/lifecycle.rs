@@ -123,6 +123,62 @@ fn a_version_whose_tables_were_lost_says_so_and_a_reingest_replaces_it() {
     assert!(fourth.stdout.contains("v30-images-tiny@4") && fourth.stdout.contains("the version before cannot be read"), "{fourth:#?}");
 }
 
+/// A data file damaged in place, its size unchanged: a footer that no longer fits the file is
+/// found when the table is opened (Lance would allocate what its counts ask for, and a failed
+/// allocation aborts), and a panic of Lance's decoders in a read is the read's error. Neither
+/// crashes a command or prints a panic, and the next ingest replaces the version.
+#[test]
+fn a_data_file_damaged_in_place_is_named_and_a_reingest_replaces_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    ingest_ok(&root, &testdata("v30-images-jpeg"), &[]);
+    let data_file = |table: &str| {
+        let data = latest_dir(&root, "v30-images-tiny").join(format!("{table}.lance/data"));
+        std::fs::read_dir(&data).expect("data dir").next().expect("a data file").expect("entry").path()
+    };
+    let clean = |run: &crate::common::Run| !run.stderr.contains("panicked") && !run.stderr.contains(".rs:");
+
+    // The footer's count of columns (bytes 28..32 from 40 before the end) made huge.
+    let steps = data_file("steps");
+    let body = std::fs::read(&steps).expect("read");
+    let mut damaged = body.clone();
+    damaged[body.len() - 40 + 31] ^= 0xa5;
+    std::fs::write(&steps, &damaged).expect("damage");
+    let sql = lake(&root, &["sql", "SELECT dataset, count(*) AS n FROM steps GROUP BY dataset", "--format", "csv"]);
+    assert_eq!((sql.code, sql.stdout.trim()), (0, "dataset,n\nv30-images-jpeg,60"), "{sql:#?}");
+    assert!(sql.stderr.contains("v30-images-tiny@1 cannot be read") && sql.stderr.contains("its footer does not fit the file"), "{sql:#?}");
+    let sample = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0", "--out", "/dev/null"]);
+    assert_eq!(sample.code, 2, "{sample:#?}");
+    assert!(
+        sample.stderr.contains("steps.lance") && sample.stderr.contains("its footer does not fit the file") && clean(&sample),
+        "{sample:#?}"
+    );
+    let ls = lake(&root, &["ls"]);
+    assert!(ls.stdout.contains("dataset v30-images-tiny@1 cannot be read whole: steps"), "{ls:#?}");
+    let again = ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    assert!(again.stdout.contains("v30-images-tiny@2"), "{again:#?}");
+
+    // One byte of the column metadata changed so that Lance's decoder panics: searched from the
+    // end of the column metadata (its last pages' descriptions) back.
+    let steps = data_file("steps");
+    let body = std::fs::read(&steps).expect("read");
+    let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes")) as usize;
+    let (meta, offsets) = (u64_at(body.len() - 40), u64_at(body.len() - 32));
+    let failed = (meta..offsets).rev().take(64).find_map(|at| {
+        let mut damaged = body.clone();
+        damaged[at] ^= 0xa5;
+        std::fs::write(&steps, &damaged).expect("damage");
+        let sql = lake(&root, &["sql", "SELECT * FROM \"v30-images-tiny\".steps"]);
+        assert!(matches!(sql.code, 0 | 2) && clean(&sql), "byte {at}: {sql:#?}");
+        sql.stderr.contains("Lance failed reading the table's data").then_some(sql)
+    });
+    let failed = failed.expect("a byte of the column metadata whose damage makes Lance panic");
+    assert!(failed.stderr.contains("/steps.lance/data is damaged"), "{failed:#?}");
+    let sample = lake(&root, &["sample", "--dataset", "v30-images-tiny", "--indices", "0,50", "--out", "/dev/null"]);
+    assert!(sample.code == 2 && sample.stderr.contains("Lance failed reading the table's data") && clean(&sample), "{sample:#?}");
+}
+
 /// `lake rm`: the dataset's files go, every other dataset stays byte for byte, views over it
 /// hold it back unless forced, and whatever asks for it afterwards is told it was removed.
 #[test]
