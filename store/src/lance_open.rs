@@ -223,9 +223,10 @@ mod quiet_panics {
 
     /// Puts a panic hook in front of the one in place that stays silent while a [`Quiet`]
     /// future is being polled on the panicking thread, and for a panic inside Lance on a thread
-    /// of a runtime: Lance runs its decoders as tasks there and finds their panics in the task it
-    /// awaits, which passes the message on (where lake reads, [`super::read_lance`] and
-    /// [`super::stream_lance`] make it an error).
+    /// other than the process's main one: Lance runs its decoders as tasks on a runtime and finds
+    /// their panics in the task it awaits, whose error or panic carries the message on (where
+    /// lake reads, [`super::read_lance`], [`super::stream_lance`] and the SQL engine's guard make
+    /// it an error). On the main thread nothing awaits a panic, so it is always printed.
     pub fn install() {
         static ONCE: Once = Once::new();
         ONCE.call_once(|| {
@@ -239,11 +240,11 @@ mod quiet_panics {
     }
 
     /// Whether a panic was raised in Lance's code (its crates are `lance` and `lance-*`) on a
-    /// thread of a runtime (tokio's workers, Lance's own), not on one of lake's threads.
+    /// thread other than the main one (`main`, or lake's `lake-main`).
     fn in_lance_task(info: &std::panic::PanicHookInfo<'_>) -> bool {
         let in_lance = info.location().is_some_and(|l| l.file().contains("/lance-") || l.file().contains("\\lance-"));
-        let on_runtime = std::thread::current().name().is_some_and(|n| n.starts_with("tokio-") || n.starts_with("lance-"));
-        in_lance && on_runtime
+        let main = std::thread::current().name().is_none_or(|n| n == "main" || n == "lake-main");
+        in_lance && !main
     }
 
     /// `f`, whose panics are not printed (the caller catches them).
