@@ -169,6 +169,11 @@ pub fn lance_message(e: &lance::Error) -> String {
         return format!("file /{path} is damaged: {}", without_source_locations(&source.to_string()));
     }
     let message = without_source_locations(&e.to_string());
+    // A panic in one of Lance's tasks, which Lance passes on as its error (`Wrapped error: task 7
+    // panicked with message "…"`): its decoders met a damaged file.
+    if let Some((_, words)) = message.split_once(" panicked with message ") {
+        return format!("Lance failed reading the table's data: {}", words.trim().trim_matches('"'));
+    }
     // Lance's variant name (`LanceError(IO): …`) says nothing to a user.
     match message.strip_prefix("LanceError(").and_then(|rest| rest.split_once("): ")) {
         Some((_, rest)) => rest.to_string(),
