@@ -1923,7 +1923,9 @@ mod tests {
         let marker = root.join(MARKER);
         let writer = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(200));
-            std::fs::write(marker, br#"{"format": "lake", "layout": 1}"#).unwrap();
+            let staged = marker.with_extension("staged");
+            std::fs::write(&staged, br#"{"format": "lake", "layout": 1}"#).unwrap();
+            std::fs::rename(staged, marker).unwrap();
         });
         Lake::create(root.to_str().unwrap()).unwrap();
         writer.join().unwrap();
@@ -1936,7 +1938,10 @@ mod tests {
         let marker = root.join(MARKER);
         let writer = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(200));
-            std::fs::write(marker, br#"{"format": "lake", "layout": 1}"#).unwrap();
+            // Whole or not at all, as a creator puts it in place (a plain write is seen empty).
+            let staged = marker.with_extension("staged");
+            std::fs::write(&staged, br#"{"format": "lake", "layout": 1}"#).unwrap();
+            std::fs::rename(staged, marker).unwrap();
         });
         assert_eq!(open(&root), Ok(()));
         writer.join().unwrap();
