@@ -339,6 +339,9 @@ pub fn inspect(out: &mut impl Write, record: &CommitRecord, versions: u64, t: &I
             None => format!("`lake cache {}@{}`", record.name, record.version),
         };
         let what = match (f.storage, f.frames, &f.damage) {
+            (Some(storage), Some(frames), None) if f.checksums == Some(false) => {
+                format!("{frames} frames, {storage}, {}, without checksums (run {again} again to add them)", bytes(f.bytes))
+            }
             (Some(storage), Some(frames), None) => format!("{frames} frames, {storage}, {}", bytes(f.bytes)),
             (Some(_), Some(_), Some(damage)) => format!("damaged outside lake: {damage} (run {again} again)"),
             _ => format!("unreadable, {} (run {again} again)", bytes(f.bytes)),

@@ -30,8 +30,8 @@ use rayon::prelude::*;
 use crate::{
     Error, Result,
     cache::{CacheStats, Frame, FrameCache},
-    dataset::LoaderDataset,
-    frames::{FrameExtent, FrameStorage},
+    dataset::{LoaderDataset, StoredFrames},
+    frames::{FrameExtent, FrameStorage, ReadError},
     idle::{IDLE_DECODER_BYTES_PER_THREAD, IdlePool},
     lookahead::{Ahead, FrameRef},
     sampler::Draw,
@@ -424,10 +424,8 @@ impl Loader {
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.pool.spawn(move || drop(tx.send(fill_frame_columns(&cameras, &found))));
-        let mut columns = rx
-            .await
-            .map_err(|_| Error::request("the decode pool stopped"))?
-            .map_err(|(row, e)| Error::layout(&ds.label, format!("frame table row {row}: {e}; run `{}` again", ds.cache_command())))?;
+        let mut columns =
+            rx.await.map_err(|_| Error::request("the decode pool stopped"))?.map_err(|(row, e)| stored_frame_error(ds, row, e))?;
         Ok(columns.swap_remove(0))
     }
 
@@ -570,8 +568,7 @@ impl Loader {
             });
             let (frame_columns, cameras, found) = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
             self.counters.fetch_ns.fetch_add(read_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let frame_columns = frame_columns
-                .map_err(|(row, e)| Error::layout(&ds.label, format!("frame table row {row}: {e}; run `{}` again", ds.cache_command())))?;
+            let frame_columns = frame_columns.map_err(|(row, e)| stored_frame_error(ds, row, e))?;
             if self.cache.enabled() {
                 self.cache_stored(ds.cache_id, &cameras, &frame_columns, &found.stored);
             }
@@ -761,28 +758,33 @@ impl Loader {
                 }
                 return Ok(Found { ready: found, stored, columns: None });
             }
-            let (storage, stored) = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
+            let stored = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
             self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let sizes: Vec<usize> = rows.iter().map(|&r| ds.frame_bytes_of_row(r)).collect();
-            let frames: Vec<std::io::Result<Frame>> = match storage {
-                // Slices of what Lance read; a cached frame is copied out so that it does not
-                // keep the whole read alive (the budget counts frames, not reads).
-                FrameStorage::Plain => {
-                    stored.into_iter().map(|f| Ok(if self.cache.enabled() { Frame::copy_from_slice(&f) } else { f })).collect()
-                }
-                FrameStorage::Zstd => {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let sizes = sizes.clone();
-                    self.pool.spawn(move || {
-                        let frames: Vec<std::io::Result<Frame>> =
-                            stored.par_iter().zip(sizes.par_iter()).map(|(c, &n)| zstd::bulk::decompress(c, n).map(Frame::from)).collect();
-                        let _ = tx.send(frames);
-                    });
-                    rx.await.map_err(|_| Error::request("the decode pool stopped"))?
-                }
-            };
+            // Checked, and decompressed where stored so, on the pool.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (copy, expected) = (self.cache.enabled(), sizes.clone());
+            self.pool.spawn(move || {
+                let StoredFrames { storage, frames, checksums } = stored;
+                let frames: Vec<std::result::Result<Frame, ReadError>> = frames
+                    .into_par_iter()
+                    .enumerate()
+                    .map(|(i, f)| {
+                        crate::frames::check(&f, checksums.as_ref().map(|sums| sums[i])).map_err(ReadError::Damaged)?;
+                        match storage {
+                            // Slices of what Lance read; a cached frame is copied out so that it
+                            // does not keep the whole read alive (the budget counts frames, not
+                            // reads).
+                            FrameStorage::Plain => Ok(if copy { Frame::copy_from_slice(&f) } else { f }),
+                            FrameStorage::Zstd => zstd::bulk::decompress(&f, expected[i]).map(Frame::from).map_err(ReadError::Io),
+                        }
+                    })
+                    .collect();
+                let _ = tx.send(frames);
+            });
+            let frames = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
             for ((row, frame), size) in rows.into_iter().zip(frames).zip(sizes) {
-                let frame = frame.map_err(|e| Error::layout(&ds.label, format!("frame table row {row}: {e}")))?;
+                let frame = frame.map_err(|e| stored_frame_error(&ds, row, e))?;
                 if frame.len() != size {
                     return Err(Error::layout(
                         &ds.label,
@@ -946,7 +948,7 @@ impl Found {
 /// slot filled from a frame in memory, or read from the frame table straight into place
 /// ([`crate::frames::read_frames_into`]; a frame shown in two slots is read twice, which costs
 /// what a copy would). A failed read names the row.
-fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::result::Result<Vec<Vec<u8>>, (u64, std::io::Error)> {
+fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::result::Result<Vec<Vec<u8>>, (u64, ReadError)> {
     let mut columns: Vec<Vec<u8>> = cameras.iter().map(|(size, rows)| Vec::with_capacity(size * rows.len())).collect();
     let mut reads = Vec::new();
     for ((size, rows), column) in cameras.iter().zip(columns.iter_mut()) {
@@ -965,6 +967,14 @@ fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::resu
         unsafe { column.set_len(size * rows.len()) };
     }
     Ok(columns)
+}
+
+/// The error of a frame of packet row `row` that could not be read from the frame table.
+fn stored_frame_error(ds: &LoaderDataset, row: u64, e: ReadError) -> Error {
+    match e {
+        ReadError::Io(e) => Error::layout(&ds.label, format!("frame table row {row}: {e}; run `{}` again", ds.cache_command())),
+        ReadError::Damaged(damage) => ds.damaged_frame(row, damage),
+    }
 }
 
 /// What a batch's GOP decodes gave: per GOP, the frames made as frames of their own (all of

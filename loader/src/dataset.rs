@@ -601,7 +601,7 @@ impl LoaderDataset {
             t.get_fragments().iter().flat_map(|f| f.metadata().files.iter().map(|d| d.path.clone()).collect::<Vec<_>>()).collect()
         };
         let Some(fresh) = open_frame_table(&self.frames_uri, self.packets.stream.len(), &self.label).await else { return false };
-        if files(&fresh.0) == files(stale) {
+        if files(&fresh.table) == files(stale) {
             return false;
         }
         tracing::info!(dataset = %self.label, "reading the frame table `lake cache` wrote since it was opened");
@@ -610,22 +610,32 @@ impl LoaderDataset {
         true
     }
 
-    /// Reads the stored frames of packet rows (sorted, distinct), in that order, and how they
-    /// are stored, or `None` without a frame table.
+    /// Reads the stored frames of packet rows (sorted, distinct), in that order, or `None` without
+    /// a frame table.
     ///
     /// # Errors
     /// When Lance cannot read them.
-    pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<(FrameStorage, Vec<bytes::Bytes>)>> {
+    pub async fn stored_frames(&self, rows: &[u64]) -> Result<Option<StoredFrames>> {
         let mut reopened = false;
         loop {
-            let Some((table, storage)) = self.frame_table() else { return Ok(None) };
-            if !crate::frames::is_blob_table(&table) {
-                return Ok(Some((storage, take_binary(&self.label, &table, crate::frames::FRAMES, storage.column(), rows).await?)));
+            let Some(found) = self.frame_table() else { return Ok(None) };
+            let (table, storage) = (&found.table, found.storage);
+            let checksums = match found.checksums().await {
+                Ok(sums) => sums.map(|sums| rows.iter().map(|&r| sums[r as usize]).collect()),
+                Err(e) if e.is_not_found() && !reopened && self.reopen_frame_table(table).await => {
+                    reopened = true;
+                    continue;
+                }
+                Err(e) => return Err(self.frame_table_error(table, e)),
+            };
+            if !crate::frames::is_blob_table(table) {
+                let frames = take_binary(&self.label, table, crate::frames::FRAMES, storage.column(), rows).await?;
+                return Ok(Some(StoredFrames { storage, frames, checksums }));
             }
-            match crate::frames::read_frames(&table, storage.column(), rows).await {
-                Ok(frames) => return Ok(Some((storage, frames))),
-                Err(e) if e.is_not_found() && !reopened && self.reopen_frame_table(&table).await => reopened = true,
-                Err(e) => return Err(self.frame_table_error(&table, e)),
+            match crate::frames::read_frames(table, storage.column(), rows).await {
+                Ok(frames) => return Ok(Some(StoredFrames { storage, frames, checksums })),
+                Err(e) if e.is_not_found() && !reopened && self.reopen_frame_table(table).await => reopened = true,
+                Err(e) => return Err(self.frame_table_error(table, e)),
             }
         }
     }
@@ -639,16 +649,35 @@ impl LoaderDataset {
     pub async fn locate_stored_frames(&self, rows: &[u64]) -> Result<Option<Vec<crate::frames::FrameExtent>>> {
         let mut reopened = false;
         loop {
-            let Some((table, storage)) = self.frame_table() else { return Ok(None) };
-            if storage != FrameStorage::Plain || !crate::frames::is_blob_table(&table) {
+            let Some(found) = self.frame_table() else { return Ok(None) };
+            let table = &found.table;
+            if found.storage != FrameStorage::Plain || !crate::frames::is_blob_table(table) {
                 return Ok(None);
             }
-            match crate::frames::locate_frames(&table, storage.column(), rows, &self.frame_files).await {
+            let located = async {
+                let checksums = found.checksums().await?;
+                crate::frames::locate_frames(table, found.storage.column(), rows, checksums.as_deref(), &self.frame_files).await
+            };
+            match located.await {
                 Ok(extents) => return Ok(extents),
-                Err(e) if e.is_not_found() && !reopened && self.reopen_frame_table(&table).await => reopened = true,
-                Err(e) => return Err(self.frame_table_error(&table, e)),
+                Err(e) if e.is_not_found() && !reopened && self.reopen_frame_table(table).await => reopened = true,
+                Err(e) => return Err(self.frame_table_error(table, e)),
             }
         }
+    }
+
+    /// The error of a stored frame whose bytes are not those `lake cache` wrote.
+    pub(crate) fn damaged_frame(&self, row: u64, damage: crate::frames::Mismatch) -> Error {
+        self.decode_error(
+            row,
+            format!(
+                "the frame table's frame is not the one `lake cache` stored (CRC-32 {:08x}, stored {:08x}): the frame table is \
+                 damaged; run `{}` again",
+                damage.read,
+                damage.stored,
+                self.cache_command()
+            ),
+        )
     }
 
     /// A failed frame table read: a missing data file is named, with what to do about it.
@@ -711,8 +740,36 @@ fn modified(uri: &str) -> Option<(u64, std::time::SystemTime)> {
     Some((m.ino(), m.modified().ok()?))
 }
 
-/// A frame table and how it stores frames.
-type FrameTable = (Arc<lance::Dataset>, FrameStorage);
+/// Frames read from a frame table: their stored bytes and the checksums stored with them.
+#[derive(Debug)]
+pub struct StoredFrames {
+    /// How the frames are stored.
+    pub storage: FrameStorage,
+    /// Each frame's stored bytes.
+    pub frames: Vec<bytes::Bytes>,
+    /// The CRC-32 stored with each frame (`None`: the table has no checksums).
+    pub checksums: Option<Vec<u32>>,
+}
+
+/// A frame table, how it stores frames, and the checksum of each row's stored bytes, read when
+/// the table is first read from (`None`: a table written before rows had checksums).
+#[derive(Debug, Clone)]
+struct FrameTable {
+    table: Arc<lance::Dataset>,
+    storage: FrameStorage,
+    checksums: Arc<tokio::sync::OnceCell<Option<Arc<[u32]>>>>,
+}
+
+impl FrameTable {
+    /// The checksum of each row's stored frame, by row.
+    ///
+    /// # Errors
+    /// When Lance cannot read them.
+    async fn checksums(&self) -> lance::Result<Option<Arc<[u32]>>> {
+        let read = || async { Ok::<_, lance::Error>(crate::frames::read_checksums(&self.table).await?.map(Arc::from)) };
+        self.checksums.get_or_try_init(read).await.cloned()
+    }
+}
 
 /// The frame table at `uri`, when there is one holding a frame for each of `rows` packet rows
 /// (an unreadable or incomplete one is ignored, with a warning).
@@ -730,7 +787,9 @@ async fn open_frame_table(uri: &str, rows: usize, label: &str) -> Option<FrameTa
     };
     let storage = opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name)));
     match (opened, storage) {
-        (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(rows) => Some((Arc::new(table), storage)),
+        (Some(table), Some(storage)) if table.count_rows(None).await.ok() == Some(rows) => {
+            Some(FrameTable { table: Arc::new(table), storage, checksums: Arc::default() })
+        }
         _ => {
             tracing::warn!(dataset = %label, "ignoring an unreadable or incomplete frame table at {uri}; run `lake cache` again");
             None

@@ -7,7 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use arrow::array::{ArrayBuilder, LargeBinaryBuilder, RecordBatch, UInt64Builder};
+use arrow::array::{ArrayBuilder, LargeBinaryBuilder, RecordBatch, UInt32Builder, UInt64Builder};
 use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
 use lake_store::{DerivedTable, Lake, UncommittedPart};
@@ -134,6 +134,7 @@ struct RowWriter<'a> {
     stored: &'a std::sync::atomic::AtomicU64,
     rows: UInt64Builder,
     data: LargeBinaryBuilder,
+    checksums: UInt32Builder,
     /// Frames that came out before a row preceding them (B-frames): row → stored frame.
     pending: BTreeMap<u64, Vec<u8>>,
     next: u64,
@@ -167,6 +168,7 @@ impl RowWriter<'_> {
             self.report.stored_bytes += stored.len() as u64;
             self.rows.append_value(self.next);
             self.data.append_value(&stored);
+            self.checksums.append_value(crc32fast::hash(&stored));
             self.next += 1;
             if self.rows.len() >= BATCH {
                 self.send()?;
@@ -176,7 +178,10 @@ impl RowWriter<'_> {
     }
 
     fn send(&mut self) -> Result<()> {
-        let batch = RecordBatch::try_new(frames_schema(self.storage), vec![Arc::new(self.rows.finish()), Arc::new(self.data.finish())])?;
+        let batch = RecordBatch::try_new(
+            frames_schema(self.storage),
+            vec![Arc::new(self.rows.finish()), Arc::new(self.data.finish()), Arc::new(self.checksums.finish())],
+        )?;
         self.tx.blocking_send(Ok(batch)).map_err(|_| Error::request("the frame table writer stopped"))
     }
 }
@@ -264,6 +269,7 @@ fn decode_stream(
         stored,
         rows: UInt64Builder::new(),
         data: LargeBinaryBuilder::new(),
+        checksums: UInt32Builder::new(),
         pending: BTreeMap::new(),
         next: first,
         report: FrameTableReport::default(),

@@ -7,6 +7,11 @@
 //! take less disk (a third on smooth camera footage, little on noisy footage) and cost a
 //! decompression, several times the CPU of the read.
 //!
+//! Each row also holds the CRC-32 of its stored bytes, and every read checks it: a frame
+//! damaged on disk fails its samples instead of being served as other pixels
+//! ([decision](../../docs/decisions/0033-frame-checksums-checked-on-every-read.md)). Tables
+//! written before rows had checksums are read without the check.
+//!
 //! The table is written under a temporary name and renamed into place when complete, so a
 //! failed or killed `lake cache` leaves no table readers could pick up.
 
@@ -33,6 +38,9 @@ const LANCE_COMPRESSION: &str = "lance-encoding:compression";
 
 /// Field metadata key that makes a large binary column a Lance blob column.
 const LANCE_BLOB: &str = "lance-encoding:blob";
+
+/// Name of the column holding the CRC-32 of each row's stored frame bytes.
+pub const FRAME_CHECKSUM: &str = "frame_crc32";
 
 /// Frames per written batch.
 pub(crate) const BATCH: usize = 32;
@@ -74,7 +82,8 @@ impl FrameStorage {
     }
 }
 
-/// Schema of `frames`: the packet row, and its frame as RGB24 (HWC), stored as `storage` says.
+/// Schema of `frames`: the packet row, its frame as RGB24 (HWC), stored as `storage` says, and
+/// the CRC-32 of the stored bytes.
 ///
 /// The frame column is a Lance blob column: each frame is stored as it is, out of line, and a
 /// read of a frame is one positioned read of its bytes (see `read_frames`). As an ordinary
@@ -84,7 +93,7 @@ impl FrameStorage {
 pub fn frames_schema(storage: FrameStorage) -> SchemaRef {
     let frame = Field::new(storage.column(), DataType::LargeBinary, false)
         .with_metadata([(LANCE_BLOB.to_string(), "true".to_string()), (LANCE_COMPRESSION.to_string(), "none".to_string())].into());
-    Arc::new(Schema::new(vec![Field::new("row", DataType::UInt64, false), frame]))
+    Arc::new(Schema::new(vec![Field::new("row", DataType::UInt64, false), frame, Field::new(FRAME_CHECKSUM, DataType::UInt32, false)]))
 }
 
 /// Whether a frame table's frame column is a blob column (tables written before it was are
@@ -112,18 +121,77 @@ pub async fn read_frames(table: &Arc<lance::Dataset>, column: &str, rows: &[u64]
     .await
 }
 
-/// Reads each stored frame into its slot (exactly its size), naming the row of a read that
-/// fails: through this thread's io_uring, every read in flight at once, when the lake's files
-/// are read through io_uring (`lake --io uring`); else with positioned reads, in parallel on the
-/// pool.
-pub(crate) fn read_frames_into(mut reads: Vec<(u64, &FrameExtent, &mut [MaybeUninit<u8>])>) -> Result<(), (u64, std::io::Error)> {
+/// The CRC-32 of every row's stored frame, in row order, or `None` for a table written before
+/// rows had checksums.
+///
+/// # Errors
+/// When Lance cannot read them, or they are not one per row (a damaged table).
+pub async fn read_checksums(table: &lance::Dataset) -> lance::Result<Option<Vec<u32>>> {
+    use arrow::{array::AsArray, datatypes::UInt32Type};
+    use futures::TryStreamExt;
+    if table.schema().field(FRAME_CHECKSUM).is_none() {
+        return Ok(None);
+    }
+    let mut scan = table.scan();
+    scan.project(&[FRAME_CHECKSUM])?;
+    let batches = lake_store::read_lance(table.uri(), async { scan.try_into_stream().await?.try_collect::<Vec<_>>().await }).await?;
+    let sums: Vec<u32> = batches.iter().flat_map(|b| b.column(0).as_primitive::<UInt32Type>().values().iter().copied()).collect();
+    let rows = table.count_rows(None).await?;
+    if sums.len() != rows {
+        return Err(lance::Error::corrupt_file_named(table.uri(), format!("{} checksums for {rows} frames", sums.len())));
+    }
+    Ok(Some(sums))
+}
+
+/// A stored frame whose bytes are not those `lake cache` wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The CRC-32 stored with the frame.
+    pub stored: u32,
+    /// The CRC-32 of the bytes read.
+    pub read: u32,
+}
+
+/// Checks a stored frame's bytes against the CRC-32 stored with them (`None`: nothing to check).
+///
+/// # Errors
+/// When they differ.
+pub fn check(bytes: &[u8], stored: Option<u32>) -> Result<(), Mismatch> {
+    match stored {
+        Some(stored) => match crc32fast::hash(bytes) {
+            read if read == stored => Ok(()),
+            read => Err(Mismatch { stored, read }),
+        },
+        None => Ok(()),
+    }
+}
+
+/// Why a stored frame could not be read into its slot.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The read failed (the message names the file).
+    Io(std::io::Error),
+    /// The bytes read are not those stored.
+    Damaged(Mismatch),
+}
+
+/// Reads each stored frame into its slot (exactly its size) and checks it, naming the row of a
+/// read that fails: through this thread's io_uring, every read in flight at once, when the
+/// lake's files are read through io_uring (`lake --io uring`); else with positioned reads, in
+/// parallel on the pool. A frame is checked as soon as it is read, while its bytes are in the
+/// CPU's cache.
+pub(crate) fn read_frames_into(mut reads: Vec<(u64, &FrameExtent, &mut [MaybeUninit<u8>])>) -> Result<(), (u64, ReadError)> {
     use rayon::prelude::*;
     if lake_store::local_io::uring()
         && let Some(read) = with_ring(|ring| read_through(ring, &mut reads))
     {
-        return read;
+        read.map_err(|(row, e)| (row, ReadError::Io(e)))?;
+        return reads.par_iter().try_for_each(|(row, extent, slot)| extent.check(slot).map_err(|m| (*row, ReadError::Damaged(m))));
     }
-    reads.into_par_iter().try_for_each(|(row, extent, slot)| extent.read_into(slot).map_err(|e| (row, e)))
+    reads.into_par_iter().try_for_each(|(row, extent, slot)| {
+        extent.read_into(slot).map_err(|e| (row, ReadError::Io(e)))?;
+        extent.check(slot).map_err(|m| (row, ReadError::Damaged(m)))
+    })
 }
 
 /// Runs `f` with this thread's ring, made on first use; `None` when the kernel refuses one.
@@ -180,6 +248,8 @@ pub struct FrameExtent {
     file: Arc<FrameFile>,
     offset: u64,
     len: usize,
+    /// The CRC-32 stored with the frame, if the table has checksums.
+    crc32: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -232,6 +302,13 @@ impl FrameExtent {
         }
         Ok(())
     }
+
+    /// Checks the frame read into `slot` by [`read_into`](Self::read_into) against its
+    /// checksum.
+    fn check(&self, slot: &[MaybeUninit<u8>]) -> Result<(), Mismatch> {
+        // SAFETY: the slot was filled by a read of the frame, every byte of it.
+        check(unsafe { std::slice::from_raw_parts(slot.as_ptr().cast::<u8>(), slot.len()) }, self.crc32)
+    }
 }
 
 /// The open data files of a frame table (a table's files never change once written).
@@ -256,8 +333,9 @@ impl FrameFiles {
     }
 }
 
-/// Where the frames of `rows` (sorted, distinct) of a blob frame table lie, in that order, or
-/// `None` when the table is not on the local filesystem (then [`read_frames`] reads them).
+/// Where the frames of `rows` (sorted, distinct) of a blob frame table lie, in that order, with
+/// their checksums (`checksums`: the table's, by row), or `None` when the table is not on the
+/// local filesystem (then [`read_frames`] reads them).
 ///
 /// Lance locates each blob (its data file, offset and size); the loader then reads it straight
 /// into the batch, saving the copy out of a buffer Lance would read it into.
@@ -268,6 +346,7 @@ pub async fn locate_frames(
     table: &Arc<lance::Dataset>,
     column: &str,
     rows: &[u64],
+    checksums: Option<&[u32]>,
     files: &FrameFiles,
 ) -> lance::Result<Option<Vec<FrameExtent>>> {
     use lance::datatypes::BlobKind;
@@ -288,7 +367,7 @@ pub async fn locate_frames(
         })?;
         let len = usize::try_from(blob.size())
             .map_err(|_| lance::Error::invalid_input(format!("frame table row {row}: {} bytes", blob.size())))?;
-        extents.push(FrameExtent { file, offset: blob.position(), len });
+        extents.push(FrameExtent { file, offset: blob.position(), len, crc32: checksums.map(|sums| sums[*row as usize]) });
     }
     Ok(Some(extents))
 }
@@ -302,6 +381,9 @@ pub struct FrameTableInfo {
     pub storage: Option<&'static str>,
     /// Frames it holds (`None`: the table cannot be read).
     pub frames: Option<usize>,
+    /// Whether each frame has its checksum stored with it, checked on every read (`None`: the
+    /// table cannot be read).
+    pub checksums: Option<bool>,
     /// Bytes on disk.
     pub bytes: u64,
     /// What is wrong with its files, if anything (a data file missing, or of another size than
@@ -332,6 +414,7 @@ pub async fn frame_tables(lake: &Lake, record: &lake_schemas::CommitRecord) -> V
         let opened = lake_store::open_lance(&lake.uri(&path)).await.ok();
         let storage =
             opened.as_ref().and_then(|t| t.schema().fields.get(1).and_then(|f| FrameStorage::of_column(&f.name))).map(FrameStorage::name);
+        let checksums = opened.as_ref().map(|t| t.schema().field(FRAME_CHECKSUM).is_some());
         let frames = match &opened {
             Some(t) => t.count_rows(None).await.ok(),
             None => None,
@@ -340,7 +423,7 @@ pub async fn frame_tables(lake: &Lake, record: &lake_schemas::CommitRecord) -> V
             Some(t) => lake.data_file_damage(&path, t).await.ok().flatten(),
             None => None,
         };
-        out.push(FrameTableInfo { size, storage, frames, bytes: lake.bytes_under(&path).await.unwrap_or(0), damage });
+        out.push(FrameTableInfo { size, storage, frames, checksums, bytes: lake.bytes_under(&path).await.unwrap_or(0), damage });
     }
     out
 }
@@ -363,7 +446,7 @@ mod tests {
             .map(|i| {
                 let len = [1, 4096, 9_999, 1 << 20][i as usize % 4];
                 let offset = (i * 7919 * 97) % (bytes.len() - len) as u64;
-                FrameExtent { file: file.clone(), offset, len }
+                FrameExtent { file: file.clone(), offset, len, crc32: None }
             })
             .collect();
         let check = |slots: &[Vec<MaybeUninit<u8>>], how: &str| {
@@ -386,7 +469,7 @@ mod tests {
         read_through(&mut ring, &mut reads).expect("read");
         drop(reads);
         check(&slots, "io_uring");
-        let past = FrameExtent { file, offset: bytes.len() as u64 - 10, len: 100 };
+        let past = FrameExtent { file, offset: bytes.len() as u64 - 10, len: 100, crc32: None };
         let mut slot = vec![MaybeUninit::uninit(); 100];
         let (row, e) = read_through(&mut ring, &mut [(7, &past, slot.as_mut_slice())]).expect_err("past the end");
         assert_eq!((row, e.kind()), (7, std::io::ErrorKind::UnexpectedEof));

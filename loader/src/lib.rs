@@ -58,10 +58,10 @@ pub use lake_schemas::{FrameFormat, FrameSize};
 pub use crate::{
     batch::{DATASET_INDEX, DEFAULT_CACHE_MIB, DecodeBound, DecodeStats, GopJob, Loader, LoaderOptions, Resources, Spawned},
     cache::{CacheStats, Frame, FrameCache, FrameKey},
-    dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex},
+    dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex, StoredFrames},
     error::{Error, Result},
     frame_writer::{FrameTableReport, write_frame_table},
-    frames::{FRAMES, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
+    frames::{FRAME_CHECKSUM, FRAMES, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
     packets::{PACKETS_SUFFIX, PacketBatchDecoder, PacketCamera, ShippedGop, gops_type},
     proxy::{ProxyCamera, ProxyInfo, ProxyReport, write_proxy},

@@ -417,8 +417,13 @@ async fn frame_caches(
     let existing = lake_loader::frame_tables(lake, record).await;
     for (i, &size) in sizes.iter().enumerate() {
         let at = size.map(|s| format!(" at {s}")).unwrap_or_default();
-        let kept =
-            existing.iter().find(|t| t.size == size && t.storage == Some(storage.name()) && t.frames == Some(ds.packets.stream.len()));
+        let kept = existing.iter().find(|t| {
+            t.size == size
+                && t.storage == Some(storage.name())
+                && t.frames == Some(ds.packets.stream.len())
+                && t.checksums == Some(true)
+                && t.damage.is_none()
+        });
         if let Some(t) = kept {
             if !json {
                 // The dataset is committed; a line stdout cannot take does not undo it.

@@ -642,6 +642,84 @@ fn frame_table_batches_equal_decoded_ones() {
     assert!(!out.exists(), "no output file on error");
 }
 
+/// A frame damaged in a frame table (its data file's size and footer intact) fails the samples
+/// that show it, naming camera, episode and frame and the `lake cache` command that mends it,
+/// for plain frames (read straight into the batch) and zstd ones (read through Lance) alike;
+/// `lake cache` again makes samples equal the decoded ones.
+#[test]
+fn a_frame_damaged_in_its_table_fails_its_samples_and_lake_cache_mends_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let name = "v30-h264-multifile";
+    ingest_ok(&root, &testdata(name), &[]);
+    let every_step = tmp.path().join("steps.txt");
+    std::fs::write(&every_step, (0..300).map(|i| i.to_string()).collect::<Vec<_>>().join(",")).expect("write");
+    let indices = format!("@{}", every_step.display());
+    let out = tmp.path().join("samples.arrow");
+    let sample = |flags: &[&str]| {
+        let _ = std::fs::remove_file(&out);
+        let mut args = vec!["sample", name, "--indices", &indices, "--out", out.to_str().expect("utf-8")];
+        args.extend_from_slice(flags);
+        let run = lake(&root, &args);
+        (run, std::fs::read(&out).ok())
+    };
+    let (run, decoded) = sample(&["--frame-table", "off"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let decoded = decoded.expect("samples");
+    for storage in ["plain", "zstd"] {
+        let cached = lake(&root, &["cache", name, "--storage", storage]);
+        assert_eq!(cached.code, 0, "{cached:#?}");
+        let (run, from_table) = sample(&[]);
+        assert!(run.code == 0 && from_table.as_ref() == Some(&decoded), "{storage}: samples from the table are the decoded ones: {run:#?}");
+        // One byte flipped in the middle of the table's largest file, where frames lie.
+        let largest = files_under(&root)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains("/frames.lance/data/"))
+            .max_by_key(|p| std::fs::metadata(p).expect("metadata").len())
+            .expect("the frame table has data files");
+        let mut body = std::fs::read(&largest).expect("read");
+        let middle = body.len() / 2;
+        body[middle] ^= 0x10;
+        std::fs::write(&largest, &body).expect("damage");
+        // Plain frames are read with positioned reads, or all at once through io_uring.
+        for io in ["pread", "uring"] {
+            let (run, written) = sample(&["--io", io]);
+            assert_eq!(run.code, 2, "{storage}, {io}: {run:#?}");
+            let damaged = "the frame table's frame is not the one `lake cache` stored (CRC-32 ";
+            assert!(run.stderr.contains(damaged) && run.stderr.contains(&format!("run `lake cache {name}` again")), "{storage}: {run:#?}");
+            assert!(
+                run.stderr.contains(&format!("dataset {name}@1, camera observation.images.")) && run.stderr.contains(", episode "),
+                "{run:#?}"
+            );
+            assert!(!run.stderr.contains("panicked") && !run.stderr.contains(".rs:"), "{run:#?}");
+            assert!(written.is_none(), "{storage}: no output file on error");
+        }
+    }
+    let cached = lake(&root, &["cache", name]);
+    assert_eq!(cached.code, 0, "{cached:#?}");
+    let (run, mended) = sample(&[]);
+    assert!(run.code == 0 && mended.as_ref() == Some(&decoded), "`lake cache` again mends the table: {run:#?}");
+
+    // A table without checksums (as written before rows had them) is read without the check,
+    // and `lake inspect` says how to add them.
+    let table = files_under(&root)
+        .into_iter()
+        .find_map(|p| p.to_str().and_then(|p| p.split_once("/frames.lance/data/")).map(|(dir, _)| format!("{dir}/frames.lance")))
+        .expect("the frame table");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut opened = lake_store::deps::lance::Dataset::open(&table).await.expect("open");
+        opened.drop_columns(&[lake_loader::FRAME_CHECKSUM]).await.expect("drop the checksums");
+    });
+    let (run, unchecked) = sample(&[]);
+    assert!(run.code == 0 && unchecked.as_ref() == Some(&decoded), "{run:#?}");
+    let inspect = lake(&root, &["inspect", name]);
+    assert!(inspect.stdout.contains(&format!("without checksums (run `lake cache {name}@1` again to add them)")), "{inspect:#?}");
+    assert_eq!(lake(&root, &["cache", name]).code, 0);
+    let inspect = lake(&root, &["inspect", name]);
+    assert!(inspect.stdout.contains("recorded size: 900 frames, plain, ") && !inspect.stdout.contains("without checksums"), "{inspect:#?}");
+}
+
 /// `lake ingest --frame-cache native --frame-cache WxH` ingests and stores both frame tables
 /// (what `lake cache` would); a re-ingest of the same source keeps them untouched; another
 /// storage asked for rewrites that table; `--frame-storage` alone is a usage error; a dataset
