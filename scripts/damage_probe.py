@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The damage probe: damaged datasets and damaged lakes, and whether lake says so without crashing.
 
-Usage: damage_probe.py LAKE_BINARY [--sources N] [--lakes N] [--first SEED] [--real DIR]
+Usage: damage_probe.py LAKE_BINARY [--sources N] [--lakes N] [--frame-tables N] [--first SEED] [--real DIR]
 
 --sources N (default 40): N copies of the bundled samples (testdata/lerobot), each with one file
 damaged: bytes flipped, zeroed or inserted, the file cut short, or a value of its JSON changed
@@ -16,6 +16,11 @@ its files damaged (a table's data file, manifest, transaction or version hint, a
 a view): every reading command, and an ingest into it, must exit 0, 1 or 2 without a panic; then
 `lake serve` on it is asked for each dataset's samples, listings and SQL over HTTP, and must
 answer each (a 500 that names the damage is an answer), stay up and print no panic.
+
+--frame-tables N (default 12): N copies of that lake with one file of its frame table damaged
+(mostly its data file): `lake sample` of every step of the cached dataset must exit 0, 1 or 2
+without a panic, and when it exits 0 write exactly the samples of the undamaged lake (frames are
+the recorded frames, or an error).
 
 Cases are numbered by seed (SEED, SEED+1, …), from which the damage follows: which file (in the
 order of their paths), where and how. Exits 1 when any case fails, listing them.
@@ -39,6 +44,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "testdata" / "lerobot"
+# The dataset the probe's lake caches, and its steps.
+CACHED, CACHED_STEPS = "v30-h264-multifile", 300
 FIXTURES = ["v30-bframes", "v30-images-jpeg", "v30-h264-multifile", "v30-images-tiny"]
 # The real datasets' gaps (videos left out of their snapshots), and the flags that ingest the rest.
 REAL_FLAGS = {
@@ -184,7 +191,7 @@ def source_case(lake, seed, work, base, real):
 
 def base_lake(lake, root):
     for args in (["ingest", str(SAMPLES / "v30-h264-multifile")], ["ingest", str(SAMPLES / "v30-images-jpeg")],
-                 ["cache", "v30-h264-multifile"],
+                 ["cache", CACHED],
                  ["view", "create", "some", "SELECT dataset, episode_index FROM episodes "
                   "WHERE dataset = 'v30-h264-multifile' AND episode_index < 3"]):
         code, err = run(lake, ["--lake", str(root)] + args)
@@ -271,11 +278,37 @@ def lake_case(lake, seed, work, base):
     return label, codes, failures
 
 
+def sample_every_step(lake, root, out):
+    """(exit code, stderr) of `lake sample` of every step of the cached dataset into `out`."""
+    return run(lake, ["--lake", str(root), "sample", CACHED, "--indices", ",".join(map(str, range(CACHED_STEPS))),
+                      "--preset", "act", "--out", str(out)])
+
+
+def frame_table_case(lake, seed, work, base, expected):
+    rng = random.Random(seed)
+    root = work / "lake"
+    shutil.copytree(base, root)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "frames.lance" in p.parts)
+    # The data file holds the frames: most cases damage it, the rest the table's other files.
+    data = [p for p in files if p.parent.name == "data"]
+    target = rng.choice(data if rng.random() < 0.75 else files)
+    label = f"seed {seed}: {target.relative_to(root)} {damage_file(rng, target)}"
+    out = work / "samples.arrow"
+    code, err = sample_every_step(lake, root, out)
+    failures = []
+    if code not in EXITS or PANIC.search(err):
+        failures.append(f"{label}: `lake sample` exited {code}: {err.strip()[-800:]}")
+    elif code == 0 and out.read_bytes() != expected:
+        failures.append(f"{label}: `lake sample` exited 0 with samples other than the undamaged lake's")
+    return label, code, failures
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("lake")
     ap.add_argument("--sources", type=int, default=40)
     ap.add_argument("--lakes", type=int, default=12)
+    ap.add_argument("--frame-tables", type=int, default=12)
     ap.add_argument("--first", type=int, default=1)
     ap.add_argument("--real", type=Path)
     args = ap.parse_args()
@@ -287,15 +320,26 @@ def main():
         code, err = run(lake, ["--lake", str(source_base), "ingest", str(SAMPLES / "v30-images-tiny")])
         if code != 0:
             sys.exit(f"making the probe's lake failed: {err}")
-        if args.lakes:
+        if args.lakes or args.frame_tables:
             base_lake(lake, lake_base)
+        expected = None
+        if args.frame_tables:
+            code, err = sample_every_step(lake, lake_base, tmp / "expected.arrow")
+            if code != 0:
+                sys.exit(f"sampling the probe's lake failed: {err}")
+            expected = (tmp / "expected.arrow").read_bytes()
         cases = [("source", s) for s in range(args.first, args.first + args.sources)]
         cases += [("lake", s) for s in range(args.first, args.first + args.lakes)]
+        cases += [("frame table", s) for s in range(args.first, args.first + args.frame_tables)]
         for kind, seed in cases:
             work = Path(tempfile.mkdtemp(dir=tmp))
             if kind == "source":
                 label, code, failed = source_case(lake, seed, work, source_base, args.real)
                 tally[f"ingest exit {code}"] = tally.get(f"ingest exit {code}", 0) + 1
+            elif kind == "frame table":
+                label, code, failed = frame_table_case(lake, seed, work, lake_base, expected)
+                key = "damaged frame table, sample " + ("refused" if code != 0 else "the undamaged lake's")
+                tally[key] = tally.get(key, 0) + 1
             else:
                 label, codes, failed = lake_case(lake, seed, work, lake_base)
                 key = "damaged lake, " + ("every command exit 0" if set(codes) == {0} else "some command refused")
@@ -303,7 +347,7 @@ def main():
             print(("FAIL " if failed else "ok   ") + f"{kind} {label}", flush=True)
             failures += failed
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{args.sources} damaged sources, {args.lakes} damaged lakes: "
+    print(f"{args.sources} damaged sources, {args.lakes} damaged lakes, {args.frame_tables} damaged frame tables: "
           + ", ".join(f"{k}: {v}" for k, v in sorted(tally.items())))
     if failures:
         print(f"failures ({len(failures)}):\n" + "\n".join(failures))

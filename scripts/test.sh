@@ -50,10 +50,11 @@ LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$(scripts/python-env.sh)" clients/pytho
 # if the server dies, answers 500, or refuses in words a client cannot read.
 "$(scripts/python-env.sh)" scripts/attack_probe.py "$CARGO_TARGET_DIR/debug/lake"
 
-# The damage probe: 40 damaged copies of the bundled samples ingested, and 12 lakes with one file
-# damaged read by every command; it fails on a panic, a hang, another exit than 0, 1 or 2, or a
-# refused ingest that changed the lake.
-python3 scripts/damage_probe.py "$CARGO_TARGET_DIR/debug/lake" --sources 40 --lakes 12
+# The damage probe: 40 damaged copies of the bundled samples ingested, 12 lakes with one file
+# damaged read by every command, and 12 damaged frame tables sampled; it fails on a panic, a hang,
+# another exit than 0, 1 or 2, a refused ingest that changed the lake, or samples of a damaged
+# frame table that differ from the undamaged lake's with exit 0.
+python3 scripts/damage_probe.py "$CARGO_TARGET_DIR/debug/lake" --sources 40 --lakes 12 --frame-tables 12
 
 # The web app in Debian's headless Chromium through its WebDriver (clients/python/tests/test_web.py:
 # login, datasets, an episode's frames equal to the loader's, the plot cursor, the SQL console);
