@@ -15,7 +15,9 @@ of ../shared/lerobot-real) are damaged too, ingested with the flags that let the
 its files damaged (a table's data file, manifest, transaction or version hint, a commit record,
 a view): every reading command, and an ingest into it, must exit 0, 1 or 2 without a panic; then
 `lake serve` on it is asked for each dataset's samples, listings and SQL over HTTP, and must
-answer each (a 500 that names the damage is an answer), stay up and print no panic.
+answer each (a 500 that names the damage is an answer), stay up and print no panic. When the
+damaged file belongs to a table a commit record lists, `lake verify --every-version` must exit 1
+and name it.
 
 --frame-tables N (default 12): N copies of that lake with one file of its frame table damaged
 (mostly its data file): `lake sample` of every step of the cached dataset must exit 0, 1 or 2
@@ -258,14 +260,52 @@ def serve_case(lake, root, work, failures, label):
         failures.append(f"{label}: the server printed a panic: {log_path.read_text()[-800:]}")
 
 
+def committed_table_file(root, target):
+    """Whether `target` is a file of a table that a commit record of the lake at `root` lists."""
+    parts = target.relative_to(root).parts
+    if len(parts) < 5 or parts[0] != "datasets" or not parts[3].endswith(".lance"):
+        return False
+    for path in (root / "catalog").rglob("*.json"):
+        try:
+            tables = json.loads(path.read_text()).get("tables", {})
+        except (ValueError, AttributeError):
+            continue
+        if tables.get("dir") == "/".join(parts[:3]) and parts[3][:-len(".lance")] in tables.get("tables", []):
+            return True
+    return False
+
+
+def verify_case(lake, root, target, failures, label):
+    """`lake verify` on the damaged lake: exit 0, 1 or 2 without a panic; 1, naming the file, when
+    `target` (the damaged file; None when the damage left it as it was) is in a committed table."""
+    try:
+        done = subprocess.run([lake, "--lake", str(root), "verify", "--every-version"], capture_output=True, text=True,
+                              timeout=180, env={**os.environ, "RUST_BACKTRACE": "0"})
+    except subprocess.TimeoutExpired:
+        failures.append(f"{label}: `lake verify` hung")
+        return "hang"
+    if done.returncode not in EXITS or PANIC.search(done.stderr):
+        failures.append(f"{label}: `lake verify` exited {done.returncode}: {done.stderr.strip()[-800:]}")
+    elif target is not None and committed_table_file(root, target):
+        named = str(target.relative_to(root)) in done.stdout
+        if done.returncode != 1 or not named:
+            failures.append(f"{label}: `lake verify` exited {done.returncode} and "
+                            f"{'named' if named else 'did not name'} the damaged file: {done.stdout.strip()[-800:]}")
+    return done.returncode
+
+
 def lake_case(lake, seed, work, base):
     rng = random.Random(seed)
     root = work / "lake"
     shutil.copytree(base, root)
     target = rng.choice(sorted(p for p in root.rglob("*") if p.is_file()))
+    original = target.read_bytes()
     label = f"seed {seed}: {target.relative_to(root)} {damage_file(rng, target)}"
+    # (Damage can leave a file as it was: a byte set to the value it had.)
+    changed = target.read_bytes() != original
     failures = []
-    codes = [check(lake, root, args, failures, label) for args in (
+    codes = [verify_case(lake, root, target if changed else None, failures, label)]
+    codes += [check(lake, root, args, failures, label) for args in (
         ["ls"], ["inspect", "v30-h264-multifile"], ["inspect", "v30-images-jpeg"],
         ["sql", "SELECT count(*), sum(index) FROM steps"], ["sql", "SELECT * FROM packets"],
         ["sql", "SELECT * FROM feature_stats"],

@@ -65,7 +65,8 @@ pub struct IngestOptions {
     /// Camera files demuxed at once.
     pub threads: usize,
     /// Decode every video frame once while demuxing, and report the frames that do not decode
-    /// whole (by episode and frame) as errors of their episodes.
+    /// whole (by episode and frame) as errors of their episodes; and check every file of the
+    /// latest version's tables against its digest before calling an unchanged source up to date.
     pub verify: bool,
 }
 
@@ -189,9 +190,11 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
 
     let fingerprint = fingerprint(&plan.read_files);
     // A latest version whose record or tables were damaged is not one to keep: the source is
-    // ingested again, as the next version.
+    // ingested again, as the next version. With `verify`, every file of its tables is read and
+    // checked against its digest; otherwise only the sizes of its data files.
     let latest = lake.latest_readable(&name).await?;
     let intact = match &latest {
+        Some(l) if options.verify => lake.verify_tables(l, options.threads).await?.damage.is_empty(),
         Some(l) => lake.damaged_tables(l).await?.is_empty(),
         None => true,
     };
@@ -246,6 +249,15 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
         pending.abort().await?;
         return Err(e);
     }
+    // What `lake verify` checks the tables against later: every file as written.
+    progress.set_phase("recording digests");
+    let files = match pending.lake().table_files(pending.dir(), &tables_written, options.threads).await {
+        Ok(files) => files,
+        Err(e) => {
+            pending.abort().await?;
+            return Err(e.into());
+        }
+    };
     progress.set_phase("committing");
     plan.report.seconds = started.elapsed().as_secs_f64();
     plan.report.bytes_read = source.bytes_read();
@@ -270,7 +282,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
         version: 0,
         committed_at: chrono::Utc::now(),
         ingest_seconds: plan.report.seconds,
-        tables: TableSet { dir: pending.dir().to_string(), tables: tables_written },
+        tables: TableSet { dir: pending.dir().to_string(), tables: tables_written, files },
         source: source_record.clone(),
         options: record_options.clone(),
         counts,

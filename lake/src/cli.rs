@@ -13,4 +13,5 @@ pub mod serve;
 pub mod sql;
 pub mod stats;
 pub mod train;
+pub mod verify;
 pub mod view;

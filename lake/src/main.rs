@@ -103,6 +103,12 @@ enum Command {
     Rm(cli::rm::RmArgs),
     /// Show a dataset: features, cameras (codec, size, GOP), episodes, tasks, findings.
     Inspect(cli::inspect::InspectArgs),
+    /// Read every file of dataset versions and check it against the digest its ingest recorded,
+    /// and every stored frame against its checksum: a scrub for damage the readers cannot see.
+    ///
+    /// Exits 0 when everything checked is as written, 1 when something is damaged (each named,
+    /// with the command that mends it).
+    Verify(cli::verify::VerifyArgs),
     /// Write the LeRobot samples of given step indices to an Arrow IPC file.
     Sample(cli::sample::SampleArgs),
     /// Measure loader throughput: samples/s, CPU per sample, first-batch latency, peak RSS.
@@ -255,6 +261,7 @@ fn main() -> ExitCode {
                     Command::Ls(args) => cli::ls::ls(&cli.lake, args).await,
                     Command::Rm(args) => cli::rm::rm(&cli.lake, args).await,
                     Command::Inspect(args) => cli::inspect::inspect(&cli.lake, args).await,
+                    Command::Verify(args) => cli::verify::verify(&cli.lake, args).await,
                     Command::Sample(args) => cli::sample::sample(&cli.lake, args).await,
                     Command::Bench(args) => cli::bench::bench(&cli.lake, args).await,
                     Command::Cache(args) => cli::cache::cache(&cli.lake, args).await,

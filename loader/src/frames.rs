@@ -143,6 +143,68 @@ pub async fn read_checksums(table: &lance::Dataset) -> lance::Result<Option<Vec<
     Ok(Some(sums))
 }
 
+/// What [`verify_frame_table`] found in a frame table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FrameTableCheck {
+    /// Frames read.
+    pub frames: usize,
+    /// Bytes of stored frames read.
+    pub bytes: u64,
+    /// Whether the table stores each frame's CRC-32: without, frames are only read.
+    pub checksums: bool,
+    /// The rows (packet rows) whose frame is not the one stored, with what was read.
+    pub damaged: Vec<(u64, Mismatch)>,
+}
+
+/// Frames [`verify_frame_table`] reads at once.
+const VERIFY_ROWS: usize = 64;
+
+/// Reads every frame of the frame table at `uri` and checks each against the CRC-32 stored
+/// with it.
+///
+/// # Errors
+/// When Lance cannot open the table or read a frame (its files are missing or cut short).
+pub async fn verify_frame_table(uri: &str) -> lance::Result<FrameTableCheck> {
+    use arrow::array::{Array, AsArray};
+    use futures::TryStreamExt;
+    let table = Arc::new(lake_store::open_lance(uri).await?);
+    let column = match table.schema().fields.get(1) {
+        Some(field) if FrameStorage::of_column(&field.name).is_some() => field.name.clone(),
+        _ => return Err(lance::Error::corrupt_file_named(uri, "no frame column")),
+    };
+    let sums = read_checksums(&table).await?;
+    let mut found = FrameTableCheck { checksums: sums.is_some(), ..FrameTableCheck::default() };
+    let mut check_row = |row: u64, bytes: &[u8]| {
+        if let Err(mismatch) = check(bytes, sums.as_ref().map(|s| s[row as usize])) {
+            found.damaged.push((row, mismatch));
+        }
+        found.frames += 1;
+        found.bytes += bytes.len() as u64;
+    };
+    if is_blob_table(&table) {
+        let rows: Vec<u64> = (0..table.count_rows(None).await? as u64).collect();
+        for chunk in rows.chunks(VERIFY_ROWS) {
+            for (row, bytes) in chunk.iter().zip(read_frames(&table, &column, chunk).await?) {
+                check_row(*row, &bytes);
+            }
+        }
+    } else {
+        let mut scan = table.scan();
+        scan.project(&[column.as_str()])?;
+        let mut batches = lake_store::stream_lance(uri, lake_store::read_lance(uri, scan.try_into_stream()).await?);
+        let mut row = 0u64;
+        while let Some(batch) = batches.try_next().await? {
+            let frames = batch.column(0);
+            let frames = frames.as_binary_opt::<i64>().ok_or_else(|| lance::Error::corrupt_file_named(uri, "frames not binary"))?;
+            for i in 0..frames.len() {
+                check_row(row, frames.value(i));
+                row += 1;
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// A stored frame whose bytes are not those `lake cache` wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mismatch {

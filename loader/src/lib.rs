@@ -61,7 +61,10 @@ pub use crate::{
     dataset::{Camera, Column, EpisodeSpan, FrameSpec, LoaderDataset, PacketIndex, StoredFrames},
     error::{Error, Result},
     frame_writer::{FrameTableReport, write_frame_table},
-    frames::{FRAME_CHECKSUM, FRAMES, FrameStorage, FrameTableInfo, frame_table_name, frame_tables, frames_schema},
+    frames::{
+        FRAME_CHECKSUM, FRAMES, FrameStorage, FrameTableCheck, FrameTableInfo, Mismatch, frame_table_name, frame_tables, frames_schema,
+        verify_frame_table,
+    },
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
     packets::{PACKETS_SUFFIX, PacketBatchDecoder, PacketCamera, ShippedGop, gops_type},
     proxy::{ProxyCamera, ProxyInfo, ProxyReport, write_proxy},

@@ -12,6 +12,21 @@ pub struct TableSet {
     pub dir: String,
     /// Table names present in `dir`.
     pub tables: Vec<String>,
+    /// Every file of those tables as the ingest wrote it, sorted by path: what `lake verify`
+    /// checks them against. Empty in versions committed before lake recorded them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<TableFile>,
+}
+
+/// One file of a committed table, as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableFile {
+    /// Its path relative to the version's directory (`steps.lance/data/….lance`).
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// `blake3:<hex>` of its bytes.
+    pub blake3: String,
 }
 
 impl TableSet {

@@ -22,7 +22,7 @@ pub mod tables;
 mod template;
 
 pub use crate::{
-    catalog::{CommitRecord, FeatureMap, IngestOptions, SourceRecord, TableCounts, TableSet, ViewDataset, ViewRecord},
+    catalog::{CommitRecord, FeatureMap, IngestOptions, SourceRecord, TableCounts, TableFile, TableSet, ViewDataset, ViewRecord},
     codec::CodecParams,
     error::{Error, Result},
     finding::{Finding, FindingKind, Severity},

@@ -1973,7 +1973,7 @@ mod lifecycle_tests {
             version,
             committed_at: Utc::now(),
             ingest_seconds: 0.0,
-            tables: lake_schemas::TableSet { dir: dir.into(), tables: vec![] },
+            tables: lake_schemas::TableSet { dir: dir.into(), tables: vec![], files: vec![] },
             source: SourceRecord {
                 url: "src".into(),
                 codebase_version: "v3.0".into(),

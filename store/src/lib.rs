@@ -22,6 +22,7 @@ pub mod object_cache;
 pub mod remote;
 mod removal;
 mod tables;
+mod verify;
 
 pub use crate::{
     catalog::{
@@ -40,6 +41,7 @@ pub use crate::{
         UncommittedPart, commit_parts, commit_parts_with, open_table, publish_dir, read_columns, read_columns_at, read_table,
         read_table_where, read_whole_at, remove_abandoned, remove_when_done, sql_string, stream_columns_at, write_table, write_uncommitted,
     },
+    verify::{FileDamage, Verification},
 };
 
 /// Pinned dependencies, re-exported so that users build against the same versions.

@@ -44,7 +44,8 @@ pub struct IngestArgs {
     missing_video: MissingVideo,
     /// Decode every video frame once and report those that do not decode whole (a damaged
     /// file), by episode and frame, as errors of their episodes; `--frame-cache` does this too.
-    /// Ingest then takes about as long as decoding the dataset.
+    /// Ingest then takes about as long as decoding the dataset. An unchanged source is up to date
+    /// only if the latest version's tables pass `lake verify`; if not, it is ingested again.
     #[arg(long)]
     verify: bool,
     /// Camera files demuxed in parallel, 1 to 256 [default: number of cores].
@@ -209,6 +210,12 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                             previous.version,
                             tables.join(", ")
                         )?;
+                    } else if options.verify
+                        && let Ok(checked) = lake.verify_tables(previous, options.threads).await
+                        && !checked.damage.is_empty()
+                    {
+                        let files: Vec<String> = checked.damage.iter().map(|d| format!("{} ({})", d.path, d.why)).collect();
+                        outln!("  note: replaces {}@{}, whose tables are damaged: {}", previous.name, previous.version, files.join(", "))?;
                     }
                     if previous.source.url != record.source.url {
                         if previous.source.content_hash == record.source.content_hash && previous.options != record.options {

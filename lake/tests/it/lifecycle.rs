@@ -622,3 +622,83 @@ fn an_interrupt_ignored_by_the_parent_stays_ignored() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().expect("exits").success());
 }
+
+/// One byte flipped inside a table's data file (its size unchanged, so Lance and `lake ls` see
+/// nothing), a file added beside the tables and one frame of a frame table changed: `lake
+/// verify` names each, exits 1 without touching the lake, and prints the commands that mend it.
+/// A plain re-ingest calls the source up to date; the printed one (`--verify`) replaces the
+/// version. A version recorded without digests gets the size check.
+#[test]
+fn lake_verify_names_each_damaged_file_and_frame_and_its_ingest_mends_the_version() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let source = testdata("v30-h264-multifile");
+    let name = "v30-h264-multifile";
+    ingest_ok(&root, &source, &[]);
+    assert_eq!(lake(&root, &["cache", name]).code, 0);
+    let intact = lake(&root, &["verify"]);
+    assert_eq!(intact.code, 0, "{intact:#?}");
+    assert!(
+        intact.stdout.contains(&format!("{name}@1: intact (tables: ")) && intact.stdout.contains("frame tables: 900 frames"),
+        "{intact:#?}"
+    );
+
+    let dir = latest_dir(&root, name);
+    let largest = |table: &str| {
+        let files = std::fs::read_dir(dir.join(format!("{table}.lance/data"))).expect("data dir").map(|e| e.expect("entry").path());
+        files.max_by_key(|p| std::fs::metadata(p).expect("stat").len()).expect("a data file")
+    };
+    let flip = |path: &Path| {
+        let mut bytes = std::fs::read(path).expect("read");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x10;
+        std::fs::write(path, bytes).expect("damage");
+    };
+    let (steps, frames) = (largest("steps"), largest("frames"));
+    flip(&steps);
+    flip(&frames);
+    std::fs::write(dir.join("episodes.lance/data/stray.lance"), b"not lake's").expect("stray file");
+    let before = snapshot(&root, &[]);
+    let damaged = lake(&root, &["verify", name]);
+    assert_eq!(damaged.code, 1, "{damaged:#?}");
+    let relative = |path: &Path| path.strip_prefix(&root).expect("in the lake").display().to_string();
+    for expected in [
+        format!("{name}@1: DAMAGED"),
+        format!("{}: its bytes are not the ones written (blake3:", relative(&steps)),
+        format!("{}: the ingest did not write this file", relative(&dir.join("episodes.lance/data/stray.lance"))),
+        format!("{}: camera observation.images.", relative(&dir.join("frames.lance"))),
+        format!("to mend: lake ingest {} --name {name} --verify", source.display()),
+        format!("to mend: lake cache {name}@1"),
+    ] {
+        assert!(damaged.stdout.contains(&expected), "{expected}: {damaged:#?}");
+    }
+    assert!(
+        damaged.stdout.contains("(packet row ") && damaged.stdout.contains("the frame is not the one `lake cache` stored"),
+        "{damaged:#?}"
+    );
+    assert_eq!(snapshot(&root, &[]), before, "verify changed the lake");
+    let json = lake(&root, &["verify", name, "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(json["versions"][0]["damage"].as_array().expect("damage").len(), 3, "{json:#}");
+
+    let plain = ingest_ok(&root, &source, &[]);
+    assert!(plain.stdout.contains("is up to date"), "{plain:#?}");
+    let mended = ingest_ok(&root, &source, &["--verify"]);
+    assert!(
+        mended.stdout.contains(&format!("{name}@2")) && mended.stdout.contains(&format!("replaces {name}@1, whose tables are damaged")),
+        "{mended:#?}"
+    );
+    assert_eq!(lake(&root, &["verify", name]).code, 0);
+    let every = lake(&root, &["verify", "--every-version"]);
+    assert_eq!(every.code, 1, "{every:#?}");
+    assert!(every.stdout.contains(&format!("to mend: nothing: {name}@1 is kept as it is; {name}@2 is the latest version")), "{every:#?}");
+
+    // A record written before lake recorded digests: only the data files' sizes are checked.
+    let record_path = root.join(format!("catalog/{name}/v00000002.json"));
+    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(&record_path).expect("record")).expect("json");
+    record["tables"].as_object_mut().expect("tables").remove("files").expect("digests recorded");
+    std::fs::write(&record_path, serde_json::to_vec_pretty(&record).expect("json")).expect("write");
+    let old = lake(&root, &["verify", name]);
+    assert_eq!(old.code, 0, "{old:#?}");
+    assert!(old.stdout.contains("tables: data file sizes only (committed before lake recorded digests)"), "{old:#?}");
+}

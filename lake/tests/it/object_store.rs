@@ -204,6 +204,16 @@ fn tables_beside_a_version_are_written_on_s3_as_on_the_local_disk() {
     let (remote, _) = both(&["cache", name, "--proxy", "h264", "--gop", "4"]);
     assert!(remote.stdout.contains("stored the h264 proxy (GOP 4, CRF 18) of v30-av1-small@1: 1200 frames"), "{remote:#?}");
     same_samples(&["--proxy"], "the proxy's frames");
+
+    // Every file of the tables checked against its recorded digest, every stored frame against
+    // its checksum, as on the local disk.
+    let (remote, here) = both(&["verify", name]);
+    for run in [&remote, &here] {
+        assert!(
+            run.stdout.contains(&format!("{name}@1: intact (tables: ")) && run.stdout.contains("frame tables: 1200 frames"),
+            "{run:#?}"
+        );
+    }
 }
 
 #[test]
