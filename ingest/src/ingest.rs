@@ -194,7 +194,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
     // checked against its digest; otherwise only the sizes of its data files.
     let latest = lake.latest_readable(&name).await?;
     let intact = match &latest {
-        Some(l) if options.verify => lake.verify_tables(l, options.threads).await?.damage.is_empty(),
+        Some(l) if options.verify => !lake.verify_tables(l, options.threads).await?.is_damaged(),
         Some(l) => lake.damaged_tables(l).await?.is_empty(),
         None => true,
     };
@@ -289,6 +289,7 @@ pub async fn ingest(lake: &Lake, location: &str, options: &IngestOptions, progre
         fps: meta.fps,
         robot_type: meta.info.robot_type.clone(),
         info: meta.info_value.clone(),
+        digest: None,
     };
     let record = match pending.commit_unless(record, is_same).await? {
         Committed::New(record) => record,

@@ -118,6 +118,11 @@ pub struct CommitRecord {
     pub robot_type: Option<String>,
     /// The source `meta/info.json`, verbatim.
     pub info: serde_json::Value,
+    /// `blake3:<hex>` of the record's other fields (its JSON without this one, compact, keys
+    /// sorted), set when it is committed: `lake verify` tells a record changed after its commit.
+    /// Absent in records committed before lake set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// One dataset version a view selects from.

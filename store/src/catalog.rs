@@ -1426,6 +1426,11 @@ impl Lake {
         Ok((value, version))
     }
 
+    /// Where the commit record of `name`'s version `version` is, below the root.
+    pub fn record_path(name: &str, version: u64) -> Path {
+        Path::from(format!("{CATALOG}/{name}/v{version:08}.json"))
+    }
+
     async fn read_record(&self, path: &Path) -> Result<CommitRecord> {
         self.get_json(path).await
     }
@@ -1613,7 +1618,9 @@ impl PendingVersion {
             }
             record.version = version;
             record.committed_at = chrono::Utc::now();
-            let path = Path::from(format!("{CATALOG}/{}/v{version:08}.json", self.name));
+            record.digest = None;
+            record.digest = Some(crate::verify::record_digest(&serde_json::to_value(&record).expect("commit record serialises")));
+            let path = Lake::record_path(&self.name, version);
             let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
             let put =
                 self.lake.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await;
@@ -1992,6 +1999,7 @@ mod lifecycle_tests {
             fps: 30,
             robot_type: None,
             info: serde_json::Value::Null,
+            digest: None,
         }
     }
 

@@ -14,6 +14,31 @@ use object_store::{ObjectStoreExt, path::Path};
 
 use crate::{Error, Lake, Result};
 
+/// The `blake3:<hex>` digest of a commit record (as JSON) without its `digest` field: its
+/// compact JSON with every object's keys sorted, so that the record read back from its file
+/// gives the digest the committed one did.
+pub(crate) fn record_digest(record: &serde_json::Value) -> String {
+    fn sorted(value: &serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                serde_json::Value::Object(keys.into_iter().map(|k| (k.clone(), sorted(&map[k]))).collect())
+            }
+            serde_json::Value::Array(items) => serde_json::Value::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    // (Left out before the keys are sorted: a map that keeps its order fills a removed key's
+    // place with its last key.)
+    let mut record = record.clone();
+    if let Some(map) = record.as_object_mut() {
+        map.remove("digest");
+    }
+    let json = serde_json::to_vec(&sorted(&record)).expect("JSON values serialise");
+    format!("blake3:{}", blake3::hash(&json).to_hex())
+}
+
 /// One file of a committed version that is not as its ingest wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileDamage {
@@ -37,6 +62,16 @@ pub struct Verification {
     /// The version was committed before lake recorded digests: only the sizes Lance keeps of
     /// its data files were checked.
     pub sizes_only: bool,
+    /// What is wrong with the commit record itself: its fields changed after it was committed
+    /// (`None`: as committed, or committed before records had digests).
+    pub record: Option<String>,
+}
+
+impl Verification {
+    /// Whether anything checked differs from what was written.
+    pub fn is_damaged(&self) -> bool {
+        !self.damage.is_empty() || self.record.is_some()
+    }
 }
 
 impl Lake {
@@ -70,10 +105,11 @@ impl Lake {
     /// When the store cannot be listed, or a file that is there cannot be read.
     pub async fn verify_tables(&self, record: &CommitRecord, concurrency: usize) -> Result<Verification> {
         let set = &record.tables;
+        let record_damage = self.record_damage(record).await?;
         if set.files.is_empty() {
             let damage = self.damaged_tables(record).await?;
             let damage = damage.into_iter().map(|(table, why)| FileDamage { path: format!("{table}.lance"), table, why }).collect();
-            return Ok(Verification { damage, sizes_only: true, ..Verification::default() });
+            return Ok(Verification { damage, sizes_only: true, record: record_damage, ..Verification::default() });
         }
         let mut present = BTreeMap::new();
         for table in &set.tables {
@@ -109,7 +145,21 @@ impl Lake {
         damage.sort_by(|a, b| a.path.cmp(&b.path));
         let files = set.files.len() as u64;
         let bytes = set.files.iter().filter(|f| present.get(&f.path) == Some(&f.bytes)).map(|f| f.bytes).sum();
-        Ok(Verification { files, bytes, damage, sizes_only: false })
+        Ok(Verification { files, bytes, damage, sizes_only: false, record: record_damage })
+    }
+
+    /// What is wrong with `record`'s file, read again as it is now: its fields are not those
+    /// committed (their digest differs from the one it holds).
+    async fn record_damage(&self, record: &CommitRecord) -> Result<Option<String>> {
+        let Some(committed) = &record.digest else { return Ok(None) };
+        let path = Self::record_path(&record.name, record.version);
+        let bytes = self.store().get(&path).await.map_err(Error::store(path.to_string()))?;
+        let bytes = bytes.bytes().await.map_err(Error::store(path.to_string()))?;
+        let now = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(value) => record_digest(&value),
+            Err(e) => return Ok(Some(format!("it is no longer JSON ({e})"))),
+        };
+        Ok((&now != committed).then(|| format!("its fields are not the ones committed ({now}, {committed} was recorded)")))
     }
 
     /// The files under `DIR/TABLE.lance/`, by path relative to `dir`, with their sizes.
@@ -156,5 +206,26 @@ impl Lake {
             size += chunk.len() as u64;
         }
         Ok((size, format!("blake3:{}", hasher.finalize().to_hex())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record's digest is the same read back from its file (a digest field in the middle of
+    /// its keys, keys in any order) and differs once a field does.
+    #[test]
+    fn a_records_digest_is_the_same_read_back_and_changes_with_a_field() {
+        let written = serde_json::json!({"name": "a", "version": 1, "counts": {"steps": 300, "episodes": 5}, "fps": 30.5});
+        let digest = record_digest(&written);
+        let read: serde_json::Value = serde_json::from_str(&format!(
+            r#"{{"counts": {{"episodes": 5, "steps": 300}}, "digest": "{digest}", "name": "a", "fps": 30.5, "version": 1}}"#
+        ))
+        .expect("json");
+        assert_eq!(record_digest(&read), digest);
+        let mut changed = read;
+        changed["counts"]["steps"] = serde_json::json!(299);
+        assert_ne!(record_digest(&changed), digest);
     }
 }

@@ -212,10 +212,11 @@ pub async fn ingest(root: &str, args: IngestArgs) -> anyhow::Result<ExitCode> {
                         )?;
                     } else if options.verify
                         && let Ok(checked) = lake.verify_tables(previous, options.threads).await
-                        && !checked.damage.is_empty()
+                        && checked.is_damaged()
                     {
-                        let files: Vec<String> = checked.damage.iter().map(|d| format!("{} ({})", d.path, d.why)).collect();
-                        outln!("  note: replaces {}@{}, whose tables are damaged: {}", previous.name, previous.version, files.join(", "))?;
+                        let mut files: Vec<String> = checked.damage.iter().map(|d| format!("{} ({})", d.path, d.why)).collect();
+                        files.extend(checked.record.iter().map(|why| format!("its commit record ({why})")));
+                        outln!("  note: replaces {}@{}, which is damaged: {}", previous.name, previous.version, files.join(", "))?;
                     }
                     if previous.source.url != record.source.url {
                         if previous.source.content_hash == record.source.content_hash && previous.options != record.options {

@@ -131,10 +131,13 @@ async fn check_version(lake: &Lake, record: &CommitRecord, threads: usize) -> an
     c.files = tables.files;
     c.bytes = tables.bytes;
     c.sizes_only = tables.sizes_only;
+    if let Some(why) = &tables.record {
+        c.damage.push(format!("{}: {why}", Lake::record_path(&record.name, record.version)));
+    }
     for d in &tables.damage {
         c.damage.push(format!("{}/{}: {}", record.tables.dir, d.path, d.why));
     }
-    if !tables.damage.is_empty() {
+    if tables.is_damaged() {
         // A new version replaces the latest one; an older version stays as it is.
         match lake.newest_version(&record.name).await? {
             Some(latest) if latest > record.version => {

@@ -685,7 +685,7 @@ fn lake_verify_names_each_damaged_file_and_frame_and_its_ingest_mends_the_versio
     assert!(plain.stdout.contains("is up to date"), "{plain:#?}");
     let mended = ingest_ok(&root, &source, &["--verify"]);
     assert!(
-        mended.stdout.contains(&format!("{name}@2")) && mended.stdout.contains(&format!("replaces {name}@1, whose tables are damaged")),
+        mended.stdout.contains(&format!("{name}@2")) && mended.stdout.contains(&format!("replaces {name}@1, which is damaged")),
         "{mended:#?}"
     );
     assert_eq!(lake(&root, &["verify", name]).code, 0);
@@ -693,9 +693,20 @@ fn lake_verify_names_each_damaged_file_and_frame_and_its_ingest_mends_the_versio
     assert_eq!(every.code, 1, "{every:#?}");
     assert!(every.stdout.contains(&format!("to mend: nothing: {name}@1 is kept as it is; {name}@2 is the latest version")), "{every:#?}");
 
-    // A record written before lake recorded digests: only the data files' sizes are checked.
+    // The commit record's own fields changed (it still parses): named, and mended as the tables.
     let record_path = root.join(format!("catalog/{name}/v00000002.json"));
-    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(&record_path).expect("record")).expect("json");
+    let committed = std::fs::read(&record_path).expect("record");
+    let mut record: serde_json::Value = serde_json::from_slice(&committed).expect("json");
+    record["counts"]["steps"] = serde_json::json!(299);
+    std::fs::write(&record_path, serde_json::to_vec_pretty(&record).expect("json")).expect("write");
+    let changed = lake(&root, &["verify", name]);
+    assert_eq!(changed.code, 1, "{changed:#?}");
+    assert!(changed.stdout.contains(&format!("catalog/{name}/v00000002.json: its fields are not the ones committed")), "{changed:#?}");
+    assert!(changed.stdout.contains(&format!("to mend: lake ingest {}", source.display())), "{changed:#?}");
+
+    // A record written before lake recorded digests: only the data files' sizes are checked.
+    let mut record: serde_json::Value = serde_json::from_slice(&committed).expect("json");
+    record.as_object_mut().expect("record").remove("digest").expect("the record's digest");
     record["tables"].as_object_mut().expect("tables").remove("files").expect("digests recorded");
     std::fs::write(&record_path, serde_json::to_vec_pretty(&record).expect("json")).expect("write");
     let old = lake(&root, &["verify", name]);
