@@ -1619,7 +1619,7 @@ impl PendingVersion {
             record.version = version;
             record.committed_at = chrono::Utc::now();
             record.digest = None;
-            record.digest = Some(crate::verify::record_digest(&serde_json::to_value(&record).expect("commit record serialises")));
+            record.digest = Some(crate::record_digest::record_digest(&serde_json::to_value(&record).expect("commit record serialises")));
             let path = Lake::record_path(&self.name, version);
             let body = serde_json::to_vec_pretty(&record).expect("commit record serialises");
             let put =

@@ -19,6 +19,7 @@ mod lance_open;
 mod lease;
 pub mod local_io;
 pub mod object_cache;
+mod record_digest;
 pub mod remote;
 mod removal;
 mod tables;
