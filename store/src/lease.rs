@@ -116,11 +116,19 @@ fn put_local(file: &FilePath, body: &PutPayload, create: bool) -> std::result::R
         _ => object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) },
     };
     let staged = local_staging(file);
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir).map_err(failed)?;
-    }
     let bytes: Vec<u8> = body.iter().flat_map(|b| b.iter().copied()).collect();
-    std::fs::write(&staged, bytes).map_err(failed)?;
+    // A writer that finishes prunes `staging/` once it is empty, which it is between making the
+    // directory here and writing into it when this is the only lease: made again, a few times.
+    let mut tries = 0;
+    loop {
+        if let Some(dir) = file.parent() {
+            std::fs::create_dir_all(dir).map_err(failed)?;
+        }
+        match std::fs::write(&staged, &bytes) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
+            written => break written.map_err(failed)?,
+        }
+    }
     let placed = if create { std::fs::hard_link(&staged, file) } else { std::fs::rename(&staged, file) };
     if create || placed.is_err() {
         let _ = std::fs::remove_file(&staged);
