@@ -68,6 +68,7 @@ pub use crate::{
     lookahead::{Ahead, DEFAULT_HORIZON, FrameRef, FrameSource, Lookahead, MAX_HORIZON, Member},
     packets::{PACKETS_SUFFIX, PacketBatchDecoder, PacketCamera, ShippedGop, gops_type},
     proxy::{ProxyCamera, ProxyInfo, ProxyReport, write_proxy},
+    proxy_info::{ProxyCheck, verify_proxy},
     sampler::{Cursor, Draw, Eligible, MIX_BLOCK, Order, Permutation, Sharding, Source},
     samples::{BatchColumn, DTYPE, FrameColumn, LAYOUT, SHAPE, SampleBatch},
     spec::{DatasetKeys, Preset, Window, Windows, resolve_windows},

@@ -3,10 +3,13 @@
 //! camera column served from it carries.
 
 use lake_codec::{ProxySettings, StreamConfig};
-use lake_schemas::tables::{PROXY, PROXY_METADATA};
+use lake_schemas::tables::{PACKET_CHECKSUM, PROXY, PROXY_METADATA};
 use lake_store::Lake;
 
-use crate::{Error, Result};
+use crate::{
+    Error, Result,
+    frames::{Mismatch, check},
+};
 
 /// What a proxy is: how it was encoded, its streams, and how far each camera is from the
 /// recorded frames.
@@ -79,6 +82,62 @@ impl ProxyInfo {
             .ok_or_else(|| Error::layout(label, format!("the proxy table has no `{PROXY_METADATA}` metadata")))?;
         serde_json::from_str(json).map_err(|e| Error::layout(label, format!("the proxy table's `{PROXY_METADATA}` metadata: {e}")))
     }
+}
+
+/// What [`verify_proxy`] found in a version's training proxy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyCheck {
+    /// How the proxy was encoded (what `lake cache --proxy` makes again).
+    pub settings: ProxySettings,
+    /// Packets read.
+    pub packets: u64,
+    /// Bytes of packets read.
+    pub bytes: u64,
+    /// The packets whose bytes are not those `lake cache --proxy` stored, each by the `packets`
+    /// row of the recorded frame it re-encodes, with what was read.
+    pub damaged: Vec<(u64, Mismatch)>,
+}
+
+/// Reads every packet of `record`'s training proxy and checks each against the CRC-32 stored
+/// with it; `None` when the version has no proxy.
+///
+/// # Errors
+/// When the proxy cannot be opened or read (its files are missing or cut short), or its
+/// metadata is not a proxy's.
+pub async fn verify_proxy(lake: &Lake, record: &lake_schemas::CommitRecord) -> Result<Option<ProxyCheck>> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{UInt32Type, UInt64Type};
+    use futures::TryStreamExt;
+    if !lake.has_table(&record.tables.dir, PROXY).await? {
+        return Ok(None);
+    }
+    let label = format!("{}@{}", record.name, record.version);
+    let table = lake_store::open_table(lake, record, PROXY).await?;
+    let info = ProxyInfo::of_table(&table, &label)?;
+    let lance = |error| Error::Lance { dataset: label.clone(), table: PROXY.into(), error: Box::new(error) };
+    let mut scan = table.scan();
+    scan.project(&["data", PACKET_CHECKSUM, "source_row"]).map_err(lance)?;
+    let uri = table.uri().to_string();
+    let mut batches = lake_store::stream_lance(&uri, lake_store::read_lance(&uri, scan.try_into_stream()).await.map_err(lance)?);
+    let mut found = ProxyCheck { settings: info.settings, packets: 0, bytes: 0, damaged: Vec::new() };
+    while let Some(batch) = batches.try_next().await.map_err(lance)? {
+        let columns = (
+            batch.column(0).as_binary_opt::<i64>(),
+            batch.column(1).as_primitive_opt::<UInt32Type>(),
+            batch.column(2).as_primitive_opt::<UInt64Type>(),
+        );
+        let (Some(data), Some(sums), Some(rows)) = columns else {
+            return Err(Error::layout(&label, "the proxy table's columns are not a proxy's"));
+        };
+        for i in 0..data.len() {
+            if let Err(mismatch) = check(data.value(i), Some(sums.value(i))) {
+                found.damaged.push((rows.value(i), mismatch));
+            }
+            found.packets += 1;
+            found.bytes += data.value(i).len() as u64;
+        }
+    }
+    Ok(Some(found))
 }
 
 /// What a camera column served from proxies says of them ([`PROXY_METADATA`] in its field

@@ -302,6 +302,7 @@ pub async fn create_from(
         created_at: chrono::Utc::now(),
         lake_versions: datasets.iter().map(|r| format!("{}@{}", r.name, r.version)).collect(),
         datasets: selected,
+        digest: None,
     };
     view.version = lake.put_view(&view, replace).await?;
     // A query that read another version of a dataset than the one its `dataset` column pinned.

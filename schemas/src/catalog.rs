@@ -245,6 +245,11 @@ pub struct ViewRecord {
     pub lake_versions: Vec<String>,
     /// What it selects, per dataset, sorted by name.
     pub datasets: Vec<ViewDataset>,
+    /// `blake3:<hex>` of the record's other fields (its JSON without this one, compact, keys
+    /// sorted), set when the store writes it: `lake verify` tells a record changed after it was
+    /// written. Absent in records written before lake set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 impl ViewRecord {

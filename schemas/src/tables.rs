@@ -37,6 +37,10 @@ pub const FEATURE_STATS: &str = "feature_stats";
 /// Per-channel camera statistics over a frame subsample, added beside a version by `lake stats
 /// --images` (same columns as `feature_stats`; `feature` is the camera, `dim` the RGB channel).
 pub const IMAGE_STATS: &str = "image_stats";
+/// Schema metadata key of a small table written beside a committed version (`image_stats`): the
+/// `blake3:<hex>` digest of its rows, written in the same commit as they are, which `lake
+/// verify` checks.
+pub const CONTENT_DIGEST: &str = "lake:content_digest";
 /// Every table of a version, in the order ingest writes them.
 pub const ALL: [&str; 8] = [PACKETS, STEPS, STREAMS, EPISODES, TASKS, STATS, FEATURE_STATS, FINDINGS];
 

@@ -909,19 +909,9 @@ impl Lake {
     /// # Errors
     /// When the views cannot be listed or read.
     pub async fn views_listed(&self) -> Result<(Vec<ViewRecord>, Vec<Unreadable>)> {
-        let mut names = std::collections::BTreeSet::new();
-        for p in self.list(VIEWS).await? {
-            let parts: Vec<_> = p.parts().collect();
-            match parts.as_slice() {
-                [_, file] => names.extend(file.as_ref().strip_suffix(".json").map(str::to_string)),
-                [_, name, file] if file.as_ref().ends_with(".json") => {
-                    names.insert(name.as_ref().to_string());
-                }
-                _ => {}
-            }
-        }
+        let names = self.view_names().await?;
         let (mut out, mut unreadable) = (Vec::with_capacity(names.len()), Vec::new());
-        for name in names.iter().filter(|n| validate_name(n).is_ok()) {
+        for name in &names {
             match self.view(name).await {
                 Ok(view) => out.extend(view),
                 Err(Error::Record { path, source }) => unreadable.push(Unreadable {
@@ -934,6 +924,25 @@ impl Lake {
             }
         }
         Ok((out, unreadable))
+    }
+
+    /// The name of every view that has a record, dropped ones too, sorted.
+    ///
+    /// # Errors
+    /// When the views cannot be listed.
+    pub async fn view_names(&self) -> Result<Vec<String>> {
+        let mut names = std::collections::BTreeSet::new();
+        for p in self.list(VIEWS).await? {
+            let parts: Vec<_> = p.parts().collect();
+            match parts.as_slice() {
+                [_, file] => names.extend(file.as_ref().strip_suffix(".json").map(str::to_string)),
+                [_, name, file] if file.as_ref().ends_with(".json") => {
+                    names.insert(name.as_ref().to_string());
+                }
+                _ => {}
+            }
+        }
+        Ok(names.into_iter().filter(|n| validate_name(n).is_ok()).collect())
     }
 
     /// The current version of the view `name`, if there is one (and it was not dropped).
@@ -964,11 +973,20 @@ impl Lake {
     /// # Errors
     /// When the name is not valid or a record cannot be read.
     pub async fn view_versions(&self, name: &str) -> Result<Vec<ViewRecord>> {
+        let mut out = self.view_records(name).await?;
+        out.retain(|v| !v.dropped);
+        Ok(out)
+    }
+
+    /// Every record of the view `name`, oldest first, the drops (`lake view drop`) included.
+    ///
+    /// # Errors
+    /// When the name is not valid or a record cannot be read.
+    pub async fn view_records(&self, name: &str) -> Result<Vec<ViewRecord>> {
         let mut out = Vec::new();
         for (version, path) in self.view_paths(name).await? {
             out.push(self.read_view(version, &path).await?);
         }
-        out.retain(|v| !v.dropped);
         Ok(out)
     }
 
@@ -1053,7 +1071,9 @@ impl Lake {
     /// Writes `view`'s record (create-if-absent) and returns its path.
     async fn put_view_version(&self, view: &ViewRecord) -> Result<Path> {
         let path = Path::from(format!("{VIEWS}/{}/v{:08}.json", view.name, view.version));
-        let body = serde_json::to_vec_pretty(view).expect("view serialises");
+        let mut view = ViewRecord { digest: None, ..view.clone() };
+        view.digest = Some(crate::record_digest::record_digest(&serde_json::to_value(&view).expect("view serialises")));
+        let body = serde_json::to_vec_pretty(&view).expect("view serialises");
         match self.store.put_opts(&path, PutPayload::from(body), PutOptions { mode: PutMode::Create, ..Default::default() }).await {
             Ok(_) => Ok(path),
             Err(object_store::Error::AlreadyExists { .. }) => Err(Error::View {
@@ -1066,7 +1086,7 @@ impl Lake {
 
     /// The records of view `name` with their versions, oldest first: `views/<name>/v*.json`,
     /// and `views/<name>.json` (how views were stored before they had versions) as version 1.
-    async fn view_paths(&self, name: &str) -> Result<Vec<(u64, Path)>> {
+    pub(crate) async fn view_paths(&self, name: &str) -> Result<Vec<(u64, Path)>> {
         validate_name(name)?;
         let mut out = Vec::new();
         let unversioned = Path::from(format!("{VIEWS}/{name}.json"));
@@ -2299,6 +2319,7 @@ mod lifecycle_tests {
             lake_versions: Vec::new(),
             datasets: Vec::new(),
             dropped: false,
+            digest: None,
         };
         let e = lake.put_view(&view, false).await.unwrap_err().to_string();
         assert!(e.contains("`ds` was removed with `lake rm`") && e.contains("choose another"), "{e}");
@@ -2355,6 +2376,7 @@ mod lifecycle_tests {
             lake_versions: Vec::new(),
             datasets: Vec::new(),
             dropped: false,
+            digest: None,
         };
         // An ingest under way holds its name: the view is refused and nothing stays of it.
         let pending = lake.begin("foo").await.unwrap();
@@ -2576,6 +2598,7 @@ mod lifecycle_tests {
             created_at: Utc::now(),
             lake_versions: vec![],
             datasets: vec![],
+            digest: None,
         }
     }
 

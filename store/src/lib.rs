@@ -13,6 +13,7 @@
 //! ```
 
 mod catalog;
+mod content_digest;
 mod derived;
 mod error;
 mod lance_open;
@@ -30,6 +31,7 @@ pub use crate::{
         Committed, GarbageReport, IngestUnderWay, Lake, PendingVersion, RESERVED_NAMES, RemovalReport, Unreadable, absolute_location,
         default_name, local_path, parse_version, validate_name, validate_new_name,
     },
+    content_digest::{ContentCheck, content_digest},
     derived::DerivedTable,
     error::{
         Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, store_message, store_unreachable,

@@ -1,6 +1,7 @@
-//! The digest a commit record carries of its own fields.
+//! The digest a catalog record (a version's commit record, a view's record) carries of its own
+//! fields.
 
-/// The `blake3:<hex>` digest of a commit record (as JSON) without its `digest` field: its
+/// The `blake3:<hex>` digest of a catalog record (as JSON) without its `digest` field: its
 /// compact JSON with every object's keys sorted, so that the record read back from its file
 /// gives the digest the committed one did.
 pub(crate) fn record_digest(record: &serde_json::Value) -> String {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use futures::{StreamExt, TryStreamExt, stream};
-use lake_schemas::{CommitRecord, TableFile};
+use lake_schemas::{CommitRecord, TableFile, ViewRecord};
 use object_store::{ObjectStoreExt, path::Path};
 
 use crate::{Error, Lake, Result, record_digest::record_digest};
@@ -128,13 +128,33 @@ impl Lake {
     async fn record_damage(&self, record: &CommitRecord) -> Result<Option<String>> {
         let Some(committed) = &record.digest else { return Ok(None) };
         let path = Self::record_path(&record.name, record.version);
-        let bytes = self.store().get(&path).await.map_err(Error::store(path.to_string()))?;
+        self.fields_changed(&path, committed, "committed").await
+    }
+
+    /// What is wrong with the record of `view`'s version, read again as it is now, with the
+    /// record's path: it is gone, or its fields are not those written (their digest differs
+    /// from the one it holds). `None` for a record written before view records had digests.
+    ///
+    /// # Errors
+    /// When the view's records cannot be listed or read.
+    pub async fn view_record_damage(&self, view: &ViewRecord) -> Result<Option<(String, String)>> {
+        let Some(written) = &view.digest else { return Ok(None) };
+        let paths = self.view_paths(&view.name).await?;
+        Ok(match paths.into_iter().find(|(version, _)| *version == view.version) {
+            Some((_, path)) => self.fields_changed(&path, written, "written").await?.map(|why| (path.to_string(), why)),
+            None => Some((format!("views/{}", view.name), format!("version {} is missing", view.version))),
+        })
+    }
+
+    /// Whether the catalog record at `path` still has the digest `digest` it was `done` with.
+    async fn fields_changed(&self, path: &Path, digest: &str, done: &str) -> Result<Option<String>> {
+        let bytes = self.store().get(path).await.map_err(Error::store(path.to_string()))?;
         let bytes = bytes.bytes().await.map_err(Error::store(path.to_string()))?;
         let now = match serde_json::from_slice::<serde_json::Value>(&bytes) {
             Ok(value) => record_digest(&value),
             Err(e) => return Ok(Some(format!("it is no longer JSON ({e})"))),
         };
-        Ok((&now != committed).then(|| format!("its fields are not the ones committed ({now}, {committed} was recorded)")))
+        Ok((now != digest).then(|| format!("its fields are not the ones {done} ({now}, {digest} was recorded)")))
     }
 
     /// The files under `DIR/TABLE.lance/`, by path relative to `dir`, with their sizes.
@@ -181,5 +201,47 @@ impl Lake {
             size += chunk.len() as u64;
         }
         Ok((size, format!("blake3:{}", hasher.finalize().to_hex())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+
+    /// Every view record the store writes (a create, a replace, a drop) carries the digest of its
+    /// fields; a field changed afterwards is named with the record's path.
+    #[tokio::test]
+    async fn a_view_records_changed_fields_are_named() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let lake = Lake::create(tmp.path().join("lake").to_str().expect("utf-8")).expect("lake");
+        let view = ViewRecord {
+            name: "v".into(),
+            version: 0,
+            dropped: false,
+            sql: "SELECT 1".into(),
+            created_at: Utc::now(),
+            lake_versions: Vec::new(),
+            datasets: Vec::new(),
+            digest: Some("blake3:not-this-one".into()),
+        };
+        lake.put_view(&view, false).await.expect("view");
+        lake.put_view(&view, true).await.expect("replaced");
+        lake.drop_view("v").await.expect("dropped");
+        let records = lake.view_records("v").await.expect("records");
+        assert_eq!(records.iter().map(|r| (r.version, r.dropped)).collect::<Vec<_>>(), [(1, false), (2, false), (3, true)]);
+        for record in &records {
+            assert!(record.digest.as_ref().is_some_and(|d| d.starts_with("blake3:") && d != "blake3:not-this-one"), "{record:?}");
+            assert_eq!(lake.view_record_damage(record).await.expect("checked"), None);
+        }
+        let path = tmp.path().join("lake/views/v/v00000002.json");
+        let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+        json["sql"] = "SELECT 2".into();
+        std::fs::write(&path, serde_json::to_vec_pretty(&json).expect("json")).expect("write");
+        let (named, why) = lake.view_record_damage(&records[1]).await.expect("checked").expect("named");
+        assert_eq!(named, "views/v/v00000002.json");
+        assert!(why.starts_with("its fields are not the ones written (blake3:"), "{why}");
+        assert_eq!(lake.view_record_damage(&records[0]).await.expect("checked"), None, "the other records are as written");
     }
 }

@@ -290,6 +290,7 @@ mod tests {
                 created_at: chrono::Utc::now(),
                 lake_versions: Vec::new(),
                 datasets,
+                digest: None,
             };
             lake.put_view(&view, false).await.expect("view stored");
 

@@ -123,6 +123,7 @@ fn the_loss_goes_down_on_the_lakes_samples() {
             episodes: (0..record.counts.episodes as i64).collect(),
             features,
         }],
+        digest: None,
     };
     runtime.block_on(lake.put_view(&view, false)).expect("view stored");
     let renamed = tmp.path().join("renamed");
