@@ -11,13 +11,14 @@ was when it exits non-zero; a dataset it accepts is then cached, benched, querie
 each exiting 0, 1 or 2 without a panic. With --real DIR, the datasets of DIR (the real datasets
 of ../shared/lerobot-real) are damaged too, ingested with the flags that let their gaps through.
 
---lakes N (default 12): N copies of a lake (two samples ingested, one cached, a view) with one of
+--lakes N (default 12): N copies of a lake (two samples ingested, one cached, one with a training
+proxy and image statistics, a view) with one of
 its files damaged (a table's data file, manifest, transaction or version hint, a commit record,
 a view): every reading command, and an ingest into it, must exit 0, 1 or 2 without a panic; then
 `lake serve` on it is asked for each dataset's samples, listings and SQL over HTTP, and must
 answer each (a 500 that names the damage is an answer), stay up and print no panic. When the
-damaged file is a commit record or belongs to a table one lists, `lake verify --every-version`
-must exit 1 and name it.
+damaged file is a commit record, a view record or belongs to a table a commit record lists,
+`lake verify --every-version` must exit 1 and name it.
 
 --frame-tables N (default 12): N copies of that lake with one file of its frame table damaged
 (mostly its data file): `lake sample` of every step of the cached dataset must exit 0, 1 or 2
@@ -194,6 +195,8 @@ def source_case(lake, seed, work, base, real):
 def base_lake(lake, root):
     for args in (["ingest", str(SAMPLES / "v30-h264-multifile")], ["ingest", str(SAMPLES / "v30-images-jpeg")],
                  ["cache", CACHED],
+                 ["cache", "v30-h264-multifile", "--proxy", "h264"],
+                 ["stats", "v30-h264-multifile", "--images"],
                  ["view", "create", "some", "SELECT dataset, episode_index FROM episodes "
                   "WHERE dataset = 'v30-h264-multifile' AND episode_index < 3"]):
         code, err = run(lake, ["--lake", str(root)] + args)
@@ -269,10 +272,10 @@ def same_json(a, b):
 
 
 def committed_file(root, target):
-    """Whether `target` is a commit record, or a file of a table that a commit record of the lake
-    at `root` lists: what `lake verify` checks."""
+    """Whether `target` is a commit record, a view record, or a file of a table that a commit
+    record of the lake at `root` lists: what `lake verify` checks."""
     parts = target.relative_to(root).parts
-    if parts[0] == "catalog":
+    if parts[0] in ("catalog", "views"):
         return True
     if len(parts) < 5 or parts[0] != "datasets" or not parts[3].endswith(".lance"):
         return False
@@ -321,7 +324,7 @@ def lake_case(lake, seed, work, base):
     codes += [check(lake, root, args, failures, label) for args in (
         ["ls"], ["inspect", "v30-h264-multifile"], ["inspect", "v30-images-jpeg"],
         ["sql", "SELECT count(*), sum(index) FROM steps"], ["sql", "SELECT * FROM packets"],
-        ["sql", "SELECT * FROM feature_stats"],
+        ["sql", "SELECT * FROM feature_stats"], ["stats", "v30-h264-multifile"],
         ["bench", "--dataset", "v30-h264-multifile", "--batches", "3", "--preset", "act"],
         ["bench", "--dataset", "some", "--batches", "3", "--preset", "act"],
         ["bench", "--dataset", "v30-images-jpeg", "--batches", "3", "--preset", "act"],

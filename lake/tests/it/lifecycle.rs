@@ -713,3 +713,84 @@ fn lake_verify_names_each_damaged_file_and_frame_and_its_ingest_mends_the_versio
     assert_eq!(old.code, 0, "{old:#?}");
     assert!(old.stdout.contains("tables: data file sizes only (committed before lake recorded digests)"), "{old:#?}");
 }
+
+/// `lake verify` also checks what lies beside a version and what names it: each view's record
+/// (and the dataset versions it reads), the training proxy's packets and `image_stats`' rows.
+/// The commands it prints, run as a shell would read them, mend each.
+#[test]
+fn lake_verify_checks_views_proxies_and_image_statistics_and_prints_their_mends() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    let name = "v30-h264-multifile";
+    ingest_ok(&root, &testdata(name), &[]);
+    let query = format!("SELECT '{name}' AS dataset, episode_index FROM \"{name}\".episodes WHERE episode_index < 2");
+    for args in [
+        vec!["view", "create", "mix", query.as_str(), "--rename", "action=the action", "--dims", "the action=0:3"],
+        vec!["cache", name, "--proxy", "h264"],
+        vec!["stats", name, "--images"],
+    ] {
+        let run = lake(&root, &args);
+        assert_eq!(run.code, 0, "{args:?}: {run:#?}");
+    }
+    let intact = lake(&root, &["verify"]);
+    assert_eq!(intact.code, 0, "{intact:#?}");
+    for expected in ["proxy: 900 packets", "image_stats: 54 rows", &format!("view mix@1: intact (reads {name}@1)")] {
+        assert!(intact.stdout.contains(expected), "{expected}: {intact:#?}");
+    }
+
+    // Damage: episodes changed in the view's record, a byte of one proxy packet, a byte of
+    // image_stats' values.
+    let view_path = root.join("views/mix/v00000001.json");
+    let mut view: serde_json::Value = serde_json::from_slice(&std::fs::read(&view_path).expect("view")).expect("json");
+    view["datasets"][0]["episodes"] = serde_json::json!([0, 2]);
+    std::fs::write(&view_path, serde_json::to_vec_pretty(&view).expect("json")).expect("write");
+    let dir = latest_dir(&root, name);
+    let proxy = crate::common::table(&root, name, "proxy");
+    let packet = arrow::array::AsArray::as_binary::<i64>(proxy[0].column_by_name("data").expect("data")).value(10).to_vec();
+    let data_files =
+        |table: &str| std::fs::read_dir(dir.join(format!("{table}.lance/data"))).expect("data").map(|e| e.expect("entry").path());
+    let flipped = data_files("proxy").find_map(|path| {
+        let mut bytes = std::fs::read(&path).expect("read");
+        let at = bytes.windows(packet.len()).position(|w| w == packet)?;
+        bytes[at + packet.len() / 2] ^= 0x10;
+        std::fs::write(&path, bytes).expect("damage");
+        Some(())
+    });
+    assert!(flipped.is_some(), "the proxy's packet stored as it is");
+    let stats_file = data_files("image_stats").next().expect("a data file");
+    let mut bytes = std::fs::read(&stats_file).expect("read");
+    bytes[100] ^= 0x10;
+    std::fs::write(&stats_file, bytes).expect("damage");
+
+    let before = snapshot(&root, &[]);
+    let damaged = lake(&root, &["verify"]);
+    assert_eq!(damaged.code, 1, "{damaged:#?}");
+    let relative = |table: &str| dir.join(format!("{table}.lance")).strip_prefix(&root).expect("in the lake").display().to_string();
+    for expected in [
+        "view mix@1: DAMAGED".to_string(),
+        "views/mix/v00000001.json: its fields are not the ones written (blake3:".to_string(),
+        format!("{}: camera observation.images.", relative("proxy")),
+        "the proxy's packet of this frame is not the one `lake cache --proxy` stored".to_string(),
+        format!("{}: its rows are not the ones written (blake3:", relative("image_stats")),
+        format!("to mend: lake cache {name}@1 --proxy h264 --gop 2 --crf 18"),
+        format!("to mend: lake stats {name}@1 --images"),
+        "to mend: lake view create mix --replace ".to_string(),
+    ] {
+        assert!(damaged.stdout.contains(&expected), "{expected}: {damaged:#?}");
+    }
+    assert_eq!(snapshot(&root, &[]), before, "verify changed the lake");
+
+    // Each printed mend, split as a shell splits it.
+    for line in damaged.stdout.lines().filter_map(|l| l.trim().strip_prefix("to mend: lake ")) {
+        let command = line.split("  (").next().expect("the command");
+        let args = shlex::split(command).expect("shell words");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = lake(&root, &args);
+        assert_eq!(run.code, 0, "{args:?}: {run:#?}");
+    }
+    let mended = lake(&root, &["verify"]);
+    assert_eq!(mended.code, 0, "{mended:#?}");
+    assert!(mended.stdout.contains(&format!("view mix@2: intact (reads {name}@1)")), "{mended:#?}");
+    let view = std::fs::read_to_string(root.join("views/mix/v00000002.json")).expect("view 2");
+    assert!(view.contains("\"the action\"") && view.contains("\"episodes\": [\n        0,\n        1\n      ]"), "{view}");
+}
