@@ -205,14 +205,21 @@ fn tables_beside_a_version_are_written_on_s3_as_on_the_local_disk() {
     assert!(remote.stdout.contains("stored the h264 proxy (GOP 4, CRF 18) of v30-av1-small@1: 1200 frames"), "{remote:#?}");
     same_samples(&["--proxy"], "the proxy's frames");
 
-    // Every file of the tables checked against its recorded digest, every stored frame against
-    // its checksum, as on the local disk.
-    let (remote, here) = both(&["verify", name]);
+    // Every file of the tables checked against its recorded digest, every stored frame and
+    // proxy packet against its checksum, the camera statistics against their rows' digest and a
+    // view's record against its own, as on the local disk.
+    both(&["view", "create", "half", "SELECT dataset, episode_index FROM episodes WHERE episode_index < 3"]);
+    let (remote, here) = both(&["verify"]);
     for run in [&remote, &here] {
-        assert!(
-            run.stdout.contains(&format!("{name}@1: intact (tables: ")) && run.stdout.contains("frame tables: 1200 frames"),
-            "{run:#?}"
-        );
+        for expected in [
+            format!("{name}@1: intact (tables: "),
+            "frame tables: 1200 frames".into(),
+            "proxy: 1200 packets".into(),
+            "image_stats: 42 rows".into(),
+            format!("view half@1: intact (reads {name}@1)"),
+        ] {
+            assert!(run.stdout.contains(&expected), "{expected}: {run:#?}");
+        }
     }
 }
 
