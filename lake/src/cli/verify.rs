@@ -143,9 +143,14 @@ pub async fn verify(root: &str, args: VerifyArgs) -> anyhow::Result<ExitCode> {
     for view in &views {
         checked_views.push(check_view(&lake, view, &mut records).await?);
     }
+    // Each version is reported as soon as it is checked: a large lake takes a while.
     let mut checked = Vec::with_capacity(records.len());
     for record in &records {
-        checked.push(check_version(&lake, record, threads).await?);
+        let c = check_version(&lake, record, threads).await?;
+        if !args.json {
+            report(&c)?;
+        }
+        checked.push(c);
     }
     // A view is as sound as the dataset versions it reads; one whose tables are damaged is
     // mended by a new version, which the view selects only when made again.
@@ -173,9 +178,6 @@ pub async fn verify(root: &str, args: VerifyArgs) -> anyhow::Result<ExitCode> {
         });
         outln!("{}", serde_json::to_string_pretty(&json)?)?;
     } else {
-        for c in &checked {
-            report(c)?;
-        }
         for c in &checked_views {
             report_view(c)?;
         }
