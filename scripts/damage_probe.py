@@ -16,7 +16,9 @@ proxy and image statistics, a view) with one of
 its files damaged (a table's data file, manifest, transaction or version hint, a commit record,
 a view): every reading command, and an ingest into it, must exit 0, 1 or 2 without a panic; then
 `lake serve` on it is asked for each dataset's samples, listings and SQL over HTTP, and must
-answer each (a 500 that names the damage is an answer), stay up and print no panic. When the
+answer each (a 500 that names the damage is an answer, and so is a sample stream that fails
+after its first batch and breaks off, when the server logs the failure), stay up and print no
+panic. When the
 damaged file is a commit record, a view record or belongs to a table a commit record lists,
 `lake verify --every-version` must exit 1 and name it.
 
@@ -25,8 +27,10 @@ damaged file is a commit record, a view record or belongs to a table a commit re
 without a panic, and when it exits 0 write exactly the samples of the undamaged lake (frames are
 the recorded frames, or an error).
 
-Cases are numbered by seed (SEED, SEED+1, …), from which the damage follows: which file (in the
-order of their paths), where and how. Exits 1 when any case fails, listing them.
+Cases are numbered by seed (SEED, SEED+1, …), from which the damage follows: which file, where
+and how. Files are taken in an order that leaves out what differs between runs (commit times, the
+random names of Lance's files), so that a seed is the same case on every run. Exits 1 when any
+case fails, listing them.
 """
 
 import argparse
@@ -43,6 +47,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from http.client import IncompleteRead
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,15 +215,25 @@ def free_port():
         return s.getsockname()[1]
 
 
+# What `http` answers for a 200 whose body ended before its end: how the server ends a stream
+# that fails after its first batch (the status went with it) for a client that takes no trailers.
+BROKEN_OFF = "broken off"
+# The access log's line for a stream that failed.
+STREAM_FAILED = re.compile(r"lake::access: stream .*; failed: ")
+
+
 def http(base, method, path, body=None):
-    """The status of one request, or why there was none."""
+    """The status of one request, BROKEN_OFF, or why there was no answer."""
     data = body.encode() if body is not None else None
     r = urllib.request.Request(base + path, data=data, method=method)
     if data is not None and path != "/v1/sql":
         r.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(r, timeout=60) as answer:
-            answer.read()
+            try:
+                answer.read()
+            except IncompleteRead:
+                return BROKEN_OFF
             return answer.status
     except urllib.error.HTTPError as e:
         return e.code
@@ -250,17 +265,24 @@ def serve_case(lake, root, work, failures, label):
             requests += [("GET", f"/v1/datasets/{name}", None), ("GET", f"/v1/datasets/{name}/episodes", None),
                          ("POST", "/v1/sample", json.dumps({"datasets": [name], "preset": "act", "batch_size": 4,
                                                              "limit_batches": 3}))]
+        broken = 0
         for method, path, body in requests:
             status = http(base, method, path, body)
-            if not isinstance(status, int):
+            if status == BROKEN_OFF and path == "/v1/sample":
+                broken += 1
+            elif not isinstance(status, int):
                 failures.append(f"{label}: server, {method} {path}: {status}")
         if server.poll() is not None or http(base, "GET", "/healthz") != 200:
             failures.append(f"{label}: the server is down after the requests: {log_path.read_text()[-800:]}")
     finally:
         server.terminate()
         server.wait(30)
-    if PANIC.search(log_path.read_text()):
-        failures.append(f"{label}: the server printed a panic: {log_path.read_text()[-800:]}")
+    log = log_path.read_text()
+    if PANIC.search(log):
+        failures.append(f"{label}: the server printed a panic: {log[-800:]}")
+    # A stream that broke off is one that failed, with its reason in the log.
+    if broken > len(STREAM_FAILED.findall(log)):
+        failures.append(f"{label}: {broken} sample streams broke off, {len(STREAM_FAILED.findall(log))} logged as failed: {log[-800:]}")
 
 
 def same_json(a, b):
@@ -309,11 +331,24 @@ def verify_case(lake, root, target, failures, label):
     return done.returncode
 
 
+# The parts of a lake's file names that differ from one run to the next: a dataset version's
+# directory (its commit time and id), and the random names Lance gives data and transaction files.
+RUN_NAMES = re.compile(r"\d{8}T\d{6}-[0-9a-f]{12}|[0-9a-f-]{16,}")
+
+
+def lake_files(root, keep=lambda p: True):
+    """The files under `root` that `keep` keeps, in an order that is the same on every run: by
+    their paths without the parts that differ between runs, then by size, so that a seed is the
+    same case each time."""
+    files = [p for p in root.rglob("*") if p.is_file() and keep(p)]
+    return sorted(files, key=lambda p: (RUN_NAMES.sub("*", str(p.relative_to(root))), p.stat().st_size, str(p)))
+
+
 def lake_case(lake, seed, work, base):
     rng = random.Random(seed)
     root = work / "lake"
     shutil.copytree(base, root)
-    target = rng.choice(sorted(p for p in root.rglob("*") if p.is_file()))
+    target = rng.choice(lake_files(root))
     original = target.read_bytes()
     label = f"seed {seed}: {target.relative_to(root)} {damage_file(rng, target)}"
     # (Damage can leave a file as it was: a byte set to the value it had, or only a JSON file's
@@ -344,7 +379,7 @@ def frame_table_case(lake, seed, work, base, expected):
     rng = random.Random(seed)
     root = work / "lake"
     shutil.copytree(base, root)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and "frames.lance" in p.parts)
+    files = lake_files(root, lambda p: "frames.lance" in p.parts)
     # The data file holds the frames: most cases damage it, the rest the table's other files.
     data = [p for p in files if p.parent.name == "data"]
     target = rng.choice(data if rng.random() < 0.75 else files)

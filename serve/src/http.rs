@@ -14,6 +14,7 @@ use axum::{
     routing::{get, post},
 };
 use futures::{Stream, StreamExt};
+use http_body::Frame;
 use lake_client::local::wire;
 use lake_loader::SampleBatch;
 use serde_json::{Value, json};
@@ -210,15 +211,19 @@ impl IntoResponse for Refused {
 impl From<Error> for Refused {
     fn from(e: Error) -> Self {
         let (kind, message) = refusal(&e);
-        let code = match kind {
-            Refusal::BadRequest => StatusCode::BAD_REQUEST,
-            Refusal::NotFound => StatusCode::NOT_FOUND,
-            Refusal::Busy | Refusal::Unavailable | Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Refusal::TooLarge => StatusCode::INSUFFICIENT_STORAGE,
-            Refusal::Internal | Refusal::Frame => StatusCode::INTERNAL_SERVER_ERROR,
-            Refusal::ReadOnly => StatusCode::FORBIDDEN,
-        };
-        Self(code, message)
+        Self(status_of(kind), message)
+    }
+}
+
+/// The HTTP status of a refusal of `kind`.
+fn status_of(kind: Refusal) -> StatusCode {
+    match kind {
+        Refusal::BadRequest => StatusCode::BAD_REQUEST,
+        Refusal::NotFound => StatusCode::NOT_FOUND,
+        Refusal::Busy | Refusal::Unavailable | Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::TooLarge => StatusCode::INSUFFICIENT_STORAGE,
+        Refusal::Internal | Refusal::Frame => StatusCode::INTERNAL_SERVER_ERROR,
+        Refusal::ReadOnly => StatusCode::FORBIDDEN,
     }
 }
 
@@ -660,37 +665,90 @@ impl Encoder {
     }
 }
 
-/// Encodes `batches` as `answer` (an Arrow IPC stream or CSV), batch by batch, as they arrive.
-fn encoded_stream(
+/// Encodes `batches` as `answer` (an Arrow IPC stream, a JSON array or CSV), batch by batch,
+/// as they arrive, as a response body.
+///
+/// An error after the head is sent can no longer be a status. The body then ends before the
+/// answer's end (an Arrow stream without its end marker, a JSON array without its `]`). With
+/// `trailers` (the client sent `TE: trailers`), it ends with the [`ERROR_TRAILERS`]: the
+/// status it would have had and the message, as gRPC sends a stream's status. Without them,
+/// the connection is cut before the last chunk, so that no client takes the answer for whole.
+fn encoded_body(
     answer: Answer,
     schema: SchemaRef,
     batches: impl Stream<Item = crate::Result<SampleBatch>> + Send + 'static,
-) -> crate::Result<impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static> {
+    trailers: bool,
+) -> crate::Result<Body> {
+    type Chunk = Result<Frame<Bytes>, std::io::Error>;
     let (encoder, header) = Encoder::new(answer, &schema)?;
     let state = (Some(encoder), Box::pin(batches));
-    let body = futures::stream::unfold(state, |(encoder, mut batches)| async move {
+    let body = futures::stream::unfold(state, move |(encoder, mut batches)| async move {
         let mut encoder = encoder?;
         let (out, encoder) = match batches.next().await {
             Some(Ok(batch)) => (encoder.write(&batch), Some(encoder)),
             Some(Err(e)) => {
-                // Headers are gone; ending the body early tells the client the stream broke.
-                let (_, message) = refusal(&e);
-                flush_grace().await;
-                return Some((vec![Err(std::io::Error::other(message))], (None, batches)));
+                let (kind, message) = refusal(&e);
+                let end: Chunk = if trailers {
+                    Ok(Frame::trailers(error_trailers(status_of(kind), &message)))
+                } else {
+                    flush_grace().await;
+                    Err(std::io::Error::other(message))
+                };
+                return Some((vec![end], (None, batches)));
             }
             None => (encoder.finish(), None),
         };
         Some(match out {
-            Ok(chunks) => (chunks.into_iter().map(Ok).collect(), (encoder, batches)),
+            Ok(chunks) => (chunks.into_iter().map(|c| Ok(Frame::data(c))).collect::<Vec<Chunk>>(), (encoder, batches)),
             Err(e) => {
                 tracing::error!("writing an answer failed: {e}");
-                flush_grace().await;
-                (vec![Err(std::io::Error::other(e))], (None, batches))
+                let end: Chunk = if trailers {
+                    Ok(Frame::trailers(error_trailers(StatusCode::INTERNAL_SERVER_ERROR, "writing the answer failed")))
+                } else {
+                    flush_grace().await;
+                    Err(std::io::Error::other(e))
+                };
+                (vec![end], (None, batches))
             }
         })
     })
     .flat_map(futures::stream::iter);
-    Ok(futures::stream::once(async move { Ok(header) }).chain(body))
+    let frames = futures::stream::once(async move { Ok(Frame::data(header)) }).chain(body);
+    Ok(Body::new(http_body_util::StreamBody::new(frames)))
+}
+
+/// The trailers that end an answer broken by an error, for clients that take trailers: the
+/// status the answer would have had and the message (control characters as spaces).
+pub const ERROR_TRAILERS: [&str; 2] = ["lake-error-status", "lake-error"];
+
+fn error_trailers(status: StatusCode, message: &str) -> HeaderMap {
+    let printable: String = message.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let mut trailers = HeaderMap::new();
+    trailers.insert(ERROR_TRAILERS[0], status.as_u16().into());
+    if let Ok(message) = header::HeaderValue::from_bytes(printable.as_bytes()) {
+        trailers.insert(ERROR_TRAILERS[1], message);
+    }
+    trailers
+}
+
+/// Whether the request's `TE` header takes trailers.
+fn takes_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.split(';').next().unwrap_or_default().trim().eq_ignore_ascii_case("trailers"))
+}
+
+/// A streamed answer's response: its content type, and the trailers it may end with declared
+/// when the client takes them.
+fn streamed(content_type: &'static str, body: Body, trailers: bool) -> Response {
+    let mut response = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    if trailers {
+        response.headers_mut().insert(header::TRAILER, header::HeaderValue::from_static("lake-error-status, lake-error"));
+    }
+    response
 }
 
 /// How long a body that breaks off waits before its error. hyper drops what it has buffered
@@ -785,8 +843,8 @@ async fn sample(
         first => first,
     };
     let batches = futures::stream::iter(first).chain(batches);
-    let body = Body::from_stream(encoded_stream(Answer::Arrow, schema, batches)?);
-    let mut response = ([(header::CONTENT_TYPE, ARROW_STREAM)], body).into_response();
+    let trailers = takes_trailers(&headers);
+    let mut response = streamed(ARROW_STREAM, encoded_body(Answer::Arrow, schema, batches, trailers)?, trailers);
     let headers = response.headers_mut();
     headers.insert("lake-epoch-len", plan.epoch_len.into());
     headers.insert("lake-steps-per-epoch", plan.steps_per_epoch.into());
@@ -845,14 +903,14 @@ async fn sql(
     let Query(query) = query.map_err(|e| query_refused(&service, &e))?;
     let answer = negotiate(&headers, "/v1/sql", &[Answer::Arrow, Answer::Json, Answer::Csv]).inspect_err(|_| service.count_bad())?;
     let body = body(body_bytes).inspect_err(|_| service.count_bad())?;
-    let answered = match sql_answer(&service, answer, &body, query.max_rows).await {
+    let answered = match sql_answer(&service, answer, &body, query.max_rows, takes_trailers(&headers)).await {
         Err(e) => Err(service.explained(e).await),
         ok => ok,
     };
     Ok(answered.inspect_err(|e| service.count_sql_error(e))?)
 }
 
-async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8], max_rows: Option<u64>) -> Result<Response, Error> {
+async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8], max_rows: Option<u64>, trailers: bool) -> Result<Response, Error> {
     let query = std::str::from_utf8(body).map_err(|_| Error::Invalid("the body must be a UTF-8 SQL query".into()))?;
     let slot = service.sql_slot()?;
     let session = service.sql_session().await?;
@@ -890,7 +948,7 @@ async fn sql_answer(service: &Arc<Service>, answer: Answer, body: &[u8], max_row
         Answer::Json => "application/json",
         Answer::Csv => "text/csv; charset=utf-8; header=present",
     };
-    Ok(([(header::CONTENT_TYPE, content_type)], Body::from_stream(encoded_stream(answer, schema, batches)?)).into_response())
+    Ok(streamed(content_type, encoded_body(answer, schema, batches, trailers)?, trailers))
 }
 
 async fn openapi() -> Json<Value> {
@@ -904,7 +962,7 @@ pub fn openapi_document() -> Value {
     let mut unauthorized = error("no bearer token, or a wrong one (when the server has tokens)");
     unauthorized["headers"] = json!({"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}});
     let plan_header = |what: &str| json!({"description": what, "schema": {"type": "integer", "minimum": 0}});
-    let sample_stream = json!({"description": "the rank's batches as an Arrow IPC stream", "content": {ARROW_STREAM: {}},
+    let sample_stream = json!({"description": "the rank's batches as an Arrow IPC stream; an error after the first batch breaks it off before its end marker (a request with `TE: trailers` gets the error as the trailers `Lake-Error-Status` and `Lake-Error`)", "content": {ARROW_STREAM: {}},
         "headers": {
             "Lake-Epoch-Len": plan_header("positions per epoch: the eligible steps (a mixture's summed and rounded up to whole blocks of 4096)"),
             "Lake-Steps-Per-Epoch": plan_header("global steps (batches per rank) per epoch; the stream goes on with step 0 of the next epoch after the last"),
@@ -1086,7 +1144,7 @@ fn paths_and_schemas(
             "/v1/sql": {"post": {"parameters": [{"name": "max_rows", "in": "query", "schema": {"type": "integer", "minimum": 0},
                     "description": "answer with at most this many rows (the query stops there)"}],
                 "requestBody": {"required": true, "content": {"text/plain": {}}},
-                "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`)",
+                "responses": {"200": {"description": "by the Accept header: an Arrow IPC stream (the default), a JSON array of row objects (application/json) or CSV with a header row (text/csv; vectors as `[1.0, 2.0]`), each streamed as the query runs; an error after the first rows breaks the answer off (an Arrow stream before its end marker, a JSON array before its `]`; a request with `TE: trailers` gets the error as the trailers `Lake-Error-Status` and `Lake-Error`)",
                     "content": {ARROW_STREAM: {}, "application/json": {}, "text/csv": {}}}, "400": error("bad SQL, a query over the limits (1 MiB of text, nesting), or the query failed"), "401": unauthorized,
                     "406": error("the Accept header takes none of the answer's forms"),
                     "507": error("the query needs more memory than the server's SQL budget (--sql-memory-mb), or builds a value past 256 MiB"),

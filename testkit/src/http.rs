@@ -5,15 +5,18 @@ use std::{
     net::TcpStream,
 };
 
-/// A response: status, head (status line and headers, lower-cased) and body (chunked bodies
-/// decoded).
+/// A response: status, head (status line and headers, lower-cased), body (chunked bodies
+/// decoded) and how a chunked body ended.
 pub struct HttpResponse {
     /// Status code.
     pub status: u16,
     /// Status line and headers, lower-cased.
     pub head: String,
-    /// The body.
+    /// The body, up to where it ended or broke off.
     pub body: Vec<u8>,
+    /// For a chunked body, the trailer section after its last chunk (lower-cased, empty when
+    /// it has none); `None` when the body broke off before its last chunk.
+    pub trailers: Option<String>,
 }
 
 /// One request on a fresh connection (`Connection: close`) to `addr` (`host:port`).
@@ -30,25 +33,38 @@ pub fn http_request(addr: &str, method: &str, path: &str, headers: &[(&str, &str
     stream.write_all(head.as_bytes()).expect("send");
     stream.write_all(body).expect("send body");
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read");
+    // (A body that breaks off may end in a reset: what came before it is the answer.)
+    let _ = stream.read_to_end(&mut raw);
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("headers end") + 4;
     let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
     let status: u16 = head.split_whitespace().nth(1).expect("status").parse().expect("number");
-    let mut body = raw[split..].to_vec();
     if head.contains("transfer-encoding: chunked") {
-        let (mut out, mut rest) = (Vec::new(), &body[..]);
-        loop {
-            let eol = rest.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16).expect("chunk size");
-            if size == 0 {
-                break;
-            }
-            out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
-            rest = &rest[eol + 2 + size + 2..];
-        }
-        body = out;
+        let (body, trailers) = dechunk(&raw[split..]);
+        return HttpResponse { status, head, body, trailers };
     }
-    HttpResponse { status, head, body }
+    HttpResponse { status, head, body: raw[split..].to_vec(), trailers: Some(String::new()) }
+}
+
+/// A chunked HTTP/1.1 body decoded up to where it ends or breaks off, and the trailer section
+/// after its last chunk (lower-cased; `None` when it broke off before it).
+///
+/// # Panics
+/// When a chunk's size line is not hexadecimal.
+pub fn dechunk(mut rest: &[u8]) -> (Vec<u8>, Option<String>) {
+    let mut body = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16).expect("chunk size");
+        let chunk = &rest[eol + 2..];
+        if size == 0 {
+            return (body, Some(String::from_utf8_lossy(chunk).to_lowercase()));
+        }
+        body.extend_from_slice(&chunk[..size.min(chunk.len())]);
+        if chunk.len() < size + 2 {
+            break;
+        }
+        rest = &chunk[size + 2..];
+    }
+    (body, None)
 }
 
 /// The samples of a Prometheus text exposition (`GET /metrics`) without labels, by name.

@@ -22,7 +22,7 @@ pub use crate::{
     decode::{FrameHash, PacketDecoder, sequential_frames, sequential_rgb},
     derive::{read_parquet, repeat_dataset, write_parquet},
     files::{bench_lake, bench_workdir, committed_snapshot, copy_dir, ffmpeg, run_lake, shared_dir, snapshot, testdata, workspace_root},
-    http::{HttpResponse, http_request, prometheus_values},
+    http::{HttpResponse, dechunk, http_request, prometheus_values},
     s3::S3Server,
     web_server::WebServer,
 };

@@ -996,8 +996,10 @@ fn a_stride_shares_a_ranks_steps_lake_rm_and_sigterm_end_streams_with_their_reas
         }
         drop(stalled);
         let raw = reading.join().expect("the reading client");
-        let (body, terminated) = dechunk(&raw);
-        assert!(!terminated, "a stream cut by the shutdown does not end as if complete");
+        let start = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
+        assert!(String::from_utf8_lossy(&raw[..start]).to_lowercase().contains("transfer-encoding: chunked"));
+        let (body, trailers) = lake_testkit::dechunk(&raw[start..]);
+        assert!(trailers.is_none(), "a stream cut by the shutdown does not end as if complete");
         let batches: Vec<_> = StreamReader::try_new(std::io::Cursor::new(body), None).expect("an Arrow stream").collect();
         let broken: Vec<String> = batches.iter().filter_map(|b| b.as_ref().err().map(ToString::to_string)).collect();
         assert!(!batches.is_empty() && broken.is_empty(), "whole batches up to the break: {} read, {broken:?}", batches.len());
@@ -1078,27 +1080,6 @@ fn a_shutdown_refuses_the_streams_waiting_to_start() {
         assert!(server.child.wait().expect("the server exits").success());
         break;
     }
-}
-
-/// The body of a raw chunked HTTP/1.1 response up to where it ends or breaks off, and whether
-/// it ended with the last (empty) chunk.
-fn dechunk(raw: &[u8]) -> (Vec<u8>, bool) {
-    let start = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
-    assert!(String::from_utf8_lossy(&raw[..start]).to_lowercase().contains("transfer-encoding: chunked"));
-    let (mut body, mut rest) = (Vec::new(), &raw[start..]);
-    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16).expect("chunk size");
-        if size == 0 {
-            return (body, true);
-        }
-        let chunk = &rest[eol + 2..];
-        body.extend_from_slice(&chunk[..size.min(chunk.len())]);
-        if chunk.len() < size + 2 {
-            break;
-        }
-        rest = &chunk[size + 2..];
-    }
-    (body, false)
 }
 
 /// A gauge or counter from Prometheus text.
@@ -1625,10 +1606,40 @@ fn a_frame_the_lake_cannot_give_ends_the_stream_with_data_loss_naming_it() {
             assert!(failed.message().contains(says), "{says:?} in {failed:?}");
         }
     });
+    // Over HTTP, the status went with the first batch: an error after it ends the body before
+    // its last chunk, or, for a client that takes trailers, with the status and message as
+    // trailers; the Arrow stream has no end marker either way. (A stream of single steps whose
+    // first is of the part in the recorded colour space, and a later one of the other part.)
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+    let (seed, broken) = (0..32u64)
+        .find_map(|seed| {
+            let mut one_by_one = as_planes.clone();
+            (one_by_one["batch_size"], one_by_one["limit_batches"], one_by_one["seed"]) = (1.into(), 40.into(), seed.into());
+            let r = lake_testkit::http_request(&server.http, "POST", "/v1/sample", &headers, one_by_one.to_string().as_bytes());
+            (r.status == 200).then_some((seed, one_by_one))
+        })
+        .expect("a seed whose first step can be given as YUV planes");
+    let with_trailers = [&headers[..], &[("TE", "trailers")]].concat();
+    let r = lake_testkit::http_request(&server.http, "POST", "/v1/sample", &with_trailers, broken.to_string().as_bytes());
+    assert!(r.head.contains("trailer: lake-error-status, lake-error"), "seed {seed}: {}", r.head);
+    let trailers = r.trailers.expect("a body that ends with its trailers");
+    assert!(trailers.contains("lake-error-status: 500\r\n"), "{trailers}");
+    let message = trailers.lines().find_map(|l| l.strip_prefix("lake-error: ")).unwrap_or_else(|| panic!("a message in {trailers}"));
+    assert!(says.iter().all(|s| message.contains(&s.to_lowercase())), "{says:?} in {message}");
+    let end_marker = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+    let read: Vec<_> = StreamReader::try_new(std::io::Cursor::new(&r.body), None).expect("an Arrow stream").collect();
+    assert!(!read.is_empty() && read.iter().all(Result::is_ok), "whole batches before the error");
+    assert!(!r.body.ends_with(&end_marker), "the Arrow stream has no end marker");
+    let r = lake_testkit::http_request(&server.http, "POST", "/v1/sample", &headers, broken.to_string().as_bytes());
+    assert!(r.status == 200 && r.trailers.is_none() && !r.head.contains("trailer:"), "without trailers, the body breaks off: {}", r.head);
+    assert!(!r.body.ends_with(&end_marker));
     let (_, body) = http(&server.http, "GET", "/metrics", &[("Authorization", &format!("Bearer {TOKEN}"))], b"");
     let metrics = String::from_utf8_lossy(&body);
     assert!(
-        metric(&metrics, "lake_errors_total{kind=\"frame\"}") == 1.0 && metric(&metrics, "lake_errors_total{kind=\"stream\"}") == 0.0,
+        // (Over Flight, and over HTTP: each seed tried, then with and without trailers.)
+        metric(&metrics, "lake_errors_total{kind=\"frame\"}") == (1 + (seed + 1) + 2) as f64
+            && metric(&metrics, "lake_errors_total{kind=\"stream\"}") == 0.0,
         "a frame the lake cannot give is counted as such: {metrics}"
     );
     let Some(python) = client_python() else { return };
