@@ -338,6 +338,12 @@ impl Lake {
         self.remote.is_none().then_some(self.root.as_path())
     }
 
+    /// The size and digest of the file at `relative`, taken as this process sent it to the
+    /// lake's object store while a pending version's directory held it.
+    pub(crate) fn sent_digest(&self, relative: &str) -> Option<crate::sent_digests::Sent> {
+        crate::sent_digests::sent(&self.remote.as_ref()?.sent_key(relative))
+    }
+
     /// Takes back the lake this process created for an ingest that failed: removes the lake
     /// directory (when `dir_existed`, only what it holds) unless another writer has started in
     /// it meanwhile, and says whether it did. The marker is moved aside first: a writer that
@@ -1148,12 +1154,14 @@ impl Lake {
         let lease_path = Path::from(format!("{STAGING}/{id}.json"));
         let local = self.local_root().map(|root| root.join(lease_path.as_ref()));
         let lease = HeldLease::create(&self.store, lease_path, local, Lease::new(name, &dir)).await?;
+        let sent = self.remote.as_ref().map(|remote| crate::sent_digests::Watch::new(remote.sent_key(&dir)));
         let pending = PendingVersion {
             lake: self.clone(),
             name: name.to_string(),
             dir,
             lease,
             done: false,
+            _sent: sent,
             #[cfg(test)]
             before_put: None,
         };
@@ -1541,6 +1549,8 @@ pub struct PendingVersion {
     dir: String,
     lease: HeldLease,
     done: bool,
+    /// On an object store, keeps the digests of the files written into the version's directory.
+    _sent: Option<crate::sent_digests::Watch>,
     /// Tests: waited at before the commit record's first write, so that writers collide.
     #[cfg(test)]
     before_put: Option<Arc<tokio::sync::Barrier>>,

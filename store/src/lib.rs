@@ -23,6 +23,7 @@ pub mod object_cache;
 mod record_digest;
 pub mod remote;
 mod removal;
+mod sent_digests;
 mod tables;
 mod verify;
 

@@ -69,6 +69,12 @@ impl Remote {
             rel => format!("{}/{rel}", self.url),
         }
     }
+
+    /// How the files Lance writes at `relative` are named among the digests of what was sent.
+    pub(crate) fn sent_key(&self, relative: &str) -> String {
+        let url = Url::parse(&self.url).expect("parsed when the remote was made");
+        crate::sent_digests::key(&bucket_name(&url), &Path::from(format!("{}/{relative}", self.prefix)))
+    }
 }
 
 /// Copies the files under the local directory `dir` to the object store prefix `to` (each
@@ -218,12 +224,14 @@ pub fn use_object_cache(settings: crate::object_cache::CacheSettings) -> std::io
 fn store_for(url: &Url) -> object_store::Result<Arc<dyn ObjectStore>> {
     let store = client_for(url)?;
     Ok(match OBJECT_CACHE.get() {
-        Some(cache) => {
-            let name = format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default());
-            Arc::new(crate::object_cache::CachedStore::new(store, name, cache.clone()))
-        }
+        Some(cache) => Arc::new(crate::object_cache::CachedStore::new(store, bucket_name(url), cache.clone())),
         None => store,
     })
+}
+
+/// `scheme://bucket` of a location on an object store.
+fn bucket_name(url: &Url) -> String {
+    format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default())
 }
 
 /// The client of the bucket (container) `url` names, configured from the environment.
@@ -267,6 +275,8 @@ struct Provider;
 impl lance_io::object_store::ObjectStoreProvider for Provider {
     async fn new_store(&self, base: Url, params: &ObjectStoreParams) -> lance::Result<lance::io::ObjectStore> {
         let store = store_for(&base).map_err(|e| lance::Error::invalid_input(format!("{base}: {e}")))?;
+        // What Lance writes is hashed as it is sent, for the commit record's digests.
+        let store = Arc::new(crate::sent_digests::SentDigests::new(store, bucket_name(&base)));
         Ok(lance::io::ObjectStore::new(
             store,
             base,

@@ -51,7 +51,9 @@ impl Verification {
 
 impl Lake {
     /// Every file of the tables `tables` in the version directory `dir`, with its size and
-    /// digest, sorted by path; `concurrency` files are read at once.
+    /// digest, sorted by path; `concurrency` files are read at once. On an object store, the
+    /// files this process wrote into a version it has not committed yet are not read: their
+    /// digests were taken as their bytes were sent.
     ///
     /// # Errors
     /// When the store cannot be listed or a file cannot be read.
@@ -62,7 +64,12 @@ impl Lake {
         }
         let mut files: Vec<TableFile> = stream::iter(paths)
             .map(|path| async move {
-                let (bytes, blake3) = self.digest(&format!("{dir}/{path}")).await?;
+                let relative = format!("{dir}/{path}");
+                // On an object store, what was sent while the version was written is not read back.
+                let (bytes, blake3) = match self.sent_digest(&relative) {
+                    Some(sent) => sent,
+                    None => self.digest(&relative).await?,
+                };
                 Ok::<_, Error>(TableFile { path, bytes, blake3 })
             })
             .buffer_unordered(concurrency.max(1))
