@@ -16,9 +16,9 @@ proxy and image statistics, a view) with one of
 its files damaged (a table's data file, manifest, transaction or version hint, a commit record,
 a view): every reading command, and an ingest into it, must exit 0, 1 or 2 without a panic; then
 `lake serve` on it is asked for each dataset's samples, listings and SQL over HTTP, and must
-answer each (a 500 that names the damage is an answer, and so is a sample stream that fails
-after its first batch and breaks off, when the server logs the failure), stay up and print no
-panic. When the
+answer each (a 500 that names the damage is an answer, and so is a sample stream or SQL answer
+that fails after its first batch and breaks off, when the server logs the failure), stay up and
+print no panic. When the
 damaged file is a commit record, a view record or belongs to a table a commit record lists,
 `lake verify --every-version` must exit 1 and name it.
 
@@ -218,8 +218,9 @@ def free_port():
 # What `http` answers for a 200 whose body ended before its end: how the server ends a stream
 # that fails after its first batch (the status went with it) for a client that takes no trailers.
 BROKEN_OFF = "broken off"
-# The access log's line for a stream that failed.
-STREAM_FAILED = re.compile(r"lake::access: stream .*; failed: ")
+# The log's line for an answer that failed after its first batch, by path.
+FAILED_LATE = {"/v1/sample": re.compile(r"lake::access: stream .*; failed: "),
+               "/v1/sql": re.compile(r"SQL query failed while streaming its result: ")}
 
 
 def http(base, method, path, body=None):
@@ -265,11 +266,11 @@ def serve_case(lake, root, work, failures, label):
             requests += [("GET", f"/v1/datasets/{name}", None), ("GET", f"/v1/datasets/{name}/episodes", None),
                          ("POST", "/v1/sample", json.dumps({"datasets": [name], "preset": "act", "batch_size": 4,
                                                              "limit_batches": 3}))]
-        broken = 0
+        broken = {path: 0 for path in FAILED_LATE}
         for method, path, body in requests:
             status = http(base, method, path, body)
-            if status == BROKEN_OFF and path == "/v1/sample":
-                broken += 1
+            if status == BROKEN_OFF and path in FAILED_LATE:
+                broken[path] += 1
             elif not isinstance(status, int):
                 failures.append(f"{label}: server, {method} {path}: {status}")
         if server.poll() is not None or http(base, "GET", "/healthz") != 200:
@@ -280,9 +281,11 @@ def serve_case(lake, root, work, failures, label):
     log = log_path.read_text()
     if PANIC.search(log):
         failures.append(f"{label}: the server printed a panic: {log[-800:]}")
-    # A stream that broke off is one that failed, with its reason in the log.
-    if broken > len(STREAM_FAILED.findall(log)):
-        failures.append(f"{label}: {broken} sample streams broke off, {len(STREAM_FAILED.findall(log))} logged as failed: {log[-800:]}")
+    # An answer that broke off is one that failed, with its reason in the log.
+    for path, count in broken.items():
+        logged = len(FAILED_LATE[path].findall(log))
+        if count > logged:
+            failures.append(f"{label}: {count} answers of {path} broke off, {logged} logged as failed: {log[-800:]}")
 
 
 def same_json(a, b):
