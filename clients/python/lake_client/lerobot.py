@@ -21,9 +21,7 @@ It needs torch; `make_lake_dataset` needs LeRobot (0.4.x).
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -31,38 +29,15 @@ import numpy as np
 import torch
 
 from lake_client import CURSOR_KEY, LakeClient, LakeError, LakeIterableDataset
+from lake_client._http import http_json
 
 __all__ = ["LakeDatasetMetadata", "LakeLeRobotDataset", "make_lake_dataset"]
 
 
-def _http_json(http: str, method: str, path: str, token: Optional[str], body: Optional[bytes] = None,
-               headers: Optional[Dict[str, str]] = None) -> Any:
-    """The JSON answer of one request to the server's HTTP port; a refusal raises `LakeError`
-    with the server's message."""
-    url = http.rstrip("/") + path
-    if "://" not in http:
-        url = "http://" + url
-    request = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return json.loads(answer.read())
-    except urllib.error.HTTPError as e:
-        try:
-            message = json.loads(e.read()).get("error", str(e))
-        except (ValueError, AttributeError):
-            message = str(e)
-        code = {400: "bad_request", 401: "unauthorized", 404: "not_found", 503: "busy"}.get(e.code, "internal")
-        raise LakeError(code, f"{method} {path}: {message}") from e
-    except (urllib.error.URLError, OSError) as e:
-        raise LakeError("unavailable", f"{method} {url}: {e} (give lake serve's --http address)") from e
-
-
 def _sql(http: str, query: str, token: Optional[str]) -> List[Dict[str, Any]]:
     """Rows of a SQL query over the server's HTTP port, as dicts."""
-    return _http_json(http, "POST", "/v1/sql", token, query.encode(),
-                      {"Content-Type": "text/plain", "Accept": "application/json"})
+    return http_json(http, "POST", "/v1/sql", token, query.encode(),
+                     {"Content-Type": "text/plain", "Accept": "application/json"})
 
 
 def _ident(name: str) -> str:
@@ -87,7 +62,7 @@ class LakeDatasetMetadata:
     `total_frames`, `total_tasks`."""
 
     def __init__(self, http: str, name: str, token: Optional[str] = None):
-        described = _http_json(http, "GET", "/v1/datasets/" + urllib.parse.quote(name, safe="@"), token)
+        described = http_json(http, "GET", "/v1/datasets/" + urllib.parse.quote(name, safe="@"), token)
         if "features" not in described:
             raise LakeError("bad_request", f"{name!r} is a view, not a dataset: train on a dataset")
         self.repo_id = described["name"]

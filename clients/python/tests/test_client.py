@@ -5,8 +5,9 @@ A full epoch read through the client holds every step once, and its samples equa
 reference dumps (every value bit for bit, every frame's SHA-256); the torch dataset resumes
 exactly from its state_dict, splits ranks disjointly, refuses unknown keyword arguments when it
 is made, takes None as unset, has a len() equal to the batches it yields, and gives frames in
-LeRobot's layout on request (skipped without torch). The package builds a wheel that installs
-into a clean virtual environment (skipped without `build`).
+LeRobot's layout on request (skipped without torch). Requests to the HTTP port end in a
+`LakeError` however they fail: refused, unreachable, or broken off after the first rows. The
+package builds a wheel that installs into a clean virtual environment (skipped without `build`).
 """
 
 import glob
@@ -171,6 +172,32 @@ class FullEpochEqualsLeRobot(unittest.TestCase):
             LakeClient(f"grpc://{HTTP}", TOKEN).info({"datasets": [DATASET]})
         self.assertEqual(refused.exception.code, "unavailable")
         self.assertIn("give lake serve's --flight address", str(refused.exception))
+
+    @unittest.skipUnless(HTTP, "LAKE_HTTP (the server's HTTP address) is not set")
+    def test_http_answers_refusals_and_broken_answers_are_lake_errors(self):
+        from lake_client._http import http_json
+
+        sql = {"Content-Type": "text/plain", "Accept": "application/json"}
+        rows = http_json(HTTP, "POST", "/v1/sql", TOKEN, b"SELECT value FROM generate_series(1, 3)", sql)
+        self.assertEqual(rows, [{"value": 1}, {"value": 2}, {"value": 3}])
+        cases = [
+            # The first batch fails: a refusal with the server's message.
+            (b"SELECT 1 / (value - 1) AS x FROM generate_series(1, 3)", "bad_request", "Divide by zero"),
+            # The 100,000th row fails, batches after the first went out with the 200.
+            (b"SELECT 1 / (value - 100000) AS x FROM generate_series(1, 200000)", "internal", "broke off after"),
+        ]
+        for query, code, says in cases:
+            with self.assertRaises(LakeError) as refused:
+                http_json(HTTP, "POST", "/v1/sql", TOKEN, query, sql)
+            self.assertEqual(refused.exception.code, code, str(refused.exception))
+            self.assertIn(says, str(refused.exception))
+        with self.assertRaises(LakeError) as refused:
+            http_json(HTTP, "GET", "/v1/datasets", None)
+        self.assertEqual(refused.exception.code, "unauthorized")
+        with self.assertRaises(LakeError) as refused:
+            http_json("127.0.0.1:1", "GET", "/v1/datasets", TOKEN)
+        self.assertEqual(refused.exception.code, "unavailable")
+        self.assertIn("give lake serve's --http address", str(refused.exception))
 
 
 @unittest.skipUnless(HAVE_BUILD, "the `build` package cannot be imported (scripts/python-env.sh installs it)")
