@@ -122,6 +122,9 @@ pub struct DecodeStats {
     pub packet_bytes: u64,
     /// Time spent reading packet bytes from the lake, in nanoseconds.
     pub fetch_ns: u64,
+    /// Frames that were to be read from a frame table and were decoded from their packets
+    /// instead, the table having failed (damaged, cut short or gone).
+    pub table_frames_decoded: u64,
 }
 
 #[derive(Debug, Default)]
@@ -132,6 +135,7 @@ struct Counters {
     decode_ns: AtomicU64,
     packet_bytes: AtomicU64,
     fetch_ns: AtomicU64,
+    table_frames_decoded: AtomicU64,
 }
 
 type DecoderPool = Mutex<IdlePool<(usize, u32), StreamDecoder>>;
@@ -362,6 +366,7 @@ impl Loader {
             decode_ns: c.decode_ns.load(Ordering::Relaxed),
             packet_bytes: c.packet_bytes.load(Ordering::Relaxed),
             fetch_ns: c.fetch_ns.load(Ordering::Relaxed),
+            table_frames_decoded: c.table_frames_decoded.load(Ordering::Relaxed),
         }
     }
 
@@ -418,15 +423,10 @@ impl Loader {
             })
             .collect::<Result<Vec<u64>>>()?;
         let cameras = vec![(cam.frame_bytes(), packet_rows)];
-        let found = Box::pin(self.frames(source, &cameras, &shown_by, &Ahead::default(), Layout::Columns)).await?;
-        if let Some(mut columns) = found.columns {
-            return Ok(columns.swap_remove(0));
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.pool.spawn(move || drop(tx.send(fill_frame_columns(&cameras, &found))));
-        let mut columns =
-            rx.await.map_err(|_| Error::request("the decode pool stopped"))?.map_err(|(row, e)| stored_frame_error(ds, row, e))?;
-        Ok(columns.swap_remove(0))
+        Ok(match Box::pin(self.frame_values(source, cameras, &shown_by, &Ahead::default(), Layout::Columns)).await? {
+            FrameValues::Columns(mut columns) => columns.swap_remove(0),
+            FrameValues::Shared(cameras, ready) => cameras[0].1.iter().flat_map(|row| ready[row].iter().copied()).collect(),
+        })
     }
 
     async fn samples_in(&self, draws: &[Draw], ahead: &Ahead, layout: Layout) -> Result<SampleBatch> {
@@ -546,37 +546,68 @@ impl Loader {
     ) -> Result<()> {
         let ds = &self.datasets[source];
         let cameras: Vec<(usize, Vec<u64>)> = ds.cameras.iter().map(|c| c.frame_bytes()).zip(wanted).collect();
-        let found = self.frames(source, &cameras, shown_by, ahead, layout).await?;
-        if let Some(frame_columns) = found.columns {
-            // Decoded into place, every slot filled.
-            for (camera, values) in ds.cameras.iter().zip(frame_columns) {
-                columns.push(BatchColumn::Array(camera_array(self.schema.field_with_name(&camera.key)?, values)?));
+        match self.frame_values(source, cameras, shown_by, ahead, layout).await? {
+            FrameValues::Columns(values) => {
+                for (camera, values) in ds.cameras.iter().zip(values) {
+                    columns.push(BatchColumn::Array(camera_array(self.schema.field_with_name(&camera.key)?, values)?));
+                }
             }
-        } else if found.stored.is_empty() {
-            // Every frame is in memory: the columns share them.
-            for (size, rows) in cameras {
-                let frames = rows.iter().map(|row| found.ready.get(row).expect("every frame a batch shows is found").clone()).collect();
-                columns.push(BatchColumn::Frames(FrameColumn { frames, frame_bytes: size }));
-            }
-        } else {
-            // Frames read from the table straight into the batch, on the pool, in parallel.
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let read_began = Instant::now();
-            self.pool.spawn(move || {
-                let columns = fill_frame_columns(&cameras, &found);
-                let _ = tx.send((columns, cameras, found));
-            });
-            let (frame_columns, cameras, found) = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
-            self.counters.fetch_ns.fetch_add(read_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let frame_columns = frame_columns.map_err(|(row, e)| stored_frame_error(ds, row, e))?;
-            if self.cache.enabled() {
-                self.cache_stored(ds.cache_id, &cameras, &frame_columns, &found.stored);
-            }
-            for (camera, out) in ds.cameras.iter().zip(frame_columns) {
-                columns.push(BatchColumn::Array(camera_array(self.schema.field_with_name(&camera.key)?, out)?));
+            FrameValues::Shared(cameras, ready) => {
+                for (size, rows) in cameras {
+                    let frames = rows.iter().map(|row| ready.get(row).expect("every frame a batch shows is found").clone()).collect();
+                    columns.push(BatchColumn::Frames(FrameColumn { frames, frame_bytes: size }));
+                }
             }
         }
         Ok(())
+    }
+
+    /// The frames `cameras` show (`(frame bytes, packets row of each slot)` per camera) of
+    /// dataset `source` as camera column values: decoded into place or read from the frame table
+    /// straight into the batch, on the pool, in parallel; or, when every frame is in memory, those
+    /// frames, for the columns to share. A frame the table turns out not to give, where the
+    /// table is at fault ([`mends`]), has the batch decoded from packets instead.
+    async fn frame_values(
+        &self,
+        source: usize,
+        mut cameras: Vec<(usize, Vec<u64>)>,
+        shown_by: &HashMap<u64, u64>,
+        ahead: &Ahead,
+        layout: Layout,
+    ) -> Result<FrameValues> {
+        let ds = &self.datasets[source];
+        let mut from_packets = false;
+        loop {
+            let found = self.frames(source, &cameras, shown_by, ahead, layout, from_packets).await?;
+            if let Some(values) = found.columns {
+                return Ok(FrameValues::Columns(values));
+            }
+            if found.stored.is_empty() {
+                return Ok(FrameValues::Shared(cameras, found.ready));
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let read_began = Instant::now();
+            self.pool.spawn(move || {
+                let values = fill_frame_columns(&cameras, &found);
+                let _ = tx.send((values, cameras, found));
+            });
+            let (values, back, found) = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
+            cameras = back;
+            self.counters.fetch_ns.fetch_add(read_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            match values.map_err(|(row, e)| stored_frame_error(ds, row, e)) {
+                Ok(values) => {
+                    if self.cache.enabled() {
+                        self.cache_stored(ds.cache_id, &cameras, &values, &found.stored);
+                    }
+                    return Ok(FrameValues::Columns(values));
+                }
+                Err(e) if mends(ds, &e) => {
+                    self.decoding_instead(ds, found.stored.len(), &e);
+                    from_packets = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Which `packets` row each (camera, sample, window slot) shows, per camera; and for each
@@ -697,10 +728,84 @@ impl Loader {
         }
     }
 
+    /// The stored frames of packet rows `rows` (sorted, distinct) of `ds`'s frame table: where
+    /// they lie, for reading straight into the batch, or read, each checked, decompressed where
+    /// stored so, and of its frame's size, or the error that names it.
+    async fn read_frame_table(&self, ds: &Arc<LoaderDataset>, rows: &[u64]) -> Result<TableFrames> {
+        let fetch_began = Instant::now();
+        if let Some(extents) = ds.locate_stored_frames(rows).await? {
+            self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let mut stored = HashMap::with_capacity(rows.len());
+            for (&row, extent) in rows.iter().zip(extents) {
+                let size = ds.frame_bytes_of_row(row);
+                if extent.len() != size {
+                    return Err(wrong_size(ds, row, extent.len(), size));
+                }
+                self.counters.frames.fetch_add(1, Ordering::Relaxed);
+                stored.insert(row, extent);
+            }
+            return Ok(TableFrames::Located(stored));
+        }
+        let stored = ds.stored_frames(rows).await?.expect("the dataset has a frame table");
+        self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let sizes: Vec<usize> = rows.iter().map(|&r| ds.frame_bytes_of_row(r)).collect();
+        // Checked, and decompressed where stored so, on the pool.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (copy, expected) = (self.cache.enabled(), sizes.clone());
+        self.pool.spawn(move || {
+            let StoredFrames { storage, frames, checksums } = stored;
+            let frames: Vec<std::result::Result<Frame, ReadError>> = frames
+                .into_par_iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    crate::frames::check(&f, checksums.as_ref().map(|sums| sums[i])).map_err(ReadError::Damaged)?;
+                    match storage {
+                        // Slices of what Lance read; a cached frame is copied out so that it
+                        // does not keep the whole read alive (the budget counts frames, not
+                        // reads).
+                        FrameStorage::Plain => Ok(if copy { Frame::copy_from_slice(&f) } else { f }),
+                        FrameStorage::Zstd => zstd::bulk::decompress(&f, expected[i]).map(Frame::from).map_err(ReadError::Io),
+                    }
+                })
+                .collect();
+            let _ = tx.send(frames);
+        });
+        let frames = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
+        let frames = rows
+            .iter()
+            .zip(frames)
+            .zip(sizes)
+            .map(|((&row, frame), size)| {
+                let frame = frame.map_err(|e| stored_frame_error(ds, row, e))?;
+                if frame.len() != size {
+                    return Err(wrong_size(ds, row, frame.len(), size));
+                }
+                self.counters.frames.fetch_add(1, Ordering::Relaxed);
+                Ok(frame)
+            })
+            .collect();
+        Ok(TableFrames::Read(frames))
+    }
+
+    /// Counts `frames` of `ds` that were to be read from its frame table and are decoded from
+    /// their packets instead, the table having failed (`why`), and says so in the log: the first
+    /// time, then at most once every [`TABLE_WARNING_EVERY`]. (A read into the batch stops at its
+    /// first failed frame, and the batch's frames are then all decoded.)
+    fn decoding_instead(&self, ds: &LoaderDataset, frames: usize, why: &Error) {
+        self.counters.table_frames_decoded.fetch_add(frames as u64, Ordering::Relaxed);
+        if let Some(count) = ds.frame_table_failed(frames as u64, TABLE_WARNING_EVERY) {
+            tracing::warn!(
+                "{why}; the frames the table was to give are decoded from their packets instead ({count} since this was last said)"
+            );
+        }
+    }
+
     /// The RGB frames `cameras` show (`(frame bytes, packets row of each slot)` per camera) of
     /// dataset `source`: kept ahead for this batch, cached, decoded, or to be read from the frame
-    /// table. With [`Layout::Columns`], a batch that decodes frames gets its camera columns
-    /// whole, each decoded frame written straight into its first slot.
+    /// table (`from_packets`: decoded instead). A frame the table cannot give, where the table is
+    /// at fault and holds the frames at their recorded size, is decoded from its packets. With
+    /// [`Layout::Columns`], a batch that decodes frames gets its camera columns whole, each
+    /// decoded frame written straight into its first slot.
     async fn frames(
         &self,
         source: usize,
@@ -708,6 +813,7 @@ impl Loader {
         shown_by: &HashMap<u64, u64>,
         ahead: &Ahead,
         layout: Layout,
+        from_packets: bool,
     ) -> Result<Found> {
         let packet_rows: BTreeSet<u64> = cameras.iter().flat_map(|(_, rows)| rows.iter().copied()).collect();
         let ds = self.datasets[source].clone();
@@ -739,63 +845,31 @@ impl Loader {
                 None => drop(missing.insert(row)),
             }
         }
-        if self.frame_table && ds.has_frame_table() && !missing.is_empty() {
-            let rows: Vec<u64> = missing.into_iter().collect();
-            let fetch_began = Instant::now();
-            if let Some(extents) = ds.locate_stored_frames(&rows).await? {
-                self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                let mut stored = HashMap::with_capacity(rows.len());
-                for (row, extent) in rows.into_iter().zip(extents) {
-                    let size = ds.frame_bytes_of_row(row);
-                    if extent.len() != size {
-                        return Err(Error::layout(
-                            &ds.label,
-                            format!("frame table row {row}: {} bytes, expected {size}; run `{}` again", extent.len(), ds.cache_command()),
-                        ));
-                    }
-                    self.counters.frames.fetch_add(1, Ordering::Relaxed);
-                    stored.insert(row, extent);
-                }
-                return Ok(Found { ready: found, stored, columns: None });
-            }
-            let stored = ds.stored_frames(&rows).await?.expect("the dataset has a frame table");
-            self.counters.fetch_ns.fetch_add(fetch_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let sizes: Vec<usize> = rows.iter().map(|&r| ds.frame_bytes_of_row(r)).collect();
-            // Checked, and decompressed where stored so, on the pool.
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let (copy, expected) = (self.cache.enabled(), sizes.clone());
-            self.pool.spawn(move || {
-                let StoredFrames { storage, frames, checksums } = stored;
-                let frames: Vec<std::result::Result<Frame, ReadError>> = frames
-                    .into_par_iter()
-                    .enumerate()
-                    .map(|(i, f)| {
-                        crate::frames::check(&f, checksums.as_ref().map(|sums| sums[i])).map_err(ReadError::Damaged)?;
-                        match storage {
-                            // Slices of what Lance read; a cached frame is copied out so that it
-                            // does not keep the whole read alive (the budget counts frames, not
-                            // reads).
-                            FrameStorage::Plain => Ok(if copy { Frame::copy_from_slice(&f) } else { f }),
-                            FrameStorage::Zstd => zstd::bulk::decompress(&f, expected[i]).map(Frame::from).map_err(ReadError::Io),
+        if self.frame_table && ds.has_frame_table() && !missing.is_empty() && !from_packets {
+            let rows: Vec<u64> = missing.iter().copied().collect();
+            match self.read_frame_table(&ds, &rows).await {
+                Ok(TableFrames::Located(stored)) => return Ok(Found { ready: found, stored, columns: None }),
+                Ok(TableFrames::Read(frames)) => {
+                    let mut failed = None;
+                    for (row, frame) in rows.into_iter().zip(frames) {
+                        match frame {
+                            Ok(frame) => {
+                                self.cache.insert((slot, row), frame.clone());
+                                found.insert(row, frame);
+                                missing.remove(&row);
+                            }
+                            Err(e) if !mends(&ds, &e) => return Err(e),
+                            Err(e) => drop(failed.get_or_insert(e)),
                         }
-                    })
-                    .collect();
-                let _ = tx.send(frames);
-            });
-            let frames = rx.await.map_err(|_| Error::request("the decode pool stopped"))?;
-            for ((row, frame), size) in rows.into_iter().zip(frames).zip(sizes) {
-                let frame = frame.map_err(|e| stored_frame_error(&ds, row, e))?;
-                if frame.len() != size {
-                    return Err(Error::layout(
-                        &ds.label,
-                        format!("frame table row {row}: {} bytes, expected {size}; run `{}` again", frame.len(), ds.cache_command()),
-                    ));
+                    }
+                    match failed {
+                        None => return Ok(Found::ready(found)),
+                        Some(e) => self.decoding_instead(&ds, missing.len(), &e),
+                    }
                 }
-                self.counters.frames.fetch_add(1, Ordering::Relaxed);
-                self.cache.insert((slot, row), frame.clone());
-                found.insert(row, frame);
+                Err(e) if mends(&ds, &e) => self.decoding_instead(&ds, missing.len(), &e),
+                Err(e) => return Err(e),
             }
-            return Ok(Found::ready(found));
         }
         let groups = group_by_gop(&ds, missing);
         if groups.is_empty() {
@@ -967,6 +1041,35 @@ fn fill_frame_columns(cameras: &[(usize, Vec<u64>)], found: &Found) -> std::resu
         unsafe { column.set_len(size * rows.len()) };
     }
     Ok(columns)
+}
+
+/// The camera column values of a batch: whole, or (every frame in memory) the frames each slot
+/// shows, by packet row.
+enum FrameValues {
+    Columns(Vec<Vec<u8>>),
+    Shared(Vec<(usize, Vec<u64>)>, HashMap<u64, Frame>),
+}
+
+/// How often at most a dataset's log says again that its frame table cannot give frames.
+const TABLE_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The stored frames of a batch: where they lie, to be read into the batch; or read, each frame
+/// or the error that names it.
+enum TableFrames {
+    Located(HashMap<u64, FrameExtent>),
+    Read(Vec<Result<Frame>>),
+}
+
+/// Whether the frames a failed frame table read (`e`) was to give are decoded from their packets
+/// instead: when the table is at fault, and its frames are what decoding gives (a table at the
+/// recorded size; a resized one's frames are made only by `lake cache --size`).
+fn mends(ds: &LoaderDataset, e: &Error) -> bool {
+    ds.frame_size().is_none() && e.frame_table_at_fault()
+}
+
+/// A stored frame of another size than its row's frames.
+fn wrong_size(ds: &LoaderDataset, row: u64, len: usize, size: usize) -> Error {
+    Error::layout(&ds.label, format!("frame table row {row}: {len} bytes, expected {size}; run `{}` again", ds.cache_command()))
 }
 
 /// The error of a frame of packet row `row` that could not be read from the frame table.

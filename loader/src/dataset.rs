@@ -157,6 +157,8 @@ pub struct LoaderDataset {
     frames_unreadable: tokio::sync::Mutex<Option<(u64, std::time::SystemTime)>>,
     /// When a frame table on an object store was last looked for.
     frames_looked: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// Frames the frame table could not give since the log last said so, and when it did.
+    frames_failed: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
     /// The frame table's open data files.
     frame_files: crate::frames::FrameFiles,
     /// The size every camera's frames are read at, from a resized frame table (`None`: as
@@ -366,6 +368,7 @@ impl LoaderDataset {
             frames_uri,
             frames_unreadable: tokio::sync::Mutex::new(frames_unreadable),
             frames_looked: tokio::sync::Mutex::new(Some(std::time::Instant::now())),
+            frames_failed: std::sync::Mutex::new((0, None)),
             frame_files: crate::frames::FrameFiles::default(),
             frame_size,
             frame_table_allowed,
@@ -666,6 +669,19 @@ impl LoaderDataset {
         }
     }
 
+    /// Counts `frames` that the frame table could not give. When the log is due to say so (the
+    /// first time, then at most once every `every`), the frames counted since it last did.
+    pub(crate) fn frame_table_failed(&self, frames: u64, every: std::time::Duration) -> Option<u64> {
+        let mut failed = self.frames_failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (count, said) = &mut *failed;
+        *count += frames;
+        if said.is_some_and(|at| at.elapsed() < every) {
+            return None;
+        }
+        *said = Some(std::time::Instant::now());
+        Some(std::mem::take(count))
+    }
+
     /// The error of a stored frame whose bytes are not those `lake cache` wrote.
     pub(crate) fn damaged_frame(&self, row: u64, damage: crate::frames::Mismatch) -> Error {
         self.decode_error(
@@ -683,7 +699,7 @@ impl LoaderDataset {
     /// A failed frame table read: a missing data file is named, with what to do about it.
     fn frame_table_error(&self, table: &lance::Dataset, source: lance::Error) -> Error {
         if let Some(why) = lake_store::machine_error(&source) {
-            return Error::layout(&self.label, format!("the frame table cannot be read now: {why}"));
+            return Error::Machine { dataset: self.label.clone(), what: "the frame table".into(), why };
         }
         match source {
             lance::Error::NotFound { uri, .. } => {

@@ -50,6 +50,17 @@ pub enum Error {
         /// Frame index in the episode.
         frame: i64,
     },
+    /// The machine refused a read of a dataset's files (too many open files, too little memory,
+    /// no permission): the files are not at fault, and the read may succeed later.
+    #[error("dataset {dataset}: {what} cannot be read now: {why}")]
+    Machine {
+        /// Dataset name and version.
+        dataset: String,
+        /// What was read.
+        what: String,
+        /// The machine's reason.
+        why: String,
+    },
     /// The lake could not be read.
     #[error(transparent)]
     Store(#[from] lake_store::Error),
@@ -75,6 +86,19 @@ impl Error {
 
     pub(crate) fn layout(dataset: &str, message: impl Into<String>) -> Self {
         Self::Layout { dataset: dataset.to_string(), message: message.into() }
+    }
+
+    /// Whether this failed read of a frame table is the table's own fault (a frame damaged, a
+    /// file cut short or gone, rows of the wrong size), so that the frames can be decoded from
+    /// their packets instead; not when the machine or the lake's store refused the read, which
+    /// the packets' read would meet too.
+    pub(crate) fn frame_table_at_fault(&self) -> bool {
+        match self {
+            Self::Layout { .. } | Self::Decode { .. } => true,
+            Self::Lance { error, .. } => lake_store::machine_error(error).is_none() && !lake_store::store_unreachable(error.as_ref()),
+            Self::Store(e) => !lake_store::store_unreachable(e),
+            _ => false,
+        }
     }
 }
 

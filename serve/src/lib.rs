@@ -523,6 +523,7 @@ fn add_stats(a: &DecodeStats, b: &DecodeStats) -> DecodeStats {
         decode_ns: a.decode_ns + b.decode_ns,
         packet_bytes: a.packet_bytes + b.packet_bytes,
         fetch_ns: a.fetch_ns + b.fetch_ns,
+        table_frames_decoded: a.table_frames_decoded + b.table_frames_decoded,
     }
 }
 
@@ -1330,6 +1331,13 @@ impl Service {
             ("lake_decode_seconds_total", "counter", "Decode worker time.", seconds(decode.decode_ns)),
             ("lake_decoded_frames_total", "counter", "Frames decoded or read from frame tables.", decode.frames.to_string()),
             ("lake_decoded_packets_total", "counter", "Compressed packets fed to decoders.", decode.packets.to_string()),
+            (
+                "lake_frame_table_misses_total",
+                "counter",
+                "Frames that were to be read from a frame table and were decoded from their packets instead, the table having \
+                 failed (damaged, cut short or gone): `lake verify` names it, `lake cache` mends it.",
+                decode.table_frames_decoded.to_string(),
+            ),
             ("lake_packet_bytes_total", "counter", "Compressed packet bytes read.", decode.packet_bytes.to_string()),
             ("lake_frame_cache_hits_total", "counter", "Decoded-frame cache hits.", cache.hits.to_string()),
             ("lake_frame_cache_misses_total", "counter", "Decoded-frame cache misses.", cache.misses.to_string()),

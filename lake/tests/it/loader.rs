@@ -615,39 +615,56 @@ fn frame_table_batches_equal_decoded_ones() {
             assert_eq!(stats.packets, 0, "{stats:?}");
             assert!(decoded == again, "frames read from the {storage} table that replaced the open one");
         }
+
+        // The table's data files cut short under the open dataset: its frames are decoded from
+        // their packets instead, and counted.
+        for f in files_under(&root).into_iter().filter(|p| p.to_string_lossy().contains("frames.lance/data/")) {
+            std::fs::OpenOptions::new().write(true).open(f).and_then(|file| file.set_len(100)).expect("truncate");
+        }
+        let (mended, _, stats) = run(true, 0).await;
+        assert!(decoded == mended, "frames decoded in place of the table's");
+        assert!(stats.table_frames_decoded > 0 && stats.packets > 0, "{stats:?}");
     });
 
-    // The table's data files cut short, then gone: sampling fails, says so and names one.
+    // The table's data files cut short, then gone, for a process that opens them: the samples
+    // are those decoded from packets, and the log says why and what mends the table.
     let files: Vec<std::path::PathBuf> =
         files_under(&root).into_iter().filter(|p| p.to_string_lossy().contains("frames.lance/data/")).collect();
     assert!(!files.is_empty(), "the frame table has data files under {}", root.display());
-    let out = tmp.path().join("x.arrow");
-    for f in &files {
-        std::fs::OpenOptions::new().write(true).open(f).and_then(|file| file.set_len(100)).expect("truncate");
-    }
-    let run = lake(&root, &["sample", "--dataset", name, "--indices", "0,7,300", "--preset", "act", "--out", out.to_str().expect("utf-8")]);
-    assert_ne!(run.code, 0, "{run:#?}");
-    assert!(run.stderr.contains("damaged or cut short") && run.stderr.contains(&format!("run `lake cache {name}` again")), "{run:#?}");
+    let sample = |out: &str, flags: &[&str]| {
+        let out = tmp.path().join(out);
+        let mut args = vec!["sample", "--dataset", name, "--indices", "0,7,300", "--preset", "act", "--out", out.to_str().expect("utf-8")];
+        args.extend_from_slice(flags);
+        (lake(&root, &args), std::fs::read(&out).ok())
+    };
+    let (run, from_packets) = sample("decoded.arrow", &["--frame-table", "off"]);
+    assert_eq!(run.code, 0, "{run:#?}");
+    let instead = "the frames the table was to give are decoded from their packets instead";
+    let (run, mended) = sample("cut.arrow", &[]);
+    assert!(run.code == 0 && mended == from_packets, "{run:#?}");
+    assert!(run.stderr.contains("damaged or cut short") && run.stderr.contains(instead), "{run:#?}");
+    assert!(run.stderr.contains(&format!("run `lake cache {name}` again")), "{run:#?}");
     assert!(!run.stderr.contains("LanceError"), "{run:#?}");
     let inspect = lake(&root, &["inspect", name]);
     assert!(inspect.stdout.contains("recorded size: damaged outside lake: its data file data/"), "inspect says so: {inspect:#?}");
     for f in &files {
         std::fs::remove_file(f).expect("remove");
     }
-    let run = lake(&root, &["sample", "--dataset", name, "--indices", "0,7,300", "--preset", "act", "--out", out.to_str().expect("utf-8")]);
-    assert_ne!(run.code, 0, "{run:#?}");
-    assert!(files.iter().any(|f| run.stderr.contains(f.to_str().expect("utf-8"))), "the error names the missing file: {run:#?}");
-    assert!(run.stderr.contains(&format!("run `lake cache {name}` again")), "{run:#?}");
+    let (run, mended) = sample("gone.arrow", &[]);
+    assert!(run.code == 0 && mended == from_packets, "{run:#?}");
+    assert!(files.iter().any(|f| run.stderr.contains(f.to_str().expect("utf-8"))), "the log names the missing file: {run:#?}");
+    assert!(run.stderr.contains(instead) && run.stderr.contains(&format!("run `lake cache {name}` again")), "{run:#?}");
     assert!(!run.stderr.contains(".rs:"), "no source locations: {run:#?}");
-    assert!(!out.exists(), "no output file on error");
 }
 
-/// A frame damaged in a frame table (its data file's size and footer intact) fails the samples
-/// that show it, naming camera, episode and frame and the `lake cache` command that mends it,
-/// for plain frames (read straight into the batch) and zstd ones (read through Lance) alike;
-/// `lake cache` again makes samples equal the decoded ones.
+/// A frame damaged in a frame table (its data file's size and footer intact) is decoded from its
+/// packets instead, so that the samples showing it are the recorded ones, and the log names
+/// camera, episode and frame and the `lake cache` command that mends the table, for plain frames
+/// (read straight into the batch) and zstd ones (read through Lance) alike; `lake verify` names
+/// the frame, and `lake cache` again mends the table. A resized table, whose frames only `lake
+/// cache --size` makes, fails the samples showing a damaged frame instead.
 #[test]
-fn a_frame_damaged_in_its_table_fails_its_samples_and_lake_cache_mends_it() {
+fn a_frame_damaged_in_its_table_is_decoded_from_its_packets_and_lake_cache_mends_the_table() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("lake");
     let name = "v30-h264-multifile";
@@ -684,21 +701,24 @@ fn a_frame_damaged_in_its_table_fails_its_samples_and_lake_cache_mends_it() {
         // Plain frames are read with positioned reads, or all at once through io_uring.
         for io in ["pread", "uring"] {
             let (run, written) = sample(&["--io", io]);
-            assert_eq!(run.code, 2, "{storage}, {io}: {run:#?}");
+            assert!(run.code == 0 && written.as_ref() == Some(&decoded), "{storage}, {io}: the recorded frames: {run:#?}");
             let damaged = "the frame table's frame is not the one `lake cache` stored (CRC-32 ";
             assert!(run.stderr.contains(damaged) && run.stderr.contains(&format!("run `lake cache {name}` again")), "{storage}: {run:#?}");
+            assert!(run.stderr.contains("the frames the table was to give are decoded from their packets instead"), "{run:#?}");
             assert!(
                 run.stderr.contains(&format!("dataset {name}@1, camera observation.images.")) && run.stderr.contains(", episode "),
                 "{run:#?}"
             );
             assert!(!run.stderr.contains("panicked") && !run.stderr.contains(".rs:"), "{run:#?}");
-            assert!(written.is_none(), "{storage}: no output file on error");
         }
+        let verified = lake(&root, &["verify", name]);
+        assert!(verified.code == 1 && verified.stdout.contains("the frame is not the one `lake cache` stored"), "{verified:#?}");
     }
     let cached = lake(&root, &["cache", name]);
     assert_eq!(cached.code, 0, "{cached:#?}");
     let (run, mended) = sample(&[]);
     assert!(run.code == 0 && mended.as_ref() == Some(&decoded), "`lake cache` again mends the table: {run:#?}");
+    assert!(!run.stderr.contains("frame table"), "{run:#?}");
 
     // A table without checksums (as written before rows had them) is read without the check,
     // and `lake inspect` says how to add them.
@@ -718,6 +738,24 @@ fn a_frame_damaged_in_its_table_fails_its_samples_and_lake_cache_mends_it() {
     assert_eq!(lake(&root, &["cache", name]).code, 0);
     let inspect = lake(&root, &["inspect", name]);
     assert!(inspect.stdout.contains("recorded size: 900 frames, plain, ") && !inspect.stdout.contains("without checksums"), "{inspect:#?}");
+
+    // A resized table's frames are made by `lake cache --size` alone: a damaged one fails the
+    // samples that show it.
+    assert_eq!(lake(&root, &["cache", name, "--size", "32x24"]).code, 0);
+    let resized = files_under(&root)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/frames-32x24.lance/data/"))
+        .max_by_key(|p| std::fs::metadata(p).expect("metadata").len())
+        .expect("the resized table has data files");
+    let mut body = std::fs::read(&resized).expect("read");
+    let middle = body.len() / 2;
+    body[middle] ^= 0x10;
+    std::fs::write(&resized, &body).expect("damage");
+    let (run, written) = sample(&["--frame-size", "32x24"]);
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("the frame table's frame is not the one `lake cache` stored (CRC-32 "), "{run:#?}");
+    assert!(run.stderr.contains(&format!("run `lake cache {name} --size 32x24` again")), "{run:#?}");
+    assert!(written.is_none(), "no output file on error");
 }
 
 /// `lake ingest --frame-cache native --frame-cache WxH` ingests and stores both frame tables
