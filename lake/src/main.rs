@@ -237,6 +237,12 @@ fn main() -> ExitCode {
     if sql_stack {
         builder.thread_stack_size(lake_query::sql::limits::STACK_BYTES);
     }
+    // A query's panics inside the engine are its error (exit 2, the engine's words): the log
+    // says where in one line, as the server's does, not with a backtrace.
+    let sql = matches!(cli.command, Command::Sql(_));
+    if sql {
+        builder.on_thread_start(lake_store::log_panics_on_this_thread);
+    }
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -254,6 +260,9 @@ fn main() -> ExitCode {
     };
     let root = cli.lake.clone();
     let run = || {
+        if sql {
+            lake_store::log_panics_on_this_thread();
+        }
         runtime.block_on(async {
             let command = async {
                 let result = match cli.command {

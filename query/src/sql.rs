@@ -80,7 +80,8 @@ fn query_error(e: datafusion::error::DataFusionError) -> Error {
 
 /// Runs `work` on a thread named `name` whose stack holds a query at the nesting limit
 /// ([`limits::STACK_BYTES`]), in a runtime of its own: how a server, whose runtime's threads have
-/// ordinary stacks, plans a query or walks one. Dropping the answer's future stops `work`.
+/// ordinary stacks, plans a query or walks one. Dropping the answer's future stops `work`. A
+/// panic of `work` is its error ([`planning`]), and one line of the log, not a backtrace.
 ///
 /// # Errors
 /// `work`'s; [`Error::Internal`] when the thread cannot start or stops without an answer.
@@ -95,12 +96,14 @@ where
         .name(name.into())
         .stack_size(limits::STACK_BYTES)
         .spawn(move || {
+            // The engine's panics here become the query's error ([`planning`], [`unwinding`]).
+            lake_store::log_panics_on_this_thread();
             let mut tx = tx;
             let answer = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 // A caller that goes away stops the work (a client that gave up).
                 Ok(runtime) => runtime.block_on(async {
                     tokio::select! {
-                        answer = work() => Some(answer),
+                        answer = planning(work()) => Some(answer),
                         () = tx.closed() => None,
                     }
                 }),
@@ -1290,6 +1293,8 @@ impl LakeSql {
             .name("lake-sql".into())
             .stack_size(limits::STACK_BYTES)
             .spawn(move || {
+                // The engine's panics here become the query's error ([`planning`], [`unwinding`]).
+                lake_store::log_panics_on_this_thread();
                 // Held (a server's SQL slot) for as long as the query runs: until its answer
                 // ends, before the end reaches the client (which may then ask again at once).
                 let mut hold = Some(hold);

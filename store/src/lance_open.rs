@@ -208,6 +208,14 @@ where
     }
 }
 
+/// Makes the panics raised on this thread from now on one line of the log each (where, and
+/// the panic's words) instead of Rust's report with its backtrace. For threads that catch every
+/// panic of the work they run and report it as that work's error (a query's thread); panics
+/// Lance raises and lake catches stay silent there too.
+pub fn log_panics_on_this_thread() {
+    quiet_panics::log_on_this_thread();
+}
+
 /// Panics that a future is expected to raise (and whose unwinding is caught) are not printed.
 mod quiet_panics {
     use std::{
@@ -219,6 +227,7 @@ mod quiet_panics {
 
     thread_local! {
         static QUIET: Cell<bool> = const { Cell::new(false) };
+        static LOGGED: Cell<bool> = const { Cell::new(false) };
     }
 
     /// Puts a panic hook in front of the one in place that stays silent while a [`Quiet`]
@@ -232,9 +241,17 @@ mod quiet_panics {
         ONCE.call_once(|| {
             let previous = std::panic::take_hook();
             std::panic::set_hook(Box::new(move |info| {
-                if !QUIET.with(Cell::get) && !in_lance_task(info) {
-                    previous(info);
+                if QUIET.with(Cell::get) || in_lance_task(info) {
+                    return;
                 }
+                if LOGGED.with(Cell::get) {
+                    let place = info.location().map_or_else(String::new, |l| format!(" at {}:{}", crate_path(l.file()), l.line()));
+                    let payload = info.payload();
+                    let words = payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+                    tracing::warn!(target: "lake::panic", "caught a panic{place}: {}", words.unwrap_or("(no message)"));
+                    return;
+                }
+                previous(info);
             }));
         });
     }
@@ -245,6 +262,23 @@ mod quiet_panics {
         let in_lance = info.location().is_some_and(|l| l.file().contains("/lance-") || l.file().contains("\\lance-"));
         let main = std::thread::current().name().is_none_or(|n| n == "main" || n == "lake-main");
         in_lance && !main
+    }
+
+    /// Makes the panics raised on this thread from now on a line of the log (where, and the
+    /// panic's words) instead of the default report with its backtrace: for threads whose every
+    /// panic is caught and becomes the error of the work they run, which is reported as such.
+    pub fn log_on_this_thread() {
+        install();
+        LOGGED.with(|l| l.set(true));
+    }
+
+    /// A source path from its crate's directory on (`arrow-buffer-58.4.1/src/buffer/offset.rs`),
+    /// without the registry's or the checkout's directories before it.
+    pub(super) fn crate_path(file: &str) -> &str {
+        match file.rfind("/src/") {
+            Some(at) => file[..at].rfind('/').map_or(file, |start| &file[start + 1..]),
+            None => file,
+        }
     }
 
     /// `f`, whose panics are not printed (the caller catches them).
@@ -271,5 +305,53 @@ mod quiet_panics {
         fn drop(&mut self) {
             QUIET.with(|q| q.set(self.0));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    /// The log's lines, kept.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("not poisoned").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_thread_that_logs_its_panics_gives_each_one_line_naming_where() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let caught = std::thread::spawn(move || {
+            tracing::subscriber::with_default(subscriber, || {
+                super::log_panics_on_this_thread();
+                std::panic::catch_unwind(|| panic!("a value past the engine's limits")).is_err()
+            })
+        })
+        .join()
+        .expect("the thread caught its panic");
+        assert!(caught);
+        let logged = String::from_utf8(lines.0.lock().expect("not poisoned").clone()).expect("utf-8");
+        assert_eq!(logged.lines().count(), 1, "{logged}");
+        assert!(logged.contains("WARN lake::panic: caught a panic at store/src/lance_open.rs:"), "{logged}");
+        assert!(logged.trim_end().ends_with(": a value past the engine's limits"), "{logged}");
+    }
+
+    #[test]
+    fn a_source_path_is_named_from_its_crate_on() {
+        let registry = "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/arrow-buffer-58.4.1/src/buffer/offset.rs";
+        assert_eq!(super::quiet_panics::crate_path(registry), "arrow-buffer-58.4.1/src/buffer/offset.rs");
+        assert_eq!(super::quiet_panics::crate_path("store/src/lance_open.rs"), "store/src/lance_open.rs");
+        assert_eq!(super::quiet_panics::crate_path("build.rs"), "build.rs");
     }
 }

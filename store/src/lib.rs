@@ -38,7 +38,7 @@ pub use crate::{
         Error, Result, abbreviated, lance_message, machine_error, removed_hint, selected_message, store_message, store_unreachable,
         unreachable_link, without_source_locations, write_refusal,
     },
-    lance_open::{open_lance, read_lance, stream_lance},
+    lance_open::{log_panics_on_this_thread, open_lance, read_lance, stream_lance},
     lease::{hostname, process_alive},
     removal::Removal,
     tables::{
