@@ -688,16 +688,7 @@ fn a_frame_damaged_in_its_table_is_decoded_from_its_packets_and_lake_cache_mends
         assert_eq!(cached.code, 0, "{cached:#?}");
         let (run, from_table) = sample(&[]);
         assert!(run.code == 0 && from_table.as_ref() == Some(&decoded), "{storage}: samples from the table are the decoded ones: {run:#?}");
-        // One byte flipped in the middle of the table's largest file, where frames lie.
-        let largest = files_under(&root)
-            .into_iter()
-            .filter(|p| p.to_string_lossy().contains("/frames.lance/data/"))
-            .max_by_key(|p| std::fs::metadata(p).expect("metadata").len())
-            .expect("the frame table has data files");
-        let mut body = std::fs::read(&largest).expect("read");
-        let middle = body.len() / 2;
-        body[middle] ^= 0x10;
-        std::fs::write(&largest, &body).expect("damage");
+        flip_middle_of_largest(&root, "/frames.lance/data/");
         // Plain frames are read with positioned reads, or all at once through io_uring.
         for io in ["pread", "uring"] {
             let (run, written) = sample(&["--io", io]);
@@ -742,20 +733,26 @@ fn a_frame_damaged_in_its_table_is_decoded_from_its_packets_and_lake_cache_mends
     // A resized table's frames are made by `lake cache --size` alone: a damaged one fails the
     // samples that show it.
     assert_eq!(lake(&root, &["cache", name, "--size", "32x24"]).code, 0);
-    let resized = files_under(&root)
-        .into_iter()
-        .filter(|p| p.to_string_lossy().contains("/frames-32x24.lance/data/"))
-        .max_by_key(|p| std::fs::metadata(p).expect("metadata").len())
-        .expect("the resized table has data files");
-    let mut body = std::fs::read(&resized).expect("read");
-    let middle = body.len() / 2;
-    body[middle] ^= 0x10;
-    std::fs::write(&resized, &body).expect("damage");
+    flip_middle_of_largest(&root, "/frames-32x24.lance/data/");
     let (run, written) = sample(&["--frame-size", "32x24"]);
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("the frame table's frame is not the one `lake cache` stored (CRC-32 "), "{run:#?}");
     assert!(run.stderr.contains(&format!("run `lake cache {name} --size 32x24` again")), "{run:#?}");
     assert!(written.is_none(), "no output file on error");
+}
+
+/// Flips one byte in the middle of the largest file under `root` whose path holds `part` (a
+/// frame table's data files: where its frames lie).
+fn flip_middle_of_largest(root: &Path, part: &str) {
+    let largest = files_under(root)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(part))
+        .max_by_key(|p| std::fs::metadata(p).expect("metadata").len())
+        .unwrap_or_else(|| panic!("no file under {} holds {part}", root.display()));
+    let mut body = std::fs::read(&largest).expect("read");
+    let middle = body.len() / 2;
+    body[middle] ^= 0x10;
+    std::fs::write(&largest, &body).expect("damage");
 }
 
 /// `lake ingest --frame-cache native --frame-cache WxH` ingests and stores both frame tables
