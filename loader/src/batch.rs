@@ -425,7 +425,14 @@ impl Loader {
         let cameras = vec![(cam.frame_bytes(), packet_rows)];
         Ok(match Box::pin(self.frame_values(source, cameras, &shown_by, &Ahead::default(), Layout::Columns)).await? {
             FrameValues::Columns(mut columns) => columns.swap_remove(0),
-            FrameValues::Shared(cameras, ready) => cameras[0].1.iter().flat_map(|row| ready[row].iter().copied()).collect(),
+            FrameValues::Shared(cameras, ready) => {
+                let (size, rows) = &cameras[0];
+                let mut frames = Vec::with_capacity(size * rows.len());
+                for row in rows {
+                    frames.extend_from_slice(&ready[row]);
+                }
+                frames
+            }
         })
     }
 

@@ -1990,6 +1990,9 @@ fn the_web_apps_endpoints_page_episodes_and_give_the_loaders_frames_as_png() {
         assert!(decode_png(&body[at..at + size]) == want, "each PNG holds the loader's frame at its step");
         at += size;
     }
+    // Asked again, the frames come from the server's frame cache: the same PNGs.
+    let (code, _, again) = get(&format!("/v1/datasets/v30-bframes/frames?camera={camera}&index={}&count=8", last_three[0]));
+    assert!(code == 200 && again == body, "frames from the cache are the decoded ones");
     for (query, error) in [
         ("count=0", "count must be 1 to 64 frames, not 0"),
         ("count=65", "count must be 1 to 64 frames, not 65"),
