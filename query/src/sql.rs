@@ -81,7 +81,7 @@ fn query_error(e: datafusion::error::DataFusionError) -> Error {
 /// Runs `work` on a thread named `name` whose stack holds a query at the nesting limit
 /// ([`limits::STACK_BYTES`]), in a runtime of its own: how a server, whose runtime's threads have
 /// ordinary stacks, plans a query or walks one. Dropping the answer's future stops `work`. A
-/// panic of `work` is its error ([`planning`]), and one line of the log, not a backtrace.
+/// panic of `work` is its error, and one line of the log, not a backtrace.
 ///
 /// # Errors
 /// `work`'s; [`Error::Internal`] when the thread cannot start or stops without an answer.
