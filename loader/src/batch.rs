@@ -603,6 +603,7 @@ impl Loader {
             self.counters.fetch_ns.fetch_add(read_began.elapsed().as_nanos() as u64, Ordering::Relaxed);
             match values.map_err(|(row, e)| stored_frame_error(ds, row, e)) {
                 Ok(values) => {
+                    self.counters.frames.fetch_add(found.stored.len() as u64, Ordering::Relaxed);
                     if self.cache.enabled() {
                         self.cache_stored(ds.cache_id, &cameras, &values, &found.stored);
                     }
@@ -748,7 +749,6 @@ impl Loader {
                 if extent.len() != size {
                     return Err(wrong_size(ds, row, extent.len(), size));
                 }
-                self.counters.frames.fetch_add(1, Ordering::Relaxed);
                 stored.insert(row, extent);
             }
             return Ok(TableFrames::Located(stored));
