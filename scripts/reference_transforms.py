@@ -4,11 +4,13 @@ lake's trainer tests wrote: the reference for lake's image transforms
 (trainer/src/image_transforms/apply.rs).
 
 Usage: reference_transforms.py DIR. DIR holds input.f32 (little-endian float32 frames
-[n, S, 3, H, W] in [0, 1]) and cases.json: {"shape": [...], "cases": [{"name": ..., "rows":
-[[step, ...] for each sample]}]}. Each sample's frames [S, 3, H, W] take its steps in order, and
-the results go to DIR/NAME.f32 in the input's layout. A step {"kind": "lerobot", "class": C,
-"kwargs": {...}, "params": {...}} applies LeRobot's transform C, made with those arguments, with
-the given draw (its `transform(frames, params)`).
+[n, S, 3, H, W]: in [0, 1], or uint8 levels when "uint8" is true) and cases.json: {"shape": [...],
+"uint8": false, "cases": [{"name": ..., "rows": [[step, ...] for each sample]}]}. Each sample's
+frames [S, 3, H, W] take its steps in order, and the results go to DIR/NAME.f32 in the input's
+layout, as float in [0, 1] (uint8 results over 255, as lerobot-train 0.6.1 scales them). A step
+{"kind": "lerobot", "class": C, "kwargs": {...}, "params": {...}} applies LeRobot's transform C,
+made with those arguments, with the given draw (its `transform(frames, params)`); it takes uint8
+frames as float in [0, 1], as lake hands them to it.
 """
 
 import json
@@ -47,21 +49,28 @@ def step(frames: torch.Tensor, s: dict) -> torch.Tensor:
     if kind == "lerobot":
         from lerobot.transforms import transforms
 
+        frames = unit(frames)
         return getattr(transforms, s["class"])(**s["kwargs"]).transform(frames, s["params"])
     raise ValueError(f"unknown step {kind}")
+
+
+def unit(frames: torch.Tensor) -> torch.Tensor:
+    return frames.to(torch.float32) / 255.0 if frames.dtype == torch.uint8 else frames
 
 
 def main() -> None:
     root = Path(sys.argv[1])
     spec = json.loads((root / "cases.json").read_text())
     frames = torch.from_numpy(np.fromfile(root / "input.f32", dtype="<f4").reshape(spec["shape"]))
+    if spec.get("uint8"):
+        frames = frames.to(torch.uint8)
     for case in spec["cases"]:
         out = []
         for sample, steps in zip(frames, case["rows"]):
             x = sample.clone()
             for s in steps:
                 x = step(x, s)
-            out.append(x)
+            out.append(unit(x))
         torch.stack(out).numpy().astype("<f4").tofile(root / f"{case['name']}.f32")
 
 

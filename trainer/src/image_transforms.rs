@@ -13,7 +13,8 @@
 //!   camera. A resumed run, and a run with another number of ranks, draws the same
 //!   (docs/decisions/0032-image-transforms-drawn-by-sample.md).
 //! - `apply` (feature `torch`): the draws applied to a camera's frames on their device with
-//!   torchvision's arithmetic, on float frames in [0, 1] as LeRobot 0.4.4's dataset gives them.
+//!   torchvision's arithmetic, on uint8 frames as lerobot-train 0.6.1's dataset hands them over,
+//!   or on float frames in [0, 1] as LeRobot 0.4.4's does ([`TransformFrames`]).
 //!
 //! A window of frames (Diffusion's observation steps) gets one draw for all its frames, as a
 //! `[S, C, H, W]` tensor gets one from torchvision.
@@ -226,6 +227,43 @@ pub struct DrawKey {
     pub camera: u64,
 }
 
+/// The frames torchvision's transforms are handed, which decides their arithmetic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransformFrames {
+    /// uint8, as lerobot-train 0.6.1's dataset hands them over (`return_uint8=True`): each
+    /// transform's result is cast back to uint8 as torchvision casts it (truncated; the affine's
+    /// rounded), and the policy gets the levels over 255. LeRobot 0.6.1's transforms for a
+    /// robot's cameras, which pass uint8 frames through unchanged, get the frames as float in
+    /// [0, 1] instead, and the transforms after them float frames.
+    #[default]
+    Uint8,
+    /// float in [0, 1], as LeRobot 0.4.4's dataset hands them over.
+    Float,
+}
+
+impl TransformFrames {
+    /// The name `lake train --transform-frames` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransformFrames::Uint8 => "uint8",
+            TransformFrames::Float => "float",
+        }
+    }
+}
+
+impl std::str::FromStr for TransformFrames {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "uint8" => Ok(TransformFrames::Uint8),
+            "float" => Ok(TransformFrames::Float),
+            _ => Err(format!("{s:?} is not a kind of frames for the image transforms: uint8 (LeRobot 0.6.1) or float (LeRobot 0.4.4)")),
+        }
+    }
+}
+
 /// The transforms of an enabled [`ImageTransformsConfig`], checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageTransforms {
@@ -234,6 +272,7 @@ pub struct ImageTransforms {
     weights: Vec<f64>,
     per_frame: usize,
     random_order: bool,
+    frames: TransformFrames,
 }
 
 impl ImageTransforms {
@@ -265,7 +304,19 @@ impl ImageTransforms {
         if per_frame == 0 {
             return Ok(None);
         }
-        Ok(Some(ImageTransforms { names, transforms, weights, per_frame, random_order: config.random_order }))
+        let frames = TransformFrames::default();
+        Ok(Some(ImageTransforms { names, transforms, weights, per_frame, random_order: config.random_order, frames }))
+    }
+
+    /// These transforms handed `frames` ([`TransformFrames::Uint8`] unless said).
+    #[must_use]
+    pub fn on(self, frames: TransformFrames) -> Self {
+        ImageTransforms { frames, ..self }
+    }
+
+    /// The frames the transforms are handed.
+    pub fn frames(&self) -> TransformFrames {
+        self.frames
     }
 
     /// The names of the transforms that can be drawn, in order.

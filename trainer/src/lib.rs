@@ -99,7 +99,7 @@ pub use crate::config::{
 pub use crate::diffusion_config::DiffusionConfig;
 pub use crate::error::{Error, Result};
 pub use crate::image_transforms::{
-    Draw, DrawKey, Hole, ImageTransforms, ImageTransformsConfig, Patch, SCENE_TRANSFORMS, SceneDraw, TransformConfig,
+    Draw, DrawKey, Hole, ImageTransforms, ImageTransformsConfig, Patch, SCENE_TRANSFORMS, SceneDraw, TransformConfig, TransformFrames,
 };
 pub use crate::normalize::{
     EPS, IMAGENET_MEAN, IMAGENET_STD, Normalizer, POSTPROCESSOR_FILE, POSTPROCESSOR_STATE_FILE, PREPROCESSOR_FILE, PREPROCESSOR_STATE_FILE,

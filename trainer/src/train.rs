@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 
 use crate::{
-    ActConfig, Error, FeatureType, ImageTransforms, ImageTransformsConfig, OBS_ENV_STATE, OBS_STATE, Result,
+    ActConfig, Error, FeatureType, ImageTransforms, ImageTransformsConfig, OBS_ENV_STATE, OBS_STATE, Result, TransformFrames,
     act::{ActBatch, PolicyOptions, bf16_autocast},
     collective::{Collective, all_reduce_host, average_gradients, broadcast, ranks_apart},
     data::{BatchSource, DatasetFacts, Feed, dataset_facts, open_feed, policy_stats},
@@ -115,6 +115,9 @@ pub struct TrainOptions {
     /// LeRobot's image transforms on each sample's camera frames as it enters a step (not in
     /// held-out evaluations); `None`, or a config that is not enabled, for none.
     pub image_transforms: Option<ImageTransformsConfig>,
+    /// The frames the image transforms are handed, as LeRobot 0.6.1 (uint8) or 0.4.4 (float)
+    /// hands them over.
+    pub transform_frames: TransformFrames,
 }
 
 /// How a run's camera frames travel and where they become RGB. Both give the policy the same
@@ -183,6 +186,7 @@ impl std::fmt::Debug for TrainOptions {
             .field("decode", &self.decode)
             .field("proxy", &self.proxy)
             .field("image_transforms", &self.image_transforms.as_ref().is_some_and(|t| t.enable))
+            .field("transform_frames", &self.transform_frames)
             .finish_non_exhaustive()
     }
 }
@@ -238,6 +242,17 @@ struct RunState {
     /// The image transforms of the run's steps, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     image_transforms: Option<ImageTransformsConfig>,
+    /// The frames the image transforms were handed, with transforms. Absent from the checkpoints
+    /// of runs that handed them float frames, before the choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    transform_frames: Option<TransformFrames>,
+}
+
+impl RunState {
+    /// The frames this run's image transforms were handed; `None` without transforms.
+    fn transformed_frames(&self) -> Option<TransformFrames> {
+        self.image_transforms.as_ref().map(|_| self.transform_frames.unwrap_or(TransformFrames::Float))
+    }
 }
 
 /// How runs counted padded actions before [`TrainOptions::padded_actions`].
@@ -389,7 +404,8 @@ impl std::fmt::Debug for Prefetch {
 
 /// The image transforms `options` ask for, checked; `None` when they do nothing.
 fn run_transforms(options: &TrainOptions) -> Result<Option<ImageTransforms>> {
-    Ok(options.image_transforms.as_ref().map(ImageTransforms::new).transpose()?.flatten())
+    let transforms = options.image_transforms.as_ref().map(ImageTransforms::new).transpose()?.flatten();
+    Ok(transforms.map(|t| t.on(options.transform_frames)))
 }
 
 /// Refuses image transforms for a policy that reads no camera: they would change nothing.
@@ -416,6 +432,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     // Checked before anything is read or written; recorded only when they do something.
     let transforms = run_transforms(&options)?;
     let image_transforms = transforms.as_ref().and(options.image_transforms.clone());
+    let transform_frames = transforms.as_ref().map(ImageTransforms::frames);
     let policy_options =
         PolicyOptions { device: options.device, kind: options.kind, backbone_weights: None, padded_actions: options.padded_actions };
     let checkpoints = options.out.join("checkpoints");
@@ -432,6 +449,14 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
                 (Some(was), Some(now)) => format!("with the image transforms {}; this one asks for {}", json(was), json(now)),
             };
             return Err(Error::Run(format!("--resume: {} was made by a run {differ}", dir.display())));
+        }
+        if let Some(was) = run.transformed_frames().filter(|&was| was != options.transform_frames) {
+            return Err(Error::Run(format!(
+                "--resume: {} was made by a run whose image transforms were handed {} frames; this one asks for --transform-frames {}",
+                dir.display(),
+                was.name(),
+                options.transform_frames.name()
+            )));
         }
         if run.padded_actions != options.padded_actions {
             return Err(Error::Run(format!(
@@ -451,6 +476,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
             padded_actions: run.padded_actions,
             backbone_weights: run.backbone_weights.clone(),
             image_transforms: run.image_transforms.clone(),
+            transform_frames: run.transform_frames,
         };
         if given != run {
             return Err(Error::Run(format!(
@@ -556,6 +582,7 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
         padded_actions: options.padded_actions,
         backbone_weights: backbone_weights.clone(),
         image_transforms: image_transforms.clone(),
+        transform_frames,
     };
     let (started, mut waited, mut losses, mut checkpoint) = (Instant::now(), 0.0, Vec::new(), PathBuf::new());
     let cpu_at_start = lake_loader::process_usage().cpu_s;

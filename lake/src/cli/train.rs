@@ -75,6 +75,12 @@ pub struct TrainArgs {
     /// GammaCorrection, PlanckianJitter). Held-out evaluations see the frames as recorded.
     #[arg(long, value_name = "FILE.json", num_args = 0..=1)]
     image_transforms: Option<Option<PathBuf>>,
+    /// The frames the image transforms are handed, and so their arithmetic: `uint8`, as
+    /// lerobot-train 0.6.1 hands them over (each transform's result cast back to uint8 as
+    /// torchvision casts it; LeRobot 0.6.1's own transforms, which pass uint8 frames through
+    /// unchanged there, get float frames); `float` in [0, 1], as LeRobot 0.4.4 hands them over.
+    #[arg(long, default_value = "uint8", value_parser = ["uint8", "float"], requires = "image_transforms")]
+    transform_frames: String,
     /// Threads that decode packets with --decode cpu (0: one per core).
     #[arg(long, default_value_t = 0, value_name = "N")]
     decode_threads: usize,
@@ -286,6 +292,7 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         proxy: args.proxy,
         frame_size: args.frame_size,
         image_transforms,
+        transform_frames: args.transform_frames.parse().map_err(anyhow::Error::msg)?,
         eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
             datasets: args.eval_dataset.clone(),
             every: args.eval_every,
@@ -344,7 +351,12 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         outln!("backbone: started from {}", weights.display())?;
     }
     if let Some(t) = &transforms {
-        outln!("image transforms: {} of {} on each camera frame", t.per_frame(), t.names().join(", "))?;
+        outln!(
+            "image transforms: {} of {} on each camera frame, handed {} frames",
+            t.per_frame(),
+            t.names().join(", "),
+            args.transform_frames
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,14 +1,16 @@
 //! The draws of [`ImageTransforms`] applied to camera frames on their device, with the
-//! arithmetic of torchvision 0.26's functional transforms for float images: on a GPU one launch
-//! per transform for all the samples that drew it, on the CPU a sample at a time.
+//! arithmetic of torchvision 0.26's functional transforms for the frames they are handed
+//! ([`TransformFrames`]): on a GPU one launch per transform for all the samples that drew it, on
+//! the CPU a sample at a time.
 //!
-//! Frames are `[n, S, 3, H, W]` float tensors in [0, 1]: `n` samples of `S` frames each (1 for
-//! ACT), one draw per sample.
+//! Frames are `[n, S, 3, H, W]` tensors: `n` samples of `S` frames each (1 for ACT), one draw
+//! per sample. Between transforms each sample's frames are float: uint8 levels (0 to 255, whole
+//! after each transform, as torchvision casts its results back to uint8) or values in [0, 1].
 
 use tch::{Device, Kind, Tensor};
 
-use self::common::{mismatch, per_row, times, upload};
-use super::{Affine, Draw, DrawKey, ImageTransforms, SceneDraw, Transform};
+use self::common::{fused, mismatch, per_row, times, upload};
+use super::{Affine, Draw, DrawKey, ImageTransforms, SceneDraw, Transform, TransformFrames};
 use crate::{Error, Result, policy::Batch};
 
 mod common;
@@ -18,16 +20,26 @@ mod scene;
 /// sample's draws applied, in order.
 pub(crate) fn apply(transforms: &ImageTransforms, frames: &Tensor, draws: &[Vec<(usize, Draw)>]) -> Tensor {
     if frames.device() != Device::Cpu {
-        return grouped(transforms, &unit_float(frames), draws);
+        return grouped(transforms, &handed(transforms, frames), draws);
     }
     // One sample at a time on the CPU, whose caches hold a sample's intermediate tensors and not
     // a batch's.
     let out = Tensor::empty(frames.size(), (Kind::Float, Device::Cpu));
     for (row, d) in draws.iter().enumerate() {
-        let sample = unit_float(&frames.narrow(0, row as i64, 1));
+        let sample = handed(transforms, &frames.narrow(0, row as i64, 1));
         out.narrow(0, row as i64, 1).copy_(&grouped(transforms, &sample, std::slice::from_ref(d)));
     }
     out
+}
+
+/// Frames as the transforms are handed them, contiguous float: levels for uint8 transforms
+/// (float frames taken at their nearest level), values in [0, 1] for float ones.
+fn handed(transforms: &ImageTransforms, frames: &Tensor) -> Tensor {
+    match (transforms.frames(), frames.kind()) {
+        (TransformFrames::Float, _) => unit_float(frames),
+        (TransformFrames::Uint8, Kind::Uint8) => frames.contiguous().to_kind(Kind::Float),
+        (TransformFrames::Uint8, _) => (frames.to_kind(Kind::Float) * 255.0).round().contiguous(),
+    }
 }
 
 /// Frames as contiguous float in [0, 1]: uint8 ones divided by 255, as the policies scale them.
@@ -42,9 +54,44 @@ fn unit_float(frames: &Tensor) -> Tensor {
     }
 }
 
+/// What a sample's frames hold between transforms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scale {
+    /// uint8 levels, as float.
+    Levels,
+    /// Values in [0, 1].
+    Unit,
+}
+
+impl Scale {
+    /// The largest value.
+    fn bound(self) -> f64 {
+        match self {
+            Scale::Levels => 255.0,
+            Scale::Unit => 1.0,
+        }
+    }
+
+    /// A transform's result, clamped to [0, bound], as torchvision returns it: cast to uint8
+    /// (truncated) for levels.
+    fn clamped(self, y: &mut Tensor) {
+        let _ = y.clamp_(0.0, self.bound());
+        if self == Scale::Levels {
+            let _ = y.trunc_();
+        }
+    }
+}
+
 /// [`apply`] with one launch per transform for all the samples that drew it.
 fn grouped(transforms: &ImageTransforms, frames: &Tensor, draws: &[Vec<(usize, Draw)>]) -> Tensor {
     let mut x = frames.shallow_clone();
+    let mut scales = vec![
+        match transforms.frames() {
+            TransformFrames::Uint8 => Scale::Levels,
+            TransformFrames::Float => Scale::Unit,
+        };
+        draws.len()
+    ];
     let depth = draws.iter().map(Vec::len).max().unwrap_or(0);
     for k in 0..depth {
         let at: Vec<Option<usize>> = draws.iter().map(|d| d.get(k).map(|(t, _)| *t)).collect();
@@ -53,11 +100,33 @@ fn grouped(transforms: &ImageTransforms, frames: &Tensor, draws: &[Vec<(usize, D
         indices.dedup();
         for t in indices {
             let rows: Vec<usize> = (0..draws.len()).filter(|&s| at[s] == Some(t)).collect();
-            let params: Vec<&Draw> = rows.iter().map(|&s| &draws[s][k].1).collect();
-            x = on_rows(&x, &rows, |sub| transform(transforms.transform(t), sub, &params));
+            if matches!(transforms.transform(t), Transform::Scene(_)) {
+                // LeRobot's own transforms are written for float frames.
+                x = to_unit(&x, &mut scales, &rows);
+            }
+            for scale in [Scale::Levels, Scale::Unit] {
+                let group: Vec<usize> = rows.iter().copied().filter(|&s| scales[s] == scale).collect();
+                if group.is_empty() {
+                    continue;
+                }
+                let params: Vec<&Draw> = group.iter().map(|&s| &draws[s][k].1).collect();
+                x = on_rows(&x, &group, |sub| transform(transforms.transform(t), sub, &params, scale));
+            }
         }
     }
-    x
+    to_unit(&x, &mut scales, &(0..draws.len()).collect::<Vec<_>>())
+}
+
+/// `x` with those of `rows` that hold levels divided by 255, as the policies scale uint8 frames.
+fn to_unit(x: &Tensor, scales: &mut [Scale], rows: &[usize]) -> Tensor {
+    let levels: Vec<usize> = rows.iter().copied().filter(|&s| scales[s] == Scale::Levels).collect();
+    if levels.is_empty() {
+        return x.shallow_clone();
+    }
+    for &s in &levels {
+        scales[s] = Scale::Unit;
+    }
+    on_rows(x, &levels, |sub| sub / 255.0)
 }
 
 /// A batch's camera frames transformed with the draws of training step `step`, its rows at
@@ -116,15 +185,15 @@ fn on_rows(x: &Tensor, rows: &[usize], f: impl FnOnce(&Tensor) -> Tensor) -> Ten
     x.index_copy(0, &index, &f(&x.index_select(0, &index)))
 }
 
-fn transform(t: &Transform, x: &Tensor, params: &[&Draw]) -> Tensor {
+fn transform(t: &Transform, x: &Tensor, params: &[&Draw], scale: Scale) -> Tensor {
     match t {
         Transform::Identity => x.shallow_clone(),
-        Transform::Color(_) => color(x, params),
+        Transform::Color(_) => color(x, params, scale),
         Transform::Sharpness(_) => {
             let factors: Vec<f64> = params.iter().map(|p| if let Draw::Sharpness(f) = p { *f } else { mismatch(p) }).collect();
-            sharpness(x, &factors)
+            sharpness(x, &factors, scale)
         }
-        Transform::Affine(a) => affine(x, a, params),
+        Transform::Affine(a) => affine(x, a, params, scale),
         Transform::Scene(scene) => {
             let draws: Vec<&SceneDraw> = params.iter().map(|p| if let Draw::Scene(d) = p { d } else { mismatch(p) }).collect();
             scene::apply(scene, x, &draws)
@@ -133,7 +202,7 @@ fn transform(t: &Transform, x: &Tensor, params: &[&Draw]) -> Tensor {
 }
 
 /// `ColorJitter`: each row's adjustments in its own order.
-fn color(x: &Tensor, params: &[&Draw]) -> Tensor {
+fn color(x: &Tensor, params: &[&Draw], scale: Scale) -> Tensor {
     let mut x = x.shallow_clone();
     for place in 0..4 {
         for adjustment in 0..4 {
@@ -147,7 +216,7 @@ fn color(x: &Tensor, params: &[&Draw]) -> Tensor {
                 })
                 .unzip();
             if !rows.is_empty() {
-                x = on_rows(&x, &rows, |sub| adjust(adjustment, sub, &factors));
+                x = on_rows(&x, &rows, |sub| adjust(adjustment, sub, &factors, scale));
             }
         }
     }
@@ -155,37 +224,46 @@ fn color(x: &Tensor, params: &[&Draw]) -> Tensor {
 }
 
 /// Brightness, contrast, saturation or hue (`adjustment` 0 to 3) by each row's factor.
-pub(crate) fn adjust(adjustment: usize, x: &Tensor, factors: &[f64]) -> Tensor {
+fn adjust(adjustment: usize, x: &Tensor, factors: &[f64], scale: Scale) -> Tensor {
     match adjustment {
         0 => {
             let mut y = times(x, factors);
-            let _ = y.clamp_(0.0, 1.0);
+            scale.clamped(&mut y);
             y
         }
         1 => {
-            let mean = grayscale(x).mean_dim([-3i64, -2, -1].as_slice(), true, None::<Kind>);
-            blend(x, &mean, factors)
+            let mean = grayscale(x, scale).mean_dim([-3i64, -2, -1].as_slice(), true, None::<Kind>);
+            blend(x, &mean, factors, scale)
         }
-        2 => blend(x, &grayscale(x), factors),
-        _ => hue(x, factors),
+        2 => blend(x, &grayscale(x, scale), factors, scale),
+        _ => match scale {
+            Scale::Unit => hue(x, factors),
+            // torchvision turns the hue of uint8 frames in float: levels times 1/255, and back
+            // to uint8 by truncating the values times 255.999.
+            Scale::Levels => {
+                let mut y = hue(&(x * (1.0 / 255.0)), factors) * 255.999;
+                let _ = y.trunc_();
+                y
+            }
+        },
     }
 }
 
-/// ITU-R 601-2 luma, as torchvision weighs the channels: `[…, 1, H, W]`.
-fn grayscale(x: &Tensor) -> Tensor {
+/// ITU-R 601-2 luma, as torchvision weighs the channels: `[…, 1, H, W]`, floored for levels.
+fn grayscale(x: &Tensor, scale: Scale) -> Tensor {
     let c = x.unbind(-3);
-    let mut luma = &c[0] * 0.2989;
-    luma += &c[1] * 0.587;
-    luma += &c[2] * 0.114;
+    let mut luma = fused(&fused(&(&c[0] * 0.2989), &c[1], &[0.587]), &c[2], &[0.114]);
+    if scale == Scale::Levels {
+        let _ = luma.floor_();
+    }
     luma.unsqueeze(-3)
 }
 
-/// `a·r + b·(1 − r)` per row, clamped to [0, 1].
-fn blend(a: &Tensor, b: &Tensor, ratios: &[f64]) -> Tensor {
+/// `a·r + b·(1 − r)` per row, clamped to [0, bound].
+fn blend(a: &Tensor, b: &Tensor, ratios: &[f64], scale: Scale) -> Tensor {
     let rest: Vec<f64> = ratios.iter().map(|r| 1.0 - r).collect();
-    let mut y = times(a, ratios);
-    y += times(b, &rest);
-    let _ = y.clamp_(0.0, 1.0);
+    let mut y = fused(&times(a, ratios), b, &rest);
+    scale.clamped(&mut y);
     y
 }
 
@@ -244,8 +322,8 @@ fn hsv_to_rgb(h: &Tensor, s: &Tensor, v: &Tensor) -> Tensor {
 }
 
 /// LeRobot's `SharpnessJitter` (torchvision's `adjust_sharpness`): each row blended with its
-/// 3×3 blur (weights 1, centre 5, over 13), borders kept.
-pub(crate) fn sharpness(x: &Tensor, factors: &[f64]) -> Tensor {
+/// 3×3 blur (weights 1, centre 5, over 13; rounded for levels), borders kept.
+fn sharpness(x: &Tensor, factors: &[f64], scale: Scale) -> Tensor {
     let size = x.size();
     let (n, s, c, h, w) = (size[0], size[1], size[2], size[3], size[4]);
     if h <= 2 || w <= 2 {
@@ -255,18 +333,23 @@ pub(crate) fn sharpness(x: &Tensor, factors: &[f64]) -> Tensor {
     let kernel = upload(Tensor::from_slice(&[edge, edge, edge, edge, centre, edge, edge, edge, edge]), x.device())
         .view([1, 1, 3, 3])
         .expand([c, 1, 3, 3], false);
-    let out = x.reshape([n * s, c, h, w]).copy();
-    let blurred = out.conv2d(&kernel, None::<Tensor>, [1, 1], [0, 0], [1, 1], c);
+    let mut out = x.reshape([n * s, c, h, w]).copy();
+    let mut blurred = out.conv2d(&kernel, None::<Tensor>, [1, 1], [0, 0], [1, 1], c);
+    if scale == Scale::Levels {
+        let _ = blurred.round_();
+    }
     let weights: Vec<f64> = factors.iter().flat_map(|f| std::iter::repeat_n(1.0 - f, s as usize)).collect();
     let mut inner = out.narrow(2, 1, h - 2).narrow(3, 1, w - 2);
-    let step = times(&(blurred - &inner), &weights);
-    inner += step;
-    out.clamp(0.0, 1.0).view(size.as_slice())
+    let sharpened = fused(&inner, &(blurred - &inner), &weights);
+    inner.copy_(&sharpened);
+    scale.clamped(&mut out);
+    out.view(size.as_slice())
 }
 
 /// torchvision's `RandomAffine` with each row's parameters: the inverse of each row's affine
-/// map sampled through `grid_sample`, pixels from outside the frame taking `fill`.
-fn affine(x: &Tensor, a: &Affine, params: &[&Draw]) -> Tensor {
+/// map sampled through `grid_sample`, pixels from outside the frame taking `fill`, rounded for
+/// levels.
+fn affine(x: &Tensor, a: &Affine, params: &[&Draw], scale: Scale) -> Tensor {
     let size = x.size();
     let (n, s, c, h, w) = (size[0], size[1], size[2], size[3], size[4]);
     let center = a.center.map_or((0.0, 0.0), |(cx, cy)| (cx - w as f64 * 0.5, cy - h as f64 * 0.5));
@@ -285,7 +368,11 @@ fn affine(x: &Tensor, a: &Affine, params: &[&Draw]) -> Tensor {
     let (img, mask) = (sampled.narrow(1, 0, c), sampled.narrow(1, c, 1).expand([n * s, c, h, w], false));
     let fill =
         upload(Tensor::from_slice(&a.fill.iter().map(|&f| f as f32).collect::<Vec<_>>()), x.device()).view([1, a.fill.len() as i64, 1, 1]);
-    let out = if a.nearest { fill.expand_as(&img).where_self(&mask.lt(0.5), &img) } else { (img - &fill) * mask + fill };
+    let mut out = if a.nearest { fill.expand_as(&img).where_self(&mask.lt(0.5), &img) } else { (img - &fill) * mask + fill };
+    if scale == Scale::Levels {
+        // torchvision rounds a sampled uint8 frame (half to even), where its casts elsewhere truncate.
+        let _ = out.round_();
+    }
     out.view(size.as_slice())
 }
 
@@ -333,6 +420,9 @@ mod tests {
     /// Frames `[4, 2, 3, 17, 23]` with grey pixels, saturated ones and pure hues among random
     /// ones: the cases where HSV divides by zero or picks a sector.
     fn frames() -> Tensor {
+        // The default generator is the process's: tests running beside each other take turns.
+        static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _turn = SEEDED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         tch::manual_seed(3);
         let x = Tensor::rand([4, 2, 3, 17, 23], (Kind::Float, Device::Cpu));
         let grey = x.narrow(2, 0, 1).narrow(3, 0, 4);
@@ -356,18 +446,40 @@ mod tests {
         bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     }
 
-    /// uint8 frames, viewed channels-first over channels-last memory as batches hold them, give
-    /// what their float values over 255 give, on the CPU's way and on a GPU's.
+    /// [`frames`] as uint8 levels (truncated, as torchvision casts), viewed channels-first over
+    /// channels-last memory as batches hold them.
+    fn bytes() -> Tensor {
+        let hwc = (frames().permute([0, 1, 3, 4, 2]).contiguous() * 255.0).to_kind(Kind::Uint8);
+        hwc.permute([0, 1, 4, 2, 3])
+    }
+
+    /// uint8 frames handed to float transforms give what their float values over 255 give, on
+    /// the CPU's way and on a GPU's.
     #[test]
     fn uint8_frames_are_scaled_as_the_policy_scales_them() {
-        let transforms = ImageTransforms::new(&ImageTransformsConfig::enabled()).expect("valid").expect("on");
-        let hwc = (frames().permute([0, 1, 3, 4, 2]).contiguous() * 255.0).to_kind(Kind::Uint8);
-        let bytes = hwc.permute([0, 1, 4, 2, 3]);
+        let transforms = ImageTransforms::new(&ImageTransformsConfig::enabled()).expect("valid").expect("on").on(TransformFrames::Float);
+        let bytes = bytes();
         let draws: Vec<_> = (0..4).map(|p| transforms.draw(DrawKey { seed: 5, step: 9, position: p, camera: 0 }, 17, 23)).collect();
         let scaled = bytes.to_kind(Kind::Float) / 255.0;
         let expected = raw(&grouped(&transforms, &scaled, &draws));
         assert_eq!(raw(&apply(&transforms, &bytes, &draws)), expected);
         assert_eq!(raw(&grouped(&transforms, &unit_float(&bytes), &draws)), expected);
+    }
+
+    /// Handed uint8 frames, the transforms give levels over 255 (so at most 256 values), not the
+    /// float transforms' results: the same a sample at a time as all at once.
+    #[test]
+    fn uint8_transforms_give_levels() {
+        let transforms = ImageTransforms::new(&ImageTransformsConfig::enabled()).expect("valid").expect("on");
+        assert_eq!(transforms.frames(), TransformFrames::Uint8);
+        let bytes = bytes();
+        let draws: Vec<_> = (0..4).map(|p| transforms.draw(DrawKey { seed: 5, step: 9, position: p, camera: 0 }, 17, 23)).collect();
+        let out = apply(&transforms, &bytes, &draws);
+        assert_eq!(raw(&out), raw(&grouped(&transforms, &handed(&transforms, &bytes), &draws)));
+        let levels = raw(&(&out * 255.0));
+        assert!(levels.iter().all(|v| (v - v.round()).abs() < 1e-4 && (0.0..=255.0).contains(v)));
+        let float = transforms.on(TransformFrames::Float);
+        assert_ne!(raw(&out), raw(&apply(&float, &bytes, &draws)));
     }
 
     /// A batch the transforms cannot take is the run's error, naming the step, not a panic of
@@ -386,8 +498,9 @@ mod tests {
         assert!(refused.starts_with("image transforms: step 3: "), "{refused}");
     }
 
-    /// A draw as the reference script applies it: its steps, in order.
-    fn steps(transform: &Transform, draw: &Draw) -> Vec<Value> {
+    /// A draw of the transform `config` names `name` as the reference script applies it: its
+    /// steps, in order.
+    fn steps(transform: &Transform, draw: &Draw, config: &ImageTransformsConfig, name: &str) -> Vec<Value> {
         match (transform, draw) {
             (_, Draw::Color { order, factors }) => {
                 order.iter().filter_map(|&i| factors[i].map(|f| json!({"kind": COLOR_FACTORS[i], "factor": f}))).collect()
@@ -397,30 +510,37 @@ mod tests {
                 "kind": "affine", "angle": angle, "translate": [translate.0, translate.1], "scale": scale,
                 "shear": [shear.0, shear.1], "nearest": a.nearest, "fill": a.fill, "center": a.center.map(|(x, y)| [x, y]),
             })],
+            (_, Draw::Scene(d)) => {
+                let tf = config.tfs.iter().find(|(n, _)| n.as_str() == name).map(|(_, tf)| tf).expect("the draw's transform");
+                vec![json!({"kind": "lerobot", "class": tf.kind, "kwargs": tf.kwargs, "params": lerobot_params(d)})]
+            }
             _ => Vec::new(),
         }
     }
 
-    /// Every transform, with given factors and with factors drawn from LeRobot's defaults,
-    /// equals torchvision 0.26's functional transforms applied to each sample's frames in turn
-    /// (`scripts/reference_transforms.py`): brightness, hue and the affine bit for bit. Where torchvision adds
-    /// with a fused multiply-add (contrast's and saturation's blends, the sharpness step),
-    /// lake's separate multiply and add may differ in the last bit or two, and composed
-    /// transforms carry those differences on.
-    #[test]
-    fn transforms_are_torchvisions() {
-        let x = frames();
+    /// The cases of [`transforms_are_torchvisions`] for frames handed as `kind` (`x`: uint8
+    /// frames, or float in [0, 1]): every transform with given factors, and with factors drawn
+    /// from configs, applied a sample at a time and all at once. `tolerance(float, uint8)` is
+    /// how far a case of each kind may be from torchvision.
+    fn torchvision_cases(x: &Tensor, kind: TransformFrames) -> Vec<Case> {
+        let (scale, taken) = match kind {
+            TransformFrames::Uint8 => (Scale::Levels, x.to_kind(Kind::Float)),
+            TransformFrames::Float => (Scale::Unit, x.shallow_clone()),
+        };
+        // What the policy sees of a function's result.
+        let seen = |y: Tensor| if scale == Scale::Levels { y / 255.0 } else { y };
+        let tolerance = |float: f32, uint8: f32| if scale == Scale::Levels { uint8 } else { float };
         let mut cases: Vec<Case> = Vec::new();
 
         let factors = [0.0, 0.55, 1.0, 1.7];
         for (i, name) in COLOR_FACTORS.iter().enumerate() {
             let factors: Vec<f64> = if *name == "hue" { vec![-0.5, -0.03, 0.21, 0.5] } else { factors.to_vec() };
             let rows = factors.iter().map(|f| vec![json!({"kind": name, "factor": f})]).collect();
-            let tolerance = if matches!(*name, "contrast" | "saturation") { 2.4e-7 } else { 0.0 };
-            cases.push((name.to_string(), rows, adjust(i, &x, &factors), tolerance));
+            let allowed = if *name == "contrast" { tolerance(2.4e-7, UNFUSED_LEVEL) } else { 0.0 };
+            cases.push((name.to_string(), rows, seen(adjust(i, &taken, &factors, scale)), allowed));
         }
         let rows = factors.iter().map(|f| vec![json!({"kind": "sharpness", "factor": f})]).collect();
-        cases.push(("sharpness".into(), rows, sharpness(&x, &factors), 2.4e-7));
+        cases.push(("sharpness".into(), rows, seen(sharpness(&taken, &factors, scale)), 0.0));
 
         let params = [
             Draw::Affine { angle: -4.3, translate: (2.0, -1.0), scale: 1.0, shear: (0.0, 0.0) },
@@ -437,37 +557,82 @@ mod tests {
             fill,
             center,
         };
-        for (name, a) in
-            [("affine-nearest", args(true, vec![0.0], None)), ("affine-bilinear-fill", args(false, vec![0.2, 0.5, 0.9], Some((3.0, 5.5))))]
-        {
+        let fill = match scale {
+            Scale::Levels => vec![51.0, 127.5, 229.5],
+            Scale::Unit => vec![0.2, 0.5, 0.9],
+        };
+        for (name, a) in [("affine-nearest", args(true, vec![0.0], None)), ("affine-bilinear-fill", args(false, fill, Some((3.0, 5.5))))] {
             let t = Transform::Affine(a.clone());
-            let rows = params.iter().map(|p| steps(&t, p)).collect();
-            cases.push((name.into(), rows, affine(&x, &a, &params.iter().collect::<Vec<_>>()), 0.0));
+            let rows = params.iter().map(|p| steps(&t, p, &ImageTransformsConfig::default(), "")).collect();
+            cases.push((name.into(), rows, seen(affine(&taken, &a, &params.iter().collect::<Vec<_>>(), scale)), 0.0));
         }
 
-        for (name, config) in [
+        let jitter = |c: &mut ImageTransformsConfig, name: &str, kind: &str, kwargs: Value| {
+            let kwargs = kwargs.as_object().cloned().expect("object");
+            c.tfs.insert(name.into(), crate::TransformConfig { weight: 3.0, kind: kind.into(), kwargs });
+        };
+        let mut configs = vec![
             ("lerobot-defaults", ImageTransformsConfig::enabled()),
             ("random-order", {
                 let mut c = ImageTransformsConfig { random_order: true, max_num_transforms: 4, ..ImageTransformsConfig::enabled() };
-                let all = json!({"brightness": 0.4, "contrast": 0.4, "saturation": 0.6, "hue": 0.2}).as_object().cloned().expect("object");
-                c.tfs.insert("jitter".into(), crate::TransformConfig { weight: 3.0, kind: "ColorJitter".into(), kwargs: all });
+                jitter(&mut c, "jitter", "ColorJitter", json!({"brightness": 0.4, "contrast": 0.4, "saturation": 0.6, "hue": 0.2}));
                 c
             }),
-        ] {
-            let transforms = ImageTransforms::new(&config).expect("valid").expect("on");
+        ];
+        // Handed uint8 frames, LeRobot 0.6.1's own transforms take them as float, and the
+        // transforms after them take float frames.
+        if scale == Scale::Levels {
+            let mut c = ImageTransformsConfig { random_order: true, max_num_transforms: 4, ..ImageTransformsConfig::enabled() };
+            jitter(&mut c, "noise", "GaussianNoise", json!({}));
+            jitter(&mut c, "shadow", "RandomShadow", json!({}));
+            configs.push(("with-lerobot-061s", c));
+        }
+        for (name, config) in configs {
+            let transforms = ImageTransforms::new(&config).expect("valid").expect("on").on(kind);
             let draws: Vec<_> = (0..4).map(|p| transforms.draw(DrawKey { seed: 11, step: 2, position: p, camera: 1 }, 17, 23)).collect();
-            let rows: Vec<Vec<Value>> =
-                draws.iter().map(|d| d.iter().flat_map(|(t, draw)| steps(transforms.transform(*t), draw)).collect()).collect();
+            let rows: Vec<Vec<Value>> = draws
+                .iter()
+                .map(|d| d.iter().flat_map(|(t, draw)| steps(transforms.transform(*t), draw, &config, &transforms.names()[*t])).collect())
+                .collect();
             // A sample at a time (the CPU's way), and each transform for all its samples at once
             // (a GPU's).
-            cases.push((name.into(), rows.clone(), apply(&transforms, &x, &draws), 2e-6));
-            cases.push((format!("{name}-grouped"), rows, grouped(&transforms, &x, &draws), 2e-6));
+            let allowed = tolerance(2.4e-7, UNFUSED_LEVEL);
+            cases.push((name.into(), rows.clone(), apply(&transforms, x, &draws), allowed));
+            cases.push((format!("{name}-grouped"), rows, grouped(&transforms, &handed(&transforms, x), &draws), allowed));
         }
+        cases
+    }
 
+    /// How far lake's contrast of uint8 frames may be from torchvision's: one level. Their
+    /// blends of a frame with its mean may differ in the last bit for a frame's last few values
+    /// (libtorch computes the end of a loop apart); should two such values fall on either side
+    /// of a whole level, the cast to uint8 truncates them apart. (None did here.)
+    const UNFUSED_LEVEL: f32 = 1.0 / 255.0 + 1e-7;
+
+    /// Every transform, with given factors and with factors drawn from LeRobot's defaults,
+    /// equals torchvision 0.26's functional transforms applied to each sample's frames in turn
+    /// (`scripts/reference_transforms.py`), handed float frames (LeRobot 0.4.4): bit for bit,
+    /// but for contrast's blend of a frame with its mean, whose last few values of a frame may
+    /// differ in the last bit (libtorch computes the end of a loop apart), and composed
+    /// transforms carry such differences on.
+    #[test]
+    fn transforms_are_torchvisions() {
+        let x = frames();
+        let cases = torchvision_cases(&x, TransformFrames::Float);
         compare_with_reference(&x, &cases, "torchvision's");
         // The frames changed where the transforms say, and the input is left as it was.
         assert_eq!(raw(&x), raw(&frames()));
         assert!(raw(&cases[0].2) != raw(&x));
+    }
+
+    /// The same, handed uint8 frames (lerobot-train 0.6.1): torchvision's transforms of uint8
+    /// frames, over 255.
+    #[test]
+    fn uint8_transforms_are_torchvisions() {
+        let x = bytes();
+        let cases = torchvision_cases(&x, TransformFrames::Uint8);
+        compare_with_reference(&x, &cases, "torchvision's");
+        assert_eq!(raw(&x.to_kind(Kind::Float)), raw(&bytes().to_kind(Kind::Float)));
     }
 
     /// A case for the reference script: its name, each sample's steps, lake's frames, and how
@@ -480,9 +645,10 @@ mod tests {
     #[allow(clippy::print_stderr)] // its report: how far each case is from the reference
     fn compare_with_reference(x: &Tensor, cases: &[Case], reference: &str) {
         let dir = tempfile::tempdir().expect("tmp");
-        write_f32(&dir.path().join("input.f32"), &raw(x));
+        write_f32(&dir.path().join("input.f32"), &raw(&x.to_kind(Kind::Float)));
         let spec = json!({
             "shape": x.size(),
+            "uint8": x.kind() == Kind::Uint8,
             "cases": cases.iter().map(|(name, rows, _, _)| json!({"name": name, "rows": rows})).collect::<Vec<_>>(),
         });
         std::fs::write(dir.path().join("cases.json"), spec.to_string()).expect("cases written");
@@ -509,7 +675,7 @@ mod tests {
     fn only(kind: &str, kwargs: &Value) -> ImageTransforms {
         let tf = crate::TransformConfig { weight: 1.0, kind: kind.into(), kwargs: kwargs.as_object().cloned().expect("object") };
         let config = ImageTransformsConfig { tfs: crate::OrderedMap(vec![("t".into(), tf)]), ..ImageTransformsConfig::enabled() };
-        ImageTransforms::new(&config).expect("valid").expect("on")
+        ImageTransforms::new(&config).expect("valid").expect("on").on(TransformFrames::Float)
     }
 
     /// A draw as LeRobot's transform takes it (`params` of its `transform`).

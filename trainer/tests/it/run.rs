@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use lake_trainer::ActConfig;
 use lake_trainer::data::BatchSource;
 use lake_trainer::loss::PaddedActions;
 use lake_trainer::train::{LOG_FILE, StepRecord, TrainOptions, train};
+use lake_trainer::{ActConfig, TransformFrames};
 
 use crate::common::fixture_dir;
 
@@ -51,6 +51,7 @@ pub(crate) fn options(lake: &lake_store::Lake, out: &Path, steps: u64) -> TrainO
         proxy: false,
         frame_size: None,
         image_transforms: None,
+        transform_frames: Default::default(),
     }
 }
 
@@ -189,6 +190,19 @@ fn a_resumed_run_ends_where_the_uninterrupted_run_ends() {
     assert!(refused.contains("counted padded actions as exclude; this one asks for --padded-actions zero"), "{refused}");
     let refused = resume(TrainOptions { resume: true, ..options(&lake, &parts, 12) }).expect_err("no transforms").to_string();
     assert!(refused.ends_with("was made by a run with image transforms; this one asks for none"), "{refused}");
+    let refused = resume(TrainOptions { resume: true, transform_frames: TransformFrames::Float, ..transformed(&parts, 12) });
+    let refused = refused.expect_err("other frames").to_string();
+    assert!(refused.ends_with("were handed uint8 frames; this one asks for --transform-frames float"), "{refused}");
+    // A checkpoint without the choice was made by a run that handed its transforms float frames.
+    let state = parts.join("checkpoints/last/training_state/lake_run.json");
+    let bytes = std::fs::read(&state).expect("run state");
+    let mut before: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(before["transform_frames"], "uint8");
+    before.as_object_mut().expect("object").remove("transform_frames");
+    std::fs::write(&state, before.to_string()).expect("run state written");
+    let refused = resume(TrainOptions { resume: true, ..transformed(&parts, 12) }).expect_err("float frames").to_string();
+    assert!(refused.ends_with("were handed float frames; this one asks for --transform-frames uint8"), "{refused}");
+    std::fs::write(&state, bytes).expect("run state written");
     let (summary, resumed) = run(TrainOptions { resume: true, ..transformed(&parts, 12) });
     assert_eq!(summary.started_after, 8);
     assert_eq!(resumed.iter().map(|s| s.step).collect::<Vec<_>>(), [9, 10, 11, 12]);

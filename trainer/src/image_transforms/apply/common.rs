@@ -35,3 +35,10 @@ pub(crate) fn times(x: &Tensor, values: &[f64]) -> Tensor {
 pub(crate) fn mismatch(draw: &dyn std::fmt::Debug) -> ! {
     unreachable!("a transform's rows hold that transform's draws, not {draw:?}")
 }
+
+/// `acc + x·alpha` with each row's `alpha`, as torchvision's `acc.add_(x, alpha=…)` computes it:
+/// through libtorch's `addcmul`, whose multiply and add libtorch fuses where it fuses that
+/// add's (the tests hold lake's transforms to torchvision's on this libtorch).
+pub(crate) fn fused(acc: &Tensor, x: &Tensor, alphas: &[f64]) -> Tensor {
+    acc.addcmul(x, &per_row(alphas, x))
+}
