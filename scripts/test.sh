@@ -62,14 +62,17 @@ python3 scripts/damage_probe.py "$CARGO_TARGET_DIR/debug/lake" --sources 40 --la
 LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$(scripts/python-env.sh)" clients/python/tests/test_web.py
 
 # LeRobot's own trainer on a lake server (clients/python/tests/test_lerobot.py: lerobot-train runs
-# ACT and diffusion through lake_client.lerobot), where a LeRobot 0.4.4 python is at hand
-# (LAKE_LEROBOT_PYTHON, else ~/.cache/lake/lerobot-venv); without one it says it is skipped.
-lerobot_train_python="${LAKE_LEROBOT_PYTHON:-$HOME/.cache/lake/lerobot-venv/bin/python}"
-if [ -x "$lerobot_train_python" ]; then
-  LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$lerobot_train_python" clients/python/tests/test_lerobot.py
-else
-  echo "test.sh: the LeRobot bridge tests are skipped: no LeRobot python at $lerobot_train_python (bench/compare_lerobot.sh makes one)"
-fi
+# ACT and diffusion through lake_client.lerobot), with each LeRobot python at hand: 0.4.4
+# (LAKE_LEROBOT_PYTHON, else ~/.cache/lake/lerobot-venv) and 0.6.1 (LAKE_LEROBOT061_PYTHON, else
+# ~/.cache/lake/lerobot061-venv); without one it says it is skipped.
+for lerobot_train_python in "${LAKE_LEROBOT_PYTHON:-$HOME/.cache/lake/lerobot-venv/bin/python}" \
+  "${LAKE_LEROBOT061_PYTHON:-$HOME/.cache/lake/lerobot061-venv/bin/python}"; do
+  if [ -x "$lerobot_train_python" ]; then
+    LAKE_BIN="$CARGO_TARGET_DIR/debug/lake" "$lerobot_train_python" clients/python/tests/test_lerobot.py
+  else
+    echo "test.sh: the LeRobot bridge tests are skipped for $lerobot_train_python: no such python (bench/compare_lerobot.sh makes both)"
+  fi
+done
 
 # `lake train` on libtorch: the trainer's tests (training runs, exact resume, checkpoints, two MPI
 # ranks against one; parity with LeRobot where LAKE_LEROBOT_PYTHON names a LeRobot 0.4.4 python)

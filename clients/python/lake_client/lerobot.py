@@ -15,7 +15,7 @@ slice of every global batch, and DataLoader workers take turns by batch, so a `D
 `make_lake_dataset(cfg, ...)` is `lerobot.datasets.factory.make_dataset` for a lake server:
 `python -m lake_client.lerobot_train` runs `lerobot-train` with it.
 
-It needs torch; `make_lake_dataset` needs LeRobot (0.4.x).
+It needs torch; `make_lake_dataset` needs LeRobot (0.4 or 0.6).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from lake_client import CURSOR_KEY, LakeClient, LakeError, LakeIterableDataset
+from lake_client import CURSOR_KEY, LakeClient, LakeError, LakeIterableDataset, to_lerobot_layout
 from lake_client._http import http_json
 
 __all__ = ["LakeDatasetMetadata", "LakeLeRobotDataset", "make_lake_dataset"]
@@ -139,6 +139,12 @@ class LakeDatasetMetadata:
     def total_tasks(self) -> int:
         return self.info["total_tasks"]
 
+    @property
+    def has_language_columns(self) -> bool:
+        """Whether the dataset has LeRobot 0.6's language columns (lerobot-train 0.6 then
+        collates with its own function)."""
+        return any(column in self.features for column in ("language_persistent", "language_events"))
+
     def __repr__(self) -> str:
         return (f"LakeDatasetMetadata(repo_id={self.repo_id!r}, version={self.version}, fps={self.fps}, "
                 f"episodes={self.total_episodes}, frames={self.total_frames}, features={list(self.features)})")
@@ -159,7 +165,10 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
     per key) gives windows with their `{key}_is_pad`; `episodes` selects episodes;
     `drop_n_last_frames` leaves out samples that close to each episode's end, as LeRobot's
     `EpisodeAwareSampler` does; `image_transforms` is applied to each sample's frames, as
-    `LeRobotDataset` applies it. `meta`, when given, is the metadata already fetched for `name`. `start_batch` starts the stream that many global steps in (a
+    `LeRobotDataset` applies it. `return_uint8` gives video frames as uint8 CHW, as LeRobot 0.6's
+    `LeRobotDataset(return_uint8=True)` gives them to lerobot-train 0.6 (the transforms then take
+    uint8 frames, and the training loop divides the batch by 255); image features stay float, as
+    there. `meta`, when given, is the metadata already fetched for `name`. `start_batch` starts the stream that many global steps in (a
     resumed run's step). Without `epochs` the stream is endless. Over Flight, a process that
     made a Flight client before forking its DataLoader workers should start them with
     `multiprocessing_context="spawn"`; this dataset itself contacts Flight only when iterated.
@@ -178,6 +187,7 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
         episodes: Optional[Sequence[int]] = None,
         drop_n_last_frames: int = 0,
         image_transforms: Any = None,
+        return_uint8: bool = False,
         epochs: Optional[int] = None,
         start_batch: int = 0,
         rank: Optional[int] = None,
@@ -191,6 +201,7 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
         self.episodes = None if episodes is None else sorted(int(e) for e in episodes)
         self.drop_n_last_frames = int(drop_n_last_frames)
         self.image_transforms = image_transforms
+        self.return_uint8 = bool(return_uint8)
         self.batch_size = batch_size
         self.start_batch = int(start_batch)
         if self.episodes is not None:
@@ -209,7 +220,7 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
             token=token,
             rank=rank,
             world_size=world_size,
-            frame_layout="lerobot",
+            frame_layout="uint8_hwc" if self.return_uint8 else "lerobot",
             episodes=self.episodes,
             drop_n_last_frames=self.drop_n_last_frames or None,
         )
@@ -258,6 +269,9 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
     def __iter__(self):
         self._skip_to_start()
         cameras = set(self.meta.camera_keys)
+        # With `return_uint8`, LeRobot 0.6 gives a video's frames as uint8 and still an image
+        # feature's as float.
+        videos, images = set(self.meta.video_keys), set(self.meta.image_keys)
         with warnings.catch_warnings():
             # Each DataLoader worker keeps its own cursor; a run resumes from its step count
             # (`start_batch`), never from the dataset's state_dict.
@@ -267,6 +281,11 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
                 rows = len(batch["index"])
                 for i in range(rows):
                     sample = {key: value[i] for key, value in batch.items()}
+                    if self.return_uint8:
+                        for key in videos & sample.keys():
+                            sample[key] = sample[key].movedim(-1, -3).contiguous()
+                        for key in images & sample.keys():
+                            sample[key] = to_lerobot_layout(sample[key])
                     if self.image_transforms is not None:
                         for key in cameras & sample.keys():
                             sample[key] = self.image_transforms(sample[key])
@@ -277,20 +296,31 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
                 f"frames={self.num_frames}, batch_size={self.batch_size}, rank={self.rank}/{self.world_size})")
 
 
-def make_lake_dataset(cfg: Any, location: str, http: str, name: str, token: Optional[str] = None) -> LakeLeRobotDataset:
-    """`lerobot.datasets.factory.make_dataset(cfg)` for a dataset on a lake server: the
-    `delta_timestamps` of `cfg.policy` (LeRobot's `resolve_delta_timestamps`), `cfg.dataset`'s
-    `episodes`, `image_transforms` and `use_imagenet_stats`, `cfg.batch_size`, `cfg.seed` (0
-    when unset), the policy's `drop_n_last_frames` (diffusion's), and on a resumed run
-    (`cfg.resume`) the stream continues at the checkpoint's step. Sets `cfg.dataset.streaming`:
-    LeRobot's loop then makes its DataLoader without a shuffle, in the server's order."""
+def make_lake_dataset(cfg: Any, location: str, http: str, name: str, token: Optional[str] = None,
+                      return_uint8: bool = False) -> LakeLeRobotDataset:
+    """`lerobot.datasets.factory.make_dataset(cfg)` for a dataset on a lake server, with LeRobot
+    0.4 or 0.6: the `delta_timestamps` of `cfg.policy` (LeRobot's `resolve_delta_timestamps`),
+    `cfg.dataset`'s `episodes`, `image_transforms` and `use_imagenet_stats`, `cfg.batch_size`,
+    `cfg.seed` (0 when unset), the policy's `drop_n_last_frames` (diffusion's), and on a resumed
+    run (`cfg.resume`) the stream continues at the checkpoint's step. `return_uint8` as
+    `LakeLeRobotDataset` takes it (lerobot-train 0.6 asks for uint8 frames). Sets
+    `cfg.dataset.streaming`: LeRobot's loop then makes its DataLoader without a shuffle, in the
+    server's order."""
     from lerobot.datasets.factory import IMAGENET_STATS, resolve_delta_timestamps
-    from lerobot.datasets.transforms import ImageTransforms
+
+    try:  # LeRobot 0.6
+        from lerobot.transforms import ImageTransforms
+    except ImportError:  # LeRobot 0.4
+        from lerobot.datasets.transforms import ImageTransforms
 
     start_batch = 0
     if getattr(cfg, "resume", False) and getattr(cfg, "checkpoint_path", None) is not None:
         from lerobot.utils.constants import TRAINING_STATE_DIR
-        from lerobot.utils.train_utils import load_training_step
+
+        try:  # LeRobot 0.6
+            from lerobot.common.train_utils import load_training_step
+        except ImportError:  # LeRobot 0.4
+            from lerobot.utils.train_utils import load_training_step
 
         start_batch = load_training_step(cfg.checkpoint_path / TRAINING_STATE_DIR)
     meta = LakeDatasetMetadata(http, name, token)
@@ -306,6 +336,7 @@ def make_lake_dataset(cfg: Any, location: str, http: str, name: str, token: Opti
         episodes=cfg.dataset.episodes,
         drop_n_last_frames=getattr(cfg.policy, "drop_n_last_frames", 0),
         image_transforms=image_transforms,
+        return_uint8=return_uint8,
         start_batch=start_batch,
         meta=meta,
     )

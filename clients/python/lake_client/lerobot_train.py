@@ -3,12 +3,15 @@
     python -m lake_client.lerobot_train --lake-server grpc://HOST:PORT --lake-http http://HOST:PORT \\
         --lake-dataset NAME [--lake-token T] <lerobot-train arguments>
 
-Runs LeRobot's training script (`lerobot.scripts.lerobot_train.train`) unchanged, with three
-names in its module replaced for the run:
+Runs LeRobot's training script (`lerobot.scripts.lerobot_train.train`, LeRobot 0.4 or 0.6)
+unchanged, with three names replaced for the run:
 
-- `make_dataset` makes a `LakeLeRobotDataset` (`make_lake_dataset`): LeRobot's samples from the
-  server's shuffled stream, seeded by `--seed`, `--batch_size` samples per rank and step;
-- `EpisodeAwareSampler` (what LeRobot samples with for policies that drop each episode's last
+- the dataset: a `LakeLeRobotDataset` (`make_lake_dataset`), LeRobot's samples from the
+  server's shuffled stream, seeded by `--seed`, `--batch_size` samples per rank and step. With
+  LeRobot 0.4 it replaces `make_dataset`; with 0.6 `make_train_eval_datasets`, which then holds no
+  episodes out (`--dataset.eval_split` above 0 is refused: hold episodes out with a lake view and
+  train on it), and the frames come as uint8 as 0.6's dataset gives them (`return_uint8=True`);
+- `EpisodeAwareSampler` (what LeRobot 0.4 samples with for policies that drop each episode's last
   frames, such as diffusion) gives no sampler: the server leaves those frames out
   (`drop_n_last_frames` in the request);
 - `Accelerator` is accelerate's, except that a DataLoader over the lake dataset is only moved
@@ -86,10 +89,22 @@ def main(argv: Optional[List[str]] = None) -> None:
         rest.append(f"--dataset.repo_id={lake.lake_dataset}")
     made: List[LakeLeRobotDataset] = []
 
+    # LeRobot 0.6's script makes a training and a held-out dataset, with uint8 frames.
+    newer = hasattr(lerobot_train, "make_train_eval_datasets")
+
     def make_dataset(cfg):
-        dataset = make_lake_dataset(cfg, lake.lake_server, lake.lake_http, lake.lake_dataset, lake.lake_token)
+        dataset = make_lake_dataset(cfg, lake.lake_server, lake.lake_http, lake.lake_dataset, lake.lake_token,
+                                    return_uint8=newer)
         made.append(dataset)
         return dataset
+
+    def make_train_eval_datasets(cfg):
+        if getattr(cfg.dataset, "eval_split", 0.0):
+            raise SystemExit(
+                f"--dataset.eval_split={cfg.dataset.eval_split}: lake_client.lerobot_train holds no episodes out; "
+                "make a lake view of the training episodes (lake view create) and train on it"
+            )
+        return make_dataset(cfg), None
 
     def episode_aware_sampler(*args, drop_n_last_frames: int = 0, **kwargs):
         # The server samples: its stream already leaves out each episode's last frames.
@@ -100,23 +115,28 @@ def main(argv: Optional[List[str]] = None) -> None:
             )
         return None
 
-    replaced = {
-        "make_dataset": make_dataset,
-        "EpisodeAwareSampler": episode_aware_sampler,
-        "Accelerator": _accelerator_class(LakeLeRobotDataset),
-    }
-    saved = {name: getattr(lerobot_train, name) for name in replaced}
+    import accelerate
+
+    accelerator = _accelerator_class(LakeLeRobotDataset)
+    # (module, name, value): LeRobot 0.6's `train` imports accelerate's `Accelerator` when it runs.
+    replaced = [
+        (lerobot_train, "make_train_eval_datasets" if newer else "make_dataset",
+         make_train_eval_datasets if newer else make_dataset),
+        (lerobot_train, "EpisodeAwareSampler", episode_aware_sampler),
+        (lerobot_train if hasattr(lerobot_train, "Accelerator") else accelerate, "Accelerator", accelerator),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in replaced]
     # LeRobot's parser reads the command line from sys.argv.
     saved_argv = sys.argv
     sys.argv = [saved_argv[0] if saved_argv else "lerobot-train"] + rest
     try:
-        for name, value in replaced.items():
-            setattr(lerobot_train, name, value)
+        for module, name, value in replaced:
+            setattr(module, name, value)
         register_third_party_plugins()
         lerobot_train.train()
     finally:
-        for name, value in saved.items():
-            setattr(lerobot_train, name, value)
+        for module, name, value in saved:
+            setattr(module, name, value)
         sys.argv = saved_argv
 
 

@@ -36,6 +36,9 @@ CLIENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(os.path.dirname(os.path.dirname(CLIENT_DIR)), "testdata", "lerobot", "v30-images-tiny")
 TOKEN = "lerobot-test-token"
 NAME = "tiny"
+# Three H.264 cameras: video frames, which LeRobot 0.6's training dataset gives as uint8.
+VIDEO_SAMPLE = os.path.join(os.path.dirname(SAMPLE), "v30-h264-multifile")
+VIDEO_NAME = "multi"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The package from this source tree when it is not installed (lake's test runner sets PYTHONPATH).
@@ -69,6 +72,7 @@ def setUpModule():
     tmp = tempfile.mkdtemp(prefix="lake-lerobot-test-")
     root = os.path.join(tmp, "lake")
     lake(root, "ingest", SAMPLE, "--name", NAME)
+    lake(root, "ingest", VIDEO_SAMPLE, "--name", VIDEO_NAME)
     server = Server(root, os.path.join(tmp, "serve.log"), "--threads", "2", "--shutdown-wait", "1",
                     env={**os.environ, "LAKE_TOKENS": TOKEN})
     SERVER.update(tmp=tmp, server=server, log_path=server.log_path, flight=server.flight, http=server.http)
@@ -84,10 +88,24 @@ def lerobot_reference(delta_timestamps=None):
     return LeRobotDataset("x", root=SAMPLE, delta_timestamps=delta_timestamps)
 
 
-def lake_dataset(**kwargs):
+def lake_dataset(name=NAME, **kwargs):
     from lake_client.lerobot import LakeLeRobotDataset
 
-    return LakeLeRobotDataset(SERVER["flight"], SERVER["http"], NAME, token=TOKEN, **kwargs)
+    return LakeLeRobotDataset(SERVER["flight"], SERVER["http"], name, token=TOKEN, **kwargs)
+
+
+def takes_uint8():
+    """Whether this LeRobot's dataset can give uint8 frames (0.6's `return_uint8`)."""
+    import inspect
+
+    return "return_uint8" in inspect.signature(LeRobotDataset.__init__).parameters
+
+
+def is_newer_lerobot():
+    """Whether this LeRobot's training script is 0.6's (a training and a held-out dataset)."""
+    from lerobot.scripts import lerobot_train
+
+    return hasattr(lerobot_train, "make_train_eval_datasets")
 
 
 # Diffusion's windows at 30 fps: two observation steps, a 16-step action horizon.
@@ -166,6 +184,31 @@ class Samples(unittest.TestCase):
         self.assertTrue(set(seen) <= set(eligible), sorted(set(seen) - set(eligible)))
         self.assertNotEqual(seen, sorted(seen), "the server's order is a shuffle")
 
+    def test_uint8_video_frames_equal_lerobot_06s(self):
+        if not takes_uint8():
+            self.skipTest("this LeRobot's dataset has no return_uint8 (0.6 has)")
+        windows = {"observation.images.front": [-1 / 30, 0.0], "action": [0.0, 1 / 30]}
+        ref = LeRobotDataset("x", root=VIDEO_SAMPLE, delta_timestamps=windows, return_uint8=True)
+        ds = lake_dataset(VIDEO_NAME, delta_timestamps=windows, batch_size=5, seed=4, epochs=1, return_uint8=True)
+        seen = 0
+        for batch in torch.utils.data.DataLoader(ds, batch_size=5):
+            self.assertEqual(batch["observation.images.front"].shape, (5, 2, 3, 120, 160))
+            for row, index in enumerate(batch["index"].tolist()):
+                want = ref[index]
+                self.assertEqual(set(batch), set(want), "the keys of LeRobot's sample")
+                for key, value in want.items():
+                    got = batch[key][row]
+                    if isinstance(value, str):
+                        self.assertEqual(got, value, key)
+                    else:
+                        self.assertEqual((got.dtype, got.shape), (value.dtype, value.shape), key)
+                        self.assertTrue(torch.equal(got, value), f"{key} of index {index}")
+                seen += 1
+            if seen >= 60:
+                break
+        self.assertEqual(seen, 60)
+        self.assertEqual(want["observation.images.wrist"].dtype, torch.uint8)
+
     def test_workers_yield_the_single_process_batches_and_ranks_split_them(self):
         def indices(loader, n):
             out = []
@@ -202,16 +245,19 @@ DIFFUSION_ARGS = ["--policy.type=diffusion", "--policy.pretrained_backbone_weigh
 
 
 class LeRobotTrain(unittest.TestCase):
-    def train(self, output_dir, *args, launcher=()):
+    def train(self, output_dir, *args, launcher=(), name=NAME, refused=False):
         command = [*(launcher or [sys.executable]), "-m", "lake_client.lerobot_train", "--lake-server", SERVER["flight"],
-                   "--lake-http", SERVER["http"], "--lake-dataset", NAME, "--lake-token", TOKEN, *args]
+                   "--lake-http", SERVER["http"], "--lake-dataset", name, "--lake-token", TOKEN, *args]
         env = {**os.environ, "PYTHONPATH": CLIENT_DIR, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
         done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=SERVER["tmp"], timeout=600)
         report = done.stdout + done.stderr
-        self.assertEqual(done.returncode, 0, f"{' '.join(command)}:\n{report[-6000:]}")
+        if refused:
+            self.assertNotEqual(done.returncode, 0, f"{' '.join(command)}:\n{report[-6000:]}")
+        else:
+            self.assertEqual(done.returncode, 0, f"{' '.join(command)}:\n{report[-6000:]}")
         return report
 
-    def check_run(self, report, output_dir, steps):
+    def check_run(self, report, output_dir, steps, name=NAME):
         losses = [float(x) for x in re.findall(r" loss:(\S+)", report)]
         self.assertEqual(len(losses), len(steps), report[-4000:])
         self.assertTrue(all(math.isfinite(x) for x in losses), losses)
@@ -221,7 +267,7 @@ class LeRobotTrain(unittest.TestCase):
         with open(os.path.join(checkpoint, "training_state", "training_step.json")) as f:
             self.assertEqual(json.load(f)["step"], steps[-1])
         with open(os.path.join(checkpoint, "pretrained_model", "train_config.json")) as f:
-            self.assertEqual(json.load(f)["dataset"]["repo_id"], NAME)
+            self.assertEqual(json.load(f)["dataset"]["repo_id"], name)
         return losses
 
     def server_log(self):
@@ -247,6 +293,26 @@ class LeRobotTrain(unittest.TestCase):
         report = self.train(out, "--resume=true", f"--config_path={config}", "--steps=5", "--log_freq=1")
         print(f"ACT resumed: losses {self.check_run(report, out, [4, 5])}", file=sys.stderr)
         self.assert_logged(r"stream datasets=tiny@1 rank=0/1 batch_size=4 seed=21 epoch=0 start_step=3:")
+
+    def test_act_trains_on_video_frames_with_image_transforms(self):
+        # LeRobot 0.6 hands its transforms uint8 frames and divides the batch by 255 in its loop;
+        # 0.4 hands them float frames.
+        out = os.path.join(SERVER["tmp"], "act-video")
+        report = self.train(out, *ACT_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=2",
+                            "--batch_size=4", "--save_freq=2", "--log_freq=1", "--num_workers=0", "--seed=24",
+                            "--dataset.image_transforms.enable=true", f"--output_dir={out}", "--wandb.enable=false",
+                            name=VIDEO_NAME)
+        print(f"\nACT over lake's video frames, transformed: losses {self.check_run(report, out, [1, 2], VIDEO_NAME)}",
+              file=sys.stderr)
+
+    def test_held_out_episodes_are_refused_with_the_way_to_hold_them_out(self):
+        if not is_newer_lerobot():
+            self.skipTest("this LeRobot's training script holds no episodes out (0.6's does)")
+        out = os.path.join(SERVER["tmp"], "act-eval-split")
+        report = self.train(out, *ACT_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=2",
+                            "--batch_size=4", "--dataset.eval_split=0.34", f"--output_dir={out}", "--wandb.enable=false",
+                            refused=True)
+        self.assertIn("--dataset.eval_split=0.34: lake_client.lerobot_train holds no episodes out", report)
 
     def test_act_under_torchrun_reads_one_stream_per_rank(self):
         import socket
