@@ -155,6 +155,18 @@ class Metadata(unittest.TestCase):
 
 
 class Samples(unittest.TestCase):
+    def assert_sample_is_lerobots(self, batch, row, want):
+        """Row `row` of a lake batch is LeRobot's sample `want`: the same keys, each tensor bit for bit."""
+        self.assertEqual(set(batch), set(want), "the keys of LeRobot's sample")
+        index = int(want["index"])
+        for key, value in want.items():
+            got = batch[key][row]
+            if isinstance(value, str):
+                self.assertEqual(got, value, key)
+            else:
+                self.assertEqual((got.dtype, got.shape), (value.dtype, value.shape), key)
+                self.assertTrue(torch.equal(got, value), f"{key} of index {index}")
+
     def test_an_epoch_with_diffusions_windows_equals_lerobots_samples(self):
         ref = lerobot_reference(DIFFUSION_WINDOWS)
         ds = lake_dataset(delta_timestamps=DIFFUSION_WINDOWS, batch_size=4, seed=3, epochs=1, drop_n_last_frames=7)
@@ -165,15 +177,7 @@ class Samples(unittest.TestCase):
             self.assertEqual(batch["observation.images.front"].shape, (4, 2, 3, 36, 48))
             self.assertEqual(batch["action"].shape, (4, 16, 6))
             for row, index in enumerate(batch["index"].tolist()):
-                want = ref[index]
-                self.assertEqual(set(batch), set(want), "the keys of LeRobot's sample")
-                for key, value in want.items():
-                    got = batch[key][row]
-                    if isinstance(value, str):
-                        self.assertEqual(got, value, key)
-                    else:
-                        self.assertEqual((got.dtype, got.shape), (value.dtype, value.shape), key)
-                        self.assertTrue(torch.equal(got, value), f"{key} of index {index}")
+                self.assert_sample_is_lerobots(batch, row, ref[index])
                 seen.append(index)
         # Every sample at least 7 frames before its episode's end, once (60 frames, 3 episodes:
         # 39 eligible, so 9 whole batches of 4).
@@ -195,14 +199,7 @@ class Samples(unittest.TestCase):
             self.assertEqual(batch["observation.images.front"].shape, (5, 2, 3, 120, 160))
             for row, index in enumerate(batch["index"].tolist()):
                 want = ref[index]
-                self.assertEqual(set(batch), set(want), "the keys of LeRobot's sample")
-                for key, value in want.items():
-                    got = batch[key][row]
-                    if isinstance(value, str):
-                        self.assertEqual(got, value, key)
-                    else:
-                        self.assertEqual((got.dtype, got.shape), (value.dtype, value.shape), key)
-                        self.assertTrue(torch.equal(got, value), f"{key} of index {index}")
+                self.assert_sample_is_lerobots(batch, row, want)
                 seen += 1
             if seen >= 60:
                 break
