@@ -115,6 +115,9 @@ fn default_true() -> bool {
 fn default_stride() -> u64 {
     1
 }
+fn is_true(b: &bool) -> bool {
+    *b
+}
 fn is_one(n: &u64) -> bool {
     *n == 1
 }
@@ -165,6 +168,12 @@ pub struct SampleRequest {
     /// Sampler seed.
     #[serde(default, deserialize_with = "whole::<0, _>")]
     pub seed: u64,
+    /// Each epoch a shuffle of the eligible steps, a pure function of `seed` and the epoch
+    /// (the default); `false`: the eligible steps in the order recorded, each dataset's after
+    /// the one before as the request names them, the same every epoch (an evaluation pass).
+    /// Weights mix datasets in a shuffle, so an unshuffled request gives none.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub shuffle: bool,
     /// Epoch to start in.
     #[serde(default, deserialize_with = "whole::<0, _>")]
     pub epoch: u64,
@@ -311,6 +320,7 @@ impl SampleRequest {
             delta_timestamps: None,
             batch_size: default_batch_size(),
             seed: 0,
+            shuffle: true,
             epoch: 0,
             start_step: 0,
             rank: 0,
@@ -359,8 +369,16 @@ impl SampleRequest {
                 let entry = serde_json::to_string(d).unwrap_or_default();
                 return Err(Error::Invalid(format!("the dataset entry {entry} names no dataset")));
             }
-            if let Some(w) = weight.filter(|w| !w.parse::<f64>().is_ok_and(|w| w.is_finite() && w > 0.0)) {
-                return Err(Error::Invalid(format!("dataset `{name}`: the weight {w} is not a positive finite number")));
+            if let Some(w) = weight {
+                if !w.parse::<f64>().is_ok_and(|w| w.is_finite() && w > 0.0) {
+                    return Err(Error::Invalid(format!("dataset `{name}`: the weight {w} is not a positive finite number")));
+                }
+                if !self.shuffle {
+                    return Err(Error::Invalid(format!(
+                        "dataset `{name}`: a weight ({w}) mixes datasets in a shuffle; with `shuffle: false` each dataset's \
+                         steps are read once, in the order named: leave the weight out"
+                    )));
+                }
             }
         }
         let at_most = |field: &str, value: u64, max: u64| {
@@ -401,6 +419,19 @@ mod tests {
         let parsed = SampleRequest::from_json(br#"{"datasets": ["a", "b=0.5"]}"#).expect("valid");
         assert_eq!(SampleRequest::new(["a", "b=0.5"]), parsed);
         assert_eq!(SampleRequest::from_json(parsed.to_json().as_bytes()).expect("its own JSON"), parsed);
+    }
+
+    #[test]
+    fn an_unshuffled_request_is_written_out_and_takes_no_weight() {
+        let parsed = SampleRequest::from_json(br#"{"datasets": ["a", "b"], "shuffle": false}"#).expect("valid");
+        assert!(!parsed.shuffle);
+        assert!(parsed.to_json().contains(r#""shuffle":false"#));
+        assert!(!SampleRequest::new(["a"]).to_json().contains("shuffle"), "the default stays out of tickets and keys");
+        parsed.check().expect("no weight given");
+        let weighted = SampleRequest { shuffle: false, ..SampleRequest::new(["a", "b=0.5"]) };
+        let refused = weighted.check().expect_err("a weight without the shuffle").to_string();
+        assert!(refused.contains("dataset `b`: a weight (0.5) mixes datasets in a shuffle"), "{refused}");
+        SampleRequest::new(["a", "b=0.5"]).check().expect("shuffled, weights mix");
     }
 
     #[test]

@@ -12,6 +12,10 @@
 //! Weighted mixtures of several datasets split each block of [`MIX_BLOCK`] positions among the
 //! sources by weight (largest remainder) and shuffle the block; the k-th draw from a source is
 //! position `k mod N` of that source's own permutation for epoch `k / N`.
+//!
+//! An unshuffled order ([`Order::in_sequence`], for evaluation passes and readers that want
+//! the steps as recorded) reads each source's eligible steps once per epoch in row order, the
+//! sources one after another: the same every epoch, weights playing no part.
 
 use serde::{Deserialize, Serialize};
 
@@ -154,6 +158,8 @@ pub struct Order {
     /// Positions of each block given to each source (mixtures only).
     quotas: Vec<u64>,
     epoch_len: u64,
+    /// Unshuffled: the position of each source's first step in an epoch; `None` when shuffled.
+    in_sequence: Option<Vec<u64>>,
 }
 
 impl Order {
@@ -162,20 +168,10 @@ impl Order {
     /// # Errors
     /// When there is no source, a weight is not positive, or a source has no eligible step.
     pub fn new(seed: u64, sources: Vec<Source>) -> Result<Self> {
-        if sources.is_empty() {
-            return Err(Error::request("no dataset to sample from"));
-        }
-        for (i, s) in sources.iter().enumerate() {
-            if !(s.weight.is_finite() && s.weight > 0.0) {
-                return Err(Error::request(format!("dataset #{i}: weight {} must be a positive number", s.weight)));
-            }
-            if s.eligible.is_empty() {
-                return Err(Error::request(format!("dataset #{i}: no step is eligible (episodes too short for the frames dropped?)")));
-            }
-        }
+        check_sources(&sources)?;
         if sources.len() == 1 {
             let epoch_len = sources[0].eligible.len();
-            return Ok(Self { seed, sources, quotas: vec![], epoch_len });
+            return Ok(Self { seed, sources, quotas: vec![], epoch_len, in_sequence: None });
         }
         // Weights whose total overflows (two of 1e308) are taken relative to the largest first;
         // any other mixture keeps the arithmetic (and so the order) it always had.
@@ -204,11 +200,35 @@ impl Order {
         }
         let total_steps: u64 = sources.iter().map(|s| s.eligible.len()).sum();
         let epoch_len = total_steps.div_ceil(MIX_BLOCK) * MIX_BLOCK;
-        Ok(Self { seed, sources, quotas, epoch_len })
+        Ok(Self { seed, sources, quotas, epoch_len, in_sequence: None })
+    }
+
+    /// The unshuffled order over `sources`: every epoch reads each source's eligible steps once,
+    /// in row order, the sources one after another as given. Weights play no part.
+    ///
+    /// # Errors
+    /// As [`Order::new`].
+    pub fn in_sequence(sources: Vec<Source>) -> Result<Self> {
+        check_sources(&sources)?;
+        let starts: Vec<u64> = sources
+            .iter()
+            .scan(0u64, |next, s| {
+                let start = *next;
+                *next += s.eligible.len();
+                Some(start)
+            })
+            .collect();
+        let epoch_len = sources.iter().map(|s| s.eligible.len()).sum();
+        Ok(Self { seed: 0, sources, quotas: vec![], epoch_len, in_sequence: Some(starts) })
+    }
+
+    /// Whether each epoch is a shuffle ([`Order::new`]) rather than the steps in sequence.
+    pub fn shuffled(&self) -> bool {
+        self.in_sequence.is_none()
     }
 
     /// Positions in one epoch: the eligible steps of a single source, or the sum over all
-    /// sources rounded up to whole mixture blocks.
+    /// sources, rounded up to whole mixture blocks when shuffled.
     pub fn epoch_len(&self) -> u64 {
         self.epoch_len
     }
@@ -220,6 +240,10 @@ impl Order {
 
     /// The sample at `position` (`< epoch_len`) of `epoch`.
     pub fn draw(&self, epoch: u64, position: u64) -> Draw {
+        if let Some(starts) = &self.in_sequence {
+            let source = starts.partition_point(|&start| start <= position) - 1;
+            return Draw { source, row: self.sources[source].eligible.row(position - starts[source]) };
+        }
         if self.sources.len() == 1 {
             return Draw { source: 0, row: self.source_draw(0, epoch, position) };
         }
@@ -243,6 +267,23 @@ impl Order {
         let perm = Permutation::new(eligible.len(), key_of(&[self.seed, epoch, source as u64, 0]));
         eligible.row(perm.apply(i))
     }
+}
+
+/// Refuses an order with no source, a weight that is not positive, or a source with no
+/// eligible step.
+fn check_sources(sources: &[Source]) -> Result<()> {
+    if sources.is_empty() {
+        return Err(Error::request("no dataset to sample from"));
+    }
+    for (i, s) in sources.iter().enumerate() {
+        if !(s.weight.is_finite() && s.weight > 0.0) {
+            return Err(Error::request(format!("dataset #{i}: weight {} must be a positive number", s.weight)));
+        }
+        if s.eligible.is_empty() {
+            return Err(Error::request(format!("dataset #{i}: no step is eligible (episodes too short for the frames dropped?)")));
+        }
+    }
+    Ok(())
 }
 
 /// Where a rank is in the order: exactly what a trainer checkpoints to resume.
@@ -352,6 +393,29 @@ mod tests {
             epochs.push(rows);
         }
         assert_ne!(epochs[0], epochs[1], "epochs are shuffled differently");
+    }
+
+    #[test]
+    fn an_order_in_sequence_reads_the_steps_as_recorded_every_epoch() {
+        let a = Eligible::new([(0, 10), (10, 3), (13, 20)], 1, 2);
+        let b = Eligible::new([(100, 5)], 0, 0);
+        let order = Order::in_sequence(vec![Source { eligible: a, weight: 1.0 }, Source { eligible: b, weight: 9.0 }]).unwrap();
+        assert!(!order.shuffled());
+        assert_eq!(order.epoch_len(), 24 + 5, "no block rounding, weights ignored");
+        let expected: Vec<Draw> =
+            (1..8).chain(14..31).map(|row| Draw { source: 0, row }).chain((100..105).map(|row| Draw { source: 1, row })).collect();
+        for epoch in [0, 1, 7] {
+            let draws: Vec<Draw> = (0..order.epoch_len()).map(|p| order.draw(epoch, p)).collect();
+            assert_eq!(draws, expected, "epoch {epoch}");
+        }
+        // Two ranks without drop_last: each its slice of every global batch, the last short.
+        let s = Sharding::new(8, 1, 2, false).unwrap();
+        assert_eq!(s.steps_per_epoch(order.epoch_len()), 4);
+        let rank1: Vec<u64> = (0..4).flat_map(|step| s.positions(order.epoch_len(), step)).collect();
+        assert_eq!(rank1, [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28]);
+        assert!(Order::in_sequence(vec![]).is_err());
+        assert!(Order::in_sequence(vec![Source { eligible: Eligible::new([(0, 5)], 3, 3), weight: 1.0 }]).is_err());
+        assert!(single(2, 5).shuffled());
     }
 
     #[test]

@@ -1027,6 +1027,8 @@ fn paths_and_schemas(
                     "batch_size": {"type": "integer", "minimum": 1, "maximum": super::MAX_BATCH_SIZE, "default": 32,
                                    "description": "samples per batch for each rank"},
                     "seed": {"type": "integer", "minimum": 0, "maximum": u64::MAX, "default": 0, "description": "sampler seed"},
+                    "shuffle": {"type": "boolean", "default": true,
+                                "description": "each epoch a shuffle (a function of seed and epoch); false: the eligible steps as recorded, the datasets in the order named, the same every epoch (no weights)"},
                     "epoch": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "default": 0, "description": "epoch to start in"},
                     "start_step": {"type": "integer", "minimum": 0, "default": 0, "description": "global step to start at within the epoch (below the epoch's steps)"},
                     "rank": {"type": "integer", "minimum": 0, "default": 0, "description": "this trainer's rank (below world_size)"},

@@ -6,8 +6,8 @@
 //! ```json
 //! {"datasets": ["name"] | [{"name": "a", "weight": 0.7}, {"name": "b", "weight": 0.3}],
 //!  "preset": "act", "delta_timestamps": {"action": [0.0, 0.033]},
-//!  "batch_size": 32, "seed": 0, "epoch": 0, "start_step": 0, "rank": 0, "world_size": 1,
-//!  "limit_batches": 100, "drop_last": true, "episodes": [0, 3],
+//!  "batch_size": 32, "seed": 0, "shuffle": true, "epoch": 0, "start_step": 0, "rank": 0,
+//!  "world_size": 1, "limit_batches": 100, "drop_last": true, "episodes": [0, 3],
 //!  "drop_n_first_frames": 0, "drop_n_last_frames": 0, "frame_size": "224x224",
 //!  "frame_format": "rgb24"}
 //! ```
@@ -15,6 +15,8 @@
 //! `batch_size` is what each rank receives; the global batch is `batch_size × world_size`, and
 //! global step `s` covers positions `[s·G, (s+1)·G)` of the sampler's order, so ranks are
 //! disjoint and a stream resumes exactly from `(seed, epoch, start_step)`. Datasets may be views.
+//! `"shuffle": false` gives the eligible steps in the order recorded instead, every epoch the
+//! same (an evaluation pass).
 //! The server is stateless over the lake: the ticket is the request itself, so any server over
 //! the same lake can serve any rank.
 //!
@@ -746,7 +748,8 @@ impl Service {
                     self.options.loader.frame_table,
                     self.resources.clone(),
                 )?);
-                let order = Arc::new(Order::new(request.seed, sampling.sources)?);
+                let order = if request.shuffle { Order::new(request.seed, sampling.sources) } else { Order::in_sequence(sampling.sources) };
+                let order = Arc::new(order?);
                 Ok::<_, Error>(Arc::new(Prepared {
                     datasets: request.datasets.clone(),
                     loader,
@@ -1443,12 +1446,13 @@ impl<S> AccessLog<S> {
             })
             .collect();
         let request = format!(
-            "datasets={} rank={}/{} batch_size={} seed={} epoch={} start_step={}",
+            "datasets={} rank={}/{} batch_size={} seed={}{} epoch={} start_step={}",
             datasets.join(","),
             request.rank,
             request.world_size,
             request.batch_size,
             request.seed,
+            if request.shuffle { "" } else { " unshuffled" },
             request.epoch,
             request.start_step
         );

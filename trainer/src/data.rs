@@ -140,7 +140,8 @@ pub async fn open_feed(lake: Option<&Lake>, request: &SampleRequest, source: &Ba
             let lake = lake.ok_or_else(|| Error::Run("batches in process are read from the lake, and there is none here".into()))?;
             let sampling = views::open_sampling(lake, &spec(request)).await.map_err(data)?;
             let loader = Arc::new(Loader::new(sampling.datasets, &windows(request)?, options).map_err(data)?);
-            let order = Arc::new(Order::new(request.seed, sampling.sources).map_err(data)?);
+            let order = if request.shuffle { Order::new(request.seed, sampling.sources) } else { Order::in_sequence(sampling.sources) };
+            let order = Arc::new(order.map_err(data)?);
             let sharding = Sharding::new(request.batch_size * request.world_size, request.rank, request.world_size, request.drop_last)
                 .map_err(data)?;
             let steps_per_epoch = sharding.steps_per_epoch(order.epoch_len());

@@ -1108,13 +1108,12 @@ _WARNED_FORKED_FLIGHT = False
 
 # The fields of a sampling request that `LakeIterableDataset` takes as keyword arguments besides
 # its named parameters (the server's `SampleRequest`, less the fields the dataset sets itself).
-_REQUEST_KEYWORDS = ("epoch", "start_step", "drop_last", "episodes", "drop_n_first_frames", "drop_n_last_frames",
-                     "frame_size", "frame_format", "proxy")
+_REQUEST_KEYWORDS = ("shuffle", "epoch", "start_step", "drop_last", "episodes", "drop_n_first_frames",
+                     "drop_n_last_frames", "frame_size", "frame_format", "proxy")
 # Fields the dataset sets itself, refused with the reason.
 _OWNED_KEYWORDS = ("limit_batches", "step_stride")
 # Keyword arguments people give a dataset by habit, with what to do instead.
 _KEYWORD_HINTS = {
-    "shuffle": "the sample order is always a shuffle, a pure function of `seed` and the epoch",
     "num_workers": "that is torch.utils.data.DataLoader's argument",
     "pin_memory": "that is torch.utils.data.DataLoader's argument",
     "prefetch_factor": "that is torch.utils.data.DataLoader's argument",
@@ -1182,10 +1181,11 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
     disjoint slice of each global batch of `batch_size * world_size` samples; `state_dict()`
     records `(epoch, step)` after the last batch handed out and `load_state_dict()` resumes
     exactly there, also with a different world size when the global batch stays the same.
-    Other request fields are keyword arguments (`episodes`, `drop_last`, `drop_n_first_frames`,
-    `drop_n_last_frames`, `frame_size`, `frame_format`, `proxy`: the frames of each dataset's
-    training proxy, lossy, labelled `lake:proxy`); `epoch` and `start_step` among them
-    start the cursor there. A keyword argument that is neither is refused when the dataset is
+    Other request fields are keyword arguments (`shuffle`: `False` gives the eligible steps in
+    the order recorded, every epoch the same, for an evaluation pass; `episodes`, `drop_last`,
+    `drop_n_first_frames`, `drop_n_last_frames`, `frame_size`, `frame_format`, `proxy`: the
+    frames of each dataset's training proxy, lossy, labelled `lake:proxy`); `epoch` and
+    `start_step` among them start the cursor there. A keyword argument that is neither is refused when the dataset is
     made (`TypeError`, naming it, the closest valid one and all of them). None is unset: the
     server's default (`episodes=None` samples every episode, `preset=None` is `"none"`);
     `batch_size` and `seed` take no None. `epochs` bounds a run (the stream ends before epoch
@@ -1335,7 +1335,8 @@ class LakeIterableDataset(_IterableDataset):  # type: ignore[misc]
         """The request's fields, besides datasets, seed and global batch, that the sample order
         depends on, with the server's defaults."""
         r = self.request
-        return {"episodes": sorted(set(r.get("episodes") or [])) or None, "drop_last": r.get("drop_last", True),
+        return {"shuffle": r.get("shuffle", True),
+                "episodes": sorted(set(r.get("episodes") or [])) or None, "drop_last": r.get("drop_last", True),
                 "drop_n_first_frames": r.get("drop_n_first_frames", 0), "drop_n_last_frames": r.get("drop_n_last_frames", 0)}
 
     def _full_request(self) -> Dict[str, Any]:

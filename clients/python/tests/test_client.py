@@ -696,6 +696,7 @@ class TorchDataset(unittest.TestCase):
         # A request whose sample order differs is refused, naming the field.
         for field, value, says in [("episodes", [0, 1], "episodes [0, 1] differs from the saved all"),
                                    ("drop_last", False, "drop_last False differs from the saved True"),
+                                   ("shuffle", False, "shuffle False differs from the saved True"),
                                    ("drop_n_first_frames", 2, "drop_n_first_frames 2 differs")]:
             with self.assertRaises(ValueError) as refused:
                 self.make(**{field: value}).load_state_dict(state)
@@ -904,13 +905,33 @@ class TorchDataset(unittest.TestCase):
                 else:
                     self.assertTrue(torch.equal(planes[key], value), key)
 
+    def test_an_unshuffled_stream_gives_the_steps_as_recorded_every_epoch(self):
+        shuffled = [i for b in self.make(drop_last=False) for i in b["index"].tolist()]
+        self.assertNotEqual(shuffled, sorted(shuffled))
+        in_order = self.make(shuffle=False, drop_last=False, epochs=2, batch_size=7)
+        batches = [b["index"].tolist() for b in in_order]
+        steps = [i for b in batches for i in b]
+        self.assertEqual(steps[:len(shuffled)], sorted(shuffled), "the first epoch: every step once, as recorded")
+        self.assertEqual(steps[len(shuffled):], sorted(shuffled), "the next epoch the same")
+        self.assertEqual(len(self.make(shuffle=False, drop_last=False, epochs=2, batch_size=7)), len(batches))
+        # Two ranks take their slices of each global batch in order, the last one short.
+        ranks = [[i for b in self.make(shuffle=False, drop_last=False, batch_size=4, rank=r, world_size=2) for i in
+                  b["index"].tolist()] for r in range(2)]
+        self.assertEqual(sorted(ranks[0] + ranks[1]), sorted(shuffled))
+        self.assertEqual(ranks[0][:4] + ranks[1][:4], sorted(shuffled)[:8])
+        # A weight mixes datasets in a shuffle: refused in order, naming the field.
+        with self.assertRaises(Exception) as refused:
+            list(self.make(datasets=[f"{DATASET}=2"], shuffle=False))
+        self.assertIn("with `shuffle: false` each dataset's steps are read once", str(refused.exception))
+
     def test_unknown_keyword_arguments_are_refused_when_the_dataset_is_made(self):
         # Nothing listens there: the refusal comes from the constructor, not the server.
         nowhere = "grpc://127.0.0.1:1"
         with self.assertRaises(TypeError) as refused:
-            self.make(location=nowhere, shuffle=True)
+            self.make(location=nowhere, num_workers=2)
         said = str(refused.exception)
-        for says in ("unexpected keyword argument 'shuffle'", "always a shuffle", "episodes", "drop_last", "frame_layout"):
+        for says in ("unexpected keyword argument 'num_workers'", "DataLoader's argument", "episodes", "drop_last",
+                     "shuffle", "frame_layout"):
             self.assertIn(says, said)
         with self.assertRaises(TypeError) as refused:
             self.make(location=nowhere, drop_lsat=False, batchsize=4)
@@ -921,7 +942,7 @@ class TorchDataset(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r'frame_format="packets" sends compressed GOPs .*lake train --decode cpu'):
             self.make(location=nowhere, frame_format="packets")
         # Every valid keyword is taken without a word from the server.
-        self.make(location=nowhere, episodes=[0], drop_last=False, drop_n_first_frames=1, drop_n_last_frames=1,
+        self.make(location=nowhere, shuffle=False, episodes=[0], drop_last=False, drop_n_first_frames=1, drop_n_last_frames=1,
                   frame_size=None, frame_format="yuv420p", proxy=False, epoch=0, start_step=0, frame_layout="lerobot")
 
     def test_none_is_unset(self):

@@ -1765,6 +1765,55 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
 
 /// Each stream leaves one access-log line, by default: its request, the batches, rows and bytes
 /// sent, and how it ended.
+/// The `index` of every row of `batches`.
+fn indices_of(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| b.column_by_name("index").expect("index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec())
+        .collect()
+}
+
+#[test]
+fn an_unshuffled_stream_serves_the_steps_as_recorded_every_epoch() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("lake");
+    ingest_ok(&root, &testdata("v30-images-tiny"), &[]);
+    ingest_ok(&root, &testdata("v30-images-tiny"), &["--name", "again"]);
+    tokio::runtime::Runtime::new().expect("runtime").block_on(async {
+        // Episodes 0 (rows 0–18) and 2 (rows 40–59): 39 steps, 5 global steps of 8 with the
+        // last short, then the next epoch from the start.
+        let request = json!({"datasets": ["v30-images-tiny"], "shuffle": false, "drop_last": false, "episodes": [0, 2],
+                             "batch_size": 8, "limit_batches": 7});
+        let batches = in_process(&root, &request).await;
+        let epoch: Vec<i64> = (0..19).chain(40..60).collect();
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(), [8, 8, 8, 8, 7, 8, 8]);
+        assert_eq!(indices_of(&batches), [&epoch[..], &epoch[..16]].concat());
+        let shuffled = indices_of(&in_process(&root, &json!({"datasets": ["v30-images-tiny"], "batch_size": 8, "limit_batches": 4})).await);
+        assert_ne!(shuffled, (0..32).collect::<Vec<i64>>(), "the default is a shuffle");
+        // A mixture in sequence: the first dataset's steps, then the second's, no block rounding.
+        let mixed = in_process(
+            &root,
+            &json!({"datasets": ["v30-images-tiny", "again"], "shuffle": false, "batch_size": 30,
+                                              "limit_batches": 4}),
+        )
+        .await;
+        let sources: Vec<i64> = mixed
+            .iter()
+            .flat_map(|b| {
+                b.column_by_name("dataset_index").expect("dataset_index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()
+            })
+            .collect();
+        assert_eq!(sources, [vec![0; 60], vec![1; 60]].concat());
+        assert_eq!(indices_of(&mixed), [(0..60).collect::<Vec<i64>>(), (0..60).collect()].concat());
+        // A weight only mixes datasets in a shuffle.
+        let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
+        let service = lake_serve::Service::new(lake, Default::default()).expect("service");
+        let weighted = typed(&json!({"datasets": ["v30-images-tiny=2", "again"], "shuffle": false}));
+        let refused = service.batches(&weighted).await.err().expect("refused").to_string();
+        assert!(refused.contains("dataset `v30-images-tiny`: a weight (2) mixes datasets in a shuffle"), "{refused}");
+    });
+}
+
 #[test]
 fn each_stream_leaves_an_access_log_line() {
     let tmp = tempfile::tempdir().expect("tmp");
