@@ -12,8 +12,10 @@ stream (`LakeIterableDataset`): the order is a pure function of `seed`, each ran
 slice of every global batch, and DataLoader workers take turns by batch, so a `DataLoader` with
 `batch_size` equal to the dataset's `batch_size` yields exactly one server batch per batch.
 
-`make_lake_dataset(cfg, ...)` is `lerobot.datasets.factory.make_dataset` for a lake server:
-`python -m lake_client.lerobot_train` runs `lerobot-train` with it.
+`make_lake_dataset(cfg, ...)` is `lerobot.datasets.factory.make_dataset` for a lake server, and
+`make_lake_train_eval_datasets(cfg, ...)` LeRobot 0.6's `make_train_eval_datasets` (the held-out
+episodes of `--dataset.eval_split` as a `LakeHeldOutDataset`): `python -m lake_client.lerobot_train`
+runs `lerobot-train` with them.
 
 It needs torch; `make_lake_dataset` needs LeRobot (0.4 or 0.6).
 """
@@ -21,9 +23,10 @@ It needs torch; `make_lake_dataset` needs LeRobot (0.4 or 0.6).
 from __future__ import annotations
 
 import json
+import math
 import urllib.parse
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -31,7 +34,8 @@ import torch
 from lake_client import CURSOR_KEY, LakeClient, LakeError, LakeIterableDataset, to_lerobot_layout
 from lake_client._http import http_json
 
-__all__ = ["LakeDatasetMetadata", "LakeLeRobotDataset", "make_lake_dataset"]
+__all__ = ["LakeDatasetMetadata", "LakeHeldOutDataset", "LakeLeRobotDataset", "held_out_episodes", "make_lake_dataset",
+           "make_lake_train_eval_datasets"]
 
 
 def _sql(http: str, query: str, token: Optional[str]) -> List[Dict[str, Any]]:
@@ -56,7 +60,7 @@ class LakeDatasetMetadata:
     `stats` (LeRobot's `stats.json` layout as numpy arrays: int64 where LeRobot writes integers,
     float64 otherwise; image stats `[3, 1, 1]`; lake computes them exactly over every frame),
     `episodes` (`episode_index`, `length`, `dataset_from_index`, `dataset_to_index`, each a numpy
-    array, in episode order), `tasks` (a pandas DataFrame indexed by task, with `task_index`, as
+    array, and `tasks`, a list of each episode's tasks, in episode order), `tasks` (a pandas DataFrame indexed by task, with `task_index`, as
     LeRobot's; a dict task → index without pandas), `robot_type`, `info`, and the derived
     `camera_keys`, `video_keys`, `image_keys`, `names`, `shapes`, `total_episodes`,
     `total_frames`, `total_tasks`."""
@@ -79,13 +83,15 @@ class LakeDatasetMetadata:
             for key, values in described.get("stats", {}).items()
             if key in self.features
         }
-        schema = _ident(self.repo_id)
-        rows = _sql(http, f"SELECT episode_index, length, dataset_from_index, dataset_to_index FROM {schema}.episodes "
+        self.http, self.token = http, token
+        schema = self.schema
+        rows = _sql(http, f"SELECT episode_index, length, dataset_from_index, dataset_to_index, tasks FROM {schema}.episodes "
                           "ORDER BY episode_index", token)
-        self.episodes: Dict[str, np.ndarray] = {
+        self.episodes: Dict[str, Any] = {
             column: np.array([row[column] for row in rows], dtype=np.int64)
             for column in ("episode_index", "length", "dataset_from_index", "dataset_to_index")
         }
+        self.episodes["tasks"] = [list(row["tasks"] or []) for row in rows]
         tasks = _sql(http, f"SELECT task_index, task FROM {schema}.tasks ORDER BY task_index", token)
         try:
             import pandas as pd
@@ -106,6 +112,15 @@ class LakeDatasetMetadata:
             "total_tasks": len(tasks),
             "codebase_version": (described.get("source") or {}).get("codebase_version"),
         }
+
+    @property
+    def schema(self) -> str:
+        """The SQL schema of this dataset version's tables, quoted."""
+        return _ident(f"{self.repo_id}@{self.version}")
+
+    def sql(self, query: str) -> List[Dict[str, Any]]:
+        """Rows of a SQL query over the server's HTTP port, as dicts."""
+        return _sql(self.http, query, self.token)
 
     @property
     def video_keys(self) -> List[str]:
@@ -168,8 +183,10 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
     `LeRobotDataset` applies it. `return_uint8` gives video frames as uint8 CHW, as LeRobot 0.6's
     `LeRobotDataset(return_uint8=True)` gives them to lerobot-train 0.6 (the transforms then take
     uint8 frames, and the training loop divides the batch by 255); image features stay float, as
-    there. `meta`, when given, is the metadata already fetched for `name`. `start_batch` starts the stream that many global steps in (a
-    resumed run's step). Without `epochs` the stream is endless. Over Flight, a process that
+    there. `meta`, when given, is the metadata already fetched for `name`. `start_batch` starts
+    the stream that many global steps in (a resumed run's step). Without `epochs` the stream is
+    endless. `shuffle=False` gives the samples in the order recorded instead, and
+    `drop_last=False` keeps each epoch's short last batch (both as the server's request fields). Over Flight, a process that
     made a Flight client before forking its DataLoader workers should start them with
     `multiprocessing_context="spawn"`; this dataset itself contacts Flight only when iterated.
     """
@@ -190,6 +207,8 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
         return_uint8: bool = False,
         epochs: Optional[int] = None,
         start_batch: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         meta: Optional[LakeDatasetMetadata] = None,
@@ -223,6 +242,8 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
             frame_layout="uint8_hwc" if self.return_uint8 else "lerobot",
             episodes=self.episodes,
             drop_n_last_frames=self.drop_n_last_frames or None,
+            shuffle=None if shuffle else False,
+            drop_last=None if drop_last else False,
         )
         self._started = False
 
@@ -296,53 +317,204 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
                 f"frames={self.num_frames}, batch_size={self.batch_size}, rank={self.rank}/{self.world_size})")
 
 
-def make_lake_dataset(cfg: Any, location: str, http: str, name: str, token: Optional[str] = None,
-                      return_uint8: bool = False) -> LakeLeRobotDataset:
-    """`lerobot.datasets.factory.make_dataset(cfg)` for a dataset on a lake server, with LeRobot
-    0.4 or 0.6: the `delta_timestamps` of `cfg.policy` (LeRobot's `resolve_delta_timestamps`),
-    `cfg.dataset`'s `episodes`, `image_transforms` and `use_imagenet_stats`, `cfg.batch_size`,
-    `cfg.seed` (0 when unset), the policy's `drop_n_last_frames` (diffusion's), and on a resumed
-    run (`cfg.resume`) the stream continues at the checkpoint's step. `return_uint8` as
-    `LakeLeRobotDataset` takes it (lerobot-train 0.6 asks for uint8 frames). Sets
-    `cfg.dataset.streaming`: LeRobot's loop then makes its DataLoader without a shuffle, in the
-    server's order."""
-    from lerobot.datasets.factory import IMAGENET_STATS, resolve_delta_timestamps
+def held_out_episodes(meta: LakeDatasetMetadata, episodes: Optional[Sequence[int]],
+                      eval_split: float) -> Tuple[List[int], List[int]]:
+    """LeRobot 0.6's split of `episodes` (every episode when None) into training and held-out
+    episodes (`make_train_eval_datasets`): episodes grouped by their first task, in the order the
+    tasks first come, and the last `ceil(n * eval_split)` of each group's `n` held out. Raises
+    `ValueError` when no training episode is left."""
+    base = [int(e) for e in episodes] if episodes is not None else meta.episodes["episode_index"].tolist()
+    tasks_of = dict(zip(meta.episodes["episode_index"].tolist(), meta.episodes["tasks"]))
+    unknown = [e for e in base if e not in tasks_of]
+    if unknown:
+        raise ValueError(f"episodes {unknown} are not in {meta.repo_id}@{meta.version}")
+    by_task: Dict[str, List[int]] = {}
+    for e in base:
+        by_task.setdefault(tasks_of[e][0] if tasks_of[e] else "", []).append(e)
+    train: List[int] = []
+    held_out: List[int] = []
+    for group in by_task.values():
+        n = math.ceil(len(group) * eval_split)
+        train.extend(group[:len(group) - n])
+        held_out.extend(group[len(group) - n:])
+    if not train:
+        raise ValueError(f"eval_split={eval_split} leaves 0 training episodes from {len(base)} total.")
+    return train, held_out
 
+
+class LakeHeldOutDataset(torch.utils.data.IterableDataset):
+    """Held-out episodes as lerobot-train 0.6 evaluates them (its `eval_dataset`), read from
+    `lake serve`: every iteration is one whole pass over the frames of `episodes`, in the order
+    recorded (LeRobot's evaluation DataLoader does not shuffle), without image transforms and with
+    no frame left out at the episodes' ends. Each rank reads the whole pass, so the held-out loss
+    on every rank is the loss one process computes.
+
+    `max_samples` (lerobot-train's `--max_eval_samples`) caps a pass as LeRobot does: for each
+    task the held-out frames have (by task index), that task's first `max(1, max_samples //
+    tasks)` frames, task after task. The other arguments are `LakeLeRobotDataset`'s."""
+
+    def __init__(self, location: str, http: str, name: str, *, episodes: Sequence[int], token: Optional[str] = None,
+                 delta_timestamps: Optional[Dict[str, List[float]]] = None, batch_size: int = 32,
+                 return_uint8: bool = False, max_samples: int = 0, meta: Optional[LakeDatasetMetadata] = None):
+        super().__init__()
+        self.meta = LakeDatasetMetadata(http, name, token) if meta is None else meta
+        self.repo_id = self.meta.repo_id
+        self.episodes = sorted(int(e) for e in episodes)
+        if not self.episodes:
+            raise ValueError("a held-out dataset needs at least one episode")
+        self._made = dict(location=location, http=http, name=f"{self.repo_id}@{self.meta.version}", token=token,
+                          delta_timestamps=delta_timestamps, batch_size=batch_size, return_uint8=return_uint8)
+        # Each pass: its episodes and the frames (`index`) it keeps, None for all of them.
+        self._passes: List[Tuple[List[int], Optional[set]]] = [(self.episodes, None)]
+        if max_samples > 0:
+            self._passes = self._capped(int(max_samples))
+        self.num_frames = (sum(len(kept) for _, kept in self._passes) if max_samples > 0 else
+                           int(self.meta.episodes["length"][np.isin(self.meta.episodes["episode_index"], self.episodes)].sum()))
+
+    def _capped(self, max_samples: int) -> List[Tuple[List[int], Optional[set]]]:
+        """A pass per task with the frames LeRobot's cap keeps of it, asked of the server's SQL."""
+        chosen = ", ".join(str(e) for e in self.episodes)
+        tasks = self.meta.sql(f"SELECT DISTINCT task_index FROM {self.meta.schema}.steps "
+                              f"WHERE episode_index IN ({chosen}) ORDER BY task_index")
+        per_task = max(1, max_samples // len(tasks))
+        rows = self.meta.sql(
+            'SELECT "index", task_index, episode_index FROM (SELECT "index", task_index, episode_index, '
+            'row_number() OVER (PARTITION BY task_index ORDER BY "index") AS n '
+            f"FROM {self.meta.schema}.steps WHERE episode_index IN ({chosen})) "
+            f'WHERE n <= {per_task} ORDER BY task_index, "index"')
+        passes: Dict[int, Tuple[List[int], set]] = {}
+        for row in rows:
+            episodes, kept = passes.setdefault(int(row["task_index"]), ([], set()))
+            if int(row["episode_index"]) not in episodes:
+                episodes.append(int(row["episode_index"]))
+            kept.add(int(row["index"]))
+        return [(sorted(episodes), kept) for episodes, kept in passes.values()]
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episodes)
+
+    @property
+    def fps(self) -> int:
+        return self.meta.fps
+
+    @property
+    def features(self) -> Dict[str, Dict[str, Any]]:
+        return self.meta.features
+
+    def __iter__(self):
+        made = self._made
+        for episodes, kept in self._passes:
+            frames = LakeLeRobotDataset(made["location"], made["http"], made["name"], token=made["token"],
+                                        delta_timestamps=made["delta_timestamps"], batch_size=made["batch_size"],
+                                        episodes=episodes, return_uint8=made["return_uint8"], epochs=1, shuffle=False,
+                                        drop_last=False, rank=0, world_size=1, meta=self.meta)
+            for sample in frames:
+                if kept is None or int(sample["index"]) in kept:
+                    yield sample
+
+    def __len__(self) -> int:
+        return self.num_frames
+
+    def __repr__(self) -> str:
+        return (f"LakeHeldOutDataset({self.repo_id}@{self.meta.version}, episodes={self.num_episodes}, "
+                f"frames={self.num_frames})")
+
+
+def _image_transforms(cfg: Any) -> Any:
+    """LeRobot's `ImageTransforms` of `cfg.dataset`, None when not enabled."""
     try:  # LeRobot 0.6
         from lerobot.transforms import ImageTransforms
     except ImportError:  # LeRobot 0.4
         from lerobot.datasets.transforms import ImageTransforms
 
-    start_batch = 0
-    if getattr(cfg, "resume", False) and getattr(cfg, "checkpoint_path", None) is not None:
-        from lerobot.utils.constants import TRAINING_STATE_DIR
+    return ImageTransforms(cfg.dataset.image_transforms) if cfg.dataset.image_transforms.enable else None
 
-        try:  # LeRobot 0.6
-            from lerobot.common.train_utils import load_training_step
-        except ImportError:  # LeRobot 0.4
-            from lerobot.utils.train_utils import load_training_step
 
-        start_batch = load_training_step(cfg.checkpoint_path / TRAINING_STATE_DIR)
-    meta = LakeDatasetMetadata(http, name, token)
-    image_transforms = ImageTransforms(cfg.dataset.image_transforms) if cfg.dataset.image_transforms.enable else None
+def _start_batch(cfg: Any) -> int:
+    """The step a resumed run (`cfg.resume`) continues at; 0 for a new run."""
+    if not (getattr(cfg, "resume", False) and getattr(cfg, "checkpoint_path", None) is not None):
+        return 0
+    from lerobot.utils.constants import TRAINING_STATE_DIR
+
+    try:  # LeRobot 0.6
+        from lerobot.common.train_utils import load_training_step
+    except ImportError:  # LeRobot 0.4
+        from lerobot.utils.train_utils import load_training_step
+
+    return load_training_step(cfg.checkpoint_path / TRAINING_STATE_DIR)
+
+
+def _trained_config(cfg: Any) -> Any:
+    """The config whose `delta_timestamps` the samples take: LeRobot 0.6's `trainable_config`
+    (the policy, or a reward model), the policy under LeRobot 0.4."""
+    return getattr(cfg, "trainable_config", cfg.policy)
+
+
+def make_lake_dataset(cfg: Any, location: str, http: str, name: str, token: Optional[str] = None,
+                      return_uint8: bool = False, *, episodes: Optional[Sequence[int]] = None,
+                      meta: Optional[LakeDatasetMetadata] = None) -> LakeLeRobotDataset:
+    """`lerobot.datasets.factory.make_dataset(cfg)` for a dataset on a lake server, with LeRobot
+    0.4 or 0.6: the `delta_timestamps` of `cfg.policy` (LeRobot's `resolve_delta_timestamps`),
+    `cfg.dataset`'s `episodes` (`episodes`, when given, instead), `image_transforms` and
+    `use_imagenet_stats`, `cfg.batch_size`, `cfg.seed` (0 when unset), the policy's
+    `drop_n_last_frames` (diffusion's), and on a resumed run (`cfg.resume`) the stream continues
+    at the checkpoint's step. `return_uint8` as `LakeLeRobotDataset` takes it (lerobot-train 0.6
+    asks for uint8 frames); `meta`, the dataset's metadata when already fetched. Sets
+    `cfg.dataset.streaming`: LeRobot's loop then makes its DataLoader without a shuffle, in the
+    server's order."""
+    from lerobot.datasets.factory import resolve_delta_timestamps
+
+    meta = LakeDatasetMetadata(http, name, token) if meta is None else meta
     dataset = LakeLeRobotDataset(
         location,
         http,
         f"{meta.repo_id}@{meta.version}",
         token=token,
-        delta_timestamps=resolve_delta_timestamps(cfg.policy, meta),
+        delta_timestamps=resolve_delta_timestamps(_trained_config(cfg), meta),
         batch_size=cfg.batch_size,
         seed=0 if cfg.seed is None else cfg.seed,
-        episodes=cfg.dataset.episodes,
+        episodes=cfg.dataset.episodes if episodes is None else episodes,
         drop_n_last_frames=getattr(cfg.policy, "drop_n_last_frames", 0),
-        image_transforms=image_transforms,
+        image_transforms=_image_transforms(cfg),
         return_uint8=return_uint8,
-        start_batch=start_batch,
+        start_batch=_start_batch(cfg),
         meta=meta,
     )
     cfg.dataset.streaming = True
-    if cfg.dataset.use_imagenet_stats:
-        for key in dataset.meta.camera_keys:
-            for stat, value in IMAGENET_STATS.items():
-                dataset.meta.stats[key][stat] = torch.tensor(value, dtype=torch.float32)
+    _imagenet_stats(cfg, meta)
     return dataset
+
+
+def _imagenet_stats(cfg: Any, meta: LakeDatasetMetadata) -> None:
+    """With `cfg.dataset.use_imagenet_stats`, ImageNet's mean and std for every camera, as
+    LeRobot sets them."""
+    if not cfg.dataset.use_imagenet_stats:
+        return
+    from lerobot.datasets.factory import IMAGENET_STATS
+
+    for key in meta.camera_keys:
+        for stat, value in IMAGENET_STATS.items():
+            meta.stats[key][stat] = torch.tensor(value, dtype=torch.float32)
+
+
+def make_lake_train_eval_datasets(cfg: Any, location: str, http: str, name: str, token: Optional[str] = None
+                                  ) -> Tuple[LakeLeRobotDataset, Optional[LakeHeldOutDataset]]:
+    """LeRobot 0.6's `make_train_eval_datasets(cfg)` for a dataset on a lake server: with
+    `cfg.dataset.eval_split` 0, `make_lake_dataset` and no held-out dataset; above 0, the
+    training dataset over the episodes `held_out_episodes` keeps for training and a
+    `LakeHeldOutDataset` over the others (capped by `cfg.max_eval_samples`), frames as uint8, as
+    lerobot-train 0.6 asks for them."""
+    meta = LakeDatasetMetadata(http, name, token)
+    eval_split = getattr(cfg.dataset, "eval_split", 0.0)
+    if not eval_split:
+        return make_lake_dataset(cfg, location, http, name, token, return_uint8=True, meta=meta), None
+    from lerobot.datasets.factory import resolve_delta_timestamps
+
+    train, held_out = held_out_episodes(meta, cfg.dataset.episodes, eval_split)
+    dataset = make_lake_dataset(cfg, location, http, name, token, return_uint8=True, episodes=train, meta=meta)
+    evaluated = LakeHeldOutDataset(location, http, f"{meta.repo_id}@{meta.version}", episodes=held_out, token=token,
+                                   delta_timestamps=resolve_delta_timestamps(_trained_config(cfg), meta),
+                                   batch_size=cfg.batch_size, return_uint8=True,
+                                   max_samples=getattr(cfg, "max_eval_samples", 0), meta=meta)
+    return dataset, evaluated

@@ -8,15 +8,18 @@ unchanged, with three names replaced for the run:
 
 - the dataset: a `LakeLeRobotDataset` (`make_lake_dataset`), LeRobot's samples from the
   server's shuffled stream, seeded by `--seed`, `--batch_size` samples per rank and step. With
-  LeRobot 0.4 it replaces `make_dataset`; with 0.6 `make_train_eval_datasets`, which then holds no
-  episodes out (`--dataset.eval_split` above 0 is refused: hold episodes out with a lake view and
-  train on it), and the frames come as uint8 as 0.6's dataset gives them (`return_uint8=True`);
+  LeRobot 0.4 it replaces `make_dataset`; with 0.6 `make_train_eval_datasets`
+  (`make_lake_train_eval_datasets`): `--dataset.eval_split` holds out LeRobot's episodes, which
+  `--eval_steps` evaluates as a `LakeHeldOutDataset` (in the order recorded, capped by
+  `--max_eval_samples` as LeRobot caps it), and the frames come as uint8 as 0.6's dataset gives
+  them (`return_uint8=True`);
 - `EpisodeAwareSampler` (what LeRobot 0.4 samples with for policies that drop each episode's last
   frames, such as diffusion) gives no sampler: the server leaves those frames out
   (`drop_n_last_frames` in the request);
 - `Accelerator` is accelerate's, except that a DataLoader over the lake dataset is only moved
-  to the device: each rank already reads its own slice of every global batch from the server,
-  so accelerate neither dispatches rank 0's batches nor shards them again.
+  to the device: each rank already reads its own slice of every global batch from the server
+  (and the whole held-out set at each evaluation), so accelerate neither dispatches rank 0's
+  batches nor shards them again.
 
 `--dataset.repo_id` defaults to the lake dataset's name (LeRobot's config needs one; it names the
 dataset in the run's saved config). The token may also come from `LAKE_TOKEN`.
@@ -83,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         from lerobot.utils.import_utils import register_third_party_plugins
     except ImportError as e:
         raise SystemExit(f"lake_client.lerobot_train needs LeRobot (pip install lerobot): {e}") from e
-    from lake_client.lerobot import LakeLeRobotDataset, make_lake_dataset
+    from lake_client.lerobot import LakeHeldOutDataset, LakeLeRobotDataset, make_lake_dataset, make_lake_train_eval_datasets
 
     if not any(a == "--dataset.repo_id" or a.startswith("--dataset.repo_id=") for a in rest):
         rest.append(f"--dataset.repo_id={lake.lake_dataset}")
@@ -99,12 +102,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         return dataset
 
     def make_train_eval_datasets(cfg):
-        if getattr(cfg.dataset, "eval_split", 0.0):
-            raise SystemExit(
-                f"--dataset.eval_split={cfg.dataset.eval_split}: lake_client.lerobot_train holds no episodes out; "
-                "make a lake view of the training episodes (lake view create) and train on it"
-            )
-        return make_dataset(cfg), None
+        dataset, held_out = make_lake_train_eval_datasets(cfg, lake.lake_server, lake.lake_http, lake.lake_dataset,
+                                                          lake.lake_token)
+        made.append(dataset)
+        return dataset, held_out
 
     def episode_aware_sampler(*args, drop_n_last_frames: int = 0, **kwargs):
         # The server samples: its stream already leaves out each episode's last frames.
@@ -117,7 +118,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     import accelerate
 
-    accelerator = _accelerator_class(LakeLeRobotDataset)
+    accelerator = _accelerator_class((LakeLeRobotDataset, LakeHeldOutDataset))
     # (module, name, value): LeRobot 0.6's `train` imports accelerate's `Accelerator` when it runs.
     replaced = [
         (lerobot_train, "make_train_eval_datasets" if newer else "make_dataset",

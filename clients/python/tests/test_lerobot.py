@@ -11,9 +11,12 @@ build, `${CARGO_TARGET_DIR:-~/.cache/lake/target}/debug/lake`), and compare with
   tensor bit for bit, and the epoch holds each eligible sample once;
 - DataLoader workers yield the batches of a single process, and two ranks split each global
   batch;
+- under LeRobot 0.6, the held-out episodes of `eval_split` are LeRobot's, and their evaluation
+  passes (whole, and capped by `max_eval_samples`) are LeRobot's batches, tensor for tensor;
 - `python -m lake_client.lerobot_train` trains ACT and diffusion for three steps on the CPU,
   logs finite losses and writes a checkpoint, and a resumed run's stream starts at the
-  checkpoint's step; under torchrun (two CPU ranks) each rank reads its own stream.
+  checkpoint's step; under torchrun (two CPU ranks) each rank reads its own stream; under 0.6
+  ACT logs finite held-out losses.
 
 Skipped, saying why, without LeRobot (or torch) in this interpreter or without the lake binary.
 Run: `python tests/test_lerobot.py` from clients/python (or pytest).
@@ -130,6 +133,7 @@ class Metadata(unittest.TestCase):
         self.assertEqual((lake.names, lake.shapes), (ref.names, ref.shapes))
         for column in ("episode_index", "length", "dataset_from_index", "dataset_to_index"):
             self.assertEqual(lake.episodes[column].tolist(), list(ref.episodes[column]), column)
+        self.assertEqual(lake.episodes["tasks"], [list(t) for t in ref.episodes["tasks"]])
         self.assertTrue(lake.tasks.equals(ref.tasks), f"{lake.tasks}\n{ref.tasks}")
         self.assertEqual(sorted(lake.stats), sorted(ref.stats))
         for key, stats in ref.stats.items():
@@ -205,6 +209,59 @@ class Samples(unittest.TestCase):
                 break
         self.assertEqual(seen, 60)
         self.assertEqual(want["observation.images.wrist"].dtype, torch.uint8)
+
+    def held_out_config(self, max_eval_samples):
+        """What LeRobot 0.6's `make_train_eval_datasets` reads of a training config: the video
+        sample, a third of each task's episodes held out, ACT's windows."""
+        from types import SimpleNamespace
+
+        from lerobot.configs.default import DatasetConfig
+        from lerobot.policies.act.configuration_act import ACTConfig
+
+        act = ACTConfig(chunk_size=10, n_action_steps=10, device="cpu")
+        return SimpleNamespace(dataset=DatasetConfig(repo_id="x", root=VIDEO_SAMPLE, eval_split=0.34), policy=act,
+                               trainable_config=act, tolerance_s=1e-4, batch_size=4, seed=3, resume=False,
+                               max_eval_samples=max_eval_samples)
+
+    def test_held_out_episodes_and_their_frames_are_lerobot_06s(self):
+        if not is_newer_lerobot():
+            self.skipTest("this LeRobot holds no episodes out (0.6's make_train_eval_datasets does)")
+        from lerobot.datasets.factory import make_train_eval_datasets
+
+        from lake_client.lerobot import make_lake_train_eval_datasets
+
+        ref_train, ref_held_out = make_train_eval_datasets(self.held_out_config(0))
+        train, held_out = make_lake_train_eval_datasets(self.held_out_config(0), SERVER["flight"], SERVER["http"],
+                                                        VIDEO_NAME, TOKEN)
+        # Five episodes, tasks cube (0, 1), drawer (2), disc (3, 4): the last of each task's held out.
+        self.assertEqual((train.episodes, held_out.episodes), ([0, 3], [1, 2, 4]))
+        self.assertEqual((train.episodes, held_out.episodes), (sorted(ref_train.episodes), sorted(ref_held_out.episodes)))
+        self.assertEqual(train.meta.stats["observation.images.front"]["mean"].tolist(),
+                         ref_train.meta.stats["observation.images.front"]["mean"].tolist(), "ImageNet's, as LeRobot's")
+        self.assertEqual(len(held_out), len(ref_held_out))
+        # LeRobot's evaluation DataLoader (no shuffle): the same batches, tensor for tensor, at
+        # every pass.
+        reference = list(torch.utils.data.DataLoader(ref_held_out, batch_size=4, shuffle=False))
+        loader = torch.utils.data.DataLoader(held_out, batch_size=4, shuffle=False)
+        batches = list(loader)
+        self.assertEqual(len(batches), len(reference))
+        for batch, want in zip(batches, reference):
+            self.assertEqual(set(batch), set(want))
+            for key, value in want.items():
+                same = batch[key] == value if isinstance(value, list) else torch.equal(batch[key], value)
+                self.assertTrue(same, f"{key} of the batch from index {int(want['index'][0])}")
+        self.assertEqual(batches[-1]["index"].shape, (len(ref_held_out) % 4 or 4,), "the short last batch")
+        self.assertEqual([b["index"].tolist() for b in loader], [b["index"].tolist() for b in reference], "a second pass")
+
+        # lerobot-train's cap: per task (by index), its first max(1, 10 // 3) held-out frames.
+        _, capped = make_lake_train_eval_datasets(self.held_out_config(10), SERVER["flight"], SERVER["http"],
+                                                  VIDEO_NAME, TOKEN)
+        task_of = {int(s["index"]): int(s["task_index"]) for s in ref_held_out.hf_dataset}
+        tasks = sorted(set(task_of.values()))
+        want = [i for t in tasks for i in sorted(i for i in task_of if task_of[i] == t)[:3]]
+        got = [i for b in torch.utils.data.DataLoader(capped, batch_size=4) for i in b["index"].tolist()]
+        self.assertEqual(got, want)
+        self.assertEqual(len(capped), 9)
 
     def test_workers_yield_the_single_process_batches_and_ranks_split_them(self):
         def indices(loader, n):
@@ -302,14 +359,19 @@ class LeRobotTrain(unittest.TestCase):
         print(f"\nACT over lake's video frames, transformed: losses {self.check_run(report, out, [1, 2], VIDEO_NAME)}",
               file=sys.stderr)
 
-    def test_held_out_episodes_are_refused_with_the_way_to_hold_them_out(self):
+    def test_act_evaluates_held_out_episodes(self):
         if not is_newer_lerobot():
             self.skipTest("this LeRobot's training script holds no episodes out (0.6's does)")
         out = os.path.join(SERVER["tmp"], "act-eval-split")
-        report = self.train(out, *ACT_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=2",
-                            "--batch_size=4", "--dataset.eval_split=0.34", f"--output_dir={out}", "--wandb.enable=false",
-                            refused=True)
-        self.assertIn("--dataset.eval_split=0.34: lake_client.lerobot_train holds no episodes out", report)
+        report = self.train(out, *ACT_ARGS, "--policy.device=cpu", "--policy.push_to_hub=false", "--steps=4",
+                            "--batch_size=4", "--save_freq=4", "--log_freq=1", "--num_workers=0", "--seed=25",
+                            "--dataset.eval_split=0.34", "--eval_steps=2", "--max_eval_samples=10",
+                            f"--output_dir={out}", "--wandb.enable=false", name=VIDEO_NAME)
+        self.check_run(report, out, [1, 2, 3, 4], VIDEO_NAME)
+        evals = [(int(step), float(loss)) for step, loss in re.findall(r"step (\d+): eval_loss=(\S+)", report)]
+        self.assertEqual([step for step, _ in evals], [2, 4], report[-4000:])
+        self.assertTrue(all(math.isfinite(loss) for _, loss in evals), evals)
+        print(f"\nACT over lake with held-out episodes: eval losses {evals}", file=sys.stderr)
 
     def test_act_under_torchrun_reads_one_stream_per_rank(self):
         import socket
