@@ -334,12 +334,20 @@ async fn open_frames(options: &TrainOptions, request: &SampleRequest) -> Result<
 }
 
 /// Batches made into a policy's tensors on its device by a task of their own, ahead of the steps
-/// that take them: while a step runs, the next batch is read, converted and copied (from pinned
-/// memory to a GPU). One batch waits ready and one is in the making; dropping this stops the
-/// task and the feed.
+/// that take them: while a step runs, the next batches are read, converted and copied (from
+/// pinned memory to a GPU). One batch waits ready and [`batches_in_making`] are in the making;
+/// dropping this stops the task and the feed.
 pub struct Prefetch {
     ready: tokio::sync::mpsc::Receiver<Result<Batch>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Batches made at once for a policy on `device`: two on the CPU, where one batch's conversion
+/// and image transforms leave a core idle in their serial parts
+/// (docs/decisions/0039-two-batches-in-the-making-on-the-cpu.md); one on a GPU, whose launches
+/// queue on its stream.
+pub fn batches_in_making(device: Device) -> usize {
+    if device == Device::Cpu { 2 } else { 1 }
 }
 
 /// A run's image transforms and what their draws are keyed by, besides the step.
@@ -356,25 +364,35 @@ pub struct Augment {
 impl Prefetch {
     /// Starts taking `feed`'s batches for a policy of `config` on `device`, with camera frames as
     /// `frames` says and, with `augment`, transformed with the draws of their steps, the first
-    /// batch's being `first_step`. Needs tokio's multi-threaded runtime: the conversion runs in
-    /// place of an async task.
-    pub fn start(mut feed: Feed, config: PolicyConfig, device: Device, frames: Frames, augment: Option<Augment>, first_step: u64) -> Self {
+    /// batch's being `first_step`. The batches come in the feed's order whichever is made first.
+    /// Needs a tokio runtime: the conversion runs on its blocking threads.
+    pub fn start(feed: Feed, config: PolicyConfig, device: Device, frames: Frames, augment: Option<Augment>, first_step: u64) -> Self {
         let (tx, ready) = tokio::sync::mpsc::channel(1);
-        let task = tokio::spawn(async move {
-            let mut step = first_step;
-            while let Some(batch) = feed.batches.next().await {
-                let made = batch.and_then(|b| {
-                    tokio::task::block_in_place(|| {
-                        let batch = make_batch(&b, &config, &frames)?.to_device(device)?;
-                        match &augment {
+        let making = Arc::new((config, frames, augment));
+        let mut made = feed
+            .batches
+            .enumerate()
+            .map(move |(i, batch)| {
+                let making = making.clone();
+                let step = first_step + i as u64;
+                async move {
+                    let b = batch?;
+                    let make = move || {
+                        let (config, frames, augment) = &*making;
+                        let batch = make_batch(&b, config, frames)?.to_device(device)?;
+                        match augment {
                             Some(a) => {
                                 crate::image_transforms::apply::transform_batch(&a.transforms, batch, a.seed, step, a.first_position)
                             }
                             None => Ok(batch),
                         }
-                    })
-                });
-                step += 1;
+                    };
+                    tokio::task::spawn_blocking(make).await.map_err(|e| Error::Data(format!("making step {step}'s batch: {e}")))?
+                }
+            })
+            .buffered(batches_in_making(device));
+        let task = tokio::spawn(async move {
+            while let Some(made) = made.next().await {
                 let failed = made.is_err();
                 if tx.send(made).await.is_err() || failed {
                     break;
