@@ -165,7 +165,21 @@ class LakeDatasetMetadata:
                 f"episodes={self.total_episodes}, frames={self.total_frames}, features={list(self.features)})")
 
 
-class LakeLeRobotDataset(torch.utils.data.IterableDataset):
+class _WithMetadata:
+    """A dataset's `fps` and `features`, as `LeRobotDataset` has them, from its `meta`."""
+
+    meta: LakeDatasetMetadata
+
+    @property
+    def fps(self) -> int:
+        return self.meta.fps
+
+    @property
+    def features(self) -> Dict[str, Dict[str, Any]]:
+        return self.meta.features
+
+
+class LakeLeRobotDataset(_WithMetadata, torch.utils.data.IterableDataset):
     """A lake dataset as `LeRobotDataset` gives it to a training loop, read from `lake serve`:
     `location` is its Flight address (`grpc://HOST:PORT`), `http` its HTTP one (`HOST:PORT` or
     `http://HOST:PORT`), `name` the dataset (`NAME` or `NAME@VERSION`; the metadata's version is
@@ -256,14 +270,6 @@ class LakeLeRobotDataset(torch.utils.data.IterableDataset):
         return self._stream.world_size
 
     @property
-    def fps(self) -> int:
-        return self.meta.fps
-
-    @property
-    def features(self) -> Dict[str, Dict[str, Any]]:
-        return self.meta.features
-
-    @property
     def num_episodes(self) -> int:
         """The episodes sampled (LeRobot's `num_episodes`)."""
         return self.meta.total_episodes if self.episodes is None else len(self.episodes)
@@ -342,7 +348,7 @@ def held_out_episodes(meta: LakeDatasetMetadata, episodes: Optional[Sequence[int
     return train, held_out
 
 
-class LakeHeldOutDataset(torch.utils.data.IterableDataset):
+class LakeHeldOutDataset(_WithMetadata, torch.utils.data.IterableDataset):
     """Held-out episodes as lerobot-train 0.6 evaluates them (its `eval_dataset`), read from
     `lake serve`: every iteration is one whole pass over the frames of `episodes`, in the order
     recorded (LeRobot's evaluation DataLoader does not shuffle), without image transforms and with
@@ -393,14 +399,6 @@ class LakeHeldOutDataset(torch.utils.data.IterableDataset):
     @property
     def num_episodes(self) -> int:
         return len(self.episodes)
-
-    @property
-    def fps(self) -> int:
-        return self.meta.fps
-
-    @property
-    def features(self) -> Dict[str, Dict[str, Any]]:
-        return self.meta.features
 
     def __iter__(self):
         made = self._made

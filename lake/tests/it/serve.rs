@@ -763,9 +763,12 @@ fn flight_and_http_serve_the_loaders_batches_with_auth_and_precise_errors() {
 
 /// The `episode_index` of every row of `batches`.
 fn episodes_of(batches: &[RecordBatch]) -> Vec<i64> {
-    let column = |b: &RecordBatch| {
-        b.column_by_name("episode_index").expect("episode_index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()
-    };
+    int64s(batches, "episode_index")
+}
+
+/// The values of the int64 column `name` of every row of `batches`.
+fn int64s(batches: &[RecordBatch], name: &str) -> Vec<i64> {
+    let column = |b: &RecordBatch| b.column_by_name(name).expect(name).as_primitive::<arrow::datatypes::Int64Type>().values().to_vec();
     batches.iter().flat_map(column).collect()
 }
 
@@ -1765,14 +1768,6 @@ fn a_sql_query_past_the_timeout_is_stopped_with_an_error() {
 
 /// Each stream leaves one access-log line, by default: its request, the batches, rows and bytes
 /// sent, and how it ended.
-/// The `index` of every row of `batches`.
-fn indices_of(batches: &[RecordBatch]) -> Vec<i64> {
-    batches
-        .iter()
-        .flat_map(|b| b.column_by_name("index").expect("index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec())
-        .collect()
-}
-
 #[test]
 fn an_unshuffled_stream_serves_the_steps_as_recorded_every_epoch() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -1787,8 +1782,9 @@ fn an_unshuffled_stream_serves_the_steps_as_recorded_every_epoch() {
         let batches = in_process(&root, &request).await;
         let epoch: Vec<i64> = (0..19).chain(40..60).collect();
         assert_eq!(batches.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(), [8, 8, 8, 8, 7, 8, 8]);
-        assert_eq!(indices_of(&batches), [&epoch[..], &epoch[..16]].concat());
-        let shuffled = indices_of(&in_process(&root, &json!({"datasets": ["v30-images-tiny"], "batch_size": 8, "limit_batches": 4})).await);
+        assert_eq!(int64s(&batches, "index"), [&epoch[..], &epoch[..16]].concat());
+        let shuffled = in_process(&root, &json!({"datasets": ["v30-images-tiny"], "batch_size": 8, "limit_batches": 4})).await;
+        let shuffled = int64s(&shuffled, "index");
         assert_ne!(shuffled, (0..32).collect::<Vec<i64>>(), "the default is a shuffle");
         // A mixture in sequence: the first dataset's steps, then the second's, no block rounding.
         let mixed = in_process(
@@ -1797,14 +1793,8 @@ fn an_unshuffled_stream_serves_the_steps_as_recorded_every_epoch() {
                                               "limit_batches": 4}),
         )
         .await;
-        let sources: Vec<i64> = mixed
-            .iter()
-            .flat_map(|b| {
-                b.column_by_name("dataset_index").expect("dataset_index").as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()
-            })
-            .collect();
-        assert_eq!(sources, [vec![0; 60], vec![1; 60]].concat());
-        assert_eq!(indices_of(&mixed), [(0..60).collect::<Vec<i64>>(), (0..60).collect()].concat());
+        assert_eq!(int64s(&mixed, "dataset_index"), [vec![0; 60], vec![1; 60]].concat());
+        assert_eq!(int64s(&mixed, "index"), [(0..60).collect::<Vec<i64>>(), (0..60).collect()].concat());
         // A weight only mixes datasets in a shuffle.
         let lake = lake_store::Lake::open(root.to_str().expect("utf-8")).expect("lake");
         let service = lake_serve::Service::new(lake, Default::default()).expect("service");
