@@ -158,16 +158,43 @@ pub enum Decode {
 }
 
 /// Held-out evaluation: every `every` steps and at the end, the policy's loss in eval mode (no
-/// dropout, no VAE sampling: ACT's L1 alone) over the first `batches` batches of `datasets`,
-/// sampled with the run's seed, so that every evaluation sees the same samples.
+/// dropout, no VAE sampling: ACT's L1 alone) over the samples of `datasets` that `batches`
+/// says, the same at every evaluation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EvalOptions {
     /// Datasets or views held out from training, `NAME[=WEIGHT]`.
     pub datasets: Vec<String>,
     /// Steps between evaluations (0: only at the end).
     pub every: u64,
-    /// Batches (of the run's batch size, per rank) per evaluation.
-    pub batches: u64,
+    /// The samples each evaluation covers.
+    pub batches: EvalBatches,
+}
+
+/// The samples a held-out evaluation covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvalBatches {
+    /// The first `n` batches (of the run's batch size, per rank) of the datasets' shuffle with
+    /// the run's seed, weights mixing them as in training.
+    First(u64),
+    /// Every eligible step once, in the order recorded, the last batch short: the loss of the
+    /// whole held-out set. Weights have no part in it and are refused.
+    All,
+}
+
+impl std::str::FromStr for EvalBatches {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "all" => Ok(EvalBatches::All),
+            _ => match s.parse::<u64>() {
+                Ok(n) if n > 0 => Ok(EvalBatches::First(n)),
+                _ => Err(format!(
+                    "{s:?} is not a count of held-out batches: a whole number above 0, or `all` for every held-out sample once"
+                )),
+            },
+        }
+    }
 }
 
 impl std::fmt::Debug for TrainOptions {
@@ -572,11 +599,10 @@ pub async fn train(options: TrainOptions, mut on_step: impl FnMut(&StepRecord), 
     check_schema(&feed.schema, &config, &options.frames)?;
     let augment = transforms.map(|t| Augment { transforms: Arc::new(t), seed: options.seed, first_position: rank * options.batch_size });
     let mut batches = Prefetch::start(feed, config.clone(), options.device, options.frames.clone(), augment, started_after + 1);
-    let eval_request = options.eval.as_ref().map(|e| {
-        let mut held_out = SampleRequest { datasets: SampleRequest::new(e.datasets.iter().cloned()).datasets, ..request.clone() };
-        (held_out.epoch, held_out.start_step, held_out.limit_batches) = (0, 0, Some(e.batches));
-        held_out
-    });
+    let eval_request = match &options.eval {
+        Some(eval) => Some(held_out_request(&options, &request, eval).await?),
+        None => None,
+    };
 
     // Rank 0 writes the run's files.
     let writes = rank == 0;
@@ -834,8 +860,38 @@ pub async fn feed_only(options: TrainOptions, mut on_step: impl FnMut(&FeedRecor
     })
 }
 
+/// The request of each held-out evaluation: `training`'s windows, frames and ranks over the
+/// held-out datasets, from their first step, for the batches `eval` asks for. Opened once here,
+/// so that a held-out set that cannot be sampled ends the run before its first step.
+///
+/// # Errors
+/// [`Error::Run`] for a weight with [`EvalBatches::All`]; [`Error::Data`] when the held-out
+/// datasets cannot be sampled as asked.
+async fn held_out_request(options: &TrainOptions, training: &SampleRequest, eval: &EvalOptions) -> Result<SampleRequest> {
+    let mut held_out = SampleRequest { datasets: SampleRequest::new(eval.datasets.iter().cloned()).datasets, ..training.clone() };
+    (held_out.epoch, held_out.start_step) = (0, 0);
+    if eval.batches == EvalBatches::All {
+        if let Some(weighted) = eval.datasets.iter().find(|d| d.contains('=')) {
+            return Err(Error::Run(format!(
+                "--eval-dataset {weighted}: an evaluation of every held-out sample reads each once, so a weight has no part in it; \
+                 leave the weight out, or evaluate the first N batches of a weighted shuffle with --eval-batches N"
+            )));
+        }
+        (held_out.shuffle, held_out.drop_last) = (false, false);
+    }
+    held_out.limit_batches = None;
+    let probe = open_feed(options.lake.as_ref(), &held_out, &options.source, options.loader)
+        .await
+        .map_err(|e| Error::Data(format!("the held-out datasets ({}): {e}", eval.datasets.join(", "))))?;
+    held_out.limit_batches = Some(match eval.batches {
+        EvalBatches::First(n) => n,
+        EvalBatches::All => probe.steps_per_epoch,
+    });
+    Ok(held_out)
+}
+
 /// The held-out loss of `policy` over the batches of `request` (each rank its own, the mean over
-/// all), and the samples it covers.
+/// all), and the samples it covers. A rank's empty slice of a short last batch adds nothing.
 async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &Policy) -> Result<(f64, u64)> {
     let mut feed = open_frames(options, request).await?;
     let config = policy.config();
@@ -846,6 +902,9 @@ async fn evaluate(options: &TrainOptions, request: &SampleRequest, policy: &Poli
     let mut totals = [0.0, 0.0];
     while let Some(batch) = feed.batches.next().await {
         let batch = batch?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
         let samples = batch.num_rows() as f64;
         let loss = tokio::task::block_in_place(|| -> Result<f64> {
             let batch = make_batch(&batch, &config, &options.frames)?;

@@ -127,9 +127,10 @@ pub struct TrainArgs {
     /// Steps between held-out evaluations (0: only at the end).
     #[arg(long, default_value_t = 0, value_name = "K", requires = "eval_dataset")]
     eval_every: u64,
-    /// Batches per held-out evaluation (of --batch-size, per rank).
-    #[arg(long, default_value_t = 8, value_name = "N")]
-    eval_batches: u64,
+    /// Batches per held-out evaluation (of --batch-size, per rank), the first of a shuffle with
+    /// the run's seed; `all`: every held-out sample once, in the order recorded.
+    #[arg(long, default_value = "8", value_name = "N|all")]
+    eval_batches: String,
     /// Take batches from `lake serve` over Arrow Flight at this address (`grpc://HOST:PORT`),
     /// or from several servers over one lake (comma-separated): the ranks spread over them,
     /// and a stream whose server becomes unavailable resumes on the next where it stopped.
@@ -293,11 +294,14 @@ pub async fn train(root: &str, args: TrainArgs) -> anyhow::Result<ExitCode> {
         frame_size: args.frame_size,
         image_transforms,
         transform_frames: args.transform_frames.parse().map_err(anyhow::Error::msg)?,
-        eval: (!args.eval_dataset.is_empty()).then(|| lake_trainer::train::EvalOptions {
-            datasets: args.eval_dataset.clone(),
-            every: args.eval_every,
-            batches: args.eval_batches,
-        }),
+        eval: match args.eval_dataset.is_empty() {
+            true => None,
+            false => Some(lake_trainer::train::EvalOptions {
+                datasets: args.eval_dataset.clone(),
+                every: args.eval_every,
+                batches: args.eval_batches.parse().map_err(anyhow::Error::msg)?,
+            }),
+        },
     };
     if data_only {
         return feed_only(options, rank, log_every).await;

@@ -9,7 +9,7 @@ use std::process::Command;
 use lake_trainer::ActConfig;
 use lake_trainer::collective::Collective;
 use lake_trainer::loss::PaddedActions;
-use lake_trainer::train::{LOG_FILE, TrainOptions};
+use lake_trainer::train::{EVAL_FILE, EvalBatches, EvalOptions, EvalRecord, LOG_FILE, TrainOptions};
 
 use crate::run::{lake_with_fixture, options, run};
 
@@ -109,6 +109,7 @@ fn rank() {
             kind: tch::Kind::Double,
             padded_actions: PaddedActions::Zero,
             image_transforms: Some(crate::common::every_image_transform()),
+            eval: Some(every_sample_held_out()),
             ..options
         },
     };
@@ -125,8 +126,15 @@ fn mpi_world() -> Box<dyn Collective> {
     panic!("started without torchrun's variables, in a build without MPI")
 }
 
+/// An evaluation at the end of every sample of the fixture once: 60 steps in global batches of
+/// 8, so that the second of two ranks has nothing of the last.
+fn every_sample_held_out() -> EvalOptions {
+    EvalOptions { datasets: vec!["v30-images-tiny".into()], every: 0, batches: EvalBatches::All }
+}
+
 /// One rank of batch 8 and two of batch 4 (started by `launcher`) end [`STEPS`] steps with the
-/// same parameters, up to the order of float additions, image transforms included.
+/// same parameters, up to the order of float additions, image transforms included, and evaluate
+/// every held-out sample to the same loss.
 fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     let _serial = crate::common::serial();
     let tmp = tempfile::tempdir().expect("tmp");
@@ -134,8 +142,9 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     // Padded actions counted as zeros: every rank's loss is then a mean over as many actions, and
     // the mean of the ranks' gradients is the gradient of the whole batch's mean. (Left out,
     // each rank's mean is over its own count, as under LeRobot 0.6.1 with DDP.)
-    let (_, single) = run(TrainOptions {
+    let (summary, single) = run(TrainOptions {
         batch_size: 8,
+        eval: Some(every_sample_held_out()),
         config: lake_trainer::policy::PolicyConfig::Act(Box::new(without_noise())),
         kind: tch::Kind::Double,
         padded_actions: PaddedActions::Zero,
@@ -171,6 +180,12 @@ fn two_ranks_take_the_steps_one_rank_takes(launcher: Launcher) {
     );
     assert!(relative <= 1e-5, "the parameters differ by {relative} relative");
     assert!(worst_loss <= 1e-4, "a step's loss differs by {worst_loss} relative");
+    let evals = std::fs::read_to_string(tmp.path().join("ranks").join(EVAL_FILE)).expect("rank 0's eval log");
+    let evals: Vec<EvalRecord> = evals.lines().map(|l| serde_json::from_str(l).expect("an eval record")).collect();
+    let (one, two) = (&summary.evals[..], &evals[..]);
+    assert!(one.len() == 1 && two.len() == 1 && one[0].samples == 60 && two[0].samples == 60, "{one:?} {two:?}");
+    let held_out = (one[0].loss - two[0].loss).abs() / one[0].loss;
+    assert!(held_out <= 1e-4, "the held-out losses differ by {held_out} relative: {one:?} {two:?}");
 }
 
 /// Diffusion (a BatchNorm backbone) on two ranks of batch 4: its draws (noise, timesteps, crops)

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use lake_trainer::data::BatchSource;
 use lake_trainer::loss::PaddedActions;
-use lake_trainer::train::{LOG_FILE, StepRecord, TrainOptions, train};
+use lake_trainer::train::{EvalBatches, EvalOptions, LOG_FILE, StepRecord, TrainOptions, train};
 use lake_trainer::{ActConfig, TransformFrames};
 
 use crate::common::fixture_dir;
@@ -327,7 +327,7 @@ fn held_out_evaluations_leave_the_run_as_it_was() {
     let lake = lake_with_fixture(tmp.path());
     let (plain, evaluated) = (tmp.path().join("plain"), tmp.path().join("evaluated"));
     run(options(&lake, &plain, 6));
-    let eval = lake_trainer::train::EvalOptions { datasets: vec!["v30-images-tiny".into()], every: 3, batches: 2 };
+    let eval = EvalOptions { datasets: vec!["v30-images-tiny".into()], every: 3, batches: EvalBatches::First(2) };
     let (summary, _) = run(TrainOptions { eval: Some(eval), ..options(&lake, &evaluated, 6) });
     let weights = |run: &Path| std::fs::read(run.join("checkpoints/000006/pretrained_model/model.safetensors")).expect("weights");
     assert!(weights(&plain) == weights(&evaluated), "evaluating changed what the run trained");
@@ -338,6 +338,30 @@ fn held_out_evaluations_leave_the_run_as_it_was() {
     assert_eq!(logged.lines().count(), 2, "{logged}");
     let plot = std::fs::read_to_string(evaluated.join(lake_trainer::train::PLOT_FILE)).expect("plot");
     assert!(plot.contains("held-out loss"), "the plot draws the evaluations");
+}
+
+/// `--eval-batches all` evaluates every held-out sample once, the last batch short; a weight,
+/// which only mixes a shuffle, is refused before the first step.
+#[test]
+fn an_evaluation_of_all_held_out_samples_reads_each_once() {
+    let _serial = crate::common::serial();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let lake = lake_with_fixture(tmp.path());
+    let eval = EvalOptions { datasets: vec!["v30-images-tiny".into()], every: 1, batches: EvalBatches::All };
+    let (summary, _) = run(TrainOptions { eval: Some(eval.clone()), ..options(&lake, &tmp.path().join("all"), 2) });
+    // 60 steps in batches of 8: seven whole and one of 4.
+    assert_eq!(summary.evals.iter().map(|e| (e.step, e.samples)).collect::<Vec<_>>(), [(1, 60), (2, 60)]);
+    assert!(summary.evals.iter().all(|e| e.loss.is_finite()), "{:?}", summary.evals);
+    let weighted = EvalOptions { datasets: vec!["v30-images-tiny=2".into()], ..eval };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let out = tmp.path().join("weighted");
+    let refused = runtime.block_on(train(TrainOptions { eval: Some(weighted), ..options(&lake, &out, 2) }, |_| (), |_| ()));
+    let message = refused.expect_err("a weighted evaluation of every sample").to_string();
+    assert!(message.contains("--eval-dataset v30-images-tiny=2") && message.contains("--eval-batches N"), "{message}");
+    assert!(!out.join(LOG_FILE).exists(), "refused before the first step");
+    assert_eq!("all".parse(), Ok(EvalBatches::All));
+    assert_eq!("3".parse(), Ok(EvalBatches::First(3)));
+    assert!("0".parse::<EvalBatches>().is_err() && "most".parse::<EvalBatches>().is_err());
 }
 
 #[test]
